@@ -1,0 +1,21 @@
+"""Bring a GPU host to the state its tier describes: the whole story, in order.
+
+    pyinfra inventories/cloud.py deploys/all.py
+
+1. base       support packages, the gpufleet record
+2. driver     matching NVIDIA driver, CUDA toolkit, cuDNN, held
+3. docker     Docker engine and the NVIDIA container toolkit
+4. tuning     persistence, clocks, NCCL / OMP / PyTorch profiles
+5. hardening  SSH keys only, firewall (last: it must not cut off the steps above)
+"""
+from deploys.base import base
+from deploys.docker import docker
+from deploys.driver import driver
+from deploys.hardening import hardening
+from deploys.tuning import tuning
+
+base()
+driver()
+docker()
+tuning()
+hardening()

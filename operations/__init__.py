@@ -1,0 +1,1 @@
+"""gpufleet's own pyinfra operations (generators: read facts, yield only what is needed)."""

@@ -1,0 +1,575 @@
+"""Disposable Debian test hosts: overlay root filesystems booted with systemd-nspawn.
+
+Test infrastructure, not production code. Each host is a real Debian system (systemd as PID 1,
+its own sshd on its own loopback address, real apt) made from a cached debootstrapped base:
+
+    base (read-only, cached per recipe)  --overlay-->  host root  --systemd-nspawn --boot-->
+
+Hosts belong to a *pool* (default ``default``; pytest uses its own) so that parallel users do
+not collide: a pool owns one loopback /24 (127.0.<net>.0) and a set of cgroups. Everything a
+pool starts lives inside its cgroups, so ``down`` can always find and stop it, also after a
+killed run. Facts behind the traps handled here: ../shared/reference/testhosts.md, kept in
+tests/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+STATE_ROOT = Path(os.environ.get("GPUFLEET_TESTHOSTS_DIR", "/var/lib/gpufleet-testhosts"))
+CACHE_ROOT = Path(os.environ.get("GPUFLEET_TESTHOSTS_CACHE", "/var/cache/gpufleet-testhosts"))
+DEFAULT_POOL = os.environ.get("GPUFLEET_TESTHOSTS_POOL", "default")
+MIRROR = os.environ.get("GPUFLEET_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+RELEASES = ("bookworm", "trixie")
+CGROUP_HIERARCHIES = (Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified"))
+NSPAWN_RUNTIME = Path("/run/systemd/nspawn")
+SSH_USER = "root"
+# nspawn exits with 133 when the container asked for a reboot (systemctl reboot).
+NSPAWN_REBOOT_EXIT = 133
+
+# The recipe of a base root filesystem: changing it changes the cache key, so a stale base
+# is never reused.
+BASE_PACKAGES = (
+    "openssh-server", "python3", "sudo", "systemd", "systemd-sysv", "dbus", "iproute2",
+    "ca-certificates", "gnupg", "kmod", "procps", "apt-utils",
+)
+BASE_RECIPE_VERSION = 1
+
+
+def log(msg: str) -> None:
+    print(f"testhosts: {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    kw.setdefault("check", True)
+    return subprocess.run(cmd, **kw)
+
+
+# --------------------------------------------------------------------------------------------
+# Base root filesystem, built once per (release, recipe)
+# --------------------------------------------------------------------------------------------
+
+def recipe_key(release: str) -> str:
+    recipe = json.dumps(
+        {"release": release, "packages": BASE_PACKAGES, "v": BASE_RECIPE_VERSION, "mirror": MIRROR},
+        sort_keys=True,
+    )
+    return hashlib.sha256(recipe.encode()).hexdigest()[:12]
+
+
+def base_dir(release: str) -> Path:
+    return CACHE_ROOT / f"base-{release}-{recipe_key(release)}"
+
+
+def ensure_base(release: str) -> Path:
+    """Return the cached base root filesystem for `release`, debootstrapping it only once."""
+    if release not in RELEASES:
+        raise ValueError(f"unknown release {release!r}; known: {', '.join(RELEASES)}")
+    base = base_dir(release)
+    if (base / ".gpufleet-base-complete").exists():
+        return base
+    CACHE_ROOT.mkdir(parents=True, exist_ok=True)
+    lock = CACHE_ROOT / f".lock-{release}"
+    with _flock(lock):
+        if (base / ".gpufleet-base-complete").exists():
+            return base
+        tmp = base.with_name(base.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        log(f"debootstrapping {release} base (once per recipe) into {base}")
+        t0 = time.monotonic()
+        run([
+            "debootstrap", "--variant=minbase", "--include=" + ",".join(BASE_PACKAGES),
+            release, str(tmp), MIRROR,
+        ], stdout=subprocess.DEVNULL)
+        _configure_base(tmp, release)
+        (tmp / ".gpufleet-base-complete").write_text(recipe_key(release) + "\n")
+        tmp.rename(base)
+        log(f"{release} base ready in {time.monotonic() - t0:.0f} s")
+    return base
+
+
+def _configure_base(root: Path, release: str) -> None:
+    components = "main contrib non-free non-free-firmware"
+    (root / "etc/apt/sources.list").write_text(
+        f"deb {MIRROR} {release} {components}\n"
+        f"deb {MIRROR} {release}-updates {components}\n"
+        f"deb http://deb.debian.org/debian-security {release}-security {components}\n"
+    )
+    # Without generated caches every overlay host writes ~78 MB of pkgcache on its first apt call.
+    chroot = ["chroot", str(root)]
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive", LC_ALL="C")
+    run(chroot + ["apt-get", "update", "-qq"], env=env, stdout=subprocess.DEVNULL)
+    run(chroot + ["apt-get", "clean"], env=env)
+    run(chroot + ["apt-cache", "gencaches"], env=env, stdout=subprocess.DEVNULL)
+    # Every clone shares these host keys; tests connect without host-key checking.
+    run(chroot + ["ssh-keygen", "-A"], stdout=subprocess.DEVNULL)
+    # A container has no consoles to log in on, and these units only fail there.
+    for unit in ("getty@tty1.service", "console-getty.service"):
+        with contextlib.suppress(FileNotFoundError):
+            (root / "etc/systemd/system/getty.target.wants" / unit).unlink()
+    for unit in ("systemd-networkd-wait-online.service", "apt-daily.timer", "apt-daily-upgrade.timer"):
+        (root / "etc/systemd/system" / unit).unlink(missing_ok=True)
+        (root / "etc/systemd/system" / unit).symlink_to("/dev/null")
+    (root / "etc/machine-id").write_text("")  # each boot gets its own transient machine id
+
+
+@contextlib.contextmanager
+def _flock(path: Path):
+    import fcntl
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+# --------------------------------------------------------------------------------------------
+# Pools and hosts
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Host:
+    name: str
+    address: str
+    release: str
+    gpu: str | None
+    pool: str
+    ssh_key: str
+    ssh_user: str = SSH_USER
+    pid: int | None = None
+
+    @property
+    def dir(self) -> Path:
+        return pool_dir(self.pool) / "hosts" / self.name
+
+    @property
+    def root(self) -> Path:
+        return self.dir / "root"
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def pyinfra_data(self) -> dict:
+        """Host data a pyinfra inventory needs to reach this host."""
+        return {
+            "ssh_hostname": self.address,
+            "ssh_user": self.ssh_user,
+            "ssh_key": self.ssh_key,
+            "ssh_known_hosts_file": "/dev/null",
+            "ssh_strict_host_key_checking": "no",
+        }
+
+
+def pool_dir(pool: str) -> Path:
+    return STATE_ROOT / "pools" / pool
+
+
+def _pool_net(pool: str) -> int:
+    """The third octet of the pool's loopback /24, allocated once per pool."""
+    pdir = pool_dir(pool)
+    pdir.mkdir(parents=True, exist_ok=True)
+    net_file = pdir / "net"
+    with _flock(STATE_ROOT / ".lock-nets"):
+        if net_file.exists():
+            return int(net_file.read_text())
+        used = set()
+        for other in (STATE_ROOT / "pools").glob("*/net"):
+            with contextlib.suppress(ValueError):
+                used.add(int(other.read_text()))
+        net = 0 if pool == "default" and 0 not in used else min(set(range(1, 250)) - used)
+        net_file.write_text(f"{net}\n")
+        return net
+
+
+def ssh_key() -> Path:
+    key = STATE_ROOT / "ssh" / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpufleet-testhosts", "-f", str(key)])
+    return key
+
+
+def list_hosts(pool: str | None = DEFAULT_POOL) -> list[Host]:
+    """Hosts of `pool` (all pools when None) whose launcher is alive."""
+    pools = [pool] if pool else sorted(p.name for p in (STATE_ROOT / "pools").glob("*") if p.is_dir())
+    hosts = []
+    for p in pools:
+        for meta in sorted((pool_dir(p) / "hosts").glob("*/meta.json"), key=_natural):
+            host = Host(**json.loads(meta.read_text()))
+            if host.pid and _alive(host.pid):
+                hosts.append(host)
+    return hosts
+
+
+def _natural(path: Path):
+    name = path.parent.name
+    digits = "".join(c for c in name if c.isdigit())
+    return (name.rstrip("0123456789"), int(digits or 0))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def up(count: int, release: str = "bookworm", gpu: str | None = None, pool: str = DEFAULT_POOL,
+       names: list[str] | None = None, timeout: float = 120) -> list[Host]:
+    """Boot `count` new hosts in `pool` and wait until systemd reports them running."""
+    base = ensure_base(release)
+    if gpu:
+        from testing import gpusim
+        gpusim.parse_spec(gpu)  # a bad spec fails before anything starts
+    key = ssh_key()
+    net = _pool_net(pool)
+    _prepare_machine()
+    existing = {p.name for p in (pool_dir(pool) / "hosts").glob("*")}
+    taken = {int(h.address.rsplit(".", 1)[1]) for h in list_hosts(pool)}
+    hosts = []
+    names = list(names or [])
+    index = 1
+    for i in range(count):
+        if i < len(names):
+            name = names[i]
+        else:
+            while f"{_pool_prefix(pool)}{index}" in existing:
+                index += 1
+            name = f"{_pool_prefix(pool)}{index}"
+        existing.add(name)
+        last = next(n for n in range(10, 255) if n not in taken)
+        taken.add(last)
+        hosts.append(Host(name=name, address=f"127.0.{net}.{last}", release=release, gpu=gpu,
+                          pool=pool, ssh_key=str(key)))
+    for host in hosts:
+        _boot(host, base)
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(hosts)))) as ex:
+        list(ex.map(lambda h: wait_ready(h, timeout), hosts))
+    return hosts
+
+
+def _pool_prefix(pool: str) -> str:
+    return "gf" if pool == "default" else f"gf-{pool}-"
+
+
+def _prepare_machine() -> None:
+    """Machine-wide prerequisites measured in testhosts.md."""
+    # Without this tmpfs nspawn fails here with "Failed to open system bus".
+    NSPAWN_RUNTIME.mkdir(parents=True, exist_ok=True)
+    if not _is_mountpoint(NSPAWN_RUNTIME):
+        run(["mount", "-t", "tmpfs", "tmpfs", str(NSPAWN_RUNTIME)])
+    # Each container's systemd takes inotify instances; the default of 128 stops at ~25 hosts.
+    for knob, value in (("max_user_instances", 8192), ("max_user_watches", 1048576)):
+        path = Path("/proc/sys/fs/inotify") / knob
+        with contextlib.suppress(OSError, ValueError):
+            if int(path.read_text()) < value:
+                path.write_text(str(value))
+
+
+def _is_mountpoint(path: Path) -> bool:
+    target = str(path)
+    return any(line.split()[1] == target for line in Path("/proc/mounts").read_text().splitlines())
+
+
+def _cgroup_dirs(host: Host) -> list[Path]:
+    return [h / "gpufleet-testhosts" / host.pool / host.name for h in CGROUP_HIERARCHIES if h.is_dir()]
+
+
+def _boot(host: Host, base: Path) -> None:
+    hdir = host.dir
+    if hdir.exists():
+        _destroy(host)
+    for sub in ("upper", "work", "root"):
+        (hdir / sub).mkdir(parents=True)
+    run(["mount", "-t", "overlay", "overlay", "-o",
+         f"lowerdir={base},upperdir={hdir / 'upper'},workdir={hdir / 'work'}", str(host.root)])
+    _personalise(host)
+    extra: list[str] = []
+    if host.gpu:
+        from testing import gpusim
+        extra = gpusim.install(host.root, host.gpu, hdir / "gpusim")
+    nspawn = [
+        "systemd-nspawn", "--quiet", "--register=no", "--keep-unit", f"--machine={host.name}",
+        "--console=read-only", "-D", str(host.root), *extra, "--boot",
+    ]
+    (hdir / "nspawn.json").write_text(json.dumps(nspawn))
+    cgroups = _cgroup_dirs(host)
+    for cg in cgroups:
+        cg.mkdir(parents=True, exist_ok=True)
+    logf = open(hdir / "console.log", "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "testing.testhosts", "_supervise", str(hdir)],
+        stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
+        cwd=str(Path(__file__).resolve().parent.parent),
+    )
+    host.pid = proc.pid
+    (hdir / "meta.json").write_text(json.dumps(host.as_dict(), indent=1))
+
+
+def _personalise(host: Host) -> None:
+    root = host.root
+    ssh_dir = root / "root/.ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    auth = ssh_dir / "authorized_keys"
+    auth.write_text(Path(host.ssh_key + ".pub").read_text())
+    auth.chmod(0o600)
+    (root / "etc/hostname").write_text(host.name + "\n")
+    (root / "etc/hosts").write_text(f"127.0.0.1 localhost\n{host.address} {host.name}\n")
+    # Without it sshd binds 0.0.0.0:22 on the network all hosts share.
+    (root / "etc/ssh/sshd_config.d/00-listen.conf").write_text(
+        f"# written by the gpufleet test-host harness\nListenAddress {host.address}\n"
+    )
+
+
+def supervise(hdir: Path) -> int:
+    """Runs as the host's launcher: joins the host's cgroups, boots it, boots it again after a
+    reboot request (exit 133), and stops it on SIGTERM."""
+    nspawn = json.loads((hdir / "nspawn.json").read_text())
+    name = nspawn[nspawn.index("--keep-unit") + 1].split("=", 1)[1]
+    pool = hdir.parent.parent.name
+    for h in CGROUP_HIERARCHIES:
+        cg = h / "gpufleet-testhosts" / pool / name
+        if cg.is_dir():
+            (cg / "cgroup.procs").write_text(str(os.getpid()))
+    stopping = False
+    child: subprocess.Popen | None = None
+
+    def on_term(signum, frame):
+        nonlocal stopping
+        stopping = True
+        if child and child.poll() is None:
+            child.send_signal(signal.SIGTERM)  # nspawn turns it into a clean halt
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    while True:
+        child = subprocess.Popen(nspawn, stdin=subprocess.DEVNULL)
+        rc = child.wait()
+        boots = hdir / "boots"
+        boots.write_text(str(int(boots.read_text()) + 1 if boots.exists() else 1))
+        if stopping or rc != NSPAWN_REBOOT_EXIT:
+            return rc
+        print(f"testhosts: {name} rebooting", flush=True)
+
+
+def wait_ready(host: Host, timeout: float = 120) -> None:
+    """Wait for sshd, then for systemd to finish booting (`running` or `degraded`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if host.pid and not _alive(host.pid):
+            raise RuntimeError(f"{host.name}: launcher died; see {host.dir / 'console.log'}")
+        try:
+            with socket.create_connection((host.address, 22), timeout=1):
+                break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{host.name}: sshd did not answer on {host.address}:22")
+            time.sleep(0.1)
+    state = ""
+    while time.monotonic() < deadline:
+        res = ssh(host, "systemctl is-system-running --wait", check=False, timeout=max(1, deadline - time.monotonic()))
+        state = res.stdout.strip()
+        if state in ("running", "degraded"):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{host.name}: systemd state {state!r} after {timeout} s")
+
+
+def ssh(host: Host, command: str, check: bool = True, timeout: float = 60, user: str | None = None) -> subprocess.CompletedProcess:
+    """Run `command` on `host` through the real OpenSSH client."""
+    return run([
+        "ssh", "-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+        "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5", "-i", host.ssh_key,
+        f"{user or host.ssh_user}@{host.address}", command,
+    ], check=check, capture_output=True, text=True, timeout=timeout)
+
+
+def reboot(host: Host, timeout: float = 120) -> None:
+    """Reboot a host for real (systemd goes down and comes back; /run and GPU state are lost)."""
+    boots_file = host.dir / "boots"
+    before = int(boots_file.read_text()) if boots_file.exists() else 0
+    ssh(host, "systemctl reboot", check=False, timeout=10)
+    deadline = time.monotonic() + timeout
+    while (int(boots_file.read_text()) if boots_file.exists() else 0) == before:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{host.name}: did not go down for reboot")
+        time.sleep(0.1)
+    wait_ready(host, timeout)
+
+
+# --------------------------------------------------------------------------------------------
+# Teardown: find everything through the pool's cgroups and directories, also after a crash
+# --------------------------------------------------------------------------------------------
+
+def down(pool: str | None = DEFAULT_POOL) -> int:
+    """Stop every host of `pool` (every pool when None); returns how many were torn down."""
+    pools = [pool] if pool else [p.name for p in (STATE_ROOT / "pools").glob("*") if p.is_dir()]
+    hosts = []
+    for p in pools:
+        for meta in (pool_dir(p) / "hosts").glob("*/meta.json"):
+            hosts.append(Host(**json.loads(meta.read_text())))
+        # Half-made hosts (no meta.json yet) are still cleaned below.
+        for hdir in (pool_dir(p) / "hosts").glob("*"):
+            if not (hdir / "meta.json").exists():
+                hosts.append(Host(name=hdir.name, address="", release="", gpu=None, pool=p, ssh_key=""))
+    # Ask all to halt at once (each takes ~2 s), then make sure.
+    for host in hosts:
+        if host.pid and _alive(host.pid) and _is_launcher(host.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(host.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    for host in hosts:
+        while host.pid and _alive(host.pid) and _is_launcher(host.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    for host in hosts:
+        _destroy(host)
+    for p in pools:
+        for h in CGROUP_HIERARCHIES:
+            for cg in (h / "gpufleet-testhosts" / p, h / "gpufleet-testhosts"):
+                with contextlib.suppress(OSError):
+                    cg.rmdir()  # only once empty: another pool may still be running
+    if not list_hosts(None) and _is_mountpoint(NSPAWN_RUNTIME) and not any(NSPAWN_RUNTIME.iterdir()):
+        run(["umount", str(NSPAWN_RUNTIME)], check=False)
+    return len(hosts)
+
+
+def _is_launcher(pid: int) -> bool:
+    try:
+        return b"testing.testhosts" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _destroy(host: Host) -> None:
+    """Kill whatever still runs in the host's cgroups, unmount its root, remove its files."""
+    for _ in range(50):
+        pids = _cgroup_pids(host)
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+    hdir = host.dir
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for mnt in sorted((m for m in mounts if m == str(hdir) or m.startswith(str(hdir) + "/")), reverse=True):
+        run(["umount", "-l", mnt], check=False)
+    for cg in _cgroup_dirs(host):
+        for sub in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                sub.rmdir()
+        with contextlib.suppress(OSError):
+            cg.rmdir()
+    shutil.rmtree(hdir, ignore_errors=True)
+
+
+def _cgroup_pids(host: Host) -> list[int]:
+    pids = set()
+    for cg in _cgroup_dirs(host):
+        if not cg.is_dir():
+            continue
+        for procs in [cg / "cgroup.procs", *cg.rglob("cgroup.procs")]:
+            with contextlib.suppress(OSError):
+                pids.update(int(p) for p in procs.read_text().split())
+    return sorted(pids)
+
+
+def leftovers() -> list[str]:
+    """What the harness left on the machine: nspawn processes, overlay mounts, cgroups."""
+    found = []
+    for line in Path("/proc/mounts").read_text().splitlines():
+        if str(STATE_ROOT) in line.split()[1]:
+            found.append("mount " + line.split()[1])
+    for h in CGROUP_HIERARCHIES:
+        top = h / "gpufleet-testhosts"
+        if top.is_dir():
+            found += [f"cgroup {p}" for p in top.rglob("*") if p.is_dir()]
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            cmd = (proc / "cmdline").read_bytes()
+            if cmd.startswith(b"systemd-nspawn") and str(STATE_ROOT).encode() in cmd:
+                shown = cmd.replace(b"\0", b" ").decode(errors="replace")[:80]
+                found.append(f"process {proc.name} {shown}")
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# Command line: tools/testhosts
+# --------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="testhosts", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pool", default=DEFAULT_POOL, help="host pool (default: %(default)s)")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_up = sub.add_parser("up", help="boot N new hosts")
+    p_up.add_argument("count", type=int)
+    p_up.add_argument("--release", choices=RELEASES, default="bookworm")
+    p_up.add_argument("--gpu", metavar="SPEC", help="simulated GPUs (test double), e.g. h200x2, t4, h100x8")
+    p_list = sub.add_parser("list", help="running hosts")
+    p_list.add_argument("--json", action="store_true")
+    p_list.add_argument("--all", action="store_true", help="every pool")
+    p_down = sub.add_parser("down", help="stop hosts and clean up")
+    p_down.add_argument("--all", action="store_true", help="every pool")
+    p_reboot = sub.add_parser("reboot", help="reboot a host for real")
+    p_reboot.add_argument("name")
+    sub.add_parser("base", help="build the cached base root filesystems").add_argument(
+        "--release", choices=RELEASES, action="append")
+    sub.add_parser("leftovers", help="list processes, mounts and cgroups left behind")
+    p_sup = sub.add_parser("_supervise")
+    p_sup.add_argument("hostdir")
+    args = parser.parse_args(argv)
+
+    if args.cmd == "_supervise":
+        return supervise(Path(args.hostdir))
+    if os.geteuid() != 0 and args.cmd != "list":
+        parser.error("test hosts need root (mounts, systemd-nspawn)")
+    if args.cmd == "up":
+        t0 = time.monotonic()
+        hosts = up(args.count, args.release, args.gpu, args.pool)
+        log(f"{len(hosts)} host(s) up in {time.monotonic() - t0:.1f} s")
+        _print_hosts(hosts, as_json=False)
+    elif args.cmd == "list":
+        _print_hosts(list_hosts(None if args.all else args.pool), as_json=args.json)
+    elif args.cmd == "down":
+        t0 = time.monotonic()
+        n = down(None if args.all else args.pool)
+        log(f"{n} host(s) down in {time.monotonic() - t0:.1f} s")
+    elif args.cmd == "reboot":
+        host = next((h for h in list_hosts(args.pool) if h.name == args.name), None)
+        if not host:
+            parser.error(f"no running host {args.name!r} in pool {args.pool!r}")
+        reboot(host)
+    elif args.cmd == "base":
+        for release in args.release or RELEASES:
+            print(ensure_base(release))
+    elif args.cmd == "leftovers":
+        found = leftovers()
+        print("\n".join(found) or "nothing left behind")
+        return 1 if found else 0
+    return 0
+
+
+def _print_hosts(hosts: list[Host], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([
+            {k: v for k, v in h.as_dict().items() if k != "pid"} for h in hosts
+        ], indent=1))
+        return
+    for h in hosts:
+        print(f"{h.name}\t{h.address}\t{h.release}\t{h.gpu or '-'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

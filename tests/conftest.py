@@ -1,0 +1,53 @@
+"""Shared fixtures. End-to-end tests get real systemd test hosts from testing/testhosts.py."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from testing import testhosts
+
+POOL = os.environ.get("GPUFLEET_TESTHOSTS_POOL", "pytest")
+
+
+class HostPool:
+    """Session-wide pool of test hosts, brought up on first use and torn down at the end."""
+
+    def __init__(self, pool: str):
+        self.pool = pool
+        self._by_key: dict[tuple, list[testhosts.Host]] = {}
+
+    def get(self, key: str, count: int = 1, release: str = "bookworm", gpu: str | None = None
+            ) -> list[testhosts.Host]:
+        """`count` hosts reserved for `key`, shared by the tests that ask for the same key."""
+        k = (key, count, release, gpu)
+        if k not in self._by_key:
+            self._by_key[k] = testhosts.up(count, release=release, gpu=gpu, pool=self.pool)
+        return self._by_key[k]
+
+    def down(self) -> None:
+        testhosts.down(self.pool)
+
+
+def _e2e_possible() -> str | None:
+    if os.geteuid() != 0:
+        return "end-to-end tests need root"
+    for tool in ("systemd-nspawn", "debootstrap", "ssh"):
+        if not shutil.which(tool):
+            return f"end-to-end tests need {tool} (run tools/bootstrap)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def hostpool():
+    reason = _e2e_possible()
+    if reason:
+        if os.environ.get("GPUFLEET_REQUIRE_E2E"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    # Whatever an earlier, killed run left in this pool goes first.
+    testhosts.down(POOL)
+    pool = HostPool(POOL)
+    yield pool
+    pool.down()
