@@ -1,0 +1,81 @@
+"""The test-host harness itself: real hosts come up, reboot for real, and leave nothing behind,
+also when the run that started them was killed."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from testing import testhosts
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+POOL = "pytest-harness"
+
+
+def _tool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "tools/testhosts"), "--pool", POOL, *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def _pool_leftovers() -> list[str]:
+    return [item for item in testhosts.leftovers() if f"/{POOL}/" in item or item.endswith(f"/{POOL}")]
+
+
+@pytest.fixture
+def clean_pool(hostpool):  # hostpool: skips or fails when this machine cannot run hosts
+    testhosts.down(POOL)
+    yield
+    testhosts.down(POOL)
+    assert _pool_leftovers() == []
+
+
+def test_cli_up_list_down(clean_pool):
+    up = _tool("up", "2")
+    assert up.returncode == 0, up.stderr
+    assert "debootstrapping" not in up.stderr  # the cached base is reused
+    listed = json.loads(_tool("list", "--json").stdout)
+    assert [h["name"] for h in listed] == [f"gf-{POOL}-1", f"gf-{POOL}-2"]
+    for h in listed:
+        assert set(h) >= {"name", "address", "release", "gpu", "ssh_user", "ssh_key"}
+        assert h["address"].startswith("127.")
+        res = subprocess.run(["ssh", "-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                              "-o", "UserKnownHostsFile=/dev/null", "-i", h["ssh_key"],
+                              f"{h['ssh_user']}@{h['address']}", "hostname; cat /proc/1/comm"],
+                             capture_output=True, text=True, timeout=30)
+        assert res.stdout.split() == [h["name"], "systemd"]
+    plain = _tool("list").stdout.splitlines()
+    assert plain[0].split("\t") == [f"gf-{POOL}-1", listed[0]["address"], "bookworm", "-"]
+    down = _tool("down")
+    assert down.returncode == 0, down.stderr
+    assert _tool("list", "--json").stdout.strip() == "[]"
+    assert _pool_leftovers() == []
+
+
+def test_killed_run_is_cleaned_up_by_the_next(clean_pool):
+    host, = testhosts.up(1, pool=POOL)
+    # A test run killed with SIGKILL leaves its launcher's children running: simulate that.
+    os.kill(host.pid, signal.SIGKILL)
+    time.sleep(0.5)
+    assert _pool_leftovers(), "the container should still be running"
+    assert testhosts.down(POOL) == 1
+    assert _pool_leftovers() == []
+    assert not host.dir.exists()
+
+
+def test_reboot_is_real(clean_pool):
+    host, = testhosts.up(1, pool=POOL)
+    testhosts.ssh(host, "echo volatile > /run/marker; echo kept > /root/marker")
+    testhosts.reboot(host)
+    out = testhosts.ssh(host, "cat /root/marker; test -e /run/marker && echo run-survived; "
+                              "systemctl is-system-running").stdout.split()
+    assert out[0] == "kept"
+    assert "run-survived" not in out
+    assert out[-1] == "running"
+    assert (host.dir / "boots").read_text() == "1"  # the first boot ended: one reboot seen
