@@ -53,7 +53,7 @@ def main() -> int:
         t0 = time.monotonic()
         testhosts.down(POOL)
         t_down = time.monotonic() - t0
-        left = [x for x in testhosts.leftovers() if f"/{POOL}/" in x]
+        left = testhosts.leftovers(POOL)
         rows.append({"hosts": n, "release": args.release, "gpu": args.gpu or "-",
                      "up_s": round(t_up, 2), "down_s": round(t_down, 2),
                      "rss_mib": round(rss, 1), "leftovers": len(left)})

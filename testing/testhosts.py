@@ -486,8 +486,16 @@ def _cgroup_pids(host: Host) -> list[int]:
     return sorted(pids)
 
 
-def leftovers() -> list[str]:
-    """What the harness left on the machine: nspawn processes, overlay mounts, cgroups."""
+def leftovers(pool: str | None = None) -> list[str]:
+    """What the harness left on the machine (of `pool`, or of every pool): nspawn processes,
+    overlay mounts, cgroups."""
+    found = _leftovers()
+    if pool:
+        found = [item for item in found if f"/{pool}/" in item or item.endswith(f"/{pool}")]
+    return found
+
+
+def _leftovers() -> list[str]:
     found = []
     for line in Path("/proc/mounts").read_text().splitlines():
         if str(STATE_ROOT) in line.split()[1]:
@@ -526,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     p_reboot.add_argument("name")
     sub.add_parser("base", help="build the cached base root filesystems").add_argument(
         "--release", choices=RELEASES, action="append")
-    sub.add_parser("leftovers", help="list processes, mounts and cgroups left behind")
+    sub.add_parser("leftovers", help="list processes, mounts and cgroups left behind").add_argument(
+        "--all", action="store_true", help="every pool")
     p_sup = sub.add_parser("_supervise")
     p_sup.add_argument("hostdir")
     args = parser.parse_args(argv)
@@ -555,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
         for release in args.release or RELEASES:
             print(ensure_base(release))
     elif args.cmd == "leftovers":
-        found = leftovers()
+        found = leftovers(None if args.all else args.pool)
         print("\n".join(found) or "nothing left behind")
         return 1 if found else 0
     return 0

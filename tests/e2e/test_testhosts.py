@@ -25,7 +25,7 @@ def _tool(*args: str) -> subprocess.CompletedProcess:
 
 
 def _pool_leftovers() -> list[str]:
-    return [item for item in testhosts.leftovers() if f"/{POOL}/" in item or item.endswith(f"/{POOL}")]
+    return testhosts.leftovers(POOL)
 
 
 @pytest.fixture
