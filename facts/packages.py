@@ -1,0 +1,159 @@
+"""
+Debian package facts: held packages, and installed versions of a list of
+packages in one dpkg-query call. Hosts without dpkg (or apt) give empty
+results rather than failing.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+from ._common import MARK, JsonMixin, begin, fail, split_sections
+
+# dpkg package names, plus the glob characters dpkg-query -W accepts.
+_PACKAGE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9+.\-*?\[\]]*$")
+_PACKAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9+.\-]*(?::[a-z0-9]+)?$")
+
+# The format every dpkg-query call in the gpufleet facts uses:
+#   "libnccl2 2.27.3-1+cuda13.0 hi "  (name, version, want/status/error flags)
+# Not-installed packages known to dpkg print an empty version: "foo  un ".
+DPKG_FORMAT = r"${Package} ${Version} ${db:Status-Abbrev}\n"
+
+
+@dataclass(frozen=True)
+class DpkgEntry(JsonMixin):
+    name: str
+    version: str | None
+    status: str  # db:Status-Abbrev without trailing blank: 'ii', 'hi', 'rc', 'un', 'iHR'
+
+    @property
+    def installed(self) -> bool:
+        # Second letter is the package state: i = installed; W/t = installed but
+        # triggers pending (still usable).
+        return len(self.status) >= 2 and self.status[1] in "iWt"
+
+    @property
+    def held(self) -> bool:
+        return self.status.startswith("h")
+
+
+def dpkg_query_command(patterns: Iterable[str]) -> str:
+    """One dpkg-query -W call for the given names/globs, quoted; never fails."""
+    quoted = []
+    for pattern in patterns:
+        if not _PACKAGE_PATTERN.match(pattern):
+            raise ValueError(f"not a Debian package name or pattern: {pattern!r}")
+        quoted.append(shlex.quote(pattern))
+    return (
+        "if command -v dpkg-query >/dev/null 2>&1; then "
+        f"dpkg-query -W -f={shlex.quote(DPKG_FORMAT)} {' '.join(quoted)} 2>/dev/null || true; "
+        "fi"
+    )
+
+
+def parse_dpkg_query(lines: Iterable[str]) -> dict[str, DpkgEntry]:
+    """Parse DPKG_FORMAT lines into entries by package name (first one wins)."""
+    entries: dict[str, DpkgEntry] = {}
+    for line in lines:
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) == 3:
+            name, version, status = parts
+        elif len(parts) == 2:
+            (name, status), version = parts, None
+        else:
+            raise fail("expected 'package version status' from dpkg-query", line)
+        if not _PACKAGE_NAME.match(name) or not re.fullmatch(r"[a-zA-Z]{2,3}", status):
+            raise fail("unexpected dpkg-query line", line)
+        entries.setdefault(name, DpkgEntry(name, version or None, status))
+    return entries
+
+
+class HeldPackages(FactBase[list[str]]):
+    """
+    Returns the sorted names of packages on hold (``apt-mark showhold``, or
+    dpkg's "hold" selection when apt-mark is missing or fails):
+
+    .. code:: python
+
+        ["libcudnn9-cuda-13", "libnccl-dev", "libnccl2"]
+    """
+
+    @override
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+    @override
+    def command(self) -> str:
+        # Both branches print bare package names, one per line.
+        return (
+            "if command -v apt-mark >/dev/null 2>&1 && apt-mark showhold 2>/dev/null; then :; "
+            "elif command -v dpkg-query >/dev/null 2>&1; then "
+            "dpkg-query -W -f='${db:Status-Want} ${Package}\\n' 2>/dev/null "
+            "| sed -n 's/^hold //p'; "
+            "fi; true"
+        )
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        names = set()
+        for line in output:
+            name = line.strip()
+            if not name:
+                continue
+            if not _PACKAGE_NAME.match(name):
+                raise fail("expected a package name from apt-mark showhold", line)
+            names.add(name)
+        return sorted(names)
+
+
+class PackageVersions(FactBase[dict[str, "str | None"]]):
+    """
+    Returns the installed version of each requested package (None when not
+    installed), from one dpkg-query call; glob patterns add every installed
+    match:
+
+    .. code:: python
+
+        host.get_fact(PackageVersions, packages=["libnccl2", "cuda-toolkit-13-0"])
+        {"libnccl2": "2.27.3-1+cuda13.0", "cuda-toolkit-13-0": None}
+    """
+
+    @override
+    @staticmethod
+    def default() -> dict[str, str | None]:
+        return {}
+
+    @override
+    def command(self, packages: Sequence[str]) -> str:
+        if isinstance(packages, str):
+            packages = [packages]
+        query = dpkg_query_command(packages)  # validates the names
+        # Echo the requested names first so process() (which is not given the
+        # arguments) can report the missing ones as None.
+        names = " ".join(shlex.quote(p) for p in packages if not set("*?[") & set(p))
+        return f"echo '{MARK} want' {names}; {begin('dpkg')}; {query}"
+
+    @override
+    def process(self, output: list[str]) -> dict[str, str | None]:
+        sections, _ = split_sections(output)
+        head = sections.get("", [])
+        wanted: list[str] = []
+        for line in output:
+            if line.startswith(f"{MARK} want"):
+                wanted = line[len(f"{MARK} want") :].split()
+        if head:
+            raise fail("unexpected output before the dpkg-query section", head[0])
+        result: dict[str, str | None] = {name: None for name in wanted}
+        for name, entry in parse_dpkg_query(sections.get("dpkg", [])).items():
+            if entry.installed:
+                result[name] = entry.version
+        return result

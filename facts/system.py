@@ -1,0 +1,220 @@
+"""
+System facts: OS release, and CPU/NUMA/memory resources in one command.
+Only /proc, /sys, grep and the shell are used.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+from ._common import JsonMixin, begin, fail, nonblank, split_sections
+
+
+@dataclass(frozen=True)
+class OsReleaseData(JsonMixin):
+    id: str | None = None  # 'ubuntu'
+    version_id: str | None = None  # '24.04'
+    version_codename: str | None = None  # 'noble'
+    id_like: list[str] = field(default_factory=list)  # ['debian']
+    pretty_name: str | None = None
+
+
+def parse_os_release(lines: Sequence[str]) -> OsReleaseData:
+    """Parse os-release(5): KEY=value lines, values optionally shell-quoted."""
+    values: dict[str, str] = {}
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, raw = line.partition("=")
+        if not sep or not re.fullmatch(r"[A-Z0-9_]+", key):
+            raise fail("expected KEY=value in os-release", line)
+        try:
+            words = shlex.split(raw)
+        except ValueError as error:
+            raise fail(f"badly quoted os-release value ({error})", line) from error
+        values[key] = " ".join(words)
+    return OsReleaseData(
+        id=values.get("ID") or None,
+        version_id=values.get("VERSION_ID") or None,
+        version_codename=values.get("VERSION_CODENAME")
+        or values.get("UBUNTU_CODENAME")
+        or None,
+        id_like=values.get("ID_LIKE", "").split(),
+        pretty_name=values.get("PRETTY_NAME") or None,
+    )
+
+
+class OsRelease(FactBase[OsReleaseData]):
+    """
+    Returns the OS release from /etc/os-release (or /usr/lib/os-release):
+
+    .. code:: python
+
+        OsReleaseData(id="ubuntu", version_id="24.04", version_codename="noble",
+                      id_like=["debian"], pretty_name="Ubuntu 24.04.2 LTS")
+    """
+
+    @override
+    @staticmethod
+    def default() -> OsReleaseData:
+        return OsReleaseData()
+
+    @override
+    def command(self) -> str:
+        return "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>/dev/null || true"
+
+    @override
+    def process(self, output: list[str]) -> OsReleaseData:
+        return parse_os_release(output)
+
+
+@dataclass(frozen=True)
+class SystemResourcesData(JsonMixin):
+    logical_cpus: int = 1
+    physical_cores: int = 1
+    sockets: int = 1
+    numa_nodes: int = 1
+    memory_total_kib: int | None = None
+
+    @property
+    def memory_total_mib(self) -> int | None:
+        return None if self.memory_total_kib is None else self.memory_total_kib // 1024
+
+
+def _cpuinfo_pairs(lines: Sequence[str]) -> tuple[int, set[tuple[str, str]]]:
+    """(processor count, {(physical id, core id)}) from filtered /proc/cpuinfo."""
+    processors = 0
+    pairs: set[tuple[str, str]] = set()
+    physical: str | None = None
+    core: str | None = None
+
+    def flush() -> None:
+        if physical is not None and core is not None:
+            pairs.add((physical, core))
+
+    for line in nonblank(lines):
+        key, sep, value = line.partition(":")
+        if not sep:
+            raise fail("expected 'key : value' in /proc/cpuinfo", line)
+        key, value = key.strip(), value.strip()
+        if key == "processor":
+            flush()
+            processors += 1
+            physical = core = None
+        elif key == "physical id":
+            physical = value
+        elif key == "core id":
+            core = value
+    flush()
+    return processors, pairs
+
+
+def parse_system_resources(lines: Sequence[str]) -> SystemResourcesData:
+    """Parse the output of SYSTEM_RESOURCES_COMMAND (see SystemResources)."""
+    sections, _ = split_sections(lines)
+
+    processors, pairs = _cpuinfo_pairs(sections.get("cpuinfo", []))
+    if not pairs:
+        # ARM servers (Grace) and some VMs print no physical/core ids in
+        # /proc/cpuinfo; /sys/devices/system/cpu/cpuN/topology has them.
+        topology = nonblank(sections.get("cpu-topology", []))
+        for line in topology:
+            parts = line.split()
+            if len(parts) != 2:
+                raise fail("expected 'package core' from cpu topology", line)
+            pairs.add((parts[0], parts[1]))
+        processors = processors or len(topology)
+
+    nproc_lines = nonblank(sections.get("nproc", []))
+    nproc = None
+    if nproc_lines:
+        if not nproc_lines[0].strip().isdigit():
+            raise fail("expected a number from nproc", nproc_lines[0])
+        nproc = int(nproc_lines[0])
+
+    logical = processors or nproc or 1
+    cores = len(pairs) or nproc or logical
+    sockets = len({physical for physical, _ in pairs}) or 1
+
+    nodes = [line.strip() for line in nonblank(sections.get("numa", []))]
+    for node in nodes:
+        if not re.fullmatch(r"node\d+", node):
+            raise fail("expected nodeN from /sys/devices/system/node", node)
+
+    memory = None
+    for line in sections.get("meminfo", []):
+        match = re.fullmatch(r"MemTotal:\s+(\d+)\s*kB", line.strip())
+        if match:
+            memory = int(match.group(1))
+        elif line.startswith("MemTotal:"):
+            raise fail("unexpected MemTotal line in /proc/meminfo", line)
+
+    return SystemResourcesData(
+        logical_cpus=logical,
+        physical_cores=cores,
+        sockets=sockets,
+        numa_nodes=len(nodes) or 1,
+        memory_total_kib=memory,
+    )
+
+
+def system_resources_command(proc_root: str = "/proc", sys_root: str = "/sys") -> str:
+    """The SystemResources command; the roots exist so tests can use fake trees."""
+    proc = shlex.quote(proc_root)
+    cpus = shlex.quote(f"{sys_root}/devices/system/cpu")
+    nodes = shlex.quote(f"{sys_root}/devices/system/node")
+    return "\n".join(
+        [
+            begin("cpuinfo"),
+            f"grep -E '^(processor|physical id|core id)[[:space:]]*:' {proc}/cpuinfo 2>/dev/null",
+            begin("cpu-topology"),
+            f"for c in {cpus}/cpu[0-9]*/topology; do",
+            '  if [ -r "$c/physical_package_id" ] && [ -r "$c/core_id" ]; then',
+            '    echo "$(cat "$c/physical_package_id") $(cat "$c/core_id")"',
+            "  fi",
+            "done",
+            begin("nproc"),
+            "nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null",
+            begin("numa"),
+            f"for n in {nodes}/node[0-9]*; do",
+            '  if [ -d "$n" ]; then echo "${n##*/}"; fi',
+            "done",
+            begin("meminfo"),
+            f"grep '^MemTotal:' {proc}/meminfo 2>/dev/null",
+            "true",
+        ]
+    )
+
+
+class SystemResources(FactBase[SystemResourcesData]):
+    """
+    Returns CPU, NUMA and memory totals: physical cores are the unique
+    (physical id, core id) pairs of /proc/cpuinfo (or of /sys cpu topology,
+    falling back to nproc); sockets the unique physical ids; NUMA nodes the
+    /sys/devices/system/node/nodeN entries (1 when there are none):
+
+    .. code:: python
+
+        SystemResourcesData(logical_cpus=224, physical_cores=112, sockets=2,
+                            numa_nodes=2, memory_total_kib=2113389544)
+    """
+
+    @override
+    @staticmethod
+    def default() -> SystemResourcesData:
+        return SystemResourcesData()
+
+    @override
+    def command(self) -> str:
+        return system_resources_command()
+
+    @override
+    def process(self, output: list[str]) -> SystemResourcesData:
+        return parse_system_resources(output)

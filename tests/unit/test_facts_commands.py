@@ -1,0 +1,208 @@
+"""
+Every fact's command is valid POSIX sh, runs on this GPU-less Debian box
+without failing or writing to stderr, and gives the fact's default (or a
+sensible value) there. GpuState's script is also run against stub nvidia-smi
+programs that replay the recorded H200 output and the failure modes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from facts.gpu import GPU_QUERY_FIELDS, GpuState
+from facts.kernel import DriverState
+from facts.network import NetworkInterfaces, RdmaDevices
+from facts.packages import HeldPackages, PackageVersions
+from facts.pci import MellanoxPciDevices, NvidiaPciDevices, PciDevices
+from facts.system import OsRelease, SystemResources
+
+pytestmark = pytest.mark.unit
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
+
+# (fact class, command arguments)
+FACTS = [
+    (GpuState, {}),
+    (DriverState, {}),
+    (PciDevices, {}),
+    (NvidiaPciDevices, {}),
+    (MellanoxPciDevices, {}),
+    (NetworkInterfaces, {}),
+    (RdmaDevices, {}),
+    (OsRelease, {}),
+    (SystemResources, {}),
+    (HeldPackages, {}),
+    (PackageVersions, {"packages": ["libc6", "no-such-package-gpufleet", "libnvidia-compute-*"]}),
+]
+IDS = [fact.__name__ for fact, _ in FACTS]
+
+SHELLS = [shell for shell in ("sh", "dash", "bash") if shutil.which(shell)]
+
+
+def command_of(fact, kwargs) -> str:
+    command = fact().command(**kwargs)
+    assert isinstance(command, str)
+    return command
+
+
+def run(command: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.mark.parametrize("fact, kwargs", FACTS, ids=IDS)
+@pytest.mark.parametrize("shell", SHELLS)
+def test_command_is_valid_posix_sh(fact, kwargs, shell):
+    args = [shell, "--posix", "-n", "-c"] if shell == "bash" else [shell, "-n", "-c"]
+    result = subprocess.run([*args, command_of(fact, kwargs)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize("fact, kwargs", FACTS, ids=IDS)
+def test_command_runs_without_gpu_tools(fact, kwargs):
+    """On this box (no GPU, no nvidia-smi, no EFI, no InfiniBand) nothing fails."""
+    result = run(command_of(fact, kwargs))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    # pyinfra only calls process() when there is output; otherwise it uses default().
+    value = fact().process(result.stdout.splitlines()) if result.stdout else fact.default()
+    expected = {
+        GpuState: GpuState.default(),
+        PciDevices: [],
+        NvidiaPciDevices: [],
+        MellanoxPciDevices: [],
+        RdmaDevices: [],
+        HeldPackages: [],
+    }
+    if fact in expected:
+        assert value == expected[fact]
+    elif fact is DriverState:
+        assert value.module_version is None and value.userspace_version is None
+        assert value.mismatch is False and value.kernel_gpus == []
+        assert value.kernel_release == os.uname().release
+    elif fact is PackageVersions:
+        assert value["no-such-package-gpufleet"] is None
+        assert value["libc6"]  # this is a Debian box
+    elif fact is OsRelease:
+        assert value.id == "debian"
+    elif fact is SystemResources:
+        assert value.logical_cpus == os.cpu_count()
+        assert value.numa_nodes >= 1 and value.memory_total_kib
+    elif fact is NetworkInterfaces:
+        assert all(interface.name != "lo" for interface in value)
+
+
+def test_commands_with_an_empty_path_still_exit_zero():
+    # A host missing even coreutils in PATH: every fact still exits 0.
+    for fact, kwargs in FACTS:
+        result = run(command_of(fact, kwargs), env={"PATH": "/nonexistent"})
+        assert result.returncode == 0, (fact.__name__, result.stderr)
+        if result.stdout:
+            fact().process(result.stdout.splitlines())  # and the output still parses
+
+
+def test_facts_through_pyinfra_on_local_host():
+    """The whole pyinfra path (command, connector, process) on @local."""
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.facts import get_facts
+
+    state = State(Inventory((["@local"], {})), Config())
+    connect_all(state)
+    (gpu_state,) = get_facts(state, GpuState).values()
+    assert gpu_state.status == "no-nvidia-smi"
+    (gpus,) = get_facts(state, NvidiaPciDevices).values()
+    assert gpus == []
+    (versions,) = get_facts(state, PackageVersions, kwargs={"packages": ["libc6"]}).values()
+    assert versions["libc6"]
+
+
+# --- GpuState's script against stub nvidia-smi programs ----------------------
+
+
+def write_stub(directory: Path, body: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    stub = directory / "nvidia-smi"
+    stub.write_text("#!/bin/sh\n" + body)
+    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+    return directory
+
+
+def query_gpu_from_recording(host: str) -> str:
+    """The recorded header-ful CSV cut down to GpuState's fields, units dropped."""
+    rows = (FIXTURES / host / "query-gpu-csv.txt").read_text().splitlines()
+    header = [name.strip().split(" [")[0] for name in rows[0].split(",")]
+    out = []
+    for row in rows[1:]:
+        values = dict(zip(header, (value.strip() for value in row.split(","))))
+        out.append(
+            ", ".join(values[f] if f == "name" else values[f].split(" ")[0] for f in GPU_QUERY_FIELDS)
+        )
+    return "\n".join(out) + "\n"
+
+
+def stub_env(directory: Path) -> dict[str, str]:
+    return {**os.environ, "PATH": f"{directory}:{os.environ['PATH']}"}
+
+
+def test_gpu_state_script_with_recorded_h200_x2_stub(tmp_path):
+    host = FIXTURES / "h200-x2"
+    (tmp_path / "query.txt").write_text(query_gpu_from_recording("h200-x2"))
+    expected_query = "--query-gpu=" + ",".join(GPU_QUERY_FIELDS) + " --format=csv,noheader,nounits"
+    stub = write_stub(
+        tmp_path / "bin",
+        f"""case "$*" in
+  '{expected_query}') cat {tmp_path}/query.txt ;;
+  '-q -d SUPPORTED_CLOCKS') cat {host}/q-supported-clocks.txt ;;
+  'topo -m') cat {host}/topo.txt ;;
+  --query-compute-apps=pid,process_name,used_memory,gpu_uuid*) ;;
+  *) echo "unexpected arguments: $*"; exit 2 ;;
+esac
+""",
+    )
+    result = run(GpuState().command(), env=stub_env(stub))
+    assert result.returncode == 0 and result.stderr == ""
+    state = GpuState().process(result.stdout.splitlines())
+    assert state.status == "ok", state
+    assert state.warnings == []
+    assert [gpu.bus_id for gpu in state.gpus] == ["00000000:00:06.0", "00000000:00:07.0"]
+    assert state.gpus[0].app_clocks == (3201, 1980)
+    assert state.topology.link("GPU0", "GPU1") == "NV18"
+    assert 3201 in state.supported_clocks["00000000:00:06.0"]
+
+
+@pytest.mark.parametrize(
+    "body, status, error",
+    [
+        (
+            "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+            'Make sure that the latest NVIDIA driver is installed and running."; exit 9\n',
+            "driver-not-loaded",
+            "couldn't communicate",
+        ),
+        (
+            'echo "Failed to initialize NVML: Driver/library version mismatch"; '
+            'echo "NVML library version: 580.159"; exit 18\n',
+            "mismatch",
+            "Driver/library version mismatch",
+        ),
+        ('echo "No devices were found"; exit 6\n', "error", "No devices were found"),
+        # nvidia-smi writing its complaint to stderr is captured too.
+        ('echo "Unable to determine the device handle" >&2; exit 15\n', "error", "device handle"),
+    ],
+    ids=["exit-9", "mismatch", "no-devices", "stderr"],
+)
+def test_gpu_state_script_failure_modes(tmp_path, body, status, error):
+    result = run(GpuState().command(), env=stub_env(write_stub(tmp_path / "bin", body)))
+    assert result.returncode == 0 and result.stderr == ""
+    state = GpuState().process(result.stdout.splitlines())
+    assert state.status == status
+    assert error in state.error
+    # The script stops after the failed query instead of running three more.
+    assert "::gpufleet:: begin topology" not in result.stdout
