@@ -1,0 +1,566 @@
+"""Pick driver, kernel-module flavour, CUDA, cuDNN and Fabric Manager for one host.
+
+Pure functions: inputs are the host's GPUs (models or raw PCI ids), its wishes (Settings or any
+mapping with the same keys) and its OS release; every fact comes from compat.yaml via compat.py.
+A wish the data cannot satisfy raises Incompatible naming the key to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping, Sequence
+
+from .compat import CompatData, DistroOffer, DriverBranch, compat_data
+from .errors import Incompatible
+from .gpus import ClockPair, GpuModel, to_models
+from .versions import at_least, branch_of, major, normalise_branch, parse
+
+AUTO = "auto"
+NONE = "none"
+
+GpuList = Sequence[GpuModel] | Sequence[str] | Sequence[GpuModel | str]
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What to install on one host. Versions are exact; package names are for apt."""
+
+    source: str  # nvidia | distro
+    os_release: str  # "debian-12"
+    gpus: tuple[str, ...]  # model names, one per GPU
+    driver_branch: str
+    driver_version: str
+    flavour: str  # open | proprietary
+    driver_packages: tuple[str, ...]
+    repo_os_dir: str | None  # CUDA repo directory for the OS (nvidia source)
+    cuda_version: str | None
+    cuda_package: str | None
+    cudnn_version: str | None
+    cudnn_package: str | None
+    fabricmanager_needed: bool
+    fabricmanager_package: str | None
+    fabricmanager_version: str | None  # always == driver_version when needed
+    fabric_extra_packages: tuple[str, ...]  # e.g. NVLink Subnet Manager on 4th-gen NVSwitch
+    clock_method: str  # ac (nvidia-smi -ac) | lgc (-lgc/-lmc, R595+) | reset | none
+    application_clocks: Mapping[str, ClockPair | None] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def describe(self) -> dict[str, Any]:
+        """Ordered, printable summary for plan views."""
+        return {
+            "source": self.source,
+            "os_release": self.os_release,
+            "gpus": ", ".join(_count_names(self.gpus)),
+            "driver": f"R{self.driver_branch} {self.driver_version} ({self.flavour})",
+            "driver_packages": " ".join(self.driver_packages),
+            "cuda": f"{self.cuda_version} ({self.cuda_package})" if self.cuda_version else NONE,
+            "cudnn": f"{self.cudnn_version} ({self.cudnn_package})" if self.cudnn_version else NONE,
+            "fabricmanager": (
+                f"{self.fabricmanager_package} {self.fabricmanager_version}"
+                + "".join(f" + {p}" for p in self.fabric_extra_packages)
+                if self.fabricmanager_needed
+                else "not needed"
+            ),
+            "clocks": self.clock_method
+            + "".join(
+                f"; {name} {pair.memory_mhz},{pair.graphics_mhz}" if pair else f"; {name} default"
+                for name, pair in self.application_clocks.items()
+            ),
+            "notes": list(self.notes),
+        }
+
+
+def _count_names(names: Iterable[str]) -> list[str]:
+    counts: dict[str, int] = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    return [f"{n} x {name}" for name, n in counts.items()]
+
+
+def _wish(wishes: Any, key: str, default: Any) -> Any:
+    if isinstance(wishes, Mapping):
+        return wishes.get(key, default)
+    return getattr(wishes, key, default)
+
+
+def normalise_os(os_release: str | Sequence[str]) -> str:
+    """("debian", "12") or "debian-12" -> "debian-12"."""
+    if isinstance(os_release, str):
+        return os_release.strip().lower().replace(" ", "-")
+    name, version = os_release[0], os_release[1]
+    return f"{str(name).strip().lower()}-{str(version).strip()}"
+
+
+def _names(models: Iterable[GpuModel]) -> str:
+    return ", ".join(sorted({m.name for m in models}))
+
+
+# --- driver -------------------------------------------------------------------------------------
+
+
+def _branches_for(models: Sequence[GpuModel], data: CompatData) -> list[str]:
+    out = []
+    for branch in sorted(data.usable_branches, key=int):
+        info = data.driver_branches[branch]
+        version = info.default or ""
+        if all(m.arch in info.architectures and (m.min_driver is None or at_least(version, m.min_driver)) for m in models):
+            out.append(branch)
+    return out
+
+
+def _check_driver(models: Sequence[GpuModel], info: DriverBranch, version: str, data: CompatData) -> None:
+    allowed = ", ".join(f"R{b}" for b in _branches_for(models, data)) or "none"
+    for model in models:
+        if model.arch not in info.architectures:
+            arch = data.architectures[model.arch]
+            why = f"; the last branch for {model.arch} is R{arch.last_branch}" if arch.last_branch else ""
+            raise Incompatible(
+                f"{model.name} ({model.arch}) is not supported by driver branch R{info.branch}{why}",
+                key="driver_branch",
+                allowed=allowed,
+            )
+        if model.min_driver and not at_least(version, model.min_driver):
+            raise Incompatible(
+                f"{model.name} needs driver >= {model.min_driver}; R{info.branch} resolves to {version}",
+                key="driver_branch",
+                allowed=allowed,
+            )
+
+
+def _pick_flavour(models: Sequence[GpuModel], branch: str, version: str, wish: str, data: CompatData) -> str:
+    turing = data.generation(data.open_min_architecture)
+    too_old = [m for m in models if m.generation < turing]
+    not_listed = [m for m in models if m.first_open_driver and not at_least(version, m.first_open_driver)]
+    needs_open = [m for m in models if m.open_required]
+    open_ok = not too_old and not not_listed
+    why_not_open = (
+        f"open kernel modules need {data.open_min_architecture} or newer; {_names(too_old)} "
+        f"{'is' if len(too_old) == 1 else 'are'} older"
+        if too_old
+        else "open kernel modules support "
+        + ", ".join(f"{m.name} only from {m.first_open_driver}" for m in not_listed)
+        + f" (resolved driver {version})"
+    )
+    if wish == "open":
+        if not open_ok:
+            raise Incompatible(why_not_open, key="driver_flavour", allowed="proprietary, auto")
+        return "open"
+    if wish == "proprietary":
+        if needs_open:
+            raise Incompatible(
+                f"{_names(needs_open)} must use the open kernel modules (proprietary is unsupported there)",
+                key="driver_flavour",
+                allowed="open, auto",
+            )
+        return "proprietary"
+    # auto
+    if needs_open:
+        if not open_ok:
+            raise Incompatible(
+                f"{_names(needs_open)} need open kernel modules but {why_not_open}; these GPUs cannot share a host",
+                key="driver_flavour",
+                allowed="one GPU generation per host",
+            )
+        return "open"
+    if open_ok and int(branch) >= int(data.open_default_from_branch):
+        return "open"
+    return "proprietary"
+
+
+def _nvidia_driver_packages(branch: str, flavour: str, data: CompatData) -> tuple[str, ...]:
+    for scheme in data.nvidia_repo["driver_packages"]:
+        if int(branch) >= int(scheme["from_branch"]):
+            return tuple(p.format(branch=branch) for p in scheme[flavour])
+    raise Incompatible(f"no package scheme for R{branch} in compat.yaml", key="driver_branch")
+
+
+# --- CUDA / cuDNN -------------------------------------------------------------------------------
+
+
+def _check_cuda(models: Sequence[GpuModel], cuda: str, version: str, mode: str, data: CompatData) -> list[str]:
+    notes: list[str] = []
+    family = data.cuda_families.get(major(cuda))
+    release = data.cuda_releases[cuda]
+    if family is None:
+        raise Incompatible(f"CUDA {major(cuda)}.x has no verified driver floor", key="cuda_version")
+    supported = [c for c in data.cuda_releases if _cuda_fits(models, c, version, mode, data)]
+    allowed = "none, " + ", ".join(sorted(supported, key=parse, reverse=True)) if supported else NONE
+    if not at_least(version, family.min_driver):
+        raise Incompatible(
+            f"CUDA {cuda} needs driver >= {family.min_driver} (CUDA {family.major}.x family); driver is {version}",
+            key="cuda_version",
+            allowed=allowed,
+        )
+    if mode == "toolkit" and not at_least(version, release.toolkit_driver):
+        raise Incompatible(
+            f"CUDA {cuda} (newest update) needs driver >= {release.toolkit_driver}; driver is {version} "
+            "(cuda_driver_compat: minor accepts the family floor with limited features)",
+            key="cuda_version",
+            allowed=allowed,
+        )
+    if mode == "minor" and not at_least(version, release.toolkit_driver):
+        notes.append(f"CUDA {cuda} runs in minor-version compatibility (driver {version} < {release.toolkit_driver})")
+    for model in models:
+        if parse(model.compute_capability) < parse(family.min_compute_capability):
+            raise Incompatible(
+                f"CUDA {family.major}.x drops compute capability < {family.min_compute_capability}; "
+                f"{model.name} is {model.compute_capability}",
+                key="cuda_version",
+                allowed=allowed,
+            )
+        arch = data.architectures[model.arch]
+        if arch.first_cuda and parse(cuda) < parse(arch.first_cuda):
+            raise Incompatible(
+                f"{model.name} ({model.arch}) needs CUDA >= {arch.first_cuda}", key="cuda_version", allowed=allowed
+            )
+        if arch.last_cuda_major and int(major(cuda)) > int(arch.last_cuda_major):
+            raise Incompatible(
+                f"{model.arch} GPUs end with CUDA {arch.last_cuda_major}.x; {model.name} cannot use CUDA {cuda}",
+                key="cuda_version",
+                allowed=allowed,
+            )
+    return notes
+
+
+def _cuda_fits(models: Sequence[GpuModel], cuda: str, version: str, mode: str, data: CompatData) -> bool:
+    try:
+        _check_cuda_quiet(models, cuda, version, mode, data)
+    except Incompatible:
+        return False
+    return True
+
+
+def _check_cuda_quiet(models: Sequence[GpuModel], cuda: str, version: str, mode: str, data: CompatData) -> None:
+    family = data.cuda_families.get(major(cuda))
+    release = data.cuda_releases[cuda]
+    floor = release.toolkit_driver if mode == "toolkit" else (family.min_driver if family else None)
+    if family is None or floor is None or not at_least(version, floor) or not at_least(version, family.min_driver):
+        raise Incompatible("driver")
+    for model in models:
+        arch = data.architectures[model.arch]
+        if parse(model.compute_capability) < parse(family.min_compute_capability):
+            raise Incompatible("cc")
+        if arch.first_cuda and parse(cuda) < parse(arch.first_cuda):
+            raise Incompatible("first")
+        if arch.last_cuda_major and int(major(cuda)) > int(arch.last_cuda_major):
+            raise Incompatible("last")
+
+
+def _check_cudnn(models: Sequence[GpuModel], cudnn: str, cuda: str, version: str, data: CompatData) -> None:
+    same_major = [b for b in data.cudnn_builds if b.cuda_major == major(cuda)]
+    builds = [b for b in same_major if b.version == cudnn]
+    fitting = sorted(
+        {
+            b.version
+            for b in same_major
+            if cuda in b.cuda_versions
+            and at_least(version, b.min_driver)
+            and all(m.compute_capability in b.compute_capabilities for m in models)
+        },
+        key=parse,
+        reverse=True,
+    )
+    allowed = "none, " + ", ".join(fitting) if fitting else NONE
+    if not builds:
+        raise Incompatible(f"cuDNN {cudnn} has no verified build for CUDA {major(cuda)}.x", key="cudnn_version", allowed=allowed)
+    for_cuda = [b for b in builds if cuda in b.cuda_versions]
+    if not for_cuda:
+        listed = sorted({v for b in builds for v in b.cuda_versions}, key=parse)
+        raise Incompatible(
+            f"cuDNN {cudnn} supports CUDA {', '.join(listed)}, not {cuda}", key="cudnn_version", allowed=allowed
+        )
+    problems = []
+    for build in for_cuda:
+        missing = [m for m in models if m.compute_capability not in build.compute_capabilities]
+        if missing:
+            problems.append(
+                f"cuDNN {cudnn} for CUDA {cuda} does not support compute capability "
+                + ", ".join(sorted({f"{m.compute_capability} ({m.name})" for m in missing}))
+            )
+        elif not at_least(version, build.min_driver):
+            problems.append(f"cuDNN {cudnn} for CUDA {cuda} needs driver >= {build.min_driver}; driver is {version}")
+        else:
+            return
+    raise Incompatible(problems[-1], key="cudnn_version", allowed=allowed)
+
+
+# --- clocks -------------------------------------------------------------------------------------
+
+
+def _clocks(models: Sequence[GpuModel], policy: Any, branch: str, data: CompatData) -> tuple[str, dict, list[str]]:
+    notes: list[str] = []
+    method = "lgc" if int(branch) >= int(data.app_clocks_deprecated_from_branch) else "ac"
+    if policy == "unmanaged":
+        return "none", {}, notes
+    if policy == "default":
+        return "reset", {}, notes
+    pairs: dict[str, ClockPair | None] = {}
+    for model in {m.name: m for m in models}.values():
+        if policy == "max":
+            pairs[model.name] = model.max_clocks
+            if model.max_clocks is None:
+                notes.append(f"no verified max clocks for {model.name}; its clocks stay at default")
+            continue
+        wanted = ClockPair(int(policy["memory"]), int(policy["graphics"]))
+        top = model.max_clocks
+        if top and (wanted.memory_mhz > top.memory_mhz or wanted.graphics_mhz > top.graphics_mhz):
+            raise Incompatible(
+                f"clock pair {wanted.memory_mhz},{wanted.graphics_mhz} exceeds {model.name} max "
+                f"{top.memory_mhz},{top.graphics_mhz}",
+                key="clock_policy",
+                allowed=f"memory <= {top.memory_mhz} and graphics <= {top.graphics_mhz}, or max | default | unmanaged",
+            )
+        if model.supported_memory_mhz and wanted.memory_mhz not in model.supported_memory_mhz:
+            raise Incompatible(
+                f"{model.name} supports memory clocks {', '.join(map(str, model.supported_memory_mhz))} MHz, "
+                f"not {wanted.memory_mhz}",
+                key="clock_policy",
+                allowed=", ".join(map(str, model.supported_memory_mhz)),
+            )
+        if top is None:
+            notes.append(f"no verified clocks for {model.name}: pair {wanted.memory_mhz},{wanted.graphics_mhz} unchecked")
+        pairs[model.name] = wanted
+    if method == "lgc":
+        notes.append(f"application clocks are deprecated from R{data.app_clocks_deprecated_from_branch}: lock clocks with -lgc/-lmc")
+    return method, pairs, notes
+
+
+def _eol_note(info: DriverBranch, data: CompatData) -> list[str]:
+    if info.eol == "EOL":
+        return [f"driver branch R{info.branch} is end of life"]
+    if info.eol and parse(info.eol.replace("-", ".")) < parse(data.as_of.replace("-", ".")):
+        return [f"driver branch R{info.branch} reached end of life in {info.eol}"]
+    return []
+
+
+# --- entry points -------------------------------------------------------------------------------
+
+
+def resolve(
+    gpus: GpuList,
+    wishes: Any,
+    os_release: str | Sequence[str],
+    *,
+    nvswitch: bool | None = None,
+    data: CompatData | None = None,
+) -> Resolution:
+    """Resolve what to install for ``gpus`` given ``wishes`` on ``os_release``.
+
+    gpus: GpuModel objects, raw PCI device ids ("0x2335") or nvidia-smi names; NVSwitch PCI ids in
+    the list count as an NVSwitch fabric. ``nvswitch`` overrides that detection when given.
+    Raises Incompatible with the reason and the key to change.
+    """
+    data = data or compat_data()
+    models, unknown, seen_nvswitch = to_models(gpus)
+    if unknown:
+        raise Incompatible(f"unknown GPU PCI id(s) {', '.join(unknown)}: not in compat.yaml", key=None)
+    if not models:
+        raise Incompatible("no NVIDIA GPU given", key=None)
+    os_name = normalise_os(os_release)
+    has_nvswitch = seen_nvswitch if nvswitch is None else nvswitch
+    source = _wish(wishes, "driver_source", "nvidia")
+    branch_wish = _wish(wishes, "driver_branch", AUTO)
+    branch_wish = branch_wish if branch_wish == AUTO else normalise_branch(branch_wish)
+
+    if source == "nvidia" and branch_wish == AUTO:
+        reasons = []
+        for branch in data.auto_branch_preference:
+            try:
+                return _resolve_on(models, wishes, os_name, has_nvswitch, data, source, branch, auto=True)
+            except Incompatible as exc:
+                reasons.append(f"R{branch}: {exc.reason}")
+        fitting = ", ".join(f"R{b}" for b in _branches_for(models, data)) or "none"
+        raise Incompatible("no driver branch fits: " + "; ".join(reasons), key="driver_branch", allowed=fitting)
+    return _resolve_on(models, wishes, os_name, has_nvswitch, data, source, branch_wish, auto=False)
+
+
+def _resolve_on(
+    models: list[GpuModel],
+    wishes: Any,
+    os_name: str,
+    has_nvswitch: bool,
+    data: CompatData,
+    source: str,
+    branch_wish: str | None,
+    auto: bool,
+) -> Resolution:
+    version_wish = _wish(wishes, "driver_version", AUTO)
+    cuda = _wish(wishes, "cuda_version", NONE)
+    cudnn = _wish(wishes, "cudnn_version", NONE)
+    mode = _wish(wishes, "cuda_driver_compat", "toolkit")
+    notes: list[str] = []
+    offer: DistroOffer | None = None
+
+    if source == "distro":
+        offer = data.distro_offers.get(os_name)
+        if offer is None:
+            raise Incompatible(
+                f"{os_name} has no distribution driver packages in compat.yaml",
+                key="driver_source",
+                allowed="nvidia, or distro on " + ", ".join(data.distro_offers),
+            )
+        if branch_wish not in (AUTO, offer.driver_branch):
+            raise Incompatible(
+                f"{os_name} ships driver branch R{offer.driver_branch} only, not R{branch_wish}",
+                key="driver_branch",
+                allowed=f"auto, {offer.driver_branch}",
+            )
+        if version_wish not in (AUTO, offer.driver_version):
+            raise Incompatible(
+                f"{os_name} ships driver {offer.driver_version} only, not {version_wish}",
+                key="driver_version",
+                allowed=f"auto, {offer.driver_version}",
+            )
+        if cuda not in (NONE, offer.cuda_version):
+            raise Incompatible(
+                f"{os_name} ships CUDA toolkit {offer.cuda_version} only, not {cuda}",
+                key="cuda_version",
+                allowed=f"none, {offer.cuda_version}",
+            )
+        if cudnn != NONE and not offer.cudnn:
+            raise Incompatible(f"{os_name} does not package cuDNN", key="cudnn_version", allowed="none")
+        branch, version = offer.driver_branch, offer.driver_version
+    elif source == "nvidia":
+        if os_name not in data.nvidia_repo["os_dirs"]:
+            raise Incompatible(
+                f"the NVIDIA CUDA repo has no {os_name} directory in compat.yaml",
+                key="validate_os_release",
+                allowed=", ".join(data.nvidia_repo["os_dirs"]),
+            )
+        branch = branch_wish or ""
+        info = data.driver_branches.get(branch)
+        if info is None or not info.usable:
+            raise Incompatible(
+                f"driver branch R{branch} is not usable from the compatibility data",
+                key="driver_branch",
+                allowed=", ".join(data.usable_branches),
+            )
+        version = info.default if version_wish == AUTO or auto else version_wish
+        if version not in info.versions or branch_of(version) != branch:
+            raise Incompatible(
+                f"driver {version} is not a known R{branch} release",
+                key="driver_version",
+                allowed="auto, " + ", ".join(info.versions),
+            )
+    else:
+        raise Incompatible(f"unknown driver source {source!r}", key="driver_source", allowed="nvidia, distro")
+
+    info = data.driver_branches[branch]
+    _check_driver(models, info, version, data)
+    notes += _eol_note(info, data)
+    flavour = _pick_flavour(models, branch, version, _wish(wishes, "driver_flavour", AUTO), data)
+    if offer is not None:
+        driver_packages = offer.driver_packages.get(flavour)
+        if not driver_packages:
+            raise Incompatible(f"{os_name} has no {flavour} kernel-module package", key="driver_flavour")
+    else:
+        driver_packages = _nvidia_driver_packages(branch, flavour, data)
+
+    cuda_version = cuda_package = cudnn_version = cudnn_package = None
+    if cuda != NONE:
+        notes += _check_cuda(models, cuda, version, mode, data)
+        cuda_version = cuda
+        if offer is not None:
+            cuda_package = offer.cuda_package
+        else:
+            cuda_major, cuda_minor = cuda.split(".")[:2]
+            cuda_package = data.nvidia_repo["cuda_package"].format(cuda_major=cuda_major, cuda_minor=cuda_minor)
+    if cudnn != NONE:
+        if cuda == NONE:
+            raise Incompatible(
+                "a host cuDNN needs a host CUDA toolkit; cuda_version is none", key="cudnn_version", allowed="none"
+            )
+        _check_cudnn(models, cudnn, cuda, version, data)
+        cudnn_version = cudnn
+        cudnn_package = data.nvidia_repo["cudnn_package"].format(cudnn_major=major(cudnn), cuda_major=major(cuda))
+
+    off_host = [m for m in models if m.fabric == "off_host"]
+    fm_needed = has_nvswitch and not off_host
+    fm_package = fm_version = None
+    fabric_extra: tuple[str, ...] = ()
+    if fm_needed:
+        if offer is not None:
+            raise Incompatible(
+                f"NVSwitch systems need Fabric Manager {version}, which {os_name} does not package",
+                key="driver_source",
+                allowed="nvidia",
+            )
+        fm_package = data.nvidia_repo["fabricmanager_package"].format(branch=branch)
+        fm_version = version  # must equal the driver version exactly [S17]
+        if any(m.needs_nvlsm for m in models):
+            fabric_extra = (data.nvidia_repo["nvlsm_package"],)
+    if off_host and has_nvswitch:
+        notes.append(f"{_names(off_host)}: NVSwitch fabric is managed off-host; no Fabric Manager on the host")
+
+    method, pairs, clock_notes = _clocks(models, _wish(wishes, "clock_policy", "default"), branch, data)
+    notes += clock_notes
+
+    return Resolution(
+        source=source,
+        os_release=os_name,
+        gpus=tuple(m.name for m in models),
+        driver_branch=branch,
+        driver_version=version,
+        flavour=flavour,
+        driver_packages=tuple(driver_packages),
+        repo_os_dir=data.nvidia_repo["os_dirs"].get(os_name) if offer is None else None,
+        cuda_version=cuda_version,
+        cuda_package=cuda_package,
+        cudnn_version=cudnn_version,
+        cudnn_package=cudnn_package,
+        fabricmanager_needed=fm_needed,
+        fabricmanager_package=fm_package,
+        fabricmanager_version=fm_version,
+        fabric_extra_packages=fabric_extra,
+        clock_method=method,
+        application_clocks=MappingProxyType(pairs),
+        notes=tuple(notes),
+    )
+
+
+def check_tier_hardware(
+    settings: Any,
+    gpus: GpuList,
+    nvswitch: bool,
+    rdma: bool,
+    nvlink: bool | None = None,
+) -> list[str]:
+    """Compare the host's declared tier with what facts found; one message per mismatch.
+
+    An empty list means the hardware matches. What to do with mismatches is ``tier_mismatch``.
+    """
+    tier = _wish(settings, "tier", "?")
+    problems: list[str] = []
+    models, unknown, seen_nvswitch = to_models(gpus)
+    nvswitch = nvswitch or seen_nvswitch
+    for pci in unknown:
+        problems.append(f"tier {tier}: GPU with PCI id {pci} is not in the compatibility data")
+    expected = tuple(_wish(settings, "validate_gpu_models", ()) or ())
+    found = _count_names(m.name for m in models)
+    if expected:
+        wrong = sorted({m.name for m in models if m.name not in expected})
+        if wrong:
+            problems.append(
+                f"tier {tier} expects GPU models {', '.join(expected)}; found {', '.join(found)}"
+            )
+    count = _wish(settings, "validate_gpu_count", None)
+    if count is not None:
+        low, high = (count, count) if isinstance(count, int) else tuple(count)
+        total = len(models) + len(unknown)
+        if not low <= total <= high:
+            want = f"{low}" if low == high else f"{low}-{high}"
+            problems.append(f"tier {tier} expects {want} GPUs; found {total}" + (f" ({', '.join(found)})" if found else ""))
+    for key, label, present in (
+        ("validate_nvswitch", "an NVSwitch fabric (PCI class 0x0680)", nvswitch),
+        ("validate_rdma", "RDMA NICs (InfiniBand/RoCE)", rdma),
+        ("validate_nvlink", "NVLink between GPUs", nvlink),
+    ):
+        want = _wish(settings, key, "any")
+        if present is None or want == "any":
+            continue
+        if want == "required" and not present:
+            problems.append(f"tier {tier} expects {label}; none found")
+        elif want == "absent" and present:
+            problems.append(f"tier {tier} expects no {label}; found one")
+    return problems

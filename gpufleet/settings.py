@@ -1,0 +1,277 @@
+"""Per-host gpufleet settings: tier defaults merged under the host's inventory data, validated.
+
+Deploys call ``host_settings(host)``; ``deploys/all.py`` calls ``validate_inventory(inventory)``
+once before any operation so every broken host is reported together, before anything changes.
+
+Precedence (first wins): runtime ``host.data.x = ...`` > inventory override data > host data >
+group data (later groups win, as in pyinfra) > inventory-wide data > tier > tiers.yaml defaults.
+pyinfra's deploy ``data_defaults`` are deliberately not read: the tier is the default.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from typing import Any, Iterable, Mapping
+
+from .compat import compat_data
+from .errors import Incompatible, InventoryError
+from .gpus import model_for_name
+from .resolver import Resolution, resolve
+from .schema import KEYS, BadValue
+from .tiers import tier_defaults, tier_names
+
+#: pyinfra connector / global keys that are never gpufleet's (besides anything starting with "_").
+_PYINFRA_PREFIXES = ("ssh_", "winrm_", "fake_", "chroot_", "vagrant_", "terraform_")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated, read-only settings of one host. Field names are the inventory keys."""
+
+    host: str
+    tier: str
+    tier_mismatch: str
+    driver_source: str
+    driver_branch: str
+    driver_version: str
+    driver_flavour: str
+    driver_reboot: str
+    driver_repo_url: str
+    driver_persistence: str
+    driver_hold: bool
+    cuda_version: str
+    cuda_driver_compat: str
+    cudnn_version: str
+    clock_policy: Any  # "max" | "default" | "unmanaged" | {"memory": int, "graphics": int}
+    nccl_profile: str
+    docker_source: str
+    docker_default_runtime: str
+    docker_cdi: bool
+    docker_shm_size: str
+    docker_ulimits: Mapping[str, int]
+    tuning_omp_threads: Any  # "auto" | int
+    tuning_pytorch_alloc_conf: str
+    tuning_nccl_debug_vars: bool
+    tuning_nccl_socket_ifname: str
+    tuning_nccl_ib_hca: str
+    tuning_cpu_governor: str
+    hardening_permit_root_login: str
+    hardening_password_auth: bool
+    hardening_allow_users: tuple[str, ...]
+    firewall_enabled: bool
+    firewall_open_ports: tuple[str, ...]
+    firewall_trusted_cidrs: tuple[str, ...]
+    rollout_batch_size: int
+    rollout_require_idle: bool
+    validate_os_release: str
+    validate_gpu_models: tuple[str, ...]
+    validate_gpu_count: tuple[int, int]
+    validate_nvswitch: str
+    validate_nvlink: str
+    validate_rdma: str
+    validate_min_ram_gb: int
+    validate_min_nic_gbps: int
+    extra_packages: tuple[str, ...]
+    #: keys the inventory set explicitly (the rest came from the tier)
+    overridden: tuple[str, ...] = ()
+    #: planning-time resolution against the tier's first expected GPU model (None if none declared)
+    plan: Resolution | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in KEYS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in KEYS else default
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings as a plain dict in schema order (no plan)."""
+        return {key: getattr(self, key) for key in KEYS}
+
+    def describe(self) -> dict[str, Any]:
+        """Ordered mapping for a plan view: settings (overrides marked), then resolved versions."""
+        out: dict[str, Any] = {"host": self.host}
+        for key in KEYS:
+            value = getattr(self, key)
+            if isinstance(value, Mapping):
+                value = dict(value)
+            out[key] = f"{value} (inventory)" if key in self.overridden else value
+        if self.plan is not None:
+            for key, value in self.plan.describe().items():
+                out[f"resolved.{key}"] = value
+        return out
+
+
+def _check_fields_match_schema() -> None:
+    # A Settings field without a schema entry (or the reverse) is a bug in this module.
+    names = {f.name for f in fields(Settings)} - {"host", "overridden", "plan"}
+    if names != set(KEYS):
+        raise RuntimeError(f"Settings fields and schema.KEYS differ: {sorted(names ^ set(KEYS))}")
+
+
+_check_fields_match_schema()
+
+
+def is_pyinfra_key(key: str) -> bool:
+    """True for pyinfra's own data keys (global arguments, connector settings)."""
+    return key.startswith("_") or key.startswith(_PYINFRA_PREFIXES) or key in _connector_keys()
+
+
+@lru_cache(maxsize=1)
+def _connector_keys() -> frozenset[str]:
+    # Ask pyinfra which data keys its connectors read (e.g. docker_identifier), so they are
+    # never mistaken for gpufleet's docker_* keys.
+    from typing import get_type_hints
+
+    from pyinfra.api.connectors import get_all_connectors
+
+    keys: set[str] = set()
+    for connector in get_all_connectors().values():
+        data_cls = getattr(connector, "data_cls", None)
+        if data_cls is not None:
+            try:
+                keys.update(get_type_hints(data_cls))
+            except Exception:  # a connector with odd annotations must not break validation
+                pass
+        keys.update(getattr(connector, "data_meta", None) or {})
+    return frozenset(keys)
+
+
+def explicit_data(host: Any) -> dict[str, Any]:
+    """The data the inventory set for ``host`` (no deploy data_defaults), merged by precedence."""
+    inventory = host.inventory
+    merged: dict[str, Any] = {}
+    layers: Iterable[Mapping[str, Any]] = (
+        inventory.get_data() or {},
+        inventory.get_groups_data(host.groups) or {},
+        inventory.get_host_data(host.name) or {},
+        inventory.get_override_data() or {},
+        getattr(host.data, "override_datas", {}) or {},
+    )
+    for layer in layers:
+        merged.update(layer)
+    return merged
+
+
+def _line(host: str, key: str, problem: str, allowed: str) -> str:
+    return f"host {host}: key '{key}': {problem}; allowed: {allowed}"
+
+
+def _settings_for(host: str, data: Mapping[str, Any]) -> tuple[Settings | None, list[str]]:
+    """Build Settings for one host from its explicit data; return (settings, problem lines)."""
+    problems: list[str] = []
+    tiers = tier_names()
+    tier = data.get("tier")
+    if tier is None:
+        return None, [_line(host, "tier", "missing (every host needs a tier)", ", ".join(tiers))]
+    if not isinstance(tier, str) or tier not in tiers:
+        close = difflib.get_close_matches(str(tier), tiers, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        return None, [_line(host, "tier", f"unknown tier {tier!r}{hint}", ", ".join(tiers))]
+
+    ours = {}
+    for key, value in data.items():
+        if key in KEYS:
+            ours[key] = value
+        elif not is_pyinfra_key(key):
+            close = difflib.get_close_matches(key, list(KEYS), n=1, cutoff=0.6)
+            hint = f"did you mean '{close[0]}'?" if close else "not a gpufleet setting"
+            problems.append(_line(host, key, f"unknown key ({hint})", "see gpufleet/data/tiers.yaml"))
+
+    merged = dict(tier_defaults(tier))
+    merged.update(ours)
+    values: dict[str, Any] = {}
+    for key, spec in KEYS.items():
+        if key not in merged:
+            problems.append(_line(host, key, f"no value in tier {tier} or the inventory", spec.allowed()))
+            continue
+        try:
+            values[key] = spec.check(merged[key])
+        except BadValue as bad:
+            where = "" if key in ours else f" (from tier {tier})"
+            problems.append(_line(host, key, bad.problem + where, bad.allowed))
+    if problems:
+        return None, problems
+
+    problems += _cross_checks(host, values)
+    if problems:
+        return None, problems
+
+    plan, plan_problems = _plan(host, values)
+    if plan_problems:
+        return None, plan_problems
+    return Settings(host=host, overridden=tuple(k for k in KEYS if k in ours), plan=plan, **values), []
+
+
+def _cross_checks(host: str, values: Mapping[str, Any]) -> list[str]:
+    problems = []
+    data = compat_data()
+    version, branch = values["driver_version"], values["driver_branch"]
+    if version != "auto" and values["driver_source"] == "nvidia":
+        if branch == "auto":
+            problems.append(_line(host, "driver_version", f"pinning {version} needs an explicit driver_branch", "auto"))
+        elif version not in data.driver_branches[branch].versions:
+            known = ", ".join(data.driver_branches[branch].versions)
+            problems.append(_line(host, "driver_version", f"{version} is not a known R{branch} release", f"auto, {known}"))
+    needs_rdma = data.nccl_profiles[values["nccl_profile"]].get("needs_rdma", False)
+    if needs_rdma and values["validate_rdma"] == "absent":
+        problems.append(
+            _line(host, "nccl_profile", f"profile {values['nccl_profile']} needs RDMA but validate_rdma is absent", "tcp, efa")
+        )
+    return problems
+
+
+def _plan(host: str, values: Mapping[str, Any]) -> tuple[Resolution | None, list[str]]:
+    """Resolve against every GPU model the tier expects, so a combination no declared model can run
+    fails at planning time. The first model's resolution becomes Settings.plan."""
+    models = [model_for_name(name) for name in values["validate_gpu_models"]]
+    nvswitch = values["validate_nvswitch"] == "required"
+    failures: dict[str, list[tuple[str, Incompatible]]] = {}
+    plan = None
+    for model in models:
+        assert model is not None  # schema checked the names
+        try:
+            resolution = resolve([model], values, values["validate_os_release"], nvswitch=nvswitch)
+        except Incompatible as exc:
+            failures.setdefault(exc.key or "tier", []).append((model.name, exc))
+            continue
+        plan = plan or resolution
+    # one line per key: the first refusal, the other refused models, and what fits all of them
+    problems = []
+    for key, refused in failures.items():
+        first_name, first = refused[0]
+        reason = first.reason if first_name in first.reason else f"{first_name}: {first.reason}"
+        others = [name for name, _ in refused[1:]]
+        if others:
+            reason += f" (also refused for {', '.join(others)})"
+        problems.append(_line(host, key, f"incompatible: {reason}", _common_allowed([exc for _, exc in refused])))
+    return plan, problems
+
+
+def _common_allowed(refusals: list[Incompatible]) -> str:
+    lists = [[item.strip() for item in (exc.allowed or "").split(",") if item.strip()] for exc in refusals]
+    if not lists or not all(lists):
+        return refusals[0].allowed or "-"
+    common = [item for item in lists[0] if all(item in other for other in lists[1:])]
+    return ", ".join(common) if common else "none (no value fits every expected GPU model)"
+
+
+def host_settings(host: Any) -> Settings:
+    """Validated settings of one pyinfra host; raises InventoryError listing its problems."""
+    settings, problems = _settings_for(host.name, explicit_data(host))
+    if problems:
+        raise InventoryError(problems)
+    assert settings is not None
+    return settings
+
+
+def validate_inventory(inventory: Any) -> None:
+    """Validate every host of a pyinfra Inventory; raise one InventoryError listing all problems."""
+    problems: list[str] = []
+    for host in inventory:
+        problems += _settings_for(host.name, explicit_data(host))[1]
+    if problems:
+        raise InventoryError(problems)
