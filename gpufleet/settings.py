@@ -260,11 +260,19 @@ def _common_allowed(refusals: list[Incompatible]) -> str:
 
 
 def host_settings(host: Any) -> Settings:
-    """Validated settings of one pyinfra host; raises InventoryError listing its problems."""
-    settings, problems = _settings_for(host.name, explicit_data(host))
+    """Validated settings of one pyinfra host; raises InventoryError listing its problems.
+
+    Computed once per host and run: every deploy asks, and the inventory does not change
+    while a run is planned."""
+    data = explicit_data(host)
+    cached = getattr(host, "_gpufleet_settings", None)
+    if cached is not None and cached[0] == data:
+        return cached[1]
+    settings, problems = _settings_for(host.name, data)
     if problems:
         raise InventoryError(problems)
     assert settings is not None
+    host._gpufleet_settings = (data, settings)
     return settings
 
 

@@ -266,6 +266,10 @@ def _add_diversion(root: pathlib.Path) -> None:
     path.write_text(text + DIVERSION)
 
 
+#: inside the host root: what the container sees as /proc/driver
+PROC_DRIVER_DIR = "usr/lib/gpusim/kernel/proc-driver"
+
+
 def install(root: pathlib.Path, spec: str, work: pathlib.Path) -> list[str]:
     """Install the simulator into a host root filesystem `root` (an overlay mount, before boot).
     `work` is a per-host scratch dir on the controller. Returns extra systemd-nspawn arguments
@@ -291,12 +295,17 @@ def install(root: pathlib.Path, spec: str, work: pathlib.Path) -> list[str]:
     _add_diversion(root)
 
     args = []
+    # nspawn mounts binds aimed into /proc from inside the container (sources resolve in the
+    # container's root), and procfs cannot get a new /proc/driver/nvidia mount point: so the
+    # view lives in the root and covers the whole of /proc/driver (measured, systemd 252).
+    proc_driver = root / PROC_DRIVER_DIR
+    if proc_driver.exists():
+        shutil.rmtree(proc_driver)
     if parsed.driver_loaded:
-        proc = work / "gpusim-proc-driver-nvidia"
-        if proc.exists():
-            shutil.rmtree(proc)
-        _build_proc(config, proc)
-        args.append(f"--bind-ro={proc}:/proc/driver/nvidia")
+        _build_proc(config, proc_driver / "nvidia")
+    else:
+        proc_driver.mkdir(parents=True)
+    args.append(f"--bind-ro=/{PROC_DRIVER_DIR}:/proc/driver")
     pci = work / "gpusim-sys-bus-pci-devices"
     if pci.exists():
         shutil.rmtree(pci)

@@ -11,14 +11,15 @@ from tests.e2e.pyinfra_cli import changed_operations, pyinfra
 from tests.e2e.remote import remote
 
 pytestmark = pytest.mark.e2e
+OS_RELEASE = {"bookworm": "debian-12", "trixie": "debian-13"}
 
 
 @pytest.fixture(scope="module")
 def fleet(hostpool, tmp_path_factory):
     hosts = hostpool.get("foundation-bookworm", 2, release="bookworm")
     hosts += hostpool.get("foundation-trixie", 1, release="trixie")
-    inv = write_inventory(tmp_path_factory.mktemp("inv") / "inventory.py", hosts,
-                          data={h.name: {"tier": "dev"} for h in hosts})
+    data = {h.name: {"tier": "dev", "validate_os_release": OS_RELEASE[h.release]} for h in hosts}
+    inv = write_inventory(tmp_path_factory.mktemp("inv") / "inventory.py", hosts, data=data)
     first = pyinfra(inv)
     second = pyinfra(inv)
     return hosts, first, second

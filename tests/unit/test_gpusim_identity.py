@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from testing.gpusim.local import LocalSim
+from testing.gpusim.install import PROC_DRIVER_DIR
 
 pytestmark = [pytest.mark.unit, pytest.mark.gpusim]
 
@@ -67,9 +68,9 @@ def test_output_identical_to_recording(tmp_path_factory, spec, name, cmd, reques
     sim = _sim_for(spec, tmp_path_factory, request)
     recorded = (FIXTURES / HOSTS[spec] / name).read_text()
     if name == "proc-version.txt":
-        actual = (sim.work / "gpusim-proc-driver-nvidia" / "version").read_text()
+        actual = (sim.root / PROC_DRIVER_DIR / "nvidia" / "version").read_text()
     elif name == "proc-gpus.txt":
-        actual = proc_gpus_listing(sim.work / "gpusim-proc-driver-nvidia")
+        actual = proc_gpus_listing(sim.root / PROC_DRIVER_DIR / "nvidia")
     elif name == "sys-pci.txt":
         actual = sys_pci_listing(sim.work / "gpusim-sys-bus-pci-devices")
     else:

@@ -42,8 +42,11 @@ def test_install_layout(tmp_path):
     (root / "var/lib/dpkg/diversions").write_text("/usr/bin/foo\n/usr/bin/foo.distrib\n:\n")
     args = install(root, "h200x2", work)
 
-    proc, pci = (work / "gpusim-proc-driver-nvidia").resolve(), (work / "gpusim-sys-bus-pci-devices").resolve()
-    assert args == [f"--bind-ro={proc}:/proc/driver/nvidia", f"--bind-ro={pci}:/sys/bus/pci/devices"]
+    pci = (work / "gpusim-sys-bus-pci-devices").resolve()
+    # /proc binds resolve inside the container: the source is a path in the host root
+    assert args == ["--bind-ro=/usr/lib/gpusim/kernel/proc-driver:/proc/driver",
+                    f"--bind-ro={pci}:/sys/bus/pci/devices"]
+    assert (root / "usr/lib/gpusim/kernel/proc-driver/nvidia/version").is_file()
     assert all(os.path.isabs(a.split("=", 1)[1].split(":")[0]) for a in args)
 
     smi = root / "usr/bin/nvidia-smi"
@@ -66,6 +69,7 @@ def test_install_layout(tmp_path):
     install(root, "h200x2", work)
     assert (root / "var/lib/dpkg/diversions").read_text() == diversions
 
+    proc = root / "usr/lib/gpusim/kernel/proc-driver/nvidia"
     assert sorted(p.name for p in (proc / "gpus").iterdir()) == ["0000:00:06.0", "0000:00:07.0"]
     dev = pci / "0000:00:07.0"
     assert {f: (dev / f).read_text() for f in ("vendor", "device", "class", "subsystem_vendor", "subsystem_device")} == {
@@ -75,7 +79,9 @@ def test_install_layout(tmp_path):
 
 def test_install_nodriver_has_no_proc_view(tmp_path):
     args = install(tmp_path / "root", "t4:nodriver", tmp_path / "work")
-    assert len(args) == 1 and args[0].endswith(":/sys/bus/pci/devices")
+    # /proc/driver is still covered (a host without the driver has no nvidia entry there)
+    assert len(args) == 2 and args[1].endswith(":/sys/bus/pci/devices")
+    assert not (tmp_path / "root/usr/lib/gpusim/kernel/proc-driver/nvidia").exists()
     dev = tmp_path / "work/gpusim-sys-bus-pci-devices/0000:00:06.0"
     assert (dev / "device").read_text() == "0x1eb8\n"
     assert not (dev / "driver").exists() and not (dev / "driver").is_symlink()
@@ -83,9 +89,9 @@ def test_install_nodriver_has_no_proc_view(tmp_path):
 
 def test_install_proprietary_proc_version(tmp_path):
     install(tmp_path / "root", "a100x4@535.247.01", tmp_path / "work")
-    version = (tmp_path / "work/gpusim-proc-driver-nvidia/version").read_text()
+    version = (tmp_path / "root/usr/lib/gpusim/kernel/proc-driver/nvidia/version").read_text()
     assert version.startswith("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.247.01  ")
-    info = (tmp_path / "work/gpusim-proc-driver-nvidia/gpus/0000:00:09.0/information").read_text()
+    info = (tmp_path / "root/usr/lib/gpusim/kernel/proc-driver/nvidia/gpus/0000:00:09.0/information").read_text()
     assert "Model: \t\t NVIDIA A100-SXM4-40GB\n" in info and "Device Minor: \t 3\n" in info
 
 
