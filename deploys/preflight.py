@@ -1,0 +1,27 @@
+"""Preflight: is this host the hardware its tier says it is?
+
+Story of a host, part 0: before anything is installed, the GPUs, NVSwitch, NVLink and RDMA
+devices the host really has (read from PCI, so it works before any driver) are compared with
+what its tier expects. A mismatch warns, or with `tier_mismatch: fail` stops this host (and
+only this host) before anything on it changes.
+"""
+from pyinfra import host, logger
+from pyinfra.api import deploy
+
+from gpufleet.failures import fail_host
+from gpufleet.hostfacts import hardware, tier_mismatches
+from gpufleet.settings import host_settings
+
+
+@deploy("Preflight")
+def preflight():
+    settings = host_settings(host)
+    problems = tier_mismatches(host, settings)
+    if not problems:
+        return
+    summary = f"found {hardware(host).summary}; " + "; ".join(problems)
+    if settings.tier_mismatch == "fail":
+        fail_host(host, "tier", f"hardware does not match tier {settings.tier}: {summary}")
+    else:
+        logger.warning(f"{host.print_prefix}hardware does not match tier {settings.tier}: {summary} "
+                       "(tier_mismatch: warn)")

@@ -1,0 +1,132 @@
+"""What a host really has, read once per run and shared by every deploy.
+
+pyinfra 3 re-runs a fact on every ``host.get_fact``; deploys ask the same questions (which GPUs?
+which driver?), so the answers are kept on the host object for the rest of the planning phase.
+That is also the planning rule: these are the host's state *before* this run, never what the
+run itself will change.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, TypeVar
+
+from facts.gpu import GpuState, GpuStateData
+from facts.kernel import DriverState, DriverStateData
+from facts.network import NetworkInterfaces, RdmaDevices
+from facts.pci import PciDevices
+from facts.system import OsRelease, OsReleaseData, SystemResources, SystemResourcesData
+
+from .errors import Incompatible
+from .gpus import GpuModel, is_nvswitch_pci, model_for_pci
+from .resolver import Resolution, check_tier_hardware, resolve
+
+T = TypeVar("T")
+
+
+def _cached(host: Any, key: str, make: Callable[[], T]) -> T:
+    # getattr/setattr (not __dict__): `pyinfra.host` is a proxy to the current host.
+    cache = getattr(host, "_gpufleet_facts", None)
+    if cache is None:
+        cache = host._gpufleet_facts = {}
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
+
+
+def gpu_state(host: Any) -> GpuStateData:
+    """nvidia-smi's view (one remote command for GPUs, clocks, topology, processes)."""
+    return _cached(host, "gpu_state", lambda: host.get_fact(GpuState))
+
+
+def driver_state(host: Any) -> DriverStateData:
+    return _cached(host, "driver_state", lambda: host.get_fact(DriverState))
+
+
+def os_release(host: Any) -> OsReleaseData:
+    return _cached(host, "os_release", lambda: host.get_fact(OsRelease))
+
+
+def resources(host: Any) -> SystemResourcesData:
+    return _cached(host, "resources", lambda: host.get_fact(SystemResources))
+
+
+def interfaces(host: Any) -> list:
+    return _cached(host, "interfaces", lambda: host.get_fact(NetworkInterfaces))
+
+
+def rdma_devices(host: Any) -> list:
+    return _cached(host, "rdma", lambda: host.get_fact(RdmaDevices))
+
+
+def os_name(host: Any) -> str:
+    """The OS as compat.yaml names it, e.g. ``debian-12``."""
+    rel = os_release(host)
+    return f"{rel.id}-{rel.version_id}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """The GPUs and fabric a host has, from PCI (works with no driver installed)."""
+
+    gpu_pci_ids: tuple[str, ...]
+    models: tuple[GpuModel, ...]
+    unknown_pci_ids: tuple[str, ...]
+    nvswitch: bool
+    nvlink: bool
+    rdma: bool
+
+    @property
+    def summary(self) -> str:
+        if not self.gpu_pci_ids:
+            return "no NVIDIA GPU"
+        names: dict[str, int] = {}
+        for m in self.models:
+            names[m.name] = names.get(m.name, 0) + 1
+        for pci in self.unknown_pci_ids:
+            names[f"unknown {pci}"] = names.get(f"unknown {pci}", 0) + 1
+        parts = [f"{count} x {name}" for name, count in names.items()]
+        extras = [what for what, present in (("NVSwitch", self.nvswitch), ("NVLink", self.nvlink),
+                                             ("RDMA", self.rdma)) if present]
+        return ", ".join(parts) + (f" ({', '.join(extras)})" if extras else "")
+
+
+def hardware(host: Any) -> Hardware:
+    def make() -> Hardware:
+        pci = host.get_fact(PciDevices)
+        gpus = [d for d in pci if d.kind == "gpu"]
+        models, unknown = [], []
+        for dev in gpus:
+            model = model_for_pci(dev.device_id)
+            (models.append(model) if model else unknown.append(dev.device_id))
+        state = gpu_state(host)
+        topo_gpus = [d for d in state.topology.devices if d.startswith("GPU")]
+        nvlink = any(state.topology.nvlinks(a, b) for a in topo_gpus for b in topo_gpus if a != b)
+        return Hardware(
+            gpu_pci_ids=tuple(d.device_id for d in gpus),
+            models=tuple(models),
+            unknown_pci_ids=tuple(unknown),
+            nvswitch=any(d.kind == "nvswitch" or is_nvswitch_pci(d.device_id) for d in pci),
+            nvlink=nvlink,
+            rdma=bool(rdma_devices(host)),
+        )
+
+    return _cached(host, "hardware", make)
+
+
+def resolution(host: Any, settings: Any) -> Resolution:
+    """What to install on this host: the tier's wishes resolved against the GPUs it really has.
+
+    Raises Incompatible (with the reason and the key to change) when nothing fits."""
+    def make() -> Resolution:
+        hw = hardware(host)
+        if not hw.models:
+            raise Incompatible(f"no supported NVIDIA GPU found on the host ({hw.summary})", key=None)
+        return resolve(list(hw.models), settings, os_name(host), nvswitch=hw.nvswitch)
+
+    return _cached(host, "resolution", make)
+
+
+def tier_mismatches(host: Any, settings: Any) -> list[str]:
+    hw = hardware(host)
+    return check_tier_hardware(settings, [*hw.models, *hw.unknown_pci_ids], hw.nvswitch, hw.rdma,
+                               nvlink=hw.nvlink)
