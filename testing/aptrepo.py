@@ -1,0 +1,553 @@
+"""A local, signed stand-in for NVIDIA's apt repositories, served on loopback.
+
+Test infrastructure, not production code. NVIDIA's CUDA network repository and the
+libnvidia-container repository are out of reach from the test machines, so the deploys' `nvidia`
+package-source path is tested against this: tiny .deb files that carry NVIDIA's real package
+names, versions and dependency structure, but only install a marker file
+(/usr/share/doc/<pkg>/STAND-IN) and, where the project checks for one, a clearly labelled
+harmless stand-in script or systemd unit. Nothing here is NVIDIA software.
+
+Layout served (the same flat form as production, so a deploy's sources line has the same shape):
+
+    http://127.0.0.1:PORT/compute/cuda/repos/<distro>/x86_64/          (distro: debian12 debian13 ubuntu2404)
+        InRelease Release Release.gpg Packages Packages.gz *.deb  cuda-keyring_1.1-1_all.deb
+    http://127.0.0.1:PORT/libnvidia-container/stable/deb/amd64/        (container toolkit repo)
+    http://127.0.0.1:PORT/unsigned/...   http://127.0.0.1:PORT/wrongkey/...   (negative variants)
+
+    deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] http://127.0.0.1:PORT/compute/cuda/repos/debian12/x86_64/ /
+
+Use from a test module or conftest:
+
+    from testing.aptrepo import aptrepo   # noqa: F401  (session fixture; re-export it)
+
+    def test_x(aptrepo):                  # AptRepo
+        aptrepo.base_url("debian12"), aptrepo.keyring, aptrepo.key_armored, aptrepo.cuda_repos_url
+
+or without pytest: `repo = serve(tmpdir); ...; repo.stop()`. The package table is
+`default_packages()` (built from DRIVERS / CUDA_TOOLKITS / CUDNN / DCGM / CONTAINER_TOOLKITS
+below); add a release there, or pass your own `packages=[Pkg(...), ...]` to serve().
+Debs are built once per content hash under $GPUFLEET_TESTHOSTS_CACHE/aptrepo/debs/.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CACHE_ROOT = Path(os.environ.get("GPUFLEET_TESTHOSTS_CACHE", "/var/cache/gpufleet-testhosts"))
+DEB_CACHE = CACHE_ROOT / "aptrepo" / "debs"
+BUILDER_VERSION = 1
+SOURCE_DATE_EPOCH = 1735689600  # 2025-01-01: fixed mtimes make the .debs byte-identical per content
+DISTROS = ("debian12", "debian13", "ubuntu2404")
+STAND_IN_NOTE = "gpufleet test stand-in: NOT NVIDIA software; installs nothing that works."
+LOG = "/var/log/gpufleet-stand-in.log"
+
+
+# --------------------------------------------------------------------------------------------
+# The package table
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pkg:
+    name: str
+    version: str
+    depends: tuple[str, ...] = ()       # Debian relation strings, e.g. "nvidia-driver-cuda (= 580.95.05-1)"
+    provides: tuple[str, ...] = ()
+    conflicts: tuple[str, ...] = ()
+    files: tuple[tuple[str, str, int], ...] = ()   # (absolute path, content, mode), besides the marker
+    description: str = ""
+    arch: str = "amd64"
+    repo: str = "cuda"                  # "cuda" (CUDA network repo) or "container" (libnvidia-container)
+    source: str = ""                    # where the real name/version/relations come from (see SOURCES)
+
+    @property
+    def filename(self) -> str:
+        ver = self.version.split(":", 1)[-1]  # the epoch is not part of the file name
+        return f"{self.name}_{ver}_{self.arch}.deb"
+
+
+# Sources of the real names, versions and relations (report and unit tests refer to these keys).
+SOURCES = {
+    "compat": "gpufleet/data/reference/compat-data.md (CUDA 13.0 U2 -> driver >= 580.95.05; cuDNN/CUDA)",
+    "pinning": "NVIDIA Driver Installation Guide r580/r590 'Version locking packages for Ubuntu / Debian'; "
+               "apt-cache search output 'nvidia-driver-pinning-580 - APT driver pinning file for driver "
+               "branch 580', 'nvidia-driver-pinning-580.105.08 - ... for driver version'",
+    "driver-debian": "NVIDIA Driver Installation Guide, Debian: 'apt install nvidia-open' (open) / "
+                     "'apt install cuda-drivers' (proprietary); compute-only nvidia-driver-cuda + "
+                     "nvidia-kernel-open-dkms / nvidia-kernel-dkms; Debian-style library names "
+                     "(libcuda1, libnvidia-ml1, nvidia-smi, nvidia-persistenced) as on packages.debian.org",
+    "fm": "NVIDIA/apt-packaging-fabric-manager README ('version of fabricmanager must match the NVIDIA "
+          "driver'); NVIDIA/gpu-driver-container#451: 'nvidia-fabricmanager-580 is a virtual package "
+          "provided by nvidia-fabricmanager 580.65.06-1' (R580+ unversioned name); "
+          "nvidia-fabricmanager.install: /usr/bin/nv-fabricmanager, nvidia-fabricmanager.service",
+    "driver-versions": "580.95.05 = CUDA 13.0 Update 2 driver (compat-data.md 1b); 580.126.09 = "
+                       "NVIDIA/gpu-driver-container#735 (compat-data.md S17)",
+    "cuda": "cuda=13.0.2-1 (13.0 Update 2) and cuda-toolkit-12-8 12.8.1-1 (12.8 Update 1) in public "
+            "Dockerfiles/scripts; cuda-toolkit-X-Y naming from compat.yaml",
+    "cudnn": "libcudnn9-cuda-13 / libcudnn9-dev-cuda-13 / libcudnn9-headers-cuda-13 = 9.16.0.29-1 "
+             "(public install scripts); nvidia-cudnn-cu12/-cu13 9.16.0.29 and 9.10.2.21 on PyPI",
+    "dcgm": "datacenter-gpu-manager-4-core=1:4.4.0-1 (public install scripts; epoch 1)",
+    "container": "NVIDIA Container Toolkit install guide: nvidia-container-toolkit, "
+                 "nvidia-container-toolkit-base, libnvidia-container-tools, libnvidia-container1, "
+                 "versions 1.17.8-1 / 1.18.0-1; flat repo .../libnvidia-container/stable/deb/$(ARCH) /",
+    "keyring": "cuda-keyring_1.1-1_all.deb installs /usr/share/keyrings/cuda-archive-keyring.gpg and "
+               "/etc/apt/sources.list.d/cuda-<distro>-x86_64.list",
+    "stand-in": "structure only: not verified against NVIDIA's Packages file; kept small on purpose",
+}
+
+# One branch, two real driver versions. Add a version (or branch) here.
+DRIVERS = ("580.95.05", "580.126.09")
+# (toolkit major-minor, package version, nvcc release string)
+CUDA_TOOLKITS = (("13-0", "13.0.2-1", "13.0"), ("12-8", "12.8.1-1", "12.8"))
+# (cuda major, cuDNN package version)
+CUDNN = (("13", "9.16.0.29-1"), ("12", "9.16.0.29-1"), ("12", "9.10.2.21-1"))
+DCGM = ("1:4.4.0-1",)
+CONTAINER_TOOLKITS = ("1.17.8-1", "1.18.0-1")
+
+# Packages whose version is pinned by nvidia-driver-pinning-* (the driver and everything built
+# from it, Fabric Manager included).
+DRIVER_PACKAGES = (
+    "nvidia-open", "cuda-drivers", "cuda-drivers-{branch}", "nvidia-driver", "nvidia-driver-cuda",
+    "libcuda1", "libnvidia-ml1", "nvidia-smi", "nvidia-persistenced", "nvidia-kernel-open-dkms",
+    "nvidia-kernel-dkms", "nvidia-kernel-support", "nvidia-fabricmanager",
+)
+
+
+def _script(name: str, body: str) -> str:
+    return (f"#!/bin/sh\n# {name}: {STAND_IN_NOTE}\n"
+            f"echo \"$(date -u +%FT%TZ) {name} $*\" >> {LOG} 2>/dev/null || true\n{body}\n")
+
+
+def _unit(desc: str, exec_start: str) -> str:
+    return (f"# {STAND_IN_NOTE}\n[Unit]\nDescription={desc} (gpufleet test stand-in)\n\n"
+            f"[Service]\nType=simple\nExecStart={exec_start}\n\n[Install]\nWantedBy=multi-user.target\n")
+
+
+def driver_packages(version: str, rev: str = "1") -> list[Pkg]:
+    """The driver packages of one release, Debian-style names as in NVIDIA's debian12/13 repo."""
+    v = f"{version}-{rev}"
+    branch = version.split(".")[0]
+    eq = lambda n: f"{n} (= {v})"  # noqa: E731
+    ge = lambda n: f"{n} (>= {v})"  # noqa: E731
+    src = "driver-debian"
+    return [
+        # Meta packages use >= (as NVIDIA's do): installing one at an old version without a
+        # pinning package drags the newest libraries in. That is the real trap pinning solves.
+        Pkg("nvidia-open", v, (ge("nvidia-driver"), ge("nvidia-kernel-open-dkms")),
+            description="NVIDIA driver meta package, open kernel modules", source=src),
+        Pkg("cuda-drivers", v, (ge("nvidia-driver"), f"nvidia-kernel-dkms (>= {v}) | nvidia-kernel-open-dkms (>= {v})"),
+            description="NVIDIA driver meta package, proprietary kernel modules", source=src),
+        Pkg(f"cuda-drivers-{branch}", v, (ge("cuda-drivers"),),
+            description=f"NVIDIA driver meta package, branch {branch}", source=src),
+        Pkg("nvidia-driver", v, (eq("nvidia-driver-cuda"), eq("libcuda1"), eq("nvidia-smi")),
+            description="NVIDIA driver (libraries and tools)", source=src),
+        Pkg("nvidia-driver-cuda", v,
+            (eq("libcuda1"), eq("libnvidia-ml1"), eq("nvidia-smi"), eq("nvidia-persistenced")),
+            description="NVIDIA driver CUDA integration components (compute-only)", source=src),
+        Pkg("libcuda1", v, (eq("nvidia-kernel-support"),), description="NVIDIA CUDA Driver Library", source=src),
+        Pkg("libnvidia-ml1", v, description="NVIDIA Management Library (NVML) runtime library", source=src),
+        # No /usr/bin/nvidia-smi on purpose: the GPU simulator (testing/gpusim) owns that name.
+        Pkg("nvidia-smi", v, (eq("libnvidia-ml1"),), description="NVIDIA System Management Interface", source=src),
+        Pkg("nvidia-persistenced", v, (eq("libnvidia-ml1"),), files=(
+            ("/usr/bin/nvidia-persistenced", _script("nvidia-persistenced", "exec sleep infinity"), 0o755),
+            ("/lib/systemd/system/nvidia-persistenced.service",
+             _unit("NVIDIA Persistence Daemon", "/usr/bin/nvidia-persistenced"), 0o644),
+        ), description="daemon to maintain persistent software state in the NVIDIA driver", source=src),
+        Pkg("nvidia-kernel-support", v, description="NVIDIA binary kernel module support files", source=src),
+        Pkg("nvidia-kernel-open-dkms", v, (eq("nvidia-kernel-support"),),
+            provides=(f"nvidia-kernel-{version}",), conflicts=("nvidia-kernel-dkms",),
+            description="NVIDIA open kernel module DKMS source (no module: stand-in)", source=src),
+        Pkg("nvidia-kernel-dkms", v, (eq("nvidia-kernel-support"),),
+            provides=(f"nvidia-kernel-{version}",), conflicts=("nvidia-kernel-open-dkms",),
+            description="NVIDIA proprietary kernel module DKMS source (no module: stand-in)", source=src),
+        # R580+: one unversioned Fabric Manager package per repo, providing the old branch name.
+        # Its exact dependency on the driver is what keeps FM and driver in lock step.
+        Pkg("nvidia-fabricmanager", v, (eq("nvidia-driver-cuda"),),
+            # Unversioned, as in NVIDIA's repo: `apt-get install nvidia-fabricmanager-580=<ver>`
+            # fails with "virtual package" / "Version ... was not found" (gpu-driver-container#451).
+            provides=(f"nvidia-fabricmanager-{branch}",),
+            conflicts=(f"nvidia-fabricmanager-{branch}",), files=(
+                ("/usr/bin/nv-fabricmanager", _script("nv-fabricmanager",
+                 f'case "$1" in --version|-v) echo "Fabric Manager version is : {version}"; exit 0;; esac\n'
+                 "exec sleep infinity"), 0o755),
+                ("/lib/systemd/system/nvidia-fabricmanager.service",
+                 _unit("NVIDIA fabric manager service",
+                       "/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg"), 0o644),
+                ("/usr/share/nvidia/nvswitch/fabricmanager.cfg", f"# {STAND_IN_NOTE}\nLOG_LEVEL=4\n", 0o644),
+            ), description="Fabric Manager for NVSwitch based systems", source="fm"),
+        Pkg(f"nvidia-driver-pinning-{version}", v,
+            provides=("nvidia-driver-pinning",), conflicts=("nvidia-driver-pinning",),
+            files=(("/etc/apt/preferences.d/nvidia-driver-pinning", _pin_file(branch, f"{version}-*"), 0o644),),
+            description=f"APT driver pinning file for driver version {version}", source="pinning"),
+    ]
+
+
+def _pin_file(branch: str, pattern: str) -> str:
+    names = " ".join(n.format(branch=branch) for n in DRIVER_PACKAGES)
+    return (f"# {STAND_IN_NOTE}\n# Real apt preferences: the driver packages are held to {pattern}.\n"
+            f"Package: {names}\nPin: version {pattern}\nPin-Priority: 1000\n")
+
+
+def default_packages() -> list[Pkg]:
+    pkgs: list[Pkg] = []
+    branches = sorted({d.split(".")[0] for d in DRIVERS})
+    for d in DRIVERS:
+        pkgs += driver_packages(d)
+    for b in branches:
+        pkgs.append(Pkg(f"nvidia-driver-pinning-{b}", f"{b}-1", provides=("nvidia-driver-pinning",),
+                        conflicts=("nvidia-driver-pinning",),
+                        files=(("/etc/apt/preferences.d/nvidia-driver-pinning", _pin_file(b, f"{b}.*"), 0o644),),
+                        description=f"APT driver pinning file for driver branch {b}", source="pinning"))
+    for mm, ver, rel in CUDA_TOOLKITS:
+        major = mm.split("-")[0]
+        root = f"/usr/local/cuda-{rel}"
+        upstream = ver.rsplit("-", 1)[0]
+        pkgs += [
+            Pkg("cuda-toolkit-config-common", "13.0.96-1" if major == "13" else "12.8.90-1",
+                description="Common config package for CUDA Toolkit", source="stand-in"),
+            Pkg(f"cuda-toolkit-{major}-config-common", ver, description=f"Common config package for CUDA Toolkit {major}",
+                source="stand-in"),
+            Pkg(f"cuda-toolkit-{mm}-config-common", ver, description=f"Common config package for CUDA Toolkit {rel}",
+                source="stand-in"),
+            Pkg(f"cuda-nvcc-{mm}", ver, (f"cuda-toolkit-{mm}-config-common",), files=(
+                (f"{root}/bin/nvcc", _script("nvcc", f'echo "nvcc: NVIDIA (R) Cuda compiler driver (gpufleet stand-in)"\n'
+                 f'echo "Cuda compilation tools, release {rel}, V{upstream}"'), 0o755),
+            ), description=f"CUDA nvcc {rel}", source="stand-in"),
+            Pkg(f"cuda-toolkit-{mm}", ver,
+                ("cuda-toolkit-config-common", f"cuda-toolkit-{major}-config-common",
+                 f"cuda-toolkit-{mm}-config-common", f"cuda-nvcc-{mm} (>= {ver})"),
+                description=f"CUDA Toolkit {rel} meta-package", source="cuda"),
+        ]
+    for cuda_major, ver in CUDNN:
+        pkgs += [
+            Pkg(f"libcudnn9-cuda-{cuda_major}", ver, description=f"cuDNN runtime libraries for CUDA {cuda_major}",
+                source="cudnn"),
+            Pkg(f"libcudnn9-headers-cuda-{cuda_major}", ver, description="cuDNN header files", source="cudnn"),
+            Pkg(f"libcudnn9-dev-cuda-{cuda_major}", ver,
+                (f"libcudnn9-cuda-{cuda_major} (= {ver})", f"libcudnn9-headers-cuda-{cuda_major} (= {ver})"),
+                description=f"cuDNN development libraries for CUDA {cuda_major}", source="cudnn"),
+        ]
+    for ver in DCGM:
+        pkgs.append(Pkg("datacenter-gpu-manager-4-core", ver, files=(
+            ("/usr/bin/nv-hostengine", _script("nv-hostengine", "exec sleep infinity"), 0o755),
+            ("/lib/systemd/system/nvidia-dcgm.service", _unit("NVIDIA DCGM service", "/usr/bin/nv-hostengine -n"), 0o644),
+        ), description="NVIDIA Datacenter GPU Management Tools (core)", source="dcgm"))
+        for cm in ("12", "13"):
+            pkgs.append(Pkg(f"datacenter-gpu-manager-4-cuda{cm}", ver, (f"datacenter-gpu-manager-4-core (= {ver})",),
+                            description=f"DCGM CUDA {cm} support", source="dcgm"))
+    for ver in CONTAINER_TOOLKITS:
+        upstream = ver.rsplit("-", 1)[0]
+        pkgs += [
+            Pkg("libnvidia-container1", ver, description="NVIDIA container runtime library", repo="container",
+                source="container"),
+            Pkg("libnvidia-container-tools", ver, (f"libnvidia-container1 (>= {ver})",), files=(
+                ("/usr/bin/nvidia-container-cli", _script("nvidia-container-cli", "exit 0"), 0o755),),
+                description="NVIDIA container runtime library (command-line tools)", repo="container",
+                source="container"),
+            Pkg("nvidia-container-toolkit-base", ver, files=(
+                ("/usr/bin/nvidia-ctk", _script("nvidia-ctk",
+                 f'case "$1" in --version|-v) echo "NVIDIA Container Toolkit CLI version {upstream}"; '
+                 'echo "commit: gpufleet-stand-in"; exit 0;; esac\nexit 0'), 0o755),),
+                description="NVIDIA Container Toolkit Base", repo="container", source="container"),
+            Pkg("nvidia-container-toolkit", ver,
+                (f"nvidia-container-toolkit-base (= {ver})", f"libnvidia-container-tools (>= {ver})",
+                 "libnvidia-container-tools (<< 2.0.0)"), files=(
+                ("/usr/bin/nvidia-container-runtime-hook", _script("nvidia-container-runtime-hook", "exit 0"), 0o755),),
+                description="NVIDIA Container toolkit", repo="container", source="container"),
+        ]
+    return pkgs
+
+
+def keyring_package(distro: str, url: str, keyring: bytes) -> Pkg:
+    """cuda-keyring for `distro`: the test key under NVIDIA's keyring name, plus its sources list."""
+    return Pkg("cuda-keyring", "1.1-1", arch="all", files=(
+        ("/usr/share/keyrings/cuda-archive-keyring.gpg", keyring, 0o644),
+        (f"/etc/apt/sources.list.d/cuda-{distro}-x86_64.list",
+         f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] {url} /\n", 0o644),
+    ), description="GPG keyring for the CUDA repository", source="keyring")
+
+
+# --------------------------------------------------------------------------------------------
+# Building .debs (deterministic, cached per content hash)
+# --------------------------------------------------------------------------------------------
+
+def _content_key(pkg: Pkg) -> str:
+    d = dataclasses.asdict(pkg)
+    d["files"] = [(p, c.hex() if isinstance(c, bytes) else c, m) for p, c, m in pkg.files]
+    d["v"] = BUILDER_VERSION
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def control_text(pkg: Pkg, installed_size: int = 1) -> str:
+    lines = [f"Package: {pkg.name}", f"Version: {pkg.version}", f"Architecture: {pkg.arch}",
+             "Maintainer: gpufleet tests <gpufleet-tests@localhost>", f"Installed-Size: {installed_size}",
+             "Section: multiverse/devel", "Priority: optional"]
+    for key, rel in (("Depends", pkg.depends), ("Provides", pkg.provides), ("Conflicts", pkg.conflicts)):
+        if rel:
+            lines.append(f"{key}: {', '.join(rel)}")
+    desc = pkg.description or pkg.name
+    lines.append(f"Description: {desc} [gpufleet test stand-in]")
+    lines.append(" " + STAND_IN_NOTE)
+    lines.append(" It has the name, version and relations of the real package so that apt behaves")
+    lines.append(" as it would against NVIDIA's repository.")
+    return "\n".join(lines) + "\n"
+
+
+def build_deb(pkg: Pkg, cache: Path = DEB_CACHE) -> Path:
+    """Build `pkg` once per content hash; return the cached .deb."""
+    out_dir = cache / _content_key(pkg)
+    out = out_dir / pkg.filename
+    if out.exists():
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as tmp:
+        root = Path(tmp) / "root"
+        files = [(f"/usr/share/doc/{pkg.name}/STAND-IN",
+                  f"{pkg.name} {pkg.version}\n{STAND_IN_NOTE}\nBuilt by gpufleet testing/aptrepo.py for tests only.\n",
+                  0o644), *pkg.files]
+        size = 0
+        for path, content, mode in files:
+            dest = root / path.lstrip("/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            data = content if isinstance(content, bytes) else content.encode()
+            dest.write_bytes(data)
+            dest.chmod(mode)
+            size += len(data)
+        (root / "DEBIAN").mkdir()
+        (root / "DEBIAN/control").write_text(control_text(pkg, max(1, size // 1024)))
+        for p in [root, *root.rglob("*")]:
+            if p.is_dir():
+                p.chmod(0o755)
+        for p in sorted(root.rglob("*"), reverse=True) + [root]:
+            os.utime(p, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
+        tmp_out = Path(tmp) / pkg.filename
+        env = dict(os.environ, SOURCE_DATE_EPOCH=str(SOURCE_DATE_EPOCH))
+        subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(tmp_out)],
+                       check=True, env=env, stdout=subprocess.DEVNULL)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp_out, out)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Signing key and repository metadata
+# --------------------------------------------------------------------------------------------
+
+def _gpg(home: Path, *args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["gpg", "--homedir", str(home), "--batch", "--yes", "--no-tty", *args],
+                          check=True, capture_output=True, **kw)
+
+
+def make_key(home: Path, uid: str) -> tuple[str, bytes, str]:
+    """A throwaway signing key (no passphrase) in GNUPGHOME `home`: (fingerprint, binary keyring, armor)."""
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _gpg(home, "--passphrase", "", "--quick-gen-key", uid, "rsa3072", "sign", "never")
+    out = _gpg(home, "--with-colons", "--list-secret-keys").stdout.decode()
+    fpr = next(line.split(":")[9] for line in out.splitlines() if line.startswith("fpr:"))
+    binary = _gpg(home, "--export", fpr).stdout
+    armored = _gpg(home, "--armor", "--export", fpr).stdout.decode()
+    return fpr, binary, armored
+
+
+def write_flat_repo(directory: Path, debs: list[Path], home: Path | None, fpr: str | None,
+                    origin: str, label: str) -> None:
+    """A flat repository (`deb URL /`) in `directory`; signed (InRelease + Release.gpg) if a key is given."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for deb in debs:
+        dest = directory / deb.name
+        if not dest.exists():
+            try:
+                os.link(deb, dest)
+            except OSError:
+                shutil.copy2(deb, dest)
+    packages = subprocess.run(["apt-ftparchive", "packages", "."], cwd=directory, check=True,
+                              capture_output=True).stdout
+    (directory / "Packages").write_bytes(packages)
+    with gzip.GzipFile(directory / "Packages.gz", "wb", mtime=SOURCE_DATE_EPOCH) as fh:
+        fh.write(packages)
+    release = subprocess.run([
+        "apt-ftparchive",
+        "-o", f"APT::FTPArchive::Release::Origin={origin}",
+        "-o", f"APT::FTPArchive::Release::Label={label}",
+        "-o", "APT::FTPArchive::Release::Architectures=amd64 all",
+        "-o", "APT::FTPArchive::Release::Description=gpufleet test stand-in repository (not NVIDIA)",
+        "release", "."], cwd=directory, check=True, capture_output=True).stdout
+    (directory / "Release").write_bytes(release)
+    if home is not None:
+        _gpg(home, "--local-user", fpr, "--digest-algo", "SHA512", "--clearsign",
+             "--output", str(directory / "InRelease"), str(directory / "Release"))
+        _gpg(home, "--local-user", fpr, "--digest-algo", "SHA512", "--armor", "--detach-sign",
+             "--output", str(directory / "Release.gpg"), str(directory / "Release"))
+
+
+# --------------------------------------------------------------------------------------------
+# Serving
+# --------------------------------------------------------------------------------------------
+
+_SERVER = r"""
+import functools, http.server, sys
+class Handler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+h = functools.partial(Handler, directory=sys.argv[1])
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), h)
+print(srv.server_address[1], flush=True)
+srv.serve_forever()
+"""
+
+
+@dataclass
+class AptRepo:
+    url: str            # flat repo base for debian12, e.g. http://127.0.0.1:PORT/compute/cuda/repos/debian12/x86_64/
+    keyring: Path       # binary public keyring file (controller side)
+    key_armored: str    # ASCII-armored public key
+    root: Path          # repo directory on the controller (document root of the server)
+    pid: int = 0
+    port: int = 0
+    fingerprint: str = ""
+    packages: list[Pkg] = field(default_factory=list, repr=False)
+    timings: dict[str, float] = field(default_factory=dict)
+    _proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def cuda_repos_url(self) -> str:
+        """The value for the `driver_repo_url` setting (like https://.../compute/cuda/repos)."""
+        return f"{self.origin}/compute/cuda/repos"
+
+    def base_url(self, distro: str) -> str:
+        """Flat CUDA repo for "debian12" / "debian13" / "ubuntu2404" (trailing slash; suite is "/")."""
+        if distro not in DISTROS:
+            raise ValueError(f"unknown distro dir {distro!r}; served: {', '.join(DISTROS)}")
+        return f"{self.cuda_repos_url}/{distro}/x86_64/"
+
+    def container_url(self) -> str:
+        """Flat libnvidia-container (NVIDIA Container Toolkit) repo, like .../stable/deb/amd64/."""
+        return f"{self.origin}/libnvidia-container/stable/deb/amd64/"
+
+    def variant_url(self, variant: str, distro: str = "debian12") -> str:
+        """Negative variants of the CUDA repo: "unsigned" (no InRelease/Release.gpg) or
+        "wrongkey" (signed by another throwaway key)."""
+        if variant not in ("unsigned", "wrongkey"):
+            raise ValueError(variant)
+        return f"{self.origin}/{variant}/compute/cuda/repos/{distro}/x86_64/"
+
+    def sources_line(self, distro: str, keyring_path: str = "/usr/share/keyrings/cuda-archive-keyring.gpg") -> str:
+        return f"deb [signed-by={keyring_path}] {self.base_url(distro)} /"
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+
+
+def build(work: Path, packages: list[Pkg] | None = None, port: int | None = None) -> dict:
+    """Build the repository tree under `work` (debs from the cache). Returns key material."""
+    packages = default_packages() if packages is None else packages
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    debs = {p: build_deb(p) for p in packages}
+    t_debs = time.monotonic() - t0
+    home = Path(tempfile.mkdtemp(prefix="gnupg-", dir=work))
+    fpr, binary, armored = make_key(home, "gpufleet test apt repo (throwaway, not NVIDIA) <gpufleet-tests@localhost>")
+    bad_home = Path(tempfile.mkdtemp(prefix="gnupg-bad-", dir=work))
+    bad_fpr, _, _ = make_key(bad_home, "gpufleet wrong key (throwaway) <gpufleet-tests@localhost>")
+    (work / "cuda-archive-keyring.gpg").write_bytes(binary)
+    (work / "cuda-archive-keyring.asc").write_text(armored)
+    t_key = time.monotonic() - t0 - t_debs
+    return {"debs": debs, "home": home, "fpr": fpr, "binary": binary, "armored": armored,
+            "bad_home": bad_home, "bad_fpr": bad_fpr, "t_debs": t_debs, "t_key": t_key}
+
+
+def serve(work: Path, packages: list[Pkg] | None = None) -> AptRepo:
+    """Build (debs cached) and serve the stand-in repositories on 127.0.0.1:<free port>."""
+    work = Path(work)
+    packages = default_packages() if packages is None else list(packages)
+    t0 = time.monotonic()
+    material = build(work, packages)
+    root = work / "www"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    # The port is needed for cuda-keyring's sources list, so the server starts first.
+    proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(root)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        port = int(proc.stdout.readline().strip())
+        repo = AptRepo(url="", keyring=work / "cuda-archive-keyring.gpg", key_armored=material["armored"],
+                       root=root, pid=proc.pid, port=port, fingerprint=material["fpr"], packages=packages,
+                       _proc=proc)
+        repo.url = repo.base_url("debian12")
+        t1 = time.monotonic()
+        cuda_debs = [d for p, d in material["debs"].items() if p.repo == "cuda"]
+        ctk_debs = [d for p, d in material["debs"].items() if p.repo == "container"]
+        for distro in DISTROS:
+            url = repo.base_url(distro)
+            kr = build_deb(keyring_package(distro, url, material["binary"]), cache=work / "keyring-debs")
+            rel = Path("compute/cuda/repos") / distro / "x86_64"
+            write_flat_repo(root / rel, cuda_debs + [kr], material["home"], material["fpr"], "NVIDIA", "NVIDIA CUDA")
+            if distro == "debian12" or distro == "debian13":
+                write_flat_repo(root / "unsigned" / rel, cuda_debs + [kr], None, None, "NVIDIA", "NVIDIA CUDA")
+                write_flat_repo(root / "wrongkey" / rel, cuda_debs + [kr], material["bad_home"],
+                                material["bad_fpr"], "NVIDIA", "NVIDIA CUDA")
+        write_flat_repo(root / "libnvidia-container/stable/deb/amd64", ctk_debs, material["home"],
+                        material["fpr"], "https://nvidia.github.io/libnvidia-container/stable/deb/amd64",
+                        "libnvidia-container")
+        repo.timings = {"debs_s": material["t_debs"], "keys_s": material["t_key"],
+                        "repo_metadata_s": time.monotonic() - t1, "total_s": time.monotonic() - t0}
+    except BaseException:
+        proc.terminate()
+        proc.wait()
+        raise
+    finally:
+        # gpg started one agent per GNUPGHOME; nothing is signed after this point.
+        for home in (material["home"], material["bad_home"]):
+            subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"],
+                           capture_output=True, check=False)
+    return repo
+
+
+# --------------------------------------------------------------------------------------------
+# pytest fixture
+# --------------------------------------------------------------------------------------------
+
+def _missing_tools() -> list[str]:
+    return [t for t in ("dpkg-deb", "apt-ftparchive", "gpg") if not shutil.which(t)]
+
+
+try:
+    import pytest
+except ImportError:  # pragma: no cover - the module also works without pytest
+    pytest = None
+
+if pytest is not None:
+    @pytest.fixture(scope="session")
+    def aptrepo(tmp_path_factory):
+        """Session-wide served stand-in repository (an AptRepo); stopped at the end of the session."""
+        missing = _missing_tools()
+        if missing:
+            msg = f"the stand-in apt repository needs {', '.join(missing)} (apt-utils, dpkg-dev, gnupg)"
+            if os.environ.get("GPUFLEET_REQUIRE_E2E"):
+                pytest.fail(msg)
+            pytest.skip(msg)
+        repo = serve(tmp_path_factory.mktemp("aptrepo"))
+        yield repo
+        repo.stop()
+
+    aptrepo_fixture = aptrepo
