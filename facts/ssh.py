@@ -1,0 +1,344 @@
+"""
+SSH server facts: the OpenSSH version, the *effective* sshd configuration (``sshd -T``),
+the authorized keys a user really has, members of a group, and how many small
+Diffie-Hellman moduli /etc/ssh/moduli still carries.
+
+Every ``process()`` is pure (text in, data out) and unit-tested on output recorded from
+real Debian 12 / 13 hosts (tests/fixtures/ssh/).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api.exceptions import FactProcessError
+
+MARK = "::gpufleet-ssh::"
+
+
+class SshFactError(FactProcessError, ValueError):
+    """Output the parser does not understand (pyinfra fails only the host that printed it)."""
+
+
+class _Json:
+    def to_json(self) -> dict:
+        return asdict(self)  # type: ignore[call-overload]
+
+
+# ------------------------------------------------------------------------------------------
+# OpenSSH version
+# ------------------------------------------------------------------------------------------
+
+_VERSION = re.compile(r"OpenSSH_(\d+)\.(\d+)(?:p(\d+))?")
+
+
+@dataclass(frozen=True)
+class OpenSshVersion(_Json):
+    major: int
+    minor: int
+    portable: int | None = None  # the "p2" of 10.0p2; `sshd -V` on 9.2 prints none
+    raw: str = ""
+
+    @property
+    def version(self) -> tuple[int, int]:
+        return (self.major, self.minor)
+
+    def at_least(self, major: int, minor: int) -> bool:
+        return self.version >= (major, minor)
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}" + (f"p{self.portable}" if self.portable else "")
+
+
+def parse_openssh_version(lines: Iterable[str]) -> OpenSshVersion | None:
+    """First ``OpenSSH_X.Y[pZ]`` in `sshd -V` / `ssh -V` output (older sshd print it after
+    their usage text); None when there is none (OpenSSH not installed)."""
+    for line in lines:
+        match = _VERSION.search(line)
+        if match:
+            return OpenSshVersion(
+                major=int(match[1]),
+                minor=int(match[2]),
+                portable=int(match[3]) if match[3] else None,
+                raw=line.strip(),
+            )
+    return None
+
+
+class SshdVersion(FactBase):
+    """
+    The OpenSSH version of the *server* (``sshd -V``; ``ssh -V`` of the same package when
+    this sshd is too old to know ``-V``), or None when OpenSSH is not installed:
+
+    .. code:: python
+
+        OpenSshVersion(major=10, minor=0, portable=2, raw="OpenSSH_10.0p2 Debian-7+deb13u4, ...")
+    """
+
+    def command(self) -> str:
+        return (
+            "if command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ]; then "
+            "PATH=$PATH:/usr/sbin; sshd -V 2>&1 | grep OpenSSH_ || ssh -V 2>&1; fi; true"
+        )
+
+    def process(self, output: list[str]) -> OpenSshVersion | None:
+        return parse_openssh_version(output)
+
+
+# ------------------------------------------------------------------------------------------
+# Effective configuration: sshd -T
+# ------------------------------------------------------------------------------------------
+
+# Keywords sshd -T prints once per value (everything else is printed once).
+MULTI_VALUED = frozenset({
+    "hostkey", "listenaddress", "port", "acceptenv", "setenv", "subsystem", "hostcertificate",
+    "permitopen", "permitlisten", "include", "channeltimeout", "authorizedprincipalsfile",
+})
+
+
+@dataclass(frozen=True)
+class SshdConfig(_Json):
+    """sshd's effective configuration: keyword (lower case) -> value, and the repeated
+    keywords (hostkey, port, listenaddress...) -> list of values."""
+
+    values: dict[str, str] = field(default_factory=dict)
+    lists: dict[str, list[str]] = field(default_factory=dict)
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key.lower(), default)
+
+    def get_list(self, key: str) -> list[str]:
+        return list(self.lists.get(key.lower(), []))
+
+    def algorithms(self, key: str) -> list[str]:
+        value = self.values.get(key.lower())
+        return value.split(",") if value else []
+
+    @property
+    def ports(self) -> list[int]:
+        return sorted({int(p) for p in self.get_list("port")})
+
+
+def parse_sshd_t(lines: Iterable[str]) -> SshdConfig:
+    values: dict[str, str] = {}
+    lists: dict[str, list[str]] = {}
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        key, _, value = line.partition(" ")
+        if not re.fullmatch(r"[a-z0-9]+", key):
+            raise SshFactError(f"unexpected line in sshd -T output: {line!r}")
+        if key in MULTI_VALUED:
+            lists.setdefault(key, []).append(value)
+        else:
+            values[key] = value
+    if not values:
+        raise SshFactError("sshd -T printed nothing: is the configuration valid?")
+    return SshdConfig(values=values, lists=lists)
+
+
+class SshdEffectiveConfig(FactBase):
+    """
+    The configuration sshd really uses, as ``sshd -T`` prints it: every file and drop-in
+    read, first value wins. Never judge hardening from file content alone.
+
+    .. code:: python
+
+        SshdConfig(values={"passwordauthentication": "no", ...}, lists={"port": ["22"], ...})
+    """
+
+    requires_command = "sshd"
+
+    def command(self) -> str:
+        return "sshd -T"
+
+    def process(self, output: list[str]) -> SshdConfig:
+        return parse_sshd_t(output)
+
+
+# ------------------------------------------------------------------------------------------
+# Authorized keys of a user
+# ------------------------------------------------------------------------------------------
+
+# Public key types sshd accepts in authorized_keys (plain, security-key and certificates).
+_KEY_TYPE = (
+    r"(?:ssh-ed25519|ssh-rsa|ssh-dss|ecdsa-sha2-nistp(?:256|384|521)"
+    r"|sk-ssh-ed25519@openssh\.com|sk-ecdsa-sha2-nistp256@openssh\.com"
+    r"|[a-z0-9-]+-cert-v01@openssh\.com)"
+)
+_KEY_LINE = re.compile(rf"(?:^|\s){_KEY_TYPE}\s+AAAA[0-9A-Za-z+/]+=*(?:\s|$)")
+
+# Resolves the user's AuthorizedKeysFile (sshd -T -C applies Match blocks for that user),
+# expands %h %u %%, and prints every file under a marker. $1 = user name.
+_AUTHORIZED_KEYS_SCRIPT = r"""
+M='::gpufleet-ssh::'
+u=$1
+echo "$M user $u"
+ent=$(getent passwd "$u") || { echo "$M user-missing"; exit 0; }
+home=$(printf '%s\n' "$ent" | cut -d: -f6)
+echo "$M home $home"
+conf=$(sshd -T -C "user=$u,host=localhost,addr=127.0.0.1" 2>/dev/null)
+files=$(printf '%s\n' "$conf" | sed -n 's/^authorizedkeysfile //p')
+command=$(printf '%s\n' "$conf" | sed -n 's/^authorizedkeyscommand //p')
+echo "$M command ${command:-none}"
+[ -n "$files" ] || files='.ssh/authorized_keys .ssh/authorized_keys2'
+for f in $files; do
+  [ "$f" = none ] && continue
+  p=$(printf '%s' "$f" | sed -e "s#%h#$home#g" -e "s#%u#$u#g" -e 's#%%#%#g')
+  case "$p" in /*) ;; *) p="$home/$p" ;; esac
+  echo "$M file $p"
+  [ -r "$p" ] && cat "$p"
+done
+true
+"""
+
+
+@dataclass(frozen=True)
+class AuthorizedKeysData(_Json):
+    user: str
+    exists: bool = True
+    home: str | None = None
+    keys_by_file: dict[str, int] = field(default_factory=dict)
+    command: str | None = None  # AuthorizedKeysCommand, when sshd uses one
+
+    @property
+    def key_count(self) -> int:
+        return sum(self.keys_by_file.values())
+
+
+def count_keys(lines: Iterable[str]) -> int:
+    """Key lines of an authorized_keys file (options before the key type are allowed)."""
+    return sum(
+        1 for line in lines
+        if line.strip() and not line.lstrip().startswith("#") and _KEY_LINE.search(line)
+    )
+
+
+def parse_authorized_keys(lines: Sequence[str]) -> AuthorizedKeysData:
+    user = ""
+    home = None
+    command = None
+    files: dict[str, list[str]] = {}
+    current: str | None = None
+    for line in lines:
+        if line.startswith(MARK):
+            word, _, rest = line[len(MARK):].strip().partition(" ")
+            if word == "user":
+                user = rest
+                continue
+            if word == "user-missing":
+                return AuthorizedKeysData(user=user, exists=False)
+            if word == "home":
+                home = rest
+            elif word == "command":
+                command = None if rest in ("", "none") else rest
+            elif word == "file":
+                current = rest
+                files.setdefault(current, [])
+            else:
+                raise SshFactError(f"unexpected marker: {line!r}")
+            continue
+        if current is None:
+            raise SshFactError(f"authorized keys output before any file marker: {line!r}")
+        files[current].append(line)
+    return AuthorizedKeysData(
+        user=user, home=home, command=command,
+        keys_by_file={path: count_keys(content) for path, content in files.items()},
+    )
+
+
+class AuthorizedKeys(FactBase):
+    """
+    The authorized keys `user` really has: the files sshd reads for that user
+    (AuthorizedKeysFile as ``sshd -T -C user=...`` resolves it) and how many keys each holds.
+
+    .. code:: python
+
+        AuthorizedKeysData(user="root", home="/root",
+                           keys_by_file={"/root/.ssh/authorized_keys": 1, ...}, command=None)
+    """
+
+    def command(self, user: str) -> StringCommand:
+        return StringCommand(
+            "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_AUTHORIZED_KEYS_SCRIPT),
+            "gpufleet-authorized-keys", QuoteString(user),
+        )
+
+    def process(self, output: list[str]) -> AuthorizedKeysData:
+        return parse_authorized_keys(output)
+
+
+# ------------------------------------------------------------------------------------------
+# Group members (for AllowGroups)
+# ------------------------------------------------------------------------------------------
+
+def parse_group_members(lines: Sequence[str]) -> list[str]:
+    """`getent group G` line, then the users whose primary group it is (one per line)."""
+    lines = [line.strip() for line in lines if line.strip()]
+    if not lines:
+        return []
+    parts = lines[0].split(":")
+    if len(parts) != 4:
+        raise SshFactError(f"unexpected getent group output: {lines[0]!r}")
+    members = [m for m in parts[3].split(",") if m]
+    members += lines[1:]
+    return list(dict.fromkeys(members))
+
+
+class GroupMembers(FactBase):
+    """Users in `group`: its listed members plus users whose primary group it is ([] if absent)."""
+
+    def command(self, group: str) -> StringCommand:
+        return StringCommand(
+            "sh", "-c", QuoteString(
+                'g=$(getent group "$1") || exit 0; echo "$g"; '
+                'gid=$(echo "$g" | cut -d: -f3); getent passwd | awk -F: -v gid="$gid" \'$4 == gid {print $1}\''
+            ), "gpufleet-group-members", QuoteString(group),
+        )
+
+    def process(self, output: list[str]) -> list[str]:
+        return parse_group_members(output)
+
+
+# ------------------------------------------------------------------------------------------
+# /etc/ssh/moduli
+# ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModuliData(_Json):
+    total: int
+    small: int  # moduli below the requested size
+
+
+def parse_moduli_counts(lines: Iterable[str]) -> ModuliData | None:
+    for line in lines:
+        match = re.fullmatch(r"\s*total=(\d+) small=(\d+)\s*", line)
+        if match:
+            return ModuliData(total=int(match[1]), small=int(match[2]))
+        if line.strip() == "missing":
+            return None
+    raise SshFactError("expected 'total=N small=M' from the moduli count")
+
+
+def moduli_awk_small(min_bits: int) -> str:
+    # Column 5 of moduli(5) is the size in bits minus one (3071 for a 3072-bit modulus).
+    return f"$1 !~ /^#/ && NF >= 7 && $5 + 1 < {int(min_bits)}"
+
+
+class SmallModuli(FactBase):
+    """How many Diffie-Hellman moduli in /etc/ssh/moduli are below `min_bits` (None: no file)."""
+
+    def command(self, min_bits: int = 3072, path: str = "/etc/ssh/moduli") -> StringCommand:
+        return StringCommand(
+            "if", "[", "-r", QuoteString(path), "];", "then", "awk",
+            QuoteString(f"{moduli_awk_small(min_bits)} {{s++}} $1 !~ /^#/ && NF >= 7 {{t++}} "
+                        "END {printf \"total=%d small=%d\\n\", t, s}"),
+            QuoteString(path), ";", "else", "echo", "missing;", "fi",
+        )
+
+    def process(self, output: list[str]) -> ModuliData | None:
+        return parse_moduli_counts(output)

@@ -1,0 +1,250 @@
+"""
+SSH server operations that cannot lock the operator out.
+
+* ``require_authorized_keys``: refuse (fail this host, change nothing) when a user who must
+  still log in after passwords are disabled has no authorized key.
+* ``sshd_dropin``: install a drop-in, validated with ``sshd -t`` in place; a rejected
+  candidate is taken back at once and the previous file restored (sshd reads its
+  configuration only at start and reload, so the running daemon never sees it).
+* ``verify_login_or_restore``: after the reload, log in afresh exactly as pyinfra does
+  (paramiko, same connection data); if that fails, restore the previous drop-in, reload,
+  and fail the host with a clear message.
+* ``expect_effective``: compare ``sshd -T`` with what the drop-in asks for.
+* ``prune_moduli``: drop Diffie-Hellman moduli below a size, only when some are left.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from io import StringIO
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.facts.files import Sha256File
+from pyinfra.operations import files
+
+from facts.ssh import AuthorizedKeys, GroupMembers, SmallModuli, SshdEffectiveConfig, moduli_awk_small
+
+BACKUP_DIR = "/var/lib/gpufleet/backup"
+
+# $1 staged candidate, $2 destination, $3 backup path. Keeps a copy of the previous file (or
+# a marker that there was none), puts the candidate in place, and lets `sshd -t` judge the
+# whole configuration; a rejected candidate is replaced by the previous file at once.
+_INSTALL_SCRIPT = r"""
+set -u
+new=$1 dest=$2 prev=$3
+mkdir -p "$(dirname "$prev")"
+rm -f "$prev" "$prev.absent"
+if [ -e "$dest" ]; then cp -p "$dest" "$prev"; else : > "$prev.absent"; fi
+chmod 644 "$new"
+mv -f "$new" "$dest"
+if ! out=$(sshd -t 2>&1); then
+  if [ -e "$prev.absent" ]; then rm -f "$dest"; else cp -p "$prev" "$dest"; fi
+  echo "gpufleet: sshd -t rejected the new configuration; the previous one is back in place, sshd was not reloaded: $out" >&2
+  exit 1
+fi
+"""
+
+# $1 destination, $2 backup path: put the previous drop-in back (or remove ours if there
+# was none), check, reload.
+_RESTORE_SCRIPT = r"""
+set -u
+dest=$1 prev=$2
+if [ -e "$prev.absent" ]; then rm -f "$dest"; elif [ -e "$prev" ]; then cp -p "$prev" "$dest"; fi
+sshd -t && systemctl reload ssh
+"""
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def backup_path(dest: str) -> str:
+    return f"{BACKUP_DIR}{dest}.previous"
+
+
+def connecting_user() -> str | None:
+    """The user pyinfra logged in as (not the sudo target)."""
+    connector = host.connector
+    client = getattr(connector, "client", None)
+    transport = client.get_transport() if client is not None else None
+    if transport is not None and transport.get_username():
+        return transport.get_username()
+    return host.data.get("ssh_user")
+
+
+# ------------------------------------------------------------------------------------------
+
+def _fail(state, host, message: str) -> bool:
+    host.log_styled(message, fg="red", log_func=logger.error)
+    return False
+
+
+@operation(is_idempotent=True)
+def require_authorized_keys(users: list[str], groups: list[str] | None = None):
+    """
+    Fail this host, before anything is changed, when one of `users` (or a member of one of
+    `groups`) has no authorized key: with passwords off, that user could not log in again.
+    """
+    wanted = list(dict.fromkeys(u for u in users if u))
+    for group in groups or []:
+        wanted += [u for u in host.get_fact(GroupMembers, group=group) if u not in wanted]
+    missing = []
+    for user in wanted:
+        keys = host.get_fact(AuthorizedKeys, user=user)
+        if not keys.exists:
+            missing.append(f"{user} (no such user)")
+        elif keys.key_count == 0 and not keys.command:
+            where = ", ".join(keys.keys_by_file) or "no AuthorizedKeysFile"
+            missing.append(f"{user} (no key in {where})")
+    if not missing:
+        host.noop(f"every user who must still log in has an authorized key: {', '.join(wanted)}")
+        return
+    message = (
+        "gpufleet refuses to disable SSH passwords: these users have no authorized key and "
+        f"would be locked out: {'; '.join(missing)}. Nothing was changed. Add a key "
+        "(or set hardening_password_auth: true) and run again."
+    )
+    yield FunctionCommand(_fail, (message,), {})
+
+
+@operation()
+def sshd_dropin(dest: str, content: str):
+    """
+    Install `content` as the sshd drop-in `dest`, accepted only if ``sshd -t`` accepts the
+    whole resulting configuration; otherwise the previous file stays and the host fails.
+    """
+    if host.get_fact(Sha256File, path=dest) == _sha256(content):
+        host.noop(f"{dest} is already the hardened configuration")
+        return
+    staged = f"{BACKUP_DIR}/staged-{dest.strip('/').replace('/', '_')}"
+    yield from files.directory._inner(path=BACKUP_DIR, mode="700")
+    yield from files.put._inner(src=StringIO(content), dest=staged, mode="600")
+    yield StringCommand(
+        "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_INSTALL_SCRIPT), "gpufleet-sshd-install",
+        QuoteString(staged), QuoteString(dest), QuoteString(backup_path(dest)),
+    )
+
+
+def fresh_login(host, attempts: int = 5, delay: float = 1.0) -> str | None:
+    """
+    Open a *new* SSH session exactly as pyinfra does (its paramiko client and this host's
+    connection data: user, key, port, paramiko options) and run `true`.
+    Returns None on success, else why it failed. Not over SSH: nothing to prove (None).
+    """
+    from pyinfra.connectors.ssh import SSHConnector
+    from pyinfra.connectors.sshuserclient import SSHClient
+
+    connector = host.connector
+    if not isinstance(connector, SSHConnector):
+        return None
+    error = "no attempt made"
+    for attempt in range(attempts):
+        kwargs = connector.make_paramiko_kwargs()
+        hostname = kwargs.pop("hostname")
+        kwargs.setdefault("timeout", 10)
+        kwargs.setdefault("banner_timeout", 10)
+        kwargs.setdefault("auth_timeout", 10)
+        client = SSHClient()
+        try:
+            client.connect(hostname, **kwargs)
+            _, stdout, _ = client.exec_command("true", timeout=15)
+            status = stdout.channel.recv_exit_status()
+            if status == 0:
+                return None
+            error = f"`true` exited with {status}"
+        except Exception as exc:  # noqa: BLE001 - any failure to log in is the answer
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            client.close()
+        if attempt + 1 < attempts:
+            time.sleep(delay)
+    return error
+
+
+def _verify_or_restore(state, host, dest: str, backup: str) -> bool:
+    error = fresh_login(host)
+    if error is None:
+        host.log_styled("a fresh SSH login with the new sshd configuration works", fg="green")
+        return True
+    host.log_styled(
+        f"a fresh SSH login failed after the sshd reload ({error}); restoring the previous "
+        "configuration", fg="red", log_func=logger.error,
+    )
+    restored, output = host.run_shell_command(StringCommand(
+        "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_RESTORE_SCRIPT), "gpufleet-sshd-restore",
+        QuoteString(dest), QuoteString(backup),
+    ))
+    again = fresh_login(host) if restored else "restore command failed"
+    return _fail(state, host, (
+        f"gpufleet did not keep the hardened sshd configuration: a new SSH login as "
+        f"{connecting_user()} failed with it ({error}). "
+        + ("The previous configuration was restored and sshd reloaded; new logins work again. "
+           if again is None else
+           f"Restoring the previous configuration did not bring logins back ({again}): "
+           f"check {dest} on the console. ")
+        + "Adjust the hardening_* settings (e.g. hardening_extra_kex for clients without "
+        "post-quantum key exchange, hardening_allow_users) and run again."
+    ))
+
+
+@operation(is_idempotent=False)
+def verify_login_or_restore(dest: str):
+    """After a reload: prove a new login works, or restore the previous drop-in and fail."""
+    yield FunctionCommand(_verify_or_restore, (dest, backup_path(dest)), {})
+
+
+def _normalise(key: str, value: str) -> str:
+    if key == "permitrootlogin" and value == "without-password":
+        return "prohibit-password"
+    return value
+
+
+def effective_differences(config, expected: dict[str, str]) -> list[str]:
+    diffs = []
+    for key, want in expected.items():
+        got = config.get(key)
+        if got is None or _normalise(key, got) != _normalise(key, want):
+            diffs.append(f"{key}: sshd -T says {got!r}, gpufleet wants {want!r}")
+    return diffs
+
+
+@operation(is_idempotent=True)
+def expect_effective(expected: dict[str, str]):
+    """Fail the host when ``sshd -T`` does not report the values the drop-in sets (an earlier
+    drop-in or a line before the Include in sshd_config wins over ours)."""
+    diffs = effective_differences(host.get_fact(SshdEffectiveConfig), expected)
+    if not diffs:
+        host.noop(f"sshd -T reports all {len(expected)} hardened settings")
+        return
+    yield FunctionCommand(_fail, (
+        "sshd's effective configuration (sshd -T) is not the hardened one, something read "
+        "before gpufleet's drop-in wins: " + "; ".join(diffs),
+    ), {})
+
+
+@operation()
+def prune_moduli(min_bits: int = 3072, path: str = "/etc/ssh/moduli"):
+    """Remove Diffie-Hellman moduli smaller than `min_bits` (once; a copy is kept)."""
+    moduli = host.get_fact(SmallModuli, min_bits=min_bits, path=path)
+    if moduli is None:
+        host.noop(f"{path} does not exist")
+        return
+    if moduli.small == 0:
+        host.noop(f"{path} has no moduli below {min_bits} bits")
+        return
+    if moduli.small == moduli.total:
+        yield FunctionCommand(_fail, (
+            f"every modulus in {path} is below {min_bits} bits: refusing to empty it "
+            "(regenerate it with ssh-keygen -M generate)",
+        ), {})
+        return
+    yield StringCommand(
+        "sh", "-c", QuoteString(
+            'set -e; mkdir -p "$(dirname "$3")"; [ -e "$3" ] || cp -p "$1" "$3"; '
+            'awk "!($2)" "$1" > "$1.gpufleet-new"; chmod 644 "$1.gpufleet-new"; '
+            'mv -f "$1.gpufleet-new" "$1"'
+        ), "gpufleet-prune-moduli", QuoteString(path), QuoteString(moduli_awk_small(min_bits)),
+        QuoteString(f"{BACKUP_DIR}{path}.original"),
+    )

@@ -1,0 +1,210 @@
+"""End-to-end: deploys/all.py hardens real Debian 12 and 13 test hosts, and the result holds.
+
+Proves, on a bookworm (OpenSSH 9.2) and a trixie (OpenSSH 10.0) host that carry cloud-init's
+`50-cloud-init.conf` with `PasswordAuthentication yes`:
+- ssh-audit --skip-rate-test: 0 fail and no warning but the non post-quantum curve25519 kex
+  kept for paramiko (before: Debian 12 6 fail / 18 warn);
+- `sshd -T` (effective configuration): passwords off despite cloud-init, the harness's
+  ListenAddress still in force, PQ hybrids first, ETM MACs only, Ed25519/RSA host keys only;
+- /etc/ssh/moduli holds no modulus below 3072 bits;
+- /etc/nftables.conf passes `nft -c` and opens exactly SSH plus the configured ports; the
+  hosts (no CAP_NET_ADMIN) say the rules were written and checked but not loaded; loaded in a
+  private network namespace, the same file really closes an unlisted port while the listed
+  one and the host's own sshd still answer;
+- unattended-upgrades on with the GPU stack blacklisted;
+- a second run changes nothing and does not reload sshd.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from deploys.hardening import DEFAULTS, GPU_PACKAGE_BLACKLIST
+from testing import testhosts
+from testing.inventory import write_inventory
+from testing.netns import netns_leftovers, netns_pair
+from tests.e2e.pyinfra_cli import changed_operations, pyinfra
+from tests.e2e.remote import remote
+
+pytestmark = pytest.mark.e2e
+
+SSH_AUDIT = Path(sys.executable).with_name("ssh-audit")
+CLOUD_INIT = "/etc/ssh/sshd_config.d/50-cloud-init.conf"
+OPEN_PORTS = ["9400/tcp", 9100, "6817-6819/tcp"]  # DCGM exporter, node exporter, Slurm (schema format)
+PQ_WARNING = "does not provide protection against post-quantum attacks"
+
+
+def ssh_audit(address: str) -> dict:
+    proc = subprocess.run([str(SSH_AUDIT), "--skip-rate-test", "-j", address],
+                          capture_output=True, text=True, timeout=120)
+    return json.loads(proc.stdout)
+
+
+def audit_notes(report: dict) -> tuple[list[tuple], list[tuple]]:
+    """(fails, warnings) as (section, algorithm, note), one per note like ssh-audit counts them."""
+    fails, warns = [], []
+    for section in ("kex", "key", "enc", "mac"):
+        for alg in report.get(section, []):
+            notes = alg.get("notes", {})
+            fails += [(section, alg["algorithm"], n) for n in notes.get("fail") or []]
+            warns += [(section, alg["algorithm"], n) for n in notes.get("warn") or []]
+    return fails, warns
+
+
+def sshd_t(host) -> dict[str, list[str]]:
+    out = testhosts.ssh(host, "sshd -T").stdout
+    values: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        values.setdefault(key, []).append(value)
+    return values
+
+
+def sighups(host) -> int:
+    out = testhosts.ssh(host, "journalctl -u ssh.service --no-pager -o cat", check=False).stdout
+    return out.count("Received SIGHUP")
+
+
+@pytest.fixture(scope="module")
+def fleet(hostpool, tmp_path_factory):
+    hosts = hostpool.get("hardening-bookworm", 1, release="bookworm")
+    hosts += hostpool.get("hardening-trixie", 1, release="trixie")
+    before = {}
+    for host in hosts:
+        testhosts.ssh(host, f"printf 'PasswordAuthentication yes\\n' > {CLOUD_INIT}")
+        before[host.name] = {"audit": audit_notes(ssh_audit(host.address)), "sshd_t": sshd_t(host)}
+    inv = write_inventory(tmp_path_factory.mktemp("inv") / "inventory.py", hosts,
+                          data={h.name: {"tier": "dev", "firewall_open_ports": OPEN_PORTS} for h in hosts})
+    t0 = time.monotonic()
+    first = pyinfra(inv)
+    t1 = time.monotonic()
+    hups_after_first = {h.name: sighups(h) for h in hosts}
+    second = pyinfra(inv)
+    t2 = time.monotonic()
+    hups_after_second = {h.name: sighups(h) for h in hosts}
+    print(f"\nfirst run {t1 - t0:.1f} s, second run {t2 - t1:.1f} s")
+    return {"hosts": hosts, "first": first, "second": second, "before": before,
+            "hups": (hups_after_first, hups_after_second), "times": (t1 - t0, t2 - t1)}
+
+
+def test_first_run_succeeds(fleet):
+    first = fleet["first"]
+    assert first.returncode == 0, first.output
+    assert first.errors == 0, first.output
+    assert "a fresh SSH login with the new sshd configuration works" in first.output
+
+
+def test_second_run_changes_nothing_and_does_not_reload_sshd(fleet):
+    second = fleet["second"]
+    assert second.returncode == 0, second.output
+    assert changed_operations(second) == [], second.output
+    after_first, after_second = fleet["hups"]
+    assert after_first == after_second, "sshd was reloaded during the second run"
+    assert all(count >= 1 for count in after_first.values())  # the first run did reload
+
+
+@pytest.mark.parametrize("index, release", [(0, "bookworm"), (1, "trixie")])
+def test_ssh_audit_only_the_kept_classic_kex_warns(fleet, index, release):
+    host = fleet["hosts"][index]
+    assert host.release == release
+    fails_before, warns_before = fleet["before"][host.name]["audit"]
+    report = ssh_audit(host.address)
+    fails, warns = audit_notes(report)
+    print(f"\nssh-audit {release}: before {len(fails_before)} fail / {len(warns_before)} warn, "
+          f"after {len(fails)} fail / {len(warns)} warn: {warns}")
+    if release == "bookworm":
+        assert (len(fails_before), len(warns_before)) == (6, 18)  # the issue's baseline
+    assert fails == []
+    assert warns, "expected the documented curve25519 warning"
+    for section, algorithm, note in warns:
+        assert (section, note) == ("kex", PQ_WARNING)
+        assert algorithm in DEFAULTS["hardening_extra_kex"]
+    assert "curve25519-sha256@libssh.org" in {a["algorithm"] for a in report["kex"]}  # paramiko 4
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_effective_config_wins_over_cloud_init(fleet, index):
+    host = fleet["hosts"][index]
+    before = fleet["before"][host.name]["sshd_t"]
+    after = sshd_t(host)
+    assert before["passwordauthentication"] == ["yes"]
+    assert after["passwordauthentication"] == ["no"]
+    assert after["kbdinteractiveauthentication"] == ["no"]
+    assert after["permitrootlogin"] == ["without-password"]  # = prohibit-password
+    assert after["maxauthtries"] == ["3"] and after["logingracetime"] == ["30"]
+    assert after["x11forwarding"] == ["no"] and after["allowtcpforwarding"] == ["no"]
+    assert after["listenaddress"] == [f"{host.address}:22"]  # harness's 00-listen.conf kept
+    assert after["hostkey"] == ["/etc/ssh/ssh_host_ed25519_key", "/etc/ssh/ssh_host_rsa_key"]
+    kex = after["kexalgorithms"][0].split(",")
+    first_pq = "mlkem768x25519-sha256" if host.release == "trixie" else "sntrup761x25519-sha512@openssh.com"
+    assert kex[0] == first_pq
+    assert all(m.endswith("-etm@openssh.com") for m in after["macs"][0].split(","))
+    t = remote(host)
+    assert t.file(CLOUD_INIT).content_string == "PasswordAuthentication yes\n"  # left in place, loses
+    assert t.file("/etc/ssh/sshd_config.d/00-gpufleet-hardening.conf").content_string.startswith(
+        "# Managed by gpufleet")
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_small_moduli_removed(fleet, index):
+    host = fleet["hosts"][index]
+    small = testhosts.ssh(host, "awk '$1 !~ /^#/ && $5 + 1 < 3072' /etc/ssh/moduli | wc -l").stdout
+    total = testhosts.ssh(host, "awk '$1 !~ /^#/' /etc/ssh/moduli | wc -l").stdout
+    assert int(small) == 0 and int(total) > 100
+
+
+def _dports(ruleset: str) -> set[str]:
+    return {f"{proto}/{port}" for proto, port in re.findall(r"^\s*(tcp|udp) dport (\S+) accept", ruleset, re.M)}
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_ruleset_checked_with_exactly_the_listed_ports(fleet, index):
+    host = fleet["hosts"][index]
+    ruleset = remote(host).file("/etc/nftables.conf").content_string
+    assert _dports(ruleset) == {"tcp/22", "tcp/9400", "tcp/9100", "tcp/6817-6819"}
+    assert "policy drop" in ruleset and "flush ruleset\n" not in ruleset.replace("`flush ruleset`", "")
+    check = testhosts.ssh(host, "unshare -rn nft -c -f /etc/nftables.conf", check=False)
+    assert check.returncode == 0, check.stderr
+    assert f"[{host.name}] firewall rules written to /etc/nftables.conf and checked with nft -c, but NOT loaded" \
+        in fleet["first"].output
+
+
+def test_loaded_ruleset_closes_unlisted_ports_and_ssh_still_answers(fleet):
+    host = fleet["hosts"][0]
+    ruleset = host.root / "etc/nftables.conf"  # the exact file the deploy wrote on the host
+    try:
+        with netns_pair("hardening") as pair:
+            pair.listen([9400, 8080])
+            sshd = pair.sshd_of(host)
+            assert pair.tcp_open(8080) and pair.tcp_open(9400)  # open before any rule
+            pair.exec(pair.server, ["nft", "-f", str(ruleset)])
+            loaded = pair.exec(pair.server, ["nft", "list", "ruleset"]).stdout
+            assert "table inet gpufleet" in loaded
+            assert pair.tcp_open(9400), "a listed port is closed"
+            assert not pair.tcp_open(8080), "an unlisted port is open"
+            login = pair.ssh(host, "echo through-the-firewall")
+            assert login.returncode == 0 and "through-the-firewall" in login.stdout, login.stderr
+            # loading it again replaces the table atomically (no duplicate rules, still works)
+            pair.exec(pair.server, ["nft", "-f", str(ruleset)])
+            assert pair.exec(pair.server, ["nft", "list", "tables"]).stdout.count("gpufleet") == 1
+            assert pair.ssh(host).returncode == 0 and not pair.tcp_open(8080)
+            assert sshd.poll() is None
+    finally:
+        assert netns_leftovers("hardening") == []
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_unattended_upgrades_on_without_gpu_packages(fleet, index):
+    host = fleet["hosts"][index]
+    t = remote(host)
+    assert t.package("unattended-upgrades").is_installed
+    dump = t.check_output("apt-config dump")
+    assert 'APT::Periodic::Unattended-Upgrade "1";' in dump
+    for pattern in GPU_PACKAGE_BLACKLIST:
+        assert f'Unattended-Upgrade::Package-Blacklist:: "{pattern}";' in dump, pattern

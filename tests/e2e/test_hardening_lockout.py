@@ -1,0 +1,105 @@
+"""End-to-end: the SSH hardening cannot lock the operator out.
+
+Four real test hosts, one pyinfra run of the hardening deploy, each host set up to hit one
+lock-out case; every host must end with sshd's configuration byte-for-byte unchanged (every
+file under /etc/ssh, and `sshd -T`), still reachable over SSH (OpenSSH and paramiko), and the
+run must say clearly why that host was refused:
+
+- deploy user without an authorized key (pyinfra logs in as `bob` with a password + sudo):
+  refused before anything changes;
+- a setting that makes `sshd -t` fail (an unknown kex name): candidate taken back, no reload;
+- a login that fails after the reload, twice: a post-quantum-only kex list (paramiko 4 has no
+  PQ kex, so pyinfra itself could not come back), and an AllowUsers that excludes the deploy
+  user (root): previous configuration restored and reloaded, new logins work again.
+"""
+from __future__ import annotations
+
+import pytest
+
+from testing import testhosts
+from testing.inventory import write_inventory
+from tests.e2e.pyinfra_cli import pyinfra
+from tests.e2e.remote import remote
+
+pytestmark = pytest.mark.e2e
+
+DROPIN = "/etc/ssh/sshd_config.d/00-gpufleet-hardening.conf"
+SNAPSHOT = "find /etc/ssh -type f | sort | xargs sha256sum; sshd -T"
+PASSWORD = "gpufleet-lockout-test"
+
+
+@pytest.fixture(scope="module")
+def lockout(hostpool, tmp_path_factory):
+    nokey, sshd_t = hostpool.get("hardening-lockout-bookworm", 2, release="bookworm")
+    pq_only, allow = hostpool.get("hardening-lockout-trixie", 2, release="trixie")
+    hosts = {"nokey": nokey, "sshd_t": sshd_t, "pq_only": pq_only, "allow": allow}
+    # bob: password and passwordless sudo, no authorized key (a fresh cloud host's operator)
+    testhosts.ssh(nokey, f"useradd -m -s /bin/bash bob && echo 'bob:{PASSWORD}' | chpasswd && "
+                         "echo 'bob ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/bob")
+    # alice: has a key, so the key check passes; but AllowUsers alice shuts root (the deploy user) out
+    testhosts.ssh(allow, "useradd -m -s /bin/bash alice && mkdir -m 700 ~alice/.ssh && "
+                         "cp /root/.ssh/authorized_keys ~alice/.ssh/ && chown -R alice: ~alice/.ssh")
+    before = {case: testhosts.ssh(h, SNAPSHOT).stdout for case, h in hosts.items()}
+    data = {
+        nokey.name: {"ssh_user": "bob", "ssh_password": PASSWORD, "ssh_key": "", "ssh_look_for_keys": False,
+                     "ssh_allow_agent": False, "_sudo": True},
+        sshd_t.name: {"hardening_extra_kex": ["curve25519-sha256@libssh.org", "no-such-kex@gpufleet.invalid"]},
+        pq_only.name: {"hardening_extra_kex": []},
+        allow.name: {"hardening_allow_users": ["alice"]},
+    }
+    tmp = tmp_path_factory.mktemp("lockout")
+    inv = write_inventory(tmp / "inventory.py", list(hosts.values()), data=data)
+    deploy = tmp / "hardening_only.py"
+    deploy.write_text("from deploys.hardening import hardening\n\nhardening()\n")
+    run = pyinfra(inv, str(deploy))
+    after = {case: testhosts.ssh(h, SNAPSHOT).stdout for case, h in hosts.items()}
+    return hosts, run, before, after
+
+
+def test_every_case_fails_its_host(lockout):
+    hosts, run, _, _ = lockout
+    assert run.returncode != 0, run.output
+    for host in hosts.values():
+        assert f"[{host.name}] Error" in run.output, run.output
+
+
+@pytest.mark.parametrize("case", ["nokey", "sshd_t", "pq_only", "allow"])
+def test_sshd_configuration_unchanged_and_host_reachable(lockout, case):
+    hosts, run, before, after = lockout
+    host = hosts[case]
+    assert after[case] == before[case], run.output
+    assert "passwordauthentication yes" in after[case]
+    assert testhosts.ssh(host, "test ! -e " + DROPIN).returncode == 0
+    # a new login through paramiko, as pyinfra and testinfra make them
+    assert remote(host).check_output("echo reachable") == "reachable"
+
+
+def test_deploy_user_without_key_is_refused_before_any_change(lockout):
+    hosts, run, _, _ = lockout
+    host = hosts["nokey"]
+    assert (f"[{host.name}] gpufleet refuses to disable SSH passwords: these users have no "
+            "authorized key and would be locked out: bob (no key in /home/bob/.ssh/authorized_keys") in run.output
+    # refused first: not even the packages of the hardening deploy were installed
+    assert not remote(host).package("nftables").is_installed
+
+
+def test_candidate_rejected_by_sshd_t_is_taken_back(lockout):
+    hosts, run, _, _ = lockout
+    host = hosts["sshd_t"]
+    assert "gpufleet: sshd -t rejected the new configuration; the previous one is back in place, " \
+           "sshd was not reloaded" in run.output
+    assert "no-such-kex@gpufleet.invalid" in run.output
+
+
+@pytest.mark.parametrize("case", ["pq_only", "allow"])
+def test_failed_login_after_reload_restores_previous_config(lockout, case):
+    hosts, run, _, _ = lockout
+    host = hosts[case]
+    prefix = f"[{host.name}] "
+    assert prefix + "a fresh SSH login failed after the sshd reload" in run.output
+    assert prefix + "gpufleet did not keep the hardened sshd configuration: a new SSH login as root " \
+                    "failed with it" in run.output
+    assert "The previous configuration was restored and sshd reloaded; new logins work again." in run.output
+    if case == "pq_only":
+        assert prefix + "a fresh SSH login failed after the sshd reload (IncompatiblePeer: " \
+                        "Incompatible ssh peer (no acceptable kex algorithm))" in run.output

@@ -1,0 +1,149 @@
+"""Unit: the SSH and nftables fact parsers read real output recorded on Debian 12 and 13 hosts
+(tests/fixtures/ssh/, see COMMANDS.txt) correctly, and reject output they do not understand."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from facts.nftables import parse_nftables_state
+from facts.ssh import (
+    SshFactError,
+    count_keys,
+    parse_authorized_keys,
+    parse_group_members,
+    parse_moduli_counts,
+    parse_openssh_version,
+    parse_sshd_t,
+)
+
+pytestmark = pytest.mark.unit
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ssh"
+
+
+def lines(name: str) -> list[str]:
+    return (FIXTURES / name).read_text().splitlines()
+
+
+@pytest.mark.parametrize("name, version", [
+    ("sshd-V-bookworm.txt", (9, 2)),
+    ("ssh-V-bookworm.txt", (9, 2)),
+    ("sshd-V-trixie.txt", (10, 0)),
+    ("ssh-V-trixie.txt", (10, 0)),
+])
+def test_openssh_version(name, version):
+    parsed = parse_openssh_version(lines(name))
+    assert parsed.version == version
+    assert parsed.at_least(8, 5)
+    assert parsed.at_least(9, 9) == (version >= (9, 9))
+
+
+def test_openssh_version_portable_suffix_and_absence():
+    assert parse_openssh_version(lines("ssh-V-bookworm.txt")).portable == 1
+    assert parse_openssh_version(lines("sshd-V-bookworm.txt")).portable is None
+    assert str(parse_openssh_version(lines("sshd-V-trixie.txt"))) == "10.0p2"
+    assert parse_openssh_version([]) is None
+    # sshd older than 9.x does not know -V: usage text, then the version
+    usage = ["sshd: illegal option -- V", "OpenSSH_8.4p1 Debian-5+deb11u3, OpenSSL 1.1.1w  11 Sep 2023",
+             "usage: sshd [-46DdeiqTt] ..."]
+    assert parse_openssh_version(usage).version == (8, 4)
+
+
+@pytest.mark.parametrize("release", ["bookworm", "trixie"])
+def test_sshd_t_debian_defaults(release):
+    config = parse_sshd_t(lines(f"sshd-T-{release}-debian-default.txt"))
+    assert config.get("passwordauthentication") == "yes"
+    assert config.get("permitrootlogin") == "without-password"
+    assert config.get_list("hostkey") == [
+        "/etc/ssh/ssh_host_rsa_key", "/etc/ssh/ssh_host_ecdsa_key", "/etc/ssh/ssh_host_ed25519_key"]
+    assert config.ports == [22]
+    assert "hmac-sha1" in config.algorithms("macs")
+    assert config.get("authorizedkeysfile") == ".ssh/authorized_keys .ssh/authorized_keys2"
+
+
+@pytest.mark.parametrize("release, first_kex", [
+    ("bookworm", "sntrup761x25519-sha512@openssh.com"), ("trixie", "mlkem768x25519-sha256")])
+def test_sshd_t_hardened(release, first_kex):
+    config = parse_sshd_t(lines(f"sshd-T-{release}-hardened.txt"))
+    assert config.get("passwordauthentication") == "no"
+    assert config.get("kbdinteractiveauthentication") == "no"
+    assert config.algorithms("kexalgorithms")[0] == first_kex
+    assert "curve25519-sha256@libssh.org" in config.algorithms("kexalgorithms")
+    assert all(mac.endswith("-etm@openssh.com") for mac in config.algorithms("macs"))
+    assert config.get_list("hostkey") == ["/etc/ssh/ssh_host_ed25519_key", "/etc/ssh/ssh_host_rsa_key"]
+
+
+def test_sshd_t_rejects_garbage():
+    with pytest.raises(SshFactError):
+        parse_sshd_t(["/etc/ssh/sshd_config line 3: Bad configuration option: Foo"])
+    with pytest.raises(SshFactError):
+        parse_sshd_t([])
+
+
+@pytest.mark.parametrize("release", ["bookworm", "trixie"])
+def test_authorized_keys(release):
+    root = parse_authorized_keys(lines(f"authorized-keys-{release}-root.txt"))
+    assert (root.user, root.exists, root.home, root.command) == ("root", True, "/root", None)
+    assert root.keys_by_file == {"/root/.ssh/authorized_keys": 1, "/root/.ssh/authorized_keys2": 0}
+    assert root.key_count == 1
+    nobody = parse_authorized_keys(lines(f"authorized-keys-{release}-nobody.txt"))
+    assert nobody.exists and nobody.key_count == 0
+    missing = parse_authorized_keys(lines(f"authorized-keys-{release}-missing.txt"))
+    assert missing.user == "no-such-user" and not missing.exists
+
+
+def test_count_keys_options_comments_and_junk():
+    assert count_keys([
+        "# ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKbZ commented out",
+        'from="10.0.0.0/8",no-pty ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKbZsx2k59 alice',
+        "sk-ssh-ed25519@openssh.com AAAAGnNrLXNzaC1lZDI1NTE5QG9wZW5zc2guY29t yubikey",
+        "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQ== bob",
+        "",
+        "not a key at all",
+        "ssh-ed25519 notbase64",
+    ]) == 3
+
+
+def test_authorized_keys_command_and_bad_output():
+    data = parse_authorized_keys([
+        "::gpufleet-ssh:: user carol", "::gpufleet-ssh:: home /home/carol",
+        "::gpufleet-ssh:: command /usr/bin/sss_ssh_authorizedkeys",
+        "::gpufleet-ssh:: file /home/carol/.ssh/authorized_keys",
+    ])
+    assert data.command == "/usr/bin/sss_ssh_authorizedkeys" and data.key_count == 0
+    with pytest.raises(SshFactError):
+        parse_authorized_keys(["ssh-ed25519 AAAA before any marker"])
+
+
+def test_group_members():
+    assert parse_group_members(["gpu:x:1001:alice,bob", "carol", "alice"]) == ["alice", "bob", "carol"]
+    assert parse_group_members([]) == []
+    with pytest.raises(SshFactError):
+        parse_group_members(["not a group line"])
+
+
+@pytest.mark.parametrize("release, total, small", [
+    ("bookworm", 423, 60), ("trixie", 432, 60)])
+def test_moduli_counts(release, total, small):
+    before = parse_moduli_counts(lines(f"moduli-{release}-debian-default.txt"))
+    after = parse_moduli_counts(lines(f"moduli-{release}-hardened.txt"))
+    assert (before.total, before.small) == (total, small)
+    assert after.small == 0 and after.total == total - small
+    assert parse_moduli_counts(["missing"]) is None
+    with pytest.raises(SshFactError):
+        parse_moduli_counts(["awk: cannot open file"])
+
+
+@pytest.mark.parametrize("release", ["bookworm", "trixie"])
+def test_nftables_state_in_a_container(release):
+    state = parse_nftables_state(lines(f"nftables-state-{release}-container.txt"))
+    assert not state.can_load  # nspawn drops CAP_NET_ADMIN
+    assert state.can_check_in_namespace and state.nft_installed and state.can_check
+    assert not state.table_loaded and state.applied_digest is None
+
+
+def test_nftables_state_on_a_real_host():
+    state = parse_nftables_state(["capeff=000001ffffffffff", "nft=yes", "userns=no", "table=yes",
+                                  "applied=ab12"])
+    assert state.can_load and state.can_check and state.table_loaded
+    assert state.applied_digest == "ab12"

@@ -1,0 +1,105 @@
+"""Unit: what deploys/hardening.py renders: algorithm lists by OpenSSH version (PQ hybrids first,
+paramiko's curve25519 kept, ETM MACs only), the sshd drop-in, the nftables ruleset (only
+gpufleet's table, exactly the listed ports) and the unattended-upgrades blacklist."""
+from __future__ import annotations
+
+import pytest
+
+from deploys import hardening as h
+from facts.ssh import OpenSshVersion
+
+pytestmark = pytest.mark.unit
+
+V92 = OpenSshVersion(9, 2)
+V100 = OpenSshVersion(10, 0, 2)
+CLASSIC = h.DEFAULTS["hardening_extra_kex"]
+
+
+def test_kex_by_version():
+    assert h.kex_algorithms(V100, CLASSIC) == [
+        "mlkem768x25519-sha256", "sntrup761x25519-sha512", "sntrup761x25519-sha512@openssh.com",
+        "curve25519-sha256", "curve25519-sha256@libssh.org"]
+    assert h.kex_algorithms(V92, CLASSIC) == [
+        "sntrup761x25519-sha512@openssh.com", "curve25519-sha256", "curve25519-sha256@libssh.org"]
+    assert h.kex_algorithms(OpenSshVersion(8, 4), CLASSIC) == CLASSIC
+    # paramiko 4 speaks only curve25519-sha256@libssh.org of these: it must stay by default
+    assert "curve25519-sha256@libssh.org" in CLASSIC
+
+
+def test_macs_are_etm_only_and_no_weak_host_keys():
+    assert all(m.endswith("-etm@openssh.com") for m in h.MACS)
+    assert not [a for a in h.HOST_KEY_ALGORITHMS if "ecdsa" in a or "dss" in a]
+
+
+def _ctx(**over):
+    ctx = {
+        "openssh_version": "10.0p2", "password_auth": False, "permit_root_login": "prohibit-password",
+        "max_auth_tries": 3, "login_grace_time": 30, "allow_users": ["alice", "root"],
+        "allow_groups": [], "x11_forwarding": False, "tcp_forwarding": False,
+        "agent_forwarding": False, "host_keys": h.HOST_KEY_FILES,
+        "host_key_algorithms": h.HOST_KEY_ALGORITHMS, "kex": h.kex_algorithms(V100, CLASSIC),
+        "ciphers": h.CIPHERS, "macs": h.MACS,
+    }
+    ctx.update(over)
+    return ctx
+
+
+def test_sshd_dropin_renders_every_expected_setting():
+    ctx = _ctx()
+    text = h.render("etc/ssh/sshd_config.d/00-gpufleet-hardening.conf.j2", **ctx)
+    assert text.startswith("# Managed by gpufleet")
+    settings = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.partition(" ")
+            settings.setdefault(key.lower(), value)
+    for key, value in h.expected_effective(ctx).items():
+        if key == "permitrootlogin":
+            assert settings[key] == "prohibit-password"
+        else:
+            assert settings[key] == value, key
+    assert "AllowGroups" not in text and "Match" not in text
+
+
+def test_parse_open_ports():
+    assert h.parse_open_ports([9400, "9100", "6817-6819", "5353/udp",
+                               {"port": 9400, "proto": "tcp", "comment": "dup"},
+                               {"port": "8000-8002", "comment": "Triton"}]) == [
+        {"port": "9400", "proto": "tcp", "comment": ""},
+        {"port": "9100", "proto": "tcp", "comment": ""},
+        {"port": "6817-6819", "proto": "tcp", "comment": ""},
+        {"port": "5353", "proto": "udp", "comment": ""},
+        {"port": "8000-8002", "proto": "tcp", "comment": "Triton"},
+    ]
+    for bad in ["99999", "22/sctp", "10-5", True, None, {"port": 1, "comment": 'a"b'}]:
+        with pytest.raises(Exception):
+            h.parse_open_ports([bad])
+
+
+def test_nftables_ruleset_replaces_only_its_own_table():
+    text = h.render("etc/nftables.conf.j2", table="inet gpufleet", ssh_ports=[22],
+                    open_ports=h.parse_open_ports([{"port": 9400, "comment": "DCGM exporter"}, "6817-6819"]),
+                    trusted_cidrs=["10.0.0.0/8", "fd00::/8"])
+    rules = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    assert not [line for line in rules if "flush" in line]
+    assert "table inet gpufleet\ndelete table inet gpufleet\n" in text
+    assert "hook forward" not in text and "hook input" in text and "policy drop" in text
+    assert 'tcp dport 22 accept comment "ssh"' in text
+    assert 'tcp dport 9400 accept comment "DCGM exporter"' in text
+    assert "tcp dport 6817-6819 accept" in text
+    assert "ip saddr 10.0.0.0/8 accept" in text and "ip6 saddr fd00::/8 accept" in text
+
+
+def test_unattended_upgrades_blacklist_covers_the_gpu_stack():
+    import re
+    text = h.render("etc/apt/apt.conf.d/51gpufleet-unattended-upgrades.j2",
+                    blacklist=list(h.GPU_PACKAGE_BLACKLIST))
+    assert text.startswith("// Managed by gpufleet")
+    patterns = re.findall(r'^\t"(.+)";$', text, re.M)
+    # unattended-upgrades matches with re.match (anchored at the start of the name)
+    for package in ["nvidia-driver", "libnvidia-compute-580", "cuda-toolkit-13-0", "libcudnn9-cuda-13",
+                    "cudnn9-cuda-13", "libnccl2", "nvidia-fabricmanager-580", "nvidia-container-toolkit",
+                    "firmware-nvidia-gsp", "libcuda1"]:
+        assert any(re.match(p, package) for p in patterns), package
+    for package in ["openssh-server", "libc6", "linux-image-amd64", "docker-ce"]:
+        assert not any(re.match(p, package) for p in patterns), package
