@@ -256,6 +256,13 @@ def _check_port(item: Any) -> str:
     return item
 
 
+def _check_login_name(item: Any) -> str:
+    # sshd AllowUsers/AllowGroups patterns: names with ? and * wildcards, optional @host
+    if not isinstance(item, str) or not re.fullmatch(r"[A-Za-z0-9._*?!%-][A-Za-z0-9._*?!@%/-]*", item):
+        raise BadValue(f"bad name {item!r}", "user or group names (sshd patterns)")
+    return item
+
+
 def _check_cidr(item: Any) -> str:
     try:
         return str(ipaddress.ip_network(item, strict=False))
@@ -312,6 +319,12 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "driver_repo_url": _URL,
         "driver_persistence": _enum("daemon", "legacy", "off"),
         "driver_hold": _bool(),
+        "driver_repo_keyring_url": _text(r"auto|(https?|file)://\S+", "auto or an http(s):// or file:// URL"),
+        "driver_repo_key_fingerprint": _text(r"auto|[0-9A-F]{40}", "auto or a 40-digit upper-case hex OpenPGP fingerprint"),
+        "driver_kernel_headers": _enum("require", "skip"),
+        "driver_module_signing_key": _text(r"none|/\S+", "none or the absolute path of the MOK private key on the host"),
+        "driver_reboot_force": _bool(),
+        "driver_dcgm": _bool(),
         "cuda_version": KeySpec(_check_cuda, _cuda_allowed),
         "cuda_driver_compat": _enum("toolkit", "minor"),
         "cudnn_version": KeySpec(_check_cudnn, _cudnn_allowed),
@@ -330,12 +343,26 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "tuning_cpu_governor": _enum("performance", "schedutil", "ondemand", "unmanaged"),
         "hardening_permit_root_login": _enum("no", "prohibit-password"),
         "hardening_password_auth": _bool(),
-        "hardening_allow_users": _str_list(allowed="list of user names"),
+        "hardening_allow_users": _str_list(_check_login_name, "list of user names"),
+        "hardening_allow_groups": _str_list(_check_login_name, "list of group names"),
+        "hardening_max_auth_tries": _int(1, 10),
+        "hardening_login_grace_time": _int(5, 600),
+        "hardening_extra_kex": _str_list(allowed="list of OpenSSH KexAlgorithms names"),
+        "hardening_tcp_forwarding": _bool(),
+        "hardening_agent_forwarding": _bool(),
+        "hardening_x11_forwarding": _bool(),
+        "hardening_moduli_min_bits": _int(2048, 8192),
+        "hardening_unattended_upgrades": _bool(),
         "firewall_enabled": _bool(),
         "firewall_open_ports": _str_list(_check_port, "list of \"port/proto\" strings or integers"),
         "firewall_trusted_cidrs": _str_list(_check_cidr, "list of CIDRs"),
+        "firewall_revert_after": _int(10, 3600),
         "rollout_batch_size": _int(1),
         "rollout_require_idle": _bool(),
+        "rollout_snapshot": _enum("none", "lvm", "btrfs", "zfs", "command"),
+        "rollout_snapshot_target": _text(r"|[\w./@:\-]+", "empty, or an LVM vg/lv, a btrfs subvolume path or a ZFS dataset"),
+        "rollout_snapshot_size": _text(r"\d+[KMGTkmgt]?", "LVM snapshot size such as 10G"),
+        "rollout_snapshot_command": _str_list(allowed="argv list run on the controller; {host} {address} {snapshot} {tier} are filled in"),
         "validate_os_release": KeySpec(_check_os, _os_allowed),
         "validate_gpu_models": _str_list(_check_gpu_model, "list of nvidia-smi names from compat.yaml"),
         "validate_gpu_count": KeySpec(_check_gpu_count, lambda: "an integer >= 1, or [min, max]"),

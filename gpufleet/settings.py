@@ -41,6 +41,12 @@ class Settings:
     driver_repo_url: str
     driver_persistence: str
     driver_hold: bool
+    driver_repo_keyring_url: str
+    driver_repo_key_fingerprint: str
+    driver_kernel_headers: str
+    driver_module_signing_key: str
+    driver_reboot_force: bool
+    driver_dcgm: bool
     cuda_version: str
     cuda_driver_compat: str
     cudnn_version: str
@@ -60,11 +66,25 @@ class Settings:
     hardening_permit_root_login: str
     hardening_password_auth: bool
     hardening_allow_users: tuple[str, ...]
+    hardening_allow_groups: tuple[str, ...]
+    hardening_max_auth_tries: int
+    hardening_login_grace_time: int
+    hardening_extra_kex: tuple[str, ...]
+    hardening_tcp_forwarding: bool
+    hardening_agent_forwarding: bool
+    hardening_x11_forwarding: bool
+    hardening_moduli_min_bits: int
+    hardening_unattended_upgrades: bool
     firewall_enabled: bool
     firewall_open_ports: tuple[str, ...]
     firewall_trusted_cidrs: tuple[str, ...]
+    firewall_revert_after: int
     rollout_batch_size: int
     rollout_require_idle: bool
+    rollout_snapshot: str
+    rollout_snapshot_target: str
+    rollout_snapshot_size: str
+    rollout_snapshot_command: tuple[str, ...]
     validate_os_release: str
     validate_gpu_models: tuple[str, ...]
     validate_gpu_count: tuple[int, int]
