@@ -23,7 +23,6 @@ Story of a host, part 5 (last, so that it cannot cut off the steps before it):
 """
 from __future__ import annotations
 
-import ipaddress
 import re
 from io import StringIO
 from pathlib import Path
@@ -39,6 +38,9 @@ from facts.nftables import TABLE, NftablesCapability
 from facts.ssh import SshdEffectiveConfig, SshdVersion
 from operations import nftables, ssh
 from operations.ssh import connecting_user
+
+from deploys.base import APT_CACHE_SECONDS
+from gpufleet.settings import host_settings
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 SSHD_DROPIN = "/etc/ssh/sshd_config.d/00-gpufleet-hardening.conf"
@@ -63,47 +65,6 @@ GPU_PACKAGE_BLACKLIST = (
     "^firmware-nvidia-",          # Debian's GSP firmware follows the driver
     "^xserver-xorg-video-nvidia", # Debian's X driver follows the driver
 )
-
-DEFAULTS = {
-    # sshd PermitRootLogin: root may log in with a key only (the deploy often connects as root).
-    "hardening_permit_root_login": "prohibit-password",
-    # Password and keyboard-interactive logins: off, keys only (brute force has nothing to try).
-    "hardening_password_auth": False,
-    # sshd AllowUsers: only these users may log in (empty: no restriction). Each needs a key.
-    "hardening_allow_users": [],
-    # sshd AllowGroups: only members of these groups may log in (empty: no restriction).
-    "hardening_allow_groups": [],
-    # sshd MaxAuthTries: 3 keys/attempts per connection is plenty for an agent with few keys.
-    "hardening_max_auth_tries": 3,
-    # sshd LoginGraceTime: 30 s to authenticate, so half-open logins do not pile up.
-    "hardening_login_grace_time": 30,
-    # Classic (non post-quantum) kex kept after the PQ hybrids, for clients without them:
-    # paramiko 4 (pyinfra, testinfra) speaks only curve25519-sha256@libssh.org. [] = PQ only,
-    # which locks pyinfra out (the post-reload login check then restores the old config).
-    "hardening_extra_kex": ["curve25519-sha256", "curve25519-sha256@libssh.org"],
-    # sshd AllowTcpForwarding: off; tunnels to Jupyter/TensorBoard need it on per tier.
-    "hardening_tcp_forwarding": False,
-    # sshd AllowAgentForwarding: off, a compromised host cannot use the operator's agent.
-    "hardening_agent_forwarding": False,
-    # sshd X11Forwarding: off, GPU servers are headless.
-    "hardening_x11_forwarding": False,
-    # Diffie-Hellman moduli below this size are removed from /etc/ssh/moduli (NIST: 3072).
-    "hardening_moduli_min_bits": 3072,
-    # Manage a host firewall (nftables) at all.
-    "firewall_enabled": True,
-    # Inbound ports open to everyone besides SSH (always open): ints, "9400", "9400/tcp",
-    # "6817-6819/tcp" or {port, proto, comment}; tiers add DCGM 9400, node exporter 9100,
-    # Slurm 6817-6819...
-    "firewall_open_ports": [],
-    # Peers allowed on every port (NCCL/torchrun use ephemeral ports between nodes).
-    "firewall_trusted_cidrs": [],
-    # Seconds before a loaded ruleset reverts itself unless a fresh SSH login confirmed it.
-    "firewall_revert_after": 60,
-    # Turn unattended security upgrades on.
-    "hardening_unattended_upgrades": True,
-    # Package patterns unattended-upgrades must never upgrade (the GPU stack).
-    "hardening_unattended_blacklist": list(GPU_PACKAGE_BLACKLIST),
-}
 
 # Algorithm choices by OpenSSH version --------------------------------------------------------
 
@@ -176,40 +137,21 @@ def render(template: str, **context) -> str:
     return _ENV.get_template(template).render(**context)
 
 
-_NAME = re.compile(r"^[A-Za-z0-9._*?!@%-][A-Za-z0-9._*?!@%/-]*$")
-
-
-def _names(key: str) -> list[str]:
-    value = host.data.get(key) or []
-    if isinstance(value, str):
-        value = value.split()
-    for name in value:
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise DeployError(f"{key}: bad name {name!r}")
-    return list(value)
-
-
-def sshd_context(version, existing_host_keys: list[str]) -> dict:
-    permit = host.data.hardening_permit_root_login
-    if permit not in ("no", "prohibit-password", "forced-commands-only", "yes"):
-        raise DeployError(f"hardening_permit_root_login: unknown value {permit!r}")
-    extra = host.data.hardening_extra_kex or []
-    if isinstance(extra, str):
-        extra = [extra]
+def sshd_context(settings, version, existing_host_keys: list[str]) -> dict:
     return {
         "openssh_version": str(version) if version else "unknown",
-        "password_auth": bool(host.data.hardening_password_auth),
-        "permit_root_login": permit,
-        "max_auth_tries": int(host.data.hardening_max_auth_tries),
-        "login_grace_time": int(host.data.hardening_login_grace_time),
-        "allow_users": _names("hardening_allow_users"),
-        "allow_groups": _names("hardening_allow_groups"),
-        "x11_forwarding": bool(host.data.hardening_x11_forwarding),
-        "tcp_forwarding": bool(host.data.hardening_tcp_forwarding),
-        "agent_forwarding": bool(host.data.hardening_agent_forwarding),
+        "password_auth": settings.hardening_password_auth,
+        "permit_root_login": settings.hardening_permit_root_login,
+        "max_auth_tries": settings.hardening_max_auth_tries,
+        "login_grace_time": settings.hardening_login_grace_time,
+        "allow_users": list(settings.hardening_allow_users),
+        "allow_groups": list(settings.hardening_allow_groups),
+        "x11_forwarding": settings.hardening_x11_forwarding,
+        "tcp_forwarding": settings.hardening_tcp_forwarding,
+        "agent_forwarding": settings.hardening_agent_forwarding,
         "host_keys": existing_host_keys,
         "host_key_algorithms": HOST_KEY_ALGORITHMS,
-        "kex": kex_algorithms(version, list(extra)),
+        "kex": kex_algorithms(version, list(settings.hardening_extra_kex)),
         "ciphers": CIPHERS,
         "macs": MACS,
     }
@@ -241,13 +183,9 @@ def expected_effective(ctx: dict) -> dict[str, str]:
     return expected
 
 
-def nftables_context(ssh_ports: list[int]) -> dict:
-    cidrs = host.data.firewall_trusted_cidrs or []
-    try:
-        cidrs = [str(ipaddress.ip_network(c, strict=False)) for c in cidrs]
-    except ValueError as error:
-        raise DeployError(f"firewall_trusted_cidrs: {error}") from error
-    open_ports = [r for r in parse_open_ports(host.data.firewall_open_ports)
+def nftables_context(settings, ssh_ports: list[int]) -> dict:
+    cidrs = list(settings.firewall_trusted_cidrs)  # normalised networks (gpufleet/schema.py)
+    open_ports = [r for r in parse_open_ports(settings.firewall_open_ports)
                   if not (r["proto"] == "tcp" and r["port"] in {str(p) for p in ssh_ports})]
     return {"table": TABLE, "ssh_ports": ssh_ports or [22], "open_ports": open_ports,
             "trusted_cidrs": cidrs}
@@ -255,15 +193,16 @@ def nftables_context(ssh_ports: list[int]) -> dict:
 
 # The deploy ----------------------------------------------------------------------------------
 
-@deploy("SSH hardening and firewall", data_defaults=DEFAULTS)
+@deploy("SSH hardening and firewall")
 def hardening():
+    settings = host_settings(host)
     version = host.get_fact(SshdVersion)
     if version is None:
         raise DeployError(f"{host.name}: OpenSSH server not found (sshd -V); nothing to harden")
     existing_keys = [path for path in HOST_KEY_FILES if host.get_fact(File, path=path)]
     if not existing_keys:
         raise DeployError(f"{host.name}: neither an Ed25519 nor an RSA host key exists")
-    ctx = sshd_context(version, existing_keys)
+    ctx = sshd_context(settings, version, existing_keys)
 
     # 1. Lock-out protection first: on failure the host stops here, nothing changed.
     if not ctx["password_auth"]:
@@ -277,7 +216,7 @@ def hardening():
         name="Install nftables and unattended-upgrades",
         packages=["nftables", "unattended-upgrades"],
         update=True,
-        cache_time=int(host.data.get("base_apt_cache_time") or 86400),
+        cache_time=APT_CACHE_SECONDS,
         no_recommends=True,
     )
 
@@ -305,14 +244,14 @@ def hardening():
     # sshd reads /etc/ssh/moduli at each group-exchange kex: no reload needed. After the
     # login check, so that a refused configuration leaves /etc/ssh exactly as it was.
     ssh.prune_moduli(
-        name=f"Remove Diffie-Hellman moduli below {int(host.data.hardening_moduli_min_bits)} bits",
-        min_bits=int(host.data.hardening_moduli_min_bits),
+        name=f"Remove Diffie-Hellman moduli below {settings.hardening_moduli_min_bits} bits",
+        min_bits=settings.hardening_moduli_min_bits,
     )
 
     # 3. Firewall.
-    if host.data.firewall_enabled:
+    if settings.firewall_enabled:
         sshd_config = host.get_fact(SshdEffectiveConfig)
-        rules = render("etc/nftables.conf.j2", **nftables_context(sshd_config.ports))
+        rules = render("etc/nftables.conf.j2", **nftables_context(settings, sshd_config.ports))
         nftables.ruleset(
             name=f"Write the firewall ruleset to {NFTABLES_CONF}, if nft -c accepts it",
             dest=NFTABLES_CONF,
@@ -336,18 +275,18 @@ def hardening():
             )
         nftables.apply(
             name="Load the firewall atomically, reverted in "
-                 f"{int(host.data.firewall_revert_after)} s unless a fresh SSH login works",
+                 f"{settings.firewall_revert_after} s unless a fresh SSH login works",
             path=NFTABLES_CONF,
             content=rules,
-            revert_after=int(host.data.firewall_revert_after),
+            revert_after=settings.firewall_revert_after,
         )
 
     # 4. Security updates.
-    if host.data.hardening_unattended_upgrades:
+    if settings.hardening_unattended_upgrades:
         files.put(
             name="Turn on unattended security upgrades, never for GPU packages",
             src=_as_file(render("etc/apt/apt.conf.d/51gpufleet-unattended-upgrades.j2",
-                                blacklist=list(host.data.hardening_unattended_blacklist))),
+                                blacklist=list(GPU_PACKAGE_BLACKLIST))),
             dest=UNATTENDED_CONF,
             mode="644",
         )

@@ -57,6 +57,12 @@ class Settings:
     docker_cdi: bool
     docker_shm_size: str
     docker_ulimits: Mapping[str, int]
+    docker_repo_url: str
+    docker_repo_fingerprint: str
+    docker_toolkit_repo_url: str
+    docker_toolkit_repo_fingerprint: str
+    docker_toolkit_version: str
+    docker_smoke_image: str
     tuning_omp_threads: Any  # "auto" | int
     tuning_pytorch_alloc_conf: str
     tuning_nccl_debug_vars: bool

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from deploys.hardening import DEFAULTS, GPU_PACKAGE_BLACKLIST
+from deploys.hardening import GPU_PACKAGE_BLACKLIST
+from gpufleet.tiers import tier_defaults
 from testing import testhosts
 from testing.inventory import write_inventory
 from testing.netns import netns_leftovers, netns_pair
@@ -124,7 +125,7 @@ def test_ssh_audit_only_the_kept_classic_kex_warns(fleet, index, release):
     assert warns, "expected the documented curve25519 warning"
     for section, algorithm, note in warns:
         assert (section, note) == ("kex", PQ_WARNING)
-        assert algorithm in DEFAULTS["hardening_extra_kex"]
+        assert algorithm in tier_defaults("dev")["hardening_extra_kex"]
     assert "curve25519-sha256@libssh.org" in {a["algorithm"] for a in report["kex"]}  # paramiko 4
 
 

@@ -28,6 +28,9 @@ SNAPSHOT = "find /etc/ssh -type f | sort | xargs sha256sum; sshd -T"
 PASSWORD = "gpufleet-lockout-test"
 
 
+OS_RELEASE = {"bookworm": "debian-12", "trixie": "debian-13"}
+
+
 @pytest.fixture(scope="module")
 def lockout(hostpool, tmp_path_factory):
     nokey, sshd_t = hostpool.get("hardening-lockout-bookworm", 2, release="bookworm")
@@ -47,6 +50,8 @@ def lockout(hostpool, tmp_path_factory):
         pq_only.name: {"hardening_extra_kex": []},
         allow.name: {"hardening_allow_users": ["alice"]},
     }
+    for case, h in hosts.items():
+        data[h.name] = {"tier": "dev", "validate_os_release": OS_RELEASE[h.release], **data[h.name]}
     tmp = tmp_path_factory.mktemp("lockout")
     inv = write_inventory(tmp / "inventory.py", list(hosts.values()), data=data)
     deploy = tmp / "hardening_only.py"

@@ -7,12 +7,13 @@ import pytest
 
 from deploys import hardening as h
 from facts.ssh import OpenSshVersion
+from gpufleet.tiers import tier_defaults
 
 pytestmark = pytest.mark.unit
 
 V92 = OpenSshVersion(9, 2)
 V100 = OpenSshVersion(10, 0, 2)
-CLASSIC = h.DEFAULTS["hardening_extra_kex"]
+CLASSIC = list(tier_defaults("dev")["hardening_extra_kex"])
 
 
 def test_kex_by_version():
