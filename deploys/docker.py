@@ -1,13 +1,184 @@
-"""Docker engine and NVIDIA container toolkit. Placeholder until issue #5 lands: it changes nothing and says so."""
-from pyinfra.api import deploy
+"""Docker engine and NVIDIA container toolkit: containers see the GPUs, the operator's Docker
+configuration survives.
 
-from operations.placeholder import not_implemented
+Story of a host, part 4 (after the driver):
+
+1. **Engine** from Debian/Ubuntu (`docker_source: distro`: docker.io, plus docker-cli where the
+   distribution splits it out) or from Docker's repository (`docker_source: docker`: docker-ce,
+   `docker_repo_url` may point at a mirror; the key must have `docker_repo_fingerprint`). Held
+   with apt-mark, like the driver, so no upgrade restarts every container behind your back.
+2. **NVIDIA container toolkit** from NVIDIA's repository or a mirror (`docker_toolkit_repo_url`,
+   key checked against `docker_toolkit_repo_fingerprint`), pinned to `docker_toolkit_version`
+   and held. (unattended-upgrades' GPU blacklist lives in deploys/hardening.py and already
+   covers ^nvidia- and ^libnvidia-.)
+3. **daemon.json merged, not overwritten** (gpufleet/dockerconf.py): the nvidia runtime, the
+   tier's default runtime, `default-shm-size`, `default-ulimits`, `features.cdi`; every other key
+   is kept. A malformed daemon.json fails that host at planning time and is left byte-identical.
+   Validated with `dockerd --validate` where the engine has it (Docker 23+).
+4. **CDI spec** /etc/cdi/nvidia.yaml (`nvidia-ctk cdi generate`) where a GPU and the toolkit are
+   present; regenerated when it is older than the driver's packages or misses a GPU.
+5. **Restart Docker only when daemon.json changed**; otherwise it is only kept running/enabled.
+6. **GPU smoke test** (`docker run --rm --gpus all IMAGE nvidia-smi -L`) after any change of the
+   above; skipped with a logged reason when it cannot run (`deploys/docker_smoke.py` runs it on
+   demand).
+Settings: gpufleet/data/tiers.yaml (`docker_*`).
+"""
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.server import Arch
+from pyinfra.operations import apt, files, systemd
+
+from facts.docker import AptCandidates, DaemonJson
+from facts.packages import PackageVersions
+from gpufleet import dockerconf
+from gpufleet.failures import fail_host
+from gpufleet.hostfacts import gpu_state, os_release
+from gpufleet.settings import host_settings
+from operations import docker as docker_ops
+from operations.holds import held
+
+APT_CACHE_SECONDS = 86400
+DOCKER_KEYRING = "/etc/apt/keyrings/gpufleet-docker.gpg"
+DOCKER_LIST = "/etc/apt/sources.list.d/gpufleet-docker.list"
+TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
+CDI_SPEC = "/etc/cdi/nvidia.yaml"
+
+# The toolkit's packages, all pinned to docker_toolkit_version (NVIDIA's install guide pins these four).
+TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
+                    "libnvidia-container-tools", "libnvidia-container1")
+# Engine packages per source: installed, then held together with their runtime pieces.
+ENGINE = {
+    "docker": {"install": ("docker-ce", "docker-ce-cli", "containerd.io"),
+               "hold": ("docker-ce", "docker-ce-cli", "containerd.io"),
+               "conflicts": ("docker.io",)},
+    "distro": {"install": ("docker.io",), "optional": ("docker-cli",),
+               "hold": ("docker.io", "containerd", "runc"), "conflicts": ("docker-ce",)},
+}
+
+
+def docker_sources_line(repo_url: str, os_id: str, codename: str, arch: str, keyring: str = DOCKER_KEYRING) -> str:
+    """Docker's documented line: deb [arch=.. signed-by=..] <url>/<os id> <codename> stable."""
+    return f"deb [arch={arch} signed-by={keyring}] {repo_url.rstrip('/')}/{os_id} {codename} stable\n"
+
+
+def toolkit_sources_line(repo_url: str, keyring: str = TOOLKIT_KEYRING) -> str:
+    """NVIDIA's documented flat line; apt substitutes $(ARCH) itself."""
+    return f"deb [signed-by={keyring}] {repo_url.rstrip('/')}/stable/deb/$(ARCH) /\n"
+
+
+def _dpkg_arch(machine: str) -> str:
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
 
 
 @deploy("Docker engine and NVIDIA container toolkit")
 def docker():
-    not_implemented(
-        name="Not implemented yet (issue #5): nothing is done here",
-        area="Docker engine and NVIDIA container toolkit",
-        issue=5,
+    settings = host_settings(host)
+
+    # -- planning-time refusals: nothing is changed on a host that fails here -------------------
+    current = host.get_fact(DaemonJson, path=dockerconf.DAEMON_JSON)
+    try:
+        dockerconf.parse(current.raw if current.exists else None)
+    except dockerconf.MalformedDaemonJson as exc:
+        fail_host(host, "docker daemon.json",
+                  f"{dockerconf.DAEMON_JSON} is malformed: {exc}. gpufleet merges into it and will not "
+                  "guess: fix or remove the file, then re-run (it was left untouched)")
+        return
+    engine = ENGINE[settings.docker_source]
+    installed = host.get_fact(PackageVersions, packages=[*engine["conflicts"], *engine["install"]])
+    other = [p for p in engine["conflicts"] if installed.get(p)]
+    if other:
+        fail_host(host, "docker_source",
+                  f"docker_source is {settings.docker_source} but {', '.join(other)} (the other engine) is "
+                  "installed; remove it (or set docker_source to match) and re-run")
+        return
+
+    # -- package sources ------------------------------------------------------------------------
+    rel = os_release(host)
+    arch = _dpkg_arch(host.get_fact(Arch) or "x86_64")
+    source_ops = [
+        docker_ops.apt_keyring(
+            name="Trust NVIDIA's container toolkit key (fingerprint checked)",
+            path=TOOLKIT_KEYRING, key_url=f"{settings.docker_toolkit_repo_url.rstrip('/')}/gpgkey",
+            fingerprint=settings.docker_toolkit_repo_fingerprint),
+        files.put(
+            name="Use NVIDIA's container toolkit repository",
+            src=StringIO(toolkit_sources_line(settings.docker_toolkit_repo_url)), dest=TOOLKIT_LIST, mode="644"),
+    ]
+    if settings.docker_source == "docker":
+        os_id = rel.id or "debian"
+        source_ops += [
+            docker_ops.apt_keyring(
+                name="Trust Docker's release key (fingerprint checked)",
+                path=DOCKER_KEYRING, key_url=f"{settings.docker_repo_url.rstrip('/')}/{os_id}/gpg",
+                fingerprint=settings.docker_repo_fingerprint),
+            files.put(
+                name="Use Docker's repository for the engine",
+                src=StringIO(docker_sources_line(settings.docker_repo_url, os_id, rel.version_codename or "", arch)),
+                dest=DOCKER_LIST, mode="644"),
+        ]
+    apt.update(
+        name="Read the new package sources",
+        _if=lambda: any(op.did_change() for op in source_ops),
     )
+
+    # -- packages, pinned and held --------------------------------------------------------------
+    engine_packages = list(engine["install"])
+    hold = list(engine["hold"])
+    optional = engine.get("optional", ())
+    if optional:
+        # Debian 13 moved the CLI out of docker.io; Debian 12 and Ubuntu still ship it inside.
+        candidates = host.get_fact(AptCandidates, packages=list(optional))
+        extra = [p for p in optional if candidates.get(p) or installed.get(p)]
+        engine_packages += extra
+        hold += extra
+    toolkit = [f"{p}={settings.docker_toolkit_version}" for p in TOOLKIT_PACKAGES]
+    toolkit_op = apt.packages(
+        name=f"Install the NVIDIA container toolkit {settings.docker_toolkit_version}",
+        packages=toolkit, no_recommends=True, cache_time=APT_CACHE_SECONDS,
+        extra_install_args="--allow-change-held-packages --allow-downgrades",
+    )
+    engine_op = apt.packages(
+        name=f"Install the Docker engine ({settings.docker_source}: {', '.join(engine_packages)})",
+        packages=engine_packages, no_recommends=True, cache_time=APT_CACHE_SECONDS,
+    )
+    held(name="Hold the engine and toolkit packages so upgrades happen only through gpufleet",
+         packages=sorted({*hold, *TOOLKIT_PACKAGES}))
+
+    # -- configuration --------------------------------------------------------------------------
+    config_op = docker_ops.daemon_json(
+        name="Merge the nvidia runtime and the tier's container defaults into daemon.json",
+        defaults=dockerconf.DockerDefaults.from_settings(settings),
+    )
+    uuids = [g.uuid for g in getattr(gpu_state(host), "gpus", []) or [] if getattr(g, "uuid", None)]
+    cdi_op = None
+    if settings.docker_cdi:
+        if uuids:
+            cdi_op = docker_ops.cdi_spec(
+                name="Generate the CDI spec for the GPUs when missing or stale",
+                gpu_uuids=uuids, output=CDI_SPEC)
+        else:
+            host.noop("no GPU visible to nvidia-smi: no CDI spec")
+    systemd.service(
+        name="Restart Docker because daemon.json changed",
+        service="docker.service", restarted=True,
+        _if=config_op.did_change,
+    )
+    systemd.service(
+        name="Keep Docker running and enabled at boot",
+        service="docker.service", running=True, enabled=True,
+    )
+
+    # -- smoke test, after a change -------------------------------------------------------------
+    if settings.docker_smoke_image != "none":
+        changed = [op for op in (toolkit_op, engine_op, config_op, cdi_op) if op is not None]
+        docker_ops.gpu_smoke_test(
+            name="Run a GPU container (nvidia-smi -L) to prove the change",
+            image=settings.docker_smoke_image,
+            expected=any(op.will_change for op in changed),
+            _if=lambda: any(op.did_change() for op in changed),
+        )

@@ -1,0 +1,277 @@
+"""
+Docker facts: the existing daemon.json (exact bytes), the engine and its systemd unit, the
+NVIDIA CDI spec, apt keyring fingerprints and apt candidates. Read-only; hosts without Docker
+give "absent" answers rather than failing.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+from ._common import MARK, JsonMixin, begin, fail, split_sections
+
+# --------------------------------------------------------------------------------------------
+# daemon.json
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DaemonJsonFile(JsonMixin):
+    exists: bool
+    raw: bytes | None = None  # exact content (None when absent)
+
+    def to_json(self) -> dict:
+        return {"exists": self.exists,
+                "content": None if self.raw is None else self.raw.decode("utf-8", "replace")}
+
+
+class DaemonJson(FactBase):
+    """
+    The exact bytes of Docker's daemon.json (base64 on the wire, so nothing is lost):
+
+    .. code:: python
+
+        DaemonJsonFile(exists=True, raw=b'{"log-driver": ...}')
+    """
+
+    @override
+    def command(self, path: str = "/etc/docker/daemon.json") -> str:
+        p = shlex.quote(path)
+        return (f"if [ -f {p} ]; then echo '{MARK} exists yes'; base64 -w0 < {p}; echo; "
+                f"else echo '{MARK} exists no'; fi")
+
+    @override
+    def process(self, output: list[str]) -> DaemonJsonFile:  # type: ignore[override]
+        return parse_daemon_json_output(output)
+
+
+def parse_daemon_json_output(output: Sequence[str]) -> DaemonJsonFile:
+    sections, values = split_sections(output)
+    exists = values.get("exists")
+    if exists not in ("yes", "no"):
+        raise fail("daemon.json fact: missing exists marker", "\n".join(output))
+    if exists == "no":
+        return DaemonJsonFile(False)
+    payload = "".join(line.strip() for line in sections[""])
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise fail("daemon.json fact: not base64", payload[:80]) from None
+    return DaemonJsonFile(True, raw)
+
+
+# --------------------------------------------------------------------------------------------
+# The engine and its unit
+# --------------------------------------------------------------------------------------------
+
+_DOCKERD_VERSION = re.compile(r"^Docker version ([0-9][^\s,]*)")
+
+
+@dataclass(frozen=True)
+class DockerEngineState(JsonMixin):
+    dockerd_version: str | None = None    # "26.1.5+dfsg1", None = no dockerd
+    cli: bool = False                      # the docker CLI is installed
+    active_state: str = "inactive"         # systemd ActiveState of docker.service
+    sub_state: str = ""
+    load_state: str = "not-found"
+    n_restarts: int = 0                    # NRestarts (automatic restarts by systemd)
+    main_start_monotonic: int = 0          # ExecMainStartTimestampMonotonic (us): changes on every (re)start
+
+    @property
+    def installed(self) -> bool:
+        return self.dockerd_version is not None
+
+    @property
+    def running(self) -> bool:
+        return self.active_state == "active"
+
+    @property
+    def major(self) -> int | None:
+        if not self.dockerd_version:
+            return None
+        m = re.match(r"(\d+)", self.dockerd_version)
+        return int(m.group(1)) if m else None
+
+    @property
+    def can_validate(self) -> bool:
+        """`dockerd --validate` exists from Docker 23.0."""
+        return (self.major or 0) >= 23
+
+
+class DockerEngine(FactBase):
+    """dockerd's version, whether the CLI is there, and docker.service's state and restart marks."""
+
+    @override
+    def command(self) -> str:
+        return (
+            f"{begin('version')}; dockerd --version 2>/dev/null || true; "
+            f"{begin('unit')}; systemctl show docker.service -p LoadState -p ActiveState -p SubState "
+            "-p NRestarts -p ExecMainStartTimestampMonotonic 2>/dev/null || true; "
+            f"if command -v docker >/dev/null 2>&1; then echo '{MARK} cli yes'; else echo '{MARK} cli no'; fi"
+        )
+
+    @override
+    def process(self, output: list[str]) -> DockerEngineState:  # type: ignore[override]
+        return parse_docker_engine(output)
+
+
+def parse_docker_engine(output: Sequence[str]) -> DockerEngineState:
+    sections, values = split_sections(output)
+    version = None
+    for line in sections.get("version", []):
+        m = _DOCKERD_VERSION.match(line.strip())
+        if m:
+            version = m.group(1)
+    unit: dict[str, str] = {}
+    for line in sections.get("unit", []):
+        key, sep, value = line.strip().partition("=")
+        if sep:
+            unit[key] = value
+
+    def num(key: str) -> int:
+        value = unit.get(key, "0") or "0"
+        if not value.isdigit():
+            raise fail(f"docker.service {key}: expected a number", value)
+        return int(value)
+
+    return DockerEngineState(
+        dockerd_version=version,
+        cli=values.get("cli") == "yes",
+        active_state=unit.get("ActiveState", "inactive"),
+        sub_state=unit.get("SubState", ""),
+        load_state=unit.get("LoadState", "not-found"),
+        n_restarts=num("NRestarts"),
+        main_start_monotonic=num("ExecMainStartTimestampMonotonic"),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# CDI spec
+# --------------------------------------------------------------------------------------------
+
+# Driver packages whose files the CDI spec points at (Debian/Ubuntu names, NVIDIA's and the
+# distributions'); the newest dpkg file list among them is "when the driver last changed".
+DRIVER_PACKAGE_GLOBS = ("libnvidia-ml1", "libcuda1", "libnvidia-compute-*", "nvidia-driver*",
+                        "libnvidia-ml*", "nvidia-smi")
+
+
+@dataclass(frozen=True)
+class CdiState(JsonMixin):
+    ctk: bool = False                      # nvidia-ctk is installed
+    spec_mtime: int | None = None          # epoch seconds of the spec, None = no spec
+    driver_mtime: int | None = None        # newest dpkg file list of an installed driver package
+    devices: list[str] = field(default_factory=list)  # `nvidia-ctk cdi list`: "nvidia.com/gpu=0", ...
+
+    def stale_reasons(self, gpu_uuids: Sequence[str]) -> list[str]:
+        """Why the spec must be (re)generated; empty when it is current."""
+        if self.spec_mtime is None:
+            return ["no CDI spec yet"]
+        reasons = []
+        if self.driver_mtime is not None and self.driver_mtime > self.spec_mtime:
+            reasons.append("the driver packages changed after the spec was generated")
+        missing = [u for u in gpu_uuids if f"nvidia.com/gpu={u}" not in self.devices]
+        if missing:
+            reasons.append(f"`nvidia-ctk cdi list` lacks {', '.join(missing)}")
+        return reasons
+
+
+class NvidiaCdi(FactBase):
+    """The NVIDIA CDI spec: its age against the driver's packages, and the devices it lists."""
+
+    @override
+    def command(self, spec: str = "/etc/cdi/nvidia.yaml") -> str:
+        s = shlex.quote(spec)
+        globs = " ".join(f"/var/lib/dpkg/info/{g}.list" for g in DRIVER_PACKAGE_GLOBS)
+        return (
+            f"if command -v nvidia-ctk >/dev/null 2>&1; then echo '{MARK} ctk yes'; else echo '{MARK} ctk no'; fi; "
+            f"if [ -f {s} ]; then echo '{MARK} spec_mtime' $(stat -c %Y {s}); fi; "
+            f"m=$(stat -c %Y {globs} 2>/dev/null | sort -n | tail -1); "
+            f"if [ -n \"$m\" ]; then echo '{MARK} driver_mtime' $m; fi; "
+            f"{begin('list')}; if command -v nvidia-ctk >/dev/null 2>&1; then nvidia-ctk cdi list 2>/dev/null || true; fi"
+        )
+
+    @override
+    def process(self, output: list[str]) -> CdiState:  # type: ignore[override]
+        return parse_cdi(output)
+
+
+def parse_cdi(output: Sequence[str]) -> CdiState:
+    sections, values = split_sections(output)
+
+    def opt_num(key: str) -> int | None:
+        value = values.get(key)
+        if value is None:
+            return None
+        if not value.isdigit():
+            raise fail(f"CDI fact {key}: expected a number", value)
+        return int(value)
+
+    devices = [line.strip() for line in sections.get("list", []) if re.fullmatch(r"\S+/\S+=\S+", line.strip())]
+    return CdiState(ctk=values.get("ctk") == "yes", spec_mtime=opt_num("spec_mtime"),
+                    driver_mtime=opt_num("driver_mtime"), devices=devices)
+
+
+# --------------------------------------------------------------------------------------------
+# apt: keyring fingerprints, candidates
+# --------------------------------------------------------------------------------------------
+
+
+class KeyringFingerprints(FactBase):
+    """Primary-key fingerprints in an OpenPGP keyring file ([] when it is missing or unreadable)."""
+
+    @override
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+    @override
+    def command(self, path: str) -> str:
+        p = shlex.quote(path)
+        return (f"if [ -s {p} ]; then gpg --batch --no-tty --with-colons --show-keys {p} 2>/dev/null "
+                "| awk -F: '$1==\"pub\"{want=1; next} $1==\"fpr\" && want {print $10; want=0}'; fi; true")
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        out = []
+        for line in output:
+            line = line.strip()
+            if not line:
+                continue
+            if not re.fullmatch(r"[0-9A-F]{40}|[0-9A-F]{64}", line):
+                raise fail("expected an OpenPGP fingerprint", line)
+            out.append(line)
+        return out
+
+
+class AptCandidates(FactBase):
+    """apt's candidate version of each package (None = apt does not know it)."""
+
+    @override
+    @staticmethod
+    def default() -> dict:
+        return {}
+
+    @override
+    def command(self, packages: Sequence[str]) -> str:
+        names = " ".join(shlex.quote(p) for p in packages)
+        return (f"for p in {names}; do echo '{MARK} begin' \"$p\"; "
+                "LC_ALL=C apt-cache policy \"$p\" 2>/dev/null | sed -n 's/^ *Candidate: *//p'; done; true")
+
+    @override
+    def process(self, output: list[str]) -> dict[str, str | None]:
+        sections, _ = split_sections(output)
+        out: dict[str, str | None] = {}
+        for name, lines in sections.items():
+            if not name:
+                continue
+            cand = next((line.strip() for line in lines if line.strip()), "(none)")
+            out[name] = None if cand == "(none)" else cand
+        return out

@@ -1,0 +1,164 @@
+"""Docker operations: verified apt keyrings, daemon.json merged (validated where dockerd can), the
+NVIDIA CDI spec when it is stale, and a GPU smoke test that says why it did not run.
+
+Each operation reads facts and yields only what is needed. pyinfra 3 runs an operation's body
+twice: once while planning (to show what would change) and again when executing, against the
+host as the earlier operations of this run left it. Decisions that depend on packages installed
+earlier in the same run (dockerd present? nvidia-ctk present?) are therefore taken again at
+execution time, and skip reasons are logged then (not while planning).
+"""
+from __future__ import annotations
+
+from io import StringIO
+from typing import Sequence
+
+from pyinfra import host, logger
+from pyinfra.api import OperationError, QuoteString, StringCommand, operation
+from pyinfra.operations import files
+
+from facts.docker import DaemonJson, DockerEngine, KeyringFingerprints, NvidiaCdi
+from facts.gpu import GpuState
+from gpufleet import dockerconf
+
+
+def _executing() -> bool:
+    return bool(getattr(host.state, "is_executing", False))
+
+
+def _say(message: str) -> None:
+    """A visible line (warning level) at execution time; a debug noop while planning."""
+    if _executing():
+        logger.warning(f"{host.print_prefix}{message}")
+    else:
+        host.noop(message)
+
+
+@operation()
+def apt_keyring(path: str, key_url: str, fingerprint: str):
+    """Install the OpenPGP key at `key_url` as the binary keyring `path`, only if its primary
+    fingerprint is `fingerprint` (a mirror or a man in the middle cannot swap keys).
+
+    + path: keyring file for `signed-by=` (e.g. /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg)
+    + key_url: where the (armored or binary) public key is published
+    + fingerprint: expected 40-hex primary-key fingerprint
+    """
+    fingerprint = fingerprint.replace(" ", "").upper()
+    current = host.get_fact(KeyringFingerprints, path=path)
+    if current == [fingerprint]:
+        host.noop(f"{path} holds exactly key {fingerprint}")
+        return
+    script = (
+        'set -e; t=$(mktemp -d); trap \'rm -rf "$t"\' EXIT; '
+        '/usr/lib/apt/apt-helper download-file "$1" "$t/key"; '
+        'export GNUPGHOME="$t/home"; mkdir -m 700 "$GNUPGHOME"; '
+        'gpg --batch --no-tty --quiet --import "$t/key" 2>/dev/null || true; '
+        'got=$(gpg --batch --no-tty --with-colons --list-keys | awk -F: \'$1=="pub"{w=1;next} $1=="fpr"&&w{print $10;w=0}\' | tr "\\n" " "); '
+        'case " $got " in *" $2 "*) ;; *) echo "gpufleet: the key at $1 has fingerprint(s) [${got% }], expected $2: not installed" >&2; exit 1;; esac; '
+        'gpg --batch --no-tty --export "$2" > "$t/keyring"; install -D -m 644 "$t/keyring" "$3"'
+    )
+    yield StringCommand("sh", "-c", QuoteString(script), "gpufleet-keyring",
+                        QuoteString(key_url), QuoteString(fingerprint), QuoteString(path))
+
+
+@operation()
+def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEMON_JSON):
+    """Merge gpufleet's keys into Docker's daemon.json, keeping every other key; write only when
+    the merged JSON differs. Where dockerd has `--validate` (Docker 23+) the new file is checked
+    before it replaces the old one; otherwise that is said, not pretended.
+
+    + defaults: the host's DockerDefaults (runtime, CDI, shm size, ulimits)
+    + path: daemon.json path
+    """
+    current = host.get_fact(DaemonJson, path=path)
+    try:
+        existing = dockerconf.parse(current.raw if current.exists else None)
+    except dockerconf.MalformedDaemonJson as exc:
+        # The deploy fails the host at planning time; this is the race where it broke since.
+        raise OperationError(f"{path} is malformed ({exc}); left untouched") from None
+    merged = dockerconf.merge(existing, defaults)
+    if not dockerconf.needs_write(existing, merged):
+        host.noop(f"{path} already has gpufleet's keys")
+        return
+    replaced = dockerconf.replaced_keys(existing, merged)
+    if replaced and _executing():
+        logger.warning(f"{host.print_prefix}daemon.json: the tier's value replaces the operator's for "
+                       f"{', '.join(replaced)} (override in the inventory to keep it)")
+    engine = host.get_fact(DockerEngine)
+    text = dockerconf.render(merged)
+    yield from files.directory._inner(path=path.rsplit("/", 1)[0] or "/", mode="755")
+    if engine.can_validate:
+        staged = f"{path}.gpufleet-new"
+        yield from files.put._inner(src=StringIO(text), dest=staged, mode="644")
+        yield StringCommand(
+            "sh", "-c", QuoteString(
+                'dockerd --validate --config-file "$1" || { rm -f "$1"; '
+                'echo "gpufleet: dockerd --validate refused the merged daemon.json; $2 unchanged" >&2; exit 1; }; '
+                'mv -f "$1" "$2"'),
+            "gpufleet-daemon-json", QuoteString(staged), QuoteString(path))
+    else:
+        why = (f"dockerd {engine.dockerd_version} has no --validate (Docker < 23)" if engine.installed
+               else "dockerd is not installed")
+        _say(f"daemon.json written without `dockerd --validate`: {why}")
+        yield from files.put._inner(src=StringIO(text), dest=path, mode="644")
+
+
+@operation()
+def cdi_spec(gpu_uuids: Sequence[str], output: str = "/etc/cdi/nvidia.yaml"):
+    """Generate the NVIDIA CDI spec when it is missing, older than the driver's packages, or does
+    not list every GPU the host has.
+
+    + gpu_uuids: the GPUs the facts see (each must appear as nvidia.com/gpu=<uuid>)
+    + output: spec path
+    """
+    state = host.get_fact(NvidiaCdi, spec=output)
+    if not state.ctk:
+        host.noop("nvidia-ctk is not installed yet: no CDI spec")
+        return
+    reasons = state.stale_reasons(gpu_uuids)
+    if not reasons:
+        host.noop(f"{output} is current ({len(state.devices)} CDI devices)")
+        return
+    if _executing():
+        logger.info(f"{host.print_prefix}CDI spec: {'; '.join(reasons)}")
+    yield StringCommand("nvidia-ctk", "cdi", "generate", QuoteString(f"--output={output}"))
+
+
+@operation()
+def gpu_smoke_test(image: str, expected: bool = True):
+    """`docker run --rm --gpus all IMAGE nvidia-smi -L`, where the engine runs and GPUs are present.
+
+    Skipped with a visible reason (never reported as a pass) when the engine is not running, the
+    host shows no GPU, or the image is neither on the host nor pullable. The image is pulled when
+    missing (that pull is the only thing done before the test).
+
+    + image: container image to run (the toolkit mounts nvidia-smi into it)
+    + expected: whether planning expects the test to run (shown as a change in the plan only then)
+    """
+    if not _executing():
+        # What will exist at execution time is not known yet: show the test as planned.
+        if not expected:
+            host.noop("GPU smoke test: nothing planned to change, so nothing to prove")
+            return
+        yield StringCommand("docker", "run", "--rm", "--gpus", "all", QuoteString(image), "nvidia-smi", "-L")
+        return
+    engine = host.get_fact(DockerEngine)
+    reason = None
+    if not engine.running:
+        reason = f"the Docker engine is not running (docker.service {engine.active_state}/{engine.sub_state})"
+    elif not engine.cli:
+        reason = "the docker CLI is not installed"
+    else:
+        gpus = host.get_fact(GpuState)
+        if not getattr(gpus, "gpus", None):
+            reason = "nvidia-smi shows no GPU on the host"
+    if reason is None:
+        ok, out = host.run_shell_command(
+            StringCommand("sh", "-c", QuoteString('docker image inspect "$1" >/dev/null 2>&1 || timeout 600 docker pull -q "$1"'),
+                          "gpufleet-pull", QuoteString(image)))
+        if not ok:
+            last = (out.stderr_lines or out.stdout_lines or ["no output"])[-1]
+            reason = f"image {image} is not on the host and cannot be pulled ({last.strip()})"
+    if reason is not None:
+        logger.warning(f"{host.print_prefix}GPU smoke test SKIPPED (not passed): {reason}")
+        return
+    yield StringCommand("docker", "run", "--rm", "--gpus", "all", QuoteString(image), "nvidia-smi", "-L")

@@ -1,0 +1,118 @@
+"""gpufleet/dockerconf: daemon.json merged, not overwritten (pure functions)."""
+import json
+
+import pytest
+
+from gpufleet import dockerconf
+from gpufleet.dockerconf import DockerDefaults, MalformedDaemonJson, merge, needs_write, parse, render
+
+pytestmark = pytest.mark.unit
+
+TIER = DockerDefaults(default_runtime="nvidia", cdi=True, shm_size="1g", ulimits={"memlock": -1, "stack": 67108864})
+OPERATOR = {
+    "log-driver": "json-file",
+    "log-opts": {"max-size": "100m", "max-file": "3"},
+    "registry-mirrors": ["https://mirror.example.org"],
+    "runtimes": {"crun": {"path": "/usr/bin/crun"}},
+    "default-ulimits": {"nofile": {"Name": "nofile", "Hard": 65536, "Soft": 65536}},
+    "features": {"buildkit": True},
+}
+
+
+def test_merge_adds_runtime_and_tier_defaults():
+    merged = merge(None, TIER)
+    assert merged == {
+        "default-runtime": "nvidia",
+        "default-shm-size": "1g",
+        "default-ulimits": {
+            "memlock": {"Hard": -1, "Name": "memlock", "Soft": -1},
+            "stack": {"Hard": 67108864, "Name": "stack", "Soft": 67108864},
+        },
+        "features": {"cdi": True},
+        "runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}},
+    }
+
+
+def test_merge_keeps_every_operator_key():
+    merged = merge(OPERATOR, TIER)
+    for key in ("log-driver", "log-opts", "registry-mirrors"):
+        assert merged[key] == OPERATOR[key]
+    assert merged["runtimes"]["crun"] == {"path": "/usr/bin/crun"}
+    assert merged["default-ulimits"]["nofile"] == OPERATOR["default-ulimits"]["nofile"]
+    assert merged["features"] == {"buildkit": True, "cdi": True}
+    assert "nvidia" in merged["runtimes"] and merged["default-runtime"] == "nvidia"
+
+
+def test_merge_does_not_mutate_its_input():
+    before = json.dumps(OPERATOR, sort_keys=True)
+    merge(OPERATOR, TIER)
+    assert json.dumps(OPERATOR, sort_keys=True) == before
+
+
+def test_merge_is_idempotent_and_needs_no_second_write():
+    once = merge(OPERATOR, TIER)
+    twice = merge(parse(render(once).encode()), TIER)
+    assert twice == once
+    assert not needs_write(parse(render(once).encode()), twice)
+
+
+def test_runc_tier_and_cdi_off():
+    want = DockerDefaults(default_runtime="runc", cdi=False, shm_size="64g", ulimits={})
+    merged = merge({"features": {"buildkit": True}}, want)
+    assert merged["default-runtime"] == "runc"
+    assert merged["features"] == {"buildkit": True}  # cdi left alone when off
+    assert merged["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"  # still usable with --runtime=nvidia
+    assert merged["default-shm-size"] == "64g"
+
+
+def test_render_is_byte_stable():
+    a = render(merge(OPERATOR, TIER))
+    b = render(merge(dict(reversed(list(OPERATOR.items()))), TIER))
+    assert a == b and a.endswith("}\n")
+    assert a.splitlines()[1].startswith('    "default-runtime"')  # sorted keys, 4-space indent
+
+
+def test_same_json_in_another_format_is_not_rewritten():
+    text = json.dumps(merge(OPERATOR, TIER), indent=1)  # operator's own formatting
+    assert not needs_write(parse(text.encode()), merge(parse(text.encode()), TIER))
+
+
+def test_replaced_operator_values_are_reported():
+    existing = {"default-runtime": "runc", "default-shm-size": "64m", "log-driver": "local"}
+    merged = merge(existing, TIER)
+    assert dockerconf.replaced_keys(existing, merged) == ["default-runtime", "default-shm-size"]
+
+
+def test_absent_and_empty_files():
+    assert parse(None) is None
+    assert parse(b"") == {} and parse(b"  \n") == {}
+    assert needs_write(None, merge(None, TIER))
+
+
+@pytest.mark.parametrize("raw,fragment", [
+    (b'{"log-driver": "json-file",}', "invalid JSON at line 1"),
+    (b'{\n  "a": 1\n  "b": 2\n}', "line 3"),
+    (b"[1, 2]", "expected a JSON object"),
+    (b'{"a": 1, "a": 2}', "appears twice"),
+    (b'{"runtimes": []}', "'runtimes' must be an object"),
+    (b'{"default-ulimits": "x"}', "'default-ulimits' must be an object"),
+    (b"\xff\xfe{}", "not UTF-8"),
+])
+def test_malformed_files_are_refused_with_a_clear_reason(raw, fragment):
+    with pytest.raises(MalformedDaemonJson) as exc:
+        parse(raw)
+    assert fragment in str(exc.value)
+
+
+def test_defaults_from_settings():
+    from gpufleet.tiers import tier_defaults
+
+    class S:
+        pass
+
+    s = S()
+    for key, value in tier_defaults("hgx").items():
+        setattr(s, key, value)
+    d = DockerDefaults.from_settings(s)
+    assert d.shm_size == "64g" and d.default_runtime == "nvidia" and d.cdi is True
+    assert d.ulimits == {"memlock": -1, "stack": 67108864}

@@ -1,0 +1,164 @@
+"""facts/docker parsers and operations/docker planning (fake host: which commands would run)."""
+import base64
+from types import SimpleNamespace
+
+import pytest
+from pyinfra.context import ctx_host, ctx_state
+
+from deploys.docker import docker_sources_line, toolkit_sources_line
+from facts import docker as f
+from facts._common import MARK
+from gpufleet import dockerconf
+from operations import docker as ops
+
+pytestmark = pytest.mark.unit
+
+TIER = dockerconf.DockerDefaults(default_runtime="nvidia", cdi=True, shm_size="1g",
+                                 ulimits={"memlock": -1, "stack": 67108864})
+
+
+# ---- fact parsers --------------------------------------------------------------------------
+
+def test_daemon_json_fact_keeps_exact_bytes():
+    raw = b'{ "log-driver":"local" }\n\n'
+    out = f.parse_daemon_json_output([f"{MARK} exists yes", base64.b64encode(raw).decode()])
+    assert out.exists and out.raw == raw
+    assert f.parse_daemon_json_output([f"{MARK} exists no"]) == f.DaemonJsonFile(False)
+    assert f.parse_daemon_json_output([f"{MARK} exists yes", ""]).raw == b""
+
+
+def test_docker_engine_fact():
+    out = f.parse_docker_engine([
+        f"{MARK} begin version", "Docker version 26.1.5+dfsg1, build a72d7cd",
+        f"{MARK} begin unit", "LoadState=loaded", "ActiveState=active", "SubState=running", "NRestarts=0",
+        "ExecMainStartTimestampMonotonic=123456", f"{MARK} cli yes"])
+    assert out.dockerd_version == "26.1.5+dfsg1" and out.major == 26 and out.can_validate
+    assert out.running and out.cli and out.main_start_monotonic == 123456
+    old = f.parse_docker_engine([f"{MARK} begin version", "Docker version 20.10.24+dfsg1, build 297e128",
+                                 f"{MARK} begin unit", f"{MARK} cli no"])
+    assert old.major == 20 and not old.can_validate and not old.running
+    none = f.parse_docker_engine([f"{MARK} begin version", f"{MARK} begin unit", "LoadState=not-found",
+                                  "ActiveState=inactive", "NRestarts=", f"{MARK} cli no"])
+    assert not none.installed and not none.can_validate
+
+
+def test_cdi_fact_and_staleness():
+    st = f.parse_cdi([f"{MARK} ctk yes", f"{MARK} spec_mtime 200", f"{MARK} driver_mtime 100",
+                      f"{MARK} begin list", "INFO[0000] Found 3 CDI devices", "nvidia.com/gpu=0",
+                      "nvidia.com/gpu=GPU-a", "nvidia.com/gpu=all"])
+    assert st.ctk and st.devices == ["nvidia.com/gpu=0", "nvidia.com/gpu=GPU-a", "nvidia.com/gpu=all"]
+    assert st.stale_reasons(["GPU-a"]) == []
+    assert "lacks GPU-b" in st.stale_reasons(["GPU-a", "GPU-b"])[0]
+    newer_driver = f.CdiState(ctk=True, spec_mtime=100, driver_mtime=200, devices=st.devices)
+    assert "driver packages changed" in newer_driver.stale_reasons(["GPU-a"])[0]
+    assert f.CdiState(ctk=True).stale_reasons([]) == ["no CDI spec yet"]
+
+
+def test_keyring_and_candidates_facts():
+    fpr = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
+    assert f.KeyringFingerprints().process([fpr, ""]) == [fpr]
+    assert f.AptCandidates().process([f"{MARK} begin docker-cli", "26.1.5+dfsg1-9", f"{MARK} begin nope",
+                                      "(none)", f"{MARK} begin gone"]) == {
+        "docker-cli": "26.1.5+dfsg1-9", "nope": None, "gone": None}
+
+
+def test_sources_lines():
+    assert docker_sources_line("https://download.docker.com/linux/", "debian", "bookworm", "amd64") == (
+        "deb [arch=amd64 signed-by=/etc/apt/keyrings/gpufleet-docker.gpg] "
+        "https://download.docker.com/linux/debian bookworm stable\n")
+    assert toolkit_sources_line("https://nvidia.github.io/libnvidia-container") == (
+        "deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] "
+        "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /\n")
+
+
+# ---- operations, planned against a fake host -----------------------------------------------
+
+class FakeHost:
+    print_prefix = "[fake] "
+    current_op_global_arguments: dict = {}
+
+    def __init__(self, facts, executing=False):
+        self.facts, self.noops = facts, []
+        self.state = SimpleNamespace(is_executing=executing)
+
+    def get_fact(self, cls, *args, **kwargs):
+        return self.facts.get(cls)  # pyinfra file facts: None = absent
+
+    def noop(self, description):
+        self.noops.append(description)
+
+
+def _plan(op, facts, executing=False, **kwargs):
+    fake = FakeHost(facts, executing)
+    with ctx_host.use(fake):
+        return [str(c) for c in op._inner(**kwargs)], fake.noops
+
+
+@pytest.fixture(autouse=True)
+def fake_files(monkeypatch):
+    """pyinfra's files.put/directory need a real state; here they only report what they were asked."""
+    def put(src, dest, mode=None):
+        yield f"PUT {dest}"
+
+    def directory(path, mode=None):
+        yield f"DIR {path}"
+
+    monkeypatch.setattr(ops, "files", SimpleNamespace(put=SimpleNamespace(_inner=put),
+                                                      directory=SimpleNamespace(_inner=directory)))
+
+
+ENGINE26 = f.DockerEngineState(dockerd_version="26.1.5", cli=True, active_state="active")
+ENGINE20 = f.DockerEngineState(dockerd_version="20.10.24", cli=True, active_state="active")
+
+
+def test_daemon_json_unchanged_yields_nothing():
+    text = dockerconf.render(dockerconf.merge({"log-driver": "local"}, TIER)).encode()
+    cmds, noops = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(True, text), f.DockerEngine: ENGINE26},
+                        defaults=TIER)
+    assert cmds == [] and "already has gpufleet's keys" in noops[0]
+
+
+def test_daemon_json_validated_where_dockerd_can():
+    cmds, _ = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(True, b'{"log-driver": "local"}'),
+                                      f.DockerEngine: ENGINE26}, defaults=TIER)
+    assert cmds[:2] == ["DIR /etc/docker", "PUT /etc/docker/daemon.json.gpufleet-new"], cmds
+    assert "dockerd --validate" in cmds[2] and "mv -f" in cmds[2]
+
+
+def test_daemon_json_written_directly_and_said_on_docker_20():
+    cmds, noops = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(False), f.DockerEngine: ENGINE20},
+                        defaults=TIER)
+    assert cmds == ["DIR /etc/docker", "PUT /etc/docker/daemon.json"]
+    assert any("has no --validate (Docker < 23)" in n for n in noops)
+
+
+def test_cdi_generated_only_when_stale():
+    current = f.CdiState(ctk=True, spec_mtime=200, driver_mtime=100, devices=["nvidia.com/gpu=GPU-a"])
+    assert _plan(ops.cdi_spec, {f.NvidiaCdi: current}, gpu_uuids=["GPU-a"])[0] == []
+    stale = f.CdiState(ctk=True, spec_mtime=100, driver_mtime=200, devices=["nvidia.com/gpu=GPU-a"])
+    assert _plan(ops.cdi_spec, {f.NvidiaCdi: stale}, gpu_uuids=["GPU-a"])[0] == [
+        "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"]
+    assert _plan(ops.cdi_spec, {f.NvidiaCdi: f.CdiState(ctk=False)}, gpu_uuids=["GPU-a"])[0] == []
+
+
+def test_keyring_installed_only_when_fingerprint_differs():
+    fpr = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
+    assert _plan(ops.apt_keyring, {f.KeyringFingerprints: [fpr]}, path="/k.gpg", key_url="http://x/gpgkey",
+                 fingerprint=fpr)[0] == []
+    cmds, _ = _plan(ops.apt_keyring, {f.KeyringFingerprints: []}, path="/k.gpg", key_url="http://x/gpgkey",
+                    fingerprint=fpr.lower())
+    assert len(cmds) == 1 and fpr in cmds[0] and "apt-helper download-file" in cmds[0]
+
+
+def test_smoke_test_is_not_planned_without_a_change():
+    assert _plan(ops.gpu_smoke_test, {}, image="ubuntu:24.04", expected=False)[0] == []
+    assert _plan(ops.gpu_smoke_test, {}, image="ubuntu:24.04")[0] == [
+        "docker run --rm --gpus all ubuntu:24.04 nvidia-smi -L"]
+
+
+def test_smoke_test_skips_with_a_reason_when_the_engine_is_down(caplog):
+    down = f.DockerEngineState(dockerd_version="26.1.5", cli=True, active_state="failed", sub_state="failed")
+    with ctx_state.use(SimpleNamespace()):
+        cmds, _ = _plan(ops.gpu_smoke_test, {f.DockerEngine: down}, executing=True, image="ubuntu:24.04")
+    assert cmds == []
+    assert "GPU smoke test SKIPPED (not passed): the Docker engine is not running" in caplog.text
