@@ -1,0 +1,63 @@
+"""Roll a host back to what a manifest recorded: package versions, holds, apt/GPU /etc files.
+
+    tools/rollback INVENTORY HOST [HOST ...] [--manifest FILE] [--reboot]
+
+Steps (run by gpufleet/rollout/rollback.py, each its own pyinfra run):
+    restore   unhold -> apt-get install --allow-downgrades pkg=recorded version ... (and remove
+              driver packages the manifest did not have, e.g. a newer pinning package) -> hold
+              exactly what was held; then put back recorded /etc files that changed since
+    reboot    (with --reboot) only when the loaded module is not the recorded one
+    tune, validate   as in deploys/upgrade.py, against the recorded versions and settings
+When packages are not enough (a broken kernel, a damaged root file system) the manifest names the
+disk snapshot taken before the upgrade and how to restore it; rollback prints it.
+"""
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, deploy, operation
+
+from facts.gpu import GpuState
+from facts.packages import HeldPackages, PackageVersions
+from facts.rollout import EtcFiles
+from gpufleet.rollout import manifest as mf
+from gpufleet.rollout.context import RolloutContext
+from operations.driver_upgrade import packages_at_versions
+
+
+@operation()
+def etc_files_restored(tarball: str, recorded: dict[str, str]):
+    """Put back, from the manifest's archive, the recorded files whose content changed since.
+
+    + tarball: the /etc archive on the host
+    + recorded: {path: sha256} from the manifest
+    """
+    now = host.get_fact(EtcFiles, patterns=sorted(recorded)) if recorded else {}
+    changed = sorted(p for p, sha in recorded.items() if now.get(p) != sha)
+    if not changed:
+        host.noop("the recorded /etc files are unchanged")
+        return
+    yield StringCommand("tar", "-C", "/", "-xzf", QuoteString(tarball), "--",
+                        *(QuoteString(p.lstrip("/")) for p in changed))
+
+
+@deploy("Restore the recorded driver, CUDA, cuDNN and toolkit packages and holds")
+def restore(ctx: RolloutContext) -> None:
+    doc = ctx.manifests[host.name]
+    processes = host.get_fact(GpuState).processes
+    if processes and not ctx.force:
+        running = ", ".join(f"{p.pid} {p.process_name}" for p in processes)
+        ctx.refuse(host, f"busy: GPU processes running ({running}); drain the host first or use --force",
+                   outcome="busy")
+        return
+    installed = host.get_fact(PackageVersions, packages=list(mf.PACKAGE_PATTERNS))
+    todo = mf.rollback_installs(doc, installed)
+    install = dict(spec.split("=", 1) for spec in todo)
+    remove = mf.rollback_removals(doc, installed)
+    packages_at_versions(name=f"Put back the package versions of manifest {doc['id']} (unhold, downgrade, hold)",
+                         install=install, remove=remove, hold=list(doc["holds"]), downgrade=True)
+    extra_holds = sorted(set(host.get_fact(HeldPackages)) - set(doc["holds"]) - set(remove))
+    if extra_holds:
+        from operations.holds import held
+        held(name="Release holds the manifest did not have", packages=extra_holds, present=False)
+    etc_files_restored(name="Put back the recorded apt sources, pins, keyrings and GPU configuration",
+                       tarball=doc["etc_tarball"], recorded=doc["etc_files"])

@@ -1,0 +1,279 @@
+"""A driver upgrade on one host, in steps the rolling-upgrade runner (gpufleet/rollout/runner.py)
+runs one after the other, each as its own pyinfra run, because each needs the state the previous
+one left (after a reboot, after a wait):
+
+    survey    read what the host has (GPUs, processes, driver, packages, holds, Slurm)
+    drain     Slurm drain; wait for (or refuse on) running GPU processes; refresh the apt index
+    snapshot  disk snapshot (lvm | btrfs | zfs | command) and the manifest, copied to the controller
+    upgrade   unhold -> install the target driver's exact versions -> hold again
+    reboot    only when the loaded module is not the target (and driver_reboot allows it)
+    tune      persistence and clocks back as recorded in the manifest (or, with --retune, the
+              tier's tuning from deploys/tuning.py once issue 6 has landed)
+    validate  loaded module = installed = target, nvidia-smi healthy, GPUs and settings as before
+    undrain   Slurm resume
+
+Every step reads the host's real state first and changes only what differs, so a re-run after
+a failure picks up where it stopped.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import time
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from facts.gpu import GpuState
+from facts.kernel import DriverState
+from facts.packages import HeldPackages, PackageVersions
+from facts.rollout import AptVersions, EtcFiles, SlurmNode
+from gpufleet.rollout import manifest as mf
+from gpufleet.rollout.context import RolloutContext
+from gpufleet.rollout.snapshot import snapshot_name
+from gpufleet.settings import host_settings
+from operations.apt_index import index_refreshed
+from operations.drain import gpu_containers_stopped, gpus_idle, slurm_node
+from operations.driver_upgrade import packages_at_versions
+from operations.gpu_restore import gpu_settings_restored
+from operations.reboot import rebooted
+from operations.snapshot import (controller_snapshot_taken, copied_to_controller, disk_snapshot_taken,
+                                 etc_archived, manifest_written)
+
+
+def _gpu_record(state) -> list[dict]:
+    return [{"index": g.index, "uuid": g.uuid, "name": g.name, "persistence": g.persistence,
+             "app_clocks": list(g.app_clocks) if g.app_clocks else None} for g in state.gpus]
+
+
+def survey_host(ctx: RolloutContext) -> None:
+    """Read (never change) what the host has; the runner plans and prints from this."""
+    settings = host_settings(host)
+    gpus = host.get_fact(GpuState)
+    driver = host.get_fact(DriverState)
+    installed = host.get_fact(PackageVersions, packages=list(mf.PACKAGE_PATTERNS))
+    moving = mf.driver_packages(installed, driver.userspace_version or "")
+    candidates = host.get_fact(AptVersions, packages=moving) if moving else {}
+    ctx.survey[host.name] = {
+        "tier": settings.tier,
+        "driver_source": settings.driver_source,
+        "inventory_driver_version": settings.driver_version,
+        "driver_reboot": settings.driver_reboot,
+        "require_idle": settings.rollout_require_idle,
+        "snapshot": settings.rollout_snapshot,
+        "batch_size": settings.rollout_batch_size,
+        "gpu_status": gpus.status,
+        "gpu_count": len(gpus.gpus),
+        "gpus": _gpu_record(gpus),
+        "processes": [{"pid": p.pid, "name": p.process_name} for p in gpus.processes],
+        "loaded": driver.module_version,
+        "installed": driver.userspace_version,
+        "packages": {k: v for k, v in installed.items() if v},
+        "moving": moving,
+        "available": {name: [v for v in versions if mf.upstream(v) == ctx.target]
+                      for name, versions in candidates.items()},
+        "holds": host.get_fact(HeldPackages),
+        "slurm": host.get_fact(SlurmNode).scontrol is not None,
+    }
+
+
+@deploy("Take the host out of service")
+def drain(ctx: RolloutContext) -> None:
+    settings = host_settings(host)
+    processes = host.get_fact(GpuState).processes
+    if processes and settings.rollout_require_idle and not ctx.force and ctx.wait_idle <= 0:
+        running = ", ".join(f"{p.pid} {p.process_name}" for p in processes)
+        ctx.refuse(host, f"busy: {len(processes)} GPU process(es) running ({running}); "
+                         "not upgraded (wait with --wait-idle, or --force)", outcome="busy")
+        return
+    slurm_node(name=f"Drain the Slurm node for the driver upgrade to {ctx.target}", drained=True,
+               reason=f"gpufleet driver upgrade to {ctx.target}")
+    if ctx.stop_containers:
+        gpu_containers_stopped(name="Stop the containers that use the GPUs")
+    if processes and settings.rollout_require_idle and not ctx.force:
+        gpus_idle(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
+    index_refreshed(name="Refresh the package index of the NVIDIA repository",
+                    url=host_settings(host).driver_repo_url)
+
+
+@deploy("Snapshot the host before its upgrade")
+def snapshot(ctx: RolloutContext) -> None:
+    settings = host_settings(host)
+    created = time.time()
+    ident = mf.manifest_id(created)
+    gpus = host.get_fact(GpuState)
+    driver = host.get_fact(DriverState)
+    installed = host.get_fact(PackageVersions, packages=list(mf.PACKAGE_PATTERNS))
+    holds = host.get_fact(HeldPackages)
+    etc = host.get_fact(EtcFiles, patterns=list(mf.ETC_FILES))
+    disk: dict = {}
+    if settings.rollout_snapshot in ("lvm", "btrfs", "zfs"):
+        disk_snapshot_taken(name=f"Take an {settings.rollout_snapshot} snapshot of {settings.rollout_snapshot_target}",
+                            provider=settings.rollout_snapshot, target=settings.rollout_snapshot_target,
+                            ident=ident, size=settings.rollout_snapshot_size, record=disk)
+    elif settings.rollout_snapshot == "command":
+        variables = {"host": host.name, "address": host.data.get("ssh_hostname") or host.name,
+                     "tier": settings.tier, "snapshot": f"{snapshot_name(ident)}-{host.name}", "id": ident,
+                     "from_version": driver.userspace_version or "", "to_version": ctx.target}
+        controller_snapshot_taken(name="Take a disk snapshot with the snapshot command (on the controller)",
+                                  template=list(settings.rollout_snapshot_command), variables=variables, record=disk)
+    remote = f"{mf.HOST_DIR}/{ident}.json"
+    tarball = f"{mf.HOST_DIR}/{ident}.etc.tar.gz"
+    etc_archived(name="Archive the apt sources, pins, keyrings and GPU configuration files",
+                 tarball=tarball, paths=sorted(etc))
+    name = host.name
+
+    def build() -> str:
+        doc = mf.build(host=name, ident=ident, created=created,
+                       reason=f"driver upgrade {driver.userspace_version} -> {ctx.target}",
+                       packages=installed, holds=holds, etc_files=etc,
+                       driver={"loaded": driver.module_version, "installed": driver.userspace_version,
+                               "flavour": driver.module_flavour},
+                       gpus=_gpu_record(gpus), disk_snapshot=disk if settings.rollout_snapshot != "none" else None)
+        ctx.manifests[name] = doc
+        return mf.dumps(doc)
+
+    manifest_written(name=f"Write the manifest {remote}", dest=remote, build=build)
+    local = ctx.manifests_dir / host.name
+    ctx.manifest_paths[host.name] = str(local / f"{ident}.json")
+    copied_to_controller(name="Copy the manifest and the /etc archive to the controller",
+                         pairs=[(remote, str(local / f"{ident}.json")), (tarball, str(local / f"{ident}.etc.tar.gz"))])
+
+
+def upgrade_plan(installed: dict, holds: list[str], available: dict[str, list[str]], target: str
+                 ) -> tuple[dict[str, str], list[str], list[str], list[str]]:
+    """(install {pkg: version}, remove, hold afterwards, missing) for moving the driver to `target`."""
+    moving = sorted(name for name, ver in installed.items()
+                    if ver and mf.DRIVER_PACKAGE.match(name) and not mf.NOT_DRIVER.match(name))
+    install, missing = {}, []
+    for name in moving:
+        versions = [v for v in available.get(name, []) if mf.upstream(v) == target]
+        if mf.upstream(installed[name]) == target:
+            continue
+        if versions:
+            install[name] = versions[0]
+        else:
+            missing.append(name)
+    remove: list[str] = []
+    hold = set(holds)
+    pin = mf.version_pinning_package(installed)
+    new_pin = f"nvidia-driver-pinning-{target}"
+    if pin and pin != new_pin:
+        versions = available.get(new_pin, [])
+        if versions:
+            install[new_pin] = versions[0]
+            remove.append(pin)
+            if pin in hold:
+                hold.discard(pin)
+                hold.add(new_pin)
+        else:
+            missing.append(new_pin)
+    return install, remove, sorted(hold), missing
+
+
+@deploy("Upgrade the driver")
+def upgrade(ctx: RolloutContext) -> None:
+    installed = host.get_fact(PackageVersions, packages=list(mf.PACKAGE_PATTERNS))
+    names = sorted({n for n, v in installed.items() if v and mf.DRIVER_PACKAGE.match(n)}
+                   | {f"nvidia-driver-pinning-{ctx.target}"})
+    available = host.get_fact(AptVersions, packages=names)
+    holds = host.get_fact(HeldPackages)
+    install, remove, hold, missing = upgrade_plan(installed, holds, available, ctx.target)
+    if missing:
+        ctx.refuse(host, f"driver {ctx.target} is not available from the configured repositories for: "
+                         f"{', '.join(missing)}")
+        return
+    packages_at_versions(name=f"Move the driver packages to {ctx.target} (unhold, install, hold again)",
+                         install=install, remove=remove, hold=hold)
+
+
+@deploy("Reboot into the new driver if needed")
+def reboot(ctx: RolloutContext) -> None:
+    settings = host_settings(host)
+    loaded = host.get_fact(DriverState).module_version
+    if loaded == ctx.target:
+        host.noop(f"driver {ctx.target} is loaded: no reboot needed")
+        return
+    if settings.driver_reboot == "never":
+        ctx.refuse(host, f"driver {ctx.target} installed, {loaded} still loaded, and driver_reboot is never: "
+                         "reboot the host by hand, then re-run the rollout", outcome="reboot-pending")
+        return
+    rebooted(name=f"Reboot to load driver {ctx.target} (loaded: {loaded})",
+             reason=f"gpufleet driver upgrade to {ctx.target}", timeout=ctx.reboot_timeout)
+
+
+def tuning_is_real() -> bool:
+    """True once deploys/tuning.py is more than its placeholder (issue 6)."""
+    import deploys.tuning as tuning_module
+    return "not_implemented(" not in inspect.getsource(tuning_module)
+
+
+@deploy("Re-apply persistence and clocks")
+def tune(ctx: RolloutContext) -> None:
+    if ctx.retune:
+        if not tuning_is_real():
+            ctx.refuse(host, "--retune asks for deploys/tuning.py, which is still a placeholder (issue 6)")
+            return
+        from deploys.tuning import tuning
+        tuning()
+        return
+    doc = ctx.manifests.get(host.name)
+    if not doc:
+        host.noop("no manifest for this rollout: nothing recorded to restore")
+        return
+    gpu_settings_restored(name="Restore the persistence mode and application clocks recorded before the upgrade",
+                          gpus=doc.get("gpus", []))
+
+
+def validation_problems(target: str, driver, gpus, holds: list[str], manifest: dict | None) -> list[str]:
+    """What is wrong with an upgraded host (empty = healthy)."""
+    problems = []
+    if driver.module_version != target:
+        problems.append(f"loaded driver module is {driver.module_version}, not {target}")
+    if driver.userspace_version != target:
+        problems.append(f"installed driver is {driver.userspace_version}, not {target}")
+    if not gpus.ok:
+        problems.append(f"nvidia-smi is not healthy: {gpus.status} {gpus.error or ''}".strip())
+    elif gpus.driver_version != target:
+        problems.append(f"nvidia-smi reports driver {gpus.driver_version}, not {target}")
+    if manifest:
+        before = manifest.get("gpus", [])
+        if gpus.ok and len(gpus.gpus) != len(before):
+            problems.append(f"{len(gpus.gpus)} GPU(s) visible, {len(before)} before the upgrade")
+        now = {g.uuid: g for g in gpus.gpus}
+        for want in before:
+            gpu = now.get(want["uuid"])
+            if gpu is None:
+                continue
+            if want.get("persistence") and not gpu.persistence:
+                problems.append(f"GPU {want['index']}: persistence mode is off (was on)")
+            if want.get("app_clocks") and gpu.app_clocks and list(gpu.app_clocks) != want["app_clocks"]:
+                problems.append(f"GPU {want['index']}: application clocks {list(gpu.app_clocks)}, "
+                                f"were {want['app_clocks']}")
+        lost = sorted(set(manifest.get("holds", [])) - set(holds) - {p for p in manifest.get("holds", [])
+                                                                       if mf.PINNING_PACKAGE.match(p)})
+        if lost:
+            problems.append(f"holds missing after the upgrade: {', '.join(lost)}")
+    return problems
+
+
+@deploy("Validate the upgraded host")
+def validate(ctx: RolloutContext) -> None:
+    driver = host.get_fact(DriverState)
+    gpus = host.get_fact(GpuState)
+    holds = host.get_fact(HeldPackages)
+    problems = validation_problems(ctx.target, driver, gpus, holds, ctx.manifests.get(host.name))
+    if problems:
+        ctx.refuse(host, "validation failed: " + "; ".join(problems))
+    else:
+        host.noop(f"driver {ctx.target} loaded, {len(gpus.gpus)} GPU(s) healthy, settings and holds as before")
+
+
+@deploy("Put the host back in service")
+def undrain(ctx: RolloutContext) -> None:
+    slurm_node(name="Resume the Slurm node", drained=False)
+
+
+def load_manifest(path: str | Path) -> dict:
+    return json.loads(Path(path).read_text())

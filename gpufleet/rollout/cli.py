@@ -1,0 +1,76 @@
+"""Command lines of tools/rollout and tools/rollback."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+
+def _logging(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("    pyinfra: %(message)s"))
+    log = logging.getLogger("pyinfra")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO if verbose else logging.ERROR)
+    log.propagate = False
+
+
+def rollout_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tools/rollout", description=(
+        "Rolling NVIDIA driver upgrade: canary first, then batches; drain, snapshot + manifest, "
+        "unhold/upgrade/re-hold, reboot if needed, validate, undrain. Re-run to resume."))
+    p.add_argument("inventory", help="pyinfra inventory, as for `pyinfra INVENTORY deploys/all.py`")
+    p.add_argument("--driver-version", required=True, help="target driver version, e.g. 580.126.09")
+    p.add_argument("--canary", type=int, default=1, help="hosts in the canary batch (default 1; 0 = none)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--batch-size", type=int, help="hosts per batch after the canary (default: rollout_batch_size)")
+    size.add_argument("--batch-percent", type=float, help="hosts per batch as a percentage of the rollout's hosts")
+    p.add_argument("--max-unavailable", type=int, help="most hosts out of service at once (default: the batch size)")
+    p.add_argument("--max-fail", default="0", help="stop when more hosts than this failed: a count or P%% (default 0)")
+    p.add_argument("--state", type=Path, help="state file (default .gpufleet/rollouts/<inventory>.json)")
+    p.add_argument("--manifests", type=Path, default=Path(".gpufleet/manifests"),
+                   help="where manifests are copied on the controller (default .gpufleet/manifests)")
+    p.add_argument("--skip", nargs="+", default=[], metavar="HOST", help="hosts to leave alone this run")
+    p.add_argument("--force", action="store_true", help="upgrade hosts even while GPU processes run")
+    p.add_argument("--wait-idle", type=int, default=0, metavar="SECONDS",
+                   help="wait up to SECONDS for running GPU processes to finish (default 0: refuse at once)")
+    p.add_argument("--stop-gpu-containers", action="store_true", help="stop Docker containers using GPUs when draining")
+    p.add_argument("--reboot-timeout", type=int, default=600, metavar="SECONDS")
+    p.add_argument("--retune", action="store_true",
+                   help="after the reboot apply the tier's tuning (deploys/tuning.py) instead of restoring the "
+                        "persistence mode and clocks recorded in the manifest")
+    p.add_argument("--dry-run", action="store_true", help="show batches, versions, reboots and GPU jobs; change nothing")
+    p.add_argument("-v", "--verbose", action="store_true", help="show pyinfra's operation log")
+    args = p.parse_args(argv)
+    _logging(args.verbose)
+    from .runner import Options, Runner
+    opts = Options(inventory=args.inventory, target=args.driver_version, canary=args.canary,
+                   batch_size=args.batch_size, batch_percent=args.batch_percent,
+                   max_unavailable=args.max_unavailable, max_fail=args.max_fail, state_path=args.state,
+                   skip=args.skip, force=args.force, dry_run=args.dry_run, wait_idle=args.wait_idle,
+                   stop_containers=args.stop_gpu_containers, manifests_dir=args.manifests,
+                   reboot_timeout=args.reboot_timeout, retune=args.retune)
+    return Runner(opts).run()
+
+
+def rollback_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tools/rollback", description=(
+        "Put hosts back to the package versions, holds and /etc files of a manifest taken before an upgrade."))
+    p.add_argument("inventory")
+    p.add_argument("hosts", nargs="+", metavar="HOST")
+    p.add_argument("--manifest", type=Path, help="manifest file (default: the newest in --manifests/<host>/)")
+    p.add_argument("--manifests", type=Path, default=Path(".gpufleet/manifests"))
+    p.add_argument("--reboot", action="store_true", help="reboot to load the restored driver, then validate")
+    p.add_argument("--force", action="store_true", help="even while GPU processes run")
+    p.add_argument("--dry-run", action="store_true", help="show what would be restored and the disk snapshot")
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    _logging(args.verbose)
+    from .rollback import rollback
+    return rollback(args.inventory, args.hosts, args.manifest, args.manifests, args.reboot, args.force, args.dry_run)
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1]
+    sys.exit({"rollout": rollout_main, "rollback": rollback_main}[cmd](sys.argv[2:]))

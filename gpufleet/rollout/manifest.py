@@ -1,0 +1,121 @@
+"""The manifest: what a host had before an upgrade, enough to put it back with apt.
+
+Written on the host (`/var/lib/gpufleet/manifests/<id>.json` + `<id>.etc.tar.gz`) and copied
+to the controller (`<manifest dir>/<host>/<id>.json`, same tarball) before the first package
+change. Pure helpers: building the document, choosing what an upgrade changes, and the rollback
+commands (reviewed by unit tests; executed by deploys/upgrade.py and deploys/rollback.py).
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import Any, Iterable, Mapping
+
+HOST_DIR = "/var/lib/gpufleet/manifests"
+FORMAT = 1
+
+#: Installed packages recorded (dpkg-query globs): driver, Fabric Manager, pinning, CUDA, cuDNN,
+#: NCCL, DCGM, container toolkit, and the keyring that signs the CUDA repository.
+PACKAGE_PATTERNS = (
+    "nvidia-*", "cuda-*", "libcuda*", "libnvidia-*", "libcudnn*", "libnccl*",
+    "datacenter-gpu-manager*", "libxnvctrl*", "xserver-xorg-video-nvidia*", "firmware-nvidia-*",
+)
+
+#: /etc (and keyring) files recorded and archived. Shell globs, expanded on the host.
+ETC_FILES = (
+    "/etc/apt/sources.list", "/etc/apt/sources.list.d/*", "/etc/apt/preferences", "/etc/apt/preferences.d/*",
+    "/etc/apt/keyrings/*", "/etc/apt/trusted.gpg.d/*", "/etc/apt/apt.conf.d/*gpufleet*",
+    "/usr/share/keyrings/cuda-archive-keyring.gpg", "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg",
+    "/etc/modprobe.d/*nvidia*", "/etc/modprobe.d/*nouveau*", "/etc/modules-load.d/*nvidia*",
+    "/etc/gpufleet/*", "/etc/nccl.conf", "/etc/profile.d/*gpufleet*", "/etc/environment.d/*gpufleet*",
+    "/etc/systemd/system/*gpufleet*", "/etc/systemd/system/nvidia-*.d/*",
+    "/etc/docker/daemon.json", "/etc/nvidia-container-runtime/config.toml", "/etc/cdi/*",
+)
+
+#: Packages whose version is the driver's: the ones a driver upgrade moves (Fabric Manager too).
+DRIVER_PACKAGE = re.compile(
+    r"^(nvidia-open|cuda-drivers(-\d+)?|nvidia-driver(-cuda|-libs|-bin)?|nvidia-kernel-(open-)?dkms|"
+    r"nvidia-kernel-support|nvidia-kernel-common(-\d+)?|nvidia-smi|nvidia-persistenced|nvidia-fabricmanager(-\d+)?|"
+    r"nvidia-modprobe|nvidia-settings|nvidia-xconfig|libcuda1|libnvidia-[a-z0-9-]+|nvidia-vulkan-icd|"
+    r"nvidia-egl-icd|nvidia-opencl-icd|nvidia-suspend-common|nvidia-alternative|nvlsm)$")
+PINNING_PACKAGE = re.compile(r"^nvidia-driver-pinning-(\d+\.\d+(\.\d+)?)$")
+#: NVIDIA's packages that never follow the driver version although their names look like it
+NOT_DRIVER = re.compile(r"^(libnvidia-container.*|nvidia-container-.*|nvidia-driver-pinning.*|libnvidia-nscq.*)$")
+
+
+def upstream(version: str | None) -> str | None:
+    """'580.95.05-1' -> '580.95.05'; '1:4.4.0-1' -> '4.4.0'."""
+    if not version:
+        return None
+    return version.split(":", 1)[-1].rsplit("-", 1)[0]
+
+
+def driver_packages(installed: Mapping[str, str | None], driver_version: str) -> list[str]:
+    """Installed packages that carry the driver version `driver_version` (what an upgrade moves)."""
+    return sorted(name for name, ver in installed.items()
+                  if ver and DRIVER_PACKAGE.match(name) and not NOT_DRIVER.match(name)
+                  and upstream(ver) == driver_version)
+
+
+def version_pinning_package(installed: Mapping[str, str | None]) -> str | None:
+    """The installed per-version pinning package (nvidia-driver-pinning-580.95.05), if any."""
+    for name, ver in installed.items():
+        if ver and PINNING_PACKAGE.match(name):
+            return name
+    return None
+
+
+def manifest_id(now: float) -> str:
+    import time
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+
+
+def build(*, host: str, ident: str, created: float, reason: str, packages: Mapping[str, str | None],
+          holds: Iterable[str], etc_files: Mapping[str, str], driver: Mapping[str, Any],
+          gpus: list[dict[str, Any]], disk_snapshot: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "id": ident,
+        "host": host,
+        "created": created,
+        "reason": reason,
+        "driver": dict(driver),
+        "packages": {k: v for k, v in sorted(packages.items()) if v},
+        "holds": sorted(holds),
+        "etc_files": dict(sorted(etc_files.items())),
+        "etc_tarball": f"{HOST_DIR}/{ident}.etc.tar.gz",
+        "gpus": gpus,
+        "disk_snapshot": dict(disk_snapshot) if disk_snapshot else None,
+    }
+
+
+def dumps(manifest: Mapping[str, Any]) -> str:
+    return json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+
+
+# --- rollback -----------------------------------------------------------------------------------
+
+
+def rollback_installs(manifest: Mapping[str, Any], installed: Mapping[str, str | None]) -> list[str]:
+    """`pkg=version` for every recorded driver/CUDA/cuDNN/toolkit package whose installed version
+    differs, the recorded pinning package first (it decides which versions apt may pick)."""
+    recorded: Mapping[str, str] = manifest["packages"]
+    todo = [f"{name}={ver}" for name, ver in sorted(recorded.items()) if installed.get(name) != ver]
+    todo.sort(key=lambda item: not PINNING_PACKAGE.match(item.split("=", 1)[0]))
+    return todo
+
+
+def rollback_removals(manifest: Mapping[str, Any], installed: Mapping[str, str | None]) -> list[str]:
+    """Driver packages installed since the manifest (e.g. a newer per-version pinning package)."""
+    recorded = manifest["packages"]
+    return sorted(name for name, ver in installed.items()
+                  if ver and name not in recorded and (PINNING_PACKAGE.match(name) or DRIVER_PACKAGE.match(name))
+                  and not NOT_DRIVER.match(name))
+
+
+def apt_install_command(specs: list[str], downgrade: bool = False) -> str:
+    opts = ["-y", "-q", "-o", "Dpkg::Options::=--force-confold", "-o", "Dpkg::Use-Pty=0"]
+    if downgrade:
+        opts.append("--allow-downgrades")
+    return "DEBIAN_FRONTEND=noninteractive apt-get install " + " ".join(shlex.quote(o) for o in opts + specs)

@@ -1,0 +1,77 @@
+"""tools/rollback: put hosts back to a manifest (see deploys/rollback.py)."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from .context import RolloutContext
+
+
+def latest_manifest(manifests_dir: Path, host: str) -> Path | None:
+    found = sorted((manifests_dir / host).glob("*.json"))
+    return found[-1] if found else None
+
+
+def rollback(inventory: str, hosts: list[str], manifest: Path | None, manifests_dir: Path, reboot: bool,
+             force: bool, dry_run: bool, out: TextIO = sys.stdout) -> int:
+    from deploys import rollback as steps
+    from deploys import upgrade
+    from .session import inventory_hosts, run_step
+
+    t0 = time.monotonic()
+    known = inventory_hosts(inventory)
+    missing = [h for h in hosts if h not in known]
+    if missing:
+        print(f"error: not in {inventory}: {', '.join(missing)}", file=out)
+        return 2
+    if manifest and len(hosts) != 1:
+        print("error: --manifest goes with exactly one host", file=out)
+        return 2
+    docs = {}
+    for h in hosts:
+        path = manifest or latest_manifest(manifests_dir, h)
+        if not path or not Path(path).exists():
+            print(f"error: no manifest for {h} in {manifests_dir / h}", file=out)
+            return 2
+        docs[h] = json.loads(Path(path).read_text())
+        doc = docs[h]
+        print(f"{h}: manifest {path} ({doc['reason']}, taken {time.strftime('%F %T', time.localtime(doc['created']))})",
+              file=out)
+        print(f"  driver back to {doc['driver']['installed']} (was loaded: {doc['driver']['loaded']}); "
+              f"{len(doc['packages'])} packages, holds: {' '.join(doc['holds']) or 'none'}", file=out)
+        disk = doc.get("disk_snapshot")
+        if disk:
+            print(f"  disk snapshot taken before the upgrade: {disk.get('provider')} {disk.get('name')}", file=out)
+            print(f"  if packages are not enough, restore it: {disk.get('restore')}", file=out)
+        else:
+            print("  no disk snapshot was configured (rollout_snapshot: none): packages and /etc files only", file=out)
+    if dry_run:
+        return 0
+    code = 0
+    by_target: dict[str, list[str]] = {}
+    for h, doc in docs.items():
+        by_target.setdefault(doc["driver"]["installed"], []).append(h)
+    for target, names in by_target.items():
+        ctx = RolloutContext(target=target, manifests_dir=manifests_dir, force=force)
+        ctx.manifests.update({h: docs[h] for h in names})
+        plan = [("restore", steps.restore)]
+        if reboot:
+            plan += [("reboot", upgrade.reboot), ("tune", upgrade.tune), ("validate", upgrade.validate)]
+        active = list(names)
+        for step, func in plan:
+            t = time.monotonic()
+            result = run_step(inventory, active, func, ctx, reasons=ctx.reasons)
+            for h in result.ok:
+                print(f"  {h}: {step} ok ({time.monotonic() - t:.1f}s)", file=out, flush=True)
+            for h, why in result.failed.items():
+                print(f"  {h}: {step} FAILED: {why}", file=out, flush=True)
+                active.remove(h)
+                code = 1
+        if not reboot:
+            for h in active:
+                print(f"  {h}: packages restored; reboot it to load driver {target} (or use --reboot)", file=out)
+    print(f"rollback: {time.monotonic() - t0:.1f}s wall", file=out)
+    return code

@@ -1,0 +1,149 @@
+"""Per-host rollout state on the controller (JSON), so a re-run resumes where the last one stopped.
+
+One file per rollout (`--state`, default `.gpufleet/rollouts/<inventory>.json`), written
+atomically after every step of every host. A host is:
+
+    pending         not started (or nothing changed yet)
+    busy            refused: GPU processes were running (not a failure; tried again next run)
+    skipped         named with --skip on the last run
+    in-progress     a step started and has not finished (the run was killed)
+    failed          a step failed (message says which and why)
+    reboot-pending  upgraded, but driver_reboot is `never`: reboot it by hand and re-run
+    done            at the target version, validated and back in service
+
+Resume rule: a finished host is never redone. Any other host starts again at `drain` (cheap and
+idempotent: it also re-checks for GPU processes), skips `snapshot` when a snapshot of the same
+rollout was already taken (a second one would record the half-upgraded state as "before"), and
+re-runs every later step: each decides from the host's real state whether there is work left.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STEPS = ("drain", "snapshot", "upgrade", "reboot", "tune", "validate", "undrain")
+#: after these steps started, packages may have changed: a failed host stays out of service
+CHANGING_STEPS = ("upgrade", "reboot", "tune", "validate")
+FORMAT = 1
+
+
+class StateError(RuntimeError):
+    pass
+
+
+@dataclass
+class HostRecord:
+    name: str
+    status: str = "pending"
+    batch: int | None = None
+    message: str = ""
+    steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    manifest: str | None = None       # controller copy of the manifest taken for this rollout
+    from_version: str | None = None
+
+    def step_ok(self, step: str) -> bool:
+        return bool(self.steps.get(step, {}).get("ok"))
+
+    @property
+    def changed(self) -> bool:
+        """Did any package-changing step start on this host?"""
+        return any(step in self.steps for step in CHANGING_STEPS)
+
+    @property
+    def unavailable(self) -> bool:
+        """Out of service: drained and not given back (counts against max_unavailable)."""
+        if self.status in ("reboot-pending", "in-progress"):
+            return True
+        return self.status == "failed" and self.changed
+
+    def steps_to_run(self) -> list[str]:
+        if self.status == "done":
+            return []
+        return [s for s in STEPS if not (s == "snapshot" and self.step_ok("snapshot"))]
+
+
+class RolloutState:
+    def __init__(self, path: Path, target: str, inventory: str, hosts: dict[str, HostRecord] | None = None,
+                 runs: list[dict[str, Any]] | None = None):
+        self.path = Path(path)
+        self.target = target
+        self.inventory = inventory
+        self.hosts = hosts or {}
+        self.runs = runs or []
+
+    # --- file --------------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: Path, target: str, inventory: str) -> "RolloutState":
+        path = Path(path)
+        if not path.exists():
+            return cls(path, target, inventory)
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT:
+            raise StateError(f"{path}: unknown state format {data.get('format')!r}")
+        if data.get("target") != target:
+            raise StateError(
+                f"{path} records a rollout to {data.get('target')}, not {target}: "
+                "finish that one, or give another --state file")
+        hosts = {name: HostRecord(name=name, **{k: v for k, v in rec.items() if k != "name"})
+                 for name, rec in data.get("hosts", {}).items()}
+        return cls(path, target, data.get("inventory", inventory), hosts, data.get("runs", []))
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {
+            "format": FORMAT, "target": self.target, "inventory": self.inventory, "runs": self.runs,
+            "hosts": {name: {k: v for k, v in vars(rec).items() if k != "name"} for name, rec in self.hosts.items()},
+        }
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, self.path)
+
+    # --- hosts -------------------------------------------------------------------------------
+
+    def host(self, name: str) -> HostRecord:
+        if name not in self.hosts:
+            self.hosts[name] = HostRecord(name)
+        return self.hosts[name]
+
+    def start(self, name: str, step: str) -> None:
+        rec = self.host(name)
+        rec.steps[step] = {"started": time.time(), "ok": None}
+        rec.status, rec.message = "in-progress", f"{step} started"
+        self.save()
+
+    def finish(self, name: str, step: str, ok: bool, message: str = "", status: str | None = None) -> None:
+        rec = self.host(name)
+        entry = rec.steps.setdefault(step, {"started": time.time()})
+        entry.update(finished=time.time(), ok=ok, message=message)
+        entry["seconds"] = round(entry["finished"] - entry["started"], 2)
+        if status:
+            rec.status = status
+        elif not ok:
+            rec.status = "failed"
+        rec.message = message or (f"{step} done" if ok else f"{step} failed")
+        self.save()
+
+    def mark(self, name: str, status: str, message: str = "") -> None:
+        rec = self.host(name)
+        rec.status, rec.message = status, message
+        self.save()
+
+    def done(self, name: str) -> bool:
+        return name in self.hosts and self.hosts[name].status == "done"
+
+    def unavailable(self) -> list[str]:
+        return [n for n, rec in self.hosts.items() if rec.unavailable]
+
+    def failed(self) -> list[str]:
+        return [n for n, rec in self.hosts.items() if rec.status == "failed"]
+
+    def summary(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for rec in self.hosts.values():
+            counts[rec.status] = counts.get(rec.status, 0) + 1
+        return counts

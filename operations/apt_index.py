@@ -1,0 +1,16 @@
+"""Refreshing apt's index for one repository only (the rest of the index is left as it is)."""
+from __future__ import annotations
+
+from pyinfra.api import QuoteString, StringCommand, operation
+
+
+@operation(is_idempotent=False)
+def index_refreshed(url: str):
+    """`apt-get update` of the sources that point at `url` (all sources when none does).
+
+    + url: repository base URL, e.g. the driver_repo_url setting
+    """
+    yield StringCommand(
+        "f=$(grep -rlF --", QuoteString(url), "/etc/apt/sources.list.d/ 2>/dev/null | grep '\\.list$' | head -1);",
+        'if [ -n "$f" ]; then apt-get update -q -o Dir::Etc::SourceList="$f" -o Dir::Etc::SourceParts=/nonexistent'
+        " -o APT::Get::List-Cleanup=0; else apt-get update -q; fi")

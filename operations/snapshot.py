@@ -1,0 +1,85 @@
+"""Snapshot operations: a disk snapshot (lvm/btrfs/zfs on the host, or a command on the
+controller), the /etc archive, the manifest on the host, and its copy on the controller."""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any, Callable
+
+from pyinfra import host
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+
+from gpufleet.rollout import snapshot as snap
+
+
+@operation(is_idempotent=False)
+def disk_snapshot_taken(provider: str, target: str, ident: str, size: str, record: dict):
+    """Take the host's disk snapshot with lvm, btrfs or zfs; what was made goes into `record`.
+
+    + provider: lvm | btrfs | zfs
+    + target: VG/LV, subvolume path, or dataset
+    + ident: manifest id (the snapshot is called gpufleet-<ident>)
+    + size: LVM copy-on-write size
+    + record: dict filled with provider, name and restore hint
+    """
+    plan = snap.host_snapshot(provider, target, ident, size)
+    record.update(plan.describe())
+    yield StringCommand(snap.shell(plan.commands))
+
+
+def _run_controller_command(state, host, template, variables, record) -> bool:
+    try:
+        record.update(snap.run_command(template, variables))
+    except snap.SnapshotError as exc:
+        record["error"] = str(exc)
+        host.log(f"snapshot failed: {exc}")
+        return False
+    return True
+
+
+@operation(is_idempotent=False)
+def controller_snapshot_taken(template: list[str], variables: dict[str, Any], record: dict):
+    """Run the `command` snapshot provider on the controller (argv, no shell), for this host.
+
+    + template: argv with {host} {address} {snapshot} {tier} ... fields
+    + variables: the values of those fields
+    + record: dict filled with the command, its output's last line (snapshot name) or the error
+    """
+    snap.command_argv(template, variables)  # bad templates fail at planning time
+    yield FunctionCommand(_run_controller_command, (template, variables, record), {})
+
+
+@operation(is_idempotent=False)
+def etc_archived(tarball: str, paths: list[str]):
+    """Archive the recorded /etc (and keyring) files on the host."""
+    rel = [p.lstrip("/") for p in paths]
+    yield StringCommand("mkdir", "-p", QuoteString(str(Path(tarball).parent)))
+    if rel:
+        yield StringCommand("tar", "-C", "/", "-czf", QuoteString(tarball), "--", *(QuoteString(p) for p in rel))
+    else:
+        yield StringCommand("tar", "-czf", QuoteString(tarball), "-T", "/dev/null")
+
+
+def _put_manifest(state, host, dest: str, build: Callable[[], str]) -> bool:
+    return host.put_file(io.BytesIO(build().encode()), dest)
+
+
+@operation(is_idempotent=False)
+def manifest_written(dest: str, build: Callable[[], str]):
+    """Write the manifest JSON on the host (built when it runs, after the disk snapshot)."""
+    yield StringCommand("mkdir", "-p", QuoteString(str(Path(dest).parent)))
+    yield FunctionCommand(_put_manifest, (dest, build), {})
+
+
+def _fetch(state, host, pairs) -> bool:
+    for remote, local in pairs:
+        Path(local).parent.mkdir(parents=True, exist_ok=True)
+        if not host.get_file(remote, local):
+            return False
+    return True
+
+
+@operation(is_idempotent=False)
+def copied_to_controller(pairs: list[tuple[str, str]]):
+    """Copy files from the host to the controller: [(remote path, local path), ...]."""
+    yield FunctionCommand(_fetch, (pairs,), {})
