@@ -8,7 +8,8 @@
 3. driver     matching NVIDIA driver, CUDA toolkit, cuDNN, held
 4. docker     Docker engine and the NVIDIA container toolkit
 5. tuning     persistence, clocks, NCCL / OMP / PyTorch profiles
-6. hardening  SSH keys only, firewall (last: it must not cut off the steps above)
+6. hardening  SSH keys only, firewall (last change: it must not cut off the steps above)
+7. validate   read-only gate: the host as it is now against its tier; a failed check fails it
 """
 from pyinfra import host, state
 
@@ -18,13 +19,14 @@ from deploys.driver import driver
 from deploys.hardening import hardening
 from deploys.preflight import preflight
 from deploys.tuning import tuning
+from deploys.validate import validate
 from gpufleet.failures import host_failed
 from gpufleet.settings import validate_inventory
 
 # pyinfra plans every host before it executes anything: a bad host stops the whole run here.
 validate_inventory(state.inventory)
 
-for step in (preflight, base, driver, docker, tuning, hardening):
+for step in (preflight, base, driver, docker, tuning, hardening, validate):
     if host_failed(host):  # refused by an earlier step: plan nothing more for it
         break
     step()

@@ -1,0 +1,216 @@
+"""
+Facts the validation gate and the fleet report read besides the GPU/driver/package facts:
+whether a systemd unit is active, what containers would see of the GPUs, DCGM's quick
+diagnostic, and the performance probe's raw output. Each is one small remote command;
+every ``process()`` is pure and unit-tested (tests/unit/test_validate_checks.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+from typing_extensions import override
+
+from ._common import JsonMixin
+
+# ------------------------------------------------------------------------------------------
+# systemd unit state
+# ------------------------------------------------------------------------------------------
+
+
+class UnitActive(FactBase[str]):
+    """
+    ``systemctl is-active UNIT``: "active", "inactive", "failed", "activating"... or
+    "unknown" where the unit does not exist or systemctl is missing:
+
+    .. code:: python
+
+        host.get_fact(UnitActive, unit="nvidia-fabricmanager.service")  # "active"
+    """
+
+    @override
+    @staticmethod
+    def default() -> str:
+        return "unknown"
+
+    @override
+    def command(self, unit: str) -> StringCommand:
+        return StringCommand("systemctl", "is-active", QuoteString(unit), "2>/dev/null", "||", "true")
+
+    @override
+    def process(self, output: list[str]) -> str:
+        words = [line.strip() for line in output if line.strip()]
+        return words[0] if words else "unknown"
+
+
+# ------------------------------------------------------------------------------------------
+# What containers see
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ContainerGpusData(JsonMixin):
+    docker: bool = False  # the docker CLI exists
+    active: str = "unknown"  # systemctl is-active docker
+    nvidia_runtime: bool = False  # dockerd knows the "nvidia" runtime
+    cdi_devices: list[str] = field(default_factory=list)  # nvidia-ctk cdi list: nvidia.com/gpu=0 ...
+    toolkit: bool = False  # nvidia-ctk exists
+
+    @property
+    def gpu_indices(self) -> list[str]:
+        """The per-GPU CDI names by index (nvidia.com/gpu=0, =1...), not =all or =GPU-uuid."""
+        return [d for d in self.cdi_devices if re.fullmatch(r"nvidia\.com/gpu=\d+", d)]
+
+
+def parse_container_gpus(lines: list[str]) -> ContainerGpusData:
+    values: dict[str, str] = {}
+    cdi: list[str] = []
+    for line in lines:
+        line = line.strip()
+        if line.startswith("cdi:"):
+            name = line[4:].strip()
+            if re.fullmatch(r"[\w.\-]+/[\w.\-]+=[\w.\-:]+", name):
+                cdi.append(name)
+            continue
+        key, sep, value = line.partition("=")
+        if sep and key in ("docker", "active", "runtimes", "ctk"):
+            values[key] = value.strip()
+    return ContainerGpusData(
+        docker=values.get("docker") == "yes",
+        active=values.get("active") or "unknown",
+        nvidia_runtime='"nvidia"' in values.get("runtimes", ""),
+        cdi_devices=cdi,
+        toolkit=values.get("ctk") == "yes",
+    )
+
+
+_CONTAINER_SCRIPT = r"""
+if command -v docker >/dev/null 2>&1; then echo docker=yes; else echo docker=no; fi
+echo "active=$(systemctl is-active docker 2>/dev/null)"
+if command -v docker >/dev/null 2>&1; then
+  echo "runtimes=$(timeout 20 docker info --format '{{json .Runtimes}}' 2>/dev/null | tr -d '\n')"
+fi
+if command -v nvidia-ctk >/dev/null 2>&1; then
+  echo ctk=yes
+  timeout 20 nvidia-ctk cdi list 2>/dev/null | sed -n 's/^/cdi: /p'
+fi
+true
+"""
+
+
+class ContainerGpus(FactBase[ContainerGpusData]):
+    """
+    Docker engine, its NVIDIA runtime and the GPUs the container toolkit exposes (CDI):
+
+    .. code:: python
+
+        ContainerGpusData(docker=True, active="active", nvidia_runtime=True,
+                          cdi_devices=["nvidia.com/gpu=0", "nvidia.com/gpu=all"], toolkit=True)
+    """
+
+    @override
+    @staticmethod
+    def default() -> ContainerGpusData:
+        return ContainerGpusData()
+
+    @override
+    def command(self) -> StringCommand:
+        return StringCommand("sh", "-c", QuoteString(_CONTAINER_SCRIPT))
+
+    @override
+    def process(self, output: list[str]) -> ContainerGpusData:
+        return parse_container_gpus(output)
+
+
+# ------------------------------------------------------------------------------------------
+# DCGM quick diagnostic
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DcgmDiagData(JsonMixin):
+    status: str  # pass | fail | error | not-installed
+    failed: list[str] = field(default_factory=list)  # names of failed tests
+    detail: str = ""
+
+
+_DCGM_ROW = re.compile(r"^\|\s*([^|]+?)\s*\|\s*(Pass|Fail|Skip|Warn)\b", re.I)
+
+
+def parse_dcgm_diag(lines: list[str]) -> DcgmDiagData:
+    """Parse `dcgmi diag -r 1` (its table rows "| Test name | Pass |") and the exit code line."""
+    if any(line.strip() == "::gpufleet:: no-dcgmi" for line in lines):
+        return DcgmDiagData(status="not-installed", detail="DCGM (dcgmi) not installed")
+    rc = None
+    failed, seen = [], 0
+    for line in lines:
+        if line.startswith("::gpufleet:: rc "):
+            rc = int(line.split()[-1])
+            continue
+        match = _DCGM_ROW.match(line.strip())
+        if match:
+            seen += 1
+            if match[2].lower() == "fail":
+                failed.append(match[1])
+    if failed:
+        return DcgmDiagData(status="fail", failed=failed)
+    if rc not in (0, None) or not seen:
+        text = " ".join(line.strip() for line in lines if not line.startswith("::gpufleet::"))[:300]
+        return DcgmDiagData(status="error", detail=f"dcgmi diag -r 1 exited {rc}: {text}")
+    return DcgmDiagData(status="pass")
+
+
+class DcgmDiag(FactBase[DcgmDiagData]):
+    """``dcgmi diag -r 1`` (the quick, non-intrusive run level) where DCGM is installed."""
+
+    @override
+    def command(self) -> str:
+        return ("if ! command -v dcgmi >/dev/null 2>&1; then echo '::gpufleet:: no-dcgmi'; exit 0; fi; "
+                "timeout 300 dcgmi diag -r 1 2>&1; echo \"::gpufleet:: rc $?\"")
+
+    @override
+    def process(self, output: list[str]) -> DcgmDiagData:
+        return parse_dcgm_diag(output)
+
+
+# ------------------------------------------------------------------------------------------
+# Performance probe (raw lines; gpufleet.perf.parse_probe_output judges them)
+# ------------------------------------------------------------------------------------------
+
+PROBE_SCRIPT = (Path(__file__).resolve().parent.parent / "gpufleet" / "perf_probe.py").read_text()
+
+
+class PerfProbe(FactBase[list[str]]):
+    """
+    The JSON lines of gpufleet/perf_probe.py run with the host's python3: first line
+    ``{"status": "ok"|"skipped", ...}``, then one raw measurement per line.
+    Hosts without python3 say so the same way.
+    """
+
+    @override
+    @staticmethod
+    def default() -> list[str]:
+        return ['{"status": "skipped", "reason": "python3 not installed"}']
+
+    @override
+    def requires_command(self, *args, **kwargs) -> str:
+        return "python3"
+
+    @override
+    def command(self, device: str = "cuda", size: int = 8192, iters: int = 20,
+                copy_mib: int = 1024, allreduce_mib: int = 256) -> StringCommand:
+        if device not in ("cuda", "cpu"):
+            raise ValueError(f"probe device must be cuda or cpu, not {device!r}")
+        numbers = [int(size), int(iters), int(copy_mib), int(allreduce_mib)]
+        return StringCommand(
+            "python3", "-c", QuoteString(PROBE_SCRIPT), "--device", device,
+            "--size", str(numbers[0]), "--iters", str(numbers[1]),
+            "--copy-mib", str(numbers[2]), "--allreduce-mib", str(numbers[3]),
+        )
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return [line for line in output if line.strip()]

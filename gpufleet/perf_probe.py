@@ -1,0 +1,116 @@
+"""gpufleet performance probe: runs ON THE HOST with the host's python3 (stdlib + PyTorch).
+
+Sent by facts/validation.py as `python3 -c <this file's text> ARGS`. Prints one JSON object per
+line: first {"status": "ok", ...} (or "skipped" with the reason, when PyTorch is missing), then
+one record per measurement with raw counts only (sizes, iterations, seconds); the controller
+turns them into TFLOP/s and GB/s (gpufleet/perf.py), so no arithmetic lives here.
+
+    --device cuda|cpu   cuda (default): every GPU; cpu: a small run for tests, no GPU needed
+    --size N            matmul size (N x N @ N x N)
+    --iters I           timed iterations per measurement
+    --copy-mib M        bytes per device-memory copy
+    --allreduce-mib M   bytes per rank for the all-reduce (2+ CUDA devices)
+"""
+import argparse
+import json
+import sys
+import time
+
+
+def emit(**record):
+    print(json.dumps(record, sort_keys=True), flush=True)
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(prog="gpufleet-perf-probe")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--size", type=int, default=8192)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--copy-mib", type=int, default=1024)
+    parser.add_argument("--allreduce-mib", type=int, default=256)
+    args = parser.parse_args(argv)
+
+    try:
+        import torch
+    except Exception:  # ImportError, or a broken install
+        emit(status="skipped", reason="PyTorch not installed")
+        return 0
+
+    cuda = bool(torch.cuda.is_available())
+    count = torch.cuda.device_count() if cuda else 0
+    emit(status="ok", torch=torch.__version__, cuda_devices=count, device=args.device)
+
+    if args.device == "cuda" and not cuda:
+        for metric in ("matmul", "memory", "allreduce"):
+            emit(metric=metric, status="skipped", reason="no CUDA device")
+        return 0
+
+    if args.device == "cpu":
+        devices = [("cpu", None)]
+        dtype = torch.bfloat16
+    else:
+        devices = [(f"cuda:{i}", i) for i in range(count)]
+        dtype = torch.bfloat16
+
+    def sync(dev):
+        if dev != "cpu":
+            torch.cuda.synchronize(dev)
+
+    for dev, index in devices:
+        try:
+            n = args.size
+            a = torch.randn(n, n, dtype=dtype, device=dev)
+            b = torch.randn(n, n, dtype=dtype, device=dev)
+            for _ in range(2):
+                torch.matmul(a, b)
+            sync(dev)
+            start = time.perf_counter()
+            for _ in range(args.iters):
+                torch.matmul(a, b)
+            sync(dev)
+            emit(metric="matmul", device=dev, index=index, m=n, n=n, k=n, dtype=str(dtype).replace("torch.", ""),
+                 iterations=args.iters, seconds=time.perf_counter() - start)
+            del a, b
+        except Exception as error:  # report, keep measuring the rest
+            emit(metric="matmul", device=dev, index=index, status="error", reason=str(error)[:300])
+        try:
+            nbytes = args.copy_mib * 1024 * 1024
+            src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+            dst = torch.empty_like(src)
+            dst.copy_(src)
+            sync(dev)
+            start = time.perf_counter()
+            for _ in range(args.iters):
+                dst.copy_(src)
+            sync(dev)
+            emit(metric="memory", device=dev, index=index, bytes=nbytes, iterations=args.iters,
+                 seconds=time.perf_counter() - start)
+            del src, dst
+        except Exception as error:
+            emit(metric="memory", device=dev, index=index, status="error", reason=str(error)[:300])
+
+    if args.device == "cpu" or count < 2:
+        emit(metric="allreduce", status="skipped", reason="needs 2+ CUDA devices")
+        return 0
+    try:
+        from torch.cuda import nccl
+
+        elements = args.allreduce_mib * 1024 * 1024 // 2
+        tensors = [torch.ones(elements, dtype=torch.bfloat16, device=f"cuda:{i}") for i in range(count)]
+        nccl.all_reduce(tensors)
+        for i in range(count):
+            torch.cuda.synchronize(i)
+        start = time.perf_counter()
+        for _ in range(args.iters):
+            nccl.all_reduce(tensors)
+        for i in range(count):
+            torch.cuda.synchronize(i)
+        emit(metric="allreduce", device=f"cuda:0-{count - 1}", ranks=count, bytes=elements * 2,
+             iterations=args.iters, seconds=time.perf_counter() - start)
+    except Exception as error:
+        emit(metric="allreduce", status="error", reason=str(error)[:300])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,228 @@
+"""Gather one report row per inventory host, in parallel, through pyinfra's own API.
+
+The inventory file is loaded exactly as the pyinfra CLI loads it (pyinfra_cli.inventory), every
+host is connected in its own greenlet (up to --workers at once), and its facts are read as soon
+as it is connected, so a slow or dead host never holds up the others. A host that cannot be
+reached becomes a row with status "unreachable" and the connection error; a host whose facts
+fail becomes "error" with the exception. No host is ever left out.
+
+Drift (what deploys/all.py would change) is computed the way `pyinfra INV deploys/all.py --dry`
+computes it, in the same process and over the same connections: all.py is planned for each
+reachable host (planning only reads facts), and the operations that would change something are
+counted and named per host. A host whose planning fails gets the error instead.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Progress:
+    """Prints "[done/total] host: status (seconds)" lines to stderr as hosts finish."""
+
+    total: int
+    stream: Any = sys.stderr
+    done: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def __call__(self, name: str, status: str, seconds: float) -> None:
+        self.done += 1
+        print(f"[{self.done}/{self.total}] {name}: {status} ({seconds:.1f} s)", file=self.stream, flush=True)
+
+
+def _versions(pkgs: dict[str, str | None], prefixes: tuple[str, ...]) -> str | None:
+    found = sorted(f"{name} {version}" for name, version in pkgs.items()
+                   if version and name.startswith(prefixes))
+    return ", ".join(found) or None
+
+
+REPORT_PACKAGES = ("cuda-toolkit-*", "cuda-drivers*", "libcudnn*", "cudnn*", "nvidia-container-toolkit",
+                   "docker-ce", "docker.io", "nvidia-fabricmanager*")
+
+
+def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
+    """Facts and validation results of one connected host, as a report row (see the schema)."""
+    from facts.packages import HeldPackages, PackageVersions
+    from gpufleet.settings import host_settings
+    from gpufleet.validation import FAIL, Context, fresh_host_facts, run_checks
+
+    row: dict[str, Any] = {"status": "ok"}
+    try:
+        settings = host_settings(host)
+    except Exception as error:  # InventoryError: report it, with the facts we can still read
+        settings = None
+        row["status"] = "error"
+        row["error"] = str(error)
+    with fresh_host_facts(host):
+        ctx = Context(host, settings)
+        gpu, drv = ctx.gpu, ctx.driver
+        pkgs = host.get_fact(PackageVersions, packages=list(REPORT_PACKAGES))
+        held = host.get_fact(HeldPackages)
+    row["tier"] = settings.tier if settings else (host.data.get("tier") or None)
+    models: dict[str, int] = {}
+    for g in gpu.gpus:
+        models[g.name] = models.get(g.name, 0) + 1
+    row["gpus"] = [{"model": m, "count": c} for m, c in models.items()]
+    row["gpu_status"] = gpu.status
+    row["driver_loaded"] = drv.module_version
+    row["driver_installed"] = drv.userspace_version
+    row["mismatch"] = bool(drv.mismatch or gpu.status == "mismatch")
+    row["cuda"] = _versions(pkgs, ("cuda-toolkit",))
+    row["cudnn"] = _versions(pkgs, ("libcudnn", "cudnn"))
+    row["container_toolkit"] = _versions(pkgs, ("nvidia-container-toolkit",))
+    row["kernel"] = drv.kernel_release
+    row["held_packages"] = list(held)
+    row["reboot_pending"] = bool(drv.reboot_pending)
+    if gpu.ok and gpu.gpus:
+        off = [str(g.index) for g in gpu.gpus if g.persistence is not True]
+        row["persistence"] = f"off on GPU {', '.join(off)}" if off else "on"
+        pairs = sorted({f"{g.app_clocks.mem},{g.app_clocks.gfx}" for g in gpu.gpus if g.app_clocks})
+        row["clocks"] = " / ".join(pairs) or None
+    else:
+        row["persistence"] = None
+        row["clocks"] = None
+
+    results = run_checks(host, settings, probe=probe) if settings else []
+    by_name = {r.name: r for r in results}
+
+    def summary(name: str) -> str | None:
+        r = by_name.get(name)
+        if r is None:
+            return None
+        return {"pass": "ok", "unmanaged": "not managed yet"}.get(r.status, r.status) + (
+            f": {r.message}" if r.status != "pass" and r.message else "")
+
+    row["firewall"] = summary("the host firewall is active")
+    row["ssh_hardening"] = summary("sshd's effective configuration is hardened")
+    row["marker"] = summary("the gpufleet marker matches the tier")
+    row["validation"] = {
+        "counts": {s: sum(1 for r in results if r.status == s) for s in ("pass", "fail", "warn", "skip", "unmanaged")},
+        "failed": [f"{r.area}: {r.name}: {r.message}" for r in results if r.status == FAIL],
+        "checks": [r.to_json() for r in results],
+    }
+    row["state"] = classify(row, results)
+    return row
+
+
+def classify(row: dict[str, Any], results: list) -> str:
+    """fresh | provisioned | changed | mismatch-pending | unreachable | error."""
+    if row["status"] == "unreachable":
+        return "unreachable"
+    if row.get("mismatch"):
+        return "mismatch-pending"
+    if row["status"] == "error":
+        return "error"
+    marker = next((r for r in results if r.name == "the gpufleet marker matches the tier"), None)
+    if marker is not None and marker.status == "fail" and "missing" in marker.message:
+        return "fresh"
+    if any(r.status == "fail" for r in results):
+        return "changed"
+    return "provisioned"
+
+
+def gather(inventory_path: str, workers: int = 20, drift: bool = True, probe: bool = False,
+           progress: Callable[[str, str, float], None] | None = None,
+           deploy: str = "deploys/all.py") -> list[dict[str, Any]]:
+    """One row per host of the inventory, in inventory order."""
+    from gevent import monkey
+
+    monkey.patch_all()
+    import gevent
+    from gevent.pool import Pool
+    from pyinfra.api import Config, State
+    from pyinfra.api.exceptions import ConnectError
+    from pyinfra.api.state import StateStage
+    from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    state = State(check_for_changes=True)
+    state.cwd = str(REPO)
+    ctx_state.set(state)
+    inventory = make_inventory(str(Path(inventory_path).resolve()), cwd=str(REPO))
+    ctx_inventory.set(inventory)
+    config = Config(PARALLEL=max(1, workers), FAIL_PERCENT=None)
+    ctx_config.set(config)
+    state.init(inventory, config)
+    state.set_stage(StateStage.Connect)
+
+    hosts = list(inventory)
+    rows: dict[str, dict[str, Any]] = {}
+    report = progress or (lambda *a: None)
+
+    def collect(host: Any) -> None:
+        start = time.monotonic()
+        base = {"host": host.name, "address": str(host.data.get("ssh_hostname") or host.name)}
+        try:
+            host.connect(show_errors=False, raise_exceptions=True)
+        except ConnectError as error:
+            rows[host.name] = {**base, "status": "unreachable", "state": "unreachable",
+                               "error": str(error) or type(error).__name__,
+                               "tier": host.data.get("tier"), "seconds": round(time.monotonic() - start, 2)}
+            report(host.name, "unreachable", time.monotonic() - start)
+            return
+        state.activate_host(host)
+        try:
+            with ctx_config.use(config.copy()), ctx_host.use(host):
+                row = host_row(host, probe=probe)
+        except Exception as error:  # noqa: BLE001 - a broken host is a row, not a crash
+            row = {"status": "error", "state": "error", "error": f"{type(error).__name__}: {error}"}
+        rows[host.name] = {**base, **row, "seconds": round(time.monotonic() - start, 2)}
+        report(host.name, rows[host.name]["state"], time.monotonic() - start)
+
+    state.set_stage(StateStage.Prepare)
+    pool = Pool(max(1, workers))
+    for host in hosts:
+        pool.spawn(collect, host)
+    pool.join()
+
+    if drift:
+        plan_drift(state, [h for h in hosts if rows.get(h.name, {}).get("status") in ("ok", "error")
+                           and h.connected], rows, deploy)
+    for host in hosts:
+        rows[host.name].setdefault("drift", None)
+    for host in hosts:
+        if host.connected:
+            gevent.spawn(host.disconnect).join(timeout=5)
+    return [rows[h.name] for h in hosts]
+
+
+def plan_drift(state: Any, hosts: list, rows: dict[str, dict[str, Any]], deploy: str) -> None:
+    """Plan `deploy` (deploys/all.py) for each host and record the operations that would change."""
+    from pyinfra.context import ctx_config, ctx_host
+    from pyinfra_cli.util import exec_file
+
+    path = str(REPO / deploy)
+    errors: dict[str, str] = {}
+    for host in hosts:
+        try:
+            with ctx_config.use(state.config.copy()), ctx_host.use(host):
+                exec_file(path)
+        except Exception as error:  # noqa: BLE001 - the host's planning error is its drift
+            errors[host.name] = f"{type(error).__name__}: {error}".strip()
+    for host in hosts:
+        if host.name in errors:
+            rows[host.name]["drift"] = {"method": "plan", "changes": None, "operations": [],
+                                        "conditional": [], "error": errors[host.name][:2000]}
+            continue
+        names, conditional = [], []
+        for op_hash in state.get_op_order():
+            if op_hash not in state.ops[host]:
+                continue
+            op_data = state.get_op_data_for_host(host, op_hash)
+            if op_data.operation_meta._maybe_is_change:
+                # As `pyinfra --dry` does: an op behind `_if` (e.g. reload when a file changed)
+                # only runs if an earlier one changes something, so it is not drift by itself.
+                target = conditional if op_data.global_arguments.get("_if") else names
+                target.append(", ".join(state.op_meta[op_hash].names))
+        failed = host in state.failed_hosts
+        rows[host.name]["drift"] = {"method": "plan", "changes": len(names), "operations": names,
+                                    "conditional": conditional,
+                                    "error": "all.py refuses this host at planning time" if failed else None}

@@ -1,0 +1,115 @@
+"""Render report rows as a terminal table, Markdown, HTML and JSON (format: report.schema.json)."""
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+SCHEMA_VERSION = 1
+SCHEMA_PATH = Path(__file__).resolve().with_name("report.schema.json")
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "report"
+
+# (key, heading) in table order
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("host", "Host"), ("state", "State"), ("tier", "Tier"), ("gpus", "GPUs"),
+    ("driver", "Driver loaded / installed"), ("cuda", "CUDA"), ("cudnn", "cuDNN"),
+    ("container_toolkit", "Container toolkit"), ("kernel", "Kernel"), ("held_packages", "Held packages"),
+    ("reboot_pending", "Reboot pending"), ("persistence", "Persistence"), ("clocks", "Clocks"),
+    ("firewall", "Firewall"), ("ssh_hardening", "SSH hardening"), ("drift", "Drift (all.py)"),
+    ("problems", "Problems"),
+)
+
+
+def cell(row: dict[str, Any], key: str) -> str:
+    """The text of one table cell."""
+    if row.get("status") == "unreachable" and key not in ("host", "state", "tier", "problems"):
+        return ""
+    value = row.get(key)
+    if key == "gpus":
+        gpus = row.get("gpus") or []
+        return ", ".join(f"{g['model']} x {g['count']}" for g in gpus) or "none"
+    if key == "driver":
+        loaded, installed = row.get("driver_loaded") or "-", row.get("driver_installed") or "-"
+        return f"{loaded} / {installed}" + (" MISMATCH" if row.get("mismatch") else "")
+    if key == "held_packages":
+        return ", ".join(value or []) or "-"
+    if key == "reboot_pending":
+        return "yes" if value else "no"
+    if key == "drift":
+        if not value:
+            return "-"
+        if value.get("changes") is None:
+            return "error: " + (value.get("error") or "")[:120]
+        text = f"{value['changes']} change{'s' if value['changes'] != 1 else ''}"
+        return text + (f" ({value['error']})" if value.get("error") else "")
+    if key == "problems":
+        if row.get("status") in ("unreachable", "error"):
+            return row.get("error") or ""
+        return "; ".join((row.get("validation") or {}).get("failed", [])) or "-"
+    if value is None:
+        return "-"
+    return str(value)
+
+
+def document(rows: list[dict[str, Any]], inventory: str, seconds: float) -> dict[str, Any]:
+    states: dict[str, int] = {}
+    for row in rows:
+        states[row["state"]] = states.get(row["state"], 0) + 1
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "inventory": inventory,
+        "seconds": round(seconds, 2),
+        "summary": {"hosts": len(rows), "states": states},
+        "columns": [{"key": k, "heading": h} for k, h in COLUMNS],
+        "hosts": rows,
+    }
+
+
+def terminal(doc: dict[str, Any], width: int = 40) -> str:
+    keys = [k for k, _ in COLUMNS]
+    heads = dict(COLUMNS)
+    table = [[heads[k] for k in keys]] + [[_clip(cell(r, k), width) for k in keys] for r in doc["hosts"]]
+    widths = [max(len(line[i]) for line in table) for i in range(len(keys))]
+    out = ["  ".join(text.ljust(widths[i]) for i, text in enumerate(line)).rstrip() for line in table]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    states = ", ".join(f"{n} {s}" for s, n in sorted(doc["summary"]["states"].items()))
+    out.append(f"\n{doc['summary']['hosts']} hosts ({states}) in {doc['seconds']:.1f} s")
+    return "\n".join(out)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    esc = lambda s: s.replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    lines = [f"# gpufleet fleet report", "",
+             f"Inventory `{doc['inventory']}`, generated {doc['generated_at']}, "
+             f"{doc['summary']['hosts']} hosts in {doc['seconds']:.1f} s.", "",
+             "| " + " | ".join(h for _, h in COLUMNS) + " |",
+             "|" + "---|" * len(COLUMNS)]
+    for row in doc["hosts"]:
+        lines.append("| " + " | ".join(esc(cell(row, k)) for k, _ in COLUMNS) + " |")
+    lines += ["", "States: " + ", ".join(f"{s}: {n}" for s, n in sorted(doc["summary"]["states"].items())), ""]
+    return "\n".join(lines)
+
+
+def html_page(doc: dict[str, Any]) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             undefined=jinja2.StrictUndefined)
+    return env.get_template("report.html.j2").render(doc=doc, columns=COLUMNS, cell=cell, escape=html.escape)
+
+
+def write_all(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "fleet-report.json", "md": out_dir / "fleet-report.md",
+             "html": out_dir / "fleet-report.html"}
+    paths["json"].write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    paths["md"].write_text(markdown(doc))
+    paths["html"].write_text(html_page(doc))
+    return paths

@@ -1,0 +1,530 @@
+"""The validation gate's checks: is each host what its tier says? Read-only; facts + comparisons.
+
+Each check is a small function ``check(ctx) -> Result | list[Result]`` registered for one area
+(base, preflight, driver, docker, tuning, hardening, probe). ``run_checks(host, settings)``
+runs them all against *fresh* facts (never the planning-time cache: the gate runs after the
+changes) and returns one Result per check. deploys/validate.py turns failures into a failed
+host; the fleet report shows the same results per host.
+
+Statuses: pass | fail | warn | skip (does not apply, with the reason) | unmanaged ("not managed
+yet": the area's deploy is still a placeholder, so the check neither passes nor fails).
+
+Plugging in an area: its deploy module (deploys/<area>.py) may define
+``VALIDATION_CHECKS = [check, ...]`` (functions taking a Context, returning Result(s)); they
+run after the built-in ones, and only once the module is no longer a placeholder. The tuning
+deploy may also define ``expected_profiles(host, settings) -> {path: text}``: the files it
+writes, compared byte for byte ("profiles present and current").
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from pyinfra.facts.files import FileContents, Sha256File
+
+from facts.gpu import GpuState, GpuStateData
+from facts.kernel import DriverState, DriverStateData
+from facts.packages import PackageVersions
+from facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitActive
+
+from . import perf
+from .errors import Incompatible
+
+PASS, FAIL, WARN, SKIP, UNMANAGED = "pass", "fail", "warn", "skip", "unmanaged"
+STATUSES = (PASS, FAIL, WARN, SKIP, UNMANAGED)
+MARKER = "/etc/gpufleet/managed"
+FIX_DEPLOY = "run deploys/all.py"
+
+# area -> (deploy module, issue that implements it)
+AREAS: dict[str, tuple[str, int | None]] = {
+    "base": ("deploys.base", None),
+    "preflight": ("deploys.preflight", None),
+    "driver": ("deploys.driver", 4),
+    "docker": ("deploys.docker", 5),
+    "tuning": ("deploys.tuning", 6),
+    "hardening": ("deploys.hardening", 7),
+    "probe": ("", None),
+}
+
+
+@dataclass(frozen=True)
+class Result:
+    area: str
+    name: str  # reads as a sentence: "the gpufleet marker matches the tier"
+    status: str
+    message: str = ""  # what was found
+    fix: str = ""  # what to do when it failed
+
+    def line(self) -> str:
+        label = "not managed yet" if self.status == UNMANAGED else self.status.upper()
+        text = f"[{label}] {self.area}: {self.name}"
+        if self.message:
+            text += f": {self.message}"
+        if self.fix and self.status in (FAIL, WARN):
+            text += f" -> fix: {self.fix}"
+        return text
+
+    def to_json(self) -> dict[str, str]:
+        return {"area": self.area, "name": self.name, "status": self.status,
+                "message": self.message, "fix": self.fix}
+
+
+def area_module(area: str) -> Any | None:
+    module = AREAS.get(area, ("", None))[0]
+    if not module:
+        return None
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
+def area_managed(area: str) -> bool:
+    """False while the area's deploy is the placeholder (it calls operations.placeholder)."""
+    module = area_module(area)
+    if module is None:
+        return AREAS.get(area, ("", None))[0] == ""
+    from operations.placeholder import not_implemented
+
+    return getattr(module, "not_implemented", None) is not not_implemented
+
+
+@contextlib.contextmanager
+def fresh_host_facts(host: Any) -> Iterator[None]:
+    """gpufleet.hostfacts caches planning-time facts on the host; the gate must see the host
+    as it is now, so run with an empty cache and put the planning cache back afterwards."""
+    saved = getattr(host, "_gpufleet_facts", None)
+    host._gpufleet_facts = {}
+    try:
+        yield
+    finally:
+        host._gpufleet_facts = saved if saved is not None else {}
+
+
+class Context:
+    """What a check may read: the host, its settings, facts (each asked once per run)."""
+
+    def __init__(self, host: Any, settings: Any, managed: Callable[[str], bool] = area_managed,
+                 probe: bool = True):
+        self.host = host
+        self.settings = settings
+        self.managed = managed
+        self.probe = probe
+        self._facts: dict[Any, Any] = {}
+
+    def fact(self, cls: Any, **kwargs: Any) -> Any:
+        key = (cls, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+        if key not in self._facts:
+            self._facts[key] = self.host.get_fact(cls, **kwargs)
+        return self._facts[key]
+
+    @property
+    def gpu(self) -> GpuStateData:
+        return self.fact(GpuState)
+
+    @property
+    def driver(self) -> DriverStateData:
+        return self.fact(DriverState)
+
+    def hardware(self) -> Any:
+        from .hostfacts import hardware
+
+        return hardware(self.host)
+
+    def resolution(self) -> Any:
+        from .hostfacts import resolution
+
+        return resolution(self.host, self.settings)
+
+    def unmanaged(self, area: str, name: str, found: str = "") -> Result:
+        issue = AREAS.get(area, ("", None))[1]
+        why = f"the {area} deploy is still a placeholder" + (f" (issue #{issue})" if issue else "")
+        return Result(area, name, UNMANAGED, f"{why}; found: {found}" if found else why)
+
+
+Check = Callable[[Context], "Result | list[Result]"]
+CHECKS: list[tuple[str, Check]] = []
+
+
+def check(area: str) -> Callable[[Check], Check]:
+    def register(func: Check) -> Check:
+        CHECKS.append((area, func))
+        return func
+    return register
+
+
+# --- base -------------------------------------------------------------------------------------
+
+@check("base")
+def marker_matches_tier(ctx: Context) -> Result:
+    from deploys.base import managed_marker
+
+    name = "the gpufleet marker matches the tier"
+    lines = ctx.fact(FileContents, path=MARKER)
+    expected = managed_marker(ctx.settings.tier).getvalue().splitlines()
+    if lines is None:
+        return Result("base", name, FAIL, f"{MARKER} is missing (gpufleet never ran here, or it was removed)",
+                      FIX_DEPLOY)
+    if [line.rstrip() for line in lines] == expected:
+        return Result("base", name, PASS, f"tier {ctx.settings.tier}")
+    tiers = [line.split(":", 1)[1].strip() for line in lines if line.startswith("tier:")]
+    if tiers and tiers[0] != ctx.settings.tier:
+        found = f"{MARKER} says tier {tiers[0]}, the inventory says {ctx.settings.tier}"
+    else:
+        changed = [line for line in lines if line.rstrip() not in expected]
+        found = f"{MARKER} was changed by hand" + (f" (unexpected line {changed[0]!r})" if changed else "")
+    return Result("base", name, FAIL, found, f"{FIX_DEPLOY} to rewrite it for tier {ctx.settings.tier}")
+
+
+@check("base")
+def diagnostics_installed(ctx: Context) -> Result:
+    name = "the tier's diagnostics packages are installed"
+    wanted = list(ctx.settings.extra_packages)
+    if not wanted:
+        return Result("base", name, SKIP, "the tier lists none")
+    versions = ctx.fact(PackageVersions, packages=wanted)
+    missing = [p for p in wanted if not versions.get(p)]
+    if missing:
+        return Result("base", name, FAIL, f"not installed: {', '.join(missing)}",
+                      f"{FIX_DEPLOY} (or apt-get install {' '.join(missing)})")
+    return Result("base", name, PASS, f"{len(wanted)} packages")
+
+
+# --- preflight --------------------------------------------------------------------------------
+
+@check("preflight")
+def tier_matches_hardware(ctx: Context) -> Result:
+    from .hostfacts import tier_mismatches
+
+    name = "the hardware matches the tier"
+    problems = tier_mismatches(ctx.host, ctx.settings)
+    if not problems:
+        return Result("preflight", name, PASS, ctx.hardware().summary)
+    found = f"found {ctx.hardware().summary}; " + "; ".join(problems)
+    status = FAIL if ctx.settings.tier_mismatch == "fail" else WARN
+    return Result("preflight", name, status, found + f" (tier_mismatch: {ctx.settings.tier_mismatch})",
+                  "move the host to the tier that fits its hardware, or fix the hardware")
+
+
+# --- driver -----------------------------------------------------------------------------------
+
+@check("driver")
+def no_mismatch_pending(ctx: Context) -> Result:
+    """Always checked: a loaded module that differs from the installed user space breaks every
+    GPU program until the host reboots, whoever installed the driver."""
+    name = "no driver mismatch is pending"
+    drv, gpu = ctx.driver, ctx.gpu
+    if drv.mismatch or gpu.status == "mismatch":
+        loaded = drv.module_version or "?"
+        installed = drv.userspace_version or gpu.nvml_version or "?"
+        reboot = ctx.settings.driver_reboot
+        how = ("run deploys/all.py (driver_reboot: allowed, so it reboots the host) or reboot the host"
+               if reboot == "allowed" else
+               f"reboot the host when it is idle (driver_reboot: {reboot} keeps deploys/all.py from doing it)")
+        return Result("driver", name, FAIL, f"driver loaded {loaded} != installed {installed}", how)
+    if drv.reboot_required:
+        pkgs = ", ".join(drv.reboot_required_packages) or "unknown packages"
+        return Result("driver", name, WARN, f"the OS asks for a reboot (/run/reboot-required: {pkgs})",
+                      "reboot the host when it is idle")
+    return Result("driver", name, PASS, f"loaded {drv.module_version or 'none'}, installed "
+                                         f"{drv.userspace_version or 'none'}")
+
+
+@check("driver")
+def driver_versions_agree(ctx: Context) -> Result:
+    name = "the loaded driver = the installed driver = the resolved driver"
+    drv = ctx.driver
+    found = f"loaded {drv.module_version or 'none'}, installed {drv.userspace_version or 'none'}"
+    if not ctx.managed("driver"):
+        return ctx.unmanaged("driver", name, found)
+    try:
+        want = ctx.resolution().driver_version
+    except Incompatible as refused:
+        return Result("driver", name, SKIP, f"no driver resolves for this host: {refused.reason}")
+    if drv.module_version == drv.userspace_version == want:
+        return Result("driver", name, PASS, f"{want} ({drv.module_flavour or '?'})")
+    return Result("driver", name, FAIL, f"{found}, resolved {want}", FIX_DEPLOY)
+
+
+@check("driver")
+def fabric_manager_active(ctx: Context) -> Result:
+    name = "Fabric Manager is active where NVSwitch is present"
+    if not ctx.hardware().nvswitch:
+        return Result("driver", name, SKIP, "no NVSwitch on this host")
+    state = ctx.fact(UnitActive, unit="nvidia-fabricmanager.service")
+    if not ctx.managed("driver"):
+        return ctx.unmanaged("driver", name, f"nvidia-fabricmanager.service {state}")
+    if state == "active":
+        return Result("driver", name, PASS, "nvidia-fabricmanager.service active")
+    return Result("driver", name, FAIL, f"nvidia-fabricmanager.service is {state}",
+                  "systemctl start nvidia-fabricmanager, or run deploys/all.py")
+
+
+# --- tuning -----------------------------------------------------------------------------------
+
+def _gpus_or_skip(ctx: Context, area: str, name: str) -> Result | None:
+    if not ctx.gpu.ok:
+        return Result(area, name, SKIP, f"nvidia-smi: {ctx.gpu.status}")
+    return None
+
+
+@check("tuning")
+def persistence_on(ctx: Context) -> Result:
+    name = "persistence mode is on for every GPU"
+    skip = _gpus_or_skip(ctx, "tuning", name)
+    if skip:
+        return skip
+    off = [str(g.index) for g in ctx.gpu.gpus if g.persistence is not True]
+    found = f"off on GPU {', '.join(off)}" if off else f"on for {len(ctx.gpu.gpus)} GPUs"
+    if ctx.settings.driver_persistence == "off":
+        return Result("tuning", name, SKIP, f"driver_persistence: off ({found})")
+    if not ctx.managed("tuning"):
+        return ctx.unmanaged("tuning", name, found)
+    if off:
+        return Result("tuning", name, FAIL, found, "nvidia-smi -pm 1 (or run deploys/all.py)")
+    return Result("tuning", name, PASS, found)
+
+
+def expected_clocks(ctx: Context) -> dict[int, tuple[int, int] | None]:
+    """GPU index -> (memory, graphics) MHz the clock policy asks for (None: the default pair)."""
+    policy = ctx.settings.clock_policy
+    out: dict[int, tuple[int, int] | None] = {}
+    for g in ctx.gpu.gpus:
+        if isinstance(policy, dict) or hasattr(policy, "keys"):
+            out[g.index] = (int(policy["memory"]), int(policy["graphics"]))
+        elif policy == "max":
+            pair = ctx.resolution().application_clocks.get(g.name)
+            out[g.index] = (pair.memory_mhz, pair.graphics_mhz) if pair else None
+        else:
+            out[g.index] = None
+    return out
+
+
+@check("tuning")
+def clocks_as_set(ctx: Context) -> Result:
+    name = "GPU clocks are what the tier's clock policy sets"
+    policy = ctx.settings.clock_policy
+    if policy == "unmanaged":
+        return Result("tuning", name, SKIP, "clock_policy: unmanaged")
+    skip = _gpus_or_skip(ctx, "tuning", name)
+    if skip:
+        return skip
+    planner = getattr(area_module("tuning"), "plan_tuning", None)
+    if planner is not None and ctx.managed("tuning"):
+        # The tuning deploy's own plan: a GPU that still needs a command is not at its target.
+        try:
+            plan = planner(ctx.host, ctx.settings)
+        except Exception as refused:  # the deploy's Refusal: it would refuse this host too
+            return Result("tuning", name, FAIL, f"the tuning deploy refuses this host: {refused}",
+                          "change clock_policy for this host")
+        off = [f"{c.label}: wants {c.target.mem},{c.target.gfx}" if c.target else f"{c.label}: wants default"
+               for c in plan.clocks if c.commands]
+        if off:
+            return Result("tuning", name, FAIL, "; ".join(off), "run deploys/all.py (tuning sets the clocks)")
+        return Result("tuning", name, PASS, f"{len(plan.clocks)} GPUs at policy {policy}")
+    try:
+        want = expected_clocks(ctx)
+    except Incompatible as refused:
+        return Result("tuning", name, SKIP, f"no resolution for this host: {refused.reason}")
+    wrong = []
+    for g in ctx.gpu.gpus:
+        target = want.get(g.index) or (tuple(g.default_app_clocks) if g.default_app_clocks else None)
+        actual = tuple(g.app_clocks) if g.app_clocks else None
+        if target is not None and actual is not None and actual != tuple(target):
+            wrong.append(f"GPU {g.index} {actual[0]},{actual[1]} != {target[0]},{target[1]}")
+    found = "; ".join(wrong) if wrong else f"{len(ctx.gpu.gpus)} GPUs at policy {policy}"
+    if not ctx.managed("tuning"):
+        return ctx.unmanaged("tuning", name, found)
+    if wrong:
+        return Result("tuning", name, FAIL, found, "run deploys/all.py (tuning sets the clocks)")
+    return Result("tuning", name, PASS, found)
+
+
+@check("tuning")
+def profiles_current(ctx: Context) -> Result:
+    name = "the NCCL / OMP / PyTorch profiles are present and current"
+    if not ctx.managed("tuning"):
+        return ctx.unmanaged("tuning", name)
+    module = area_module("tuning")
+    expected = getattr(module, "expected_profiles", None)
+    if expected is None and hasattr(module, "plan_tuning"):
+        expected = lambda host, settings: module.plan_tuning(host, settings).files  # noqa: E731
+    if expected is None:
+        return Result("tuning", name, SKIP, "the tuning deploy names no profiles (expected_profiles)")
+    stale, missing = [], []
+    for path, text in expected(ctx.host, ctx.settings).items():
+        digest = ctx.fact(Sha256File, path=path)
+        if digest is None:
+            missing.append(path)
+        elif digest != hashlib.sha256(text.encode()).hexdigest():
+            stale.append(path)
+    if missing or stale:
+        parts = ([f"missing {', '.join(missing)}"] if missing else []) + (
+            [f"changed {', '.join(stale)}"] if stale else [])
+        return Result("tuning", name, FAIL, "; ".join(parts), FIX_DEPLOY)
+    return Result("tuning", name, PASS)
+
+
+# --- docker -----------------------------------------------------------------------------------
+
+@check("docker")
+def containers_see_gpus(ctx: Context) -> Result:
+    name = "containers see the GPUs"
+    data = ctx.fact(ContainerGpus)
+    found = (f"docker {'present' if data.docker else 'absent'}, nvidia runtime "
+             f"{'yes' if data.nvidia_runtime else 'no'}, {len(data.gpu_indices)} CDI GPUs")
+    if not ctx.managed("docker"):
+        return ctx.unmanaged("docker", name, found)
+    if not data.docker:
+        return Result("docker", name, SKIP, "no docker on this host")
+    gpus = len(ctx.gpu.gpus) if ctx.gpu.ok else 0
+    problems = []
+    if data.active != "active":
+        problems.append(f"docker.service is {data.active}")
+    if ctx.settings.docker_default_runtime == "nvidia" and not data.nvidia_runtime:
+        problems.append("dockerd has no nvidia runtime")
+    if ctx.settings.docker_cdi and len(data.gpu_indices) != gpus:
+        problems.append(f"CDI lists {len(data.gpu_indices)} GPUs, nvidia-smi {gpus}")
+    if problems:
+        return Result("docker", name, FAIL, "; ".join(problems), FIX_DEPLOY)
+    return Result("docker", name, PASS, found)
+
+
+# --- hardening --------------------------------------------------------------------------------
+
+def expected_sshd(settings: Any) -> dict[str, str]:
+    """The settings `sshd -T` must show on a hardened host (a floor, from the tier)."""
+    yes_no = lambda flag: "yes" if flag else "no"  # noqa: E731
+    return {
+        "passwordauthentication": yes_no(settings.hardening_password_auth),
+        "kbdinteractiveauthentication": yes_no(settings.hardening_password_auth),
+        "permitemptypasswords": "no",
+        "pubkeyauthentication": "yes",
+        "permitrootlogin": settings.hardening_permit_root_login,
+        "x11forwarding": "no",
+    }
+
+
+@check("hardening")
+def sshd_hardened(ctx: Context) -> Result:
+    name = "sshd's effective configuration is hardened"
+    if not ctx.managed("hardening"):
+        return ctx.unmanaged("hardening", name)
+    try:
+        from facts.ssh import SshdEffectiveConfig
+    except ImportError:
+        return ctx.unmanaged("hardening", name, "facts.ssh is not there yet")
+    config = ctx.fact(SshdEffectiveConfig)
+    if config is None:
+        return Result("hardening", name, FAIL, "sshd -T printed nothing (no sshd?)", FIX_DEPLOY)
+    aliases = {"without-password": "prohibit-password"}  # sshd -T prints the old name on 9.2
+    wrong = [f"{key} {config.get(key)} (want {want})" for key, want in expected_sshd(ctx.settings).items()
+             if aliases.get(config.get(key) or "", config.get(key)) != want]
+    if wrong:
+        return Result("hardening", name, FAIL, "sshd -T: " + ", ".join(wrong), FIX_DEPLOY)
+    return Result("hardening", name, PASS, f"{len(expected_sshd(ctx.settings))} settings as the tier says")
+
+
+@check("hardening")
+def firewall_active(ctx: Context) -> Result:
+    name = "the host firewall is active"
+    if not ctx.settings.firewall_enabled:
+        return Result("hardening", name, SKIP, "firewall_enabled: false")
+    if not ctx.managed("hardening"):
+        return ctx.unmanaged("hardening", name)
+    try:
+        from facts.nftables import TABLE, NftablesCapability
+    except ImportError:
+        return ctx.unmanaged("hardening", name, "facts.nftables is not there yet")
+    nft = ctx.fact(NftablesCapability)
+    conf = ctx.fact(FileContents, path="/etc/nftables.conf") or []
+    written = any(f"table {TABLE}" in line for line in conf)
+    if not nft.nft_installed:
+        return Result("hardening", name, FAIL, "nft is not installed", FIX_DEPLOY)
+    if not nft.can_load:
+        if written:
+            return Result("hardening", name, SKIP, "this host cannot load rules (no CAP_NET_ADMIN, e.g. a "
+                          f"container); /etc/nftables.conf holds table {TABLE}")
+        return Result("hardening", name, FAIL, f"/etc/nftables.conf lacks table {TABLE}", FIX_DEPLOY)
+    if not nft.table_loaded:
+        return Result("hardening", name, FAIL, f"table {TABLE} is not loaded",
+                      "systemctl restart nftables, or run deploys/all.py")
+    return Result("hardening", name, PASS, f"table {TABLE} loaded")
+
+
+# --- optional health and performance probe ----------------------------------------------------
+
+@check("probe")
+def dcgm_diag(ctx: Context) -> Result:
+    name = "DCGM's quick diagnostic passes"
+    if not ctx.probe:
+        return Result("probe", name, SKIP, "probes turned off")
+    diag = ctx.fact(DcgmDiag)
+    if diag.status == "not-installed":
+        return Result("probe", name, SKIP, "skipped: DCGM not installed")
+    if diag.status == "pass":
+        return Result("probe", name, PASS, "dcgmi diag -r 1")
+    what = f"failed: {', '.join(diag.failed)}" if diag.failed else diag.detail
+    return Result("probe", name, FAIL, what, "look at `dcgmi diag -r 1`; replace or reseat the GPU")
+
+
+@check("probe")
+def performance(ctx: Context) -> Result:
+    name = "bf16 matmul, memory and all-reduce bandwidth reach the expected minimums"
+    if not ctx.probe:
+        return Result("probe", name, SKIP, "probes turned off")
+    lines = ctx.fact(PerfProbe)
+    models = {g.index: g.name for g in ctx.gpu.gpus} if ctx.gpu.ok else {}
+    nvlink = False
+    if ctx.gpu.ok and len(ctx.gpu.gpus) > 1:
+        names = [d for d in ctx.gpu.topology.devices if d.startswith("GPU")]
+        nvlink = bool(names) and all(ctx.gpu.topology.nvlinks(a, b) for a in names for b in names if a != b)
+    try:
+        result = perf.parse_probe_output(lines, models, nvlink=nvlink)
+    except ValueError as error:
+        return Result("probe", name, FAIL, f"probe output not understood: {error}", "")
+    if result.status != "ok":
+        return Result("probe", name, SKIP, f"skipped: {result.reason}")
+    if not result.measurements:
+        return Result("probe", name, SKIP, "skipped: " + "; ".join(result.skipped))
+    text = "; ".join(m.describe() for m in result.measurements)
+    if result.failures:
+        return Result("probe", name, FAIL, text, "check clocks, power and thermals (nvidia-smi -q -d "
+                      "PERFORMANCE), PCIe width and NVLink state (nvidia-smi nvlink -s)")
+    return Result("probe", name, PASS, text)
+
+
+# --- running ----------------------------------------------------------------------------------
+
+def plugin_checks() -> list[tuple[str, Check]]:
+    out = []
+    for area in AREAS:
+        module = area_module(area)
+        if module is not None and area_managed(area):
+            out += [(area, func) for func in getattr(module, "VALIDATION_CHECKS", [])]
+    return out
+
+
+def run_checks(host: Any, settings: Any, probe: bool = True,
+               managed: Callable[[str], bool] = area_managed) -> list[Result]:
+    """Every check against the host as it is now. A check that raises becomes a failed result
+    naming the error, so one broken check never hides the others."""
+    ctx = Context(host, settings, managed=managed, probe=probe)
+    results: list[Result] = []
+    with fresh_host_facts(host):
+        for area, func in [*CHECKS, *plugin_checks()]:
+            try:
+                out = func(ctx)
+            except Exception as error:  # noqa: BLE001 - reported, never swallowed
+                out = Result(area, func.__name__.replace("_", " "), FAIL,
+                             f"the check itself failed: {type(error).__name__}: {error}",
+                             "report this as a gpufleet bug")
+            results.extend(out if isinstance(out, list) else [out])
+    return results
+
+
+def failures(results: list[Result]) -> list[Result]:
+    return [r for r in results if r.status == FAIL]

@@ -1,0 +1,111 @@
+"""Fleet report rendering and its JSON format: every kind of row validates against
+gpufleet/report/report.schema.json, and every host appears in the terminal, Markdown and HTML."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpufleet.report.gather import classify
+from gpufleet.report.render import SCHEMA_PATH, cell, document, html_page, markdown, terminal, write_all
+from gpufleet.validation import Result
+from tests.unit.jsonschema_lite import errors, validate
+
+pytestmark = pytest.mark.unit
+
+
+def _checks(*results: Result) -> dict:
+    return {"counts": {s: sum(1 for r in results if r.status == s) for s in ("pass", "fail", "warn", "skip", "unmanaged")},
+            "failed": [f"{r.area}: {r.name}: {r.message}" for r in results if r.status == "fail"],
+            "checks": [r.to_json() for r in results]}
+
+
+def _row(name: str, state: str, **extra) -> dict:
+    row = {"host": name, "address": "127.0.0.9", "status": "ok", "state": state, "tier": "dev", "seconds": 1.2,
+           "gpus": [{"model": "Tesla T4", "count": 1}], "gpu_status": "ok", "driver_loaded": "580.95.05",
+           "driver_installed": "580.95.05", "mismatch": False, "cuda": None, "cudnn": None,
+           "container_toolkit": None, "kernel": "6.1.0-40-amd64", "held_packages": ["libcudnn9-cuda-13"],
+           "reboot_pending": False, "persistence": "on", "clocks": "5001,1590", "firewall": "ok",
+           "ssh_hardening": "ok", "marker": "ok", "validation": _checks(Result("base", "x", "pass")),
+           "drift": {"method": "plan", "changes": 0, "operations": [], "conditional": [], "error": None}}
+    row.update(extra)
+    return row
+
+
+ROWS = [
+    _row("prov", "provisioned"),
+    _row("fresh", "fresh", marker="fail: /etc/gpufleet/managed is missing",
+         drift={"method": "plan", "changes": 22, "operations": ["Base system | Install"], "conditional": [], "error": None}),
+    _row("changed", "changed", validation=_checks(Result("base", "the marker", "fail", "says tier research", "run"))),
+    _row("mismatch", "mismatch-pending", mismatch=True, driver_loaded="580.95.05", driver_installed="580.126.09",
+         reboot_pending=True),
+    {"host": "dead", "address": "127.0.0.250", "status": "unreachable", "state": "unreachable", "tier": "dev",
+     "error": "Could not connect (Unable to connect to port 22 on 127.0.0.250)", "seconds": 0.0, "drift": None},
+    _row("broken", "error", status="error", error="InventoryError: host broken: key 'tier': missing",
+         drift={"method": "plan", "changes": None, "operations": [], "conditional": [], "error": "InventoryError"}),
+]
+
+
+@pytest.fixture
+def doc():
+    return document(ROWS, "inventories/test.py", 3.4)
+
+
+def test_every_kind_of_row_matches_the_schema(doc):
+    schema = json.loads(SCHEMA_PATH.read_text())
+    validate(json.loads(json.dumps(doc)), schema)
+    assert doc["summary"] == {"hosts": 6, "states": {"provisioned": 1, "fresh": 1, "changed": 1,
+                                                     "mismatch-pending": 1, "unreachable": 1, "error": 1}}
+
+
+def test_the_schema_rejects_what_it_should(doc):
+    schema = json.loads(SCHEMA_PATH.read_text())
+    bad = json.loads(json.dumps(doc))
+    bad["hosts"][0]["state"] = "fine"
+    del bad["hosts"][4]["error"]  # optional, fine
+    bad["hosts"][1]["surprise"] = 1
+    del bad["hosts"][2]["drift"]
+    problems = errors(bad, schema)
+    assert any("'fine'" in p for p in problems)
+    assert any("surprise" in p for p in problems)
+    assert any("missing 'drift'" in p for p in problems)
+
+
+def test_cells(doc):
+    by = {r["host"]: r for r in ROWS}
+    assert cell(by["prov"], "gpus") == "Tesla T4 x 1"
+    assert cell(by["mismatch"], "driver") == "580.95.05 / 580.126.09 MISMATCH"
+    assert cell(by["fresh"], "drift") == "22 changes"
+    assert cell(by["prov"], "drift") == "0 changes"
+    assert cell(by["dead"], "problems").startswith("Could not connect")
+    assert cell(by["dead"], "kernel") == ""
+    assert cell(by["changed"], "problems") == "base: the marker: says tier research"
+    assert cell(by["broken"], "drift").startswith("error: ")
+
+
+def test_every_host_is_in_every_format(doc, tmp_path):
+    text, md, page = terminal(doc), markdown(doc), html_page(doc)
+    for row in ROWS:
+        assert row["host"] in text and f"| {row['host']} |" in md and f'data-host="{row["host"]}"' in page
+    assert "6 hosts (1 changed, 1 error, 1 fresh, 1 mismatch-pending, 1 provisioned, 1 unreachable)" in text
+    assert page.count("<tr class=\"state-") == 6
+    paths = write_all(doc, tmp_path / "out")
+    assert json.loads(paths["json"].read_text())["hosts"][4]["state"] == "unreachable"
+
+
+def test_html_escapes_host_text():
+    row = _row("x", "changed", validation=_checks(Result("base", "m", "fail", "<script>alert(1)</script>")))
+    page = html_page(document([row], "inv.py", 1))
+    assert "<script>alert" not in page and "&lt;script&gt;" in page
+
+
+def test_classify():
+    fresh = [Result("base", "the gpufleet marker matches the tier", "fail", "/etc/gpufleet/managed is missing")]
+    changed = [Result("base", "the gpufleet marker matches the tier", "fail", "changed by hand")]
+    fine = [Result("base", "the gpufleet marker matches the tier", "pass"), Result("tuning", "x", "unmanaged")]
+    assert classify({"status": "ok"}, fresh) == "fresh"
+    assert classify({"status": "ok"}, changed) == "changed"
+    assert classify({"status": "ok"}, fine) == "provisioned"
+    assert classify({"status": "ok", "mismatch": True}, fine) == "mismatch-pending"
+    assert classify({"status": "unreachable"}, []) == "unreachable"
+    assert classify({"status": "error"}, []) == "error"
