@@ -110,8 +110,8 @@ def rollback_removals(manifest: Mapping[str, Any], installed: Mapping[str, str |
     """Driver packages installed since the manifest (e.g. a newer per-version pinning package)."""
     recorded = manifest["packages"]
     return sorted(name for name, ver in installed.items()
-                  if ver and name not in recorded and (PINNING_PACKAGE.match(name) or DRIVER_PACKAGE.match(name))
-                  and not NOT_DRIVER.match(name))
+                  if ver and name not in recorded
+                  and (PINNING_PACKAGE.match(name) or (DRIVER_PACKAGE.match(name) and not NOT_DRIVER.match(name))))
 
 
 def apt_install_command(specs: list[str], downgrade: bool = False) -> str:
