@@ -143,7 +143,7 @@ def docker():
         extra_install_args="--allow-change-held-packages --allow-downgrades",
     )
     engine_op = apt.packages(
-        name=f"Install the Docker engine ({settings.docker_source}: {', '.join(engine_packages)})",
+        name=f"Install the Docker engine ({'Docker' if settings.docker_source == 'docker' else 'distribution'} packages)",
         packages=engine_packages, no_recommends=True, cache_time=APT_CACHE_SECONDS,
     )
     held(name="Hold the engine and toolkit packages so upgrades happen only through gpufleet",
