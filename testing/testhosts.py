@@ -47,6 +47,12 @@ BASE_PACKAGES = (
 )
 BASE_RECIPE_VERSION = 1
 
+# /etc/docker/daemon.json every test host starts with (see _personalise).
+TEST_HOST_DOCKER_CONFIG = {
+    "bridge": "none", "iptables": False, "ip6tables": False, "ip-forward": False,
+    "ip-masq": False, "storage-driver": "vfs",
+}
+
 
 def log(msg: str) -> None:
     print(f"testhosts: {msg}", file=sys.stderr, flush=True)
@@ -331,6 +337,12 @@ def _personalise(host: Host) -> None:
     (root / "etc/ssh/sshd_config.d/00-listen.conf").write_text(
         f"# written by the gpufleet test-host harness\nListenAddress {host.address}\n"
     )
+    # What an operator of such a container would configure for Docker: dockerd cannot set up
+    # iptables, forwarding or overlay mounts inside systemd-nspawn (no CAP_NET_ADMIN, read-only
+    # /proc/sys), but starts with these. gpufleet must merge into it, as into any operator file.
+    docker = root / "etc/docker"
+    docker.mkdir(parents=True, exist_ok=True)
+    (docker / "daemon.json").write_text(json.dumps(TEST_HOST_DOCKER_CONFIG, indent=4, sort_keys=True) + "\n")
 
 
 def supervise(hdir: Path) -> int:
