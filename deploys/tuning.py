@@ -1,13 +1,193 @@
-"""GPU persistence, clocks and environment profiles. Placeholder until issue #6 lands: it changes nothing and says so."""
-from pyinfra.api import deploy
+"""GPU persistence, clocks that survive reboots, and the NCCL / OMP / PyTorch environment.
 
-from operations.placeholder import not_implemented
+Story of a host, part 5: once the driver works, the GPUs are kept initialised by NVIDIA's
+persistence daemon (not the legacy ``nvidia-smi -pm 1``), run at the clocks the tier asks for,
+and every job, from a login shell or a service, starts with the right environment.
+
+1. persistence (``driver_persistence``): ``daemon`` installs ``nvidia-persistenced`` if missing,
+   enables and starts it, then checks that every GPU reports persistence mode Enabled;
+   ``legacy`` runs ``nvidia-smi -pm 1`` (and again at boot); ``off`` leaves it alone.
+2. clocks (``clock_policy``): ``max`` = the highest pair in each GPU's own supported-clocks
+   list, ``{memory, graphics}`` = that pair (refused at planning time, for this host only, when
+   a GPU does not support it), ``default`` = driver defaults, ``unmanaged`` = hands off. Set with
+   ``-ac`` before R595 and ``-lgc``/``-lmc`` from R595 (``-ac`` is deprecated there); only the
+   GPUs not already there get a command. ``gpufleet-gpu-clocks.service`` (oneshot, after
+   nvidia-persistenced) re-applies them at every boot from ``/etc/gpufleet/gpu-clocks.env``.
+3. environment: ``/etc/nccl.conf`` for the tier's ``nccl_profile`` (socket interface from the
+   host's real NICs, RDMA HCAs when present, debugging variables only with
+   ``tuning_nccl_debug_vars``); ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` (physical cores per
+   GPU, or ``tuning_omp_threads``), ``PYTORCH_CUDA_ALLOC_CONF`` = ``PYTORCH_ALLOC_CONF``
+   (``tuning_pytorch_alloc_conf``) and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` for login shells
+   (/etc/profile.d), system services (systemd DefaultEnvironment) and user services
+   (environment.d). Every file names the tier it came from.
+
+Decisions use the host's state before this run (gpufleet.hostfacts): what this run installs
+(the daemon package, for one) is never assumed to be there already.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from io import StringIO
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.facts.systemd import SystemdStatus
+from pyinfra.operations import apt, files, systemd
+
+from facts.gpu_tuning import LOCKED_CLOCKS_DIR, locked_clocks
+from gpufleet import tuning as t
+from gpufleet.compat import compat_data
+from gpufleet.failures import fail_host
+from gpufleet.hostfacts import gpu_state, hardware, interfaces, rdma_devices, resources
+from gpufleet.settings import host_settings
+from operations import gpu
+
+#: Debian (non-free/contrib) and NVIDIA's CUDA repository both call the daemon's package this.
+PERSISTENCED_PACKAGE = "nvidia-persistenced"
+PERSISTENCED_SERVICE = "nvidia-persistenced.service"
+CLOCKS_SERVICE = "gpufleet-gpu-clocks.service"
+CLOCKS_UNIT = "/etc/systemd/system/gpufleet-gpu-clocks.service"
+CLOCKS_ENV = "/etc/gpufleet/gpu-clocks.env"
+CLOCKS_SCRIPT = "/usr/local/sbin/gpufleet-gpu-clocks"
+SYSTEMD_ENV = "/etc/systemd/system.conf.d/gpufleet-gpu-env.conf"
+
+PROFILE_NAMES = {
+    "/etc/nccl.conf": "Write NCCL's system-wide settings for the {profile} network profile",
+    "/etc/profile.d/gpufleet-gpu.sh": "Give login shells the GPU job environment (threads, PyTorch allocator, device order)",
+    SYSTEMD_ENV: "Give system services the same GPU job environment",
+    "/etc/environment.d/60-gpufleet-gpu.conf": "Give user services the same GPU job environment",
+}
+
+
+def policy_text(policy: Any) -> str:
+    if isinstance(policy, str):
+        return policy
+    return f"memory {policy['memory']} MHz, graphics {policy['graphics']} MHz"
+
+
+def ac_deprecated_from() -> int:
+    return int(compat_data().app_clocks_deprecated_from_branch)
+
+
+@dataclass
+class TuningPlan:
+    nvidia_ok: bool
+    nvidia_status: str
+    clocks: list[t.GpuClocks] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)  # rendered environment files by path
+    threads: int = 1
+
+
+def plan_tuning(host: Any, settings: Any) -> TuningPlan:
+    """Everything the deploy will do on this host, from its facts; raises t.Refusal."""
+    state = gpu_state(host)
+    plan = TuningPlan(nvidia_ok=state.ok and bool(state.gpus), nvidia_status=state.status)
+    if plan.nvidia_ok and settings.clock_policy != "unmanaged":
+        plan.clocks = t.plan_clocks(settings.clock_policy, state.gpus, state.supported_clocks,
+                                    state.driver_version, locked_clocks(host), ac_deprecated_from())
+
+    nics, rdma = interfaces(host), rdma_devices(host)
+    ifname = t.socket_ifname(settings.tuning_nccl_socket_ifname, nics)
+    hca = t.ib_hca(settings.tuning_nccl_ib_hca, settings.nccl_profile, rdma)
+    notes = [] if ifname else ["No up network interface found for NCCL's sockets: NCCL picks one itself."]
+    nccl = t.nccl_variables(settings.nccl_profile, ifname, hca, bool(rdma), settings.tuning_nccl_debug_vars)
+
+    gpu_count = len(state.gpus) if plan.nvidia_ok else len(hardware(host).gpu_pci_ids)
+    plan.threads = t.omp_threads(settings.tuning_omp_threads, resources(host).physical_cores, gpu_count)
+    env = t.gpu_environment(plan.threads, settings.tuning_pytorch_alloc_conf)
+    plan.files = t.render_profiles(settings.tier, settings.nccl_profile, nccl, env, bool(rdma), notes)
+    return plan
+
+
+def _persistence(settings: Any, plan: TuningPlan) -> None:
+    mode = settings.driver_persistence
+    if mode == "off":
+        return
+    if mode == "legacy":
+        if plan.nvidia_ok:
+            gpu.legacy_persistence(name="Turn on legacy persistence mode (nvidia-smi -pm 1) on every GPU")
+        return
+    apt.packages(
+        name="Install the NVIDIA persistence daemon (nvidia-persistenced)",
+        packages=[PERSISTENCED_PACKAGE],
+        no_recommends=True,
+    )
+    if not plan.nvidia_ok:
+        logger.warning(f"{host.print_prefix}nvidia-smi does not work ({plan.nvidia_status}): "
+                       "nvidia-persistenced is enabled for the next boot but not started")
+        systemd.service(name="Start the NVIDIA persistence daemon at every boot", service=PERSISTENCED_SERVICE,
+                        running=None, enabled=True)
+        return
+    was_running = bool(host.get_fact(SystemdStatus).get(PERSISTENCED_SERVICE))
+    systemd.service(
+        name="Run the NVIDIA persistence daemon now and at every boot",
+        service=PERSISTENCED_SERVICE,
+        running=True,
+        enabled=True,
+    )
+    gpu.persistence_enabled(
+        name="Check that every GPU reports persistence mode Enabled",
+        daemon_was_running=was_running,
+    )
+
+
+def _profiles(settings: Any, plan: TuningPlan) -> Any:
+    changed = {}
+    for path, text in plan.files.items():
+        changed[path] = files.put(
+            name=PROFILE_NAMES[path].format(profile=settings.nccl_profile),
+            src=StringIO(text),
+            dest=path,
+            mode="644",
+        )
+    return changed[SYSTEMD_ENV]
+
+
+def _clocks(settings: Any, plan: TuningPlan, env_file: Any) -> None:
+    policy = settings.clock_policy
+    if policy == "unmanaged":
+        systemd.service(name="Stop re-applying gpufleet's GPU clocks at boot (clock_policy: unmanaged)",
+                        service=CLOCKS_SERVICE, running=None, enabled=False)
+        removed = [files.file(name=f"Remove {path} (clock_policy: unmanaged)", path=path, present=False)
+                   for path in (CLOCKS_UNIT, CLOCKS_ENV, CLOCKS_SCRIPT)]
+        systemd.daemon_reload(name="Reload systemd so it sees the GPU environment and unit changes",
+                              _if=lambda: env_file.did_change() or removed[0].did_change())
+        return
+    if not plan.nvidia_ok:
+        logger.warning(f"{host.print_prefix}nvidia-smi does not work ({plan.nvidia_status}): "
+                       "GPU clocks are left alone until the driver works")
+        systemd.daemon_reload(name="Reload systemd so services get the GPU environment", _if=env_file.did_change)
+        return
+    context = dict(tier=settings.tier, policy=policy_text(policy), plans=plan.clocks,
+                   ac_deprecated_from=ac_deprecated_from(), record_dir=LOCKED_CLOCKS_DIR,
+                   legacy_persistence=settings.driver_persistence == "legacy",
+                   persistence_daemon=settings.driver_persistence == "daemon")
+    files.put(name="Install the script that applies the GPU clocks",
+              src=StringIO(t.render("usr/local/sbin/gpufleet-gpu-clocks.j2", **context)),
+              dest=CLOCKS_SCRIPT, mode="755")
+    files.put(name="Record each GPU's target clocks for the boot unit",
+              src=StringIO(t.render("etc/gpufleet/gpu-clocks.env.j2", **context)),
+              dest=CLOCKS_ENV, mode="644")
+    unit = files.put(name="Install the unit that re-applies the GPU clocks at every boot",
+                     src=StringIO(t.render("etc/systemd/system/gpufleet-gpu-clocks.service.j2", **context)),
+                     dest=CLOCKS_UNIT, mode="644")
+    systemd.daemon_reload(name="Reload systemd so it sees the GPU environment and the clocks unit",
+                          _if=lambda: env_file.did_change() or unit.did_change())
+    gpu.clocks(name=f"Set each GPU's clocks for clock policy {policy_text(policy)}",
+               policy=policy, ac_deprecated_from=ac_deprecated_from())
+    systemd.service(name="Re-apply the GPU clocks at every boot", service=CLOCKS_SERVICE,
+                    running=True, enabled=True)
 
 
 @deploy("GPU persistence, clocks and environment profiles")
 def tuning():
-    not_implemented(
-        name="Not implemented yet (issue #6): nothing is done here",
-        area="GPU persistence, clocks and environment profiles",
-        issue=6,
-    )
+    settings = host_settings(host)
+    try:
+        plan = plan_tuning(host, settings)
+    except t.Refusal as refusal:
+        fail_host(host, refusal.key, f"{refusal.problem}; allowed: {refusal.allowed}")
+        return
+    _persistence(settings, plan)
+    env_file = _profiles(settings, plan)
+    _clocks(settings, plan, env_file)

@@ -30,7 +30,7 @@ MODELS = json.loads((HERE / "models.json").read_text())
 # Where things land inside the host root filesystem.
 LIB_DIR = "usr/lib/gpusim"
 CONFIG_PATH = "etc/gpusim/gpus.json"
-SCRIPTS = ("nvidia-smi", "gpusimctl")
+SCRIPTS = ("nvidia-smi", "nvidia-persistenced", "gpusimctl")
 
 # Recorded strings of /proc/driver/nvidia/version (tests/fixtures/nvidia/*/proc-version.txt).
 # The proprietary line follows the same layout; its build date is invented (unverified).
@@ -53,7 +53,9 @@ PROC_GPU_INFORMATION = (
     "GPU Excluded:\t No\n"
 )
 
-DIVERSION = "/usr/bin/nvidia-smi\n/usr/bin/nvidia-smi.distrib\n:\n"
+# Local dpkg diversions (`dpkg-divert --local --rename`): the Debian packages `nvidia-smi` and
+# `nvidia-persistenced` then install their binaries as *.distrib and keep the stand-ins.
+DIVERTED = ("/usr/bin/nvidia-smi", "/usr/bin/nvidia-persistenced")
 
 SPEC_RE = re.compile(
     r"^(?P<model>[a-z][a-z0-9]*?)(?:x(?P<count>[0-9]+))?(?:@(?P<version>[0-9]+(?:\.[0-9]+){1,2}))?(?P<opts>(?::[a-z]+)*)$"
@@ -253,17 +255,18 @@ def _build_sys_pci(config: dict, pci: pathlib.Path) -> None:
 
 
 def _add_diversion(root: pathlib.Path) -> None:
-    """Record `dpkg-divert --local --rename /usr/bin/nvidia-smi`, so the Debian package keeps off it."""
+    """Record `dpkg-divert --local --rename` for each DIVERTED path, so Debian's packages keep off them."""
     path = root / "var/lib/dpkg/diversions"
     path.parent.mkdir(parents=True, exist_ok=True)
     text = path.read_text() if path.exists() else ""
     lines = text.splitlines()
-    for i in range(0, len(lines) - 2, 3):
-        if lines[i] == "/usr/bin/nvidia-smi":
-            return
+    present = {lines[i] for i in range(0, len(lines) - 2, 3)}
     if text and not text.endswith("\n"):
         text += "\n"
-    path.write_text(text + DIVERSION)
+    for diverted in DIVERTED:
+        if diverted not in present:
+            text += f"{diverted}\n{diverted}.distrib\n:\n"
+    path.write_text(text)
 
 
 #: inside the host root: what the container sees as /proc/driver

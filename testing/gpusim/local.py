@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -40,7 +41,5 @@ class LocalSim:
         return self._run("gpusimctl", args, None)
 
     def reboot(self) -> None:
-        """Forget GPU state, as the tmpfs /run/gpusim does when the host reboots."""
-        state = self.root / "run/gpusim/state.json"
-        if state.exists():
-            state.unlink()
+        """Forget GPU state, the command log and daemon records: /run is a tmpfs, wiped by a reboot."""
+        shutil.rmtree(self.root / "run", ignore_errors=True)

@@ -56,6 +56,10 @@ def test_install_layout(tmp_path):
     head = script.read_text().splitlines()[:3]
     assert head[0] == "#!/usr/bin/python3" and "GPU SIMULATOR" in head[1] and "NOT NVIDIA software" in head[1]
     assert (root / "usr/bin/gpusimctl").is_symlink()
+    daemon = root / "usr/bin/nvidia-persistenced"
+    assert daemon.is_symlink() and os.readlink(daemon) == "../lib/gpusim/nvidia-persistenced"
+    head = (root / "usr/lib/gpusim/nvidia-persistenced").read_text().splitlines()[:2]
+    assert "GPU SIMULATOR" in head[1] and "NOT NVIDIA software" in head[1]
     assert (root / "usr/lib/gpusim/templates/q.gpu.txt").exists()
 
     config = json.loads((root / "etc/gpusim/gpus.json").read_text())
@@ -65,7 +69,8 @@ def test_install_layout(tmp_path):
 
     # A local dpkg diversion, as `dpkg-divert --local --rename` records it, appended once.
     diversions = (root / "var/lib/dpkg/diversions").read_text()
-    assert diversions == "/usr/bin/foo\n/usr/bin/foo.distrib\n:\n/usr/bin/nvidia-smi\n/usr/bin/nvidia-smi.distrib\n:\n"
+    assert diversions == ("/usr/bin/foo\n/usr/bin/foo.distrib\n:\n/usr/bin/nvidia-smi\n/usr/bin/nvidia-smi.distrib\n:\n"
+                          "/usr/bin/nvidia-persistenced\n/usr/bin/nvidia-persistenced.distrib\n:\n")
     install(root, "h200x2", work)
     assert (root / "var/lib/dpkg/diversions").read_text() == diversions
 

@@ -1,0 +1,296 @@
+"""What deploys/tuning.py decides, as pure functions of the settings and the host's facts.
+
+* clocks: the pair each GPU should run at (``max`` = the highest pair in that GPU's own
+  supported-clocks list, so mixed GPUs each get theirs), the method the driver allows
+  (application clocks ``-ac`` before R595, locked clocks ``-lgc``/``-lmc`` from R595 where
+  ``-ac`` is deprecated), and the nvidia-smi commands needed to get there from the current
+  state: none when the GPU is already there;
+* thread counts for OMP / MKL (physical cores per GPU, at least 1, or the tier's integer);
+* NCCL values: the socket interface from the host's real NICs, the RDMA HCAs;
+* rendering of the templates in templates/.
+
+A request the host cannot honour raises Refusal (key, problem, allowed values): the deploy
+turns it into a planning-time failure of that one host.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import jinja2
+
+from facts.gpu import ClockPair, GpuInfo
+from facts.network import NetInterface, RdmaDevice
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+
+AC = "ac"  # nvidia-smi -ac MEM,GFX: application clocks
+LGC = "lgc"  # nvidia-smi -lgc GFX,GFX and -lmc MEM,MEM: locked clocks
+#: compute capability from which nvidia-smi can lock graphics (Volta) and memory (Ampere) clocks
+LOCK_GRAPHICS_FROM = (7, 0)
+LOCK_MEMORY_FROM = (8, 0)
+
+NCCL_DEBUG_ONLY = ("NCCL_IB_DISABLE", "NCCL_NET_GDR_LEVEL", "NCCL_P2P_LEVEL", "NCCL_ALGO", "NCCL_PROTO",
+                   "NCCL_DEBUG")
+
+
+class Refusal(Exception):
+    """A setting this host cannot honour. str() reads: key 'x': problem; allowed: ..."""
+
+    def __init__(self, key: str, problem: str, allowed: str):
+        super().__init__(f"key '{key}': {problem}; allowed: {allowed}")
+        self.key, self.problem, self.allowed = key, problem, allowed
+
+
+# --- clocks -------------------------------------------------------------------------------------
+
+
+def driver_branch(version: str | None) -> int | None:
+    match = re.match(r"(\d+)\.", version or "")
+    return int(match.group(1)) if match else None
+
+
+def clock_method(driver_version: str | None, ac_deprecated_from: int) -> str:
+    """-ac on drivers that still support application clocks, -lgc/-lmc from the deprecating branch."""
+    branch = driver_branch(driver_version)
+    return LGC if branch is not None and branch >= ac_deprecated_from else AC
+
+
+def _cc(gpu: GpuInfo) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in (gpu.compute_cap or "").split("."))
+    except ValueError:
+        return ()
+
+
+def describe_supported(supported: Mapping[int, Sequence[int]]) -> str:
+    """'memory 3201 with graphics 1980..345 (step 15); memory 2201 with ...' (highest first)."""
+    parts = []
+    for mem in sorted(supported, reverse=True):
+        gfx = sorted(set(supported[mem]), reverse=True)
+        if not gfx:
+            continue
+        steps = {a - b for a, b in zip(gfx, gfx[1:])}
+        if len(gfx) > 3 and len(steps) == 1:
+            text = f"{gfx[0]}..{gfx[-1]} (step {steps.pop()})"
+        else:
+            text = ", ".join(map(str, gfx))
+        parts.append(f"memory {mem} with graphics {text}")
+    return "; ".join(parts) or "none"
+
+
+def choose_pair(policy: Any, supported: Mapping[int, Sequence[int]], label: str) -> ClockPair:
+    """The (memory, graphics) pair for one GPU: ``max`` = highest supported memory clock with its
+    highest graphics clock; an explicit pair must be in the GPU's supported list."""
+    usable = {mem: list(gfx) for mem, gfx in supported.items() if gfx}
+    if not usable:
+        raise Refusal("clock_policy", f"{label} reports no supported clocks, so its clocks cannot be set",
+                      "default | unmanaged")
+    if policy == "max":
+        mem = max(usable)
+        return ClockPair(mem, max(usable[mem]))
+    wanted = ClockPair(int(policy["memory"]), int(policy["graphics"]))
+    if wanted.gfx not in usable.get(wanted.mem, []):
+        raise Refusal("clock_policy",
+                      f"clock pair memory {wanted.mem} MHz, graphics {wanted.gfx} MHz is not supported by {label}",
+                      f"{describe_supported(usable)}; or max | default | unmanaged")
+    return wanted
+
+
+@dataclass(frozen=True)
+class GpuClocks:
+    """One GPU's clock plan: the target (None = driver default), and what it takes to get there."""
+
+    bus_id: str
+    label: str
+    method: str
+    target: ClockPair | None
+    commands: tuple[tuple[str, ...], ...] = ()  # nvidia-smi argument lists, in order
+    record: str | None = None  # locked clocks: new content of the boot record, "" = remove it
+
+    @property
+    def entry(self) -> str:
+        """How the boot unit's env file names this GPU's target: BUS=MEM,GFX or BUS=default."""
+        return f"{self.bus_id}={self.target.mem},{self.target.gfx}" if self.target else f"{self.bus_id}=default"
+
+
+def plan_clocks(policy: Any, gpus: Sequence[GpuInfo], supported: Mapping[str, Mapping[int, Sequence[int]]],
+                driver_version: str | None, locked: Mapping[str, str], ac_deprecated_from: int) -> list[GpuClocks]:
+    """Per GPU: target and the nvidia-smi commands still needed (none when already there).
+
+    `locked` is what gpufleet recorded in /run when it locked clocks (nvidia-smi cannot read
+    locked clocks back; /run is wiped by a reboot, like the locks themselves)."""
+    if policy == "unmanaged":
+        return []
+    method = clock_method(driver_version, ac_deprecated_from)
+    plans = []
+    for gpu in gpus:
+        label = f"GPU {gpu.index} {gpu.name} ({gpu.bus_id})"
+        cc = _cc(gpu)
+        bus = gpu.bus_id
+        if policy == "default":
+            if method == AC:
+                needs = gpu.app_clocks is not None and gpu.default_app_clocks is not None \
+                    and gpu.app_clocks != gpu.default_app_clocks
+                plans.append(GpuClocks(bus, label, method, None, (("-i", bus, "-rac"),) if needs else ()))
+            else:
+                cmds: tuple[tuple[str, ...], ...] = ()
+                if bus in locked:
+                    cmds = (("-i", bus, "-rgc"),) + ((("-i", bus, "-rmc"),) if cc >= LOCK_MEMORY_FROM else ())
+                plans.append(GpuClocks(bus, label, method, None, cmds, "" if bus in locked else None))
+            continue
+
+        if method == LGC and cc < LOCK_MEMORY_FROM:
+            branch = driver_branch(driver_version)
+            why = ("memory clocks can only be locked (-lmc) on Ampere or newer" if cc >= LOCK_GRAPHICS_FROM
+                   else "clocks can only be locked (-lgc/-lmc) on Volta/Ampere or newer")
+            raise Refusal("clock_policy",
+                          f"{label} (compute capability {gpu.compute_cap}) has no settable clock pair on driver "
+                          f"{driver_version}: application clocks (-ac) are deprecated from R{ac_deprecated_from} "
+                          f"(this is R{branch}) and {why}", "default | unmanaged")
+        if method == AC and gpu.app_clocks is None:
+            raise Refusal("clock_policy",
+                          f"{label} does not report application clocks on driver {driver_version}, "
+                          "so they cannot be set", "default | unmanaged")
+        target = choose_pair(policy, supported.get(bus, {}), label)
+        if method == AC:
+            cmds = () if gpu.app_clocks == target else (("-i", bus, "-ac", f"{target.mem},{target.gfx}"),)
+            plans.append(GpuClocks(bus, label, method, target, cmds))
+        else:
+            want = f"{target.mem},{target.gfx}"
+            cmds = () if locked.get(bus) == want else (
+                ("-i", bus, "-lgc", f"{target.gfx},{target.gfx}"), ("-i", bus, "-lmc", f"{target.mem},{target.mem}"))
+            plans.append(GpuClocks(bus, label, method, target, cmds, want if cmds else None))
+    return plans
+
+
+# --- CPU threads --------------------------------------------------------------------------------
+
+
+def omp_threads(setting: Any, physical_cores: int, gpu_count: int) -> int:
+    """OMP_NUM_THREADS / MKL_NUM_THREADS: physical cores per GPU (>= 1), or the tier's integer."""
+    if setting != "auto":
+        return int(setting)
+    return max(1, physical_cores // max(1, gpu_count))
+
+
+# --- NCCL ---------------------------------------------------------------------------------------
+
+# Never chosen automatically for NCCL's sockets: plumbing, tunnels and dummies (lo, docker, veth,
+# bridges are already dropped by the interfaces fact).
+_NOT_FOR_NCCL = re.compile(r"^(lo|docker.*|veth.*|br-.*|virbr.*|ifb.*|dummy.*|tun.*|tap.*|wg.*|tailscale.*|cni.*|flannel.*|cali.*|vxlan.*)$")
+
+
+_NEVER_FOR_NCCL = re.compile(r"^(lo|docker.*|veth.*)$")
+
+
+def auto_socket_ifname(interfaces: Iterable[NetInterface]) -> str | None:
+    """'=eth0' (exact names) from the host's up Ethernet/IB interfaces: bonds first, then NICs with a
+    device behind them, then any other up interface; None when there is none."""
+    up = [i for i in interfaces if i.operstate in ("up", "unknown") and i.kind in ("ethernet", "infiniband")
+          and not _NOT_FOR_NCCL.match(i.name)]
+    if not up:
+        return None
+    ethernet = [i for i in up if i.kind == "ethernet"] or up
+    bonds = [i for i in ethernet if i.name.startswith("bond")]
+    physical = [i for i in ethernet if not i.virtual]
+    chosen = bonds or physical or ethernet
+    return "=" + ",".join(sorted(i.name for i in chosen))
+
+
+def socket_ifname(setting: str, interfaces: Sequence[NetInterface]) -> str | None:
+    """NCCL_SOCKET_IFNAME: the tier's value checked against the host's interfaces, or auto-detected."""
+    if setting == "auto":
+        return auto_socket_ifname(interfaces)
+    names = sorted(i.name for i in interfaces)
+    allowed = "auto, or " + (", ".join(f"={n}" for n in names) if names else "(no usable interface on this host)")
+    if setting.startswith("^"):
+        return setting
+    exact = setting.startswith("=")
+    for item in setting.lstrip("=").split(","):
+        if _NEVER_FOR_NCCL.match(item):
+            raise Refusal("tuning_nccl_socket_ifname", f"{item} is not an interface for NCCL traffic", allowed)
+        found = item in names if exact else any(n.startswith(item) for n in names)
+        if not found:
+            raise Refusal("tuning_nccl_socket_ifname",
+                          f"{setting!r} names {item}, which this host does not have", allowed)
+    return setting
+
+
+def ib_hca(setting: str, profile: str, rdma: Sequence[RdmaDevice]) -> str | None:
+    """NCCL_IB_HCA for the ib / roce profiles: '=mlx5_0,mlx5_1' (exact names) of the host's RDMA
+    devices of the profile's link layer, the tier's value (checked), or None."""
+    if profile not in ("ib", "roce"):
+        return None
+    names = sorted(d.name for d in rdma)
+    if setting != "auto":
+        if not setting.startswith("^"):
+            for item in setting.lstrip("=").split(","):
+                hca = item.split(":")[0]
+                if hca not in names:
+                    raise Refusal("tuning_nccl_ib_hca", f"{setting!r} names {hca}, which this host does not have",
+                                  "auto, or " + (",".join(names) if names else "(no RDMA device on this host)"))
+        return setting
+    if not rdma:
+        return None
+    layer = "InfiniBand" if profile == "ib" else "Ethernet"
+    matching = [d.name for d in rdma if d.link_layer in (layer, None)] or names
+    return "=" + ",".join(sorted(matching))
+
+
+def nccl_variables(profile: str, ifname: str | None, hca: str | None, rdma_present: bool,
+                   debug_vars: bool) -> list[tuple[str, str]]:
+    """The KEY=VALUE lines of /etc/nccl.conf, in order (the template adds the comments)."""
+    out: list[tuple[str, str]] = []
+    if ifname:
+        out.append(("NCCL_SOCKET_IFNAME", ifname))
+    if hca and profile in ("ib", "roce"):
+        out.append(("NCCL_IB_HCA", hca))
+    if debug_vars:
+        out.append(("NCCL_DEBUG", "WARN"))
+        if profile == "tcp" and rdma_present:
+            out.append(("NCCL_IB_DISABLE", "1"))
+    return out
+
+
+# --- environment --------------------------------------------------------------------------------
+
+
+def gpu_environment(threads: int, alloc_conf: str) -> list[tuple[str, str]]:
+    env = [("CUDA_DEVICE_ORDER", "PCI_BUS_ID"), ("OMP_NUM_THREADS", str(threads)), ("MKL_NUM_THREADS", str(threads))]
+    if alloc_conf:
+        env += [("PYTORCH_CUDA_ALLOC_CONF", alloc_conf), ("PYTORCH_ALLOC_CONF", alloc_conf)]
+    return env
+
+
+def _sh_quote(value: str) -> str:
+    return "'" + value.replace("'", "'\"'\"'") + "'"
+
+
+def _systemd_quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+                          keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+_ENV.filters["sh"] = _sh_quote
+_ENV.filters["systemd"] = _systemd_quote
+
+
+def render(template: str, **context: Any) -> str:
+    return _ENV.get_template(template).render(**context)
+
+
+def render_profiles(tier: str, profile: str, nccl: list[tuple[str, str]], env: list[tuple[str, str]],
+                    rdma_present: bool, notes: Sequence[str] = ()) -> dict[str, str]:
+    common = {"tier": tier, "env": env}
+    return {
+        "/etc/nccl.conf": render("etc/nccl.conf.j2", tier=tier, profile=profile, variables=nccl,
+                                 rdma_present=rdma_present, notes=list(notes)),
+        "/etc/profile.d/gpufleet-gpu.sh": render("etc/profile.d/gpufleet-gpu.sh.j2", **common),
+        "/etc/systemd/system.conf.d/gpufleet-gpu-env.conf":
+            render("etc/systemd/system.conf.d/gpufleet-gpu-env.conf.j2", **common),
+        "/etc/environment.d/60-gpufleet-gpu.conf": render("etc/environment.d/60-gpufleet-gpu.conf.j2", **common),
+    }

@@ -1,0 +1,242 @@
+"""End-to-end: deploys/all.py tunes real systemd test hosts whose GPUs are SIMULATED.
+
+The GPUs, nvidia-smi and nvidia-persistenced on these hosts are the gpufleet GPU simulator
+(testing/gpusim/, a test double, not NVIDIA software): it keeps clocks and persistence mode in
+/run like a real GPU (lost on a real reboot), rejects what the real nvidia-smi rejects, and logs
+every set command to /run/gpusim/commands.log. Debian's real `nvidia-persistenced` package is
+installed from the archive; the simulator's stand-in daemon sits behind a dpkg diversion.
+
+Hosts: 1 x H200 and 2 x H200 NVLink (hgx), 1 x T4 (dev), 4 x A100 (research), plus 2 x A100 on
+driver R595 (research: -ac is deprecated there, so clocks are locked with -lgc/-lmc).
+
+The deploy is all.py's order cut to the steps tuning stands on (validate the inventory, preflight,
+base, tuning), like tests/e2e/test_docker.py: the driver and docker steps need package
+repositories the test hosts only get from the aptrepo fixture, and are tested on their own.
+"""
+from __future__ import annotations
+
+import textwrap
+import time
+
+import pytest
+
+from testing import testhosts
+from testing.inventory import write_inventory
+from tests.e2e.pyinfra_cli import changed_operations, pyinfra
+from tests.e2e.remote import remote
+
+pytestmark = pytest.mark.e2e
+
+LOG = "/run/gpusim/commands.log"
+QUERY = "nvidia-smi --query-gpu=pci.bus_id,persistence_mode,{} --format=csv,noheader,nounits"
+APP = "clocks.applications.memory,clocks.applications.graphics"
+CURRENT = "clocks.current.memory,clocks.current.graphics"
+
+# (pool key, simulator spec, inventory data, clock pair every GPU must end at, how: app or locked clocks)
+HGX = {"tier": "hgx", "tier_mismatch": "warn", "tuning_nccl_socket_ifname": "auto"}
+FLEET = [
+    ("h200x1", "h200", HGX, (3201, 1980), "app"),
+    ("h200x2", "h200x2", HGX, (3201, 1980), "app"),
+    ("t4", "t4", {"tier": "dev"}, (5001, 585), "app"),  # dev: clock_policy default
+    ("a100x4", "a100x4", {"tier": "research"}, (1215, 1410), "app"),
+    ("a100x2-r595", "a100x2@595.45.04", {"tier": "research"}, (1215, 1410), "locked"),
+]
+REBOOTED = ("a100x4", "a100x2-r595")
+
+DEPLOY = textwrap.dedent("""\
+    from pyinfra import host, state
+    from deploys.base import base
+    from deploys.preflight import preflight
+    from deploys.tuning import tuning
+    from gpufleet.failures import host_failed
+    from gpufleet.settings import validate_inventory
+
+    validate_inventory(state.inventory)
+    for step in (preflight, base, tuning):
+        if host_failed(host):
+            break
+        step()
+    """)
+
+
+def deploy_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("deploy") / "tuning_deploy.py"
+    path.write_text(DEPLOY)
+    return str(path)
+
+
+def sh(host, command: str) -> str:
+    return testhosts.ssh(host, command).stdout
+
+
+def gpu_rows(host, fields: str) -> list[list[str]]:
+    return [line.split(", ") for line in sh(host, QUERY.format(fields)).splitlines()]
+
+
+def set_commands(host) -> list[str]:
+    return sh(host, f"cat {LOG} 2>/dev/null || true").splitlines()
+
+
+@pytest.fixture(scope="module")
+def fleet(hostpool, tmp_path_factory):
+    hosts = {key: hostpool.get(f"tuning-{key}", 1, release="bookworm", gpu=spec)[0] for key, spec, *_ in FLEET}
+    data = {hosts[key].name: {**extra, "validate_os_release": "debian-12"} for key, _, extra, *_ in FLEET}
+    inv = write_inventory(tmp_path_factory.mktemp("inv") / "inventory.py", list(hosts.values()), data=data)
+    deploy = deploy_file(tmp_path_factory)
+    started = time.monotonic()
+    first = pyinfra(inv, deploy)
+    first_seconds = time.monotonic() - started
+    print(f"\nfirst run: {first_seconds:.1f} s, {first.changed} changed operations")
+    return {"hosts": hosts, "inv": inv, "deploy": deploy, "first": first, "first_seconds": first_seconds, "after_first": {}}
+
+
+@pytest.fixture(scope="module")
+def converged(fleet):
+    first = fleet["first"]
+    assert first.returncode == 0, first.output
+    assert first.errors == 0, first.output
+    return fleet
+
+
+def test_persistence_daemon_holds_every_gpu(converged):
+    for key, host in converged["hosts"].items():
+        t = remote(host)
+        assert t.package("nvidia-persistenced").is_installed, key
+        daemon = t.service("nvidia-persistenced")
+        assert daemon.is_enabled and daemon.is_running, key
+        # the real package's binary went to the diverted name; the unit runs the simulator's stand-in
+        assert t.file("/usr/bin/nvidia-persistenced.distrib").exists, key
+        rows = gpu_rows(host, "index")
+        assert rows and all(row[1] == "Enabled" for row in rows), (key, rows)
+        # gpufleet never used the legacy nvidia-smi -pm
+        assert not [c for c in set_commands(host) if " -pm " in c], key
+
+
+def test_clocks_at_the_tiers_pair_and_unit_enabled(converged):
+    for key, _, _, pair, how in FLEET:
+        host = converged["hosts"][key]
+        rows = gpu_rows(host, CURRENT if how == "locked" else APP)
+        assert [tuple(map(int, row[2:4])) for row in rows] == [pair] * len(rows), (key, rows)
+        unit = remote(host).service("gpufleet-gpu-clocks")
+        assert unit.is_enabled, key
+        assert sh(host, "systemctl show -p After gpufleet-gpu-clocks.service").count("nvidia-persistenced.service")
+        env = sh(host, "cat /etc/gpufleet/gpu-clocks.env")
+        assert env.startswith("# Managed by gpufleet (deploys/tuning.py) for tier "), key
+    log = set_commands(converged["hosts"]["a100x4"])
+    assert [c.split(" nvidia-smi ")[1] for c in log] == [
+        f"-i 00000000:00:{n:02X}.0 -ac 1215,1410" for n in range(6, 10)]
+    # the H200s already ran at their highest pair, the T4 at its default: no set command at all
+    for key in ("h200x1", "h200x2", "t4"):
+        assert set_commands(converged["hosts"][key]) == [], key
+    locked = set_commands(converged["hosts"]["a100x2-r595"])
+    assert [c.split(" nvidia-smi ")[1] for c in locked] == [
+        "-i 00000000:00:06.0 -lgc 1410,1410", "-i 00000000:00:06.0 -lmc 1215,1215",
+        "-i 00000000:00:07.0 -lgc 1410,1410", "-i 00000000:00:07.0 -lmc 1215,1215"]
+
+
+def test_environment_for_login_shells_services_and_nccl(converged):
+    for key, _, extra, *_ in FLEET:
+        host = converged["hosts"][key]
+        cores = int(sh(host, "lscpu -p=Core,Socket | grep -v '^#' | sort -u | wc -l"))
+        gpus = len(gpu_rows(host, "index"))
+        threads = max(1, cores // gpus)
+        want = f"{threads} {threads} expandable_segments:True expandable_segments:True PCI_BUS_ID"
+        got = sh(host, "bash -lc 'echo $OMP_NUM_THREADS $MKL_NUM_THREADS $PYTORCH_CUDA_ALLOC_CONF "
+                       "$PYTORCH_ALLOC_CONF $CUDA_DEVICE_ORDER'").strip()
+        assert got == want, (key, cores, gpus)
+        # a job started by systemd sees the same values
+        got = sh(host, "systemd-run --wait -q sh -c 'echo $OMP_NUM_THREADS $MKL_NUM_THREADS "
+                       "$PYTORCH_CUDA_ALLOC_CONF $PYTORCH_ALLOC_CONF $CUDA_DEVICE_ORDER > /root/job-env'; "
+                       "cat /root/job-env").strip()
+        assert got == want, key
+        # /etc/nccl.conf names the host's real, up interfaces (never lo, docker, veth)
+        up = sorted(sh(host, "cd /sys/class/net && for i in *; do [ \"$(cat $i/operstate)\" = up ] && echo $i; "
+                             "done; true").split())
+        up = [i for i in up if i != "lo" and not i.startswith(("docker", "veth"))]
+        assert up, key
+        nccl = sh(host, "cat /etc/nccl.conf")
+        assert nccl.startswith(f"# Managed by gpufleet (deploys/tuning.py) for tier {extra['tier']}.")
+        assert f"\nNCCL_SOCKET_IFNAME=={','.join(up)}\n" in nccl, (key, nccl)
+        for debug in ("NCCL_IB_DISABLE=", "NCCL_NET_GDR_LEVEL=", "NCCL_P2P_LEVEL=", "NCCL_ALGO=", "NCCL_PROTO=",
+                      "NCCL_DEBUG="):
+            assert f"\n{debug}" not in nccl, key
+        for path in ("/etc/profile.d/gpufleet-gpu.sh", "/etc/systemd/system.conf.d/gpufleet-gpu-env.conf",
+                     "/etc/environment.d/60-gpufleet-gpu.conf"):
+            assert sh(host, f"head -n 1 {path}").startswith("# Managed by gpufleet (deploys/tuning.py) for tier "
+                                                             f"{extra['tier']}."), (key, path)
+
+
+@pytest.fixture(scope="module")
+def rebooted(converged):
+    for key in REBOOTED:
+        host = converged["hosts"][key]
+        boot = sh(host, "cat /proc/sys/kernel/random/boot_id")
+        testhosts.reboot(host)
+        assert sh(host, "cat /proc/sys/kernel/random/boot_id") != boot
+        # the unit runs once the host is up; wait for it rather than race it
+        sh(host, "for i in $(seq 50); do systemctl is-active -q gpufleet-gpu-clocks && break; sleep 0.2; done; true")
+    return converged
+
+
+def test_real_reboot_forgets_clocks_and_the_unit_reapplies_them(rebooted):
+    for key, _, _, pair, how in FLEET:
+        if key not in REBOOTED:
+            continue
+        host = rebooted["hosts"][key]
+        assert sh(host, "systemctl is-active gpufleet-gpu-clocks nvidia-persistenced").split() == ["active", "active"]
+        rows = gpu_rows(host, CURRENT if how == "locked" else APP)
+        assert [tuple(map(int, row[2:4])) for row in rows] == [pair] * len(rows), (key, rows)
+        assert all(row[1] == "Enabled" for row in rows)
+        # /run was wiped by the reboot: every line in the log comes from the boot unit
+        log = [c.split(" nvidia-smi ")[1] for c in set_commands(host)]
+        flag = "-ac" if how == "app" else "-lgc"
+        assert len([c for c in log if f" {flag} " in c]) == len(rows), (key, log)
+        journal = sh(host, "journalctl -b -o cat -u gpufleet-gpu-clocks.service")
+        assert "Finished gpufleet-gpu-clocks.service" in journal or "Started gpufleet-gpu-clocks" in journal, journal
+
+
+def test_second_run_changes_nothing_and_issues_no_set_command(rebooted):
+    hosts = rebooted["hosts"]
+    before = {key: set_commands(host) for key, host in hosts.items()}
+    started = time.monotonic()
+    second = pyinfra(rebooted["inv"], rebooted["deploy"])
+    print(f"\nsecond run: {time.monotonic() - started:.1f} s (first: {rebooted['first_seconds']:.1f} s)")
+    assert second.returncode == 0, second.output
+    assert changed_operations(second) == [], second.output
+    assert second.changed == 0 and second.unchanged > 0
+    assert {key: set_commands(host) for key, host in hosts.items()} == before
+    assert "already at their clocks" in second.output or "No changes" in second.output
+
+
+# --- refusals at planning time --------------------------------------------------------------------
+
+
+def test_unsupported_pair_or_unsettable_gpu_fails_at_planning_and_changes_nothing(hostpool, tmp_path_factory):
+    h200 = hostpool.get("tuning-refuse-h200", 1, release="bookworm", gpu="h200")[0]
+    t4 = hostpool.get("tuning-refuse-t4-r595", 1, release="bookworm", gpu="t4@595.45.04")[0]
+    # validate_gpu_models narrows the tier to H200s: then no model in the compatibility data rules the pair
+    # out before the run (the inventory check would stop the whole run), and the host's own GPU decides.
+    data = {
+        h200.name: {**HGX, "validate_os_release": "debian-12", "validate_gpu_models": ["NVIDIA H200"],
+                    "clock_policy": {"memory": 1234, "graphics": 999}},
+        t4.name: {"tier": "dev", "validate_os_release": "debian-12", "clock_policy": "max"},
+    }
+    inv = write_inventory(tmp_path_factory.mktemp("refuse") / "inventory.py", [h200, t4], data=data)
+    # files newer than boot (the simulator's lock file appears on any nvidia-smi query: not a change)
+    snapshot = "find /etc /usr/local /var/lib/dpkg/status /run/gpusim -newer /etc/hostname -type f ! -name lock | sort"
+    before = {h.name: (sh(h, snapshot), sh(h, "dpkg -l | md5sum")) for h in (h200, t4)}
+    run = pyinfra(inv, deploy_file(tmp_path_factory))
+    assert run.returncode != 0
+    assert (f"[{h200.name}] gpufleet refuses to change this host: clock_policy: clock pair memory 1234 MHz, "
+            "graphics 999 MHz is not supported by GPU 0 NVIDIA H200 (00000000:00:06.0); allowed: memory 3201 with "
+            "graphics 1980..345 (step 15); memory 2201 with graphics 1980..345 (step 15); or max | default | "
+            "unmanaged") in run.output, run.output
+    assert (f"[{t4.name}] gpufleet refuses to change this host: clock_policy: GPU 0 Tesla T4 (00000000:00:06.0) "
+            "(compute capability 7.5) has no settable clock pair on driver 595.45.04") in run.output, run.output
+    assert "allowed: default | unmanaged" in run.output
+    assert changed_operations(run) == []
+    for host in (h200, t4):
+        assert (sh(host, snapshot), sh(host, "dpkg -l | md5sum")) == before[host.name], host.name
+        assert set_commands(host) == []
+        assert sh(host, "ls /etc/nccl.conf /etc/gpufleet /etc/systemd/system/gpufleet-gpu-clocks.service "
+                        "2>/dev/null; true") == ""
