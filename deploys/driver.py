@@ -1,13 +1,269 @@
-"""NVIDIA driver, CUDA and cuDNN. Placeholder until issue #4 lands: it changes nothing and says so."""
-from pyinfra.api import deploy
+"""NVIDIA driver, CUDA toolkit and cuDNN: exactly what the resolver chose, held, reboot-aware.
 
-from operations.placeholder import not_implemented
+Story of a host, part 3: the host's tier and its real GPUs (from PCI) resolve to one driver
+version, kernel-module flavour, CUDA toolkit, cuDNN and, on NVSwitch systems, Fabric Manager at
+the driver's exact version (gpufleet/resolver.py, data in gpufleet/data/compat.yaml: no version
+lives here). Then, in order:
+
+1. **Refuse early**, before anything on the host changes: a combination the resolver refuses,
+   Secure Boot on without a module signing key, no kernel headers for the running kernel
+   (`driver_kernel_headers: require`; installed when the sources offer them).
+2. **Package sources**: `driver_source: nvidia` -> NVIDIA's signing key (downloaded from
+   `driver_repo_keyring_url`, trusted only if its fingerprint is the pinned one) and a flat
+   `signed-by` source under `driver_repo_url` (a mirror for air-gapped fleets);
+   `distro` -> the Debian archive's contrib / non-free / non-free-firmware components.
+3. **nouveau** blacklisted; the initramfs is refreshed only when that file changed.
+4. **One sanctioned step** changes the stack: unhold, NVIDIA's version-locking package, exact
+   versions (driver and Fabric Manager move together in one apt transaction), verify, re-hold.
+   Held afterwards: driver, Fabric Manager, CUDA, cuDNN, DCGM, the container toolkit and the
+   running kernel's packages; unattended-upgrades blacklists the GPU packages (the same file
+   and list as deploys/hardening.py).
+5. **Reboot** when the loaded kernel module differs from the installed driver (driver/library
+   mismatch), by `driver_reboot`: never -> reported at the end of the run; if-idle -> only
+   without GPU processes (as found before the run); allowed -> reboot and wait. GPU processes
+   block a reboot unless `driver_reboot_force`.
+6. **CUDA environment**: /etc/profile.d/gpufleet-cuda.sh puts the toolkit on PATH and the
+   library path.
+"""
+from __future__ import annotations
+
+import atexit
+from io import StringIO
+from pathlib import Path
+
+import click
+import jinja2
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.api.exceptions import OperationError
+from pyinfra.facts.files import File
+from pyinfra.operations import apt, files, python
+from pyinfra.operations.util import any_changed
+
+from deploys.hardening import GPU_PACKAGE_BLACKLIST, UNATTENDED_CONF
+from deploys.hardening import render as render_hardening
+from facts.driver import AptCandidates
+from facts.kernel import DriverState
+from facts.packages import HeldPackages, PackageVersions
+from gpufleet.compat import compat_data
+from gpufleet.errors import Incompatible
+from gpufleet.failures import fail_host
+from gpufleet.hostfacts import driver_state, gpu_state, resolution
+from gpufleet.settings import host_settings
+from operations.driver import archive_components, packages_at_versions, reboot_and_wait, refresh_initramfs, repo_key
+from operations.holds import held
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+APT_CACHE_SECONDS = 86400
+CUDA_SOURCE = "/etc/apt/sources.list.d/gpufleet-cuda.list"
+NOUVEAU_BLACKLIST = "/etc/modprobe.d/gpufleet-blacklist-nouveau.conf"
+CUDA_PROFILE = "/etc/profile.d/gpufleet-cuda.sh"
+DKMS_SIGNING_CONF = "/etc/dkms/framework.conf.d/gpufleet-module-signing.conf"
+# Held with the stack when they are installed (the docker deploy installs the container toolkit).
+CONTAINER_TOOLKIT = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
+                     "libnvidia-container1", "libnvidia-container-tools")
+REBOOT_TIMEOUT = 600
+
+_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+                          keep_trailing_newline=True)
+
+# host name -> why it needs a reboot; printed once at the end of the run.
+NEEDS_REBOOT: dict[str, str] = {}
+
+
+def _report_at_exit() -> None:
+    if NEEDS_REBOOT:
+        lines = "\n".join(f"    {name}: {why}" for name, why in sorted(NEEDS_REBOOT.items()))
+        click.echo(f"\n--> gpufleet: {len(NEEDS_REBOOT)} host(s) NEED A REBOOT to load the installed NVIDIA "
+                   f"driver:\n{lines}\n", err=True)
+
+
+atexit.register(_report_at_exit)
+
+
+def preconditions(settings, res, state, h) -> tuple[str, str] | None:
+    """(key, message) of the first reason not to touch this host, from facts read before the run."""
+    if state.secure_boot == "enabled":
+        key = settings.driver_module_signing_key
+        if key == "none":
+            return ("driver_module_signing_key",
+                    "Secure Boot is enabled and no module signing key is configured: the nvidia module DKMS "
+                    "builds would be refused by the kernel. Enroll a MOK (mokutil --import) and set "
+                    "driver_module_signing_key to its private key on the host, or disable Secure Boot")
+        if not h.get_fact(File, path=key):
+            return ("driver_module_signing_key",
+                    f"Secure Boot is enabled and the module signing key {key} does not exist on the host")
+    if settings.driver_kernel_headers == "require" and not state.kernel_headers:
+        release = state.kernel_release or "?"
+        package = f"linux-headers-{release}"
+        if not h.get_fact(AptCandidates, packages=[package]).get(package):
+            return ("driver_kernel_headers",
+                    f"no kernel headers for the running kernel {release}: /lib/modules/{release}/build is "
+                    f"missing and the package sources offer no {package}, so DKMS cannot build the nvidia "
+                    "module. Install the headers or boot a kernel that has them (or set "
+                    "driver_kernel_headers: skip where modules come prebuilt)")
+    return None
+
+
+def _mismatch(h) -> str | None:
+    """Why the host needs a reboot *now* (read at execution time), or None."""
+    state = h.get_fact(DriverState)
+    if state.mismatch:
+        return (f"loaded NVIDIA module {state.module_version} ({state.module_flavour}) differs from the installed "
+                f"driver {state.userspace_version} (driver/library mismatch)")
+    return None
+
+
+def _report(h, policy: str) -> None:
+    why = _mismatch(h)
+    if why:
+        NEEDS_REBOOT[h.name] = f"{why}; not rebooted ({policy})"
+        logger.warning(f"{h.print_prefix}NEEDS A REBOOT: {why}; not rebooted ({policy})")
+
+
+def _verify_after_reboot(h) -> None:
+    why = _mismatch(h)
+    if why:
+        raise OperationError(f"still after the reboot: {why}")
 
 
 @deploy("NVIDIA driver, CUDA and cuDNN")
 def driver():
-    not_implemented(
-        name="Not implemented yet (issue #4): nothing is done here",
-        area="NVIDIA driver, CUDA and cuDNN",
-        issue=4,
+    settings = host_settings(host)
+    me = host._get_module()  # the concrete host, for callbacks that run at execution time
+    try:
+        res = resolution(host, settings)
+    except Incompatible as refused:
+        allowed = f"; allowed: {refused.allowed}" if refused.allowed else ""
+        fail_host(host, refused.key or "driver", f"{refused.reason}{allowed}")
+        return
+    before = driver_state(host)
+    problem = preconditions(settings, res, before, host)
+    if problem:
+        fail_host(host, *problem)
+        return
+
+    data = compat_data()
+    repo = data.nvidia_repo
+    apt.update(name="Refresh the apt package index if it is older than a day", cache_time=APT_CACHE_SECONDS)
+
+    # 1. Package sources ------------------------------------------------------------------------
+    if res.source == "nvidia":
+        apt.packages(name="Install gpg to check the repository key", packages=["gpg"], no_recommends=True)
+        base = f"{settings.driver_repo_url.rstrip('/')}/{res.repo_os_dir}/x86_64"
+        keyring_url = (f"{base}/{repo['keyring_package_file']}" if settings.driver_repo_keyring_url == "auto"
+                       else settings.driver_repo_keyring_url)
+        fingerprint = (repo["key_fingerprint"] if settings.driver_repo_key_fingerprint == "auto"
+                       else settings.driver_repo_key_fingerprint)
+        key = repo_key(
+            name=f"Trust the CUDA repository key {fingerprint[-16:]} (fingerprint checked) for that source only",
+            url=keyring_url, fingerprint=fingerprint, keyring=repo["keyring_path"],
+        )
+        source = files.put(
+            name=f"Add NVIDIA's CUDA repository {base}/ as a signed-by source",
+            src=StringIO("# Managed by gpufleet (deploys/driver.py). Do not edit: changes are reverted.\n"
+                         f"deb [signed-by={repo['keyring_path']}] {base}/ /\n"),
+            dest=CUDA_SOURCE, mode="644",
+        )
+        apt.update(name="Read the package index of the changed sources", _if=any_changed(key, source))
+    else:
+        offer = data.distro_offers[res.os_release]
+        if res.os_release.startswith("debian") and offer.components:
+            components = archive_components(
+                name=f"Enable {', '.join(offer.components)} on the Debian archive sources",
+                components=list(offer.components),
+            )
+            apt.update(name="Read the package index of the changed sources", _if=components.did_change)
+
+    # 2. Preconditions that change the host -----------------------------------------------------
+    blacklist = files.put(
+        name="Blacklist nouveau so that the NVIDIA module can claim the GPUs",
+        src=StringIO("# Managed by gpufleet (deploys/driver.py). Do not edit: changes are reverted.\n"
+                     "blacklist nouveau\noptions nouveau modeset=0\n"),
+        dest=NOUVEAU_BLACKLIST, mode="644",
     )
+    refresh_initramfs(name="Refresh the initramfs so that nouveau stays out at boot", _if=blacklist.did_change)
+    if settings.driver_module_signing_key != "none":
+        signing_key = settings.driver_module_signing_key
+        files.put(
+            name="Let DKMS sign the modules it builds with the enrolled MOK (Secure Boot)",
+            src=StringIO("# Managed by gpufleet (deploys/driver.py).\n"
+                         f'mok_signing_key="{signing_key}"\n'
+                         f'mok_certificate="{signing_key.rsplit(".", 1)[0]}.pub"\n'),
+            dest=DKMS_SIGNING_CONF, mode="644",
+        )
+    if settings.driver_kernel_headers == "require" and not before.kernel_headers:
+        apt.packages(name=f"Install the headers of the running kernel {before.kernel_release} for DKMS",
+                     packages=[f"linux-headers-{before.kernel_release}"], no_recommends=True)
+
+    # 3. The one sanctioned change, then holds --------------------------------------------------
+    present = [p for p in (res.cuda_package, res.cudnn_package, *res.dcgm_packages, *res.fabric_extra_packages) if p]
+    versions = dict(res.package_versions)
+    held_now = host.get_fact(HeldPackages)
+    old_pins = [p for p in held_now if p.startswith("nvidia-driver-pinning-") and p != res.pinning_package]
+    packages_at_versions(
+        name=f"Install driver {res.driver_version} ({res.flavour})"
+             + (f" with Fabric Manager {res.fabricmanager_version}" if res.fabricmanager_needed else "")
+             + (f", CUDA {res.cuda_version}" if res.cuda_version else "")
+             + (f", cuDNN {res.cudnn_version}" if res.cudnn_version else "")
+             + ": unhold, change and re-hold as one step",
+        versions=versions, present=present, pinning=res.pinning_package,
+        hold=settings.driver_hold, release=old_pins,
+    )
+    release = before.kernel_release or ""
+    extra = [*CONTAINER_TOOLKIT, *((f"linux-image-{release}", f"linux-headers-{release}") if release else ())]
+    installed_extra = [p for p, v in host.get_fact(PackageVersions, packages=extra).items() if v]
+    managed = [*versions, *present, *([res.pinning_package] if res.pinning_package else []), *installed_extra]
+    held(
+        name=("Hold" if settings.driver_hold else "Release") + " the driver, CUDA, cuDNN, container toolkit "
+             "and running kernel packages",
+        packages=managed, present=settings.driver_hold,
+    )
+    files.put(
+        name="Keep unattended-upgrades away from NVIDIA, CUDA and cuDNN packages",
+        src=StringIO(render_hardening("etc/apt/apt.conf.d/51gpufleet-unattended-upgrades.j2",
+                                      blacklist=list(host.data.get("hardening_unattended_blacklist")
+                                                     or GPU_PACKAGE_BLACKLIST))),
+        dest=UNATTENDED_CONF, mode="644",
+    )
+
+    # 4. CUDA environment -----------------------------------------------------------------------
+    if res.cuda_version and res.source == "nvidia":
+        cuda_home = repo["cuda_home"].format(cuda_version=res.cuda_version)
+        files.put(
+            name=f"Put CUDA {res.cuda_version} on PATH and the library path of login shells",
+            src=StringIO(_ENV.get_template("etc/profile.d/gpufleet-cuda.sh.j2").render(
+                cuda_version=res.cuda_version, package=res.cuda_package, cuda_home=cuda_home)),
+            dest=CUDA_PROFILE, mode="644",
+        )
+    else:
+        files.file(name="No host CUDA toolkit from gpufleet: no CUDA profile", path=CUDA_PROFILE, present=False)
+
+    # 5. Reboot ---------------------------------------------------------------------------------
+    busy = gpu_state(host).processes
+    policy = settings.driver_reboot
+    if policy == "if-idle" and busy and not settings.driver_reboot_force:
+        policy = f"driver_reboot: if-idle, {len(busy)} GPU process(es) running"
+    elif policy == "never":
+        policy = "driver_reboot: never"
+    elif busy and not settings.driver_reboot_force:
+        policy = f"driver_reboot: {policy}, {len(busy)} GPU process(es) running, driver_reboot_force: false"
+    else:
+        policy = None
+    if policy is None:
+        reboot_and_wait(
+            name="Reboot to load the installed NVIDIA driver, if the loaded module differs from it",
+            delay=3, reboot_timeout=REBOOT_TIMEOUT,
+            _if=lambda: _mismatch(me) is not None,
+        )
+        python.call(
+            name="Check that the loaded NVIDIA module is the installed driver after the reboot",
+            function=_verify_after_reboot, h=me,
+            _if=lambda: _mismatch(me) is not None,
+        )
+    else:
+        python.call(
+            name="Report that the host needs a reboot, if the loaded NVIDIA module differs from the installed driver",
+            function=_report, h=me, policy=policy,
+            _if=lambda: _mismatch(me) is not None,
+        )

@@ -76,6 +76,10 @@ class DistroOffer:
     driver_packages: Mapping[str, tuple[str, ...]]  # flavour -> packages
     fabricmanager: bool
     cudnn: bool
+    # packages from other source packages, with their own upstream version (e.g. nvidia-persistenced)
+    package_versions: Mapping[str, str] = field(default_factory=dict)
+    # archive components the packages need besides main (Debian: contrib, non-free, ...)
+    components: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -203,6 +207,11 @@ def _from_mapping(data: Mapping[str, Any]) -> CompatData:
             driver_packages={k: tuple(v) for k, v in info["driver_packages"].items()},
             fabricmanager=bool(info.get("fabricmanager", False)),
             cudnn=bool(info.get("cudnn", False)),
+            package_versions={
+                str(k): _version(v, f"distro_offers.{os_name}.package_versions")
+                for k, v in (info.get("package_versions") or {}).items()
+            },
+            components=tuple(info.get("components") or ()),
         )
         for os_name, info in (data.get("distro_offers") or {}).items()
         if _verified(info)

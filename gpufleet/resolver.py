@@ -45,6 +45,13 @@ class Resolution:
     clock_method: str  # ac (nvidia-smi -ac) | lgc (-lgc/-lmc, R595+) | reset | none
     application_clocks: Mapping[str, ClockPair | None] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    #: NVIDIA's version-locking package for this exact driver (nvidia source, R580+), else None
+    pinning_package: str | None = None
+    #: upstream version each driver package must have once installed (driver packages, Fabric
+    #: Manager and, for distro packages built from another source, their own version)
+    package_versions: Mapping[str, str] = field(default_factory=dict)
+    #: DCGM packages when driver_dcgm asks for them
+    dcgm_packages: tuple[str, ...] = ()
 
     def describe(self) -> dict[str, Any]:
         """Ordered, printable summary for plan views."""
@@ -53,7 +60,8 @@ class Resolution:
             "os_release": self.os_release,
             "gpus": ", ".join(_count_names(self.gpus)),
             "driver": f"R{self.driver_branch} {self.driver_version} ({self.flavour})",
-            "driver_packages": " ".join(self.driver_packages),
+            "driver_packages": " ".join(self.driver_packages)
+            + (f" (locked by {self.pinning_package})" if self.pinning_package else ""),
             "cuda": f"{self.cuda_version} ({self.cuda_package})" if self.cuda_version else NONE,
             "cudnn": f"{self.cudnn_version} ({self.cudnn_package})" if self.cudnn_version else NONE,
             "fabricmanager": (
@@ -173,6 +181,14 @@ def _nvidia_driver_packages(branch: str, flavour: str, data: CompatData) -> tupl
         if int(branch) >= int(scheme["from_branch"]):
             return tuple(p.format(branch=branch) for p in scheme[flavour])
     raise Incompatible(f"no package scheme for R{branch} in compat.yaml", key="driver_branch")
+
+
+def _by_branch(schemes: Sequence[Mapping[str, Any]], branch: str, **fill: str) -> str | None:
+    """The `name` of the first scheme whose from_branch <= branch, filled in; None if none fits."""
+    for scheme in schemes or ():
+        if int(branch) >= int(scheme["from_branch"]):
+            return str(scheme["name"]).format(branch=branch, **fill)
+    return None
 
 
 # --- CUDA / cuDNN -------------------------------------------------------------------------------
@@ -486,7 +502,7 @@ def _resolve_on(
                 key="driver_source",
                 allowed="nvidia",
             )
-        fm_package = data.nvidia_repo["fabricmanager_package"].format(branch=branch)
+        fm_package = _by_branch(data.nvidia_repo["fabricmanager_packages"], branch)
         fm_version = version  # must equal the driver version exactly [S17]
         if any(m.needs_nvlsm for m in models):
             fabric_extra = (data.nvidia_repo["nvlsm_package"],)
@@ -495,6 +511,23 @@ def _resolve_on(
 
     method, pairs, clock_notes = _clocks(models, _wish(wishes, "clock_policy", "default"), branch, data)
     notes += clock_notes
+
+    pinning = None
+    versions: dict[str, str] = {}
+    if offer is not None:
+        versions = {p: offer.package_versions.get(p, version) for p in driver_packages}
+    else:
+        pinning = _by_branch(data.nvidia_repo.get("pinning_packages", ()), branch, version=version)
+        versions = {p: version for p in driver_packages}
+    if fm_package:
+        versions[fm_package] = version
+
+    dcgm: tuple[str, ...] = ()
+    if _wish(wishes, "driver_dcgm", False):
+        if offer is not None:
+            raise Incompatible(f"{os_name} does not package DCGM", key="driver_dcgm", allowed="false, or driver_source nvidia")
+        dcgm_cuda = major(cuda_version) if cuda_version else major(_branch_cuda(branch, data))
+        dcgm = tuple(p.format(cuda_major=dcgm_cuda) for p in data.nvidia_repo["dcgm_packages"])
 
     return Resolution(
         source=source,
@@ -516,7 +549,17 @@ def _resolve_on(
         clock_method=method,
         application_clocks=MappingProxyType(pairs),
         notes=tuple(notes),
+        pinning_package=pinning,
+        package_versions=MappingProxyType(versions),
+        dcgm_packages=dcgm,
     )
+
+
+def _branch_cuda(branch: str, data: CompatData) -> str:
+    """The newest CUDA release whose family floor this branch meets (DCGM build to pick)."""
+    fitting = [c for c, rel in data.cuda_releases.items()
+               if (fam := data.cuda_families.get(major(c))) and at_least(data.driver_branches[branch].default or "0", fam.min_driver)]
+    return max(fitting, key=parse) if fitting else "12.0"
 
 
 def check_tier_hardware(

@@ -269,6 +269,22 @@ def _add_diversion(root: pathlib.Path) -> None:
     path.write_text(text)
 
 
+def _install_load_module(root: pathlib.Path) -> None:
+    """gpusim-load-module.service: at boot the simulated module becomes the installed driver's."""
+    lib = root / LIB_DIR
+    shutil.copy2(HERE / "gpusim-load-module", lib / "gpusim-load-module")
+    os.chmod(lib / "gpusim-load-module", 0o755)
+    _write(lib / "cuda-by-branch.json", json.dumps(MODELS["cuda_by_branch"]) + "\n")
+    unit = root / "etc/systemd/system/gpusim-load-module.service"
+    _write(unit, (HERE / "gpusim-load-module.service").read_text())
+    wants = root / "etc/systemd/system/multi-user.target.wants/gpusim-load-module.service"
+    wants.parent.mkdir(parents=True, exist_ok=True)
+    if wants.is_symlink() or wants.exists():
+        wants.unlink()
+    wants.symlink_to("/etc/systemd/system/gpusim-load-module.service")
+
+
+
 #: inside the host root: what the container sees as /proc/driver
 PROC_DRIVER_DIR = "usr/lib/gpusim/kernel/proc-driver"
 
@@ -296,6 +312,7 @@ def install(root: pathlib.Path, spec: str, work: pathlib.Path) -> list[str]:
             link.unlink()
         link.symlink_to(f"../lib/gpusim/{name}")
     _add_diversion(root)
+    _install_load_module(root)
 
     args = []
     # nspawn mounts binds aimed into /proc from inside the container (sources resolve in the

@@ -175,7 +175,7 @@ def test_mixed_generations_keep_proprietary_or_refuse():
 def test_nvswitch_needs_fabricmanager_at_exact_driver_version():
     r = resolve([H100] * 8 + [H100_NVSWITCH] * 4, wish(), UBUNTU)
     assert r.fabricmanager_needed
-    assert r.fabricmanager_package == "nvidia-fabricmanager-580"
+    assert r.fabricmanager_package == "nvidia-fabricmanager"  # R580+: unversioned; -580 is only virtual
     assert r.fabricmanager_version == r.driver_version == "580.159.04"
     pinned = resolve([H100] * 8, wish(driver_version="580.95.05"), UBUNTU, nvswitch=True)
     assert pinned.fabricmanager_version == "580.95.05"
@@ -194,7 +194,7 @@ def test_blackwell_nvswitch_adds_nvlsm_and_grace_is_off_host():
 
 def test_distro_debian12_and_13():
     r12 = resolve([T4], wish(driver_source="distro", driver_branch="auto", cuda_version="11.8"), ("debian", "12"))
-    assert (r12.driver_branch, r12.driver_version, r12.cuda_version) == ("535", "535.247.01", "11.8")
+    assert (r12.driver_branch, r12.driver_version, r12.cuda_version) == ("535", "535.309.01", "11.8")
     assert r12.cuda_package == "nvidia-cuda-toolkit" and "nvidia-driver" in r12.driver_packages
     r13 = resolve([RTX3080], wish(driver_source="distro", driver_branch="auto", cuda_version="12.4"), "debian-13")
     assert (r13.driver_version, r13.cuda_version) == ("550.163.01", "12.4")

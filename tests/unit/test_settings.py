@@ -174,7 +174,7 @@ def test_describe_for_plan_view():
     assert keys[:3] == ["host", "tier", "tier_mismatch"]
     assert view["nccl_profile"] == "roce (inventory)"
     assert view["resolved.driver"] == "R580 580.159.04 (open)"
-    assert view["resolved.fabricmanager"] == "nvidia-fabricmanager-580 580.159.04"
+    assert view["resolved.fabricmanager"] == "nvidia-fabricmanager 580.159.04"
     assert keys.index("extra_packages") < keys.index("resolved.source")
 
 

@@ -1,0 +1,179 @@
+"""Facts the driver deploy needs besides DriverState: the fingerprints in an apt keyring, what
+apt could install (candidates), and which archive components the Debian sources enable.
+
+All read-only: nothing here writes to the host (gpg gets a throw-away home in /dev/shm or /tmp
+that is removed again; keyring facts are read only after the host passed its preconditions).
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+from ._common import fail
+
+_FPR = re.compile(r"^[0-9A-F]{40}$")
+_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.\-]*$")
+
+
+class KeyringFingerprints(FactBase[list[str]]):
+    """
+    Fingerprints of the primary keys in an OpenPGP keyring file (binary or armored); [] when the
+    file or gpg is missing:
+
+    .. code:: python
+
+        host.get_fact(KeyringFingerprints, path="/usr/share/keyrings/cuda-archive-keyring.gpg")
+        ["EB693B3035CD5710E231E123A4B469963BF863CC"]
+    """
+
+    @override
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+    @override
+    def command(self, path: str) -> str:
+        p = shlex.quote(path)
+        return (
+            f"if [ -f {p} ] && command -v gpg >/dev/null 2>&1; then "
+            'h=$(mktemp -d); GNUPGHOME="$h" gpg --batch --with-colons --show-keys '
+            f"{p} 2>/dev/null | awk -F: '$1==\"pub\"{{p=1;next}} $1==\"fpr\"&&p{{print $10;p=0}}'; "
+            'rm -rf "$h"; fi; true'
+        )
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        out = []
+        for line in output:
+            line = line.strip()
+            if not line:
+                continue
+            if not _FPR.match(line):
+                raise fail("expected a 40-digit fingerprint from gpg --show-keys", line)
+            out.append(line)
+        return out
+
+
+class AptCandidates(FactBase[dict[str, "str | None"]]):
+    """
+    apt's candidate version of each package from the current package index (None: apt knows
+    no installable version):
+
+    .. code:: python
+
+        host.get_fact(AptCandidates, packages=["linux-headers-6.1.0-26-amd64"])
+        {"linux-headers-6.1.0-26-amd64": "6.1.112-1"}
+    """
+
+    @override
+    @staticmethod
+    def default() -> dict[str, str | None]:
+        return {}
+
+    @override
+    def command(self, packages: Sequence[str]) -> str:
+        for name in packages:
+            if not _PACKAGE.match(name):
+                raise ValueError(f"not a Debian package name: {name!r}")
+        names = " ".join(shlex.quote(p) for p in packages)
+        return (
+            f"for p in {names}; do "
+            'c=$(LC_ALL=C apt-cache policy "$p" 2>/dev/null | sed -n "s/^ *Candidate: //p"); '
+            'echo "$p ${c:-(none)}"; done'
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict[str, str | None]:
+        result: dict[str, str | None] = {}
+        for line in output:
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 2:
+                raise fail("expected 'package candidate'", line)
+            result[parts[0]] = None if parts[1] == "(none)" else parts[1]
+        return result
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    path: str
+    line: int  # 1-based line of the one-line entry, or of the deb822 Components: field
+    uri: str
+    components: tuple[str, ...]
+
+
+# A one-line entry: deb [options] URI SUITE COMPONENT...
+_ONE_LINE = re.compile(r"^\s*deb\s+(?:\[[^\]]*\]\s+)?(?P<uri>\S+)\s+(?P<suite>\S+)(?P<components>(?:\s+[^\s#]+)*)")
+
+
+class DebianArchiveSources(FactBase[list[SourceEntry]]):
+    """
+    The `deb` entries of /etc/apt/sources.list, sources.list.d/*.list and *.sources (deb822)
+    with their components, for editing components in place:
+
+    .. code:: python
+
+        [SourceEntry(path="/etc/apt/sources.list", line=1, uri="http://deb.debian.org/debian",
+                     components=("main",))]
+    """
+
+    @override
+    @staticmethod
+    def default() -> list[SourceEntry]:
+        return []
+
+    @override
+    def command(self) -> str:
+        return (
+            "for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do "
+            '[ -f "$f" ] && grep -n -E "^[[:space:]]*deb[[:space:]]" "$f" | sed "s|^|L $f:|"; done; '
+            "for f in /etc/apt/sources.list.d/*.sources; do "
+            '[ -f "$f" ] && awk -v f="$f" \'/^[[:space:]]*$/{u="";t=""} /^URIs:/{u=$2} /^Types:/{t=$0} '
+            '/^Components:/{ if (t ~ /deb( |$)/) { sub(/^Components:[[:space:]]*/, ""); print "S " f ":" FNR ":" u " " $0 } }\' "$f"; '
+            "done; true"
+        )
+
+    @override
+    def process(self, output: list[str]) -> list[SourceEntry]:
+        entries = []
+        for line in output:
+            if not line.strip():
+                continue
+            kind, _, rest = line.partition(" ")
+            path, _, rest = rest.partition(":")
+            number, _, text = rest.partition(":")
+            if kind not in ("L", "S") or not number.isdigit():
+                raise fail("unexpected sources line", line)
+            if kind == "L":
+                match = _ONE_LINE.match(text)
+                if not match or match["suite"].endswith("/"):
+                    continue  # flat repositories (suite "/") have no components
+                entries.append(SourceEntry(path, int(number), match["uri"], tuple(match["components"].split())))
+            else:
+                uri, _, comps = text.partition(" ")
+                entries.append(SourceEntry(path, int(number), uri, tuple(comps.split())))
+        return entries
+
+
+class BootId(FactBase[str]):
+    """
+    The kernel's id of the current boot (changes at every boot; containers get their own):
+
+    .. code:: python
+
+        "e73a84ab-10b4-4e1a-a5c0-1ce3b10d5531"
+    """
+
+    @override
+    def command(self) -> str:
+        return "cat /proc/sys/kernel/random/boot_id"
+
+    @override
+    def process(self, output: list[str]) -> str:
+        return "".join(output).strip()

@@ -1,0 +1,200 @@
+"""Operations of the driver deploy: each reads facts, compares, and yields only what is needed.
+
+- ``repo_key``: trust a repository signing key, for one source only, after checking its fingerprint.
+- ``archive_components``: enable archive components (contrib, non-free...) on Debian's own entries.
+- ``packages_at_versions``: the one sanctioned way the driver stack changes: unhold, (lock the
+  version with NVIDIA's pinning package), install exact versions, verify, re-hold.
+- ``refresh_initramfs``: update-initramfs where the host has it (containers often do not).
+"""
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+
+from pyinfra import host
+from pyinfra.api import FunctionCommand, OperationError, StringCommand, operation
+
+from facts.driver import BootId, DebianArchiveSources, KeyringFingerprints
+from facts.kernel import upstream_version
+from facts.packages import HeldPackages, PackageVersions
+
+_DEBIAN_ARCHIVE = re.compile(r"^(https?|file)://[^ ]*/debian(-security)?/?$")
+_APT = ("DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Options::=--force-confdef "
+        "-o Dpkg::Options::=--force-confold")
+
+
+def _sh(script: str) -> StringCommand:
+    return StringCommand("sh", "-c", shlex.quote(script))
+
+
+@operation()
+def repo_key(url: str, fingerprint: str, keyring: str, member: str | None = None):
+    """Install the key at ``url`` as ``keyring`` only if its single primary key has ``fingerprint``.
+
+    + url: an armored/binary key, or a .deb holding the keyring (NVIDIA's cuda-keyring)
+    + fingerprint: 40 hex digits; anything else at the URL is refused
+    + keyring: destination (referenced by the source's signed-by, so trusted for it only)
+    + member: path of the keyring inside the .deb (default: ``keyring``)
+    """
+    if fingerprint in host.get_fact(KeyringFingerprints, path=keyring):
+        host.noop(f"{keyring} already holds key {fingerprint}")
+        return
+    member = member or keyring
+    q = shlex.quote
+    yield _sh(
+        "set -e; umask 022; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; export GNUPGHOME=\"$t/gnupg\"; "
+        "mkdir -m 700 \"$GNUPGHOME\"; "
+        f"/usr/lib/apt/apt-helper download-file {q(url)} \"$t/download\" >/dev/null || "
+        f"{{ echo 'gpufleet: cannot download the repository key from {url}' >&2; exit 1; }}; "
+        f"case {q(url)} in *.deb) dpkg-deb -x \"$t/download\" \"$t/x\"; src=\"$t/x\"{q(member)}; "
+        f"[ -f \"$src\" ] || {{ echo 'gpufleet: {url} holds no {member}' >&2; exit 1; }};; "
+        "*) src=\"$t/download\";; esac; "
+        "fprs=$(gpg --batch --with-colons --show-keys \"$src\" 2>/dev/null "
+        "| awk -F: '$1==\"pub\"{p=1;next} $1==\"fpr\"&&p{print $10;p=0}' | tr '\\n' ' ' | sed 's/ $//'); "
+        f"if [ \"$fprs\" != {q(fingerprint)} ]; then echo \"gpufleet: the key from {url} has fingerprint(s) "
+        f"${{fprs:-none}}, not the pinned {fingerprint} (driver_repo_key_fingerprint): not trusted\" >&2; exit 1; fi; "
+        "if grep -q 'BEGIN PGP PUBLIC KEY BLOCK' \"$src\"; then gpg --batch --yes -o \"$t/k.gpg\" --dearmor \"$src\"; "
+        "else cp \"$src\" \"$t/k.gpg\"; fi; "
+        f"install -D -m 644 \"$t/k.gpg\" {q(keyring)}"
+    )
+
+
+@operation()
+def archive_components(components: Sequence[str]):
+    """Add ``components`` to every Debian archive entry (deb.debian.org, security, mirrors) lacking them.
+
+    + components: e.g. ["contrib", "non-free", "non-free-firmware"]
+    """
+    changes = []
+    debian = [e for e in host.get_fact(DebianArchiveSources) if _DEBIAN_ARCHIVE.match(e.uri)]
+    for entry in debian:
+        missing = [c for c in components if c not in entry.components]
+        if missing:
+            changes.append((entry, missing))
+    if not debian:
+        host.noop("no Debian archive entry found in the apt sources: nothing to extend")
+        return
+    if not changes:
+        host.noop(f"Debian archive entries already have {' '.join(components)}")
+        return
+    for entry, missing in changes:
+        # append after the last component, before any trailing comment
+        expr = rf"{entry.line}s/^\([^#]*[^#[:space:]]\)/\1 {' '.join(missing)}/"
+        yield StringCommand("sed", "-i", shlex.quote(expr), shlex.quote(entry.path))
+
+
+def _version_regex(version: str) -> str:
+    """ERE matching a Debian version whose upstream part is ``version`` (any epoch, any revision)."""
+    return "^([0-9]+:)?" + re.escape(version).replace("\\-", "-") + "-"
+
+
+@operation()
+def packages_at_versions(
+    versions: Mapping[str, str],
+    present: Sequence[str] = (),
+    pinning: str | None = None,
+    hold: bool = True,
+    release: Sequence[str] = (),
+):
+    """Bring ``versions`` (package -> upstream version) and ``present`` packages in as one step.
+
+    Held packages among ``release`` (and every package touched) are released first and held
+    again afterwards, also when apt fails, so a sanctioned change never leaves the stack unheld.
+
+    + versions: packages that must be at exactly these upstream versions
+    + present: packages that must be installed (any version the sources offer)
+    + pinning: NVIDIA's version-locking package, installed first (replaces another one)
+    + hold: hold everything managed here afterwards
+    + release: further held packages that this change may have to move (e.g. an old pinning package)
+    """
+    names = [*versions, *present, *([pinning] if pinning else [])]
+    installed = host.get_fact(PackageVersions, packages=names)
+    wrong = {p: v for p, v in versions.items() if upstream_version(installed.get(p) or "") != v}
+    missing = [p for p in [*present, *([pinning] if pinning else [])] if not installed.get(p)]
+    if not wrong and not missing:
+        host.noop("at the wanted versions already: " + ", ".join(f"{p} {v}" for p, v in versions.items()))
+        return
+    held = set(host.get_fact(HeldPackages))
+    unhold = sorted(held & ({*names} | set(release)))
+    rehold = sorted({*names, *(set(unhold) if hold else ())}) if hold else sorted(unhold)
+    q = shlex.quote
+
+    steps = ["set -e", "export DEBIAN_FRONTEND=noninteractive"]
+    # exact versions: apt needs the full Debian version; find the one with our upstream version
+    for pkg, version in versions.items():
+        var = "v_" + re.sub(r"[^a-z0-9]", "_", pkg)
+        steps.append(
+            f"{var}=$(apt-cache madison {q(pkg)} | awk -F'|' '{{gsub(/ /,\"\",$2); print $2}}' "
+            f"| grep -E -m1 {q(_version_regex(version))} || true)"
+        )
+        steps.append(
+            f"[ -n \"${var}\" ] || {{ echo \"gpufleet: the package sources offer no {pkg} {version} (they offer: "
+            f"$(apt-cache madison {q(pkg)} | awk -F'|' '{{print $2}}' | tr -d ' ' | tr '\\n' ' ')); nothing was changed\" >&2; exit 3; }}"
+        )
+    if pinning:
+        steps.append(f"{_APT} install {q(pinning)}")
+    args = [f"{q(pkg)}=\"$v_{re.sub(r'[^a-z0-9]', '_', pkg)}\"" for pkg in versions] + [q(p) for p in present]
+    steps.append(f"{_APT} install --no-install-recommends --allow-downgrades " + " ".join(args))
+    for pkg, version in versions.items():
+        steps.append(
+            f"dpkg-query -W -f='${{Version}}' {q(pkg)} | grep -E -q {q(_version_regex(version))} || "
+            f"{{ echo \"gpufleet: {pkg} is not at {version} after the install\" >&2; exit 4; }}"
+        )
+    body = "; ".join(steps)
+    hold_cmd = (
+        f"for p in {' '.join(q(p) for p in rehold)}; do "
+        "if dpkg-query -W -f='${Status}' \"$p\" 2>/dev/null | grep -q ' installed$'; then apt-mark hold \"$p\" >/dev/null; fi; done"
+    ) if rehold else ":"
+    unhold_cmd = f"apt-mark unhold {' '.join(q(p) for p in unhold)} >/dev/null" if unhold else ":"
+    yield _sh(f"{unhold_cmd}; rc=0; ( {body} ) || rc=$?; {hold_cmd}; exit $rc")
+
+
+@operation()
+def refresh_initramfs():
+    """Rebuild the initramfs so a changed module blacklist applies at boot (skipped where the
+    host has no update-initramfs, e.g. containers; dracut hosts use dracut)."""
+    yield _sh(
+        "if command -v update-initramfs >/dev/null 2>&1; then update-initramfs -u -k all; "
+        "elif command -v dracut >/dev/null 2>&1; then dracut --regenerate-all --force; "
+        "else echo 'gpufleet: no update-initramfs or dracut on this host: nothing to refresh'; fi"
+    )
+
+
+@operation(is_idempotent=False)
+def reboot_and_wait(delay: int = 5, interval: int = 2, reboot_timeout: int = 600):
+    """Reboot and wait until the host is back with a new boot id.
+
+    Like pyinfra's server.reboot, but the reboot is confirmed by /proc/sys/kernel/random/boot_id
+    instead of the uptime, which containers share with their host (the uptime never drops there).
+
+    + delay: seconds before the first reconnect attempt
+    + interval: seconds between attempts
+    + reboot_timeout: give up (and fail the host) after this many seconds
+    """
+    before: list[str] = []
+
+    def capture(state, host):
+        before.append(host.get_fact(BootId))
+
+    yield FunctionCommand(capture, (), {})
+    yield StringCommand("( sleep 1 && systemctl reboot || reboot ) </dev/null >/dev/null 2>&1 &")
+
+    def wait(state, host):  # pragma: no cover - needs a real reboot
+        time.sleep(delay)
+        host.disconnect()
+        deadline = time.monotonic() + reboot_timeout
+        while time.monotonic() < deadline:
+            host.connect(show_errors=False)
+            if host.connected:
+                try:
+                    if host.get_fact(BootId) not in ("", before[0]):
+                        return
+                except Exception:  # the old system may still be shutting down
+                    pass
+                host.disconnect()
+            time.sleep(interval)
+        raise OperationError(f"not back from the reboot after {reboot_timeout} s")
+
+    yield FunctionCommand(wait, (), {})
