@@ -50,8 +50,9 @@ from gpufleet.errors import Incompatible
 from gpufleet.failures import fail_host
 from gpufleet.hostfacts import driver_state, gpu_state, resolution
 from gpufleet.settings import host_settings
-from operations.driver import archive_components, packages_at_versions, reboot_and_wait, refresh_initramfs, repo_key
+from operations.driver import archive_components, packages_at_versions, refresh_initramfs, repo_key
 from operations.holds import held
+from operations.reboot import rebooted
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 APT_CACHE_SECONDS = 86400
@@ -219,13 +220,14 @@ def driver():
              "and running kernel packages",
         packages=managed, present=settings.driver_hold,
     )
-    files.put(
-        name="Keep unattended-upgrades away from NVIDIA, CUDA and cuDNN packages",
-        src=StringIO(render_hardening("etc/apt/apt.conf.d/51gpufleet-unattended-upgrades.j2",
-                                      blacklist=list(host.data.get("hardening_unattended_blacklist")
-                                                     or GPU_PACKAGE_BLACKLIST))),
-        dest=UNATTENDED_CONF, mode="644",
-    )
+    if settings.hardening_unattended_upgrades:
+        # The same file, template and list as deploys/hardening.py: whichever runs first writes it.
+        files.put(
+            name="Keep unattended-upgrades away from NVIDIA, CUDA and cuDNN packages",
+            src=StringIO(render_hardening("etc/apt/apt.conf.d/51gpufleet-unattended-upgrades.j2",
+                                          blacklist=list(GPU_PACKAGE_BLACKLIST))),
+            dest=UNATTENDED_CONF, mode="644",
+        )
 
     # 4. CUDA environment -----------------------------------------------------------------------
     if res.cuda_version and res.source == "nvidia":
@@ -251,9 +253,9 @@ def driver():
     else:
         policy = None
     if policy is None:
-        reboot_and_wait(
+        rebooted(
             name="Reboot to load the installed NVIDIA driver, if the loaded module differs from it",
-            delay=3, reboot_timeout=REBOOT_TIMEOUT,
+            reason="gpufleet driver: load the installed NVIDIA kernel module", timeout=REBOOT_TIMEOUT,
             _if=lambda: _mismatch(me) is not None,
         )
         python.call(

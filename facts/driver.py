@@ -160,20 +160,3 @@ class DebianArchiveSources(FactBase[list[SourceEntry]]):
                 entries.append(SourceEntry(path, int(number), uri, tuple(comps.split())))
         return entries
 
-
-class BootId(FactBase[str]):
-    """
-    The kernel's id of the current boot (changes at every boot; containers get their own):
-
-    .. code:: python
-
-        "e73a84ab-10b4-4e1a-a5c0-1ce3b10d5531"
-    """
-
-    @override
-    def command(self) -> str:
-        return "cat /proc/sys/kernel/random/boot_id"
-
-    @override
-    def process(self, output: list[str]) -> str:
-        return "".join(output).strip()

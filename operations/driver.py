@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import re
 import shlex
-import time
 from collections.abc import Mapping, Sequence
 
 from pyinfra import host
-from pyinfra.api import FunctionCommand, OperationError, StringCommand, operation
+from pyinfra.api import StringCommand, operation
 
-from facts.driver import BootId, DebianArchiveSources, KeyringFingerprints
+from facts.driver import DebianArchiveSources, KeyringFingerprints
 from facts.kernel import upstream_version
 from facts.packages import HeldPackages, PackageVersions
 
@@ -161,40 +160,3 @@ def refresh_initramfs():
         "else echo 'gpufleet: no update-initramfs or dracut on this host: nothing to refresh'; fi"
     )
 
-
-@operation(is_idempotent=False)
-def reboot_and_wait(delay: int = 5, interval: int = 2, reboot_timeout: int = 600):
-    """Reboot and wait until the host is back with a new boot id.
-
-    Like pyinfra's server.reboot, but the reboot is confirmed by /proc/sys/kernel/random/boot_id
-    instead of the uptime, which containers share with their host (the uptime never drops there).
-
-    + delay: seconds before the first reconnect attempt
-    + interval: seconds between attempts
-    + reboot_timeout: give up (and fail the host) after this many seconds
-    """
-    before: list[str] = []
-
-    def capture(state, host):
-        before.append(host.get_fact(BootId))
-
-    yield FunctionCommand(capture, (), {})
-    yield StringCommand("( sleep 1 && systemctl reboot || reboot ) </dev/null >/dev/null 2>&1 &")
-
-    def wait(state, host):  # pragma: no cover - needs a real reboot
-        time.sleep(delay)
-        host.disconnect()
-        deadline = time.monotonic() + reboot_timeout
-        while time.monotonic() < deadline:
-            host.connect(show_errors=False)
-            if host.connected:
-                try:
-                    if host.get_fact(BootId) not in ("", before[0]):
-                        return
-                except Exception:  # the old system may still be shutting down
-                    pass
-                host.disconnect()
-            time.sleep(interval)
-        raise OperationError(f"not back from the reboot after {reboot_timeout} s")
-
-    yield FunctionCommand(wait, (), {})
