@@ -1,6 +1,6 @@
 """A small fleet for the rollout tests: test hosts with simulated A100s at driver 580.95.05,
-installed from the stand-in NVIDIA repository, held, with a Slurm stand-in and the simulated
-"load the installed module at boot" unit (testing/gpusim_modules.py)."""
+installed from the stand-in NVIDIA repository, pinned and held, with a Slurm stand-in. The
+simulator loads the installed driver's version at every boot (testing/gpusim/gpusim-load-module)."""
 from __future__ import annotations
 
 import base64
@@ -11,7 +11,6 @@ from pathlib import Path
 
 from testing import testhosts
 from testing.aptrepo import DRIVERS
-from testing.gpusim_modules import install_module_loader
 from testing.inventory import write_inventory
 
 OLD, NEW = DRIVERS[0], DRIVERS[1]
@@ -37,7 +36,9 @@ def sh(host, cmd: str, check: bool = True, timeout: float = 300):
 
 
 def version(host, pkg: str) -> str:
-    return sh(host, f"dpkg-query -W -f='${{db:Status-Abbrev}}${{Version}}' {pkg} 2>/dev/null || true").stdout.strip()
+    """'ii 580.95.05-1' when installed (held or not: holds are checked on their own), else dpkg's status."""
+    out = sh(host, f"dpkg-query -W -f='${{db:Status-Abbrev}}${{Version}}' {pkg} 2>/dev/null || true").stdout.strip()
+    return "ii" + out[2:] if out.startswith("hi") else out
 
 
 def holds(host) -> set[str]:
@@ -61,7 +62,6 @@ def prepare(host, aptrepo, slurm: bool = True) -> None:
              f"libcudnn9-cuda-13 >/dev/null && apt-mark hold {' '.join(HELD)} >/dev/null")
     if slurm:
         sh(host, f"printf %s {shlex.quote(SCONTROL)} > /usr/local/bin/scontrol && chmod 755 /usr/local/bin/scontrol")
-    install_module_loader(host.root)
 
 
 def tune_gpus(host) -> tuple[int, int]:
@@ -83,7 +83,7 @@ def supported_pair(host) -> tuple[int, int]:
 def prepare_all(hosts, aptrepo, slurm: bool = True) -> None:
     with ThreadPoolExecutor(max_workers=3) as ex:
         list(ex.map(lambda h: prepare(h, aptrepo, slurm), hosts))
-    # from now on the simulated module follows the installed package at every boot
+    # boot once with the installed driver loaded (what the simulator does at every boot)
     for h in hosts:
         testhosts.reboot(h)
         tune_gpus(h)
