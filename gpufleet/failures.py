@@ -7,11 +7,20 @@ from typing import Any
 from pyinfra import logger
 
 
+def real_host(host: Any) -> Any:
+    """The Host behind pyinfra's `host` context proxy (the proxy follows whichever host is
+    current, so it must never be stored)."""
+    get = getattr(type(host), "_get_module", None)
+    return get(host) if get else host
+
+
 def fail_host(host: Any, key: str, message: str) -> None:
     """Fail `host` with a message naming the host and the setting involved."""
+    host = real_host(host)
     logger.error(f"{host.print_prefix}gpufleet refuses to change this host: {key}: {message}")
     host.state.fail_hosts({host})
 
 
 def host_failed(host: Any) -> bool:
+    host = real_host(host)
     return host in host.state.failed_hosts
