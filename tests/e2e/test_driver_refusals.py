@@ -1,0 +1,104 @@
+"""End-to-end: bad input stops the driver deploy before any package is touched, with a clear message.
+
+Run through deploys/all.py, as operators do. "Before any package is touched" is proved on the
+host itself: the overlay's upper layer (every write to the host's disk since boot) is the same
+before and after the refused run, and no apt/dpkg command ran.
+
+The GPUs are SIMULATED (testing/gpusim, a test double): HGX H100 x8 with NVSwitch.
+Proprietary modules on Blackwell are refused at validation against the tier's declared GPU
+models (no B200 simulator model exists); tests/unit/test_driver_resolution.py covers the
+resolver for real B200 hardware.
+"""
+from __future__ import annotations
+
+import pytest
+
+from testing import testhosts
+from testing.inventory import write_inventory
+from tests.e2e.pyinfra_cli import pyinfra
+
+pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
+
+BASE = {"tier": "hgx-cloud", "validate_os_release": "debian-12", "tier_mismatch": "warn"}
+
+
+@pytest.fixture(scope="module")
+def host(hostpool):
+    (h,) = hostpool.get("driver-refusals", 1, release="bookworm", gpu="h100x8")
+    return h
+
+
+def _upper_state(host: testhosts.Host) -> dict[str, tuple]:
+    """Every file the host has written since boot (its overlay upper layer), minus logs."""
+    upper = host.dir / "upper"
+    state = {}
+    for path in upper.rglob("*"):
+        rel = path.relative_to(upper).as_posix()
+        if rel.startswith(("var/log", "var/lib/systemd/timers", "var/lib/systemd/random-seed")):
+            continue
+        st = path.lstat()
+        state[rel] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    return state
+
+
+def _refused(host, tmp_path, data: dict):
+    before = _upper_state(host)
+    inv = write_inventory(tmp_path / "inv.py", [host], data={host.name: {**BASE, **data}})
+    run = pyinfra(inv, "deploys/all.py")
+    assert run.returncode != 0, run.output
+    after = _upper_state(host)
+    assert after == before, f"the refused host was changed: {sorted(set(after.items()) ^ set(before.items()))[:10]}"
+    assert "Install driver" not in run.output and "apt-get" not in run.output
+    return run
+
+
+def _inventory_line(run, host, key: str) -> str:
+    line = next((ln for ln in run.output.splitlines() if f"host {host.name}: key '{key}'" in ln), None)
+    assert line, run.output
+    return line
+
+
+# --- refused when the inventory is validated ----------------------------------------------------
+
+
+def test_unknown_driver_version(host, tmp_path):
+    run = _refused(host, tmp_path, {"driver_version": "580.1.2"})
+    line = _inventory_line(run, host, "driver_version")
+    assert "580.1.2 is not a known R580 release" in line and "allowed: auto, 580.65.06" in line
+
+
+def test_cuda_too_new_for_the_driver(host, tmp_path):
+    run = _refused(host, tmp_path, {"driver_branch": "580", "cuda_version": "13.2"})
+    line = _inventory_line(run, host, "cuda_version")
+    assert "CUDA 13.2 (newest update) needs driver >= 595.71.05" in line and "allowed:" in line
+
+
+def test_proprietary_flavour_on_blackwell(host, tmp_path):
+    run = _refused(host, tmp_path, {"validate_gpu_models": ["NVIDIA B200"], "driver_flavour": "proprietary"})
+    line = _inventory_line(run, host, "driver_flavour")
+    assert "NVIDIA B200 must use the open kernel modules" in line and "allowed: open, auto" in line
+
+
+# --- refused from the host's facts, at planning time ---------------------------------------------
+
+
+def test_secure_boot_on_without_a_signing_key(host, tmp_path):
+    # A test-only mokutil stand-in (not in the simulator): the Secure Boot fact reads
+    # `mokutil --sb-state`, and a container has no EFI variables to read instead.
+    stand_in = host.root / "usr/local/sbin/mokutil"
+    stand_in.write_text("#!/bin/sh\n# gpufleet test stand-in for mokutil (Secure Boot on)\necho 'SecureBoot enabled'\n")
+    stand_in.chmod(0o755)
+    try:
+        run = _refused(host, tmp_path, {"driver_kernel_headers": "skip"})
+    finally:
+        stand_in.unlink()
+    assert (f"[{host.name}] gpufleet refuses to change this host: driver_module_signing_key: "
+            "Secure Boot is enabled and no module signing key is configured") in run.output
+
+
+def test_no_kernel_headers_for_the_running_kernel(host, tmp_path):
+    release = testhosts.ssh(host, "uname -r").stdout.strip()
+    run = _refused(host, tmp_path, {})  # driver_kernel_headers: require (the default)
+    assert (f"[{host.name}] gpufleet refuses to change this host: driver_kernel_headers: no kernel headers "
+            f"for the running kernel {release}: /lib/modules/{release}/build is missing and the package "
+            f"sources offer no linux-headers-{release}") in run.output
