@@ -1,0 +1,80 @@
+"""Driver deploy pieces without a host: the facts' parsers, the exact-version match, preconditions."""
+from __future__ import annotations
+
+import re
+import subprocess
+from types import SimpleNamespace
+
+from deploys.driver import preconditions
+from facts.driver import AptCandidates, DebianArchiveSources, KeyringFingerprints, SourceEntry
+from facts.kernel import DriverStateData
+from operations.driver import _version_regex
+
+FPR = "EB693B3035CD5710E231E123A4B469963BF863CC"
+
+
+def test_keyring_fingerprints_parse():
+    assert KeyringFingerprints().process([FPR, ""]) == [FPR]
+
+
+def test_apt_candidates_parse():
+    assert AptCandidates().process(["linux-headers-6.1.0-26-amd64 (none)", "nvidia-driver 535.309.01-0+deb12u1"]) == {
+        "linux-headers-6.1.0-26-amd64": None, "nvidia-driver": "535.309.01-0+deb12u1"}
+
+
+def test_debian_sources_parse_one_line_and_deb822():
+    entries = DebianArchiveSources().process([
+        "L /etc/apt/sources.list:1:deb http://deb.debian.org/debian bookworm main",
+        "L /etc/apt/sources.list:2:deb [signed-by=/k.gpg] http://deb.debian.org/debian-security bookworm-security main contrib # c",
+        "L /etc/apt/sources.list.d/gpufleet-cuda.list:2:deb [signed-by=/k.gpg] http://127.0.0.1:1/x/ /",
+        "S /etc/apt/sources.list.d/debian.sources:4:http://deb.debian.org/debian main non-free-firmware",
+    ])
+    assert entries == [
+        SourceEntry("/etc/apt/sources.list", 1, "http://deb.debian.org/debian", ("main",)),
+        SourceEntry("/etc/apt/sources.list", 2, "http://deb.debian.org/debian-security", ("main", "contrib")),
+        SourceEntry("/etc/apt/sources.list.d/debian.sources", 4, "http://deb.debian.org/debian", ("main", "non-free-firmware")),
+    ]
+
+
+def test_version_regex_matches_any_revision_and_epoch_only():
+    regex = _version_regex("580.95.05")
+    for good in ("580.95.05-1", "1:580.95.05-0ubuntu1"):
+        assert re.match(regex, good)
+    for bad in ("580.95.051-1", "580.95.05", "580x95.05-1"):
+        assert not re.match(regex, bad)
+    # the same ERE in grep -E, as the operation uses it on the host
+    out = subprocess.run(["grep", "-E", regex], input="580.95.05-1\n580.126.09-1\n", capture_output=True, text=True)
+    assert out.stdout == "580.95.05-1\n"
+
+
+class FakeHost:
+    def __init__(self, facts):
+        self.facts = facts
+
+    def get_fact(self, cls, **kwargs):
+        return self.facts[cls.__name__](**kwargs)
+
+
+def settings(**kw):
+    return SimpleNamespace(**{"driver_module_signing_key": "none", "driver_kernel_headers": "require", **kw})
+
+
+def test_preconditions_secure_boot_needs_a_key():
+    state = DriverStateData(secure_boot="enabled", kernel_headers=True, kernel_release="6.1.0-26-amd64")
+    key, msg = preconditions(settings(), None, state, FakeHost({}))
+    assert key == "driver_module_signing_key" and "Secure Boot is enabled" in msg
+    host = FakeHost({"File": lambda path: None})
+    key, msg = preconditions(settings(driver_module_signing_key="/var/lib/dkms/mok.key"), None, state, host)
+    assert "does not exist" in msg
+    host = FakeHost({"File": lambda path: {"size": 1}})
+    assert preconditions(settings(driver_module_signing_key="/var/lib/dkms/mok.key"), None, state, host) is None
+
+
+def test_preconditions_kernel_headers():
+    state = DriverStateData(secure_boot="disabled", kernel_headers=False, kernel_release="6.1.0-26-amd64")
+    none = FakeHost({"AptCandidates": lambda packages: {p: None for p in packages}})
+    key, msg = preconditions(settings(), None, state, none)
+    assert key == "driver_kernel_headers" and "linux-headers-6.1.0-26-amd64" in msg
+    offered = FakeHost({"AptCandidates": lambda packages: {p: "6.1.112-1" for p in packages}})
+    assert preconditions(settings(), None, state, offered) is None  # the deploy installs them
+    assert preconditions(settings(driver_kernel_headers="skip"), None, state, none) is None
