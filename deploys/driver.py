@@ -20,8 +20,9 @@ lives here). Then, in order:
    and list as deploys/hardening.py).
 5. **Reboot** when the loaded kernel module differs from the installed driver (driver/library
    mismatch), by `driver_reboot`: never -> reported at the end of the run; if-idle -> only
-   without GPU processes (as found before the run); allowed -> reboot and wait. GPU processes
-   block a reboot unless `driver_reboot_force`.
+   without GPU processes (as found before the run: nvidia-smi's, and any process holding a
+   /dev/nvidiaN open); allowed -> reboot and wait, but with GPU processes only when
+   `driver_reboot_force` is true. A host not rebooted is reported at the end of the run.
 6. **CUDA environment**: /etc/profile.d/gpufleet-cuda.sh puts the toolkit on PATH and the
    library path.
 """
@@ -37,12 +38,12 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File
-from pyinfra.operations import apt, files, python
+from pyinfra.operations import apt, files, python, systemd
 from pyinfra.operations.util import any_changed
 
 from deploys.hardening import GPU_PACKAGE_BLACKLIST, UNATTENDED_CONF
 from deploys.hardening import render as render_hardening
-from facts.driver import AptCandidates
+from facts.driver import AptCandidates, GpuDeviceUsers
 from facts.kernel import DriverState
 from facts.packages import HeldPackages, PackageVersions
 from gpufleet.compat import compat_data
@@ -104,6 +105,16 @@ def preconditions(settings, res, state, h) -> tuple[str, str] | None:
                     "module. Install the headers or boot a kernel that has them (or set "
                     "driver_kernel_headers: skip where modules come prebuilt)")
     return None
+
+
+def gpu_work(h) -> list[str]:
+    """GPU work running before this run: nvidia-smi's compute processes, and processes holding a
+    /dev/nvidiaN open (still visible when NVML fails, e.g. on a driver/library mismatch)."""
+    state = gpu_state(h)
+    found = [f"{p.pid} {p.process_name or '?'}" for p in state.processes]
+    seen = {p.pid for p in state.processes}
+    found += [f"{pid} (holds /dev/nvidia*)" for pid in h.get_fact(GpuDeviceUsers) if pid not in seen]
+    return found
 
 
 def _mismatch(h) -> str | None:
@@ -242,16 +253,17 @@ def driver():
         files.file(name="No host CUDA toolkit from gpufleet: no CUDA profile", path=CUDA_PROFILE, present=False)
 
     # 5. Reboot ---------------------------------------------------------------------------------
-    busy = gpu_state(host).processes
+    busy = gpu_work(host)
+    running = f"{len(busy)} GPU process(es) running ({', '.join(busy[:3])}{', ...' if len(busy) > 3 else ''})"
     policy = settings.driver_reboot
-    if policy == "if-idle" and busy and not settings.driver_reboot_force:
-        policy = f"driver_reboot: if-idle, {len(busy)} GPU process(es) running"
-    elif policy == "never":
+    if policy == "never":
         policy = "driver_reboot: never"
+    elif busy and policy == "if-idle":
+        policy = f"driver_reboot: if-idle, {running}"
     elif busy and not settings.driver_reboot_force:
-        policy = f"driver_reboot: {policy}, {len(busy)} GPU process(es) running, driver_reboot_force: false"
+        policy = f"driver_reboot: allowed, {running}, driver_reboot_force: false"
     else:
-        policy = None
+        policy = None  # idle, or allowed + forced
     if policy is None:
         rebooted(
             name="Reboot to load the installed NVIDIA driver, if the loaded module differs from it",
@@ -268,4 +280,16 @@ def driver():
             name="Report that the host needs a reboot, if the loaded NVIDIA module differs from the installed driver",
             function=_report, h=me, policy=policy,
             _if=lambda: _mismatch(me) is not None,
+        )
+    if res.fabricmanager_needed:
+        # Fabric Manager refuses to start against a module of another version: start it only once
+        # the loaded module is the installed driver (else at the boot that loads it).
+        systemd.service(
+            name="Start Fabric Manager at boot",
+            service="nvidia-fabricmanager.service", running=None, enabled=True,
+        )
+        systemd.service(
+            name="Run Fabric Manager now, if the loaded module is the installed driver",
+            service="nvidia-fabricmanager.service", running=True,
+            _if=lambda: _mismatch(me) is None,
         )

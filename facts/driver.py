@@ -160,3 +160,39 @@ class DebianArchiveSources(FactBase[list[SourceEntry]]):
                 entries.append(SourceEntry(path, int(number), uri, tuple(comps.split())))
         return entries
 
+
+
+class GpuDeviceUsers(FactBase[list[int]]):
+    """
+    PIDs of processes holding a GPU device node (/dev/nvidiaN) open: GPU work that is running,
+    also when nvidia-smi cannot tell (driver/library mismatch, NVML not installed):
+
+    .. code:: python
+
+        [4242, 4243]
+    """
+
+    @override
+    @staticmethod
+    def default() -> list[int]:
+        return []
+
+    @override
+    def command(self) -> str:
+        return (
+            "for p in /proc/[0-9]*; do "
+            "if ls -l \"$p/fd\" 2>/dev/null | grep -q ' /dev/nvidia[0-9][0-9]*$'; then echo \"${p#/proc/}\"; fi; "
+            "done; true"
+        )
+
+    @override
+    def process(self, output: list[str]) -> list[int]:
+        pids = []
+        for line in output:
+            line = line.strip()
+            if not line:
+                continue
+            if not line.isdigit():
+                raise fail("expected a PID", line)
+            pids.append(int(line))
+        return sorted(pids)

@@ -89,6 +89,16 @@ def loaded_module(host: testhosts.Host) -> str:
 def distro_runs(request, hostpool, runner, tmp_path_factory):
     release = request.param
     (host,) = hostpool.get(f"driver-distro-{release}", 1, release=release, gpu="t4")
+    # Start from what a minimal install has: the Debian archive with `main` only, in the
+    # release's default format (bookworm: sources.list; trixie: deb822 debian.sources).
+    if release == "bookworm":
+        sh(host, "sed -i 's/ contrib non-free non-free-firmware$//' /etc/apt/sources.list")
+    else:
+        sh(host, "sed 's/^deb \\(\\S*\\) \\(\\S*\\) .*/Types: deb\\nURIs: \\1\\nSuites: \\2\\nComponents: main\\n"
+                 "Signed-By: \\/usr\\/share\\/keyrings\\/debian-archive-keyring.gpg\\n/' /etc/apt/sources.list "
+                 "> /etc/apt/sources.list.d/debian.sources && rm /etc/apt/sources.list")
+    sh(host, "apt-get update -qq")
+    assert "non-free" not in sh(host, "cat /etc/apt/sources.list /etc/apt/sources.list.d/*.sources 2>/dev/null || true")
     data = {"tier": "dev", "validate_os_release": OS_RELEASE[release],
             # no headers package exists in the container for the machine's kernel (see module doc)
             "driver_kernel_headers": "skip"}
@@ -123,8 +133,18 @@ def test_distro_unattended_upgrades_and_nouveau(distro_runs):
     for pattern in ("^nvidia-", "^libnvidia-", "^cuda", "^libcudnn"):
         assert f'"{pattern}";' in conf
     assert "blacklist nouveau" in sh(host, "cat /etc/modprobe.d/gpufleet-blacklist-nouveau.conf")
-    sources = sh(host, "cat /etc/apt/sources.list")
-    assert "non-free" in sources and "contrib" in sources
+
+
+def test_distro_components_enabled_on_the_debian_archive(distro_runs):
+    host, release, first, _ = distro_runs
+    assert "Enable contrib, non-free, non-free-firmware on the Debian archive sources" in "\n".join(changed_operations(first))
+    if release == "bookworm":
+        lines = [ln for ln in sh(host, "cat /etc/apt/sources.list").splitlines() if ln.startswith("deb ")]
+        assert lines and all(ln.endswith(" main contrib non-free non-free-firmware") for ln in lines), lines
+    else:
+        comps = [ln for ln in sh(host, "cat /etc/apt/sources.list.d/debian.sources").splitlines()
+                 if ln.startswith("Components:")]
+        assert comps and all(ln == "Components: main contrib non-free non-free-firmware" for ln in comps), comps
 
 
 def test_distro_host_was_rebooted_into_the_installed_driver(distro_runs):
@@ -211,6 +231,9 @@ def test_nvidia_mismatch_is_reported_as_needing_a_reboot(hgx, nvidia_install):
     assert smi.returncode == 18
     assert smi.stdout.startswith("Failed to initialize NVML: Driver/library version mismatch")
     assert "580.159.04" in loaded_module(hgx)  # the simulator's module from before the install
+    # Fabric Manager would refuse the other module: enabled for the next boot, not started now
+    assert sh(hgx, "systemctl is-enabled nvidia-fabricmanager.service").strip() == "enabled"
+    assert testhosts.ssh(hgx, "systemctl is-active nvidia-fabricmanager.service", check=False).stdout.strip() != "active"
 
 
 @pytest.fixture(scope="module")
@@ -258,6 +281,7 @@ def test_nvidia_upgrade_really_rebooted_and_the_mismatch_is_gone(hgx, nvidia_upg
     assert int((hgx.dir / "boots").read_text()) > boots
     assert f"Open Kernel Module for x86_64  {NEW}  " in loaded_module(hgx)
     assert "NVIDIA H100 80GB HBM3" in sh(hgx, "nvidia-smi -L")
+    assert sh(hgx, "systemctl is-active nvidia-fabricmanager.service").strip() == "active"
     assert "NEED A REBOOT" not in run.output
     assert again.returncode == 0, again.output
     assert changed_operations(again) == [], again.output
@@ -273,3 +297,36 @@ def test_nvidia_key_with_another_fingerprint_is_not_trusted(hostpool, aptrepo, r
     assert "not the pinned EB693B3035CD5710E231E123A4B469963BF863CC" in run.output
     assert not Path(host.root / "usr/share/keyrings/cuda-archive-keyring.gpg").exists()
     assert versions(host, *DRIVER_PKGS) == {}
+
+
+def test_busy_host_is_not_rebooted_unless_forced(hostpool, aptrepo, runner, tmp_path):  # noqa: F811
+    (host,) = hostpool.get("driver-nvidia-busy", 1, release="bookworm", gpu="h100x8")
+    # A "training job": a process holding a GPU device node open (visible even when NVML fails)
+    # that the simulator's nvidia-smi also lists as a compute process.
+    pid = sh(host, "touch /dev/nvidia0 && (nohup sh -c 'exec sleep 3600 3</dev/nvidia0' >/dev/null 2>&1 & echo $!)").strip()
+    sh(host, f"gpusimctl add-process --gpu 0 --pid {pid} --name python3 --used-mib 1024")
+    boots = int((host.dir / "boots").read_text()) if (host.dir / "boots").exists() else 0
+
+    idle_only = write_inventory(tmp_path / "a.py", [host], data={host.name: _nvidia_data(
+        host, aptrepo, driver_version=OLD, driver_reboot="if-idle")})
+    run = pyinfra(idle_only, runner)
+    assert run.returncode == 0, run.output
+    tail = run.output[run.output.index("--> Results:"):]
+    assert "NEED A REBOOT" in tail and f"driver_reboot: if-idle, 1 GPU process(es) running ({pid} python3)" in tail
+    assert (int((host.dir / "boots").read_text()) if (host.dir / "boots").exists() else 0) == boots
+    assert upstream(versions(host, "nvidia-open")["nvidia-open"]) == OLD
+
+    # NVML now fails (mismatch): the open device node still shows the job
+    allowed = write_inventory(tmp_path / "b.py", [host], data={host.name: _nvidia_data(
+        host, aptrepo, driver_version=OLD, driver_reboot="allowed")})
+    run = pyinfra(allowed, runner)
+    assert run.returncode == 0, run.output
+    assert f"driver_reboot: allowed, 1 GPU process(es) running ({pid} (holds /dev/nvidia*)), driver_reboot_force: false" in run.output
+    assert int((host.dir / "boots").read_text() if (host.dir / "boots").exists() else 0) == boots
+
+    forced = write_inventory(tmp_path / "c.py", [host], data={host.name: _nvidia_data(
+        host, aptrepo, driver_version=OLD, driver_reboot="allowed", driver_reboot_force=True)})
+    run = pyinfra(forced, runner)
+    assert run.returncode == 0, run.output
+    assert int((host.dir / "boots").read_text()) > boots
+    assert f"Open Kernel Module for x86_64  {OLD}  " in loaded_module(host)
