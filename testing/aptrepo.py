@@ -152,9 +152,9 @@ fi
 exit 0"""
 
 
-def _unit(desc: str, exec_start: str) -> str:
+def _unit(desc: str, exec_start: str, service_type: str = "simple") -> str:
     return (f"# {STAND_IN_NOTE}\n[Unit]\nDescription={desc} (gpufleet test stand-in)\n\n"
-            f"[Service]\nType=simple\nExecStart={exec_start}\n\n[Install]\nWantedBy=multi-user.target\n")
+            f"[Service]\nType={service_type}\nExecStart={exec_start}\n\n[Install]\nWantedBy=multi-user.target\n")
 
 
 def driver_packages(version: str, rev: str = "1") -> list[Pkg]:
@@ -183,9 +183,12 @@ def driver_packages(version: str, rev: str = "1") -> list[Pkg]:
         # No /usr/bin/nvidia-smi on purpose: the GPU simulator (testing/gpusim) owns that name.
         Pkg("nvidia-smi", v, (eq("libnvidia-ml1"),), description="NVIDIA System Management Interface", source=src),
         Pkg("nvidia-persistenced", v, (eq("libnvidia-ml1"),), files=(
-            ("/usr/bin/nvidia-persistenced", _script("nvidia-persistenced", "exec sleep infinity"), 0o755),
+            # Like the real daemon it forks into the background, and NVIDIA's unit is Type=forking
+            # (a GPU simulator on the host replaces this binary through a dpkg diversion).
+            ("/usr/bin/nvidia-persistenced",
+             _script("nvidia-persistenced", "sleep infinity >/dev/null 2>&1 &\nexit 0"), 0o755),
             ("/lib/systemd/system/nvidia-persistenced.service",
-             _unit("NVIDIA Persistence Daemon", "/usr/bin/nvidia-persistenced"), 0o644),
+             _unit("NVIDIA Persistence Daemon", "/usr/bin/nvidia-persistenced --verbose", "forking"), 0o644),
         ), description="daemon to maintain persistent software state in the NVIDIA driver", source=src),
         Pkg("nvidia-kernel-support", v, description="NVIDIA binary kernel module support files", source=src),
         Pkg("nvidia-kernel-open-dkms", v, (eq("nvidia-kernel-support"),),

@@ -29,3 +29,33 @@ def write_inventory(path: Path, hosts: list[Host], data: dict[str, dict] | None 
                     groups: dict[str, list[str]] | None = None) -> Path:
     path.write_text(inventory_source(hosts, data, groups))
     return path
+
+
+OS_RELEASE = {"bookworm": "debian-12", "trixie": "debian-13"}
+# The driver the stand-in repository (testing/aptrepo.py) and simulated GPUs agree on: hosts
+# made with gpu="<model>@TEST_DRIVER" have that module loaded, as after a finished install.
+TEST_DRIVER = "580.126.09"
+
+
+def environment_data(host: Host, repo=None) -> dict:
+    """Host data that describes the test environment rather than a tier: the OS the host runs,
+    no kernel headers for the machine's kernel, and, given a served stand-in repository
+    (testing/aptrepo.AptRepo), NVIDIA's repositories replaced by it, as an air-gapped fleet
+    points gpufleet at its mirror."""
+    data = {
+        "validate_os_release": OS_RELEASE[host.release],
+        # Test hosts run the machine's kernel; no Debian package has its headers, and the
+        # stand-in driver packages build no module.
+        "driver_kernel_headers": "skip",
+    }
+    if repo is not None:
+        data.update({
+            "driver_repo_url": repo.cuda_repos_url,
+            "driver_repo_key_fingerprint": repo.fingerprint,
+            "driver_version": TEST_DRIVER,
+            "docker_source": "distro",  # Docker's own repository is out of reach here
+            "docker_toolkit_repo_url": repo.container_repo_base(),
+            "docker_toolkit_repo_fingerprint": repo.fingerprint,
+            "docker_smoke_image": "none",  # no registry is reachable from the test hosts
+        })
+    return data
