@@ -26,7 +26,20 @@ from gpufleet.settings import validate_inventory
 # pyinfra plans every host before it executes anything: a bad host stops the whole run here.
 validate_inventory(state.inventory)
 
-for step in (preflight, base, driver, docker, tuning, hardening, validate):
-    if host_failed(host):  # refused by an earlier step: plan nothing more for it
-        break
-    step()
+# One call per line, never a loop: pyinfra identifies an operation by the line numbers of its
+# call stack (not file names), so deploys called from one shared line would share op ids and
+# hosts on different paths (e.g. distro vs NVIDIA repository) would form an ordering cycle.
+# A host refused by a step gets nothing more planned.
+preflight()
+if not host_failed(host):
+    base()
+if not host_failed(host):
+    driver()
+if not host_failed(host):
+    docker()
+if not host_failed(host):
+    tuning()
+if not host_failed(host):
+    hardening()
+if not host_failed(host):
+    validate()

@@ -588,3 +588,37 @@ if pytest is not None:
         repo.stop()
 
     aptrepo_fixture = aptrepo
+
+
+# --------------------------------------------------------------------------------------------
+# A repository that outlives the process that served it (the sandbox keeps one running)
+# --------------------------------------------------------------------------------------------
+
+def save(repo: AptRepo, path: Path) -> None:
+    """Record a served repository so another process can use it (`load`) and stop it."""
+    path.write_text(json.dumps({"url": repo.url, "keyring": str(repo.keyring), "root": str(repo.root),
+                                "pid": repo.pid, "port": repo.port, "fingerprint": repo.fingerprint}))
+
+
+def load(path: Path) -> AptRepo | None:
+    """The repository recorded at `path`, if its server is still running."""
+    try:
+        info = json.loads(path.read_text())
+        os.kill(info["pid"], 0)
+    except (OSError, ValueError, KeyError):
+        return None
+    return AptRepo(url=info["url"], keyring=Path(info["keyring"]), key_armored="", root=Path(info["root"]),
+                   pid=info["pid"], port=info["port"], fingerprint=info["fingerprint"])
+
+
+def stop_saved(path: Path) -> None:
+    """Stop the server recorded at `path` (by its PID, only if it is still our server)."""
+    repo = load(path)
+    if repo is not None:
+        try:
+            cmdline = Path(f"/proc/{repo.pid}/cmdline").read_bytes()
+        except OSError:
+            cmdline = b""
+        if str(repo.root).encode() in cmdline:
+            os.kill(repo.pid, 15)
+    path.unlink(missing_ok=True)

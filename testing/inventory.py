@@ -37,12 +37,15 @@ OS_RELEASE = {"bookworm": "debian-12", "trixie": "debian-13"}
 TEST_DRIVER = "580.126.09"
 
 
-def environment_data(host: Host, repo=None) -> dict:
-    """Host data that describes the test environment rather than a tier: the OS the host runs,
-    no kernel headers for the machine's kernel, and, given a served stand-in repository
-    (testing/aptrepo.AptRepo), NVIDIA's repositories replaced by it, as an air-gapped fleet
-    points gpufleet at its mirror."""
+def environment_data(host: Host, tier: str, repo=None) -> dict:
+    """Host data for a test host of `tier`, plus what describes the test environment rather
+    than the tier: the OS the host runs, no kernel headers for the machine's kernel, and, given
+    a served stand-in repository (testing/aptrepo.AptRepo), NVIDIA's repositories replaced by
+    it, as an air-gapped fleet points gpufleet at its mirror."""
+    from gpufleet.tiers import tier_defaults
+
     data = {
+        "tier": tier,
         "validate_os_release": OS_RELEASE[host.release],
         # Test hosts run the machine's kernel; no Debian package has its headers, and the
         # stand-in driver packages build no module.
@@ -52,10 +55,11 @@ def environment_data(host: Host, repo=None) -> dict:
         data.update({
             "driver_repo_url": repo.cuda_repos_url,
             "driver_repo_key_fingerprint": repo.fingerprint,
-            "driver_version": TEST_DRIVER,
             "docker_source": "distro",  # Docker's own repository is out of reach here
             "docker_toolkit_repo_url": repo.container_repo_base(),
             "docker_toolkit_repo_fingerprint": repo.fingerprint,
             "docker_smoke_image": "none",  # no registry is reachable from the test hosts
         })
+        if tier_defaults(tier)["driver_source"] == "nvidia":
+            data["driver_version"] = TEST_DRIVER  # what the stand-in repository carries
     return data

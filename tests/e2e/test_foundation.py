@@ -23,10 +23,10 @@ def fleet(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
     research = hostpool.get("foundation-research", 1, gpu=f"a100x4@{TEST_DRIVER}")[0]
     hgx = hostpool.get("foundation-hgx", 1, release="trixie", gpu=f"h200x2@{TEST_DRIVER}")[0]
     data = {
-        research.name: {"tier": "research", **environment_data(research, aptrepo)},
+        research.name: environment_data(research, "research", aptrepo),
         # 2 H200s over NVLink stand for an 8-GPU NVSwitch baseboard: report, don't refuse
-        hgx.name: {"tier": "hgx", "tier_mismatch": "warn", "tuning_nccl_socket_ifname": "auto",
-                   **environment_data(hgx, aptrepo)},
+        hgx.name: {**environment_data(hgx, "hgx", aptrepo), "tier_mismatch": "warn",
+                   "tuning_nccl_socket_ifname": "auto"},
     }
     hosts = [research, hgx]
     inv = write_inventory(tmp_path_factory.mktemp("inv") / "inventory.py", hosts, data=data)

@@ -1,4 +1,5 @@
-"""End-to-end: deploys/all.py hardens real Debian 12 and 13 test hosts, and the result holds.
+"""End-to-end: the hardening deploy hardens real Debian 12 and 13 test hosts, and the result holds
+(run alone, tests/e2e/deploys/hardening_only.py: these hosts have no GPU for all.py's driver step).
 
 Proves, on a bookworm (OpenSSH 9.2) and a trixie (OpenSSH 10.0) host that carry cloud-init's
 `50-cloud-init.conf` with `PasswordAuthentication yes`:
@@ -72,6 +73,9 @@ def sighups(host) -> int:
     return out.count("Received SIGHUP")
 
 
+DEPLOY = "tests/e2e/deploys/hardening_only.py"
+
+
 @pytest.fixture(scope="module")
 def fleet(hostpool, tmp_path_factory):
     hosts = hostpool.get("hardening-bookworm", 1, release="bookworm")
@@ -83,10 +87,10 @@ def fleet(hostpool, tmp_path_factory):
     inv = write_inventory(tmp_path_factory.mktemp("inv") / "inventory.py", hosts,
                           data={h.name: {"tier": "dev", "firewall_open_ports": OPEN_PORTS} for h in hosts})
     t0 = time.monotonic()
-    first = pyinfra(inv)
+    first = pyinfra(inv, DEPLOY)
     t1 = time.monotonic()
     hups_after_first = {h.name: sighups(h) for h in hosts}
-    second = pyinfra(inv)
+    second = pyinfra(inv, DEPLOY)
     t2 = time.monotonic()
     hups_after_second = {h.name: sighups(h) for h in hosts}
     print(f"\nfirst run {t1 - t0:.1f} s, second run {t2 - t1:.1f} s")

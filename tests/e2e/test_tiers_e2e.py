@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from testing import testhosts
-from testing.inventory import write_inventory
+from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
+from testing.inventory import TEST_DRIVER, environment_data, write_inventory
 from tests.e2e.pyinfra_cli import REPO, PYINFRA, pyinfra
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
@@ -25,7 +26,7 @@ OS_RELEASE = {"bookworm": "debian-12", "trixie": "debian-13"}
 @pytest.fixture(scope="module")
 def tiered(hostpool):
     dev = hostpool.get("tiers-dev", 1, gpu="t4")[0]
-    research = hostpool.get("tiers-research", 1, gpu="a100x4")[0]
+    research = hostpool.get("tiers-research", 1, gpu=f"a100x4@{TEST_DRIVER}")[0]
     hgx = hostpool.get("tiers-hgx", 1, release="trixie", gpu="h200x2")[0]
     return {"dev": dev, "research": research, "hgx": hgx}
 
@@ -85,16 +86,19 @@ def test_plan_shows_hardware_and_a_tier_mismatch(tiered, tmp_path):
     assert "driver: R580" in hgx and "cuda: 13.0 (cuda-toolkit-13-0)" in hgx
 
 
-def test_tier_mismatch_fail_refuses_only_that_host(tiered, tmp_path):
-    dev, hgx = tiered["dev"], tiered["hgx"]
+def test_tier_mismatch_fail_refuses_only_that_host(tiered, tmp_path, aptrepo):  # noqa: F811
+    research, hgx = tiered["research"], tiered["hgx"]
     before = _upper_state(hgx)
-    inv = write_inventory(tmp_path / "inv.py", [dev, hgx],
-                          data={dev.name: _data(dev, "dev"), hgx.name: _data(hgx, "hgx")})
+    data = {research.name: environment_data(research, "research", aptrepo),
+            hgx.name: environment_data(hgx, "hgx", aptrepo)}
+    inv = write_inventory(tmp_path / "inv.py", [research, hgx], data=data)
     run = pyinfra(inv, "deploys/all.py")
     assert run.returncode != 0
     assert f"[{hgx.name}] gpufleet refuses to change this host: tier: hardware does not match tier hgx" in run.output
     assert _upper_state(hgx) == before, "the refused host was changed"
-    assert testhosts.ssh(dev, "cat /etc/gpufleet/managed").stdout.endswith("tier: dev\n")
+    # the other host of the same run converged, validation gate included
+    assert testhosts.ssh(research, "cat /etc/gpufleet/managed").stdout.endswith("tier: research\n")
+    assert f"[{research.name}] Error" not in run.output, run.output
 
 
 def _upper_state(host: testhosts.Host) -> dict[str, tuple]:
