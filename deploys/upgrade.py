@@ -17,7 +17,6 @@ a failure picks up where it stopped.
 """
 from __future__ import annotations
 
-import inspect
 import json
 import time
 from pathlib import Path
@@ -203,18 +202,9 @@ def reboot(ctx: RolloutContext) -> None:
              reason=f"gpufleet driver upgrade to {ctx.target}", timeout=ctx.reboot_timeout)
 
 
-def tuning_is_real() -> bool:
-    """True once deploys/tuning.py is more than its placeholder (issue 6)."""
-    import deploys.tuning as tuning_module
-    return "not_implemented(" not in inspect.getsource(tuning_module)
-
-
 @deploy("Re-apply persistence and clocks")
 def tune(ctx: RolloutContext) -> None:
     if ctx.retune:
-        if not tuning_is_real():
-            ctx.refuse(host, "--retune asks for deploys/tuning.py, which is still a placeholder (issue 6)")
-            return
         from deploys.tuning import tuning
         tuning()
         return

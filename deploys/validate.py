@@ -11,8 +11,7 @@ where NVSwitch is present, containers seeing the GPUs, the tuning profiles, sshd
 configuration and the firewall; then, where DCGM or PyTorch exist, `dcgmi diag -r 1` and a
 short bf16 matmul / memory / all-reduce probe against per-model minimums (gpufleet/perf.py).
 
-Every check prints one line (PASS, FAIL with its fix, WARN, SKIP with the reason, or "not
-managed yet" while that area's deploy is a placeholder). Any FAIL fails the host, so the run
+Every check prints one line (PASS, FAIL with its fix, WARN, or SKIP with the reason). Any FAIL fails the host, so the run
 exits non-zero naming the host and what changed. The checks live in gpufleet/validation.py.
 Set GPUFLEET_VALIDATE_PROBE=0 to leave out the DCGM and performance probes.
 """

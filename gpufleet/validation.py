@@ -6,12 +6,11 @@ runs them all against *fresh* facts (never the planning-time cache: the gate run
 changes) and returns one Result per check. deploys/validate.py turns failures into a failed
 host; the fleet report shows the same results per host.
 
-Statuses: pass | fail | warn | skip (does not apply, with the reason) | unmanaged ("not managed
-yet": the area's deploy is still a placeholder, so the check neither passes nor fails).
+Statuses: pass | fail | warn | skip (does not apply, with the reason).
 
 Plugging in an area: its deploy module (deploys/<area>.py) may define
 ``VALIDATION_CHECKS = [check, ...]`` (functions taking a Context, returning Result(s)); they
-run after the built-in ones, and only once the module is no longer a placeholder. The tuning
+run after the built-in ones. The tuning
 deploy may also define ``expected_profiles(host, settings) -> {path: text}``: the files it
 writes, compared byte for byte ("profiles present and current").
 """
@@ -28,25 +27,27 @@ from pyinfra.facts.files import FileContents, Sha256File
 from facts.gpu import GpuState, GpuStateData
 from facts.kernel import DriverState, DriverStateData
 from facts.packages import PackageVersions
+from facts.nftables import TABLE, NftablesCapability
+from facts.ssh import SshdEffectiveConfig
 from facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitActive
 
 from . import perf
 from .errors import Incompatible
 
-PASS, FAIL, WARN, SKIP, UNMANAGED = "pass", "fail", "warn", "skip", "unmanaged"
-STATUSES = (PASS, FAIL, WARN, SKIP, UNMANAGED)
+PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
+STATUSES = (PASS, FAIL, WARN, SKIP)
 MARKER = "/etc/gpufleet/managed"
 FIX_DEPLOY = "run deploys/all.py"
 
-# area -> (deploy module, issue that implements it)
-AREAS: dict[str, tuple[str, int | None]] = {
-    "base": ("deploys.base", None),
-    "preflight": ("deploys.preflight", None),
-    "driver": ("deploys.driver", 4),
-    "docker": ("deploys.docker", 5),
-    "tuning": ("deploys.tuning", 6),
-    "hardening": ("deploys.hardening", 7),
-    "probe": ("", None),
+# area -> its deploy module ("" for none)
+AREAS: dict[str, str] = {
+    "base": "deploys.base",
+    "preflight": "deploys.preflight",
+    "driver": "deploys.driver",
+    "docker": "deploys.docker",
+    "tuning": "deploys.tuning",
+    "hardening": "deploys.hardening",
+    "probe": "",
 }
 
 
@@ -59,8 +60,7 @@ class Result:
     fix: str = ""  # what to do when it failed
 
     def line(self) -> str:
-        label = "not managed yet" if self.status == UNMANAGED else self.status.upper()
-        text = f"[{label}] {self.area}: {self.name}"
+        text = f"[{self.status.upper()}] {self.area}: {self.name}"
         if self.message:
             text += f": {self.message}"
         if self.fix and self.status in (FAIL, WARN):
@@ -73,23 +73,13 @@ class Result:
 
 
 def area_module(area: str) -> Any | None:
-    module = AREAS.get(area, ("", None))[0]
+    module = AREAS.get(area, "")
     if not module:
         return None
     try:
         return importlib.import_module(module)
     except ImportError:
         return None
-
-
-def area_managed(area: str) -> bool:
-    """False while the area's deploy is the placeholder (it calls operations.placeholder)."""
-    module = area_module(area)
-    if module is None:
-        return AREAS.get(area, ("", None))[0] == ""
-    from operations.placeholder import not_implemented
-
-    return getattr(module, "not_implemented", None) is not not_implemented
 
 
 @contextlib.contextmanager
@@ -107,11 +97,9 @@ def fresh_host_facts(host: Any) -> Iterator[None]:
 class Context:
     """What a check may read: the host, its settings, facts (each asked once per run)."""
 
-    def __init__(self, host: Any, settings: Any, managed: Callable[[str], bool] = area_managed,
-                 probe: bool = True):
+    def __init__(self, host: Any, settings: Any, probe: bool = True):
         self.host = host
         self.settings = settings
-        self.managed = managed
         self.probe = probe
         self._facts: dict[Any, Any] = {}
 
@@ -138,11 +126,6 @@ class Context:
         from .hostfacts import resolution
 
         return resolution(self.host, self.settings)
-
-    def unmanaged(self, area: str, name: str, found: str = "") -> Result:
-        issue = AREAS.get(area, ("", None))[1]
-        why = f"the {area} deploy is still a placeholder" + (f" (issue #{issue})" if issue else "")
-        return Result(area, name, UNMANAGED, f"{why}; found: {found}" if found else why)
 
 
 Check = Callable[[Context], "Result | list[Result]"]
@@ -238,8 +221,6 @@ def driver_versions_agree(ctx: Context) -> Result:
     name = "the loaded driver = the installed driver = the resolved driver"
     drv = ctx.driver
     found = f"loaded {drv.module_version or 'none'}, installed {drv.userspace_version or 'none'}"
-    if not ctx.managed("driver"):
-        return ctx.unmanaged("driver", name, found)
     try:
         want = ctx.resolution().driver_version
     except Incompatible as refused:
@@ -255,8 +236,6 @@ def fabric_manager_active(ctx: Context) -> Result:
     if not ctx.hardware().nvswitch:
         return Result("driver", name, SKIP, "no NVSwitch on this host")
     state = ctx.fact(UnitActive, unit="nvidia-fabricmanager.service")
-    if not ctx.managed("driver"):
-        return ctx.unmanaged("driver", name, f"nvidia-fabricmanager.service {state}")
     if state == "active":
         return Result("driver", name, PASS, "nvidia-fabricmanager.service active")
     return Result("driver", name, FAIL, f"nvidia-fabricmanager.service is {state}",
@@ -281,8 +260,6 @@ def persistence_on(ctx: Context) -> Result:
     found = f"off on GPU {', '.join(off)}" if off else f"on for {len(ctx.gpu.gpus)} GPUs"
     if ctx.settings.driver_persistence == "off":
         return Result("tuning", name, SKIP, f"driver_persistence: off ({found})")
-    if not ctx.managed("tuning"):
-        return ctx.unmanaged("tuning", name, found)
     if off:
         return Result("tuning", name, FAIL, found, "nvidia-smi -pm 1 (or run deploys/all.py)")
     return Result("tuning", name, PASS, found)
@@ -313,7 +290,7 @@ def clocks_as_set(ctx: Context) -> Result:
     if skip:
         return skip
     planner = getattr(area_module("tuning"), "plan_tuning", None)
-    if planner is not None and ctx.managed("tuning"):
+    if planner is not None:
         # The tuning deploy's own plan: a GPU that still needs a command is not at its target.
         try:
             plan = planner(ctx.host, ctx.settings)
@@ -336,8 +313,6 @@ def clocks_as_set(ctx: Context) -> Result:
         if target is not None and actual is not None and actual != tuple(target):
             wrong.append(f"GPU {g.index} {actual[0]},{actual[1]} != {target[0]},{target[1]}")
     found = "; ".join(wrong) if wrong else f"{len(ctx.gpu.gpus)} GPUs at policy {policy}"
-    if not ctx.managed("tuning"):
-        return ctx.unmanaged("tuning", name, found)
     if wrong:
         return Result("tuning", name, FAIL, found, "run deploys/all.py (tuning sets the clocks)")
     return Result("tuning", name, PASS, found)
@@ -346,8 +321,6 @@ def clocks_as_set(ctx: Context) -> Result:
 @check("tuning")
 def profiles_current(ctx: Context) -> Result:
     name = "the NCCL / OMP / PyTorch profiles are present and current"
-    if not ctx.managed("tuning"):
-        return ctx.unmanaged("tuning", name)
     module = area_module("tuning")
     expected = getattr(module, "expected_profiles", None)
     if expected is None and hasattr(module, "plan_tuning"):
@@ -376,8 +349,6 @@ def containers_see_gpus(ctx: Context) -> Result:
     data = ctx.fact(ContainerGpus)
     found = (f"docker {'present' if data.docker else 'absent'}, nvidia runtime "
              f"{'yes' if data.nvidia_runtime else 'no'}, {len(data.gpu_indices)} CDI GPUs")
-    if not ctx.managed("docker"):
-        return ctx.unmanaged("docker", name, found)
     if not data.docker:
         return Result("docker", name, SKIP, "no docker on this host")
     gpus = len(ctx.gpu.gpus) if ctx.gpu.ok else 0
@@ -411,12 +382,6 @@ def expected_sshd(settings: Any) -> dict[str, str]:
 @check("hardening")
 def sshd_hardened(ctx: Context) -> Result:
     name = "sshd's effective configuration is hardened"
-    if not ctx.managed("hardening"):
-        return ctx.unmanaged("hardening", name)
-    try:
-        from facts.ssh import SshdEffectiveConfig
-    except ImportError:
-        return ctx.unmanaged("hardening", name, "facts.ssh is not there yet")
     config = ctx.fact(SshdEffectiveConfig)
     if config is None:
         return Result("hardening", name, FAIL, "sshd -T printed nothing (no sshd?)", FIX_DEPLOY)
@@ -433,12 +398,6 @@ def firewall_active(ctx: Context) -> Result:
     name = "the host firewall is active"
     if not ctx.settings.firewall_enabled:
         return Result("hardening", name, SKIP, "firewall_enabled: false")
-    if not ctx.managed("hardening"):
-        return ctx.unmanaged("hardening", name)
-    try:
-        from facts.nftables import TABLE, NftablesCapability
-    except ImportError:
-        return ctx.unmanaged("hardening", name, "facts.nftables is not there yet")
     nft = ctx.fact(NftablesCapability)
     conf = ctx.fact(FileContents, path="/etc/nftables.conf") or []
     written = any(f"table {TABLE}" in line for line in conf)
@@ -503,16 +462,15 @@ def plugin_checks() -> list[tuple[str, Check]]:
     out = []
     for area in AREAS:
         module = area_module(area)
-        if module is not None and area_managed(area):
+        if module is not None:
             out += [(area, func) for func in getattr(module, "VALIDATION_CHECKS", [])]
     return out
 
 
-def run_checks(host: Any, settings: Any, probe: bool = True,
-               managed: Callable[[str], bool] = area_managed) -> list[Result]:
+def run_checks(host: Any, settings: Any, probe: bool = True) -> list[Result]:
     """Every check against the host as it is now. A check that raises becomes a failed result
     naming the error, so one broken check never hides the others."""
-    ctx = Context(host, settings, managed=managed, probe=probe)
+    ctx = Context(host, settings, probe=probe)
     results: list[Result] = []
     with fresh_host_facts(host):
         for area, func in [*CHECKS, *plugin_checks()]:

@@ -95,13 +95,14 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
         r = by_name.get(name)
         if r is None:
             return None
-        return {"pass": "ok", "unmanaged": "not managed yet"}.get(r.status, r.status) + (
+        return ("ok" if r.status == "pass" else r.status) + (
             f": {r.message}" if r.status != "pass" and r.message else "")
 
     row["firewall"] = summary("the host firewall is active")
     row["ssh_hardening"] = summary("sshd's effective configuration is hardened")
     row["marker"] = summary("the gpufleet marker matches the tier")
     row["validation"] = {
+        # "unmanaged" is always 0 now (no deploy is a placeholder); kept: schema_version 1 requires it
         "counts": {s: sum(1 for r in results if r.status == s) for s in ("pass", "fail", "warn", "skip", "unmanaged")},
         "failed": [f"{r.area}: {r.name}: {r.message}" for r in results if r.status == FAIL],
         "checks": [r.to_json() for r in results],

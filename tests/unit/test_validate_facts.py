@@ -1,8 +1,8 @@
-"""Pure parsers of facts/validation.py, and the validation gate's area gating."""
+"""Pure parsers of facts/validation.py, and the validation gate's areas and result lines."""
 import pytest
 
 from facts.validation import parse_container_gpus, parse_dcgm_diag
-from gpufleet.validation import AREAS, CHECKS, STATUSES, Result, area_managed
+from gpufleet.validation import AREAS, CHECKS, STATUSES, Result
 
 pytestmark = pytest.mark.unit
 
@@ -32,8 +32,6 @@ def test_dcgm_diag():
 
 def test_every_check_belongs_to_a_known_area_and_results_read_as_lines():
     assert {area for area, _ in CHECKS} <= set(AREAS)
-    assert area_managed("base") and area_managed("probe")
     line = Result("base", "the gpufleet marker matches the tier", "fail", "missing", "run deploys/all.py").line()
     assert line == "[FAIL] base: the gpufleet marker matches the tier: missing -> fix: run deploys/all.py"
-    assert Result("docker", "containers see the GPUs", "unmanaged", "placeholder").line().startswith("[not managed yet]")
-    assert set(STATUSES) == {"pass", "fail", "warn", "skip", "unmanaged"}
+    assert set(STATUSES) == {"pass", "fail", "warn", "skip"}
