@@ -15,9 +15,9 @@ from pyinfra.api import FactBase
 from typing_extensions import override
 
 from ._common import fail
+from .packages import quoted_package_names
 
 _FPR = re.compile(r"^[0-9A-F]{40}$")
-_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.\-]*$")
 
 
 class KeyringFingerprints(FactBase[list[str]]):
@@ -77,10 +77,7 @@ class AptCandidates(FactBase[dict[str, "str | None"]]):
 
     @override
     def command(self, packages: Sequence[str]) -> str:
-        for name in packages:
-            if not _PACKAGE.match(name):
-                raise ValueError(f"not a Debian package name: {name!r}")
-        names = " ".join(shlex.quote(p) for p in packages)
+        names = quoted_package_names(packages)
         return (
             f"for p in {names}; do "
             'c=$(LC_ALL=C apt-cache policy "$p" 2>/dev/null | sed -n "s/^ *Candidate: //p"); '

@@ -18,6 +18,8 @@ from ._common import MARK, JsonMixin, begin, fail, split_sections
 
 # dpkg package names, plus the glob characters dpkg-query -W accepts.
 _PACKAGE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9+.\-*?\[\]]*$")
+# A plain package name, as apt-cache is asked about (no globs, no :arch).
+_PLAIN_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.\-]*$")
 _PACKAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9+.\-]*(?::[a-z0-9]+)?$")
 
 # The format every dpkg-query call in the gpufleet facts uses:
@@ -43,16 +45,25 @@ class DpkgEntry(JsonMixin):
         return self.status.startswith("h")
 
 
+def quoted_package_names(names: Iterable[str], globs: bool = False) -> str:
+    """The names shell-quoted and space-separated, each checked first (ValueError naming the first
+    that is not a plain Debian package name, or with ``globs`` a dpkg-query -W pattern)."""
+    pattern, what = ((_PACKAGE_PATTERN, "not a Debian package name or pattern") if globs
+                     else (_PLAIN_PACKAGE, "not a Debian package name"))
+    quoted = []
+    for name in names:
+        if not pattern.match(name):
+            raise ValueError(f"{what}: {name!r}")
+        quoted.append(shlex.quote(name))
+    return " ".join(quoted)
+
+
 def dpkg_query_command(patterns: Iterable[str]) -> str:
     """One dpkg-query -W call for the given names/globs, quoted; never fails."""
-    quoted = []
-    for pattern in patterns:
-        if not _PACKAGE_PATTERN.match(pattern):
-            raise ValueError(f"not a Debian package name or pattern: {pattern!r}")
-        quoted.append(shlex.quote(pattern))
     return (
         "if command -v dpkg-query >/dev/null 2>&1; then "
-        f"dpkg-query -W -f={shlex.quote(DPKG_FORMAT)} {' '.join(quoted)} 2>/dev/null || true; "
+        f"dpkg-query -W -f={shlex.quote(DPKG_FORMAT)} {quoted_package_names(patterns, globs=True)} "
+        "2>/dev/null || true; "
         "fi"
     )
 

@@ -11,9 +11,9 @@ from pyinfra.api import FactBase
 from typing_extensions import override
 
 from ._common import JsonMixin, fail
+from .packages import quoted_package_names
 
 _SHA_LINE = re.compile(r"^([0-9a-f]{64})  (/.+)$")
-_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.\-]*$")
 
 
 @dataclass(frozen=True)
@@ -83,10 +83,7 @@ class AptVersions(FactBase[dict[str, list[str]]]):
 
     @override
     def command(self, packages: Sequence[str]) -> str:
-        for p in packages:
-            if not _PACKAGE.match(p):
-                raise ValueError(f"not a package name: {p!r}")
-        return f"apt-cache madison {' '.join(shlex.quote(p) for p in packages)} 2>/dev/null || true"
+        return f"apt-cache madison {quoted_package_names(packages)} 2>/dev/null || true"
 
     @override
     def process(self, output: list[str]) -> dict[str, list[str]]:
