@@ -166,6 +166,19 @@ class Host:
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def written_files(self) -> dict[str, tuple]:
+        """Every file the host has written since boot (its overlay upper layer), minus logs:
+        relative path -> (mode, size, mtime_ns). Equal before and after = the host was not changed."""
+        upper = self.dir / "upper"
+        state = {}
+        for path in upper.rglob("*"):
+            rel = path.relative_to(upper).as_posix()
+            if rel.startswith(("var/log", "var/lib/systemd/timers", "var/lib/systemd/random-seed")):
+                continue
+            st = path.lstat()
+            state[rel] = (st.st_mode, st.st_size, st.st_mtime_ns)
+        return state
+
     def pyinfra_data(self) -> dict:
         """Host data a pyinfra inventory needs to reach this host."""
         return {

@@ -21,11 +21,10 @@ import pytest
 
 from testing import testhosts
 from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
-from testing.inventory import write_inventory
+from testing.inventory import OS_RELEASE, write_inventory
 from tests.e2e.pyinfra_cli import changed_operations, pyinfra
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
-OS_RELEASE = {"bookworm": "debian-12", "trixie": "debian-13"}
 TOOLKIT = ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
            "libnvidia-container1")
 OPERATOR_KEYS = {

@@ -28,11 +28,10 @@ import pytest
 from gpufleet.compat import compat_data
 from testing import testhosts
 from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
-from testing.inventory import write_inventory
+from testing.inventory import OS_RELEASE, write_inventory
 from tests.e2e.pyinfra_cli import changed_operations, pyinfra
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
-OS_RELEASE = {"bookworm": "debian-12", "trixie": "debian-13"}
 
 RUNNER = '''"""Test runner: validate the inventory, preflight, then only the driver deploy."""
 from pyinfra import host, state

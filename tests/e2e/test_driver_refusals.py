@@ -28,25 +28,12 @@ def host(hostpool):
     return h
 
 
-def _upper_state(host: testhosts.Host) -> dict[str, tuple]:
-    """Every file the host has written since boot (its overlay upper layer), minus logs."""
-    upper = host.dir / "upper"
-    state = {}
-    for path in upper.rglob("*"):
-        rel = path.relative_to(upper).as_posix()
-        if rel.startswith(("var/log", "var/lib/systemd/timers", "var/lib/systemd/random-seed")):
-            continue
-        st = path.lstat()
-        state[rel] = (st.st_mode, st.st_size, st.st_mtime_ns)
-    return state
-
-
 def _refused(host, tmp_path, data: dict):
-    before = _upper_state(host)
+    before = host.written_files()
     inv = write_inventory(tmp_path / "inv.py", [host], data={host.name: {**BASE, **data}})
     run = pyinfra(inv, "deploys/all.py")
     assert run.returncode != 0, run.output
-    after = _upper_state(host)
+    after = host.written_files()
     assert after == before, f"the refused host was changed: {sorted(set(after.items()) ^ set(before.items()))[:10]}"
     assert "Install driver" not in run.output and "apt-get" not in run.output
     return run

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from testing import testhosts
-from testing.inventory import write_inventory
+from testing.inventory import OS_RELEASE, write_inventory
 from tests.e2e.pyinfra_cli import pyinfra
 from tests.e2e.remote import remote
 
@@ -28,7 +28,6 @@ SNAPSHOT = "find /etc/ssh -type f | sort | xargs sha256sum; sshd -T"
 PASSWORD = "gpufleet-lockout-test"
 
 
-OS_RELEASE = {"bookworm": "debian-12", "trixie": "debian-13"}
 
 
 @pytest.fixture(scope="module")

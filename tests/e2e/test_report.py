@@ -23,12 +23,11 @@ import pytest
 
 from gpufleet.report.render import SCHEMA_PATH
 from testing import testhosts
-from testing.inventory import write_inventory
+from testing.inventory import OS_RELEASE, write_inventory
 from tests.e2e.pyinfra_cli import REPO, pyinfra
 from tests.unit.jsonschema_lite import validate as validate_schema
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
-OS_RELEASE = {"bookworm": "debian-12", "trixie": "debian-13"}
 LOADED, INSTALLED = "580.95.05", "580.126.09"
 
 

@@ -16,11 +16,10 @@ import pytest
 
 from testing import testhosts
 from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
-from testing.inventory import TEST_DRIVER, environment_data, write_inventory
+from testing.inventory import OS_RELEASE, TEST_DRIVER, environment_data, write_inventory
 from tests.e2e.pyinfra_cli import REPO, PYINFRA, pyinfra
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
-OS_RELEASE = {"bookworm": "debian-12", "trixie": "debian-13"}
 
 
 @pytest.fixture(scope="module")
@@ -88,30 +87,17 @@ def test_plan_shows_hardware_and_a_tier_mismatch(tiered, tmp_path):
 
 def test_tier_mismatch_fail_refuses_only_that_host(tiered, tmp_path, aptrepo):  # noqa: F811
     research, hgx = tiered["research"], tiered["hgx"]
-    before = _upper_state(hgx)
+    before = hgx.written_files()
     data = {research.name: environment_data(research, "research", aptrepo),
             hgx.name: environment_data(hgx, "hgx", aptrepo)}
     inv = write_inventory(tmp_path / "inv.py", [research, hgx], data=data)
     run = pyinfra(inv, "deploys/all.py")
     assert run.returncode != 0
     assert f"[{hgx.name}] gpufleet refuses to change this host: tier: hardware does not match tier hgx" in run.output
-    assert _upper_state(hgx) == before, "the refused host was changed"
+    assert hgx.written_files() == before, "the refused host was changed"
     # the other host of the same run converged, validation gate included
     assert testhosts.ssh(research, "cat /etc/gpufleet/managed").stdout.endswith("tier: research\n")
     assert f"[{research.name}] Error" not in run.output, run.output
-
-
-def _upper_state(host: testhosts.Host) -> dict[str, tuple]:
-    """Every file the host has written since boot (its overlay upper layer), minus logs."""
-    upper = host.dir / "upper"
-    state = {}
-    for path in upper.rglob("*"):
-        rel = path.relative_to(upper).as_posix()
-        if rel.startswith(("var/log", "var/lib/systemd/timers", "var/lib/systemd/random-seed")):
-            continue
-        st = path.lstat()
-        state[rel] = (st.st_mode, st.st_size, st.st_mtime_ns)
-    return state
 
 
 # (inventory data, key named in the message, a fragment the message must contain)
@@ -136,7 +122,7 @@ BROKEN = [
 @pytest.mark.parametrize("data,key,fragment", BROKEN, ids=[f"{b[1]}-{i}" for i, b in enumerate(BROKEN)])
 def test_broken_inventory_stops_at_planning_time(tiered, tmp_path, data, key, fragment):
     host = tiered["dev"]
-    before = _upper_state(host)
+    before = host.written_files()
     data = {"validate_os_release": OS_RELEASE[host.release], **data}
     inv = write_inventory(tmp_path / "inv.py", [host], data={host.name: data})
     run = pyinfra(inv, "deploys/all.py")
@@ -145,4 +131,4 @@ def test_broken_inventory_stops_at_planning_time(tiered, tmp_path, data, key, fr
     assert line, run.output
     assert fragment in line and "allowed:" in line, line
     assert "--> Beginning operation run" not in run.output
-    assert _upper_state(host) == before, "a broken inventory changed the host"
+    assert host.written_files() == before, "a broken inventory changed the host"
