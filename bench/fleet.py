@@ -23,11 +23,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from testing import testhosts  # noqa: E402
-from testing.inventory import write_inventory  # noqa: E402
+from testing import aptrepo, testhosts  # noqa: E402
+from testing.inventory import TEST_DRIVER, environment_data, write_inventory  # noqa: E402
 
 POOL = "bench-fleet"
-OS = {"bookworm": "debian-12", "trixie": "debian-13"}
 PYINFRA = Path(sys.executable).with_name("pyinfra")
 COMMAND_RE = re.compile(r"Running command on (\S+?):")
 UPLOAD_RE = re.compile(r"\[(\S+?)\].*Attempting upload|Attempting upload of .* to .*")
@@ -56,8 +55,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", type=int, required=True)
     ap.add_argument("--release", default="bookworm", choices=testhosts.RELEASES)
-    ap.add_argument("--gpu", default=None, help="simulated GPUs per host (test double)")
-    ap.add_argument("--tier", default="dev")
+    ap.add_argument("--gpu", default=f"a100x4@{TEST_DRIVER}", help="simulated GPUs per host (test double)")
+    ap.add_argument("--tier", default="research")
     ap.add_argument("--csv", default=None)
     ap.add_argument("--keep", action="store_true", help="leave the hosts up afterwards")
     args = ap.parse_args()
@@ -67,10 +66,12 @@ def main() -> int:
     hosts = testhosts.up(args.hosts, release=args.release, gpu=args.gpu, pool=POOL)
     t_up = time.monotonic() - t0
     rows = []
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
+        # NVIDIA's repositories are replaced by the signed stand-in (testing/aptrepo.py)
+        repo = aptrepo.serve(Path(tmp) / "aptrepo")
+        try:
             inv = write_inventory(Path(tmp) / "bench_inventory.py", hosts,
-                                  data={h.name: {"tier": args.tier, "validate_os_release": OS[args.release]}
+                                  data={h.name: {**environment_data(h, args.tier, repo), "tier_mismatch": "warn"}
                                         for h in hosts})
             for label, debug in (("first converge", True), ("no-op (counted)", True), ("no-op", False)):
                 r = run_pyinfra(inv, debug)
@@ -82,9 +83,10 @@ def main() -> int:
                     "max_commands_host": max(counts) if counts else "",
                     "changed_ops": r["changed_ops"], "rc": r["rc"],
                 })
-    finally:
-        if not args.keep:
-            testhosts.down(POOL)
+        finally:
+            repo.stop()
+            if not args.keep:
+                testhosts.down(POOL)
 
     print(f"hosts up in {t_up:.1f} s (harness, not part of the runs)")
     print(f"{'run':<18}{'hosts':>6}{'wall s':>9}{'peak MiB':>10}{'cmds/host':>11}{'changed':>9}{'rc':>4}")

@@ -20,8 +20,11 @@ from deploys.hardening import hardening
 from deploys.preflight import preflight
 from deploys.tuning import tuning
 from deploys.validate import validate
+from gpufleet import factcache
 from gpufleet.failures import host_failed
 from gpufleet.settings import validate_inventory
+
+factcache.install()  # no fact asked twice while nothing changed; last run's facts in one command
 
 # pyinfra plans every host before it executes anything: a bad host stops the whole run here.
 validate_inventory(state.inventory)

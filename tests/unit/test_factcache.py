@@ -1,0 +1,89 @@
+"""gpufleet/factcache.py: a fact is asked again from memory only while nothing ran on the
+host, and last run's facts come back in one command with the same answers pyinfra gives.
+Runs pyinfra's real fact machinery against @local (read-only facts on this machine)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from pyinfra.api.facts import get_fact
+from pyinfra.api.host import Host
+from pyinfra.facts.files import File, Sha1File
+from pyinfra.facts.server import Hostname
+
+from gpufleet import factcache
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def local(tmp_path, monkeypatch):
+    monkeypatch.setattr(factcache, "PLAN_DIR", tmp_path / "plans")
+    factcache._plans_seen.clear()
+    factcache.install()
+
+    def new_state():
+        inventory = Inventory((["@local"], {}))
+        state = State(inventory, Config())
+        connect_all(state)
+        host = inventory.get_host("@local")
+        calls = []
+        original = Host.run_shell_command
+
+        def counting(self, *args, **kwargs):
+            calls.append(args[0] if args else kwargs.get("command"))
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(Host, "run_shell_command", counting)
+        return state, host, calls
+
+    yield new_state
+    factcache._plans_seen.clear()  # nothing of these tests is written at exit
+
+
+def test_same_question_twice_runs_one_command(local, tmp_path):
+    state, host, calls = local()
+    path = str(tmp_path / "x")
+    open(path, "w").write("hello\n")
+    first = get_fact(state, host, Sha1File, kwargs={"path": path})
+    second = get_fact(state, host, Sha1File, kwargs={"path": path})
+    assert first == second == "f572d396fae9206628714fb2ce00f72e94f2258f"
+    assert len(calls) == 1
+
+
+def test_any_other_command_forgets_everything(local, tmp_path):
+    state, host, calls = local()
+    path = str(tmp_path / "x")
+    assert get_fact(state, host, File, kwargs={"path": path}) is None
+    host.run_shell_command(f"touch {path}")  # an operation changed the host
+    assert get_fact(state, host, File, kwargs={"path": path}) is not None
+    assert len(calls) == 3
+
+
+def test_last_runs_facts_come_back_in_one_command_with_the_same_answers(local, tmp_path):
+    path = str(tmp_path / "x")
+    open(path, "w").write("hello\n")
+    state, host, calls = local()
+    expected = (get_fact(state, host, Sha1File, kwargs={"path": path}),
+                get_fact(state, host, Hostname), get_fact(state, host, File, kwargs={"path": path}))
+    factcache._save_plans()
+    assert len(calls) == 3
+
+    state, host, calls = local()  # the next run
+    answers = (get_fact(state, host, Sha1File, kwargs={"path": path}),
+               get_fact(state, host, Hostname), get_fact(state, host, File, kwargs={"path": path}))
+    assert answers[:2] == expected[:2] and answers[2]["size"] == expected[2]["size"]
+    assert len(calls) == 1 and "gpufleet-prefetch" in str(calls[0])
+
+
+def test_a_stale_plan_costs_nothing_but_time(local, tmp_path):
+    state, host, calls = local()
+    gone = str(tmp_path / "gone")
+    get_fact(state, host, Sha1File, kwargs={"path": gone})
+    get_fact(state, host, Hostname)
+    factcache._save_plans()
+    state, host, calls = local()
+    assert get_fact(state, host, Sha1File, kwargs={"path": str(tmp_path / "other")}) is None
+    assert get_fact(state, host, Hostname) == os.uname().nodename
