@@ -22,13 +22,18 @@ pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
 def fleet(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
     research = hostpool.get("foundation-research", 1, gpu=f"a100x4@{TEST_DRIVER}")[0]
     hgx = hostpool.get("foundation-hgx", 1, release="trixie", gpu=f"h200x2@{TEST_DRIVER}")[0]
+    # 8 x H100 on NVSwitch: the Fabric Manager path (version = driver) in the same run
+    nvswitch = hostpool.get("foundation-nvswitch", 1, gpu=f"h100x8@{TEST_DRIVER}")[0]
     data = {
         research.name: environment_data(research, "research", aptrepo),
         # 2 H200s over NVLink stand for an 8-GPU NVSwitch baseboard: report, don't refuse
         hgx.name: {**environment_data(hgx, "hgx", aptrepo), "tier_mismatch": "warn",
                    "tuning_nccl_socket_ifname": "auto"},
+        # no RDMA NICs on a test host: reported, not refused
+        nvswitch.name: {**environment_data(nvswitch, "hgx", aptrepo), "tier_mismatch": "warn",
+                        "tuning_nccl_socket_ifname": "auto"},
     }
-    hosts = [research, hgx]
+    hosts = [research, hgx, nvswitch]
     inv = write_inventory(tmp_path_factory.mktemp("inv") / "inventory.py", hosts, data=data)
     first = pyinfra(inv)
     second = pyinfra(inv)
@@ -73,6 +78,10 @@ def test_hosts_are_what_the_deploy_says(fleet):
         assert t.file("/etc/nccl.conf").contains("Managed by gpufleet")
         # hardening: effective sshd configuration
         assert "passwordauthentication no" in t.check_output("sshd -T")
+        # Fabric Manager where NVSwitch is present, at exactly the driver's version
+        if host.gpu.startswith("h100x8"):
+            assert t.package("nvidia-fabricmanager").version.startswith(TEST_DRIVER)
+            assert t.service("nvidia-fabricmanager").is_enabled
         # systemd is really PID 1 and the system is healthy
         assert t.check_output("cat /proc/1/comm") == "systemd"
         assert t.run("systemctl is-system-running").stdout.strip() == "running"
