@@ -119,7 +119,8 @@ def _persistence(settings: Any, plan: TuningPlan) -> None:
         systemd.service(name="Start the NVIDIA persistence daemon at every boot", service=PERSISTENCED_SERVICE,
                         running=None, enabled=True)
         return
-    was_running = bool(host.get_fact(SystemdStatus).get(PERSISTENCED_SERVICE))
+    # the same question systemd.service asks next, so one answer serves both
+    was_running = bool(host.get_fact(SystemdStatus, services=[PERSISTENCED_SERVICE]).get(PERSISTENCED_SERVICE))
     systemd.service(
         name="Run the NVIDIA persistence daemon now and at every boot",
         service=PERSISTENCED_SERVICE,
