@@ -32,7 +32,8 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files, systemd
 
-from facts.docker import AptCandidates, DaemonJson
+from facts.docker import DaemonJson
+from facts.packages import AptCandidates
 from facts.packages import PackageVersions
 from gpufleet import dockerconf
 from gpufleet.failures import fail_host

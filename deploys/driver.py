@@ -43,7 +43,8 @@ from pyinfra.operations.util import any_changed
 
 from deploys.hardening import GPU_PACKAGE_BLACKLIST, UNATTENDED_CONF
 from deploys.hardening import render as render_hardening
-from facts.driver import AptCandidates, GpuDeviceUsers
+from facts.driver import GpuDeviceUsers
+from facts.packages import AptCandidates
 from facts.kernel import DriverState
 from facts.packages import HeldPackages, PackageVersions
 from gpufleet.compat import compat_data

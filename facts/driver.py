@@ -7,94 +7,13 @@ that is removed again; keyring facts are read only after the host passed its pre
 from __future__ import annotations
 
 import re
-import shlex
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
 from ._common import fail
-from .packages import quoted_package_names
 
-_FPR = re.compile(r"^[0-9A-F]{40}$")
-
-
-class KeyringFingerprints(FactBase[list[str]]):
-    """
-    Fingerprints of the primary keys in an OpenPGP keyring file (binary or armored); [] when the
-    file or gpg is missing:
-
-    .. code:: python
-
-        host.get_fact(KeyringFingerprints, path="/usr/share/keyrings/cuda-archive-keyring.gpg")
-        ["EB693B3035CD5710E231E123A4B469963BF863CC"]
-    """
-
-    @override
-    @staticmethod
-    def default() -> list[str]:
-        return []
-
-    @override
-    def command(self, path: str) -> str:
-        p = shlex.quote(path)
-        return (
-            f"if [ -f {p} ] && command -v gpg >/dev/null 2>&1; then "
-            'h=$(mktemp -d); GNUPGHOME="$h" gpg --batch --with-colons --show-keys '
-            f"{p} 2>/dev/null | awk -F: '$1==\"pub\"{{p=1;next}} $1==\"fpr\"&&p{{print $10;p=0}}'; "
-            'rm -rf "$h"; fi; true'
-        )
-
-    @override
-    def process(self, output: list[str]) -> list[str]:
-        out = []
-        for line in output:
-            line = line.strip()
-            if not line:
-                continue
-            if not _FPR.match(line):
-                raise fail("expected a 40-digit fingerprint from gpg --show-keys", line)
-            out.append(line)
-        return out
-
-
-class AptCandidates(FactBase[dict[str, "str | None"]]):
-    """
-    apt's candidate version of each package from the current package index (None: apt knows
-    no installable version):
-
-    .. code:: python
-
-        host.get_fact(AptCandidates, packages=["linux-headers-6.1.0-26-amd64"])
-        {"linux-headers-6.1.0-26-amd64": "6.1.112-1"}
-    """
-
-    @override
-    @staticmethod
-    def default() -> dict[str, str | None]:
-        return {}
-
-    @override
-    def command(self, packages: Sequence[str]) -> str:
-        names = quoted_package_names(packages)
-        return (
-            f"for p in {names}; do "
-            'c=$(LC_ALL=C apt-cache policy "$p" 2>/dev/null | sed -n "s/^ *Candidate: //p"); '
-            'echo "$p ${c:-(none)}"; done'
-        )
-
-    @override
-    def process(self, output: list[str]) -> dict[str, str | None]:
-        result: dict[str, str | None] = {}
-        for line in output:
-            parts = line.split()
-            if not parts:
-                continue
-            if len(parts) != 2:
-                raise fail("expected 'package candidate'", line)
-            result[parts[0]] = None if parts[1] == "(none)" else parts[1]
-        return result
 
 
 @dataclass(frozen=True)

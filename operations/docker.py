@@ -16,7 +16,8 @@ from pyinfra import host, logger
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
-from facts.docker import DaemonJson, DockerEngine, KeyringFingerprints, NvidiaCdi
+from facts.docker import DaemonJson, DockerEngine, NvidiaCdi
+from facts.packages import KeyringFingerprints
 from facts.gpu import GpuState
 from gpufleet import dockerconf
 

@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
-from facts.driver import DebianArchiveSources, KeyringFingerprints
+from facts.driver import DebianArchiveSources
+from facts.packages import KeyringFingerprints
 from facts.kernel import upstream_version
 from facts.packages import HeldPackages, PackageVersions
 

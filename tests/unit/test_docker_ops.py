@@ -7,6 +7,7 @@ from pyinfra.context import ctx_host, ctx_state
 
 from deploys.docker import docker_sources_line, toolkit_sources_line
 from facts import docker as f
+from facts import packages
 from facts._common import MARK
 from gpufleet import dockerconf
 from operations import docker as ops
@@ -55,10 +56,11 @@ def test_cdi_fact_and_staleness():
 
 
 def test_keyring_and_candidates_facts():
+    # the apt facts docker's deploy shares with the driver deploy (facts/packages.py)
     fpr = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
-    assert f.KeyringFingerprints().process([fpr, ""]) == [fpr]
-    assert f.AptCandidates().process([f"{MARK} begin docker-cli", "26.1.5+dfsg1-9", f"{MARK} begin nope",
-                                      "(none)", f"{MARK} begin gone"]) == {
+    assert packages.KeyringFingerprints().process([fpr, ""]) == [fpr]
+    assert packages.KeyringFingerprints().process(["A" * 64]) == ["A" * 64]  # OpenPGP v5 keys
+    assert packages.AptCandidates().process(["docker-cli 26.1.5+dfsg1-9", "nope (none)", "gone (none)"]) == {
         "docker-cli": "26.1.5+dfsg1-9", "nope": None, "gone": None}
 
 
@@ -143,9 +145,9 @@ def test_cdi_generated_only_when_stale():
 
 def test_keyring_installed_only_when_fingerprint_differs():
     fpr = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
-    assert _plan(ops.apt_keyring, {f.KeyringFingerprints: [fpr]}, path="/k.gpg", key_url="http://x/gpgkey",
+    assert _plan(ops.apt_keyring, {packages.KeyringFingerprints: [fpr]}, path="/k.gpg", key_url="http://x/gpgkey",
                  fingerprint=fpr)[0] == []
-    cmds, _ = _plan(ops.apt_keyring, {f.KeyringFingerprints: []}, path="/k.gpg", key_url="http://x/gpgkey",
+    cmds, _ = _plan(ops.apt_keyring, {packages.KeyringFingerprints: []}, path="/k.gpg", key_url="http://x/gpgkey",
                     fingerprint=fpr.lower())
     assert len(cmds) == 1 and fpr in cmds[0] and "apt-helper download-file" in cmds[0]
 

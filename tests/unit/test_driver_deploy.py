@@ -6,7 +6,8 @@ import subprocess
 from types import SimpleNamespace
 
 from deploys.driver import preconditions
-from facts.driver import AptCandidates, DebianArchiveSources, KeyringFingerprints, SourceEntry
+from facts.driver import DebianArchiveSources, SourceEntry
+from facts.packages import AptCandidates, KeyringFingerprints
 from facts.kernel import DriverStateData
 from operations.driver import _version_regex
 
