@@ -20,7 +20,7 @@ reported, never judged.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 GB = 1e9

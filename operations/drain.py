@@ -29,7 +29,7 @@ def slurm_node(drained: bool = True, reason: str = "gpufleet maintenance"):
         host.noop(f"Slurm node {node.node} is not drained ({node.state})")
         return
     args = [QuoteString(node.scontrol), "update", QuoteString(f"nodename={node.node}")]
-    args += [QuoteString(f"state=drain"), QuoteString(f"reason={reason}")] if drained else [QuoteString("state=resume")]
+    args += [QuoteString("state=drain"), QuoteString(f"reason={reason}")] if drained else [QuoteString("state=resume")]
     yield StringCommand(*args)
 
 

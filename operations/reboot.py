@@ -4,7 +4,6 @@ from __future__ import annotations
 import time
 import uuid
 
-from pyinfra import host as current_host
 from pyinfra.api import FunctionCommand, StringCommand, operation
 
 # /run is a tmpfs on every systemd host: a marker written there is gone after a real reboot.

@@ -6,7 +6,6 @@ import io
 from pathlib import Path
 from typing import Any, Callable
 
-from pyinfra import host
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from gpufleet.rollout import snapshot as snap

@@ -88,7 +88,7 @@ def _clip(text: str, width: int) -> str:
 
 def markdown(doc: dict[str, Any]) -> str:
     esc = lambda s: s.replace("|", "\\|").replace("\n", " ")  # noqa: E731
-    lines = [f"# gpufleet fleet report", "",
+    lines = ["# gpufleet fleet report", "",
              f"Inventory `{doc['inventory']}`, generated {doc['generated_at']}, "
              f"{doc['summary']['hosts']} hosts in {doc['seconds']:.1f} s.", "",
              "| " + " | ".join(h for _, h in COLUMNS) + " |",
