@@ -35,6 +35,7 @@ MIRROR = os.environ.get("GPUFLEET_DEBIAN_MIRROR", "http://deb.debian.org/debian"
 RELEASES = ("bookworm", "trixie")
 CGROUP_HIERARCHIES = (Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified"))
 NSPAWN_RUNTIME = Path("/run/systemd/nspawn")
+NSPAWN_RUNTIME_MARK = STATE_ROOT / ".nspawn-runtime-mounted"
 SSH_USER = "root"
 # nspawn exits with 133 when the container asked for a reboot (systemctl reboot).
 NSPAWN_REBOOT_EXIT = 133
@@ -289,6 +290,8 @@ def _prepare_machine() -> None:
     NSPAWN_RUNTIME.mkdir(parents=True, exist_ok=True)
     if not _is_mountpoint(NSPAWN_RUNTIME):
         run(["mount", "-t", "tmpfs", "tmpfs", str(NSPAWN_RUNTIME)])
+        STATE_ROOT.mkdir(parents=True, exist_ok=True)
+        NSPAWN_RUNTIME_MARK.write_text("mounted by the gpufleet test-host harness\n")
     # Each container's systemd takes inotify instances; the default of 128 stops at ~25 hosts.
     for knob, value in (("max_user_instances", 8192), ("max_user_watches", 1048576)):
         path = Path("/proc/sys/fs/inotify") / knob
@@ -465,8 +468,11 @@ def down(pool: str | None = DEFAULT_POOL) -> int:
             for cg in (h / "gpufleet-testhosts" / p, h / "gpufleet-testhosts"):
                 with contextlib.suppress(OSError):
                     cg.rmdir()  # only once empty: another pool may still be running
-    if not list_hosts(None) and _is_mountpoint(NSPAWN_RUNTIME) and not any(NSPAWN_RUNTIME.iterdir()):
-        run(["umount", str(NSPAWN_RUNTIME)], check=False)
+    # The tmpfs is ours only if we mounted it; it goes with the last host (what nspawn left in
+    # it belongs to containers that are gone).
+    if NSPAWN_RUNTIME_MARK.exists() and not list_hosts(None) and _is_mountpoint(NSPAWN_RUNTIME):
+        if run(["umount", str(NSPAWN_RUNTIME)], check=False).returncode == 0:
+            NSPAWN_RUNTIME_MARK.unlink(missing_ok=True)
     return len(hosts)
 
 
@@ -525,6 +531,8 @@ def _leftovers() -> list[str]:
     for line in Path("/proc/mounts").read_text().splitlines():
         if str(STATE_ROOT) in line.split()[1]:
             found.append("mount " + line.split()[1])
+    if NSPAWN_RUNTIME_MARK.exists() and _is_mountpoint(NSPAWN_RUNTIME) and not list_hosts(None):
+        found.append(f"mount {NSPAWN_RUNTIME} (the harness's tmpfs, no host left)")
     for h in CGROUP_HIERARCHIES:
         top = h / "gpufleet-testhosts"
         if top.is_dir():
