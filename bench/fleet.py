@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,20 +29,27 @@ from testing import aptrepo, testhosts  # noqa: E402
 from testing.inventory import TEST_DRIVER, environment_data, write_inventory  # noqa: E402
 
 POOL = "bench-fleet"
-PYINFRA = Path(sys.executable).with_name("pyinfra")
+TIMED = REPO / "bench" / "timed_pyinfra.py"
+KEPT = Path("/var/lib/gpufleet-bench")
+# Operations that install, upgrade or index packages: the "package installation" share of a run
+PACKAGE_OP = re.compile(r"\bInstall (driver|the NVIDIA container|the Docker engine|the tier's diagnostics|gpg|the headers|nftables|the NVIDIA persistence)|apt package index|package (index|sources)", re.I)
 COMMAND_RE = re.compile(r"Running command on (\S+?):")
 UPLOAD_RE = re.compile(r"\[(\S+?)\].*Attempting upload|Attempting upload of .* to .*")
 
 
 def run_pyinfra(inventory: Path, debug: bool) -> dict:
-    cmd = [str(PYINFRA), "-y", *(["--debug"] if debug else []), str(inventory), "deploys/all.py"]
-    t0 = time.monotonic()
-    with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
-        _, status, rusage = os.wait4(proc.pid, 0)
-        wall = time.monotonic() - t0
-        out.seek(0)
-        text = out.read()
+    with tempfile.TemporaryDirectory() as tmp:
+        timings_path = Path(tmp) / "timings.json"
+        cmd = [sys.executable, str(TIMED), str(timings_path), "-y", *(["--debug"] if debug else []),
+               str(inventory), "deploys/all.py"]
+        t0 = time.monotonic()
+        with tempfile.TemporaryFile("w+") as out:
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+            _, status, rusage = os.wait4(proc.pid, 0)
+            wall = time.monotonic() - t0
+            out.seek(0)
+            text = out.read()
+        timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
     rc = os.waitstatus_to_exitcode(status)
     per_host = collections.Counter(m[1] for m in COMMAND_RE.finditer(text))
     m = re.search(r"^\s*Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", text, re.M)
@@ -48,7 +57,26 @@ def run_pyinfra(inventory: Path, debug: bool) -> dict:
     if rc != 0:
         sys.stderr.write(text[-4000:])
     return {"rc": rc, "wall_s": wall, "peak_rss_mib": rusage.ru_maxrss / 1024,
-            "commands": per_host, "changed_ops": changed}
+            "commands": per_host, "changed_ops": changed, "split": split(timings, wall)}
+
+
+def split(timings: dict, wall: float) -> dict:
+    """Where a run's wall time went: package operations, other operations, the rest.
+
+    The rest is interpreter start-up, inventory and fact gathering, planning (pyinfra's
+    prepare stage) and disconnecting: everything outside operation execution."""
+    ops = [o for o in timings.get("ops", {}).values() if "end" in o]
+    package = sum(o["end"] - o["start"] for o in ops if PACKAGE_OP.search(" ".join(o["names"])))
+    other = sum(o["end"] - o["start"] for o in ops) - package
+    stages = dict(timings.get("stages", []))
+    top = sorted(ops, key=lambda o: o["start"] - o["end"])[:8]
+    return {"package_s": package, "other_ops_s": other, "outside_ops_s": wall - package - other,
+            "prepare_s": stages.get("Execute", 0) - stages.get("Prepare", 0),
+            "top": [(round(o["end"] - o["start"], 2), " / ".join(o["names"])) for o in top]}
+
+
+def state_file(hosts: int) -> Path:
+    return KEPT / f"fleet-{hosts}.json"
 
 
 def main() -> int:
@@ -58,50 +86,88 @@ def main() -> int:
     ap.add_argument("--gpu", default=f"a100x4@{TEST_DRIVER}", help="simulated GPUs per host (test double)")
     ap.add_argument("--tier", default="research")
     ap.add_argument("--csv", default=None)
-    ap.add_argument("--keep", action="store_true", help="leave the hosts up afterwards")
+    ap.add_argument("--keep", action="store_true",
+                    help="leave the hosts and the repository up afterwards, for --reuse")
+    ap.add_argument("--reuse", action="store_true",
+                    help="re-run only the no-op runs on the hosts a --keep run left up")
+    ap.add_argument("--down", action="store_true", help="stop what a --keep run left up, and exit")
     args = ap.parse_args()
 
-    testhosts.down(POOL)
-    t0 = time.monotonic()
-    hosts = testhosts.up(args.hosts, release=args.release, gpu=args.gpu, pool=POOL)
-    t_up = time.monotonic() - t0
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        # NVIDIA's repositories are replaced by the signed stand-in (testing/aptrepo.py)
-        repo = aptrepo.serve(Path(tmp) / "aptrepo")
-        try:
-            inv = write_inventory(Path(tmp) / "bench_inventory.py", hosts,
+    if args.down:
+        teardown(args.hosts)
+        return 0
+    rows, t_up = [], 0.0
+    work = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
+    kept = json.loads(state_file(args.hosts).read_text()) if args.reuse else None
+    runs = (("first converge", True), ("no-op (counted)", True), ("no-op", False))
+    try:
+        if kept:
+            inv = Path(kept["inventory"])
+            runs = runs[1:]
+        else:
+            teardown(args.hosts)
+            t0 = time.monotonic()
+            hosts = testhosts.up(args.hosts, release=args.release, gpu=args.gpu, pool=POOL)
+            t_up = time.monotonic() - t0
+            # NVIDIA's repositories are replaced by the signed stand-in (testing/aptrepo.py)
+            repo = aptrepo.serve(work / "aptrepo")
+            inv = write_inventory(work / "bench_inventory.py", hosts,
                                   data={h.name: {**environment_data(h, args.tier, repo), "tier_mismatch": "warn"}
                                         for h in hosts})
-            for label, debug in (("first converge", True), ("no-op (counted)", True), ("no-op", False)):
-                r = run_pyinfra(inv, debug)
-                counts = [r["commands"].get(h.name, 0) for h in hosts] if debug else []
-                rows.append({
-                    "run": label, "hosts": args.hosts, "release": args.release, "gpu": args.gpu or "-",
-                    "wall_s": round(r["wall_s"], 2), "peak_rss_mib": round(r["peak_rss_mib"], 1),
-                    "commands_per_host": round(sum(counts) / len(counts), 1) if counts else "",
-                    "max_commands_host": max(counts) if counts else "",
-                    "changed_ops": r["changed_ops"], "rc": r["rc"],
-                })
-        finally:
-            repo.stop()
-            if not args.keep:
-                testhosts.down(POOL)
+            KEPT.mkdir(parents=True, exist_ok=True)
+            aptrepo.save(repo, KEPT / f"repo-{args.hosts}.json")
+            state_file(args.hosts).write_text(json.dumps({"inventory": str(inv), "work": str(work)}))
+        for label, debug in runs:
+            r = run_pyinfra(inv, debug)
+            counts = list(r["commands"].values()) if debug else []
+            rows.append({
+                "run": label, "hosts": args.hosts, "release": args.release, "gpu": args.gpu or "-",
+                "wall_s": round(r["wall_s"], 2), "peak_rss_mib": round(r["peak_rss_mib"], 1),
+                "commands_per_host": round(sum(counts) / args.hosts, 1) if counts else "",
+                "max_commands_host": max(counts) if counts else "",
+                "changed_ops": r["changed_ops"], "rc": r["rc"],
+                "package_ops_s": round(r["split"]["package_s"], 1),
+                "other_ops_s": round(r["split"]["other_ops_s"], 1),
+                "outside_ops_s": round(r["split"]["outside_ops_s"], 1),
+                "prepare_s": round(r["split"]["prepare_s"], 1),
+            })
+            if r["rc"] != 0:
+                break
+            if label == "first converge":
+                print("slowest operations of the first converge (wall s, all hosts in parallel):")
+                for secs, name in r["split"]["top"]:
+                    print(f"  {secs:>7}  {name}")
+    finally:
+        if not (args.keep or args.reuse):
+            teardown(args.hosts)
 
-    print(f"hosts up in {t_up:.1f} s (harness, not part of the runs)")
-    print(f"{'run':<18}{'hosts':>6}{'wall s':>9}{'peak MiB':>10}{'cmds/host':>11}{'changed':>9}{'rc':>4}")
+    if t_up:
+        print(f"hosts up in {t_up:.1f} s (harness, not part of the runs)")
+    print(f"{'run':<18}{'hosts':>6}{'wall s':>9}{'peak MiB':>10}{'cmds/host':>11}{'changed':>9}{'rc':>4}"
+          f"{'pkg ops s':>11}{'other ops s':>13}{'outside s':>11}")
     for r in rows:
         print(f"{r['run']:<18}{r['hosts']:>6}{r['wall_s']:>9}{r['peak_rss_mib']:>10}"
-              f"{r['commands_per_host']!s:>11}{r['changed_ops']:>9}{r['rc']:>4}")
-    out = Path(args.csv or f"bench/results/fleet-{args.hosts}.csv")
+              f"{r['commands_per_host']!s:>11}{r['changed_ops']:>9}{r['rc']:>4}"
+              f"{r['package_ops_s']:>11}{r['other_ops_s']:>13}{r['outside_ops_s']:>11}")
+    out = Path(args.csv or f"bench/results/fleet-{args.hosts}{'-reuse' if kept else ''}.csv")
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    noop, counted = rows[2], rows[1]
+    noop, counted = rows[-1], rows[-2]
     print(f"no-op {args.hosts} hosts: {noop['wall_s']} s, {counted['commands_per_host']} commands/host")
     return 0 if all(r["rc"] == 0 for r in rows) else 1
+
+
+def teardown(hosts: int) -> None:
+    """Stop the pool, the repository server and remove the work folder of a kept run."""
+    testhosts.down(POOL)
+    aptrepo.stop_saved(KEPT / f"repo-{hosts}.json")
+    path = state_file(hosts)
+    if path.exists():
+        shutil.rmtree(json.loads(path.read_text())["work"], ignore_errors=True)
+        path.unlink()
 
 
 if __name__ == "__main__":

@@ -45,4 +45,4 @@ if not host_failed(host):
 if not host_failed(host):
     hardening()
 if not host_failed(host):
-    validate()
+    validate(probe_only_if_changed=True)  # a no-op re-run leaves the GPUs to their jobs

@@ -214,7 +214,7 @@ def driver():
     versions = dict(res.package_versions)
     held_now = host.get_fact(HeldPackages)
     old_pins = [p for p in held_now if p.startswith("nvidia-driver-pinning-") and p != res.pinning_package]
-    packages_at_versions(
+    install = packages_at_versions(
         name=f"Install driver {res.driver_version} ({res.flavour})"
              + (f" with Fabric Manager {res.fabricmanager_version}" if res.fabricmanager_needed else "")
              + (f", CUDA {res.cuda_version}" if res.cuda_version else "")
@@ -254,7 +254,10 @@ def driver():
         files.file(name="No host CUDA toolkit from gpufleet: no CUDA profile", path=CUDA_PROFILE, present=False)
 
     # 5. Reboot ---------------------------------------------------------------------------------
-    busy = gpu_work(host)
+    # Only a run that changes the driver, or finds a mismatch already pending, can reboot: only
+    # then is the GPU work on the host worth reading (it scans every process's open files).
+    reboot_possible = install.will_change or before.mismatch
+    busy = gpu_work(host) if reboot_possible else []
     running = f"{len(busy)} GPU process(es) running ({', '.join(busy[:3])}{', ...' if len(busy) > 3 else ''})"
     policy = settings.driver_reboot
     if policy == "never":

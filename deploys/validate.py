@@ -13,7 +13,10 @@ short bf16 matmul / memory / all-reduce probe against per-model minimums (gpufle
 
 Every check prints one line (PASS, FAIL with its fix, WARN, or SKIP with the reason). Any FAIL fails the host, so the run
 exits non-zero naming the host and what changed. The checks live in gpufleet/validation.py.
-Set GPUFLEET_VALIDATE_PROBE=0 to leave out the DCGM and performance probes.
+GPUFLEET_VALIDATE_PROBE: 0 leaves out the DCGM and performance probes; by default they run when
+this file runs on its own, and at the end of all.py only on hosts the run changed (a no-op re-run
+of a whole fleet must not load every GPU for seconds); `always` runs them at the end of all.py
+too.
 """
 from __future__ import annotations
 
@@ -27,8 +30,18 @@ from gpufleet.settings import host_settings, validate_inventory
 from gpufleet.validation import FAIL, WARN, failures, run_checks
 
 
+def probe_setting() -> str:
+    return os.environ.get("GPUFLEET_VALIDATE_PROBE", "1").strip().lower()
+
+
 def probe_enabled() -> bool:
-    return os.environ.get("GPUFLEET_VALIDATE_PROBE", "1").strip().lower() not in ("0", "no", "false", "off")
+    return probe_setting() not in ("0", "no", "false", "off")
+
+
+def _changed_this_run(host) -> bool:
+    """Did an operation of this run already change the host? (the gate runs last)"""
+    return any(op.operation_meta.is_complete() and op.operation_meta.did_change()
+               for op in host.state.ops[host].values())
 
 
 def _refuse(state, host, summary: str) -> bool:
@@ -37,13 +50,17 @@ def _refuse(state, host, summary: str) -> bool:
 
 
 @operation()
-def gate(probe: bool = True):
+def gate(probe: bool = True, probe_only_if_changed: bool = False):
     """Check the host against its tier at execution time; a failed check fails the host."""
     if not host.state.is_executing:
         # Planning: the host has not been changed yet, so there is nothing to judge.
         return
     settings = host_settings(host)
-    results = run_checks(host, settings, probe=probe)
+    skip = "probes turned off"
+    if probe and probe_only_if_changed and not _changed_this_run(host):
+        probe, skip = False, ("probes skipped: this run changed nothing on the host "
+                              "(GPUFLEET_VALIDATE_PROBE=always runs them on every run)")
+    results = run_checks(host, settings, probe=probe, probe_skip=skip)
     for result in results:
         log = logger.error if result.status == FAIL else logger.warning if result.status == WARN else logger.info
         log(f"{host.print_prefix}{result.line()}")
@@ -55,10 +72,11 @@ def gate(probe: bool = True):
 
 
 @deploy("Validate")
-def validate():
+def validate(probe_only_if_changed: bool = False):
     gate(
         name="Check that the host is what its tier says (read-only validation gate)",
         probe=probe_enabled(),
+        probe_only_if_changed=probe_only_if_changed and probe_setting() != "always",
     )
 
 

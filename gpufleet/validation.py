@@ -97,10 +97,11 @@ def fresh_host_facts(host: Any) -> Iterator[None]:
 class Context:
     """What a check may read: the host, its settings, facts (each asked once per run)."""
 
-    def __init__(self, host: Any, settings: Any, probe: bool = True):
+    def __init__(self, host: Any, settings: Any, probe: bool = True, probe_skip: str = "probes turned off"):
         self.host = host
         self.settings = settings
         self.probe = probe
+        self.probe_skip = probe_skip  # why, when probe is False
         self._facts: dict[Any, Any] = {}
 
     def fact(self, cls: Any, **kwargs: Any) -> Any:
@@ -420,7 +421,7 @@ def firewall_active(ctx: Context) -> Result:
 def dcgm_diag(ctx: Context) -> Result:
     name = "DCGM's quick diagnostic passes"
     if not ctx.probe:
-        return Result("probe", name, SKIP, "probes turned off")
+        return Result("probe", name, SKIP, ctx.probe_skip)
     diag = ctx.fact(DcgmDiag)
     if diag.status == "not-installed":
         return Result("probe", name, SKIP, "skipped: DCGM not installed")
@@ -434,7 +435,7 @@ def dcgm_diag(ctx: Context) -> Result:
 def performance(ctx: Context) -> Result:
     name = "bf16 matmul, memory and all-reduce bandwidth reach the expected minimums"
     if not ctx.probe:
-        return Result("probe", name, SKIP, "probes turned off")
+        return Result("probe", name, SKIP, ctx.probe_skip)
     lines = ctx.fact(PerfProbe)
     models = {g.index: g.name for g in ctx.gpu.gpus} if ctx.gpu.ok else {}
     nvlink = False
@@ -467,10 +468,10 @@ def plugin_checks() -> list[tuple[str, Check]]:
     return out
 
 
-def run_checks(host: Any, settings: Any, probe: bool = True) -> list[Result]:
+def run_checks(host: Any, settings: Any, probe: bool = True, probe_skip: str = "probes turned off") -> list[Result]:
     """Every check against the host as it is now. A check that raises becomes a failed result
     naming the error, so one broken check never hides the others."""
-    ctx = Context(host, settings, probe=probe)
+    ctx = Context(host, settings, probe=probe, probe_skip=probe_skip)
     results: list[Result] = []
     with fresh_host_facts(host):
         for area, func in [*CHECKS, *plugin_checks()]:

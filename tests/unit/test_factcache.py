@@ -62,7 +62,10 @@ def test_any_other_command_forgets_everything(local, tmp_path):
     assert len(calls) == 3
 
 
-def test_last_runs_facts_come_back_in_one_command_with_the_same_answers(local, tmp_path):
+@pytest.mark.parametrize("packed", [True, False], ids=["gzip-base64", "plain"])
+def test_last_runs_facts_come_back_in_one_command_with_the_same_answers(local, tmp_path, monkeypatch, packed):
+    if not packed:  # a host without gzip or base64 answers in plain lines
+        monkeypatch.setattr(factcache, "_PACK_CHECK", "false")
     path = str(tmp_path / "x")
     open(path, "w").write("hello\n")
     state, host, calls = local()
@@ -76,6 +79,8 @@ def test_last_runs_facts_come_back_in_one_command_with_the_same_answers(local, t
                get_fact(state, host, Hostname), get_fact(state, host, File, kwargs={"path": path}))
     assert answers[:2] == expected[:2] and answers[2]["size"] == expected[2]["size"]
     assert len(calls) == 1 and "gpufleet-prefetch" in str(calls[0])
+    # every answer came from the prefetch: none of the three was asked on its own
+    assert len(factcache._memo(host)) == 3
 
 
 def test_a_stale_plan_costs_nothing_but_time(local, tmp_path):

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""What each fact of a no-op run costs on the host: run the facts a host asked for in its last
+run (its plan in .gpufleet/factplans/, the same commands the prefetch sends) one by one over
+ssh, with their host-side wall and CPU time, slowest first.
+
+    bench/fact_cost.py HOST_NAME [--pool POOL] [--repeat N]
+
+Needs root (test hosts) and a host of a kept fleet (bench/fleet.py --keep).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.chdir(REPO)
+from gpufleet import factcache  # noqa: E402
+from testing import testhosts  # noqa: E402
+
+# Per section: wall microseconds on the host (the two `date` forks add about 1 ms each).
+_WRAP = "s=$(date +%s%N); ( {text} ) >/dev/null 2>&1; e=$(date +%s%N); echo \"{i} $(( (e - s) / 1000 ))\"\n"
+# The whole script as the prefetch sends it, timed on the host: wall ms, then the CPU seconds
+# of its children (user and system), from the shell's `times`.
+_WHOLE = "s=$(date +%s%N); sh -c {script} >/dev/null 2>&1; e=$(date +%s%N); echo $(( (e - s) / 1000000 )); times\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("host")
+    ap.add_argument("--pool", default="bench-fleet")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    host = next(h for h in testhosts.list_hosts(args.pool) if h.name == args.host)
+    plan = json.loads((factcache.PLAN_DIR / f"{args.host}.json").read_text())
+    entries = []
+    for path, kwargs_json, _ in plan:
+        cls = factcache._load_class(path)
+        if cls is None:
+            continue
+        text = factcache._command_text(cls(), json.loads(kwargs_json))
+        if text:
+            entries.append((f"{path.rsplit('.', 2)[-2]}.{path.rsplit('.', 1)[-1]}({kwargs_json[:40]})", text))
+    script = "".join(_WRAP.format(text=text, i=i) for i, (_, text) in enumerate(entries))
+    best: dict[int, float] = {}
+    for _ in range(args.repeat):
+        for line in testhosts.ssh(host, script).stdout.splitlines():
+            i, us = map(int, line.split())
+            best[i] = min(best.get(i, us / 1000), us / 1000)
+    whole = "".join(f"echo '{factcache._MARK}{i}'; ( {text} ) 2>/dev/null; echo \"{factcache._RC}$?\"\n"
+                    for i, (_, text) in enumerate(entries))
+    runs = []
+    for _ in range(args.repeat):
+        out = testhosts.ssh(host, _WHOLE.format(script=shlex.quote(whole))).stdout.split()
+        runs.append((int(out[0]), sum(_secs(x) for x in out[3:5])))  # children's user, system
+    wall, cpu = min(runs)
+    print(f"{len(entries)} facts in one script (as the prefetch sends it): {wall} ms wall, "
+          f"{cpu * 1000:.0f} ms CPU on the host (best of {args.repeat})")
+    print(f"each fact on its own, slowest first (sum {sum(best.values()):.0f} ms):")
+    for i, wall_ms in sorted(best.items(), key=lambda kv: -kv[1]):
+        print(f"{wall_ms:>8.1f} ms  {entries[i][0]}")
+    return 0
+
+
+def _secs(text: str) -> float:
+    """`times` prints e.g. 0m0.120s."""
+    minutes, _, seconds = text.rstrip("s").partition("m")
+    return int(minutes) * 60 + float(seconds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Two exact replacements for pyinfra 3 planning hot spots, measured with py-spy on a 20-host
+no-op run of deploys/all.py (bench/fleet.py), where they took over half the controller's CPU:
+
+- `get_operation_order_from_stack` builds each operation's order key from `inspect.stack()`,
+  which reads the source file of every frame for context lines it then throws away
+  (`findsource`/`getmodule`: 3.5 s of 7 s of controller CPU). Only each frame's file name and
+  line number are used, and both are on the frame itself.
+- `all_global_arguments` calls `typing.get_type_hints(AllArguments)` anew for every operation
+  and every fact (1.2 s); the class never changes during a run, so it is computed once.
+
+Both return exactly what the originals return (tests/unit/test_speedups.py compares them);
+install() swaps them in where pyinfra looks them up.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from functools import lru_cache
+from typing import Any
+
+import pyinfra
+
+# By module path: `from pyinfra.api import operation` is the decorator, not its module.
+pyinfra_arguments = importlib.import_module("pyinfra.api.arguments")
+pyinfra_facts = importlib.import_module("pyinfra.api.facts")
+pyinfra_operation = importlib.import_module("pyinfra.api.operation")
+pyinfra_util = importlib.import_module("pyinfra.api.util")
+
+_original_all_global_arguments = pyinfra_arguments.all_global_arguments
+_installed = False
+
+
+def operation_order_from_stack(state: Any) -> list[int]:
+    """pyinfra.api.util.get_operation_order_from_stack, reading frames instead of source."""
+    frames = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    frames.reverse()
+
+    i = 0
+    # From the *first* frame of the deploy file on; without one, pyinfra's loop stops on its
+    # own (skipped) frame, so no frame is left.
+    if state.current_deploy_filename:
+        i = next((n for n, frame in enumerate(frames)
+                  if frame.f_code.co_filename == state.current_deploy_filename), len(frames))
+
+    line_numbers = []
+    if pyinfra.is_cli:
+        line_numbers.append(state.current_op_file_number)
+    for frame in frames[i:]:
+        if frame.f_code.co_filename.startswith(pyinfra_util.PYINFRA_INSTALL_DIR):
+            continue
+        line_numbers.append(frame.f_lineno)
+    return line_numbers
+
+
+@lru_cache(maxsize=1)
+def _global_arguments() -> tuple[tuple[str, type], ...]:
+    return tuple(_original_all_global_arguments())
+
+
+def all_global_arguments() -> list[tuple[str, type]]:
+    """pyinfra.api.arguments.all_global_arguments, computed once."""
+    return list(_global_arguments())
+
+
+def install() -> None:
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    pyinfra_operation.get_operation_order_from_stack = operation_order_from_stack
+    pyinfra_arguments.all_global_arguments = all_global_arguments
+    pyinfra_facts.all_global_arguments = all_global_arguments
