@@ -13,18 +13,20 @@
 """
 from pyinfra import host, state
 
-from deploys.base import base
-from deploys.docker import docker
-from deploys.driver import driver
-from deploys.hardening import hardening
-from deploys.preflight import preflight
-from deploys.tuning import tuning
-from deploys.validate import validate
 from gpufleet import factcache
-from gpufleet.failures import host_failed
-from gpufleet.settings import validate_inventory
 
 factcache.install()  # no fact asked twice while nothing changed; last run's facts in one command
+factcache.prefetch_all(state)  # every host starts on those while the rest of this is imported
+
+from deploys.base import base  # noqa: E402
+from deploys.docker import docker  # noqa: E402
+from deploys.driver import driver  # noqa: E402
+from deploys.hardening import hardening  # noqa: E402
+from deploys.preflight import preflight  # noqa: E402
+from deploys.tuning import tuning  # noqa: E402
+from deploys.validate import validate  # noqa: E402
+from gpufleet.failures import host_failed  # noqa: E402
+from gpufleet.settings import validate_inventory  # noqa: E402
 
 # pyinfra plans every host before it executes anything: a bad host stops the whole run here.
 validate_inventory(state.inventory)

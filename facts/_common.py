@@ -150,3 +150,10 @@ def key_values(lines: Iterable[str], what: str) -> dict[str, str]:
             raise fail(f"expected KEY=VALUE in {what}", line)
         result[key] = value
     return result
+
+
+def read_files(directory: str, **files_to_vars: str) -> str:
+    """Shell that reads the first line of each file in `directory` into a variable, empty when
+    the file is missing or unreadable, with the shell's own `read` (no process started)."""
+    return "".join(f'{var}=; read -r {var} 2>/dev/null < "{directory}/{name}"; '
+                   for name, var in files_to_vars.items())

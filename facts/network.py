@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import JsonMixin, fail
+from ._common import JsonMixin, fail, read_files
 
 # Interfaces the deploys never configure: loopback, container and VM plumbing.
 EXCLUDED_INTERFACES = re.compile(r"^(lo|docker.*|veth.*|br-.*|virbr.*)$")
@@ -60,12 +60,8 @@ def net_command(sys_root: str = "/sys") -> str:
         '[ -e "$i" ] || continue; '
         'dev=; if [ -e "$i/device" ]; then dev=$(readlink "$i/device" 2>/dev/null); dev=${dev##*/}; fi; '
         'drv=; if [ -e "$i/device/driver" ]; then drv=$(readlink "$i/device/driver" 2>/dev/null); drv=${drv##*/}; fi; '
-        'echo "name=${i##*/}'
-        ' operstate=$(cat "$i/operstate" 2>/dev/null)'
-        ' mac=$(cat "$i/address" 2>/dev/null)'
-        ' mtu=$(cat "$i/mtu" 2>/dev/null)'
-        ' type=$(cat "$i/type" 2>/dev/null)'
-        ' device=$dev driver=$drv"; '
+        + read_files("$i", operstate="state", address="mac", mtu="mtu", type="type") +
+        'echo "name=${i##*/} operstate=$state mac=$mac mtu=$mtu type=$type device=$dev driver=$drv"; '
         "done; true"
     )
 

@@ -16,7 +16,7 @@ from typing import Literal
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import JsonMixin, fail
+from ._common import JsonMixin, fail, read_files
 
 NVIDIA_VENDOR = "0x10de"
 MELLANOX_VENDOR = "0x15b3"
@@ -67,24 +67,20 @@ def classify(vendor: str, pci_class: str) -> PciKind:
 # hosts (tests/fixtures/nvidia/*/sys-pci.txt) plus subsys_vendor and numa:
 #   0000:00:06.0 vendor=0x10de device=0x2335 class=0x030200 subsys_vendor=0x10de \
 #       subsys=0x18bf driver=nvidia numa=0
-# Only `cat` and `readlink` are used (both in coreutils and busybox); unreadable
-# files print as empty values instead of failing. `sys_root` exists so tests can
-# run the real command against a fake /sys tree.
+# Only the shell's `read` and `readlink` are used (no `cat`: a fork and exec per file made this
+# fact 55 ms on a no-op run); unreadable files print as empty values instead of failing.
+# `sys_root` exists so tests can run the real command against a fake /sys tree.
 def pci_command(sys_root: str = "/sys") -> str:
     devices = shlex.quote(f"{sys_root}/bus/pci/devices")
     return (
         f"for d in {devices}/*; do "
         '[ -r "$d/vendor" ] || continue; '
-        'v=$(cat "$d/vendor" 2>/dev/null); '
+        + read_files("$d", vendor="v") +
         f'case "$v" in {NVIDIA_VENDOR}|{MELLANOX_VENDOR}) ;; *) continue ;; esac; '
         'drv=; if [ -e "$d/driver" ]; then drv=$(readlink "$d/driver" 2>/dev/null); drv=${drv##*/}; fi; '
-        'echo "${d##*/} vendor=$v'
-        ' device=$(cat "$d/device" 2>/dev/null)'
-        ' class=$(cat "$d/class" 2>/dev/null)'
-        ' subsys_vendor=$(cat "$d/subsystem_vendor" 2>/dev/null)'
-        ' subsys=$(cat "$d/subsystem_device" 2>/dev/null)'
-        ' driver=$drv'
-        ' numa=$(cat "$d/numa_node" 2>/dev/null)"; '
+        + read_files("$d", device="dev", **{"class": "cls"}, subsystem_vendor="sv", subsystem_device="sd",
+                     numa_node="numa") +
+        'echo "${d##*/} vendor=$v device=$dev class=$cls subsys_vendor=$sv subsys=$sd driver=$drv numa=$numa"; '
         "done; true"
     )
 

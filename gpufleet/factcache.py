@@ -32,6 +32,8 @@ from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api.command import StringCommand
 from pyinfra.api.host import Host
 
+from gpufleet import factbatch
+
 PLAN_DIR = Path(".gpufleet/factplans")
 _MARK = "::gpufleet-prefetch::"
 _RC = "::gpufleet-rc::"
@@ -144,8 +146,21 @@ def _prefetch(state: Any, host: Host) -> None:
             entries.append((cls, fact_kwargs_json, executor_json, fact, text))
     if len(entries) < 2:
         return
+    # File facts of one family share one stat / sha1sum run (gpufleet/factbatch.py); the batch
+    # sections are numbered after the single facts.
+    single, batches = [], {}
+    for entry in entries:
+        kwargs = json.loads(entry[1])
+        name = factbatch.family(entry[0], kwargs)
+        if name:
+            batches.setdefault(name, []).append((entry, factbatch.keys(name, kwargs)))
+        else:
+            single.append(entry)
+    batch_names = sorted(batches)
+    batch_keys = {name: sorted({key for _, keys in batches[name] for key in keys}) for name in batch_names}
+    texts = [text for *_, text in single] + [factbatch.command(name, batch_keys[name]) for name in batch_names]
     body = "".join(f"echo '{_MARK}{i}'; ( {text} ) 2>/dev/null; echo \"{_RC}$?\"\n"
-                   for i, (_, _, _, _, text) in enumerate(entries))
+                   for i, text in enumerate(texts))
     # The answers come back as one gzip+base64 line where the host has both tools: a thousand
     # lines trickling out as the facts run cost the controller an SSH packet (and its MAC) and
     # a readline each, the largest controller cost of a no-op run (py-spy, 20 hosts).
@@ -181,7 +196,7 @@ def _prefetch(state: Any, host: Host) -> None:
         elif current is not None:
             sections[current].append(line)
     memo = _memo(host)
-    for i, (cls, fact_kwargs_json, executor_json, fact, _) in enumerate(entries):
+    for i, (cls, fact_kwargs_json, executor_json, fact, _) in enumerate(single):
         lines = sections.get(i)
         if lines is None or rcs.get(i) != 0 or lines == [pyinfra_facts._MISSING_COMMAND_MARKER]:
             continue
@@ -190,6 +205,41 @@ def _prefetch(state: Any, host: Host) -> None:
         except Exception:
             continue  # let pyinfra's own path report the problem
         memo[(_fact_path(cls), fact_kwargs_json, executor_json)] = data
+    for i, name in enumerate(batch_names, start=len(single)):
+        if i not in sections or rcs.get(i) != 0:
+            continue
+        missing, found = factbatch.split(name, batch_keys[name], sections[i])
+        for (cls, fact_kwargs_json, executor_json, fact, _), keys in batches[name]:
+            try:
+                known, data = factbatch.answer(fact, keys, missing, found)
+            except Exception:
+                continue
+            if known:
+                memo[(_fact_path(cls), fact_kwargs_json, executor_json)] = data
+
+
+def prefetch_all(state: Any) -> None:
+    """Send every connected host its prefetch now, each in its own greenlet, so the hosts work
+    on their answers while the controller is still importing and planning (the first host's
+    planning would otherwise send the first one about a second into a run). A host's first
+    fact waits for its answers. Call once, at the top of a deploy file, after install()."""
+    import gevent
+    from pyinfra.context import ctx_host, ctx_state
+
+    state = ctx_state.get() if ctx_state.isset() else state  # the object, not pyinfra's proxy
+    if getattr(state, "_gpufleet_prefetch_all", False):
+        return
+    state._gpufleet_prefetch_all = True
+
+    def run(host: Host) -> None:
+        with ctx_state.use(state), ctx_host.use(host):
+            _prefetch(state, host)
+
+    for host in state.inventory.get_active_hosts():
+        if host.connected and not getattr(host, "_gpufleet_prefetched", False):
+            host._gpufleet_prefetched = True
+            host._gpufleet_prefetch = gevent.spawn(run, host)
+    gevent.sleep(0)  # let each greenlet send its command before the caller goes on
 
 
 def _default_executor(state: Any, host: Host) -> dict:
@@ -223,7 +273,11 @@ def install() -> None:
     def _get_fact(state, host, cls, args=None, kwargs=None, ensure_hosts=None, apply_failed_hosts=True):
         key = _key(state, host, cls, args, kwargs)
         if key is not None:
-            if not getattr(host, "_gpufleet_prefetched", False) and host.connected:
+            started = getattr(host, "_gpufleet_prefetch", None)
+            if started is not None:
+                started.join()  # prefetch_all() sent it earlier: wait for its answers
+                host._gpufleet_prefetch = None
+            elif not getattr(host, "_gpufleet_prefetched", False) and host.connected:
                 _prefetch(state, host)
             _record(host, cls, key[1], key[2])
             memo = _memo(host)

@@ -92,3 +92,28 @@ def test_a_stale_plan_costs_nothing_but_time(local, tmp_path):
     state, host, calls = local()
     assert get_fact(state, host, Sha1File, kwargs={"path": str(tmp_path / "other")}) is None
     assert get_fact(state, host, Hostname) == os.uname().nodename
+
+
+def test_file_facts_asked_in_batches_answer_as_pyinfra_does(local, tmp_path):
+    from pyinfra.facts.files import Directory, Sha256File
+
+    (tmp_path / "file").write_text("hello\n")
+    (tmp_path / "with space 'quoted'").write_text("x")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    names = ["file", "with space 'quoted'", "dir", "link", "dangling", "missing"]
+    questions = [(cls, str(tmp_path / n)) for n in names for cls in (File, Directory, Sha1File, Sha256File)]
+
+    state, host, calls = local()
+    expected = [get_fact(state, host, cls, kwargs={"path": p}) for cls, p in questions]
+    factcache._save_plans()
+
+    state, host, calls = local()  # the next run: the plan comes back in one script
+    answers = [get_fact(state, host, cls, kwargs={"path": p}) for cls, p in questions]
+    assert answers == expected
+    assert expected[0]["size"] == 6 and expected[2] == "f572d396fae9206628714fb2ce00f72e94f2258f"
+    assert expected[-4] is None and expected[8] is False and expected[9]["mode"]  # missing; dir: no File, a Directory
+    # One script, plus pyinfra's own command only where the batch had no line for an existing
+    # path: sha1sum/sha256sum of the directory and of the dangling link.
+    assert len(calls) == 1 + 4, calls

@@ -54,7 +54,7 @@ def test_install_layout(tmp_path):
     script = root / "usr/lib/gpusim/nvidia-smi"
     assert os.access(script, os.X_OK)
     head = script.read_text().splitlines()[:3]
-    assert head[0] == "#!/usr/bin/python3" and "GPU SIMULATOR" in head[1] and "NOT NVIDIA software" in head[1]
+    assert head[0].split()[0] == "#!/usr/bin/python3" and "GPU SIMULATOR" in head[1] and "NOT NVIDIA software" in head[1]
     assert (root / "usr/bin/gpusimctl").is_symlink()
     daemon = root / "usr/bin/nvidia-persistenced"
     assert daemon.is_symlink() and os.readlink(daemon) == "../lib/gpusim/nvidia-persistenced"

@@ -1,0 +1,114 @@
+"""One process for many file and unit facts in the prefetch (gpufleet/factcache.py).
+
+A no-op run of deploys/all.py asks about 50 of pyinfra's file facts per host (File, Directory,
+Sha1File, Sha256File: every files.put checks its destination and its parent), and each one
+starts a `stat` or `sha1sum` of its own on the host: about a fifth of the host's CPU for the
+whole prefetch (bench/fact_cost.py). Here each family is asked with one `stat` or one
+`sha1sum`/`sha256sum` over all its paths, and each path's output line is handed to the fact's
+own process(), so the answers are the ones pyinfra's own command would give:
+
+- a path that does not exist (checked with the shell's `test`, as pyinfra's command does) gets
+  the fact's default;
+- a path that exists but printed nothing (a directory given to sha1sum, an unreadable file) is
+  left out, so pyinfra asks it the normal way.
+
+The same holds for pyinfra's SystemdStatus and SystemdEnabled (every systemd.service asks both,
+each a `systemctl show` of its own): one `systemctl show` with both properties for all units,
+whose blocks come back one per unit in argument order, each handed to the asking fact.
+"""
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from pyinfra.facts import files as pyinfra_files
+from pyinfra.facts import systemd as pyinfra_systemd
+
+_PATH = "::gpufleet-path::"
+_MISSING = "::gpufleet-missing::"
+# pyinfra's own format, taken from its command: "stat -c '<format>'"
+_STAT_FORMAT = shlex.split(pyinfra_files.LINUX_STAT_COMMAND)[2]
+_HASH_TOOLS = {pyinfra_files.Sha1File: "sha1sum", pyinfra_files.Sha256File: "sha256sum"}
+
+
+def family(cls: type, kwargs: dict) -> str | None:
+    """The batch a fact asked with these arguments can join, or None to run it on its own."""
+    if cls in (pyinfra_systemd.SystemdStatus, pyinfra_systemd.SystemdEnabled):
+        services = kwargs.get("services")
+        plain = not kwargs.get("user_mode") and kwargs.get("machine") is None and kwargs.get("user_name") is None
+        names = [services] if isinstance(services, str) else services
+        if plain and isinstance(names, list) and names and all(
+                isinstance(n, str) and n and "*" not in n and "\n" not in n for n in names):
+            return "systemctl"
+        return None
+    path = kwargs.get("path")
+    if set(kwargs) != {"path"} or not isinstance(path, str) or not path.startswith("/") \
+            or any(c in path for c in "\n\\"):
+        return None  # relative, ~ and odd paths: left to pyinfra's own command
+    if cls in (pyinfra_files.File, pyinfra_files.Directory):
+        return "stat"
+    return _HASH_TOOLS.get(cls)
+
+
+def keys(name: str, kwargs: dict) -> list[str]:
+    """What one fact of family `name` asks about: its path, or its units."""
+    if name == "systemctl":
+        services = kwargs["services"]
+        return [services] if isinstance(services, str) else list(services)
+    return [kwargs["path"]]
+
+
+def command(name: str, paths: list[str]) -> str:
+    """Shell answering one family for all `paths` (units for systemctl): missing paths first,
+    then one tool run."""
+    quoted = " ".join(shlex.quote(p) for p in paths)
+    if name == "systemctl":
+        return f"systemctl show --all --property Id --property SubState --property UnitFileState -- {quoted}"
+    missing = (f'for p in {quoted}; do [ -e "$p" ] || [ -L "$p" ] || echo "{_MISSING}$p"; done; ')
+    if name == "stat":
+        fmt = shlex.quote(f"{_PATH}%n\\n{_STAT_FORMAT}\\n")
+        return missing + f"stat --printf {fmt} -- {quoted} 2>/dev/null; true"
+    return missing + f"{name} -- {quoted} 2>/dev/null; true"
+
+
+def split(name: str, paths: list[str], lines: list[str]) -> tuple[set[str], dict[str, list[str]]]:
+    """(missing paths, {path or unit: its output lines}) from the output of command()."""
+    missing = {line[len(_MISSING):] for line in lines if line.startswith(_MISSING)}
+    found: dict[str, list[str]] = {}
+    if name == "systemctl":
+        blocks: list[list[str]] = [[]]
+        for line in lines:
+            if line.strip():
+                blocks[-1].append(line)
+            elif blocks[-1]:
+                blocks.append([])
+        blocks = [b for b in blocks if b]
+        if len(blocks) == len(paths):  # one block per unit, in order; otherwise trust none
+            found = dict(zip(paths, blocks))
+    elif name == "stat":
+        current = None
+        for line in lines:
+            if line.startswith(_PATH):
+                current = line[len(_PATH):]
+            elif current is not None and not line.startswith(_MISSING):
+                found[current] = [line]
+                current = None
+    else:
+        for line in lines:
+            digest, sep, path = line.partition("  ")
+            if sep and not line.startswith(_MISSING):
+                found[path] = [line]
+    return missing, found
+
+
+def answer(fact: Any, asked: list[str], missing: set[str], found: dict[str, list[str]]) -> tuple[bool, Any]:
+    """(known, value) for one fact of a batch, given what it asked (keys()); known is False
+    when pyinfra must ask it itself."""
+    if len(asked) == 1 and asked[0] in missing:
+        return True, fact.default()
+    if all(key in found for key in asked):
+        lines: list[str] = []
+        for key in asked:
+            lines += [*found[key], ""]  # blocks apart, as systemctl show prints them
+        return True, fact.process(lines[:-1])
+    return False, None
