@@ -144,6 +144,11 @@ def gather(inventory_path: str, workers: int = 20, drift: bool = True, probe: bo
 
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
+    from gpufleet import factcache
+
+    # The facts each host answered in its last run (report or deploy) come back in one command
+    # per host instead of one each: about 35 round trips per host otherwise.
+    factcache.install()
     state = State(check_for_changes=True)
     state.cwd = str(REPO)
     ctx_state.set(state)
@@ -200,14 +205,25 @@ def plan_drift(state: Any, hosts: list, rows: dict[str, dict[str, Any]], deploy:
     from pyinfra.context import ctx_config, ctx_host
     from pyinfra_cli.util import exec_file
 
+    from gevent.pool import Pool
+
     path = str(REPO / deploy)
     errors: dict[str, str] = {}
-    for host in hosts:
+
+    def plan(host: Any) -> None:
         try:
             with ctx_config.use(state.config.copy()), ctx_host.use(host):
                 exec_file(path)
         except Exception as error:  # noqa: BLE001 - the host's planning error is its drift
             errors[host.name] = f"{type(error).__name__}: {error}".strip()
+
+    # All hosts at once, each in its own greenlet, as `pyinfra` itself plans a deploy file: one
+    # host's fact round trips no longer wait for another's (serial planning was most of a
+    # 100-host report).
+    pool = Pool(max(1, state.config.PARALLEL or len(hosts) or 1))
+    for host in hosts:
+        pool.spawn(plan, host)
+    pool.join()
     for host in hosts:
         if host.name in errors:
             rows[host.name]["drift"] = {"method": "plan", "changes": None, "operations": [],
