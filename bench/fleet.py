@@ -4,9 +4,15 @@
     bench/fleet.py --hosts N [--release bookworm|trixie] [--gpu SPEC] [--tier TIER] [--csv PATH]
 
 For each run it reports wall time, the controller's peak memory (max RSS of the pyinfra
-process) and the remote commands executed per host, counted from pyinfra's own --debug output
-("Running command on HOST" lines, plus file uploads). Ends with one summary line:
+process) and CPU time, the CPU the hosts used (their cgroups), the remote commands executed per
+host, counted from pyinfra's own --debug output ("Running command on HOST" lines; file uploads
+are not in it, and a no-op run has none), and where the wall time went: package operations,
+other operations, and everything outside operations (start-up, facts, planning), from a state
+callback (bench/timed_pyinfra.py). Ends with one summary line:
 `no-op N hosts: X s, C commands/host`. Needs root (test hosts). Uses its own pool.
+
+    --keep     leave hosts and repository up; --reuse re-runs only the no-op runs on them;
+    --down     stops what --keep left.
 """
 from __future__ import annotations
 
@@ -34,10 +40,22 @@ KEPT = Path("/var/lib/gpufleet-bench")
 # Operations that install, upgrade or index packages: the "package installation" share of a run
 PACKAGE_OP = re.compile(r"\bInstall (driver|the NVIDIA container|the Docker engine|the tier's diagnostics|gpg|the headers|nftables|the NVIDIA persistence)|apt package index|package (index|sources)", re.I)
 COMMAND_RE = re.compile(r"Running command on (\S+?):")
-UPLOAD_RE = re.compile(r"\[(\S+?)\].*Attempting upload|Attempting upload of .* to .*")
 
 
-def run_pyinfra(inventory: Path, debug: bool) -> dict:
+def hosts_cpu_s(hosts: list) -> float | None:
+    """CPU seconds the test hosts have used so far (their cgroups' cpu.stat), or None."""
+    total, seen = 0, False
+    for host in hosts:
+        for d in testhosts._cgroup_dirs(host):
+            stat = d / "cpu.stat"
+            if stat.exists():
+                total += int(dict(line.split() for line in stat.read_text().splitlines())["usage_usec"])
+                seen = True
+    return total / 1e6 if seen else None
+
+
+def run_pyinfra(inventory: Path, debug: bool, hosts: list) -> dict:
+    cpu_before = hosts_cpu_s(hosts)
     with tempfile.TemporaryDirectory() as tmp:
         timings_path = Path(tmp) / "timings.json"
         cmd = [sys.executable, str(TIMED), str(timings_path), "-y", *(["--debug"] if debug else []),
@@ -56,7 +74,10 @@ def run_pyinfra(inventory: Path, debug: bool) -> dict:
     changed = 0 if not m or m[2] == "-" else int(m[2])
     if rc != 0:
         sys.stderr.write(text[-4000:])
+    cpu_after = hosts_cpu_s(hosts)
     return {"rc": rc, "wall_s": wall, "peak_rss_mib": rusage.ru_maxrss / 1024,
+            "controller_cpu_s": rusage.ru_utime + rusage.ru_stime,
+            "hosts_cpu_s": None if cpu_before is None else cpu_after - cpu_before,
             "commands": per_host, "changed_ops": changed, "split": split(timings, wall)}
 
 
@@ -103,6 +124,7 @@ def main() -> int:
     try:
         if kept:
             inv = Path(kept["inventory"])
+            hosts = testhosts.list_hosts(POOL)
             runs = runs[1:]
         else:
             teardown(args.hosts)
@@ -118,7 +140,7 @@ def main() -> int:
             aptrepo.save(repo, KEPT / f"repo-{args.hosts}.json")
             state_file(args.hosts).write_text(json.dumps({"inventory": str(inv), "work": str(work)}))
         for label, debug in runs:
-            r = run_pyinfra(inv, debug)
+            r = run_pyinfra(inv, debug, hosts)
             counts = list(r["commands"].values()) if debug else []
             rows.append({
                 "run": label, "hosts": args.hosts, "release": args.release, "gpu": args.gpu or "-",
@@ -130,6 +152,8 @@ def main() -> int:
                 "other_ops_s": round(r["split"]["other_ops_s"], 1),
                 "outside_ops_s": round(r["split"]["outside_ops_s"], 1),
                 "prepare_s": round(r["split"]["prepare_s"], 1),
+                "controller_cpu_s": round(r["controller_cpu_s"], 2),
+                "host_cpu_ms_per_host": "" if r["hosts_cpu_s"] is None else round(r["hosts_cpu_s"] * 1000 / args.hosts),
             })
             if r["rc"] != 0:
                 break
@@ -144,11 +168,12 @@ def main() -> int:
     if t_up:
         print(f"hosts up in {t_up:.1f} s (harness, not part of the runs)")
     print(f"{'run':<18}{'hosts':>6}{'wall s':>9}{'peak MiB':>10}{'cmds/host':>11}{'changed':>9}{'rc':>4}"
-          f"{'pkg ops s':>11}{'other ops s':>13}{'outside s':>11}")
+          f"{'pkg ops s':>11}{'other ops s':>13}{'outside s':>11}{'ctl CPU s':>11}{'host CPU ms/host':>18}")
     for r in rows:
         print(f"{r['run']:<18}{r['hosts']:>6}{r['wall_s']:>9}{r['peak_rss_mib']:>10}"
               f"{r['commands_per_host']!s:>11}{r['changed_ops']:>9}{r['rc']:>4}"
-              f"{r['package_ops_s']:>11}{r['other_ops_s']:>13}{r['outside_ops_s']:>11}")
+              f"{r['package_ops_s']:>11}{r['other_ops_s']:>13}{r['outside_ops_s']:>11}"
+              f"{r['controller_cpu_s']:>11}{r['host_cpu_ms_per_host']!s:>18}")
     out = Path(args.csv or f"bench/results/fleet-{args.hosts}{'-reuse' if kept else ''}.csv")
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as fh:

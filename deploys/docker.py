@@ -90,7 +90,8 @@ def docker():
                   "guess: fix or remove the file, then re-run (it was left untouched)")
         return
     engine = ENGINE[settings.docker_source]
-    installed = host.get_fact(PackageVersions, packages=[*engine["conflicts"], *engine["install"]])
+    installed = host.get_fact(PackageVersions,
+                              packages=[*engine["conflicts"], *engine["install"], *engine.get("optional", ())])
     other = [p for p in engine["conflicts"] if installed.get(p)]
     if other:
         fail_host(host, "docker_source",
@@ -133,8 +134,13 @@ def docker():
     optional = engine.get("optional", ())
     if optional:
         # Debian 13 moved the CLI out of docker.io; Debian 12 and Ubuntu still ship it inside.
-        candidates = host.get_fact(AptCandidates, packages=list(optional))
-        extra = [p for p in optional if candidates.get(p) or installed.get(p)]
+        # Once the engine is installed, what came with it tells which, without asking apt-cache
+        # (40 ms of a no-op run's host time).
+        if all(installed.get(p) for p in engine["install"]):
+            extra = [p for p in optional if installed.get(p)]
+        else:
+            candidates = host.get_fact(AptCandidates, packages=list(optional))
+            extra = [p for p in optional if candidates.get(p) or installed.get(p)]
         engine_packages += extra
         hold += extra
     toolkit = [f"{p}={settings.docker_toolkit_version}" for p in TOOLKIT_PACKAGES]
