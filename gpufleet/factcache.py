@@ -48,6 +48,36 @@ def _fact_path(cls: type) -> str:
 
 
 def _key(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> tuple | None:
+    """(fact class path, its arguments as JSON, its executor arguments as JSON), or None.
+
+    pyinfra's own way there (_handle_fact_kwargs) walks every global argument through the host's
+    data layers for every fact: the largest controller cost left on a no-op run (py-spy). Its
+    two halves are remembered apart: the executor arguments depend only on the connector
+    arguments looked up below (inventory data and config being fixed for the run), per host;
+    the fact's own arguments only on the fact and what it was asked, for everyone."""
+    kwargs = kwargs or {}
+    connector = pyinfra_facts.CONNECTOR_ARGUMENT_KEYS
+    try:
+        context = json.dumps([{k: v for k, v in (source or {}).items() if k in connector} for source in (
+            kwargs, host.current_deploy_kwargs, host.current_op_global_arguments,
+            host.current_op_deploy_data or host.current_deploy_data, host.data.override_datas)],
+            sort_keys=True)
+        question = json.dumps([_fact_path(cls), list(args or []), kwargs], sort_keys=True)
+    except (TypeError, ValueError):
+        return _pyinfra_key(state, host, cls, args, kwargs)
+    executors = host.__dict__.setdefault("_gpufleet_executors", {})
+    if context in executors and question in _FACT_ARGUMENTS:
+        return (_fact_path(cls), _FACT_ARGUMENTS[question], executors[context])
+    key = _pyinfra_key(state, host, cls, args, kwargs)
+    if key is not None:
+        executors[context], _FACT_ARGUMENTS[question] = key[2], key[1]
+    return key
+
+
+_FACT_ARGUMENTS: dict[str, str] = {}
+
+
+def _pyinfra_key(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> tuple | None:
     fact_kwargs, global_kwargs = pyinfra_facts._handle_fact_kwargs(state, host, cls, args, kwargs)
     fact_kwargs = {k: v for k, v in fact_kwargs.items() if k != "self"}  # getcallargs includes it
     executor = {k: v for k, v in global_kwargs.items() if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}

@@ -117,3 +117,24 @@ def test_file_facts_asked_in_batches_answer_as_pyinfra_does(local, tmp_path):
     # One script, plus pyinfra's own command only where the batch had no line for an existing
     # path: sha1sum/sha256sum of the directory and of the dangling link.
     assert len(calls) == 1 + 4, calls
+
+
+def test_remembered_fact_keys_are_pyinfras_own(local):
+    """The key cache must give what pyinfra's _handle_fact_kwargs gives, whatever executor
+    arguments (sudo, user, env) come from the question or the deploy around it."""
+    state, host, calls = local()
+    cases = [({"path": "/x"}, None), ({"path": "/x", "_sudo": True}, None),
+             ({"path": "/x"}, {"_sudo": True, "_sudo_user": "bob"}), ({"path": "/y", "_env": {"A": "1"}}, None),
+             ({"path": "/x"}, None)]
+    keys = []
+    try:
+        for kwargs, deploy_kwargs in cases:
+            host.current_deploy_kwargs = deploy_kwargs
+            expected = factcache._pyinfra_key(state, host, File, [], dict(kwargs))
+            for _ in range(2):  # asked, then answered from the caches
+                assert factcache._key(state, host, File, [], dict(kwargs)) == expected
+            keys.append(expected)
+    finally:
+        host.current_deploy_kwargs = None
+    assert len(set(keys)) == 4 and keys[0] == keys[-1]  # sudo, sudo as bob, env: each its own key
+    assert '"_sudo_user": "bob"' in keys[2][2]
