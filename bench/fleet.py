@@ -102,7 +102,7 @@ def state_file(hosts: int) -> Path:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hosts", type=int, required=True)
+    ap.add_argument("--hosts", type=int, required="--down" not in sys.argv)
     ap.add_argument("--release", default="bookworm", choices=testhosts.RELEASES)
     ap.add_argument("--gpu", default=f"a100x4@{TEST_DRIVER}", help="simulated GPUs per host (test double)")
     ap.add_argument("--tier", default="research")
@@ -115,10 +115,11 @@ def main() -> int:
     args = ap.parse_args()
 
     if args.down:
-        teardown(args.hosts)
+        for kept in ([args.hosts] if args.hosts else
+                     [int(f.stem.split("-")[1]) for f in KEPT.glob("fleet-*.json")] or [0]):
+            teardown(kept)
         return 0
     rows, t_up = [], 0.0
-    work = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
     kept = json.loads(state_file(args.hosts).read_text()) if args.reuse else None
     runs = (("first converge", True), ("no-op (counted)", True), ("no-op", False))
     try:
@@ -128,6 +129,7 @@ def main() -> int:
             runs = runs[1:]
         else:
             teardown(args.hosts)
+            work = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
             t0 = time.monotonic()
             hosts = testhosts.up(args.hosts, release=args.release, gpu=args.gpu, pool=POOL)
             t_up = time.monotonic() - t0

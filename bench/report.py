@@ -31,7 +31,7 @@ KEPT = Path("/var/lib/gpufleet-bench")
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hosts", type=int, required=True)
+    ap.add_argument("--hosts", type=int, required="--down" not in sys.argv)
     ap.add_argument("--release", default="bookworm", choices=testhosts.RELEASES)
     ap.add_argument("--gpu", default=None, help="simulated GPUs per host (test double); default none")
     ap.add_argument("--tier", default="research")
