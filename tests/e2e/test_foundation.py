@@ -54,6 +54,18 @@ def test_second_run_reports_no_changes(fleet):
     assert second.changed == 0 and second.unchanged > 0
 
 
+def test_probes_run_only_after_a_run_that_changed_the_host(fleet):
+    hosts, first, second = fleet
+    # The converge probed (test hosts have no PyTorch, so the probe says why it could not run);
+    # the no-op re-run left the GPUs alone, saying why.
+    assert first.output.count("skipped: PyTorch not installed") >= len(hosts), first.output
+    assert "this run changed nothing" not in first.output
+    for host in hosts:
+        assert f"[{host.name}] [SKIP] probe:" in second.output, second.output
+    assert second.output.count("probes skipped: this run changed nothing on the host") == 2 * len(hosts)
+    assert "PyTorch not installed" not in second.output
+
+
 def test_hosts_are_what_the_deploy_says(fleet):
     hosts, _, _ = fleet
     releases = set()
