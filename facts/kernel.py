@@ -17,7 +17,7 @@ from typing import Literal
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import JsonMixin, begin, fail, key_values, nonblank, opt_str, split_sections
+from ._common import JsonMixin, begin, fail, key_values, nonblank, opt_str, read_files, split_sections
 from .packages import DpkgEntry, dpkg_query_command, parse_dpkg_query
 
 SecureBootState = Literal["enabled", "disabled", "not-efi", "unknown"]
@@ -307,7 +307,7 @@ DRIVER_STATE_COMMAND = "\n".join(
         begin("modules"),
         # /sys/module/NAME exists while NAME is loaded; no lsmod needed.
         f"for m in {' '.join(KERNEL_MODULES)}; do",
-        '  if [ -d "/sys/module/$m" ]; then echo "$m $(cat "/sys/module/$m/version" 2>/dev/null)"; fi',
+        '  if [ -d "/sys/module/$m" ]; then ' + read_files("/sys/module/$m", version="v") + 'echo "$m $v"; fi',
         "done",
         begin("packages"),
         dpkg_query_command(USERSPACE_PACKAGES + MODULE_PACKAGES),
