@@ -44,13 +44,14 @@ from pyinfra.operations.util import any_changed
 from deploys.hardening import GPU_PACKAGE_BLACKLIST, UNATTENDED_CONF
 from deploys.hardening import render as render_hardening
 from facts.driver import GpuDeviceUsers
+from facts.gpu import GpuState
 from facts.packages import AptCandidates
 from facts.kernel import DriverState
 from facts.packages import HeldPackages, PackageVersions
 from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
 from gpufleet.failures import fail_host
-from gpufleet.hostfacts import driver_state, gpu_state, resolution
+from gpufleet.hostfacts import driver_state, resolution
 from gpufleet.settings import host_settings
 from operations.driver import archive_components, packages_at_versions, refresh_initramfs, repo_key
 from operations.holds import held
@@ -111,7 +112,7 @@ def preconditions(settings, res, state, h) -> tuple[str, str] | None:
 def gpu_work(h) -> list[str]:
     """GPU work running before this run: nvidia-smi's compute processes, and processes holding a
     /dev/nvidiaN open (still visible when NVML fails, e.g. on a driver/library mismatch)."""
-    state = gpu_state(h)
+    state = h.get_fact(GpuState)  # with its compute processes (the shared gpu_state has none)
     found = [f"{p.pid} {p.process_name or '?'}" for p in state.processes]
     seen = {p.pid for p in state.processes}
     found += [f"{pid} (holds /dev/nvidia*)" for pid in h.get_fact(GpuDeviceUsers) if pid not in seen]

@@ -461,6 +461,12 @@ GPU_STATE_COMMAND = "\n".join(
         "exit 0",
     ]
 )
+# The same without the compute processes: planning and validation never look at them, and a
+# no-op run saves an nvidia-smi call per host (only a possible reboot or upgrade asks for them).
+GPU_STATE_COMMAND_WITHOUT_PROCESSES = GPU_STATE_COMMAND.replace(
+    "\n".join([begin("compute-apps"),
+               f'$t "$smi" --query-compute-apps={_APPS} --format=csv,noheader,nounits 2>&1',
+               'echo "::gpufleet:: rc compute-apps $?"']) + "\n", "")
 
 
 def _failure_status(rc: int, text: str) -> GpuStatus:
@@ -510,6 +516,8 @@ def parse_gpu_state(lines: Sequence[str]) -> GpuStateData:
     }
     for name, parser in parsers.items():
         part_rc = values.get(f"rc {name}")
+        if name == "compute-apps" and part_rc is None and name not in sections:
+            continue  # not asked (GpuState(processes=False)): no processes, and no warning
         if part_rc != "0":
             message = " ".join(nonblank(sections.get(name, []))).strip()
             warnings.append(f"{name}: exit {part_rc}: {message}"[:500])
@@ -560,8 +568,9 @@ class GpuState(FactBase[GpuStateData]):
         return GpuStateData(status="no-nvidia-smi")
 
     @override
-    def command(self) -> str:
-        return GPU_STATE_COMMAND
+    def command(self, processes: bool = True) -> str:
+        # processes=False leaves out the compute processes (then always []).
+        return GPU_STATE_COMMAND if processes else GPU_STATE_COMMAND_WITHOUT_PROCESSES
 
     @override
     def process(self, output: list[str]) -> GpuStateData:

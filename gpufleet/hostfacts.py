@@ -34,8 +34,9 @@ def _cached(host: Any, key: str, make: Callable[[], T]) -> T:
 
 
 def gpu_state(host: Any) -> GpuStateData:
-    """nvidia-smi's view (one remote command for GPUs, clocks, topology, processes)."""
-    return _cached(host, "gpu_state", lambda: host.get_fact(GpuState))
+    """nvidia-smi's view (one remote command for GPUs, clocks, topology), without the compute
+    processes: ask GpuState() itself where they matter (deploys/driver.py gpu_work)."""
+    return _cached(host, "gpu_state", lambda: host.get_fact(GpuState, processes=False))
 
 
 def driver_state(host: Any) -> DriverStateData:

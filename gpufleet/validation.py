@@ -112,7 +112,7 @@ class Context:
 
     @property
     def gpu(self) -> GpuStateData:
-        return self.fact(GpuState)
+        return self.fact(GpuState, processes=False)  # no check looks at processes
 
     @property
     def driver(self) -> DriverStateData:

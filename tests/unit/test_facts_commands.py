@@ -176,6 +176,15 @@ esac
     assert state.topology.link("GPU0", "GPU1") == "NV18"
     assert 3201 in state.supported_clocks["00000000:00:06.0"]
 
+    # Without the compute processes: one nvidia-smi call fewer, the rest the same, no warning
+    logged = write_stub(tmp_path / "bin2", f'echo "$*" >> {tmp_path}/calls\nexec {stub}/nvidia-smi "$@"\n')
+    result = run(GpuState().command(processes=False), env=stub_env(logged))
+    assert result.returncode == 0 and result.stderr == ""
+    without = GpuState().process(result.stdout.splitlines())
+    assert without == state  # the recorded host had no compute processes
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert len(calls) == 3 and not any("compute-apps" in c for c in calls)
+
 
 @pytest.mark.parametrize(
     "body, status, error",
