@@ -15,8 +15,12 @@ see bench/fleet.py). Two mechanisms, both exact:
   are all run in one remote script, each with the fact's own command and its own process(),
   and the answers seed the memo. An entry that fails, is missing its tool, or was never asked
   simply falls back to pyinfra's normal path, so a stale plan costs nothing but a little time.
+  pyinfra's many file and unit facts share one process per family (gpufleet/factbatch.py), and
+  the answers come back as one compressed line.
 
-Installed by deploys/all.py (and the other entry points) with `install()`.
+Installed by deploys/all.py (and the other entry points) with `install()`; deploys/all.py also
+calls `prefetch_all()` first thing, so every host works on its answers while the controller
+imports and plans.
 """
 from __future__ import annotations
 
