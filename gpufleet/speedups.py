@@ -66,11 +66,20 @@ def all_global_arguments() -> list[tuple[str, type]]:
     return list(_global_arguments())
 
 
+# pyinfra releases whose two functions these were compared with (tests/unit/test_speedups.py);
+# on any other release pyinfra keeps its own, slower but certainly right for it.
+VERIFIED_PYINFRA = ("3.10.",)
+
+
 def install() -> None:
     global _installed
     if _installed:
         return
     _installed = True
+    from importlib.metadata import version
+
+    if not version("pyinfra").startswith(VERIFIED_PYINFRA):
+        return
     pyinfra_operation.get_operation_order_from_stack = operation_order_from_stack
     pyinfra_arguments.all_global_arguments = all_global_arguments
     pyinfra_facts.all_global_arguments = all_global_arguments

@@ -61,3 +61,11 @@ def test_install_replaces_what_pyinfra_calls():
     assert operation.get_operation_order_from_stack is speedups.operation_order_from_stack
     assert pyinfra_arguments.all_global_arguments is speedups.all_global_arguments
     assert facts.all_global_arguments is speedups.all_global_arguments
+
+
+def test_pinned_to_the_pyinfra_release_it_was_compared_with():
+    from importlib.metadata import version
+
+    # Failing here means pyinfra was upgraded: re-run this file against the new release and
+    # add it to VERIFIED_PYINFRA (until then the speed-ups stay off, pyinfra's own code runs).
+    assert version("pyinfra").startswith(speedups.VERIFIED_PYINFRA)
