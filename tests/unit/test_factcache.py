@@ -111,7 +111,11 @@ def test_file_facts_asked_in_batches_answer_as_pyinfra_does(local, tmp_path):
 
     state, host, calls = local()  # the next run: the plan comes back in one script
     answers = [get_fact(state, host, cls, kwargs={"path": p}) for cls, p in questions]
-    assert answers == expected
+
+    def without_atime(values):  # the first run's sha1sum read the files: their atime moved
+        return [{k: v for k, v in a.items() if k != "atime"} if isinstance(a, dict) else a for a in values]
+
+    assert without_atime(answers) == without_atime(expected)
     assert expected[0]["size"] == 6 and expected[2] == "f572d396fae9206628714fb2ce00f72e94f2258f"
     assert expected[-4] is None and expected[8] is False and expected[9]["mode"]  # missing; dir: no File, a Directory
     # One script, plus pyinfra's own command only where the batch had no line for an existing
