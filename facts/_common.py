@@ -139,6 +139,20 @@ def nonblank(lines: Sequence[str]) -> list[str]:
     return [line for line in lines if line.strip()]
 
 
+def checked_lines(lines: Iterable[str], pattern: re.Pattern[str], what: str) -> list[str]:
+    """The stripped non-blank lines, each of which must match ``pattern``; a FactParseError
+    saying what was expected (and naming the line) otherwise."""
+    out = []
+    for line in lines:
+        value = line.strip()
+        if not value:
+            continue
+        if not pattern.match(value):
+            raise fail(f"expected {what}", line)
+        out.append(value)
+    return out
+
+
 def key_values(lines: Iterable[str], what: str) -> dict[str, str]:
     """Parse 'KEY=VALUE' lines (as printed by our /sys loops) into a dict."""
     result: dict[str, str] = {}

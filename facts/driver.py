@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import fail
+from ._common import checked_lines, fail
 
+_PID = re.compile(r"^[0-9]+$")
 
 
 @dataclass(frozen=True)
@@ -103,12 +104,4 @@ class GpuDeviceUsers(FactBase[list[int]]):
 
     @override
     def process(self, output: list[str]) -> list[int]:
-        pids = []
-        for line in output:
-            line = line.strip()
-            if not line:
-                continue
-            if not line.isdigit():
-                raise fail("expected a PID", line)
-            pids.append(int(line))
-        return sorted(pids)
+        return sorted(int(pid) for pid in checked_lines(output, _PID, "a PID"))

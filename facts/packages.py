@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import MARK, JsonMixin, begin, fail, split_sections
+from ._common import MARK, JsonMixin, begin, checked_lines, fail, split_sections
 
 # dpkg package names, plus the glob characters dpkg-query -W accepts.
 _PACKAGE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9+.\-*?\[\]]*$")
@@ -116,15 +116,7 @@ class HeldPackages(FactBase[list[str]]):
 
     @override
     def process(self, output: list[str]) -> list[str]:
-        names = set()
-        for line in output:
-            name = line.strip()
-            if not name:
-                continue
-            if not _PACKAGE_NAME.match(name):
-                raise fail("expected a package name from apt-mark showhold", line)
-            names.add(name)
-        return sorted(names)
+        return sorted(set(checked_lines(output, _PACKAGE_NAME, "a package name from the held-package list")))
 
 
 class PackageVersions(FactBase[dict[str, "str | None"]]):
@@ -203,15 +195,7 @@ class KeyringFingerprints(FactBase[list[str]]):
 
     @override
     def process(self, output: list[str]) -> list[str]:
-        out = []
-        for line in output:
-            line = line.strip()
-            if not line:
-                continue
-            if not _FPR.match(line):
-                raise fail("expected a 40- or 64-digit fingerprint from gpg --show-keys", line)
-            out.append(line)
-        return out
+        return checked_lines(output, _FPR, "a 40- or 64-digit fingerprint from gpg --show-keys")
 
 
 class AptCandidates(FactBase[dict[str, "str | None"]]):

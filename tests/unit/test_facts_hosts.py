@@ -310,6 +310,14 @@ def test_held_packages():
         HeldPackages().process(["Listing... Done"])
 
 
+def test_gpu_device_users():
+    from facts.driver import GpuDeviceUsers
+
+    assert GpuDeviceUsers().process(["4121", "", " 87 "]) == [87, 4121]
+    with pytest.raises(ValueError, match="expected a PID: 'ls: cannot'"):
+        GpuDeviceUsers().process(["12", "ls: cannot"])
+
+
 def test_package_versions():
     fact = PackageVersions()
     command = fact.command(packages=["libnccl2", "cuda-toolkit-13-0", "libcudnn9-cuda-*"])
