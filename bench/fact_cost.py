@@ -37,22 +37,22 @@ def main() -> int:
     args = ap.parse_args()
     host = next(h for h in testhosts.list_hosts(args.pool) if h.name == args.host)
     plan = json.loads((factcache.PLAN_DIR / f"{args.host}.json").read_text())
-    entries = []
-    for path, kwargs_json, _ in plan:
+    entries = []  # in the prefetch's own shape: (class, arguments JSON, executor JSON, fact, text)
+    for path, kwargs_json, executor_json in plan:
         cls = factcache._load_class(path)
         if cls is None:
             continue
-        text = factcache._command_text(cls(), json.loads(kwargs_json))
+        fact = cls()
+        text = factcache._command_text(fact, json.loads(kwargs_json))
         if text:
-            entries.append((f"{path.rsplit('.', 2)[-2]}.{path.rsplit('.', 1)[-1]}({kwargs_json[:40]})", text))
-    script = "".join(_WRAP.format(text=text, i=i) for i, (_, text) in enumerate(entries))
+            entries.append((cls, kwargs_json, executor_json, fact, text))
+    script = "".join(_WRAP.format(text=entry[-1], i=i) for i, entry in enumerate(entries))
     best: dict[int, float] = {}
     for _ in range(args.repeat):
         for line in testhosts.ssh(host, script).stdout.splitlines():
             i, us = map(int, line.split())
             best[i] = min(best.get(i, us / 1000), us / 1000)
-    whole = "".join(f"echo '{factcache._MARK}{i}'; ( {text} ) 2>/dev/null; echo \"{factcache._RC}$?\"\n"
-                    for i, (_, text) in enumerate(entries))
+    whole = factcache.prefetch_script(entries).text()  # batched and packed, as the prefetch sends it
     runs = []
     for _ in range(args.repeat):
         out = testhosts.ssh(host, _WHOLE.format(script=shlex.quote(whole))).stdout.split()
@@ -62,7 +62,8 @@ def main() -> int:
           f"{cpu * 1000:.0f} ms CPU on the host (best of {args.repeat})")
     print(f"each fact on its own, slowest first (sum {sum(best.values()):.0f} ms):")
     for i, wall_ms in sorted(best.items(), key=lambda kv: -kv[1]):
-        print(f"{wall_ms:>8.1f} ms  {entries[i][0]}")
+        cls, kwargs_json = entries[i][:2]
+        print(f"{wall_ms:>8.1f} ms  {cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}({kwargs_json[:40]})")
     return 0
 
 

@@ -29,6 +29,7 @@ import base64
 import gzip
 import json
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -156,13 +157,13 @@ def _command_text(fact: Any, fact_kwargs: dict) -> str | None:
     return command if isinstance(command, str) else None
 
 
-def _prefetch(state: Any, host: Host) -> None:
-    """Run last run's facts for `host` in one command and seed the memo with their answers."""
-    host._gpufleet_prefetched = True
+def _plan_entries(state: Any, host: Host) -> list[tuple]:
+    """Last run's facts for `host` that can be prefetched: (class, arguments JSON, executor
+    JSON, fact instance, shell text) each."""
     try:
         plan = json.loads(_plan_file(host).read_text())
     except (OSError, ValueError):
-        return
+        return []
     entries = []
     default_executor = _default_executor(state, host)
     for path, fact_kwargs_json, executor_json in plan:
@@ -178,78 +179,105 @@ def _prefetch(state: Any, host: Host) -> None:
             continue
         if text:
             entries.append((cls, fact_kwargs_json, executor_json, fact, text))
-    if len(entries) < 2:
-        return
-    # File facts of one family share one stat / sha1sum run (gpufleet/factbatch.py); the batch
-    # sections are numbered after the single facts.
-    single, batches = [], {}
+    return entries
+
+
+@dataclass
+class Script:
+    """One remote script asking many facts: section i of its output answers texts[i]; the
+    single facts come first, then one section per batch family (gpufleet/factbatch.py)."""
+
+    single: list[tuple] = field(default_factory=list)
+    batches: dict[str, list[tuple]] = field(default_factory=dict)  # family -> [(entry, keys)]
+    batch_keys: dict[str, list[str]] = field(default_factory=dict)  # family -> all its keys
+
+    def text(self) -> str:
+        texts = [text for *_, text in self.single] + [
+            factbatch.command(name, keys) for name, keys in self.batch_keys.items()]
+        body = "".join(f"echo '{_MARK}{i}'; ( {text} ) 2>/dev/null; echo \"{_RC}$?\"\n"
+                       for i, text in enumerate(texts))
+        # The answers come back as one gzip+base64 line where the host has both tools: a
+        # thousand lines trickling out as the facts run cost the controller an SSH packet (and
+        # its MAC) and a readline each, the largest controller cost of a no-op run (py-spy).
+        return (f"o=$(\n{body})\n"
+                f"if {_PACK_CHECK}; then echo '{_PACKED}'; printf '%s\\n' \"$o\" | gzip -1c | base64 -w0; "
+                "echo; else printf '%s\\n' \"$o\"; fi")
+
+    def answers(self, lines: list[str]) -> dict[tuple, Any]:
+        """Memo key -> answer, for every fact the output answers (the rest: pyinfra's way)."""
+        if lines and lines[0] == _PACKED:
+            try:
+                lines = gzip.decompress(base64.b64decode("".join(lines[1:]))).decode("utf-8", "replace").splitlines()
+            except (ValueError, OSError, EOFError):
+                return {}
+        sections: dict[int, list[str]] = {}
+        rcs: dict[int, int] = {}
+        current = None
+        for line in lines:
+            if line.startswith(_MARK) and line[len(_MARK):].isdigit():
+                current = int(line[len(_MARK):])
+                sections[current] = []
+            elif line.startswith(_RC) and current is not None:
+                rcs[current] = int(line[len(_RC):] or 1)
+                current = None
+            elif current is not None:
+                sections[current].append(line)
+        found: dict[tuple, Any] = {}
+        for i, (cls, fact_kwargs_json, executor_json, fact, _) in enumerate(self.single):
+            out = sections.get(i)
+            if out is None or rcs.get(i) != 0 or out == [pyinfra_facts._MISSING_COMMAND_MARKER]:
+                continue
+            try:
+                found[(_fact_path(cls), fact_kwargs_json, executor_json)] = fact.process(out) if out else fact.default()
+            except Exception:
+                continue  # let pyinfra's own path report the problem
+        for i, name in enumerate(self.batch_keys, start=len(self.single)):
+            if i not in sections or rcs.get(i) != 0:
+                continue
+            missing, outputs = factbatch.split(name, self.batch_keys[name], sections[i])
+            for (cls, fact_kwargs_json, executor_json, fact, _), keys in self.batches[name]:
+                try:
+                    known, data = factbatch.answer(fact, keys, missing, outputs)
+                except Exception:
+                    continue
+                if known:
+                    found[(_fact_path(cls), fact_kwargs_json, executor_json)] = data
+        return found
+
+
+def prefetch_script(entries: list[tuple]) -> Script:
+    """The script for `entries` (see _plan_entries): facts of one batch family share one
+    stat / sha1sum / systemctl run, the others run one after another."""
+    script = Script()
     for entry in entries:
         kwargs = json.loads(entry[1])
         name = factbatch.family(entry[0], kwargs)
         if name:
-            batches.setdefault(name, []).append((entry, factbatch.keys(name, kwargs)))
+            script.batches.setdefault(name, []).append((entry, factbatch.keys(name, kwargs)))
         else:
-            single.append(entry)
-    batch_names = sorted(batches)
-    batch_keys = {name: sorted({key for _, keys in batches[name] for key in keys}) for name in batch_names}
-    texts = [text for *_, text in single] + [factbatch.command(name, batch_keys[name]) for name in batch_names]
-    body = "".join(f"echo '{_MARK}{i}'; ( {text} ) 2>/dev/null; echo \"{_RC}$?\"\n"
-                   for i, text in enumerate(texts))
-    # The answers come back as one gzip+base64 line where the host has both tools: a thousand
-    # lines trickling out as the facts run cost the controller an SSH packet (and its MAC) and
-    # a readline each, the largest controller cost of a no-op run (py-spy, 20 hosts).
-    script = (f"o=$(\n{body})\n"
-              f"if {_PACK_CHECK}; then echo '{_PACKED}'; printf '%s\\n' \"$o\" | gzip -1c | base64 -w0; echo; "
-              "else printf '%s\\n' \"$o\"; fi")
+            script.single.append(entry)
+    script.batch_keys = {name: sorted({key for _, keys in script.batches[name] for key in keys})
+                         for name in sorted(script.batches)}
+    return script
+
+
+def _prefetch(state: Any, host: Host) -> None:
+    """Run last run's facts for `host` in one command and seed the memo with their answers."""
+    host._gpufleet_prefetched = True
+    entries = _plan_entries(state, host)
+    if len(entries) < 2:
+        return
+    script = prefetch_script(entries)
     host._gpufleet_in_fact = getattr(host, "_gpufleet_in_fact", 0) + 1
     try:
-        status, output = host.run_shell_command(StringCommand(script), print_output=False,
+        status, output = host.run_shell_command(StringCommand(script.text()), print_output=False,
                                                 print_input=False)
     except Exception:
         return
     finally:
         host._gpufleet_in_fact -= 1
-    if not status:
-        return
-    lines = output.stdout_lines
-    if lines and lines[0] == _PACKED:
-        try:
-            lines = gzip.decompress(base64.b64decode("".join(lines[1:]))).decode("utf-8", "replace").splitlines()
-        except (ValueError, OSError, EOFError):
-            return
-    sections: dict[int, list[str]] = {}
-    rcs: dict[int, int] = {}
-    current = None
-    for line in lines:
-        if line.startswith(_MARK) and line[len(_MARK):].isdigit():
-            current = int(line[len(_MARK):])
-            sections[current] = []
-        elif line.startswith(_RC) and current is not None:
-            rcs[current] = int(line[len(_RC):] or 1)
-            current = None
-        elif current is not None:
-            sections[current].append(line)
-    memo = _memo(host)
-    for i, (cls, fact_kwargs_json, executor_json, fact, _) in enumerate(single):
-        lines = sections.get(i)
-        if lines is None or rcs.get(i) != 0 or lines == [pyinfra_facts._MISSING_COMMAND_MARKER]:
-            continue
-        try:
-            data = fact.process(lines) if lines else fact.default()
-        except Exception:
-            continue  # let pyinfra's own path report the problem
-        memo[(_fact_path(cls), fact_kwargs_json, executor_json)] = data
-    for i, name in enumerate(batch_names, start=len(single)):
-        if i not in sections or rcs.get(i) != 0:
-            continue
-        missing, found = factbatch.split(name, batch_keys[name], sections[i])
-        for (cls, fact_kwargs_json, executor_json, fact, _), keys in batches[name]:
-            try:
-                known, data = factbatch.answer(fact, keys, missing, found)
-            except Exception:
-                continue
-            if known:
-                memo[(_fact_path(cls), fact_kwargs_json, executor_json)] = data
+    if status:
+        _memo(host).update(script.answers(output.stdout_lines))
 
 
 def prefetch_all(state: Any) -> None:
