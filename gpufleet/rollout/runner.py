@@ -14,7 +14,7 @@ from gpufleet.compat import compat_data
 
 from . import plan
 from .context import RolloutContext
-from .state import CHANGING_STEPS, STEPS, RolloutState
+from .state import CHANGING_STEPS, STEPS, RolloutState, StateLock, StateError
 
 EXIT_DONE, EXIT_STOPPED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
@@ -80,6 +80,14 @@ class Runner:
             self.say(f"error: --skip names hosts not in the inventory: {', '.join(unknown)}")
             return EXIT_USAGE
         state_path = opts.state_path or default_state_path(opts.inventory)
+        if not opts.dry_run:
+            # one tools/rollout per state file: the lock lives as long as this process
+            self.state_lock = StateLock(state_path)
+            try:
+                self.state_lock.acquire(" ".join(["tools/rollout", *sys.argv[1:]]))
+            except StateError as exc:
+                self.say(f"error: {exc}")
+                return EXIT_STOPPED
         try:
             self.state = RolloutState.load(state_path, opts.target, opts.inventory)
         except Exception as exc:

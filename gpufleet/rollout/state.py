@@ -18,8 +18,12 @@ re-runs every later step: each decides from the host's real state whether there 
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
+import stat
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +37,82 @@ FORMAT = 1
 
 class StateError(RuntimeError):
     pass
+
+
+class StateLocked(StateError):
+    """Another tools/rollout holds this state file."""
+
+
+def private_dir(path: Path) -> None:
+    """`path` and the parents under .gpufleet/ made 0700 (gpufleet's own files are private)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for part in (path, *path.parents):
+        if part.name == ".gpufleet" or ".gpufleet" in part.parts:
+            try:
+                if stat.S_IMODE(part.stat().st_mode) != 0o700:
+                    part.chmod(0o700)
+            except OSError:
+                pass
+        if part.name == ".gpufleet":
+            break
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` so that a reader (or a crash, or kill -9) at any moment sees
+    the old file or the new one, whole: a unique temporary file in the same folder, written and
+    fsynced, renamed over the old one, then the folder fsynced so the rename itself is on disk."""
+    path = Path(path)
+    private_dir(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:   # mkstemp: 0600
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class StateLock:
+    """An exclusive fcntl lock on `<state>.lock` for the life of one tools/rollout (the kernel
+    drops it when the process ends, however it ends). The holder is recorded in the file so that
+    a second run can name it."""
+
+    def __init__(self, state_path: Path):
+        self.path = Path(state_path).with_name(Path(state_path).name + ".lock")
+        self.fd: int | None = None
+
+    def acquire(self, command: str = "") -> None:
+        private_dir(self.path.parent)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown process"
+            os.close(fd)
+            raise StateLocked(f"{self.path.with_suffix('')} is in use by another tools/rollout ({holder}): "
+                              "wait for it to finish, or stop it") from None
+        owner = json.dumps({"controller": socket.gethostname(), "pid": os.getpid(), "command": command,
+                            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, owner.encode() + b"\n", 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            os.close(self.fd)   # closing drops the lock
+            self.fd = None
 
 
 @dataclass
@@ -94,14 +174,11 @@ class RolloutState:
         return cls(path, target, data.get("inventory", inventory), hosts, data.get("runs", []))
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         data = {
             "format": FORMAT, "target": self.target, "inventory": self.inventory, "runs": self.runs,
             "hosts": {name: {k: v for k, v in vars(rec).items() if k != "name"} for name, rec in self.hosts.items()},
         }
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
     # --- hosts -------------------------------------------------------------------------------
 

@@ -49,3 +49,69 @@ def test_unavailable_means_out_of_service(tmp_path):
     st.finish("busy", "drain", False, "busy", status="busy")
     assert sorted(st.unavailable()) == ["late", "manual"]
     assert sorted(st.failed()) == ["early", "late"]
+
+
+# --- atomic writes and the state lock ------------------------------------------------------------
+
+WRITER = r"""
+import sys
+from gpufleet.rollout.state import RolloutState
+st = RolloutState.load(sys.argv[1], "580.126.09", "inv.py")
+i = 0
+while True:   # as fast as it can, until killed: big records so a write takes a while
+    i += 1
+    st.host(f"h{i % 50}").message = "x" * (i % 5000)
+    st.start(f"h{i % 50}", "drain")
+"""
+
+
+def test_state_file_is_whole_json_after_kill_9_at_any_moment(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / ".gpufleet" / "rollouts" / "s.json"
+    repo = str(__import__("pathlib").Path(__file__).resolve().parents[2])
+    for delay in (0.05, 0.13, 0.21, 0.34, 0.5, 0.8, 1.3):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], cwd=repo,
+                                env=dict(os.environ, PYTHONPATH=repo))
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if path.exists():
+            data = json.loads(path.read_text())            # whole, valid JSON
+            assert data["target"] == "580.126.09"
+    assert path.exists()
+    # no temporary files left readable by others, and everything private
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    assert oct((tmp_path / ".gpufleet").stat().st_mode & 0o777) == "0o700"
+    for leftover in path.parent.glob(".s.json.*.tmp"):
+        assert oct(leftover.stat().st_mode & 0o777) == "0o600"
+
+
+def test_second_rollout_on_the_same_state_is_refused_naming_the_first(tmp_path):
+    import subprocess
+    import sys
+
+    from gpufleet.rollout.state import StateLock, StateLocked
+
+    path = tmp_path / "s.json"
+    first = StateLock(path)
+    first.acquire("tools/rollout inv.py")
+    try:
+        second = StateLock(path)
+        with pytest.raises(StateLocked, match=r"in use by another tools/rollout .*\"pid\": %d" % __import__("os").getpid()):
+            second.acquire("tools/rollout inv.py")
+        # another process too (flock locks are per open file, but check across processes as well)
+        code = ("import sys\nfrom gpufleet.rollout.state import StateLock, StateLocked\n"
+                "try:\n    StateLock(sys.argv[1]).acquire('x')\nexcept StateLocked as e:\n    print(e); sys.exit(7)\n")
+        r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+        assert r.returncode == 7 and "tools/rollout inv.py" in r.stdout
+    finally:
+        first.release()
+    again = StateLock(path)
+    again.acquire("next")      # released: free again
+    again.release()
