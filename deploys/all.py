@@ -13,9 +13,10 @@
 """
 from pyinfra import host, state
 
-from gpufleet import factcache
+from gpufleet import factcache, hostlock
 
 factcache.install()  # no fact asked twice while nothing changed; last run's facts in one command
+hostlock.install()  # one run at a time changes a host: its lock is taken at its first change
 factcache.prefetch_all(state)  # every host starts on those while the rest of this is imported
 
 from deploys.base import base  # noqa: E402

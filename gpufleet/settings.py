@@ -47,6 +47,8 @@ class Settings:
     driver_module_signing_key: str
     driver_reboot_force: bool
     driver_dcgm: bool
+    driver_upgrade_in_place: bool
+    driver_upgrade_pending: str
     cuda_version: str
     cuda_driver_compat: str
     cudnn_version: str
@@ -87,6 +89,7 @@ class Settings:
     firewall_revert_after: int
     rollout_batch_size: int
     rollout_require_idle: bool
+    rollout_lock_wait: int
     rollout_snapshot: str
     rollout_snapshot_target: str
     rollout_snapshot_size: str

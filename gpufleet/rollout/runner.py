@@ -39,6 +39,11 @@ class Options:
     retune: bool = False
 
 
+def hostlock_stale(name: str, record: str) -> str:
+    from gpufleet.hostlock import stale_message
+    return stale_message(name, record)
+
+
 def default_state_path(inventory: str) -> Path:
     return Path(".gpufleet/rollouts") / f"{Path(inventory).stem}.json"
 
@@ -59,6 +64,20 @@ class Runner:
     # --- entry point -------------------------------------------------------------------------
 
     def run(self) -> int:
+        from gpufleet import hostlock
+
+        hostlock.install()  # a step that finds its host not locked by this rollout locks it first
+        self.locks = hostlock.FleetLocks(self.opts.inventory, hostlock.owner_record(
+            " ".join(["tools/rollout", *sys.argv[1:]])))
+        try:
+            return self._run()
+        finally:
+            self.locks.close()
+            lock = getattr(self, "state_lock", None)
+            if lock is not None:
+                lock.release()
+
+    def _run(self) -> int:
         from deploys import upgrade as steps
         from .session import inventory_hosts, run_step
 
@@ -151,6 +170,21 @@ class Runner:
         if opts.dry_run:
             return EXIT_DONE
 
+        # one run at a time on a host: lock every host this rollout may change, before any is
+        wanted = [n for b in batches for n in b.hosts if state.host(n).status != "done" and n not in opts.skip]
+        taken, refused = self.locks.take(wanted)
+        for n, lock in taken.items():
+            if lock.stale:
+                self.say(f"warning: {hostlock_stale(n, lock.stale)}")
+        if refused:
+            for n, why in refused.items():
+                self.say(f"error: {why}" if n in why else f"error: {n}: {why}")
+            stopped = f"{len(refused)} host(s) locked by another run: nothing changed"
+            self.say(f"STOPPED: {stopped}")
+            state.runs[-1].update(finished=time.time(), exit=EXIT_STOPPED, stopped=stopped)
+            state.save()
+            return EXIT_STOPPED
+
         stopped: str | None = None
         for batch in batches:
             if stopped:
@@ -219,6 +253,10 @@ class Runner:
             t = time.monotonic()
             result = run_step(self.opts.inventory, names, funcs[step], ctx, reasons=ctx.reasons)
             took = time.monotonic() - t
+            if step == "reboot":
+                # the locks' holders died with the boot: this rollout locks the hosts again
+                for n, why in self.locks.retake([n for n in result.ok if result.changed.get(n)]).items():
+                    self.say(f"[{batch.name}] {n}: warning: could not lock it again after its reboot: {why}")
             for n in result.ok:
                 msg = ""
                 if step == "snapshot":
