@@ -53,6 +53,7 @@ from gpufleet.errors import Incompatible
 from gpufleet.failures import fail_host
 from gpufleet.hostfacts import driver_state, resolution
 from gpufleet.settings import host_settings
+from gpufleet.validation import pending_message
 from operations.driver import archive_components, packages_at_versions, refresh_initramfs, repo_key
 from operations.holds import held
 from operations.reboot import rebooted
@@ -73,9 +74,25 @@ _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefi
 
 # host name -> why it needs a reboot; printed once at the end of the run.
 NEEDS_REBOOT: dict[str, str] = {}
+# host name -> (installed, resolved) driver: all.py leaves these to tools/rollout.
+PENDING_UPGRADES: dict[str, tuple[str, str]] = {}
+
+
+def pending_upgrade(settings, res, before) -> tuple[str, str] | None:
+    """(installed, resolved) when the host runs another NVIDIA driver than its inventory resolves
+    to: a fleet-wide change all.py leaves to tools/rollout (canary, batches, drain, snapshot)."""
+    installed = before.userspace_version
+    if installed and installed != res.driver_version:
+        return installed, res.driver_version
+    return None
 
 
 def _report_at_exit() -> None:
+    if PENDING_UPGRADES:
+        lines = "\n".join(f"    {name}: {pending_message(*versions)}" for name, versions in sorted(PENDING_UPGRADES.items()))
+        click.echo(f"\n--> gpufleet: {len(PENDING_UPGRADES)} host(s) with a DRIVER UPGRADE PENDING; deploys/all.py "
+                   f"changed no driver (driver_upgrade_in_place: false). Roll it out with canary and batches: "
+                   f"tools/rollout INVENTORY\n{lines}\n", err=True)
     if NEEDS_REBOOT:
         lines = "\n".join(f"    {name}: {why}" for name, why in sorted(NEEDS_REBOOT.items()))
         click.echo(f"\n--> gpufleet: {len(NEEDS_REBOOT)} host(s) NEED A REBOOT to load the installed NVIDIA "
@@ -157,6 +174,15 @@ def driver():
         fail_host(host, *problem)
         return
 
+    pending = pending_upgrade(settings, res, before)
+    in_place = bool(pending) and settings.driver_upgrade_in_place
+    if pending and not in_place:
+        # A provisioned host: its driver changes only through tools/rollout (issue 14). The rest
+        # of this deploy still converges around the driver that is installed.
+        PENDING_UPGRADES[host.name] = pending
+        logger.warning(f"{host.print_prefix}{pending_message(*pending)} "
+                       "(deploys/all.py changes no driver of a provisioned host)")
+
     data = compat_data()
     repo = data.nvidia_repo
     apt.update(name="Refresh the apt package index if it is older than a day", cache_time=APT_CACHE_SECONDS)
@@ -214,20 +240,38 @@ def driver():
     present = [p for p in (res.cuda_package, res.cudnn_package, *res.dcgm_packages, *res.fabric_extra_packages) if p]
     versions = dict(res.package_versions)
     held_now = host.get_fact(HeldPackages)
+    pinning = res.pinning_package
     old_pins = [p for p in held_now if p.startswith("nvidia-driver-pinning-") and p != res.pinning_package]
+    if pending and not in_place:
+        # driver, Fabric Manager and the version lock stay as they are; CUDA and cuDNN converge
+        versions, old_pins = {}, []
+        pinning = next((p for p, v in host.get_fact(PackageVersions, packages=[f"nvidia-driver-pinning-{pending[0]}"]).items()
+                        if v), None)
+    if in_place:
+        # driver_upgrade_in_place (dev boxes): the gate's rules still hold, for this one host:
+        # the manifest (and the disk snapshot rollout_snapshot names) first, idle right before.
+        from deploys.upgrade import snapshot as manifest_and_snapshot
+        from gpufleet.rollout.context import RolloutContext
+        from operations.drain import gpus_idle
+
+        manifest_and_snapshot(RolloutContext(target=res.driver_version))
+        gpus_idle(name=f"Check that no process runs on the GPUs right before the driver changes "
+                       f"({pending[0]} -> {pending[1]}, driver_upgrade_in_place)", wait_seconds=0)
     install = packages_at_versions(
-        name=f"Install driver {res.driver_version} ({res.flavour})"
-             + (f" with Fabric Manager {res.fabricmanager_version}" if res.fabricmanager_needed else "")
+        name=(f"Install CUDA and cuDNN around the installed driver {pending[0]} ({pending_message(*pending)})"
+              if pending and not in_place else
+              f"Install driver {res.driver_version} ({res.flavour})"
+              + (f" with Fabric Manager {res.fabricmanager_version}" if res.fabricmanager_needed else ""))
              + (f", CUDA {res.cuda_version}" if res.cuda_version else "")
              + (f", cuDNN {res.cudnn_version}" if res.cudnn_version else "")
              + ": unhold, change and re-hold as one step",
-        versions=versions, present=present, pinning=res.pinning_package,
+        versions=versions, present=present, pinning=pinning,
         hold=settings.driver_hold, release=old_pins,
     )
     release = before.kernel_release or ""
     extra = [*CONTAINER_TOOLKIT, *((f"linux-image-{release}", f"linux-headers-{release}") if release else ())]
     installed_extra = [p for p, v in host.get_fact(PackageVersions, packages=extra).items() if v]
-    managed = [*versions, *present, *([res.pinning_package] if res.pinning_package else []), *installed_extra]
+    managed = [*res.package_versions, *present, *([pinning] if pinning else []), *installed_extra]
     held(
         name=("Hold" if settings.driver_hold else "Release") + " the driver, CUDA, cuDNN, container toolkit "
              "and running kernel packages",

@@ -38,6 +38,12 @@ PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 STATUSES = (PASS, FAIL, WARN, SKIP)
 MARKER = "/etc/gpufleet/managed"
 FIX_DEPLOY = "run deploys/all.py"
+FIX_ROLLOUT = "tools/rollout INVENTORY (canary, batches, drain, snapshot); all.py changes no driver of a provisioned host"
+
+
+def pending_message(installed: str, resolved: str) -> str:
+    """The one wording of a driver change all.py leaves to tools/rollout (run output, gate, report)."""
+    return f"driver upgrade pending: {installed} -> {resolved}, run tools/rollout"
 
 # area -> its deploy module ("" for none)
 AREAS: dict[str, str] = {
@@ -228,6 +234,11 @@ def driver_versions_agree(ctx: Context) -> Result:
         return Result("driver", name, SKIP, f"no driver resolves for this host: {refused.reason}")
     if drv.module_version == drv.userspace_version == want:
         return Result("driver", name, PASS, f"{want} ({drv.module_flavour or '?'})")
+    if drv.userspace_version and drv.userspace_version != want and not ctx.settings.driver_upgrade_in_place:
+        # the inventory moved on: a rollout's job, not a broken host (unless the operator says so)
+        status = FAIL if ctx.settings.driver_upgrade_pending == "fail" else WARN
+        return Result("driver", name, status, f"{pending_message(drv.userspace_version, want)} ({found})",
+                      FIX_ROLLOUT)
     return Result("driver", name, FAIL, f"{found}, resolved {want}", FIX_DEPLOY)
 
 

@@ -200,6 +200,17 @@ def gather(inventory_path: str, workers: int = 20, drift: bool = True, probe: bo
     return [rows[h.name] for h in hosts]
 
 
+def _pending(name: str) -> list[str]:
+    """Changes all.py leaves to tools/rollout on this host (a driver upgrade): drift all the same."""
+    import sys
+
+    from gpufleet.validation import pending_message
+
+    driver = sys.modules.get("deploys.driver")
+    versions = getattr(driver, "PENDING_UPGRADES", {}).get(name) if driver else None
+    return [pending_message(*versions)] if versions else []
+
+
 def plan_drift(state: Any, hosts: list, rows: dict[str, dict[str, Any]], deploy: str) -> None:
     """Plan `deploy` (deploys/all.py) for each host and record the operations that would change."""
     from pyinfra.context import ctx_config, ctx_host
@@ -242,4 +253,5 @@ def plan_drift(state: Any, hosts: list, rows: dict[str, dict[str, Any]], deploy:
         failed = host in state.failed_hosts
         rows[host.name]["drift"] = {"method": "plan", "changes": len(names), "operations": names,
                                     "conditional": conditional,
-                                    "error": "all.py refuses this host at planning time" if failed else None}
+                                    "error": "all.py refuses this host at planning time" if failed else None,
+                                    "pending": _pending(host.name)}

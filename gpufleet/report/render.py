@@ -45,6 +45,7 @@ def cell(row: dict[str, Any], key: str) -> str:
         if value.get("changes") is None:
             return "error: " + (value.get("error") or "")[:120]
         text = f"{value['changes']} change{'s' if value['changes'] != 1 else ''}"
+        text += "".join(f"; {p}" for p in value.get("pending") or [])
         return text + (f" ({value['error']})" if value.get("error") else "")
     if key == "problems":
         if row.get("status") in ("unreachable", "error"):

@@ -7,7 +7,8 @@ driver's module, so a driver change really needs a reboot to clear the mismatch)
   run changes nothing.
 - nvidia: the signed stand-in CUDA repository on loopback (testing/aptrepo.py): install 580.95.05
   with Fabric Manager (simulated HGX H100 x8: NVSwitch present), the mismatch reported with
-  driver_reboot: never; then a sanctioned upgrade to 580.126.09 with driver_reboot: allowed that
+  driver_reboot: never; then a sanctioned in-place upgrade to 580.126.09 (driver_upgrade_in_place:
+  true, the dev-box path; otherwise all.py leaves it to tools/rollout) with driver_reboot: allowed that
   unholds, upgrades, re-holds, really reboots, and leaves no mismatch.
 
 Kernel headers: the test hosts run the machine's kernel, for which no linux-headers package
@@ -240,7 +241,8 @@ def nvidia_upgrade(hgx, aptrepo, runner, nvidia_install, tmp_path_factory):  # n
     assert nvidia_install.returncode == 0, nvidia_install.output
     boots = int((hgx.dir / "boots").read_text()) if (hgx.dir / "boots").exists() else 0
     inv = write_inventory(tmp_path_factory.mktemp("inv") / "inventory.py", [hgx],
-                          data={hgx.name: _nvidia_data(hgx, aptrepo, driver_version=NEW, driver_reboot="allowed")})
+                          data={hgx.name: _nvidia_data(hgx, aptrepo, driver_version=NEW, driver_reboot="allowed",
+                                                       driver_upgrade_in_place=True)})  # a dev box's path
     t0 = time.monotonic()
     run = pyinfra(inv, runner)
     t1 = time.monotonic()
