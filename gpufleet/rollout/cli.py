@@ -18,10 +18,13 @@ def _logging(verbose: bool) -> None:
 
 def rollout_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tools/rollout", description=(
-        "Rolling NVIDIA driver upgrade: canary first, then batches; drain, snapshot + manifest, "
-        "unhold/upgrade/re-hold, reboot if needed, validate, undrain. Re-run to resume."))
+        "Rolling NVIDIA driver upgrade to what the inventory resolves for each host (as deploys/all.py "
+        "does): canary first, then batches; drain, snapshot + manifest, unhold/upgrade/re-hold, reboot "
+        "if needed, validate, undrain. Hosts there already are left alone. Re-run to resume."))
     p.add_argument("inventory", help="pyinfra inventory, as for `pyinfra INVENTORY deploys/all.py`")
-    p.add_argument("--driver-version", required=True, help="target driver version, e.g. 580.126.09")
+    p.add_argument("--driver-version", help="override the inventory's driver, e.g. 580.126.09: resolved per host "
+                                            "like the inventory's (refused where it does not fit); afterwards "
+                                            "set it in the inventory as the run tells you")
     p.add_argument("--canary", type=int, default=1, help="hosts in the canary batch (default 1; 0 = none)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--batch-size", type=int, help="hosts per batch after the canary (default: rollout_batch_size)")

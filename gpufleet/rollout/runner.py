@@ -12,7 +12,7 @@ from typing import Callable, TextIO
 
 from gpufleet.compat import compat_data
 
-from . import plan
+from . import plan, targets
 from .context import RolloutContext
 from .state import CHANGING_STEPS, STEPS, RolloutState, StateLock, StateError
 
@@ -22,7 +22,7 @@ EXIT_DONE, EXIT_STOPPED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 @dataclass
 class Options:
     inventory: str
-    target: str
+    target: str | None = None      # --driver-version: an override; None = what the inventory resolves
     canary: int = 1
     batch_size: int | None = None
     batch_percent: float | None = None
@@ -39,6 +39,20 @@ class Options:
     retune: bool = False
 
 
+def survey_and_resolve(ctx: RolloutContext, override: str | None) -> None:
+    """The survey of deploys/upgrade.py, for the host's own target (its inventory's, or the
+    override as the inventory would resolve it on this host)."""
+    from pyinfra import host
+
+    from deploys import upgrade as steps
+
+    found = targets.resolve_host(host, override)
+    ctx.target = found.get("target") or override or ""
+    steps.survey_host(ctx)
+    ctx.survey[host.name].update(target=found.get("target"), target_error=found.get("error"),
+                                 resolution=found.get("resolution"))
+
+
 def hostlock_stale(name: str, record: str) -> str:
     from gpufleet.hostlock import stale_message
     return stale_message(name, record)
@@ -53,7 +67,7 @@ class Runner:
         self.opts = opts
         self.out = out
         self.t0 = time.monotonic()
-        self.ctx = RolloutContext(target=opts.target, manifests_dir=Path(opts.manifests_dir),
+        self.ctx = RolloutContext(target=opts.target or "", manifests_dir=Path(opts.manifests_dir),
                                   wait_idle=opts.wait_idle, force=opts.force,
                                   stop_containers=opts.stop_containers, reboot_timeout=opts.reboot_timeout,
                                   retune=opts.retune)
@@ -82,17 +96,15 @@ class Runner:
         from .session import inventory_hosts, run_step
 
         opts = self.opts
-        if not re.fullmatch(r"\d+\.\d+(\.\d+)?", opts.target):
-            self.say(f"error: --driver-version {opts.target!r} is not a driver version such as 580.126.09")
-            return EXIT_USAGE
-        branch = opts.target.split(".")[0]
-        known = compat_data().driver_branches.get(branch)
-        if known is None:
-            self.say(f"error: driver branch R{branch} is not in the compatibility data")
-            return EXIT_USAGE
-        if opts.target not in known.versions:
-            self.say(f"warning: {opts.target} is not listed in gpufleet/data/compat.yaml for R{branch} "
-                     f"(listed: {', '.join(known.versions)}); the repositories decide whether it exists")
+        if opts.target is not None:
+            if not re.fullmatch(r"\d+\.\d+(\.\d+)?", opts.target):
+                self.say(f"error: --driver-version {opts.target!r} is not a driver version such as 580.126.09")
+                return EXIT_USAGE
+            branch = opts.target.split(".")[0]
+            known = compat_data().driver_branches.get(branch)
+            if known is None:
+                self.say(f"error: driver branch R{branch} is not in the compatibility data")
+                return EXIT_USAGE
         hosts = inventory_hosts(opts.inventory)
         unknown = sorted(set(opts.skip) - set(hosts))
         if unknown:
@@ -108,16 +120,28 @@ class Runner:
                 self.say(f"error: {exc}")
                 return EXIT_STOPPED
         try:
-            self.state = RolloutState.load(state_path, opts.target, opts.inventory)
+            self.state = RolloutState.load(state_path, opts.target or "inventory", opts.inventory)
         except Exception as exc:
             self.say(f"error: {exc}")
             return EXIT_USAGE
         state = self.state
 
         self.say(f"surveying {len(hosts)} host(s) of {opts.inventory}")
-        survey = run_step(opts.inventory, hosts, steps.survey_host, self.ctx, reasons=self.ctx.reasons)
+        survey = run_step(opts.inventory, hosts, survey_and_resolve, self.ctx, opts.target, reasons=self.ctx.reasons)
         info = self.ctx.survey
         unreachable = dict(survey.failed)
+
+        # every host's target, from the inventory (or the override through the same resolver):
+        # one that does not fit stops the rollout here, before any host is touched
+        refused = [targets.refusal_line(n, info[n]["target_error"], opts.target) for n in hosts
+                   if n not in unreachable and info[n]["driver_source"] == "nvidia" and info[n].get("target_error")]
+        if refused:
+            for line in refused:
+                self.say(f"error: {line}")
+            self.say(f"REFUSED: {len(refused)} host(s) cannot take "
+                     + (f"driver {opts.target}" if opts.target else "what the inventory resolves")
+                     + ": nothing changed")
+            return EXIT_USAGE
 
         # who takes part
         eligible: list[str] = []
@@ -128,6 +152,16 @@ class Runner:
                 continue
             if info[name]["driver_source"] != "nvidia":
                 notes[name] = f"driver_source is {info[name]['driver_source']}: not upgraded by tools/rollout"
+                continue
+            target = info[name]["target"]
+            clash = state.retarget(name, target)
+            if clash:
+                self.say(f"error: {clash}")
+                return EXIT_USAGE
+            rec = state.host(name)
+            if (info[name]["installed"] == info[name]["loaded"] == target and not rec.steps
+                    and rec.status in ("pending", "skipped", "busy")):
+                notes[name] = f"at {target} already (the inventory's driver): nothing to do"
                 continue
             eligible.append(name)
         for name in eligible:
@@ -251,7 +285,7 @@ class Runner:
             for n in names:
                 state.start(n, step)
             t = time.monotonic()
-            result = run_step(self.opts.inventory, names, funcs[step], ctx, reasons=ctx.reasons)
+            result = self.run_per_target(names, funcs[step])
             took = time.monotonic() - t
             if step == "reboot":
                 # the locks' holders died with the boot: this rollout locks the hosts again
@@ -285,16 +319,39 @@ class Runner:
                 active.remove(n)
         if give_back:
             # nothing changed on these: give them back to the scheduler
-            result = run_step(self.opts.inventory, give_back, steps.undrain, ctx, reasons=ctx.reasons)
+            result = self.run_per_target(give_back, steps.undrain)
             for n in result.ok:
                 self.say(f"[{batch.name}] {n}: nothing changed, back in service")
+
+    def run_per_target(self, names: list[str], func: Callable):
+        """One step on `names`, one pyinfra run per target driver (hosts of one inventory may
+        resolve to different drivers); the results merged."""
+        from .session import StepResult, run_step
+
+        merged = StepResult()
+        by_target: dict[str, list[str]] = {}
+        for n in names:
+            by_target.setdefault(self.state.host(n).target or self.opts.target or "", []).append(n)
+        for target, group in by_target.items():
+            self.ctx.target = target
+            result = run_step(self.opts.inventory, group, func, self.ctx, reasons=self.ctx.reasons)
+            merged.ok += result.ok
+            merged.failed.update(result.failed)
+            merged.changed.update(result.changed)
+        return merged
+
+    def target_of(self, name: str) -> str:
+        return self.state.host(name).target or self.opts.target or "?"
 
     # --- output ------------------------------------------------------------------------------
 
     def print_plan(self, batches: list[plan.Batch], notes: dict[str, str], size: int, max_unavailable: int,
                    max_fail: int) -> None:
-        info, target = self.ctx.survey, self.opts.target
-        lines = [f"{'DRY RUN: ' if self.opts.dry_run else ''}rollout of driver {target}: "
+        info = self.ctx.survey
+        wanted = sorted({self.target_of(n) for b in batches for n in b.hosts})
+        what = (f"driver {self.opts.target} (--driver-version override)" if self.opts.target
+                else f"the inventory's driver ({', '.join(wanted) or 'no host to change'})")
+        lines = [f"{'DRY RUN: ' if self.opts.dry_run else ''}rollout of {what}: "
                  f"{sum(len(b.hosts) for b in batches)} host(s), canary {len(batches[0].hosts) if batches and batches[0].index == 0 else 0}, "
                  f"batch size {size}, max_unavailable {max_unavailable}, max_fail {max_fail}"]
         header = f"  {'batch':<8} {'host':<22} {'from (loaded/installed)':<26} {'to':<11} {'reboot':<28} {'GPU jobs':<22} {'snapshot':<9} state"
@@ -303,6 +360,7 @@ class Runner:
             for n in b.hosts:
                 s = info[n]
                 rec = self.state.host(n)
+                target = self.target_of(n)
                 frm = f"{s['loaded'] or '-'}/{s['installed'] or '-'}"
                 if s["loaded"] == target and s["installed"] == target:
                     reboot = "no (at target)"
@@ -322,17 +380,29 @@ class Runner:
                     lines.append(f"  {'':<8}   packages: {' '.join(moving)}"
                                  + (f" (no {target} candidate yet for: {' '.join(missing)}; the drain step refreshes the index)"
                                     if missing else ""))
-                if s["inventory_driver_version"] not in ("auto", target):
-                    lines.append(f"  {'':<8}   note: the inventory pins driver_version {s['inventory_driver_version']}: "
-                                 f"change it to {target}, or deploys/all.py will put it back")
         for n, why in notes.items():
             lines.append(f"  {'-':<8} {n:<22} not in the rollout: {why}")
         for line in lines:
             print(line, file=self.out, flush=True)
 
+    def print_inventory_lines(self, eligible: list[str]) -> None:
+        """After an override: the inventory lines that make it say what the hosts now run."""
+        if not self.opts.target:
+            return
+        moved = [n for n in eligible if self.state.host(n).status == "done"]
+        lines = targets.inventory_lines(self.opts.inventory, moved, self.opts.target) if moved else []
+        if not lines:
+            return
+        print(f"the inventory does not say {self.opts.target} yet for {len(moved)} upgraded host(s): set it, so that "
+              f"deploys/all.py agrees (it would report 'driver upgrade pending' back to the inventory's driver):",
+              file=self.out)
+        for line in lines:
+            print(f"  {line}", file=self.out)
+        print("  then `pyinfra INVENTORY deploys/all.py` changes nothing on them", file=self.out, flush=True)
+
     def print_summary(self, eligible: list[str], notes: dict[str, str], stopped: str | None) -> int:
         state = self.state
-        print(f"rollout of {self.opts.target}: {time.monotonic() - self.t0:.1f}s wall", file=self.out)
+        print(f"rollout of {self.opts.target or 'the inventory'}: {time.monotonic() - self.t0:.1f}s wall", file=self.out)
         for n in eligible:
             rec = state.host(n)
             times = " ".join(f"{s}={rec.steps[s].get('seconds', '?')}s" for s in STEPS if s in rec.steps)
@@ -340,6 +410,7 @@ class Runner:
             if times:
                 print(f"  {'':<22}   {times}", file=self.out)
         print("  " + ", ".join(f"{k}: {v}" for k, v in sorted(state.summary().items())), file=self.out, flush=True)
+        self.print_inventory_lines(eligible)
         if stopped:
             return EXIT_STOPPED
         if all(state.host(n).status in ("done", "skipped") for n in eligible):

@@ -124,6 +124,7 @@ class HostRecord:
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)
     manifest: str | None = None       # controller copy of the manifest taken for this rollout
     from_version: str | None = None
+    target: str | None = None         # the driver this host is rolled out to (resolved per host)
 
     def step_ok(self, step: str) -> bool:
         return bool(self.steps.get(step, {}).get("ok"))
@@ -165,12 +166,15 @@ class RolloutState:
         data = json.loads(path.read_text())
         if data.get("format") != FORMAT:
             raise StateError(f"{path}: unknown state format {data.get('format')!r}")
-        if data.get("target") != target:
-            raise StateError(
-                f"{path} records a rollout to {data.get('target')}, not {target}: "
-                "finish that one, or give another --state file")
         hosts = {name: HostRecord(name=name, **{k: v for k, v in rec.items() if k != "name"})
                  for name, rec in data.get("hosts", {}).items()}
+        if data.get("target") != target:
+            unfinished = sorted(n for n, rec in hosts.items() if rec.changed and rec.status != "done")
+            if unfinished:
+                raise StateError(
+                    f"{path} records a rollout to {data.get('target')}, not {target}, that is not finished on "
+                    f"{', '.join(unfinished)}: finish that one (or roll those hosts back), or give another --state file")
+            hosts = {}   # that rollout is over: a new one starts (its runs stay in the history)
         return cls(path, target, data.get("inventory", inventory), hosts, data.get("runs", []))
 
     def save(self) -> None:
@@ -209,6 +213,20 @@ class RolloutState:
         rec = self.host(name)
         rec.status, rec.message = status, message
         self.save()
+
+    def retarget(self, name: str, target: str) -> str | None:
+        """Record `target` for the host; a host finished at another target starts afresh. Returns
+        why not, when the host is half-way to another target (finish or roll back first)."""
+        rec = self.host(name)
+        if rec.target in (None, target):
+            rec.target = target
+            return None
+        if rec.changed and rec.status != "done":
+            return (f"{name} is half-way through a rollout to {rec.target} ({rec.status}: {rec.message}), "
+                    f"the inventory now says {target}: finish that one (tools/rollout --driver-version "
+                    f"{rec.target}) or roll the host back (tools/rollback) first")
+        self.hosts[name] = HostRecord(name, target=target)
+        return None
 
     def done(self, name: str) -> bool:
         return name in self.hosts and self.hosts[name].status == "done"

@@ -19,11 +19,29 @@ def test_state_round_trips_and_is_written_after_every_step(tmp_path):
     assert again.host("h1").steps["drain"]["seconds"] >= 0
 
 
-def test_other_target_refused(tmp_path):
+def test_other_target_refused_while_unfinished(tmp_path):
     path = tmp_path / "s.json"
-    RolloutState.load(path, "580.126.09", "inv.py").mark("h1", "done")
-    with pytest.raises(StateError, match="580.126.09, not 590.48.01"):
+    st = RolloutState.load(path, "580.126.09", "inv.py")
+    st.mark("h1", "done")
+    st.finish("h2", "upgrade", True)
+    st.finish("h2", "validate", False, "bad")
+    with pytest.raises(StateError, match="580.126.09, not 590.48.01, that is not finished on h2"):
         RolloutState.load(path, "590.48.01", "inv.py")
+    st.mark("h2", "done")
+    fresh = RolloutState.load(path, "590.48.01", "inv.py")   # finished: the next rollout starts afresh
+    assert fresh.hosts == {} and fresh.target == "590.48.01"
+
+
+def test_per_host_target_from_the_inventory(tmp_path):
+    st = RolloutState.load(tmp_path / "s.json", "inventory", "inv.py")
+    assert st.retarget("h1", "580.126.09") is None
+    st.mark("h1", "done")
+    assert st.retarget("h1", "580.126.09") is None and st.host("h1").status == "done"
+    assert st.retarget("h1", "580.159.04") is None                      # finished: a new rollout
+    assert st.host("h1").status == "pending" and st.host("h1").target == "580.159.04"
+    st.finish("h1", "upgrade", True)
+    why = st.retarget("h1", "580.126.09")
+    assert "h1 is half-way through a rollout to 580.159.04" in why
 
 
 def test_resume_never_redoes_a_finished_host_nor_a_taken_snapshot(tmp_path):
