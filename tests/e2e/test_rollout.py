@@ -84,6 +84,9 @@ def test_canary_plus_two_batches(fleet):
     # the order of the batches, as printed while running
     starts = [line for line in r.stdout.splitlines() if "starting" in line]
     assert [s.split("] ")[1].split(" starting")[0][1:] for s in starts] == ["canary", "batch 1", "batch 2"]
+    # an override: the run names the inventory line that makes the inventory say so (issue 14)
+    for h in hosts:
+        assert f'fleet.py: host {h.name}: set driver_version: "{rf.NEW}" (now \'auto\')' in r.stdout, r.stdout
     st = state(work, "fleet")
     for h in hosts:
         assert st[h.name]["status"] == "done"
