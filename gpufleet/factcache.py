@@ -37,7 +37,7 @@ from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api.command import StringCommand
 from pyinfra.api.host import Host
 
-from gpufleet import factbatch
+from gpufleet import factbatch, private
 
 PLAN_DIR = Path(".gpufleet/factplans")
 _MARK = "::gpufleet-prefetch::"
@@ -123,8 +123,7 @@ def _record(host: Host, cls: type, fact_kwargs_json: str, executor_json: str) ->
 def _save_plans() -> None:
     for name, plan in _plans_seen.items():
         try:
-            PLAN_DIR.mkdir(parents=True, exist_ok=True)
-            (PLAN_DIR / f"{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.json").write_text(json.dumps(plan))
+            private.write_private(PLAN_DIR / f"{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.json", json.dumps(plan))
         except OSError:
             pass  # the plan is only a hint for the next run
 

@@ -3,11 +3,13 @@ controller), the /etc archive, the manifest on the host, and its copy on the con
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import Any, Callable
 
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
+from gpufleet.private import private_dir
 from gpufleet.rollout import snapshot as snap
 
 
@@ -72,9 +74,10 @@ def manifest_written(dest: str, build: Callable[[], str]):
 
 def _fetch(state, host, pairs) -> bool:
     for remote, local in pairs:
-        Path(local).parent.mkdir(parents=True, exist_ok=True)
+        private_dir(Path(local).parent)   # .gpufleet/: 0600 files in 0700 folders
         if not host.get_file(remote, local):
             return False
+        os.chmod(local, 0o600)
     return True
 
 

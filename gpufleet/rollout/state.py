@@ -22,12 +22,12 @@ import fcntl
 import json
 import os
 import socket
-import stat
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gpufleet.private import private_dir, write_atomic
 
 STEPS = ("drain", "snapshot", "upgrade", "reboot", "tune", "validate", "undrain")
 #: after these steps started, packages may have changed: a failed host stays out of service
@@ -41,46 +41,6 @@ class StateError(RuntimeError):
 
 class StateLocked(StateError):
     """Another tools/rollout holds this state file."""
-
-
-def private_dir(path: Path) -> None:
-    """`path` and the parents under .gpufleet/ made 0700 (gpufleet's own files are private)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for part in (path, *path.parents):
-        if part.name == ".gpufleet" or ".gpufleet" in part.parts:
-            try:
-                if stat.S_IMODE(part.stat().st_mode) != 0o700:
-                    part.chmod(0o700)
-            except OSError:
-                pass
-        if part.name == ".gpufleet":
-            break
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` so that a reader (or a crash, or kill -9) at any moment sees
-    the old file or the new one, whole: a unique temporary file in the same folder, written and
-    fsynced, renamed over the old one, then the folder fsynced so the rename itself is on disk."""
-    path = Path(path)
-    private_dir(path.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:   # mkstemp: 0600
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 class StateLock:
