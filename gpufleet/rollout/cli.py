@@ -53,7 +53,8 @@ def rollout_main(argv: list[str] | None = None) -> int:
                    max_unavailable=args.max_unavailable, max_fail=args.max_fail, state_path=args.state,
                    skip=args.skip, force=args.force, dry_run=args.dry_run, wait_idle=args.wait_idle,
                    stop_containers=args.stop_gpu_containers, manifests_dir=args.manifests,
-                   reboot_timeout=args.reboot_timeout, retune=args.retune)
+                   reboot_timeout=args.reboot_timeout, retune=args.retune,
+                   command=" ".join(["tools/rollout", *(sys.argv[2:] if argv is None else argv)]))
     return Runner(opts).run()
 
 

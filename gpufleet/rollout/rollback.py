@@ -21,6 +21,9 @@ def rollback(inventory: str, hosts: list[str], manifest: Path | None, manifests_
     from deploys import upgrade
     from .session import inventory_hosts, run_step
 
+    from gpufleet import hostlock
+
+    hostlock.install()  # each step locks its hosts at their first change (issue 14: no two at once)
     t0 = time.monotonic()
     known = inventory_hosts(inventory)
     missing = [h for h in hosts if h not in known]

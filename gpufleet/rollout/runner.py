@@ -37,6 +37,7 @@ class Options:
     manifests_dir: Path = Path(".gpufleet/manifests")
     reboot_timeout: int = 600
     retune: bool = False
+    command: str = "tools/rollout"   # as the operator typed it: named to a second run by the locks
 
 
 def survey_and_resolve(ctx: RolloutContext, override: str | None) -> None:
@@ -81,8 +82,7 @@ class Runner:
         from gpufleet import hostlock
 
         hostlock.install()  # a step that finds its host not locked by this rollout locks it first
-        self.locks = hostlock.FleetLocks(self.opts.inventory, hostlock.owner_record(
-            " ".join(["tools/rollout", *sys.argv[1:]])))
+        self.locks = hostlock.FleetLocks(self.opts.inventory, hostlock.owner_record(self.opts.command))
         try:
             return self._run()
         finally:
@@ -115,7 +115,7 @@ class Runner:
             # one tools/rollout per state file: the lock lives as long as this process
             self.state_lock = StateLock(state_path)
             try:
-                self.state_lock.acquire(" ".join(["tools/rollout", *sys.argv[1:]]))
+                self.state_lock.acquire(opts.command)
             except StateError as exc:
                 self.say(f"error: {exc}")
                 return EXIT_STOPPED
