@@ -109,3 +109,11 @@ def test_classify():
     assert classify({"status": "ok", "mismatch": True}, fine) == "mismatch-pending"
     assert classify({"status": "unreachable"}, []) == "unreachable"
     assert classify({"status": "error"}, []) == "error"
+
+
+def test_a_pending_driver_upgrade_is_drift_and_fits_the_schema():
+    row = _row("behind", "provisioned", drift={
+        "method": "plan", "changes": 0, "operations": [], "conditional": [], "error": None,
+        "pending": ["driver upgrade pending: 580.95.05 -> 580.126.09, run tools/rollout"]})
+    assert cell(row, "drift") == "0 changes; driver upgrade pending: 580.95.05 -> 580.126.09, run tools/rollout"
+    validate(json.loads(json.dumps(document([row], "inv.py", 1.0))), json.loads(SCHEMA_PATH.read_text()))
