@@ -189,3 +189,18 @@ def docker():
             expected=any(op.will_change for op in changed),
             _if=lambda: any(op.did_change() for op in changed),
         )
+
+
+@deploy("Container device spec after a driver change")
+def cdi_after_driver_change():
+    """The CDI spec lists the driver's libraries: after tools/rollout moved the driver it is stale,
+    and regenerating it there keeps the next deploys/all.py a no-op."""
+    settings = host_settings(host)
+    if not settings.docker_cdi:
+        host.noop("docker_cdi is false: no CDI spec")
+        return
+    uuids = [g.uuid for g in getattr(gpu_state(host), "gpus", []) or [] if getattr(g, "uuid", None)]
+    if not uuids:
+        host.noop("no GPU visible to nvidia-smi: no CDI spec")
+        return
+    docker_ops.cdi_spec(name="Regenerate the CDI spec for the new driver when stale", gpu_uuids=uuids, output=CDI_SPEC)

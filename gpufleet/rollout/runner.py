@@ -54,6 +54,16 @@ def survey_and_resolve(ctx: RolloutContext, override: str | None) -> None:
                                  resolution=found.get("resolution"))
 
 
+def tune_and_cdi(ctx: RolloutContext) -> None:
+    """deploys/upgrade.py's tune, then the CDI spec the new driver made stale (what all.py
+    would otherwise change on its next run)."""
+    from deploys import upgrade as steps
+    from deploys.docker import cdi_after_driver_change
+
+    steps.tune(ctx)
+    cdi_after_driver_change()
+
+
 def hostlock_stale(name: str, record: str) -> str:
     from gpufleet.hostlock import stale_message
     return stale_message(name, record)
@@ -275,7 +285,7 @@ class Runner:
         todo = {name: state.host(name).steps_to_run() for name in wave}
         active = list(wave)
         funcs: dict[str, Callable] = {"drain": steps.drain, "snapshot": steps.snapshot, "upgrade": steps.upgrade,
-                                      "reboot": steps.reboot, "tune": steps.tune, "validate": steps.validate,
+                                      "reboot": steps.reboot, "tune": tune_and_cdi, "validate": steps.validate,
                                       "undrain": steps.undrain}
         give_back: list[str] = []
         for step in STEPS:
