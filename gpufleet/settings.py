@@ -215,7 +215,7 @@ def _settings_for(host: str, data: Mapping[str, Any]) -> tuple[Settings | None, 
             problems.append(_line(host, key, f"no value in tier {tier} or the inventory", spec.allowed()))
             continue
         try:
-            values[key] = spec.check(merged[key])
+            values[key] = spec.validate(merged[key])
         except BadValue as bad:
             where = "" if key in ours else f" (from tier {tier})"
             problems.append(_line(host, key, bad.problem + where, bad.allowed))
