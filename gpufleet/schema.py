@@ -55,12 +55,12 @@ def show(value: Any, limit: int = 60) -> str:
     return f"{text[:limit]}... ({size})"
 
 
-def text_problem(text: str) -> str | None:
+def text_problem(text: str, permits: str = "") -> str | None:
     """Why `text` may not appear in any setting, or None. Rules shared by every key."""
     if len(text) > MAX_TEXT:
         return f"{show(text)} is too long (at most {MAX_TEXT} characters)"
     for position, char in enumerate(text, 1):
-        if char in SHELL_METACHARACTERS:
+        if char in SHELL_METACHARACTERS and char not in permits:
             return f"{show(text)} contains the shell metacharacter {char!r} (character {position})"
         if ord(char) < 32 or ord(char) == 127:
             return f"{show(text)} contains the control character {char!r} (character {position})"
@@ -88,11 +88,13 @@ def _texts(value: Any):
 class KeySpec:
     check: Check
     allowed: Callable[[], str]  # lazily computed (some lists come from the YAML data)
+    #: metacharacters this key's own grammar needs (its check then decides where they may stand)
+    permits: str = ""
 
     def validate(self, value: Any) -> Any:
         """The normalised value, or BadValue: the rules of every text first, then the key's grammar."""
         for text in _texts(value):
-            problem = text_problem(text)
+            problem = text_problem(text, self.permits)
             if problem:
                 raise BadValue(problem, self.allowed() + " (never: non-ASCII, control characters, "
                                + " ".join(SHELL_METACHARACTERS) + ")")
@@ -683,7 +685,8 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "docker_toolkit_version": _text(r"\d+\.\d+\.\d+(-\d+)?", "a container toolkit package version such as 1.18.0-1"),
         "docker_smoke_image": _text(r"none|[a-z0-9][A-Za-z0-9._/:@-]{0,254}", "none, or an image reference such as ubuntu:24.04"),
         "tuning_omp_threads": KeySpec(_check_omp, lambda: f"auto | integer from 1 to {MAX_OMP_THREADS}"),
-        "tuning_pytorch_alloc_conf": KeySpec(_check_alloc_conf, _alloc_allowed),
+        # ">" only as the catch-all of a roundup_power2_divisions list, e.g. [256:1,>:8]
+        "tuning_pytorch_alloc_conf": KeySpec(_check_alloc_conf, _alloc_allowed, permits=">"),
         "tuning_nccl_debug_vars": _bool(),
         "tuning_nccl_socket_ifname": _nccl_list(_IFNAME, "auto, or an NCCL interface list: [^][=]name[,name...], "
                                                 "names of at most 15 characters A-Z a-z 0-9 _ . -, such as =eth0"),
