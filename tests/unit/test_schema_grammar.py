@@ -117,7 +117,8 @@ BAD = [
     ("extra_packages", ["nvtоp"], "U+043E CYRILLIC SMALL LETTER O"),
     ("extra_packages", ["--allow-unauthenticated"], "not a Debian package name"),
     ("hardening_extra_kex", ["diffie-hellman-group1-sha1"], "weak key exchange"),
-    ("hardening_extra_kex", ["curve25519-sha257"], "not an OpenSSH key exchange algorithm"),
+    ("hardening_extra_kex", ["Curve25519_SHA256"], "not an OpenSSH algorithm name"),
+    ("hardening_extra_kex", ["ecdh-sha2-nistp256"], "weak key exchange"),
     ("hardening_extra_kex", ["curve25519-sha256,diffie-hellman-group1-sha1"], "not an OpenSSH algorithm name"),
     ("hardening_extra_kex", ["curve25519-sha256", "curve25519-sha256"], "listed twice"),
     ("tuning_pytorch_alloc_conf", "expandable_segments:true", "expandable_segments takes True | False"),
@@ -186,6 +187,7 @@ GOOD = [
     ("extra_packages", ["nvtop", "libstdc++6", "g++-12", "python3.11", "htop=3.2.2-2", "tmux=1:3.3a-3~bpo12+1"]),
     ("hardening_extra_kex", ["curve25519-sha256", "sntrup761x25519-sha512@openssh.com"]),
     ("hardening_extra_kex", []),
+    ("hardening_extra_kex", ["no-such-kex@gpufleet.invalid"]),  # well-formed: the host's sshd -t decides
     ("tuning_pytorch_alloc_conf", ""),
     ("tuning_pytorch_alloc_conf", "backend:cudaMallocAsync"),
     ("tuning_pytorch_alloc_conf", "max_split_size_mb:512,garbage_collection_threshold:0.8,expandable_segments:False"),
