@@ -55,10 +55,15 @@ def show(value: Any, limit: int = 60) -> str:
     return f"{text[:limit]}... ({size})"
 
 
+_SUSPECT = re.compile("[^\x20-\x7e]|[" + re.escape(SHELL_METACHARACTERS) + "]")
+
+
 def text_problem(text: str, permits: str = "") -> str | None:
     """Why `text` may not appear in any setting, or None. Rules shared by every key."""
     if len(text) > MAX_TEXT:
         return f"{show(text)} is too long (at most {MAX_TEXT} characters)"
+    if not _SUSPECT.search(text):  # the common case, in one pass of the regex engine
+        return None
     for position, char in enumerate(text, 1):
         if char in SHELL_METACHARACTERS and char not in permits:
             return f"{show(text)} contains the shell metacharacter {char!r} (character {position})"
