@@ -202,9 +202,25 @@ def _hint(text: Any) -> str:
     return f" ({problem.split(' contains ', 1)[1]})" if problem and " contains " in problem else ""
 
 
+def _host_name_problem(name: str) -> str | None:
+    """Host names end up in controller paths (.gpufleet/manifests/<host>/) and snapshot commands."""
+    problem = text_problem(name) if isinstance(name, str) else "not a string"
+    if problem:
+        return problem.replace(show(name) + " ", "the name ", 1)
+    if not name or any(c.isspace() for c in name):
+        return "empty, or contains whitespace"
+    if "/" in name and not name.startswith("@") or ".." in name.split("/"):
+        return "a path: '/' only in pyinfra connector names (@connector/...), never '..'"
+    return None
+
+
 def _settings_for(host: str, data: Mapping[str, Any]) -> tuple[Settings | None, list[str]]:
     """Build Settings for one host from its explicit data; return (settings, problem lines)."""
     problems: list[str] = []
+    name_problem = _host_name_problem(host)
+    if name_problem:
+        return None, [_line(host, "host name", name_problem, "A-Z a-z 0-9 . _ - : (a pyinfra connector name "
+                            "may start with @ and hold /), no whitespace, quotes or other shell metacharacters")]
     tiers = tier_names()
     tier = data.get("tier")
     if tier is None:

@@ -158,6 +158,15 @@ def test_groups_that_disagree_on_the_tier(host, tmp_path):
     assert _changed(host) == []
 
 
+def test_host_name_that_would_become_a_controller_path(host, tmp_path):
+    data = {**host.pyinfra_data(), **environment_data(host, "dev")}
+    text = f"test_hosts = [('../../etc/cron.d/gpufleet', {data!r})]\n"
+    run = pyinfra(_inventory(host, tmp_path, {}, text), "deploys/all.py")
+    assert run.returncode != 0
+    _one_line(run.output, "host ../../etc/cron.d/gpufleet: key 'host name': ", "a path: '/' only in pyinfra connector names")
+    assert _changed(host) == []
+
+
 def test_top_level_data_pyinfra_would_ignore(host, tmp_path):
     inventory = _inventory(host, tmp_path, {})
     inventory.write_text(inventory.read_text() + '\ncuda_version = "12.8"  # meant for every host\n')

@@ -311,3 +311,21 @@ def test_every_message_is_one_line_with_host_key_and_allowed():
     assert len(lines) == 3
     for line in lines:
         assert "\n" not in line and line.startswith(f"host {HOST}: key '") and "; allowed: " in line
+
+
+@pytest.mark.parametrize("name, fragment", [
+    ("../../etc/cron.d/x", "a path"),
+    ("gpu-a01;reboot", "shell metacharacter ';'"),
+    ("gpu-а01", "U+0430 CYRILLIC SMALL LETTER A"),
+    ("gpu a01", "whitespace"),
+])
+def test_host_names_that_would_become_paths_or_shell(name, fragment):
+    with pytest.raises(InventoryError) as info:
+        validate_inventory(Inventory(([(name, {"tier": "dev"})], {})))
+    (line,) = info.value.problems
+    assert "key 'host name': " in line and fragment in line and "\n" not in line
+
+
+@pytest.mark.parametrize("name", ["gpu-a01.example.internal", "10.0.0.7", "fd00::7", "@docker/0123abcd"])
+def test_usual_host_names_pass(name):
+    validate_inventory(Inventory(([(name, {"tier": "dev"})], {})))
