@@ -101,8 +101,8 @@ class KeySpec:
         for text in _texts(value):
             problem = text_problem(text, self.permits)
             if problem:
-                raise BadValue(problem, self.allowed() + " (never: non-ASCII, control characters, "
-                               + " ".join(SHELL_METACHARACTERS) + ")")
+                never = " ".join(c for c in SHELL_METACHARACTERS if c not in self.permits)
+                raise BadValue(problem, self.allowed() + f" (never: non-ASCII, control characters, {never})")
         return self.check(value)
 
 
@@ -574,7 +574,7 @@ def _check_cidr(item: Any) -> str:
         network = ipaddress.ip_network(item, strict=False)
     except ValueError:
         raise BadValue(f"bad network {show(item)}", _CIDRS_ALLOWED) from None
-    if str(network.network_address) != item.partition("/")[0] and "/" in item:
+    if "/" in item and ipaddress.ip_address(item.partition("/")[0]) != network.network_address:
         raise BadValue(f"{show(item)} has host bits set (did you mean {network}?)", _CIDRS_ALLOWED)
     return str(network)
 
