@@ -148,6 +148,38 @@ def test_refused_at_planning_time(host, tmp_path, overrides, key, fragment):
     assert _changed(host) == []
 
 
+INJECTIONS = {"quote": "'", "double-quote": '"', "command-substitution": "$(reboot)", "backtick": "`reboot`",
+              "semicolon": ";reboot", "newline": "\nreboot"}
+
+
+@pytest.mark.parametrize("injection", list(INJECTIONS.values()), ids=list(INJECTIONS))
+def test_every_setting_refuses_the_injection_from_the_command_line(host, tmp_path, injection):
+    # Every key of tiers.yaml at once, each its dev default with the injection appended (in a
+    # list: to the first item; in a mapping: to the first name), then the tier on its own (a bad
+    # tier stops a host's validation before its other keys).
+    from gpufleet.schema import KEYS
+    from gpufleet.tiers import tier_defaults
+
+    def injected(value):
+        if hasattr(value, "items"):
+            name, limit = next(iter(value.items()))
+            return {name + injection: limit}
+        if isinstance(value, (list, tuple)):
+            return [f"{value[0] if value else 'x'}{injection}", *list(value)[1:]]
+        return f"{value}{injection}"
+
+    keys = [key for key in KEYS if key != "tier"]
+    run = pyinfra(_inventory(host, tmp_path, {key: injected(tier_defaults("dev")[key]) for key in keys}), "deploys/all.py")
+    assert run.returncode != 0
+    for key in keys:
+        _one_line(run.output, f"host {host.name}: key '{key}': ", "shell metacharacter" if injection != "\nreboot"
+                  else "control character")
+    run = pyinfra(_inventory(host, tmp_path, {"tier": injected("dev")}), "deploys/all.py")
+    assert run.returncode != 0
+    _one_line(run.output, f"host {host.name}: key 'tier': ", "unknown tier")
+    assert _changed(host) == []
+
+
 def test_groups_that_disagree_on_the_tier(host, tmp_path):
     data = {k: v for k, v in environment_data(host, "dev").items() if k != "tier"}
     text = (f"pod = ([({host.name!r}, {{**{host.pyinfra_data()!r}, **{data!r}}})], {{'tier': 'hgx'}})\n"
