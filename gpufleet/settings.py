@@ -187,9 +187,9 @@ def explicit_data(host: Any) -> dict[str, Any]:
 def _name(text: Any) -> str:
     """A host or key name as it may appear in a one-line message (newlines and the like escaped)."""
     text = str(text)
-    if all(32 <= ord(c) < 127 for c in text) and len(text) <= 80:
-        return text
-    return show(text, limit=80)[1:-1] if len(text) <= 80 else show(text, limit=80)
+    if len(text) > 80:
+        return show(text, limit=80)
+    return text if all(32 <= ord(c) < 127 for c in text) else repr(text)[1:-1]
 
 
 def _line(host: str, key: str, problem: str, allowed: str) -> str:
