@@ -132,7 +132,9 @@ def _bool() -> KeySpec:
     return KeySpec(check, lambda: "true | false")
 
 
-def _int(minimum: int, maximum: int) -> KeySpec:
+def _int(minimum: int, maximum: int = 2 ** 31 - 1) -> KeySpec:
+    """An integer within bounds (every integer setting has an upper bound too: a huge number is a
+    typo, and some end up in C ints: sshd, nftables, sysctl)."""
     allowed = f"integer >= {minimum} and <= {maximum}"
 
     def check(value: Any) -> int:
