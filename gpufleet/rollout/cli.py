@@ -58,13 +58,20 @@ def max_fail_arg(text: str) -> str:
     return text
 
 
+def _check(parser: argparse.ArgumentParser, name: str, text: str, arg_type) -> None:
+    try:
+        arg_type(text)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"argument {name}: {exc}")
+
+
 def rollout_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tools/rollout", description=(
         "Rolling NVIDIA driver upgrade: canary first, then batches; drain, snapshot + manifest, "
         "unhold/upgrade/re-hold, reboot if needed, validate, undrain. Re-run to resume."))
-    p.add_argument("inventory", type=inventory_arg, help="pyinfra inventory, as for `pyinfra INVENTORY deploys/all.py`")
+    p.add_argument("inventory", help="pyinfra inventory, as for `pyinfra INVENTORY deploys/all.py`")
     p.add_argument("--driver-version", required=True, help="target driver version, e.g. 580.126.09")
-    p.add_argument("--canary", type=count_arg(0), default=1, help="hosts in the canary batch (default 1; 0 = none)")
+    p.add_argument("--canary", type=int, default=1, help="hosts in the canary batch (default 1; 0 = none)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--batch-size", type=count_arg(1), help="hosts per batch after the canary (default: rollout_batch_size)")
     size.add_argument("--batch-percent", type=percent_arg, help="hosts per batch as a percentage of the rollout's hosts")
@@ -85,6 +92,10 @@ def rollout_main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="show batches, versions, reboots and GPU jobs; change nothing")
     p.add_argument("-v", "--verbose", action="store_true", help="show pyinfra's operation log")
     args = p.parse_args(argv)
+    # checked here rather than as argparse types on their lines, which tools/rollout's target
+    # arguments share: the same message and exit code 2 as argparse's own
+    _check(p, "inventory", args.inventory, inventory_arg)
+    _check(p, "--canary", str(args.canary), count_arg(0))
     _logging(args.verbose)
     from .runner import Options, Runner
     opts = Options(inventory=args.inventory, target=args.driver_version, canary=args.canary,

@@ -28,7 +28,7 @@ def _refused(main, argv, fragment, capsys) -> None:
 
 @pytest.mark.parametrize("args, fragment", [
     (["--canary", "-1"], "argument --canary: -1 out of range: allowed 0 to"),
-    (["--canary", "one"], "argument --canary: expected an integer, got 'one'"),
+    (["--canary", "one"], "argument --canary: invalid int value: 'one'"),
     (["--batch-size", "0"], "argument --batch-size: 0 out of range"),
     (["--batch-percent", "0"], "argument --batch-percent: 0 out of range"),
     (["--batch-percent", "150"], "argument --batch-percent: 150 out of range"),
