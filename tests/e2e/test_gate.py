@@ -192,7 +192,7 @@ import sys, time
 from gpufleet import hostlock
 name = sys.argv[2]
 locks = hostlock.FleetLocks(sys.argv[1], hostlock.owner_record("e2e-locker"))
-taken, refused = locks.take([name], wait=0)
+taken, refused = locks.take([name], wait=int(sys.argv[4]) if len(sys.argv) > 4 else 0)
 print(f"TAKEN {taken[name].stale or ''}" if taken else f"REFUSED {refused[name]}", flush=True)
 time.sleep(float(sys.argv[3]))
 locks.close()
@@ -221,3 +221,11 @@ def test_host_lock_dies_with_a_killed_run_and_is_reported_stale(fleet):
     first_line = nxt.stdout.splitlines()[0]
     assert first_line.startswith("TAKEN") and f'"pid": {holder.pid}' in first_line, nxt.stdout + nxt.stderr
     assert rf.sh(h, "test -e /run/lock/gpufleet/owner", check=False).returncode != 0   # released cleanly this time
+
+    # rollout_lock_wait: a second run waits for the first to finish instead of stopping
+    holder = subprocess.Popen([*cmd, "5"], cwd=work, env=env, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().startswith("TAKEN")
+    t = time.monotonic()
+    waited = subprocess.run([*cmd, "0", "120"], cwd=work, env=env, capture_output=True, text=True, timeout=180)
+    assert waited.stdout.splitlines()[0].strip() == "TAKEN", waited.stdout + waited.stderr   # no stale record
+    assert time.monotonic() - t >= 3 and holder.wait(timeout=60) == 0
