@@ -262,6 +262,13 @@ def test_nvidia_sanctioned_upgrade_unholds_upgrades_and_reholds(hgx, nvidia_upgr
     held = holds(hgx)
     assert {"nvidia-open", FM, f"nvidia-driver-pinning-{NEW}", "cuda-toolkit-13-0", "libcudnn9-cuda-13"} <= held
     assert f"Install driver {NEW} (open) with Fabric Manager {NEW}" in "\n".join(changed_operations(run))
+    # driver_upgrade_in_place still goes through the gate: the manifest of the old state first,
+    # and the GPUs checked idle right before the package change
+    import json
+    manifests = [json.loads(sh(hgx, f"cat {path}")) for path in sh(hgx, "ls /var/lib/gpufleet/manifests/*.json").split()]
+    assert any(m["packages"].get("nvidia-open") == f"{OLD}-1" and set(m["holds"]) >= {"nvidia-open", FM}
+               for m in manifests), manifests
+    assert "Check that no process runs on the GPUs right before the driver changes" in run.output
 
 
 def test_nvidia_fabric_manager_moved_with_the_driver_in_one_transaction(hgx, nvidia_upgrade):
