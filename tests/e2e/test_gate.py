@@ -229,3 +229,31 @@ def test_host_lock_dies_with_a_killed_run_and_is_reported_stale(fleet):
     waited = subprocess.run([*cmd, "0", "120"], cwd=work, env=env, capture_output=True, text=True, timeout=180)
     assert waited.stdout.splitlines()[0].strip() == "TAKEN", waited.stdout + waited.stderr   # no stale record
     assert time.monotonic() - t >= 3 and holder.wait(timeout=60) == 0
+
+
+def test_override_then_the_inventory_line_it_names_then_all_py_changes_nothing(hostpool, aptrepo, tmp_path):  # noqa: F811
+    """The other way in: the inventory says the old driver, the operator rolls out the new one
+    with --driver-version. all.py does not move the host back; the rollout names the inventory
+    line to set; once set, all.py changes nothing."""
+    (h,) = hostpool.get("gate-override", 1, release="bookworm", gpu=f"a100x2@{OLD}")
+    inv = write_inventory(tmp_path / "one.py", [h], data={h.name: data(h, aptrepo, driver_version=OLD)})
+    first = pyinfra(inv)
+    assert first.returncode == 0 and rf.version(h, "nvidia-open") == f"ii {rf.OLD_DEB}", first.output
+    r = tool(tmp_path, "one.py", "--driver-version", NEW)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert rf.version(h, "nvidia-open") == f"ii {rf.NEW_DEB}" and rf.loaded(h) == NEW
+    line = f'one.py: host {h.name}: set driver_version: "{NEW}" (now \'{OLD}\')'
+    assert line in r.stdout, r.stdout
+    # not set yet: all.py reports the difference and leaves the driver alone (no quiet way back)
+    behind = pyinfra(inv)
+    assert behind.returncode == 0, behind.output
+    assert f"driver upgrade pending: {NEW} -> {OLD}, run tools/rollout" in behind.output
+    assert rf.version(h, "nvidia-open") == f"ii {rf.NEW_DEB}" and rf.loaded(h) == NEW
+    assert changed_operations(behind) == [], behind.output
+    # set as told: the inventory and the host agree, all.py changes nothing and reports nothing
+    inv = write_inventory(tmp_path / "one.py", [h], data={h.name: data(h, aptrepo, driver_version=NEW)})
+    agreed = pyinfra(inv)
+    assert agreed.returncode == 0 and changed_operations(agreed) == [], agreed.output
+    assert "driver upgrade pending" not in agreed.output
+    again = tool(tmp_path, "one.py")     # no override: the inventory's driver, there already
+    assert again.returncode == 0 and f"{h.name}" in again.stdout and f"at {NEW} already" in again.stdout, again.stdout
