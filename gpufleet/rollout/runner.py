@@ -171,7 +171,8 @@ class Runner:
             rec = state.host(name)
             if (info[name]["installed"] == info[name]["loaded"] == target and not rec.steps
                     and rec.status in ("pending", "skipped", "busy")):
-                notes[name] = f"at {target} already (the inventory's driver): nothing to do"
+                notes[name] = f"at {target} already: nothing to do"
+                state.hosts.pop(name, None)   # not part of this rollout: no record
                 continue
             eligible.append(name)
         for name in eligible:
