@@ -35,6 +35,7 @@ EXIT_HELD = 75
 # $1: seconds to wait for another holder, $2: this run's owner record (one JSON line).
 HOLD_SCRIPT = r"""
 d=/run/lock/gpufleet
+command -v flock >/dev/null 2>&1 || { echo "flock (util-linux) is not installed"; exit 70; }
 umask 077
 mkdir -p "$d" || exit 70
 exec 9>>"$d/host.lock" || exit 70
