@@ -169,10 +169,14 @@ class Runner:
                 self.say(f"error: {clash}")
                 return EXIT_USAGE
             rec = state.host(name)
-            if (info[name]["installed"] == info[name]["loaded"] == target and not rec.steps
-                    and rec.status in ("pending", "skipped", "busy")):
+            fresh = not rec.steps and rec.status in ("pending", "skipped", "busy")
+            if fresh and info[name]["installed"] == info[name]["loaded"] == target:
                 notes[name] = f"at {target} already: nothing to do"
                 state.hosts.pop(name, None)   # not part of this rollout: no record
+                continue
+            if fresh and not info[name]["installed"]:
+                notes[name] = "no NVIDIA driver installed: deploys/all.py installs the first one"
+                state.hosts.pop(name, None)
                 continue
             eligible.append(name)
         for name in eligible:
