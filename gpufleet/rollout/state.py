@@ -67,6 +67,14 @@ class StateLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, owner.encode() + b"\n", 0)
         self.fd = fd
+        # a writer killed between its temporary file and the rename left it behind: only the
+        # holder of this lock writes the state, so any such file is from a dead run
+        state = self.path.with_suffix("")
+        for leftover in state.parent.glob(f".{state.name}.*.tmp"):
+            try:
+                leftover.unlink()
+            except OSError:
+                pass
 
     def release(self) -> None:
         if self.fd is not None:

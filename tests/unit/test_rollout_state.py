@@ -130,6 +130,8 @@ def test_second_rollout_on_the_same_state_is_refused_naming_the_first(tmp_path):
         assert r.returncode == 7 and "tools/rollout inv.py" in r.stdout
     finally:
         first.release()
+    (tmp_path / ".s.json.abc123.tmp").write_text("{half")    # left by a writer killed before its rename
     again = StateLock(path)
     again.acquire("next")      # released: free again
+    assert not list(tmp_path.glob(".s.json.*.tmp"))
     again.release()
