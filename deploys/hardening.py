@@ -31,12 +31,13 @@ import jinja2
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
-from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, systemd
+from pyinfra.operations.util import any_changed
 
 from facts.nftables import TABLE, NftablesCapability
 from facts.ssh import SshdEffectiveConfig, SshdVersion
-from operations import nftables, ssh
+from facts.sshd_files import HOST_KEY_FILES as HOST_KEYS
+from operations import nftables, ssh, sshd_files
 from operations.ssh import connecting_user
 
 from deploys.base import APT_CACHE_SECONDS
@@ -74,7 +75,7 @@ CIPHERS = [
 ]
 MACS = ["hmac-sha2-512-etm@openssh.com", "hmac-sha2-256-etm@openssh.com", "umac-128-etm@openssh.com"]
 HOST_KEY_ALGORITHMS = ["ssh-ed25519", "rsa-sha2-512", "rsa-sha2-256"]
-HOST_KEY_FILES = ["/etc/ssh/ssh_host_ed25519_key", "/etc/ssh/ssh_host_rsa_key"]
+HOST_KEY_FILES = list(HOST_KEYS.values())  # Ed25519 then RSA; operations/sshd_files.py makes sure both exist
 
 
 def pq_kex(version) -> list[str]:
@@ -144,6 +145,8 @@ def sshd_context(settings, version, existing_host_keys: list[str]) -> dict:
         "permit_root_login": settings.hardening_permit_root_login,
         "max_auth_tries": settings.hardening_max_auth_tries,
         "login_grace_time": settings.hardening_login_grace_time,
+        "client_alive_interval": settings.hardening_client_alive_interval,
+        "max_startups": settings.hardening_max_startups,
         "allow_users": list(settings.hardening_allow_users),
         "allow_groups": list(settings.hardening_allow_groups),
         "x11_forwarding": settings.hardening_x11_forwarding,
@@ -175,6 +178,30 @@ def expected_effective(ctx: dict) -> dict[str, str]:
         "ciphers": ",".join(ctx["ciphers"]),
         "macs": ",".join(ctx["macs"]),
         "hostkeyalgorithms": ",".join(ctx["host_key_algorithms"]),
+        # dev-sec ssh-baseline controls the settings above do not cover
+        "loglevel": "VERBOSE",
+        "syslogfacility": "AUTH",
+        "strictmodes": "yes",
+        "ignorerhosts": "yes",
+        "ignoreuserknownhosts": "yes",
+        "hostbasedauthentication": "no",
+        "kerberosauthentication": "no",
+        "kerberosorlocalpasswd": "no",
+        "kerberosticketcleanup": "yes",
+        "gssapiauthentication": "no",
+        "gssapicleanupcredentials": "yes",
+        "permittunnel": "no",
+        "permituserenvironment": "no",
+        "gatewayports": "no",
+        "x11uselocalhost": "yes",
+        "clientaliveinterval": str(ctx["client_alive_interval"]),
+        "clientalivecountmax": "3",
+        "tcpkeepalive": "no",
+        "maxsessions": "10",
+        "maxstartups": ctx["max_startups"],
+        "printlastlog": "no",
+        "printmotd": "no",
+        "banner": "none",
     }
     if ctx["allow_users"]:
         expected["allowusers"] = " ".join(ctx["allow_users"])
@@ -199,10 +226,7 @@ def hardening():
     version = host.get_fact(SshdVersion)
     if version is None:
         raise DeployError(f"{host.name}: OpenSSH server not found (sshd -V); nothing to harden")
-    existing_keys = [path for path in HOST_KEY_FILES if host.get_fact(File, path=path)]
-    if not existing_keys:
-        raise DeployError(f"{host.name}: neither an Ed25519 nor an RSA host key exists")
-    ctx = sshd_context(settings, version, existing_keys)
+    ctx = sshd_context(settings, version, HOST_KEY_FILES)
 
     # 1. Lock-out protection first: on failure the host stops here, nothing changed.
     if not ctx["password_auth"]:
@@ -221,6 +245,10 @@ def hardening():
     )
 
     # 2. SSH: candidate checked by sshd -t, reloaded, proven by a fresh login, else restored.
+    keys = sshd_files.host_keys(
+        name="Give sshd an Ed25519 host key and a large enough RSA one, replacing a small one only when safe",
+        min_rsa_bits=settings.hardening_rsa_host_key_bits,
+    )
     dropin = ssh.sshd_dropin(
         name="Install the hardened sshd drop-in that sorts first, if sshd -t accepts it",
         dest=SSHD_DROPIN,
@@ -230,12 +258,12 @@ def hardening():
         name="Reload sshd so that new logins get the hardened configuration",
         service="ssh.service",
         reloaded=True,
-        _if=dropin.did_change,
+        _if=any_changed(dropin, keys),
     )
     ssh.verify_login_or_restore(
         name="Prove a fresh SSH login as the deploy user works, else restore the previous sshd configuration",
         dest=SSHD_DROPIN,
-        _if=dropin.did_change,
+        _if=any_changed(dropin, keys),
     )
     ssh.expect_effective(
         name="Check with sshd -T that the hardened settings are the effective ones",
@@ -246,6 +274,9 @@ def hardening():
     ssh.prune_moduli(
         name=f"Remove Diffie-Hellman moduli below {settings.hardening_moduli_min_bits} bits",
         min_bits=settings.hardening_moduli_min_bits,
+    )
+    sshd_files.config_modes(
+        name="Make sshd's configuration and host keys readable by root only (0600, folders 0755)",
     )
 
     # 3. Firewall.

@@ -37,7 +37,7 @@ new=$1 dest=$2 prev=$3
 mkdir -p "$(dirname "$prev")"
 rm -f "$prev" "$prev.absent"
 if [ -e "$dest" ]; then cp -p "$dest" "$prev"; else : > "$prev.absent"; fi
-chmod 644 "$new"
+chmod 600 "$new"
 mv -f "$new" "$dest"
 if ! out=$(sshd -t 2>&1); then
   if [ -e "$prev.absent" ]; then rm -f "$dest"; else cp -p "$prev" "$dest"; fi
