@@ -135,7 +135,7 @@ def host_key_plan(data: SshdFilesData, min_rsa_bits: int, verified_by: str | Non
                         "(ssh-keyscan -t ed25519 HOST >> known_hosts) and run again, or set "
                         f"hardening_rsa_host_key_bits: {rsa.bits}")
         else:
-            todo.append((HOST_KEY_FILES["rsa"], "rsa", min_rsa_bits, f"{rsa.bits} bits ({rsa.fingerprint})"))
+            todo.append((HOST_KEY_FILES["rsa"], "rsa", min_rsa_bits, f"{rsa.bits} bits, {rsa.fingerprint}"))
     return todo, left
 
 
@@ -161,8 +161,8 @@ def _generate(state, host, todo: list) -> bool:
                            f"{new_bits} bits, {fingerprint}")
         else:
             logger.warning(
-                f"{host.print_prefix}HOST KEY CHANGED: the {why} RSA host key {path} was replaced by a "
-                f"new {new_bits}-bit one, {fingerprint} (dev-sec ssh-baseline sshd-50). Clients that "
+                f"{host.print_prefix}HOST KEY CHANGED: the RSA host key {path} ({why}) was replaced by a "
+                f"new one ({new_bits} bits, {fingerprint}) for the dev-sec ssh-baseline (sshd-50). Clients that "
                 "pinned the old RSA key will report a changed host identification: check the new "
                 "fingerprint, then `ssh-keygen -R HOST` and `ssh-keyscan -t rsa HOST`. Clients using the "
                 f"Ed25519 key (this run did) are not affected. The old key is kept in {backup_path(path)}.")
