@@ -32,7 +32,6 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, files, systemd
-from pyinfra.operations.util import any_changed
 
 from facts.nftables import TABLE, NftablesCapability
 from facts.ssh import SshdEffectiveConfig, SshdVersion
@@ -245,10 +244,6 @@ def hardening():
     )
 
     # 2. SSH: candidate checked by sshd -t, reloaded, proven by a fresh login, else restored.
-    keys = sshd_files.host_keys(
-        name="Give sshd an Ed25519 host key and a large enough RSA one, replacing a small one only when safe",
-        min_rsa_bits=settings.hardening_rsa_host_key_bits,
-    )
     dropin = ssh.sshd_dropin(
         name="Install the hardened sshd drop-in that sorts first, if sshd -t accepts it",
         dest=SSHD_DROPIN,
@@ -258,12 +253,12 @@ def hardening():
         name="Reload sshd so that new logins get the hardened configuration",
         service="ssh.service",
         reloaded=True,
-        _if=any_changed(dropin, keys),
+        _if=dropin.did_change,
     )
     ssh.verify_login_or_restore(
         name="Prove a fresh SSH login as the deploy user works, else restore the previous sshd configuration",
         dest=SSHD_DROPIN,
-        _if=any_changed(dropin, keys),
+        _if=dropin.did_change,
     )
     ssh.expect_effective(
         name="Check with sshd -T that the hardened settings are the effective ones",
@@ -274,6 +269,12 @@ def hardening():
     ssh.prune_moduli(
         name=f"Remove Diffie-Hellman moduli below {settings.hardening_moduli_min_bits} bits",
         min_bits=settings.hardening_moduli_min_bits,
+    )
+    # Host keys once the configuration is proven (a refused one leaves them untouched); the
+    # operation reloads sshd and proves a fresh login itself.
+    sshd_files.host_keys(
+        name="Give sshd an Ed25519 host key and a large enough RSA one, replacing a small one only when safe",
+        min_rsa_bits=settings.hardening_rsa_host_key_bits,
     )
     sshd_files.config_modes(
         name="Make sshd's configuration and host keys readable by root only (0600, folders 0755)",

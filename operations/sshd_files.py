@@ -10,7 +10,9 @@ its host key set (sshd-14, sshd-50).
   key, and an Ed25519 key is there for clients to keep using. Otherwise the host is left as it
   is and the run says why. A replacement is announced in the run's output with the old and new
   fingerprints (clients that pinned the old RSA key will see a changed host key); the old key is
-  kept under /var/lib/gpufleet/backup. sshd uses a new key from its next reload.
+  kept under /var/lib/gpufleet/backup. sshd is reloaded to use the new key and a fresh login
+  (as pyinfra makes them) must work, or the old key is put back and the host fails. Runs after
+  the drop-in is proven, so a refused configuration leaves the host's keys untouched.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from facts.sshd_files import (
     SshdFilesData,
     describe_public_key,
 )
-from operations.ssh import backup_path
+from operations.ssh import backup_path, fresh_login
 
 RSA_KEY_TYPES = ("ssh-rsa", "rsa-sha2-256", "rsa-sha2-512")
 
@@ -39,7 +41,7 @@ _KEYGEN_SCRIPT = r"""
 set -eu
 key=$1 type=$2 bits=$3 prev=$4
 umask 077
-mkdir -p "$(dirname "$prev")"
+mkdir -p "$(dirname "$prev")"; chmod 700 "$(dirname "$prev")"
 if [ -e "$key" ]; then cp -p "$key" "$prev"; [ ! -e "$key.pub" ] || cp -p "$key.pub" "$prev.pub"; fi
 rm -f "$key.gpufleet-new" "$key.gpufleet-new.pub"
 if [ "$type" = rsa ]; then
@@ -51,6 +53,13 @@ chmod 600 "$key.gpufleet-new"; chmod 644 "$key.gpufleet-new.pub"
 mv -f "$key.gpufleet-new.pub" "$key.pub"
 mv -f "$key.gpufleet-new" "$key"
 echo "::gpufleet-new-key::$(cat "$key.pub")"
+"""
+
+# $1 key file, $2 backup path: the previous key pair back in place, sshd reloaded.
+_RESTORE_KEY_SCRIPT = r"""
+set -eu
+cp -p "$2" "$1"; [ ! -e "$2.pub" ] || cp -p "$2.pub" "$1.pub"
+sshd -t && systemctl reload ssh
 """
 
 
@@ -140,6 +149,7 @@ def host_key_plan(data: SshdFilesData, min_rsa_bits: int, verified_by: str | Non
 
 
 def _generate(state, host, todo: list) -> bool:
+    replaced = []
     for path, key_type, bits, why in todo:
         ok, output = host.run_shell_command(StringCommand(
             "sh", "-c", QuoteString(_KEYGEN_SCRIPT), "gpufleet-host-key",
@@ -156,6 +166,8 @@ def _generate(state, host, todo: list) -> bool:
         except SshFactError as exc:
             host.log_styled(f"the new host key {path} is unreadable: {exc}", fg="red", log_func=logger.error)
             return False
+        if why != "missing":
+            replaced.append(path)
         if why == "missing":
             logger.warning(f"{host.print_prefix}generated the missing {key_type} host key {path}: "
                            f"{new_bits} bits, {fingerprint}")
@@ -166,7 +178,28 @@ def _generate(state, host, todo: list) -> bool:
                 "pinned the old RSA key will report a changed host identification: check the new "
                 "fingerprint, then `ssh-keygen -R HOST` and `ssh-keyscan -t rsa HOST`. Clients using the "
                 f"Ed25519 key (this run did) are not affected. The old key is kept in {backup_path(path)}.")
-    return True
+    return _reload_and_prove(host, replaced)
+
+
+def _reload_and_prove(host, replaced: list[str]) -> bool:
+    """sshd reads its host keys at start and reload: reload, then log in afresh; if that fails,
+    put the replaced keys back."""
+    reloaded, output = host.run_shell_command(StringCommand(
+        "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString("sshd -t && systemctl reload ssh"), "gpufleet-sshd-reload"))
+    error = fresh_login(host) if reloaded else "sshd -t or the reload failed: " + " ".join(output.stderr_lines)
+    if error is None:
+        host.log_styled("a fresh SSH login with the new host keys works", fg="green")
+        return True
+    for path in replaced:
+        host.run_shell_command(StringCommand(
+            "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_RESTORE_KEY_SCRIPT), "gpufleet-host-key-restore",
+            QuoteString(path), QuoteString(backup_path(path))))
+    host.log_styled(
+        f"gpufleet did not keep the new host keys: a new SSH login failed with them ({error}); "
+        + ("the previous RSA key was put back and sshd reloaded" if replaced else "nothing was replaced")
+        + ". Set hardening_rsa_host_key_bits to the key's size to leave it alone.",
+        fg="red", log_func=logger.error)
+    return False
 
 
 @operation()

@@ -279,6 +279,7 @@ def test_small_rsa_host_key_replaced_and_announced(fleet, index):
     old_fp, new_fp = announced[0]
     assert new_fp == keygen[1] and old_fp != new_fp
     assert "HOST KEY CHANGED" not in fleet["second"].output
+    assert f"[{host.name}] a fresh SSH login with the new host keys works" in fleet["first"].output
     # the server really offers the new key (sshd was reloaded), and the old one is kept root-only
     scanned = subprocess.run(["ssh-keyscan", "-t", "rsa", host.address], capture_output=True, text=True, timeout=30)
     served = subprocess.run(["ssh-keygen", "-l", "-f", "-"], input=scanned.stdout, capture_output=True, text=True)
