@@ -6,9 +6,9 @@ its host key set (sshd-14, sshd-50).
   drop-in and the host keys root's and 0600 (only what differs is changed).
 * ``host_keys``: an Ed25519 and an RSA host key, the RSA one at least ``min_rsa_bits``. A
   missing key is generated (no client can have pinned it). A too-small RSA key is replaced only
-  when that cannot cut gpufleet off: this run's own SSH connection verified the host by another
-  key, and an Ed25519 key is there for clients to keep using. Otherwise the host is left as it
-  is and the run says why. A replacement is announced in the run's output with the old and new
+  when that cannot cut gpufleet off: this run's own SSH connection verified the host by its
+  Ed25519 key (the one that stays offered besides RSA). Otherwise the host is left as it is and
+  every run says why. A replacement is announced in the run's output with the old and new
   fingerprints (clients that pinned the old RSA key will see a changed host key); the old key is
   kept under /var/lib/gpufleet/backup. sshd is reloaded to use the new key and a fresh login
   (as pyinfra makes them) must work, or the old key is put back and the host fails. Runs after
@@ -136,6 +136,9 @@ def host_key_plan(data: SshdFilesData, min_rsa_bits: int, verified_by: str | Non
         elif verified_by in RSA_KEY_TYPES:
             blocker = ("this run verified the host by that RSA key (the controller's known_hosts pins "
                        "it): replacing it would cut gpufleet off")
+        elif verified_by != "ssh-ed25519":
+            blocker = (f"this run verified the host by its {verified_by} key, not by its Ed25519 key, "
+                       "so the controller may need the RSA key next (sshd offers only Ed25519 and RSA)")
         elif ed25519 is None:
             blocker = "the host has no Ed25519 key yet for clients to fall back on (run again)"
         if blocker:

@@ -7,7 +7,9 @@ Proves, on a bookworm (OpenSSH 9.2) and a trixie (OpenSSH 10.0) host that carry 
   host's real state, or holds gpufleet's stricter value recorded in tiers.yaml; the stock host
   failed 15 of them;
 - the 3072-bit RSA host key is replaced by a 4096-bit one (this run verified the host by its
-  Ed25519 key), the run prints the new fingerprint, the old key is kept root-only;
+  Ed25519 key), the run prints the new fingerprint, the old key is kept root-only; on a host
+  the controller verifies by another key (its paramiko may not use Ed25519) it stays, and each
+  run says why;
 - ssh-audit --skip-rate-test: 0 fail and at most one warning, the non post-quantum
   curve25519-sha256@libssh.org kept for paramiko (before: Debian 12 6 fail / 18 warn);
 - `sshd -T` (effective configuration): passwords off despite cloud-init, the harness's
@@ -288,3 +290,31 @@ def test_small_rsa_host_key_replaced_and_announced(fleet, index):
                                "/var/lib/gpufleet/backup/etc/ssh/ssh_host_rsa_key.previous; "
                                "ssh-keygen -l -f /var/lib/gpufleet/backup/etc/ssh/ssh_host_rsa_key.previous").stdout
     assert kept.splitlines()[:2] == ["700 root", "600 root"] and f"3072 {old_fp} " in kept
+
+
+@pytest.fixture(scope="module")
+def rsa_pinned(hostpool, tmp_path_factory):
+    """A host the controller verifies by its RSA key: its paramiko may not use Ed25519 host keys
+    (as an older client, or one whose known_hosts holds only the RSA key of an OpenSSH < 8.8
+    host). Run twice: the small key must stay, and the second run change nothing."""
+    host = hostpool.get("hardening-rsa-pinned", 1, release="bookworm")[0]
+    before = testhosts.ssh(host, "ssh-keygen -l -f /etc/ssh/ssh_host_rsa_key").stdout
+    inv = write_inventory(tmp_path_factory.mktemp("rsa-pinned") / "inventory.py", [host], data={host.name: {
+        "tier": "dev", "ssh_paramiko_connect_kwargs": {"disabled_algorithms": {"keys": ["ssh-ed25519"]}}}})
+    return host, pyinfra(inv, DEPLOY), pyinfra(inv, DEPLOY), before
+
+
+def test_rsa_key_the_controller_verified_by_is_not_replaced(rsa_pinned):
+    host, first, second, before = rsa_pinned
+    assert first.returncode == 0 and first.errors == 0, first.output
+    warning = (f"[{host.name}] the RSA host key is 3072 bits, below hardening_rsa_host_key_bits 4096, and is "
+               "NOT replaced: this run verified the host by ")
+    # stock sshd still offered ECDSA to the first run; the hardened one only RSA to the second
+    assert warning + "its ecdsa-sha2-nistp256 key, not by its Ed25519 key" in first.output, first.output
+    assert warning + "that RSA key" in second.output, second.output
+    assert "HOST KEY CHANGED" not in first.output + second.output
+    assert testhosts.ssh(host, "ssh-keygen -l -f /etc/ssh/ssh_host_rsa_key").stdout == before
+    assert before.startswith("3072 ")
+    # the rest of the hardening went through, and the controller still gets in by that key
+    assert "a fresh SSH login with the new sshd configuration works" in first.output
+    assert second.returncode == 0 and changed_operations(second) == [], second.output
