@@ -8,7 +8,9 @@ Story of a host, part 5 (last, so that it cannot cut off the steps before it):
    then the classic curve25519 kex that paramiko 4 (pyinfra, testinfra) still needs,
    encrypt-then-MAC MACs only, Ed25519/RSA host keys only, moduli below 3072 bits removed.
    The drop-in 00-gpufleet-hardening.conf sorts first, so it wins over cloud-init's
-   50-cloud-init.conf; the effective result is checked with `sshd -T`.
+   50-cloud-init.conf; the effective result is checked with `sshd -T`. Every sshd control of
+   the dev-sec ssh-baseline is met (differences explained in tiers.yaml): sshd_config and
+   drop-ins 0600, an RSA host key of hardening_rsa_host_key_bits (replaced only when safe).
 2. **Lock-out protection**: no key for the connecting user or an allowed user -> the host
    fails before anything changes; `sshd -t` judges the candidate before any reload; after
    the reload a fresh login as the deploy user (paramiko, like pyinfra) must work, or the
