@@ -1,5 +1,5 @@
-"""Unit: the SshdFiles fact reads modes and host keys from output recorded on a real Debian 12
-host (sizes and fingerprints equal to `ssh-keygen -l` on the same host), and the pure decisions
+"""Unit: the SshdFiles fact reads modes and host keys from output recorded on real Debian 12 and 13
+hosts (sizes and fingerprints equal to `ssh-keygen -l` on the same host), and the pure decisions
 of operations/sshd_files.py: which modes to fix, and when a small RSA host key may be replaced."""
 from __future__ import annotations
 
@@ -17,14 +17,15 @@ RSA = "/etc/ssh/ssh_host_rsa_key"
 ED = "/etc/ssh/ssh_host_ed25519_key"
 
 
-def recorded() -> SshdFilesData:
-    return parse_sshd_files((FIXTURES / "sshd-files-bookworm-debian-default.txt").read_text().splitlines())
+def recorded(release: str = "bookworm") -> SshdFilesData:
+    return parse_sshd_files((FIXTURES / f"sshd-files-{release}-debian-default.txt").read_text().splitlines())
 
 
-def test_keys_match_ssh_keygen_on_the_same_host():
-    data = recorded()
+@pytest.mark.parametrize("release", ["bookworm", "trixie"])
+def test_keys_match_ssh_keygen_on_the_same_host(release):
+    data = recorded(release)
     keygen = {}
-    for line in (FIXTURES / "ssh-keygen-l-bookworm-debian-default.txt").read_text().splitlines():
+    for line in (FIXTURES / f"ssh-keygen-l-{release}-debian-default.txt").read_text().splitlines():
         bits, fingerprint, _comment, kind = line.split()
         keygen[kind] = (int(bits), fingerprint)
     assert (data.keys[ED].bits, data.keys[ED].fingerprint) == keygen["(ED25519)"]
@@ -32,8 +33,9 @@ def test_keys_match_ssh_keygen_on_the_same_host():
     assert data.keys[RSA].type == "ssh-rsa" and data.keys[ED].type == "ssh-ed25519"
 
 
-def test_modes_of_a_debian_default_host():
-    data = recorded()
+@pytest.mark.parametrize("release", ["bookworm", "trixie"])
+def test_modes_of_a_debian_default_host(release):
+    data = recorded(release)
     assert data.files["/etc/ssh"].mode == 0o755 and data.files["/etc/ssh"].kind == "directory"
     assert data.files["/etc/ssh/sshd_config"].mode == 0o644
     assert data.dropins == ["/etc/ssh/sshd_config.d/00-listen.conf"]
