@@ -37,12 +37,12 @@ from pyinfra.operations import apt, files, systemd
 
 from facts.nftables import TABLE, NftablesCapability
 from facts.ssh import SshdEffectiveConfig, SshdVersion
-from facts.sshd_files import HOST_KEY_FILES as HOST_KEYS
-from operations import nftables, ssh, sshd_files
+from operations import nftables, ssh
 from operations.ssh import connecting_user
 
 from deploys.base import APT_CACHE_SECONDS
 from gpufleet.settings import host_settings
+from operations import sshd_files
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 SSHD_DROPIN = "/etc/ssh/sshd_config.d/00-gpufleet-hardening.conf"
@@ -76,7 +76,7 @@ CIPHERS = [
 ]
 MACS = ["hmac-sha2-512-etm@openssh.com", "hmac-sha2-256-etm@openssh.com", "umac-128-etm@openssh.com"]
 HOST_KEY_ALGORITHMS = ["ssh-ed25519", "rsa-sha2-512", "rsa-sha2-256"]
-HOST_KEY_FILES = list(HOST_KEYS.values())  # Ed25519 then RSA; operations/sshd_files.py makes sure both exist
+HOST_KEY_FILES = ["/etc/ssh/ssh_host_ed25519_key", "/etc/ssh/ssh_host_rsa_key"]
 
 
 def pq_kex(version) -> list[str]:

@@ -21,6 +21,12 @@ def recorded(release: str = "bookworm") -> SshdFilesData:
     return parse_sshd_files((FIXTURES / f"sshd-files-{release}-debian-default.txt").read_text().splitlines())
 
 
+def test_the_drop_in_lists_the_keys_this_module_makes_sure_of():
+    from deploys.hardening import HOST_KEY_FILES
+
+    assert HOST_KEY_FILES == [ED, RSA]
+
+
 @pytest.mark.parametrize("release", ["bookworm", "trixie"])
 def test_keys_match_ssh_keygen_on_the_same_host(release):
     data = recorded(release)
