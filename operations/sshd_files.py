@@ -45,9 +45,9 @@ mkdir -p "$(dirname "$prev")"; chmod 700 "$(dirname "$prev")"
 if [ -e "$key" ]; then cp -p "$key" "$prev"; [ ! -e "$key.pub" ] || cp -p "$key.pub" "$prev.pub"; fi
 rm -f "$key.gpufleet-new" "$key.gpufleet-new.pub"
 if [ "$type" = rsa ]; then
-  ssh-keygen -q -t rsa -b "$bits" -N '' -C "root@$(hostname)" -f "$key.gpufleet-new" </dev/null
+  ssh-keygen -q -t rsa -b "$bits" -N '' -C "root@$(uname -n)" -f "$key.gpufleet-new" </dev/null
 else
-  ssh-keygen -q -t "$type" -N '' -C "root@$(hostname)" -f "$key.gpufleet-new" </dev/null
+  ssh-keygen -q -t "$type" -N '' -C "root@$(uname -n)" -f "$key.gpufleet-new" </dev/null
 fi
 chmod 600 "$key.gpufleet-new"; chmod 644 "$key.gpufleet-new.pub"
 mv -f "$key.gpufleet-new.pub" "$key.pub"
@@ -59,7 +59,7 @@ echo "::gpufleet-new-key::$(cat "$key.pub")"
 _RESTORE_KEY_SCRIPT = r"""
 set -eu
 cp -p "$2" "$1"; [ ! -e "$2.pub" ] || cp -p "$2.pub" "$1.pub"
-sshd -t && systemctl reload ssh
+sshd -t && systemctl try-reload-or-restart ssh
 """
 
 
@@ -143,8 +143,9 @@ def host_key_plan(data: SshdFilesData, min_rsa_bits: int, verified_by: str | Non
             blocker = "the host has no Ed25519 key yet for clients to fall back on (run again)"
         if blocker:
             left.append(f"the RSA host key is {rsa.bits} bits, below hardening_rsa_host_key_bits "
-                        f"{min_rsa_bits}, and is NOT replaced: {blocker}. Trust the host's Ed25519 key "
-                        "(ssh-keyscan -t ed25519 HOST >> known_hosts) and run again, or set "
+                        f"{min_rsa_bits}, and is NOT replaced: {blocker}. Add the host's Ed25519 key to the "
+                        "controller's known_hosts (check its fingerprint: ssh-keygen -lf "
+                        f"{HOST_KEY_FILES['ed25519']}.pub on the host) and run again, or set "
                         f"hardening_rsa_host_key_bits: {rsa.bits}")
         else:
             todo.append((HOST_KEY_FILES["rsa"], "rsa", min_rsa_bits, f"{rsa.bits} bits, {rsa.fingerprint}"))
@@ -169,12 +170,11 @@ def _generate(state, host, todo: list) -> bool:
         except SshFactError as exc:
             host.log_styled(f"the new host key {path} is unreadable: {exc}", fg="red", log_func=logger.error)
             return False
-        if why != "missing":
-            replaced.append(path)
         if why == "missing":
             logger.warning(f"{host.print_prefix}generated the missing {key_type} host key {path}: "
                            f"{new_bits} bits, {fingerprint}")
         else:
+            replaced.append(path)
             logger.warning(
                 f"{host.print_prefix}HOST KEY CHANGED: the RSA host key {path} ({why}) was replaced by a "
                 f"new one ({new_bits} bits, {fingerprint}) for the dev-sec ssh-baseline (sshd-50). Clients that "
@@ -185,10 +185,12 @@ def _generate(state, host, todo: list) -> bool:
 
 
 def _reload_and_prove(host, replaced: list[str]) -> bool:
-    """sshd reads its host keys at start and reload: reload, then log in afresh; if that fails,
+    """sshd reads its host keys at start and reload: reload (a socket-activated sshd, not
+    running between logins, reads them at the next one), then log in afresh; if that fails,
     put the replaced keys back."""
     reloaded, output = host.run_shell_command(StringCommand(
-        "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString("sshd -t && systemctl reload ssh"), "gpufleet-sshd-reload"))
+        "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString("sshd -t && systemctl try-reload-or-restart ssh"),
+        "gpufleet-sshd-reload"))
     error = fresh_login(host) if reloaded else "sshd -t or the reload failed: " + " ".join(output.stderr_lines)
     if error is None:
         host.log_styled("a fresh SSH login with the new host keys works", fg="green")

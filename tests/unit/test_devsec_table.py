@@ -74,7 +74,8 @@ def test_keyword_and_value_are_the_specs(control: Control):
         algs = re.search(r"alg66 = %w\(([^)]+)\)", CRYPTO)[1].split()
         assert control.baseline == [f"/etc/ssh/ssh_host_{a}_key" for a in algs]
     elif control.kind in ("dir", "file"):
-        assert f"describe file({'sshd_custom_path' if control.kind == 'dir' else chr(34) + '#{sshd_custom_path}/sshd_config' + chr(34)})" in block
+        described = "sshd_custom_path" if control.kind == "dir" else '"#{sshd_custom_path}/sshd_config"'
+        assert f"describe file({described})" in block
         assert ("should be_directory" if control.kind == "dir" else "should be_file") in block
         assert "should_not be_writable.by('group')" in block
     elif control.kind == "banner":
