@@ -5,7 +5,7 @@ Proves, on a bookworm (OpenSSH 9.2) and a trixie (OpenSSH 10.0) host that carry 
 `50-cloud-init.conf` with `PasswordAuthentication yes`:
 - every sshd control of the dev-sec ssh-baseline (table: tests/e2e/devsec_sshd.py) holds on the
   host's real state, or holds gpufleet's stricter value recorded in tiers.yaml; the stock host
-  failed 15 of them;
+  failed 20 of the 49 (gpufleet before this baseline: 14);
 - the 3072-bit RSA host key is replaced by a 4096-bit one (this run verified the host by its
   Ed25519 key), the run prints the new fingerprint, the old key is kept root-only; on a host
   the controller verifies by another key (its paramiko may not use Ed25519) it stays, and each

@@ -106,3 +106,15 @@ def test_unattended_upgrades_blacklist_covers_the_gpu_stack():
         assert any(re.match(p, package) for p in patterns), package
     for package in ["openssh-server", "libc6", "linux-image-amd64", "docker-ce"]:
         assert not any(re.match(p, package) for p in patterns), package
+
+
+@pytest.mark.parametrize("version", [V92, V100], ids=str)
+def test_paramiko_keeps_an_algorithm_of_each_kind(version):
+    """pyinfra and testinfra log in with paramiko: each list sshd offers must keep one it speaks."""
+    import paramiko
+
+    t = paramiko.Transport
+    assert set(h.kex_algorithms(version, CLASSIC)) & set(t._preferred_kex) == {"curve25519-sha256@libssh.org"}
+    assert set(h.CIPHERS) & set(t._preferred_ciphers)
+    assert set(h.MACS) & set(t._preferred_macs)
+    assert "ssh-ed25519" in set(h.HOST_KEY_ALGORITHMS) & set(t._preferred_keys)
