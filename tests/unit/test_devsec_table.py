@@ -109,16 +109,34 @@ def test_every_difference_is_explained_in_tiers_yaml():
     assert set(BY_ID["sshd-14"].gpufleet) < set(BY_ID["sshd-14"].baseline)
 
 
+def _recorded_sshd_t(name: str) -> dict:
+    sshd_t: dict[str, list[str]] = {}
+    for line in (ROOT / "tests/fixtures/ssh" / name).read_text().splitlines():
+        key, _, value = line.partition(" ")
+        sshd_t.setdefault(key, []).append(value)
+    return {"sshd_t": sshd_t}
+
+
+SSHD_T_KINDS = ("eq", "match", "present", "absent")
+
+
 def test_gpufleet_before_the_baseline_failed_about_a_dozen():
     """sshd -T recorded after the hardening deploy as it was before this work
     (tests/fixtures/ssh/sshd-T-bookworm-hardened.txt), judged by the baseline's own values: the
     issue's "about a dozen" (plus sshd-05 mode, sshd-47 banner and sshd-50 RSA size, not in sshd -T)."""
-    sshd_t: dict[str, list[str]] = {}
-    for line in (ROOT / "tests/fixtures/ssh/sshd-T-bookworm-hardened.txt").read_text().splitlines():
-        key, _, value = line.partition(" ")
-        sshd_t.setdefault(key, []).append(value)
-    state = {"sshd_t": sshd_t}
-    failing = [c.id for c in CONTROLS if c.kind in ("eq", "match", "present", "absent")
+    state = _recorded_sshd_t("sshd-T-bookworm-hardened.txt")
+    failing = [c.id for c in CONTROLS if c.kind in SSHD_T_KINDS
                and not evaluate(dataclasses.replace(c, gpufleet=SAME), state, "bookworm")[0]]
     assert failing == ["sshd-02", "sshd-03", "sshd-13", "sshd-14", "sshd-19", "sshd-21", "sshd-24",
                        "sshd-31", "sshd-35", "sshd-36", "sshd-45"]
+
+
+@pytest.mark.parametrize("release", ["bookworm", "trixie"])
+def test_recorded_hardened_sshd_t_passes_every_control(release):
+    """The same on sshd -T recorded after today's deploy: nothing fails (with gpufleet's recorded
+    values), and exactly the four documented differences fail the baseline's own values."""
+    state = _recorded_sshd_t(f"sshd-T-{release}-devsec.txt")
+    assert [c.id for c in CONTROLS if c.kind in SSHD_T_KINDS and not evaluate(c, state, release)[0]] == []
+    strict = [c.id for c in CONTROLS if c.kind in SSHD_T_KINDS
+              and not evaluate(dataclasses.replace(c, gpufleet=SAME), state, release)[0]]
+    assert strict == ["sshd-02", "sshd-03", "sshd-14", "sshd-19"]
