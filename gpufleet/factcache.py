@@ -41,9 +41,10 @@ from typing import Any
 
 from pyinfra import logger
 from pyinfra.api import facts as pyinfra_facts
-from pyinfra.api.command import StringCommand
+from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.host import Host
 
+from facts._common import with_values
 from gpufleet import factbatch, private
 
 PLAN_DIR = Path(".gpufleet/factplans")
@@ -53,15 +54,19 @@ PLAN_FORMAT = 2
 PYINFRA_FACTS = frozenset({
     "pyinfra.facts.files.File", "pyinfra.facts.files.Directory", "pyinfra.facts.files.Link",
     "pyinfra.facts.files.Sha1File", "pyinfra.facts.files.Sha256File", "pyinfra.facts.files.Md5File",
-    "pyinfra.facts.files.FileContents",
+    "pyinfra.facts.files.FileContents", "pyinfra.facts.files.FindInFile",
     "pyinfra.facts.systemd.SystemdStatus", "pyinfra.facts.systemd.SystemdEnabled",
     "pyinfra.facts.deb.DebPackages", "pyinfra.facts.deb.DebPackage", "pyinfra.facts.deb.DebArch",
     "pyinfra.facts.apt.AptSources", "pyinfra.facts.server.Arch", "pyinfra.facts.server.Os",
+    "pyinfra.facts.server.Date",
 })
 _OWN_FACT = re.compile(r"facts\.[a-z][a-z0-9_]*\.[A-Z][A-Za-z0-9]*")
 # A plain argument: what paths, unit, user, group and package names are made of (no quote,
 # `$`, backtick, `;`, `|`, `&`, redirection, brace, backslash or control character).
 _PLAIN_TEXT = re.compile(r"[A-Za-z0-9_.,:/@+=*~%^!?#\[\] -]{0,1024}")
+# FindInFile's pattern (files.line): a regular expression, which pyinfra quotes as one word
+# unless interpolate_variables (then it is pasted into double quotes: never prefetched).
+_REGEX_TEXT = re.compile(r"[A-Za-z0-9_.,:/@+=*~%^!?#\[\] ()|{}$\\-]{0,1024}")
 _MARK = "::gpufleet-prefetch::"
 _RC = "::gpufleet-rc::"
 _PACKED = "::gpufleet-gzip-base64::"
@@ -180,7 +185,13 @@ def allowed(path: Any, fact_kwargs_json: Any) -> bool:
         kwargs = json.loads(fact_kwargs_json)
     except ValueError:
         return False
-    return isinstance(kwargs, dict) and all(
+    if not isinstance(kwargs, dict):
+        return False
+    if path == "pyinfra.facts.files.FindInFile":
+        pattern = kwargs.pop("pattern", None)
+        if kwargs.get("interpolate_variables") or not isinstance(pattern, str) or not _REGEX_TEXT.fullmatch(pattern):
+            return False
+    return all(
         isinstance(k, str) and k.isidentifier() and not k.startswith("_") and _plain(v) for k, v in kwargs.items())
 
 
@@ -236,7 +247,7 @@ def _command_text(fact: Any, fact_kwargs: dict) -> str | None:
     if requires:
         command = StringCommand("if", "command", "-v", requires, ">/dev/null", "2>&1;", "then", "(",
                                 command, ");", "else", "echo",
-                                f"'{pyinfra_facts._MISSING_COMMAND_MARKER}';", "fi")
+                                QuoteString(pyinfra_facts._MISSING_COMMAND_MARKER), ";", "fi")
     if isinstance(command, StringCommand):
         return command.get_raw_value()
     return command if isinstance(command, str) else None
@@ -276,14 +287,16 @@ class Script:
     def text(self) -> str:
         texts = [text for *_, text in self.single] + [
             factbatch.command(name, keys) for name, keys in self.batch_keys.items()]
-        body = "".join(f"echo '{_MARK}{i}'; ( {text} ) 2>/dev/null; echo \"{_RC}$?\"\n"
-                       for i, text in enumerate(texts))
+        # Section i: its marker and number, the fact's own shell text, its exit status.
+        body = "".join("echo \"$gf_mark$gf_i\"; ( " + text + " ) 2>/dev/null; echo \"$gf_rc$?\"; gf_i=$((gf_i + 1))\n"
+                       for text in texts)
         # The answers come back as one gzip+base64 line where the host has both tools: a
         # thousand lines trickling out as the facts run cost the controller an SSH packet (and
         # its MAC) and a readline each, the largest controller cost of a no-op run (py-spy).
-        return (f"o=$(\n{body})\n"
-                f"if {_PACK_CHECK}; then echo '{_PACKED}'; printf '%s\\n' \"$o\" | gzip -1c | base64 -w0; "
-                "echo; else printf '%s\\n' \"$o\"; fi")
+        return with_values("o=$(\n" + body + ")\n"
+                           "if " + _PACK_CHECK + "; then echo \"$gf_packed\"; printf '%s\\n' \"$o\" | gzip -1c | base64 -w0; "
+                           "echo; else printf '%s\\n' \"$o\"; fi",
+                           gf_mark=_MARK, gf_rc=_RC, gf_packed=_PACKED, gf_i=0)
 
     def answers(self, lines: list[str]) -> dict[tuple, Any]:
         """Memo key -> answer, for every fact the output answers (the rest: pyinfra's way)."""

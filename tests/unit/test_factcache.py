@@ -181,6 +181,9 @@ def test_no_executor_argument_is_written_and_the_plan_is_private(local, tmp_path
     ["pyinfra.facts.files.File", '{"path": "/x\\ntouch MARK"}'],
     ["pyinfra.facts.files.File", '{"path": "/x", "_sudo_password": "x"}'],  # executor arguments
     ["facts.system.Nothing\"; touch MARK", "{}"],
+    ["pyinfra.facts.files.FindInFile",  # pasted into double quotes by pyinfra
+     '{"path": "/x", "pattern": "$(touch MARK)", "interpolate_variables": true, "extended_regex": false}'],
+    ["pyinfra.facts.files.FindInFile", '{"path": "/x", "pattern": "x\' ; touch MARK", "interpolate_variables": false}'],
     ["pyinfra.facts.files.File", '{"path": "/x"}', '{"_sudo": true}'],   # the old format's shape
 ])
 def test_a_plan_entry_off_the_allow_list_is_ignored_with_a_warning_and_never_run(local, tmp_path, entry, caplog):
@@ -211,3 +214,10 @@ def test_an_old_or_foreign_plan_is_ignored(local, tmp_path, caplog):
     state, host, calls = local()
     get_fact(state, host, Arch)
     assert "gpufleet-prefetch" not in str(calls) and "another user may write it" in caplog.text
+
+
+def test_a_regular_expression_pyinfra_quotes_is_a_plain_argument():
+    assert factcache.allowed("pyinfra.facts.files.FindInFile", json.dumps(
+        {"path": "/etc/default/sysstat", "pattern": "^.*^ENABLED=.*$", "interpolate_variables": False,
+         "extended_regex": False}))
+    assert not factcache.allowed("pyinfra.facts.files.File", json.dumps({"path": "/etc/a$b"}))
