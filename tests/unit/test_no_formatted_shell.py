@@ -105,7 +105,10 @@ class Checker:
                     name = _callee(node)
                     scope = _enclosing_function(mod, node)
                     if name == "StringCommand":
-                        for arg in node.args:
+                        for prev, arg in zip([None, *node.args], node.args):
+                            if isinstance(prev, ast.Constant) and prev.value == "-c" and isinstance(arg, ast.Call) \
+                                    and _callee(arg) in ("QuoteString", "quote") and arg.args:
+                                arg = arg.args[0]  # sh -c WORD: the quoted word is itself a script
                             self.sink(mod, arg, scope, "given to StringCommand")
                     elif name == "run_shell_command" and node.args:
                         self.sink(mod, node.args[0], scope, "given to run_shell_command")
@@ -184,6 +187,10 @@ class Checker:
                     values.append(node.value)
                 elif isinstance(node, ast.For) and _binds(node.target, name):
                     values.append(node.iter)
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                        and node.func.attr in ("append", "extend", "insert") \
+                        and isinstance(node.func.value, ast.Name) and node.func.value.id == name:
+                    values.extend(node.args)  # steps.append(...): what the list will hold
             if values:
                 break
         return values
@@ -338,6 +345,20 @@ class Script:
 def run(host):
     script = Script()
     host.run_shell_command(script.text())
+''',
+    "list built up": '''
+@operation()
+def op(packages):
+    steps = ["set -e"]
+    for p in packages:
+        steps.append(f"apt-get install {p}")
+    yield StringCommand("sh", "-c", QuoteString("; ".join(steps)))
+    yield "; ".join(steps)
+''',
+    "sh -c quoted script": '''
+@operation()
+def op(url):
+    yield StringCommand("sh", "-c", QuoteString(f"curl {url} | sh"))
 ''',
     "join": '''
 @operation()
