@@ -14,10 +14,14 @@ FILE_MODE = 0o600
 DIR_MODE = 0o700
 
 
-def ensure_dir(path: Path | str, tighten: bool = True) -> Path:
+def ensure_dir(path: Path | str, tighten: bool | None = None) -> Path:
     """Create `path` and every missing parent 0700; with `tighten`, an existing `path` of ours
-    that others may enter is made 0700 too (an earlier version created them 0755)."""
+    that others may enter is made 0700 too (an earlier version created them 0755). By default
+    only folders under a `.gpufleet` folder are tightened: a folder the operator chose (a
+    rollout's --state, a report's --out) keeps its mode."""
     path = Path(path)
+    if tighten is None:
+        tighten = ".gpufleet" in path.parts
     missing = []
     probe = path
     while not probe.exists() and probe != probe.parent:
@@ -36,7 +40,7 @@ def ensure_dir(path: Path | str, tighten: bool = True) -> Path:
     return path
 
 
-def write(path: Path | str, data: str | bytes, tighten: bool = True) -> Path:
+def write(path: Path | str, data: str | bytes, tighten: bool | None = None) -> Path:
     """Write `data` to `path` 0600, atomically (a temporary file in the same directory, renamed),
     its directory created 0700 (see ensure_dir)."""
     path = Path(path)
