@@ -21,8 +21,6 @@ from facts.kernel import upstream_version
 from facts.packages import HeldPackages, PackageVersions
 
 _DEBIAN_ARCHIVE = re.compile(r"^(https?|file)://[^ ]*/debian(-security)?/?$")
-_APT = ("DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Options::=--force-confdef "
-        "-o Dpkg::Options::=--force-confold")
 
 
 def _sh(script: str) -> StringCommand:
