@@ -226,8 +226,7 @@ def list_hosts(pool: str | None = DEFAULT_POOL) -> list[Host]:
     hosts = []
     for p in pools:
         for meta in sorted((pool_dir(p) / "hosts").glob("*/meta.json"), key=_natural):
-            known = {f.name for f in dataclasses.fields(Host)}  # another checkout's hosts may record more
-            host = Host(**{k: v for k, v in json.loads(meta.read_text()).items() if k in known})
+            host = Host(**json.loads(meta.read_text()))
             if host.pid and _alive(host.pid):
                 hosts.append(host)
     return hosts
