@@ -1,5 +1,8 @@
-"""gpufleet's own files on the controller (.gpufleet/: rollout state, manifests, fact plans) are
-private: 0600 files in 0700 folders, whatever the umask."""
+"""gpufleet's own files on the controller: 0600 in 0700 directories, written whole or not at all.
+
+Fact plans, rollout state, manifest copies and /etc archives describe a fleet (and an archive
+holds whatever a host keeps in /etc): nobody but the operator who ran gpufleet reads them.
+"""
 from __future__ import annotations
 
 import os
@@ -7,44 +10,50 @@ import stat
 import tempfile
 from pathlib import Path
 
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 
-def private_dir(path: Path | str) -> Path:
-    """Make `path` (and its missing parents); it and every folder of it under .gpufleet/ 0700."""
+
+def ensure_dir(path: Path | str, tighten: bool | None = None) -> Path:
+    """Create `path` and every missing parent 0700; with `tighten`, an existing `path` of ours
+    that others may enter is made 0700 too (an earlier version created them 0755). By default
+    only folders under a `.gpufleet` folder are tightened: a folder the operator chose (a
+    rollout's --state, a report's --out) keeps its mode."""
     path = Path(path)
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for part in (path, *path.parents):
-        if ".gpufleet" not in part.parts:
-            break
+    if tighten is None:
+        tighten = ".gpufleet" in path.parts
+    missing = []
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    for directory in reversed(missing):
         try:
-            if stat.S_IMODE(part.stat().st_mode) != 0o700:
-                part.chmod(0o700)
-        except OSError:
+            directory.mkdir(mode=DIR_MODE)
+        except FileExistsError:
             pass
+        os.chmod(directory, DIR_MODE)  # mkdir's mode is filtered by the umask
+    if tighten and not missing:
+        st = path.stat()
+        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+            os.chmod(path, DIR_MODE)
     return path
 
 
-def write_private(path: Path | str, text: str) -> None:
-    """Write `text` to `path`, 0600 (a cache: no fsync; see write_atomic for state)."""
+def write(path: Path | str, data: str | bytes, tighten: bool | None = None, durable: bool = False) -> Path:
+    """Write `data` to `path` 0600, atomically (a temporary file in the same directory, renamed),
+    its directory created 0700 (see ensure_dir). `durable` (a rollout's state): the file is
+    fsynced before the rename and the directory after it, so a crash or power loss leaves the
+    old file or the new one, never an empty one."""
     path = Path(path)
-    private_dir(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(fd, 0o600)
-        f.write(text)
-
-
-def write_atomic(path: Path | str, text: str) -> None:
-    """Replace `path` with `text` so that a reader (or a crash, or kill -9) at any moment sees
-    the old file or the new one, whole: a unique temporary file in the same folder, written and
-    fsynced, renamed over the old one, then the folder fsynced so the rename itself is on disk."""
-    path = Path(path)
-    private_dir(path.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    ensure_dir(path.parent, tighten=tighten)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # 0600
     try:
-        with os.fdopen(fd, "w") as f:   # mkstemp: 0600
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -52,8 +61,17 @@ def write_atomic(path: Path | str, text: str) -> None:
         except OSError:
             pass
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    if durable:
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return path
+
+
+def is_private(path: Path | str) -> bool:
+    """True when `path` is ours and nobody else may write it (a file others can write must not be
+    trusted: the fact plan names commands the hosts run)."""
+    st = os.stat(path)
+    return st.st_uid == os.geteuid() and not stat.S_IMODE(st.st_mode) & 0o022

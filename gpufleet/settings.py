@@ -83,6 +83,9 @@ class Settings:
     hardening_tcp_forwarding: bool
     hardening_agent_forwarding: bool
     hardening_x11_forwarding: bool
+    hardening_client_alive_interval: int
+    hardening_max_startups: str
+    hardening_rsa_host_key_bits: int
     hardening_moduli_min_bits: int
     hardening_unattended_upgrades: bool
     firewall_enabled: bool

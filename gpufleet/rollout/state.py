@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.private import private_dir, write_atomic
+from gpufleet import private
 
 STEPS = ("drain", "snapshot", "upgrade", "reboot", "tune", "validate", "undrain")
 #: after these steps started, packages may have changed: a failed host stays out of service
@@ -53,7 +53,7 @@ class StateLock:
         self.fd: int | None = None
 
     def acquire(self, command: str = "") -> None:
-        private_dir(self.path.parent)
+        private.ensure_dir(self.path.parent)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -150,7 +150,7 @@ class RolloutState:
             "format": FORMAT, "target": self.target, "inventory": self.inventory, "runs": self.runs,
             "hosts": {name: {k: v for k, v in vars(rec).items() if k != "name"} for name, rec in self.hosts.items()},
         }
-        write_atomic(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+        private.write(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n", durable=True)
 
     # --- hosts -------------------------------------------------------------------------------
 
