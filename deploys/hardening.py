@@ -15,8 +15,11 @@ Story of a host, part 5 (last, so that it cannot cut off the steps before it):
    previous drop-in is restored and reloaded and the host fails with a clear message.
 3. **Firewall**: /etc/nftables.conf holds only gpufleet's `inet gpufleet` table (inbound
    default-deny except loopback, established, ICMP essentials, SSH and the tier's ports),
-   checked with `nft -c`, loaded atomically behind a 60 s dead-man switch that a fresh SSH
-   login disarms. Docker's tables and forwarding are left alone. Hosts that cannot load
+   checked with `nft -c`, loaded atomically behind a 60 s dead-man switch; only once a fresh SSH
+   login works through it is it saved to /etc/nftables.conf (nftables.service enabled) and the
+   switch disarmed, so a ruleset that cut the operator off is gone live and at the next boot.
+   SSH ports: every port sshd listens on (`sshd -T` port and listenaddress) and ssh.socket's
+   where sshd is socket-activated. Docker's tables and forwarding are left alone. Hosts that cannot load
    rules (containers) get the file written and checked, and are told so.
 4. **Security updates**: unattended-upgrades on, GPU packages blacklisted
    (GPU_PACKAGE_BLACKLIST, shared with the driver deploy).
@@ -35,7 +38,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, systemd
 
 from facts.nftables import TABLE, NftablesCapability
-from facts.ssh import SshdEffectiveConfig, SshdVersion
+from facts.ssh import SshdEffectiveConfig, SshdVersion, SshSocketPorts
 from operations import nftables, ssh
 from operations.ssh import connecting_user
 
@@ -220,11 +223,18 @@ def hardening():
         no_recommends=True,
     )
 
-    # 2. SSH: candidate checked by sshd -t, reloaded, proven by a fresh login, else restored.
+    # 2. SSH: candidate checked by sshd -t, reloaded behind a revert timer on the host, proven
+    # by a fresh login, else restored (by this run, or by the timer if this run is cut off).
+    ssh.settle_pending(
+        name="Verify, else revert, an sshd drop-in an interrupted run left unconfirmed",
+        dest=SSHD_DROPIN,
+    )
     dropin = ssh.sshd_dropin(
-        name="Install the hardened sshd drop-in that sorts first, if sshd -t accepts it",
+        name="Install the hardened sshd drop-in that sorts first, if sshd -t accepts it, "
+             f"reverted in {settings.hardening_sshd_revert_after} s unless a fresh SSH login works",
         dest=SSHD_DROPIN,
         content=render("etc/ssh/sshd_config.d/00-gpufleet-hardening.conf.j2", **ctx),
+        revert_after=settings.hardening_sshd_revert_after,
     )
     systemd.service(
         name="Reload sshd so that new logins get the hardened configuration",
@@ -250,13 +260,15 @@ def hardening():
 
     # 3. Firewall.
     if settings.firewall_enabled:
-        sshd_config = host.get_fact(SshdEffectiveConfig)
-        rules = render("etc/nftables.conf.j2", **nftables_context(settings, sshd_config.ports))
-        nftables.ruleset(
-            name=f"Write the firewall ruleset to {NFTABLES_CONF}, if nft -c accepts it",
-            dest=NFTABLES_CONF,
-            content=rules,
-        )
+        ssh_ports = sorted({*host.get_fact(SshdEffectiveConfig).ports, *host.get_fact(SshSocketPorts)})
+        rules = render("etc/nftables.conf.j2", **nftables_context(settings, ssh_ports))
+        can_load = host.get_fact(NftablesCapability).can_load
+        if not can_load:
+            nftables.ruleset(
+                name=f"Write the firewall ruleset to {NFTABLES_CONF}, if nft -c accepts it",
+                dest=NFTABLES_CONF,
+                content=rules,
+            )
         unit = files.put(
             name="Make stopping nftables.service remove only gpufleet's table, never Docker's",
             src=_as_file(render("etc/systemd/system/nftables.service.d/gpufleet.conf.j2")),
@@ -267,15 +279,10 @@ def hardening():
             name="Let systemd read the nftables.service drop-in",
             _if=unit.did_change,
         )
-        if host.get_fact(NftablesCapability).can_load:
-            systemd.service(
-                name="Load the firewall at every boot",
-                service="nftables.service",
-                enabled=True,
-            )
         nftables.apply(
             name="Load the firewall atomically, reverted in "
-                 f"{settings.firewall_revert_after} s unless a fresh SSH login works",
+                 f"{settings.firewall_revert_after} s unless a fresh SSH login works; "
+                 f"only then save it to {NFTABLES_CONF} for every boot",
             path=NFTABLES_CONF,
             content=rules,
             revert_after=settings.firewall_revert_after,
