@@ -8,7 +8,8 @@ its own sshd on its own loopback address, real apt) made from a cached debootstr
 Hosts belong to a *pool* (default ``default``; pytest uses its own) so that parallel users do
 not collide: a pool owns one loopback /24 (127.0.<net>.0) and a set of cgroups. Everything a
 pool starts lives inside its cgroups, so ``down`` can always find and stop it, also after a
-killed run. Facts behind the traps handled here: ../shared/reference/testhosts.md, kept in
+killed run. With ``private_network`` a host gets a network namespace of its own instead of a
+loopback address (see "Private networks" below). Facts behind the traps handled here: ../shared/reference/testhosts.md, kept in
 tests/README.md.
 """
 from __future__ import annotations
