@@ -5,13 +5,16 @@ it has CAP_NET_ADMIN there, so nftables really loads, and it is reached from the
 namespace only, as pyinfra is run here (`ip netns exec NETNS pyinfra ...`). Every check is a
 real TCP connect or SSH login from that namespace, or the host's own state over SSH.
 
-- converge: after the hardening step run the way all.py runs it, SSH and the listed port are
-  open, an unlisted port is closed; a second run changes nothing; after a real reboot the
-  table is loaded from /etc/nftables.conf, the ports are as before and a third run changes
-  nothing (the applied record is on disk);
+- converge: after deploys/all.py (a research host with 4 simulated A100s, NVIDIA's
+  repositories replaced by the stand-in served on the machine's loopback and forwarded to the
+  host's), SSH and the listed port are open, an unlisted port is closed; a second all.py
+  changes nothing; after a real reboot the table is loaded from /etc/nftables.conf, the ports
+  are as before and a third all.py changes nothing (the applied record is on disk);
 - a ruleset that breaks the fresh login (sshd moved to a port only its configuration knows,
   the running daemon still on 22) is reverted live, /etc/nftables.conf and nftables.service
   stay as they were, and after a reboot the host boots the previous rules and lets us in;
+The other cases run the hardening step the way all.py runs it (tests/e2e/deploys/
+hardening_all_path.py: fact cache, prefetch, inventory check), on hosts without GPUs:
 - an sshd configuration that refuses the deploy user, whose run is killed before it can
   restore it, is put back by the timer on the host within its timeout; a drop-in left pending
   by a run interrupted before its confirmation is verified by the next run, and the timer
@@ -28,7 +31,8 @@ import time
 import pytest
 
 from testing import testhosts
-from testing.inventory import OS_RELEASE, write_inventory
+from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
+from testing.inventory import OS_RELEASE, TEST_DRIVER, environment_data, write_inventory
 from testing.netns import host_tcp_open
 from tests.e2e.pyinfra_cli import PYINFRA, REPO, changed_operations, pyinfra
 
@@ -76,19 +80,22 @@ def inventory(tmp_path, host, **data):
 
 @pytest.fixture(scope="module")
 def hosts(hostpool):
-    hosts = hostpool.get("firewall-private", 3, private_network=True)
+    hosts = hostpool.get("firewall-private", 2, private_network=True)
     for host in hosts:
         assert host.netns and not host.address.startswith("127.")
     return hosts
 
 
-def test_converged_firewall_survives_a_real_reboot_as_a_no_op(hosts, tmp_path):
-    host = hosts[0]
-    inv = inventory(tmp_path, host)
+@pytest.mark.gpusim
+def test_converged_firewall_survives_a_real_reboot_as_a_no_op(hostpool, aptrepo, tmp_path):  # noqa: F811
+    host, = hostpool.get("firewall-private-gpu", 1, gpu=f"a100x4@{TEST_DRIVER}", private_network=True,
+                         forward=(aptrepo.port,))
+    inv = write_inventory(tmp_path / "inventory.py", [host], data={host.name: {
+        **environment_data(host, "research", aptrepo), "firewall_open_ports": ["9400/tcp"]}})
     start_listener(host)
     assert host_tcp_open(host, 8080) and host_tcp_open(host, 9400)  # nothing filters yet
 
-    first = pyinfra(inv, DEPLOY, netns=host.netns)
+    first = pyinfra(inv, netns=host.netns)
     assert first.returncode == 0, first.output
     assert "saved to /etc/nftables.conf for the next boot" in first.output
     assert host_tcp_open(host, 22) and host_tcp_open(host, 9400)
@@ -98,7 +105,7 @@ def test_converged_firewall_survives_a_real_reboot_as_a_no_op(hosts, tmp_path):
     assert testhosts.ssh(host, "systemctl is-active gpufleet-nft-revert.timer", check=False).stdout.strip() \
         != "active", "the revert timer is still armed after the confirmation"
 
-    second = pyinfra(inv, DEPLOY, netns=host.netns)
+    second = pyinfra(inv, netns=host.netns)
     assert second.returncode == 0, second.output
     assert changed_operations(second) == [], second.output
 
@@ -109,13 +116,13 @@ def test_converged_firewall_survives_a_real_reboot_as_a_no_op(hosts, tmp_path):
     assert host_tcp_open(host, 22) and host_tcp_open(host, 9400)
     assert not host_tcp_open(host, 8080)
 
-    third = pyinfra(inv, DEPLOY, netns=host.netns)
+    third = pyinfra(inv, netns=host.netns)
     assert third.returncode == 0, third.output
     assert changed_operations(third) == [], third.output
 
 
 def test_ruleset_that_breaks_the_login_is_reverted_live_and_at_boot(hosts, tmp_path):
-    host = hosts[1]
+    host = hosts[0]
     inv = inventory(tmp_path, host, firewall_revert_after=600)  # this run reverts, not the timer
     first = pyinfra(inv, DEPLOY, netns=host.netns)
     assert first.returncode == 0, first.output
@@ -165,7 +172,7 @@ def _root_login(host) -> bool:
 
 
 def test_sshd_config_refusing_the_login_is_reverted_by_the_host_alone(hosts, tmp_path):
-    host = hosts[2]
+    host = hosts[1]
     testhosts.ssh(host, "useradd -m -s /bin/bash alice && mkdir -m 700 ~alice/.ssh && "
                         "cp /root/.ssh/authorized_keys ~alice/.ssh/ && chown -R alice: ~alice/.ssh")
     before = testhosts.ssh(host, "sshd -T").stdout
@@ -195,7 +202,7 @@ def test_sshd_config_refusing_the_login_is_reverted_by_the_host_alone(hosts, tmp
 
 
 def test_drop_in_left_pending_by_an_interrupted_run_is_verified_by_the_next(hosts, tmp_path):
-    host = hosts[2]
+    host = hosts[1]
     revert_after = 40
     inv = inventory(tmp_path, host, hardening_sshd_revert_after=revert_after)
     pending = host.root / PENDING
