@@ -18,6 +18,8 @@ Story of a host, part 5 (last, so that it cannot cut off the steps before it):
    checked with `nft -c`, loaded atomically behind a 60 s dead-man switch; only once a fresh SSH
    login works through it is it saved to /etc/nftables.conf (nftables.service enabled) and the
    switch disarmed, so a ruleset that cut the operator off is gone live and at the next boot.
+   At boot that file first includes /etc/nftables.d/*.nft, where an operator's own
+   /etc/nftables.conf is kept when gpufleet's replaces it.
    SSH ports: every port sshd listens on (`sshd -T` port and listenaddress) and ssh.socket's
    where sshd is socket-activated. Docker's tables and forwarding are left alone. Hosts that cannot load
    rules (containers) get the file written and checked, and are told so.
@@ -191,7 +193,7 @@ def nftables_context(settings, ssh_ports: list[int]) -> dict:
     open_ports = [r for r in parse_open_ports(settings.firewall_open_ports)
                   if not (r["proto"] == "tcp" and r["port"] in {str(p) for p in ssh_ports})]
     return {"table": TABLE, "ssh_ports": ssh_ports or [22], "open_ports": open_ports,
-            "trusted_cidrs": cidrs}
+            "trusted_cidrs": cidrs, "include_dir": None}
 
 
 # The deploy ----------------------------------------------------------------------------------
@@ -261,7 +263,8 @@ def hardening():
     # 3. Firewall.
     if settings.firewall_enabled:
         ssh_ports = sorted({*host.get_fact(SshdEffectiveConfig).ports, *host.get_fact(SshSocketPorts)})
-        rules = render("etc/nftables.conf.j2", **nftables_context(settings, ssh_ports))
+        context = nftables_context(settings, ssh_ports)
+        rules = render("etc/nftables.conf.j2", **context)
         can_load = host.get_fact(NftablesCapability).can_load
         if not can_load:
             nftables.ruleset(
@@ -285,6 +288,7 @@ def hardening():
                  f"only then save it to {NFTABLES_CONF} for every boot",
             path=NFTABLES_CONF,
             content=rules,
+            boot_content=render("etc/nftables.conf.j2", **{**context, "include_dir": nftables.OPERATOR_DIR}),
             revert_after=settings.firewall_revert_after,
         )
 

@@ -32,7 +32,12 @@ from operations.ssh import _fail, fresh_login
 REVERT_FILE = "/run/gpufleet/nftables.revert"
 REVERT_UNIT = "gpufleet-nft-revert"
 CANDIDATE = "/var/lib/gpufleet/nftables/candidate.nft"
-BOOT_BACKUP = "/var/lib/gpufleet/backup/etc/nftables.conf.original"
+BOOT_CANDIDATE = "/var/lib/gpufleet/nftables/boot.nft"
+# The boot configuration includes this folder first: an /etc/nftables.conf with the
+# operator's own tables is kept there when gpufleet's replaces it (Debian's untouched stock
+# file is not: it holds no table of anyone's, only `flush ruleset`).
+OPERATOR_DIR = "/etc/nftables.d"
+KEPT = f"{OPERATOR_DIR}/00-before-gpufleet.nft"
 
 # $1 staged file, $2 destination, $3 how to check (direct | namespace)
 _CHECK_AND_INSTALL = r"""
@@ -73,21 +78,32 @@ if ! nft -f "$conf"; then
 fi
 """
 
-# After a fresh login through the loaded rules: $1 candidate, $2 boot configuration, $3 record,
-# $4 unit, $5 table, $6 where the operator's original boot configuration is kept (once).
-# Persists them for the next boot (file, nftables.service enabled), records what is loaded,
-# and only then disarms the revert. Refuses when the revert already ran (confirmed too late).
+# After a fresh login through the loaded rules: $1 boot version of the ruleset, $2 boot
+# configuration, $3 record, $4 unit, $5 table, $6 where an operator's /etc/nftables.conf is
+# kept, $7 the loaded candidate. Persists the rules for the next boot (file, nftables.service
+# enabled), records what is loaded, and only then disarms the revert. Refuses when the revert
+# already ran (confirmed too late).
 _PERSIST = r"""
 set -u
-new=$1 conf=$2 record=$3 unit=$4 table=$5 backup=$6
+new=$1 conf=$2 record=$3 unit=$4 table=$5 kept=$6 loaded=$7
 if ! systemctl is-active --quiet "$unit.timer"; then
   echo "gpufleet: the automatic revert ran before the login confirmed the rules; nothing persisted" >&2
   exit 1
 fi
-mkdir -p "$(dirname "$backup")" "$(dirname "$record")"
+mkdir -p "$(dirname "$record")"
 if [ -e "$conf" ]; then
-  [ -e "$backup" ] || cp -p "$conf" "$backup"
+  if ! grep -q '^# Managed by gpufleet' "$conf" && [ ! -e "$kept" ]; then
+    stock=$(dpkg-query -W -f='${Conffiles}\n' nftables 2>/dev/null | awk -v f="$conf" '$1 == f {print $2}')
+    if [ "$(md5sum < "$conf" | cut -d' ' -f1)" != "$stock" ]; then
+      mkdir -p "$(dirname "$kept")" && cp -p "$conf" "$kept" || exit 1
+    fi
+  fi
   cp -p "$conf" "$conf.gpufleet-prev" || exit 1
+fi
+if ! out=$(nft -c -f "$new" 2>&1); then
+  rm -f "$conf.gpufleet-prev"
+  echo "gpufleet: nft -c rejected the boot configuration; $conf is unchanged: $out" >&2
+  exit 1
 fi
 cp "$new" "$conf.gpufleet-new" && chmod 644 "$conf.gpufleet-new" && mv -f "$conf.gpufleet-new" "$conf" || exit 1
 if ! systemctl enable --quiet nftables.service; then
@@ -101,12 +117,12 @@ live=$(nft list table $table) || exit 1
   echo "live=$(printf '%s\n' "$live" | sha256sum | cut -d' ' -f1)"; } > "$record.new"
 mv -f "$record.new" "$record"
 systemctl stop "$unit.timer" >/dev/null 2>&1
-rm -f "$new"
+rm -f "$new" "$loaded"
 true
 """
 
-# $1 revert file, $2 unit, $3 candidate: revert now and disarm.
-_REVERT_NOW = 'nft -f "$1"; rc=$?; systemctl stop "$2.timer" >/dev/null 2>&1; rm -f "$3"; exit $rc'
+# $1 revert file, $2 unit, $3 candidate, $4 its boot version: revert now and disarm.
+_REVERT_NOW = 'nft -f "$1"; rc=$?; systemctl stop "$2.timer" >/dev/null 2>&1; rm -f "$3" "$4"; exit $rc'
 
 
 def _sha256(text: str) -> str:
@@ -142,8 +158,8 @@ def _confirm_or_revert(state, host, boot_conf: str) -> bool:
     if error is None:
         ok, output = host.run_shell_command(StringCommand(
             "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_PERSIST), "gpufleet-nft-persist",
-            QuoteString(CANDIDATE), QuoteString(boot_conf), QuoteString(APPLIED_RECORD),
-            QuoteString(REVERT_UNIT), QuoteString(TABLE), QuoteString(BOOT_BACKUP),
+            QuoteString(BOOT_CANDIDATE), QuoteString(boot_conf), QuoteString(APPLIED_RECORD),
+            QuoteString(REVERT_UNIT), QuoteString(TABLE), QuoteString(KEPT), QuoteString(CANDIDATE),
         ))
         if ok:
             host.log_styled(f"new firewall rules loaded; a fresh SSH login still works; saved to "
@@ -153,6 +169,7 @@ def _confirm_or_revert(state, host, boot_conf: str) -> bool:
     reverted, _ = host.run_shell_command(StringCommand(
         "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_REVERT_NOW), "gpufleet-nft-revert",
         QuoteString(REVERT_FILE), QuoteString(REVERT_UNIT), QuoteString(CANDIDATE),
+        QuoteString(BOOT_CANDIDATE),
     ))
     host.log_styled(
         f"a fresh SSH login failed with the new firewall rules ({error}); "
@@ -166,12 +183,14 @@ def _confirm_or_revert(state, host, boot_conf: str) -> bool:
 
 
 @operation()
-def apply(path: str, content: str, revert_after: int = 60):
+def apply(path: str, content: str, boot_content: str | None = None, revert_after: int = 60):
     """
     Load `content` atomically behind a revert timer; once a fresh SSH login through it works,
-    save it as `path` (the boot configuration), enable nftables.service, and disarm the timer.
-    A failed login restores the previous rules and leaves `path` and the service as they were.
+    save `boot_content` (the same table, plus what loads before it at boot; default: `content`)
+    as `path`, enable nftables.service, and disarm the timer. A failed login restores the
+    previous rules and leaves `path` and the service as they were.
     """
+    boot_content = content if boot_content is None else boot_content
     state = host.get_fact(NftablesCapability)
     if not state.can_load:
         message = (
@@ -181,11 +200,12 @@ def apply(path: str, content: str, revert_after: int = 60):
         host.noop(message)
         host.log_styled(message, fg="yellow", log_func=logger.warning)
         return
-    if state.converged(_sha256(content)):
+    if state.converged(_sha256(boot_content)):
         host.noop(f"the ruleset in {path} is loaded and loads at boot")
         return
     yield from files.directory._inner(path=CANDIDATE.rsplit("/", 1)[0], mode="700")
     yield from files.put._inner(src=StringIO(content), dest=CANDIDATE, mode="600")
+    yield from files.put._inner(src=StringIO(boot_content), dest=BOOT_CANDIDATE, mode="600")
     yield StringCommand(
         "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_ARM_AND_LOAD), "gpufleet-nft-load",
         QuoteString(CANDIDATE), QuoteString(REVERT_FILE), QuoteString(REVERT_UNIT),

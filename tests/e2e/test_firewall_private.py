@@ -13,6 +13,8 @@ real TCP connect or SSH login from that namespace, or the host's own state over 
 - a ruleset that breaks the fresh login (sshd moved to a port only its configuration knows,
   the running daemon still on 22) is reverted live, /etc/nftables.conf and nftables.service
   stay as they were, and after a reboot the host boots the previous rules and lets us in;
+  the operator's own table (their /etc/nftables.conf, kept in /etc/nftables.d/) is loaded
+  live and at boot throughout;
 The other cases run the hardening step the way all.py runs it (tests/e2e/deploys/
 hardening_all_path.py: fact cache, prefetch, inventory check), on hosts without GPUs:
 - an sshd configuration that refuses the deploy user, whose run is killed before it can
@@ -109,9 +111,14 @@ def test_converged_firewall_survives_a_real_reboot_as_a_no_op(hostpool, aptrepo,
     assert second.returncode == 0, second.output
     assert changed_operations(second) == [], second.output
 
+    # Debian's untouched stock /etc/nftables.conf (flush ruleset, an accept-all table) holds
+    # nobody's tables: replaced, not kept.
+    assert testhosts.ssh(host, "ls /etc/nftables.d 2>/dev/null", check=False).stdout == ""
+
     testhosts.reboot(host)
     assert testhosts.ssh(host, "cat /proc/1/comm").stdout.strip() == "systemd"
     assert gpufleet_table(host) == table  # loaded at boot by nftables.service
+    assert "table inet filter" not in testhosts.ssh(host, "nft list tables").stdout
     start_listener(host)
     assert host_tcp_open(host, 22) and host_tcp_open(host, 9400)
     assert not host_tcp_open(host, 8080)
@@ -121,13 +128,29 @@ def test_converged_firewall_survives_a_real_reboot_as_a_no_op(hostpool, aptrepo,
     assert changed_operations(third) == [], third.output
 
 
+OPERATOR_RULES = """#!/usr/sbin/nft -f
+flush ruleset
+table inet operator {
+	chain input {
+		type filter hook input priority 10; policy accept;
+		tcp dport 7777 counter
+	}
+}
+"""
+
+
 def test_ruleset_that_breaks_the_login_is_reverted_live_and_at_boot(hosts, tmp_path):
     host = hosts[0]
+    # The operator's own firewall, loaded and in /etc/nftables.conf: it must stay, live and at boot.
+    testhosts.ssh(host, "apt-get install -y -qq nftables >/dev/null 2>&1 && cat > /etc/nftables.conf <<'EOF'\n"
+                        + OPERATOR_RULES + "EOF\nnft -f /etc/nftables.conf", timeout=300)
     inv = inventory(tmp_path, host, firewall_revert_after=600)  # this run reverts, not the timer
     first = pyinfra(inv, DEPLOY, netns=host.netns)
     assert first.returncode == 0, first.output
     table, boot = gpufleet_table(host), boot_state(host)
     assert "tcp dport 22 accept" in table and "enabled" in boot
+    assert "table inet operator" in testhosts.ssh(host, "nft list tables").stdout
+    assert testhosts.ssh(host, "cat /etc/nftables.d/00-before-gpufleet.nft").stdout == OPERATOR_RULES
 
     # sshd's configuration moves it to 2222; the running daemon has not been restarted yet,
     # so the rules built from `sshd -T` shut out the port every login really uses.
@@ -144,6 +167,7 @@ def test_ruleset_that_breaks_the_login_is_reverted_live_and_at_boot(hosts, tmp_p
     testhosts.reboot(host)  # waits for a login through whatever the boot loaded
     assert gpufleet_table(host) == table
     assert "2222" not in table
+    assert "table inet operator" in testhosts.ssh(host, "nft list tables").stdout  # the operator's, at boot
 
     again = pyinfra(inv, DEPLOY, netns=host.netns)
     assert again.returncode == 0, again.output
