@@ -58,6 +58,7 @@ mv -f "$new" "$dest"
 # of the boot configuration is touched here.
 _ARM_AND_LOAD = r"""
 set -u
+umask 077
 conf=$1 revert=$2 unit=$3 after=$4 table=$5
 if ! out=$(nft -c -f "$conf" 2>&1); then
   rm -f "$conf"
@@ -85,6 +86,7 @@ fi
 # already ran (confirmed too late).
 _PERSIST = r"""
 set -u
+umask 077
 new=$1 conf=$2 record=$3 unit=$4 table=$5 kept=$6 loaded=$7
 if ! systemctl is-active --quiet "$unit.timer"; then
   echo "gpufleet: the automatic revert ran before the login confirmed the rules; nothing persisted" >&2
@@ -95,7 +97,7 @@ if [ -e "$conf" ]; then
   if ! grep -q '^# Managed by gpufleet' "$conf" && [ ! -e "$kept" ]; then
     stock=$(dpkg-query -W -f='${Conffiles}\n' nftables 2>/dev/null | awk -v f="$conf" '$1 == f {print $2}')
     if [ "$(md5sum < "$conf" | cut -d' ' -f1)" != "$stock" ]; then
-      mkdir -p "$(dirname "$kept")" && cp -p "$conf" "$kept" || exit 1
+      mkdir -p -m 755 "$(dirname "$kept")" && cp -p "$conf" "$kept" || exit 1
     fi
   fi
   cp -p "$conf" "$conf.gpufleet-prev" || exit 1

@@ -60,6 +60,7 @@ sshd -t && systemctl reload ssh
 # one is marked pending and the revert timer armed, before anything reloads sshd.
 _INSTALL_SCRIPT = r"""
 set -u
+umask 077
 new=$1 dest=$2 prev=$3 pending=$4 script=$5 revert=$6 unit=$7 after=$8
 mkdir -p "$(dirname "$prev")"
 rm -f "$prev" "$prev.absent"
