@@ -52,6 +52,7 @@ SSHD_DROPIN = "/etc/ssh/sshd_config.d/00-gpufleet-hardening.conf"
 NFTABLES_CONF = "/etc/nftables.conf"
 UNATTENDED_CONF = "/etc/apt/apt.conf.d/51gpufleet-unattended-upgrades"
 NFTABLES_UNIT_DROPIN = "/etc/systemd/system/nftables.service.d/gpufleet.conf"
+SSHD_BOOT_REVERT_UNIT = "/etc/systemd/system/gpufleet-sshd-revert-at-boot.service"
 
 # Packages unattended-upgrades must never touch: driver, CUDA, cuDNN, NCCL, Fabric Manager and
 # the container toolkit move together, on gpufleet's schedule. Python regular expressions
@@ -226,7 +227,26 @@ def hardening():
     )
 
     # 2. SSH: candidate checked by sshd -t, reloaded behind a revert timer on the host, proven
-    # by a fresh login, else restored (by this run, or by the timer if this run is cut off).
+    # by a fresh login, else restored (by this run, or by the timer if this run is cut off,
+    # or at the next boot if the host went down first).
+    boot_revert = files.put(
+        name="Install the unit that puts back, at boot, an sshd drop-in no login confirmed",
+        src=_as_file(render("etc/systemd/system/gpufleet-sshd-revert-at-boot.service.j2",
+                            pending=ssh.PENDING, script=ssh.REVERT_SCRIPT, dest=SSHD_DROPIN,
+                            backup=ssh.backup_path(SSHD_DROPIN))),
+        dest=SSHD_BOOT_REVERT_UNIT,
+        mode="644",
+    )
+    systemd.daemon_reload(
+        name="Let systemd read that unit",
+        _if=boot_revert.did_change,
+    )
+    systemd.service(
+        name="Run it at every boot",
+        service="gpufleet-sshd-revert-at-boot.service",
+        running=None,  # a boot-time oneshot: nothing to run now
+        enabled=True,
+    )
     ssh.settle_pending(
         name="Verify, else revert, an sshd drop-in an interrupted run left unconfirmed",
         dest=SSHD_DROPIN,

@@ -43,14 +43,15 @@ REVERT_UNIT = "gpufleet-sshd-revert"
 REVERT_SCRIPT = "/var/lib/gpufleet/sshd-revert.sh"
 PENDING = "/var/lib/gpufleet/sshd.pending"
 
-# Run by the timer as `sh REVERT_SCRIPT dest backup pending` (a file: systemd would expand
-# the $ of an inline script). Puts the previous drop-in back (or removes ours), reloads.
+# Run by the timer (and at boot, before sshd, by gpufleet-sshd-revert-at-boot.service) as
+# `sh REVERT_SCRIPT dest backup pending` (a file: systemd would expand the $ of an inline
+# script). Puts the previous drop-in back (or removes ours), reloads a running sshd.
 _REVERT = r"""
 set -u
 dest=$1 prev=$2 pending=$3
 if [ -e "$prev.absent" ]; then rm -f "$dest"; elif [ -e "$prev" ]; then cp -p "$prev" "$dest"; fi
 rm -f "$pending"
-sshd -t && systemctl reload ssh
+if systemctl is-active --quiet ssh; then sshd -t && systemctl reload ssh; fi
 """
 
 # $1 staged candidate, $2 destination, $3 backup path, $4 pending marker, $5 revert script

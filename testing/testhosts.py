@@ -626,11 +626,17 @@ def ssh(host: Host, command: str, check: bool = True, timeout: float = 60, user:
     ], check=check, capture_output=True, text=True, timeout=timeout)
 
 
-def reboot(host: Host, timeout: float = 120) -> None:
-    """Reboot a host for real (systemd goes down and comes back; /run and GPU state are lost)."""
+def reboot(host: Host, timeout: float = 120, console: bool = False) -> None:
+    """Reboot a host for real (systemd goes down and comes back; /run and GPU state are lost).
+    `console`: without logging in (a host that refuses SSH): ctrl-alt-del, i.e. SIGINT to its
+    systemd."""
     boots_file = host.dir / "boots"
     before = int(boots_file.read_text()) if boots_file.exists() else 0
-    ssh(host, "systemctl reboot", check=False, timeout=10)
+    if console:
+        from testing.netns import container_pid
+        os.kill(container_pid(host), signal.SIGINT)
+    else:
+        ssh(host, "systemctl reboot", check=False, timeout=10)
     deadline = time.monotonic() + timeout
     while (int(boots_file.read_text()) if boots_file.exists() else 0) == before:
         if time.monotonic() > deadline:

@@ -18,7 +18,8 @@ real TCP connect or SSH login from that namespace, or the host's own state over 
 The other cases run the hardening step the way all.py runs it (tests/e2e/deploys/
 hardening_all_path.py: fact cache, prefetch, inventory check), on hosts without GPUs:
 - an sshd configuration that refuses the deploy user, whose run is killed before it can
-  restore it, is put back by the timer on the host within its timeout; a drop-in left pending
+  restore it, is put back by the timer on the host within its timeout, or at boot when the
+  host goes down first; a drop-in left pending
   by a run interrupted before its confirmation is verified by the next run, and the timer
   does not revert it afterwards.
 """
@@ -195,12 +196,11 @@ def _root_login(host) -> bool:
     return testhosts.ssh(host, "true", check=False, timeout=15).returncode == 0
 
 
-def test_sshd_config_refusing_the_login_is_reverted_by_the_host_alone(hosts, tmp_path):
-    host = hosts[1]
-    testhosts.ssh(host, "useradd -m -s /bin/bash alice && mkdir -m 700 ~alice/.ssh && "
-                        "cp /root/.ssh/authorized_keys ~alice/.ssh/ && chown -R alice: ~alice/.ssh")
-    before = testhosts.ssh(host, "sshd -T").stdout
-    revert_after = 20
+def _run_cut_off_with_a_refusing_config(host, tmp_path, revert_after: int) -> float:
+    """A run installs an AllowUsers that shuts the deploy user (root) out and is killed once
+    that is live, before it can restore anything itself. Returns when it was killed."""
+    testhosts.ssh(host, "id alice >/dev/null 2>&1 || { useradd -m -s /bin/bash alice && mkdir -m 700 ~alice/.ssh && "
+                        "cp /root/.ssh/authorized_keys ~alice/.ssh/ && chown -R alice: ~alice/.ssh; }")
     inv = inventory(tmp_path, host, hardening_allow_users=["alice"], hardening_sshd_revert_after=revert_after)
     pending = host.root / PENDING
     run = _popen_pyinfra(inv, host)
@@ -217,11 +217,31 @@ def test_sshd_config_refusing_the_login_is_reverted_by_the_host_alone(hosts, tmp
         run.wait()
     assert (host.root / DROPIN.lstrip("/")).exists() and pending.exists()
     assert not _root_login(host)
+    return killed_at
+
+
+def test_sshd_config_refusing_the_login_is_reverted_by_the_host_alone(hosts, tmp_path):
+    host = hosts[1]
+    before = testhosts.ssh(host, "sshd -T").stdout
+    revert_after = 20
+    killed_at = _run_cut_off_with_a_refusing_config(host, tmp_path, revert_after)
+    pending = host.root / PENDING
     # No operator action: the host's own timer puts the previous configuration back.
     assert _wait_for(lambda: _root_login(host), revert_after + 30, step=1), "still locked out"
     print(f"\nlogins back {time.monotonic() - killed_at:.1f} s after the run was killed "
           f"(hardening_sshd_revert_after: {revert_after})")
     assert not (host.root / DROPIN.lstrip("/")).exists() and not pending.exists()
+    assert testhosts.ssh(host, "sshd -T").stdout == before
+
+
+def test_unconfirmed_sshd_config_is_put_back_at_boot(hosts, tmp_path):
+    host = hosts[1]
+    before = testhosts.ssh(host, "sshd -T").stdout
+    _run_cut_off_with_a_refusing_config(host, tmp_path, revert_after=3600)
+    # The host goes down before the timer (a transient unit) could fire: the boot puts the
+    # previous configuration back before sshd starts. reboot() waits for a root login.
+    testhosts.reboot(host, console=True)
+    assert not (host.root / DROPIN.lstrip("/")).exists() and not (host.root / PENDING).exists()
     assert testhosts.ssh(host, "sshd -T").stdout == before
 
 
