@@ -12,7 +12,10 @@ Story of a host, part 5 (last, so that it cannot cut off the steps before it):
 2. **Lock-out protection**: no key for the connecting user or an allowed user -> the host
    fails before anything changes; `sshd -t` judges the candidate before any reload; after
    the reload a fresh login as the deploy user (paramiko, like pyinfra) must work, or the
-   previous drop-in is restored and reloaded and the host fails with a clear message.
+   previous drop-in is restored and reloaded and the host fails with a clear message. A
+   timer on the host, armed before the reload, restores it on its own if the run is cut off
+   (hardening_sshd_revert_after), a unit does so at boot if the host went down first, and the
+   next run verifies or reverts a drop-in still waiting for its confirmation.
 3. **Firewall**: /etc/nftables.conf holds only gpufleet's `inet gpufleet` table (inbound
    default-deny except loopback, established, ICMP essentials, SSH and the tier's ports),
    checked with `nft -c`, loaded atomically behind a 60 s dead-man switch; only once a fresh SSH
