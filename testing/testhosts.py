@@ -177,7 +177,10 @@ class Host:
         return self.dir / "root"
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if not self.netns:  # a loopback host records what harnesses without private networks read
+            del data["netns"], data["forward"]
+        return data
 
     def written_files(self) -> dict[str, tuple]:
         """Every file the host has written since boot (its overlay upper layer), minus logs:
