@@ -246,6 +246,13 @@ def ssh_key() -> Path:
     return key
 
 
+def _host_from_meta(meta: Path) -> Host:
+    # Pools made by another version of this harness (other worktrees share STATE_ROOT) may
+    # record fields this one does not know: keep the ones it does.
+    fields = {f.name for f in dataclasses.fields(Host)}
+    return Host(**{k: v for k, v in json.loads(meta.read_text()).items() if k in fields})
+
+
 def list_hosts(pool: str | None = DEFAULT_POOL) -> list[Host]:
     """Hosts of `pool` (all pools when None) whose launcher is alive."""
     pools = [pool] if pool else sorted(p.name for p in (STATE_ROOT / "pools").glob("*") if p.is_dir())
