@@ -49,6 +49,7 @@ from operations import nftables, ssh
 from operations.ssh import connecting_user
 
 from deploys.base import APT_CACHE_SECONDS
+from gpufleet.failures import fail_host
 from gpufleet.settings import host_settings
 from operations import sshd_files
 
@@ -233,6 +234,12 @@ def nftables_context(settings, ssh_ports: list[int]) -> dict:
 @deploy("SSH hardening and firewall")
 def hardening():
     settings = host_settings(host)
+    # Fail closed: sshd and firewall changes are kept only after a fresh SSH login proves them,
+    # and gpufleet can log in afresh only as pyinfra's ssh connector does.
+    refusal = ssh.login_proof_refusal(host)
+    if refusal:
+        fail_host(host, "connector", refusal)
+        return
     version = host.get_fact(SshdVersion)
     if version is None:
         raise DeployError(f"{host.name}: OpenSSH server not found (sshd -V); nothing to harden")
