@@ -21,7 +21,7 @@ from facts.packages import HeldPackages, PackageVersions
 from facts.rollout import EtcFiles
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
-from operations.driver_upgrade import packages_at_versions
+from operations.driver_upgrade import package_change_settled, packages_at_versions
 
 
 @operation()
@@ -50,6 +50,7 @@ def restore(ctx: RolloutContext) -> None:
                    outcome="busy")
         return
     installed = host.get_fact(PackageVersions, packages=list(mf.PACKAGE_PATTERNS))
+    package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
     todo = mf.rollback_installs(doc, installed)
     install = dict(spec.split("=", 1) for spec in todo)
     remove = mf.rollback_removals(doc, installed)

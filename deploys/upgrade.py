@@ -34,7 +34,7 @@ from gpufleet.rollout.snapshot import snapshot_name
 from gpufleet.settings import host_settings
 from operations.apt_index import index_refreshed
 from operations.drain import gpu_containers_stopped, gpus_idle, slurm_node
-from operations.driver_upgrade import packages_at_versions
+from operations.driver_upgrade import package_change_settled, packages_at_versions
 from operations.gpu_restore import gpu_settings_restored
 from operations.reboot import rebooted
 from operations.snapshot import (controller_snapshot_taken, copied_to_controller, disk_snapshot_taken,
@@ -80,6 +80,9 @@ def survey_host(ctx: RolloutContext) -> None:
 @deploy("Take the host out of service")
 def drain(ctx: RolloutContext) -> None:
     settings = host_settings(host)
+    # a rollout resumed after its SSH session died: the package change it started finishes (or an
+    # interrupted dpkg is repaired) before anything else happens on this host
+    package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
     processes = host.get_fact(GpuState).processes
     if processes and settings.rollout_require_idle and not ctx.force and ctx.wait_idle <= 0:
         running = ", ".join(f"{p.pid} {p.process_name}" for p in processes)
@@ -178,11 +181,15 @@ def upgrade(ctx: RolloutContext) -> None:
                    | {f"nvidia-driver-pinning-{ctx.target}"})
     available = host.get_fact(AptVersions, packages=names)
     holds = host.get_fact(HeldPackages)
+    # what the manifest recorded as held is held again, even if an interrupted change released it
+    recorded = (ctx.manifests.get(host.name) or {}).get("holds", [])
+    holds = sorted(set(holds) | {p for p in recorded if not mf.PINNING_PACKAGE.match(p) or p in holds})
     install, remove, hold, missing = upgrade_plan(installed, holds, available, ctx.target)
     if missing:
         ctx.refuse(host, f"driver {ctx.target} is not available from the configured repositories for: "
                          f"{', '.join(missing)}")
         return
+    package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
     packages_at_versions(name=f"Move the driver packages to {ctx.target} (unhold, install, hold again)",
                          install=install, remove=remove, hold=hold)
 
@@ -198,8 +205,11 @@ def reboot(ctx: RolloutContext) -> None:
         ctx.refuse(host, f"driver {ctx.target} installed, {loaded} still loaded, and driver_reboot is never: "
                          "reboot the host by hand, then re-run the rollout", outcome="reboot-pending")
         return
+    # the idle check runs again in the very command that starts the reboot (drain to reboot is
+    # minutes of package work; a job started meanwhile must not be killed)
     rebooted(name=f"Reboot to load driver {ctx.target} (loaded: {loaded})",
-             reason=f"gpufleet driver upgrade to {ctx.target}", timeout=ctx.reboot_timeout)
+             reason=f"gpufleet driver upgrade to {ctx.target}", timeout=ctx.reboot_timeout,
+             require_idle=settings.rollout_require_idle and not ctx.force)
 
 
 @deploy("Re-apply persistence and clocks")

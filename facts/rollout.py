@@ -137,3 +137,40 @@ class PathExists(FactBase[bool]):
     @override
     def process(self, output: list[str]) -> bool:
         return bool(output) and output[-1].strip() == "yes"
+
+
+@dataclass(frozen=True)
+class PackageChangeData(JsonMixin):
+    running: bool               # gpufleet-package-change.service is still at work
+    result: str | None          # its Result= (success, exit-code, signal...), None when never run
+    status: int | None          # its main process's exit status
+    audit: tuple[str, ...]      # `dpkg --audit` lines: packages an interrupted change left half done
+
+
+class PackageChange(FactBase[PackageChangeData]):
+    """The last driver package change run as a transient unit (operations/driver_upgrade.py) and
+    what `dpkg --audit` reports."""
+
+    @override
+    def command(self) -> str:
+        return ("systemctl show -p LoadState -p SubState -p Result -p ExecMainStatus "
+                "gpufleet-package-change.service 2>/dev/null; "
+                "dpkg --audit 2>&1 | sed 's/^/audit: /'; true")
+
+    @override
+    def process(self, output: list[str]) -> PackageChangeData:
+        props, audit = {}, []
+        for line in output:
+            if line.startswith("audit: "):
+                if line[7:].strip():
+                    audit.append(line[7:].rstrip())
+            elif "=" in line:
+                key, _, value = line.strip().partition("=")
+                props[key] = value
+        loaded = props.get("LoadState") == "loaded"
+        status = props.get("ExecMainStatus", "")
+        return PackageChangeData(
+            running=loaded and props.get("SubState", "") in ("start", "start-pre", "start-post", "running"),
+            result=props.get("Result") if loaded else None,
+            status=int(status) if loaded and status.isdigit() else None,
+            audit=tuple(audit))

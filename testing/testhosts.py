@@ -226,7 +226,9 @@ def list_hosts(pool: str | None = DEFAULT_POOL) -> list[Host]:
     hosts = []
     for p in pools:
         for meta in sorted((pool_dir(p) / "hosts").glob("*/meta.json"), key=_natural):
-            host = Host(**json.loads(meta.read_text()))
+            # hosts another checkout of the harness made may carry fields this one does not know
+            known = {f.name for f in dataclasses.fields(Host)}
+            host = Host(**{k: v for k, v in json.loads(meta.read_text()).items() if k in known})
             if host.pid and _alive(host.pid):
                 hosts.append(host)
     return hosts
