@@ -33,7 +33,7 @@ from gpufleet.rollout.context import RolloutContext
 from gpufleet.rollout.snapshot import snapshot_name
 from gpufleet.settings import host_settings
 from operations.apt_index import index_refreshed
-from operations.drain import gpu_containers_stopped, gpus_idle, slurm_node
+from operations.drain import gpu_containers_stopped, gpus_idle, slurm_node, slurm_node_drained
 from operations.driver_upgrade import package_change_settled, packages_at_versions
 from operations.gpu_restore import gpu_settings_restored
 from operations.reboot import rebooted
@@ -73,7 +73,7 @@ def survey_host(ctx: RolloutContext) -> None:
         "available": {name: [v for v in versions if mf.upstream(v) == ctx.target]
                       for name, versions in candidates.items()},
         "holds": host.get_fact(HeldPackages),
-        "slurm": host.get_fact(SlurmNode).scontrol is not None,
+        "slurm": host.get_fact(SlurmNode, node=settings.rollout_slurm_node_name).scontrol is not None,
     }
 
 
@@ -89,8 +89,16 @@ def drain(ctx: RolloutContext) -> None:
         ctx.refuse(host, f"busy: {len(processes)} GPU process(es) running ({running}); "
                          "not upgraded (wait with --wait-idle, or --force)", outcome="busy")
         return
+    node = settings.rollout_slurm_node_name
+    slurm = host.get_fact(SlurmNode, node=node)
+    if slurm.scontrol and slurm.error:
+        ctx.refuse(host, f"Slurm node {slurm.node}: {slurm.error}; not upgraded "
+                         "(set rollout_slurm_node_name if the node has another name)")
+        return
     slurm_node(name=f"Drain the Slurm node for the driver upgrade to {ctx.target}", drained=True,
-               reason=f"gpufleet driver upgrade to {ctx.target}")
+               reason=f"gpufleet driver upgrade to {ctx.target}", node=node)
+    slurm_node_drained(name="Wait for the Slurm jobs on the node to finish (DRAINED)", node=node,
+                       timeout=settings.rollout_drain_timeout)
     if ctx.stop_containers:
         gpu_containers_stopped(name="Stop the containers that use the GPUs")
     if processes and settings.rollout_require_idle and not ctx.force:
@@ -272,7 +280,8 @@ def validate(ctx: RolloutContext) -> None:
 
 @deploy("Put the host back in service")
 def undrain(ctx: RolloutContext) -> None:
-    slurm_node(name="Resume the Slurm node", drained=False)
+    slurm_node(name="Resume the Slurm node (only if gpufleet drained it)", drained=False,
+               node=host_settings(host).rollout_slurm_node_name)
 
 
 def load_manifest(path: str | Path) -> dict:

@@ -369,6 +369,8 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "rollout_snapshot_target": _text(r"|[\w./@:\-]+", "empty, or an LVM vg/lv, a btrfs subvolume path or a ZFS dataset"),
         "rollout_snapshot_size": _text(r"\d+[KMGTkmgt]?", "LVM snapshot size such as 10G"),
         "rollout_snapshot_command": _str_list(allowed="argv list run on the controller; {host} {address} {snapshot} {tier} are filled in"),
+        "rollout_slurm_node_name": _text(r"|[A-Za-z0-9][A-Za-z0-9._\-]*", "empty (the short host name), or a Slurm node name"),
+        "rollout_drain_timeout": _int(0),
         "validate_os_release": KeySpec(_check_os, _os_allowed),
         "validate_gpu_models": _str_list(_check_gpu_model, "list of nvidia-smi names from compat.yaml"),
         "validate_gpu_count": KeySpec(_check_gpu_count, lambda: "an integer >= 1, or [min, max]"),

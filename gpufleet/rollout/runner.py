@@ -225,7 +225,8 @@ class Runner:
             for n, why in result.failed.items():
                 outcome = ctx.outcomes.pop(n, None)
                 ctx.reasons.pop(n, None)
-                if outcome == "busy" or (step == "drain" and "Wait for running GPU processes" in why):
+                if outcome == "busy" or (step == "drain" and ("Wait for running GPU processes" in why
+                                                             or "Wait for the Slurm jobs" in why)):
                     state.finish(n, step, False, why, status="busy")
                     give_back.append(n)
                 elif outcome == "reboot-pending":
