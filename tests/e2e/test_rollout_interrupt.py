@@ -55,7 +55,7 @@ def slow_repo(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fleet(hostpool, slow_repo, tmp_path_factory):
     hosts = hostpool.get("rollout-interrupt", 2, release="bookworm", gpu=rf.GPU)
-    rf.prepare_all(hosts, slow_repo, slurm=False)
+    rf.prepare_all(hosts, slow_repo)
     work = tmp_path_factory.mktemp("interrupt")
     for h in hosts:
         rf.inventory(work / f"{h.name}.py", [h], slow_repo)

@@ -34,7 +34,7 @@ def cluster(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
     names = {nodes[0].name: f"gpu-{nodes[0].name.rsplit('-', 1)[-1]}", nodes[1].name: nodes[1].name}
     # Slurm first: preparing the driver refreshes only the NVIDIA source's index
     slurm.setup(ctl, nodes, names={nodes[0].name: names[nodes[0].name]})
-    rf.prepare_all(nodes, aptrepo, slurm=False)
+    rf.prepare_all(nodes, aptrepo)
     slurm.wait_idle(ctl, len(nodes))
     work = tmp_path_factory.mktemp("slurm")
     rf.inventory(work / "slurm.py", nodes, aptrepo,
