@@ -33,7 +33,7 @@ from gpufleet.rollout.context import RolloutContext
 from gpufleet.rollout.snapshot import snapshot_name
 from gpufleet.settings import host_settings
 from operations.apt_index import index_refreshed
-from operations.drain import gpu_containers_stopped, gpus_idle, slurm_node, slurm_node_drained
+from operations.drain import gpu_containers_stopped, gpus_idle, gpus_idle_now, slurm_node, slurm_node_drained
 from operations.driver_upgrade import package_change_settled, packages_at_versions
 from operations.gpu_restore import gpu_settings_restored
 from operations.reboot import rebooted
@@ -84,16 +84,17 @@ def drain(ctx: RolloutContext) -> None:
     # interrupted dpkg is repaired) before anything else happens on this host
     package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
     processes = host.get_fact(GpuState).processes
-    if processes and settings.rollout_require_idle and not ctx.force and ctx.wait_idle <= 0:
-        running = ", ".join(f"{p.pid} {p.process_name}" for p in processes)
-        ctx.refuse(host, f"busy: {len(processes)} GPU process(es) running ({running}); "
-                         "not upgraded (wait with --wait-idle, or --force)", outcome="busy")
-        return
     node = settings.rollout_slurm_node_name
     slurm = host.get_fact(SlurmNode, node=node)
     if slurm.scontrol and slurm.error:
         ctx.refuse(host, f"Slurm node {slurm.node}: {slurm.error}; not upgraded "
                          "(set rollout_slurm_node_name if the node has another name)")
+        return
+    # on a Slurm node the GPU processes are (mostly) its jobs: the drain waits for them below
+    if processes and settings.rollout_require_idle and not ctx.force and ctx.wait_idle <= 0 and not slurm.scontrol:
+        running = ", ".join(f"{p.pid} {p.process_name}" for p in processes)
+        ctx.refuse(host, f"busy: {len(processes)} GPU process(es) running ({running}); "
+                         "not upgraded (wait with --wait-idle, or --force)", outcome="busy")
         return
     slurm_node(name=f"Drain the Slurm node for the driver upgrade to {ctx.target}", drained=True,
                reason=f"gpufleet driver upgrade to {ctx.target}", node=node)
@@ -101,7 +102,10 @@ def drain(ctx: RolloutContext) -> None:
                        timeout=settings.rollout_drain_timeout)
     if ctx.stop_containers:
         gpu_containers_stopped(name="Stop the containers that use the GPUs")
-    if processes and settings.rollout_require_idle and not ctx.force:
+    if slurm.scontrol and settings.rollout_require_idle and not ctx.force:
+        # checked once the node is DRAINED: what still runs on the GPUs is not a Slurm job
+        gpus_idle_now(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
+    elif processes and settings.rollout_require_idle and not ctx.force:
         gpus_idle(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
     index_refreshed(name="Refresh the package index of the NVIDIA repository",
                     url=host_settings(host).driver_repo_url)

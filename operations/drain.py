@@ -93,6 +93,35 @@ def gpus_idle(wait_seconds: int = 0, poll_seconds: int = 5):
         f"nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader >&2; exit 1; }}")
 
 
+# Sets $pids (processes holding a GPU device node open) and $apps (nvidia-smi's compute processes,
+# empty when nvidia-smi cannot answer, e.g. during a driver/library mismatch).
+GPU_WORK = (
+    "pids=$(for p in /proc/[0-9]*; do ls -l \"$p/fd\" 2>/dev/null | grep -q ' /dev/nvidia[0-9][0-9]*$' "
+    "&& echo \"${p#/proc/}\"; done); "
+    "apps=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null) || apps="
+)
+# $1 seconds to wait, $2 seconds between checks
+_IDLE_LOOP = (
+    "end=$(( $(date +%s) + $1 )); while :; do " + GPU_WORK + "; "
+    "[ -z \"$pids$apps\" ] && exit 0; "
+    "if [ \"$(date +%s)\" -ge $end ]; then echo \"GPU processes still running after $1 s:"
+    " ${apps:+$apps }${pids:+processes holding /dev/nvidia*: $pids}\" | tr '\\n' ' ' >&2; echo >&2; exit 1; fi; "
+    "sleep $2; done"
+)
+
+
+@operation(is_idempotent=False)
+def gpus_idle_now(wait_seconds: int = 0, poll_seconds: int = 5):
+    """Like gpus_idle, but checked when it runs rather than when planned: after a Slurm drain has
+    waited for the node's jobs, what still runs on the GPUs is not Slurm's.
+
+    + wait_seconds: how long such processes may take to finish (0 = do not wait: fail now)
+    + poll_seconds: how often to look again
+    """
+    yield StringCommand("sh", "-c", QuoteString(_IDLE_LOOP), "gpus-idle", str(int(wait_seconds)),
+                        str(int(max(1, poll_seconds))))
+
+
 @operation()
 def gpu_containers_stopped(timeout: int = 60):
     """Stop the running Docker containers that use GPUs (NVIDIA runtime or GPU device requests)."""

@@ -6,13 +6,12 @@ import uuid
 
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
+from operations.drain import GPU_WORK
+
 # Right before the reboot, in the same command: no process holds a GPU device node, and nvidia-smi
 # (when it can answer: not during a driver/library mismatch) lists no compute process.
 IDLE_CHECK = (
-    "pids=$(for p in /proc/[0-9]*; do ls -l \"$p/fd\" 2>/dev/null | grep -q ' /dev/nvidia[0-9][0-9]*$' "
-    "&& echo \"${p#/proc/}\"; done); "
-    "apps=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null) || apps=; "
-    "if [ -n \"$pids$apps\" ]; then echo \"gpufleet: GPU work is running, not rebooting:"
+    GPU_WORK + "; if [ -n \"$pids$apps\" ]; then echo \"gpufleet: GPU work is running, not rebooting:"
     " ${apps:+$apps }${pids:+processes holding /dev/nvidia*: $pids}\" | tr '\\n' ' ' >&2; echo >&2; exit 75; fi"
 )
 

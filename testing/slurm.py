@@ -94,3 +94,14 @@ def node_state(ctl, name: str) -> tuple[str, str]:
     out = _sh(ctl, f"sinfo -h -N -n {shlex.quote(name)} -o '%T|%E'").strip().splitlines()[0]
     state, _, reason = out.partition("|")
     return state, ("" if reason == "none" else reason)
+
+
+def settled_state(ctl, name: str, timeout: float = 60) -> tuple[str, str]:
+    """node_state once slurmctld hears from the node's slurmd again: a trailing '*' (not
+    responding, e.g. a ping lost while the machine is loaded) clears at its next ping."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = node_state(ctl, name)
+        if not state[0].endswith("*") or time.monotonic() > deadline:
+            return state
+        time.sleep(2)

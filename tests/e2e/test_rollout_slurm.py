@@ -1,8 +1,9 @@
 """End-to-end: tools/rollout with real Slurm (Debian's slurmctld on one test host, slurmd on two
 GPU hosts, munge; testing/slurm.py).
 
-- a job running on a node delays that node's upgrade until the job has ended: the drain waits
-  for DRAINED, the packages change after the job's last second, and the node is resumed after;
+- a GPU job running on a node delays that node's upgrade until the job has ended (it is not
+  refused as busy): the drain waits for DRAINED, the packages change after the job's last
+  second, and the node is resumed after;
 - a node an admin drained before the rollout is upgraded (it is out of service) but stays
   drained, with the admin's reason, after it;
 - the inventory host maps to its Slurm node name (rollout_slurm_node_name), which differs from
@@ -50,13 +51,16 @@ def first_change(host) -> float:
 def test_running_job_delays_upgrade_admin_drain_is_kept(cluster):
     ctl, (busy, admin), names, work = cluster
     rf.sh(ctl, f"scontrol update nodename={names[admin.name]} state=drain reason='{ADMIN_REASON}'")
-    job = rf.sh(ctl, f"cd /root && sbatch --parsable -w {names[busy.name]} "
-                     "--wrap 'sleep 25; date +%s.%N > /root/job-ended'").stdout.strip()
+    # a GPU job: the simulator lists it on the node's GPU while it runs
+    job = rf.sh(ctl, f"cd /root && sbatch --parsable -w {names[busy.name]} --wrap '"
+                     "gpusimctl add-process --gpu 0 --pid $$ --name train.py --used-mib 1000; sleep 25; "
+                     "gpusimctl remove-process --pid $$; date +%s.%N > /root/job-ended'").stdout.strip()
     deadline = time.monotonic() + 60
     while rf.sh(ctl, f"squeue -h -j {job} -o %T").stdout.strip() != "RUNNING":
         assert time.monotonic() < deadline, "the job did not start"
         time.sleep(0.5)
     started = time.time()
+    assert "train.py" in rf.sh(busy, "nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader").stdout
 
     r = subprocess.run([str(REPO / "tools/rollout"), "slurm.py", "--driver-version", rf.NEW, "--canary", "1",
                         "--batch-size", "1"], cwd=work, capture_output=True, text=True, timeout=900)
@@ -76,9 +80,9 @@ def test_running_job_delays_upgrade_admin_drain_is_kept(cluster):
     print(f"job ended {ended:.1f}, first package change {first_change(busy):.0f}, "
           f"drain step {st[busy.name]['steps']['drain']['seconds']} s")
     # resumed by gpufleet after the upgrade (under its Slurm name), in service again
-    assert slurm.node_state(ctl, names[busy.name]) == ("idle", "")
+    assert slurm.settled_state(ctl, names[busy.name]) == ("idle", "")
     # the admin's drain and reason survive the rollout
-    assert slurm.node_state(ctl, names[admin.name]) == ("drained", ADMIN_REASON)
+    assert slurm.settled_state(ctl, names[admin.name]) == ("drained", ADMIN_REASON)
 
 
 def test_unknown_slurm_node_name_stops_the_host_before_any_change(cluster, aptrepo):  # noqa: F811
@@ -93,5 +97,5 @@ def test_unknown_slurm_node_name_stops_the_host_before_any_change(cluster, aptre
     assert "Slurm node no-such-node: node no-such-node is not in the Slurm cluster" in r.stdout
     assert rf.sh(busy, "grep -c Start-Date /var/log/apt/history.log").stdout == apt_before
     assert rf.version(busy, "nvidia-open") == f"ii {rf.NEW_DEB}"
-    assert slurm.node_state(ctl, names[busy.name]) == ("idle", "")
+    assert slurm.settled_state(ctl, names[busy.name]) == ("idle", "")
 
