@@ -3,14 +3,13 @@ manifest records, the versions apt can install, GPU containers, and the reboot m
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import JsonMixin, fail
+from ._common import JsonMixin, fail, with_values
 from .packages import quoted_package_names
 
 _SHA_LINE = re.compile(r"^([0-9a-f]{64})  (/.+)$")
@@ -53,13 +52,13 @@ class SlurmNode(FactBase[SlurmNodeData]):
     def command(self, node: str = "") -> str:
         if node and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", node):
             raise ValueError(f"not a Slurm node name: {node!r}")
-        name = shlex.quote(node) if node else "\"$(hostname -s)\""
-        return (f"n={name}; echo \"node $n\"; "
+        return with_values(
+                "n=${node:-$(hostname -s)}; echo \"node $n\"; "
                 "if p=$(command -v scontrol); then echo \"scontrol $p\"; "
                 "out=$(sinfo -h -N -n \"$n\" -o '%T|%E' 2>&1); rc=$?; "
                 "if [ $rc -ne 0 ]; then echo \"error $out\" | head -1; "
                 "elif [ -z \"$out\" ]; then echo \"error node $n is not in the Slurm cluster\"; "
-                "else echo \"$out\" | head -1 | sed 's/^/state /'; fi; fi")
+                "else echo \"$out\" | head -1 | sed 's/^/state /'; fi; fi", node=node)
 
     @override
     def process(self, output: list[str]) -> SlurmNodeData:
@@ -91,8 +90,8 @@ class EtcFiles(FactBase[dict[str, str]]):
         for p in patterns:
             if not p.startswith("/") or not re.fullmatch(r"[\w./*?\-]+", p):
                 raise ValueError(f"not an absolute glob: {p!r}")
-        # globs stay unquoted on purpose (they are checked above); non-matches are skipped
-        return f"for f in {' '.join(patterns)}; do [ -f \"$f\" ] && sha256sum \"$f\"; done; true"
+        # the globs are expanded on purpose (checked above: no blanks); non-matches are skipped
+        return with_values('for f in $globs; do [ -f "$f" ] && sha256sum "$f"; done; true', globs=" ".join(patterns))
 
     @override
     def process(self, output: list[str]) -> dict[str, str]:
@@ -115,7 +114,7 @@ class AptVersions(FactBase[dict[str, list[str]]]):
 
     @override
     def command(self, packages: Sequence[str]) -> str:
-        return f"apt-cache madison {quoted_package_names(packages)} 2>/dev/null || true"
+        return " ".join(["apt-cache madison", quoted_package_names(packages), "2>/dev/null || true"])
 
     @override
     def process(self, output: list[str]) -> dict[str, list[str]]:
@@ -164,7 +163,7 @@ class PathExists(FactBase[bool]):
 
     @override
     def command(self, path: str) -> str:
-        return f"test -e {shlex.quote(path)} && echo yes || echo no"
+        return with_values('test -e "$path" && echo yes || echo no', path=path)
 
     @override
     def process(self, output: list[str]) -> bool:

@@ -19,7 +19,7 @@ from facts.rollout import PackageChange
 
 UNIT = "gpufleet-package-change.service"
 SCRIPT_DIR = "/var/lib/gpufleet/libexec"
-SCRIPT = f"{SCRIPT_DIR}/package-change"
+SCRIPT = SCRIPT_DIR + "/package-change"
 LOG = "/var/log/gpufleet/package-change.log"
 # package names and Debian versions (epoch, upstream, revision): nothing a shell would expand
 _WORD = re.compile(r"^[a-z0-9][a-z0-9.+~:-]*$")
@@ -84,8 +84,9 @@ _RUN = (
 def change_arguments(install: dict[str, str], remove: list[str], unhold: list[str], hold: list[str],
                      downgrade: bool) -> list[str]:
     """The script's arguments; refuses names or versions a shell would read as syntax."""
-    args = ([f"unhold={p}" for p in unhold] + [f"install={p}={v}" for p, v in sorted(install.items())]
-            + [f"remove={p}" for p in remove] + [f"hold={p}" for p in hold] + (["downgrade"] if downgrade else []))
+    # tag=value words, each one argv word of the fixed script (quoted where the command is built)
+    args = (["unhold=" + p for p in unhold] + ["install=" + p + "=" + v for p, v in sorted(install.items())]
+            + ["remove=" + p for p in remove] + ["hold=" + p for p in hold] + (["downgrade"] if downgrade else []))
     for word in [*install.values(), *install, *remove, *unhold, *hold]:
         if not _WORD.match(word):
             raise ValueError(f"not a package name or version: {word!r}")

@@ -220,15 +220,20 @@ def ssh_key() -> Path:
     return key
 
 
+def _host_from_meta(meta: Path) -> Host:
+    # Pools made by another version of this harness (other worktrees share STATE_ROOT) may
+    # record fields this one does not know: keep the ones it does.
+    fields = {f.name for f in dataclasses.fields(Host)}
+    return Host(**{k: v for k, v in json.loads(meta.read_text()).items() if k in fields})
+
+
 def list_hosts(pool: str | None = DEFAULT_POOL) -> list[Host]:
     """Hosts of `pool` (all pools when None) whose launcher is alive."""
     pools = [pool] if pool else sorted(p.name for p in (STATE_ROOT / "pools").glob("*") if p.is_dir())
     hosts = []
     for p in pools:
         for meta in sorted((pool_dir(p) / "hosts").glob("*/meta.json"), key=_natural):
-            # hosts another checkout of the harness made may carry fields this one does not know
-            known = {f.name for f in dataclasses.fields(Host)}
-            host = Host(**{k: v for k, v in json.loads(meta.read_text()).items() if k in known})
+            host = _host_from_meta(meta)
             if host.pid and _alive(host.pid):
                 hosts.append(host)
     return hosts
@@ -449,7 +454,7 @@ def down(pool: str | None = DEFAULT_POOL) -> int:
     hosts = []
     for p in pools:
         for meta in (pool_dir(p) / "hosts").glob("*/meta.json"):
-            hosts.append(Host(**json.loads(meta.read_text())))
+            hosts.append(_host_from_meta(meta))
         # Half-made hosts (no meta.json yet) are still cleaned below.
         for hdir in (pool_dir(p) / "hosts").glob("*"):
             if not (hdir / "meta.json").exists():
