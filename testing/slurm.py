@@ -2,8 +2,8 @@
 the others, munge with one shared key. Test infrastructure, not production code.
 
 All test hosts share the machine's network namespace (each on its own loopback address) and
-slurmd/slurmctld listen on every address, so each daemon gets its own port, derived from the
-pool's /24 (127.0.<net>.0) so that pools do not collide. Without cgroups in the containers the
+slurmd/slurmctld listen on every address, so each daemon gets its own port, from a block derived
+from the controller's address so that clusters (in one pool or several) do not collide. Without cgroups in the containers the
 cluster uses proctrack/linuxproc and task/none (plain process tracking: enough for jobs such as
 `sbatch --wrap 'sleep 20'`). The Slurm node name of a host is its host name unless `names`
 maps it to another one (NodeName=<name> NodeHostname=<host>), as a site's naming may differ.
@@ -28,15 +28,21 @@ def _sh(host, cmd: str, timeout: float = 300) -> str:
     return r.stdout
 
 
+PORTS_PER_CLUSTER = 16
+
+
 def ports(ctl) -> tuple[int, int]:
-    """(slurmctld port, first slurmd port) for the pool of `ctl`."""
-    net = int(ctl.address.split(".")[2])
-    base = 30000 + net * 64
+    """(slurmctld port, first slurmd port): a block of 16 ports below the ephemeral range, by
+    the controller's address (127.0.<net>.<last>), so that clusters in one pool or in several
+    pools do not collide."""
+    _, _, net, last = (int(x) for x in ctl.address.split("."))
+    base = 20000 + ((net * 256 + last) % 760) * PORTS_PER_CLUSTER
     return base, base + 1
 
 
 def config(ctl, nodes, names: dict[str, str] | None = None) -> str:
     names = names or {}
+    assert len(nodes) < PORTS_PER_CLUSTER, f"at most {PORTS_PER_CLUSTER - 1} nodes per test cluster"
     ctl_port, node_port = ports(ctl)
     lines = [
         "# gpufleet test cluster (testing/slurm.py)",
