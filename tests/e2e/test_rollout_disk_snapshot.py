@@ -40,12 +40,13 @@ def fleet(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
     image = work / "disk.img"
     with open(image, "wb") as f:
         f.truncate(400 * 1024 * 1024)
-    dev = run("losetup", "--find", "--show", str(image)).stdout.strip()
     mnt = snapped.root / MOUNT.lstrip("/")
     try:
-        run("mkfs.btrfs", "-q", "-f", dev)
+        run("mkfs.btrfs", "-q", "-f", str(image))
         mnt.mkdir(parents=True, exist_ok=True)
-        run("mount", dev, str(mnt))
+        # mount -o loop: the loop device goes with the mount (autoclear), also when the harness
+        # tears the host down after a killed run (it unmounts everything under the host)
+        run("mount", "-o", "loop", str(image), str(mnt))
         run("btrfs", "subvolume", "create", str(mnt / "data"))
         (mnt / "data/marker").write_text("before the upgrade\n")
         for h in hosts:   # the hosts' own btrfs tools (before the driver's preparation narrows apt's lists)
@@ -58,7 +59,7 @@ def fleet(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
         yield snapped, plain, work, mnt
     finally:
         run("umount", str(mnt), check=False)
-        run("losetup", "-d", dev, check=False)   # detached once the host's copy of the mount is gone
+        image.unlink(missing_ok=True)
 
 
 def tool(work: Path, name: str, *args: str) -> subprocess.CompletedProcess:
