@@ -74,9 +74,9 @@ _RUN = (
     "-p RemainAfterExit=yes -p Type=exec " + SCRIPT + " \"$@\" || exit 1; "
     "sleep 0.2; while running; do sleep 1; done; "
     "result=$(systemctl show -p Result --value $u); status=$(systemctl show -p ExecMainStatus --value $u); "
-    "if [ \"$result\" != success ]; then "
-    "echo \"gpufleet: the package change ($u) ended: $result, exit status $status; the end of " + LOG + ":\" >&2; "
-    "tail -n 15 " + LOG + " >&2; exit 1; fi; "
+    "if [ \"$result\" != success ]; then tail -n 15 " + LOG + " >&2; "
+    "echo \"gpufleet: the package change ($u) ended: $result, exit status $status (its log: " + LOG + ")\" >&2; "
+    "exit 1; fi; "
     "echo \"gpufleet: the package change ($u) finished: exit status $status\""
 )
 

@@ -8,7 +8,9 @@ real DKMS build takes minutes), so the controller can be killed while apt is at 
    a GPU job started meanwhile stops the resumed rollout right before the reboot (the idle
    check is repeated in the command that reboots); once it ends the resume finishes the host;
 2. the package change itself is killed (as a power cut would): dpkg is left half configured
-   with the holds released; the resumed rollout repairs dpkg, holds again and finishes.
+   with the holds released; the resumed rollout repairs dpkg, holds again and finishes;
+3. the package change fails (a DKMS build that fails): the rollout reports the unit's result
+   and the end of its log, the holds are back; once fixed, a re-run repairs and finishes.
 """
 from __future__ import annotations
 
@@ -30,8 +32,10 @@ REPO = Path(__file__).resolve().parents[2]
 UNIT = "gpufleet-package-change.service"
 HOLD = "/run/gpufleet-test-hold-postinst"        # while it exists the stand-in postinst waits
 RUNNING = "/run/gpufleet-test-postinst-running"   # the stand-in postinst is at work
+FAIL = "/run/gpufleet-test-fail-postinst"         # while it exists the stand-in postinst fails
 SLOW_POSTINST = f"""#!/bin/sh
 # gpufleet test stand-in: a DKMS build takes minutes; this waits while {HOLD} exists (at most 600 s)
+if [ -e {FAIL} ]; then echo "gpufleet test stand-in: the DKMS build fails on purpose" >&2; exit 1; fi
 touch {RUNNING}
 i=0
 while [ -e {HOLD} ] && [ $i -lt 600 ]; do sleep 1; i=$((i+1)); done
@@ -165,3 +169,31 @@ def test_package_change_killed_dpkg_is_repaired_and_holds_come_back_on_resume(fl
     assert_at_new_driver(h)
     assert rf.loaded(h) == rf.NEW
     assert rf.version(h, f"nvidia-driver-pinning-{rf.NEW}") == f"ii {rf.NEW_DEB}"
+
+
+def test_failed_change_reports_its_log_holds_come_back_rerun_repairs(fleet):
+    hosts, work = fleet
+    h = hosts[0]
+    r = subprocess.run([str(REPO / "tools/rollback"), f"{h.name}.py", h.name, "--reboot"], cwd=work,
+                       capture_output=True, text=True, timeout=600)
+    print(r.stdout, r.stderr)
+    assert r.returncode == 0 and rf.version(h, "nvidia-open") == f"ii {rf.OLD_DEB}" and rf.loaded(h) == rf.OLD
+    args = ("--state", ".gpufleet/rollouts/failing.json")
+    rf.sh(h, f"touch {FAIL}")
+    try:
+        r = rollout(work, h, *args)
+        assert r.returncode == 1, r.stdout
+        assert f"the package change ({UNIT}) ended: exit-code, exit status 100" in r.stdout, r.stdout
+        # the end of the unit's log, read back: dpkg's own account of what failed
+        assert "Errors were encountered while processing:" in r.stderr and " nvidia-kernel-open-dkms" in r.stderr
+        assert "the DKMS build fails on purpose" in rf.sh(h, "cat /var/log/gpufleet/package-change.log").stdout
+        assert unit_state(h)["Result"] == "exit-code"
+        assert rf.holds(h) == set(rf.HELD)                                    # held again after the failure
+        assert "nvidia-kernel-open-dkms" in audit(h)                           # dpkg: half configured
+        assert rf.loaded(h) == rf.OLD
+    finally:
+        rf.sh(h, f"rm -f {FAIL}")
+    r = rollout(work, h, *args)
+    assert r.returncode == 0, r.stdout
+    assert_at_new_driver(h)
+    assert rf.loaded(h) == rf.NEW
