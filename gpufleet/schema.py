@@ -720,6 +720,7 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "firewall_open_ports": _list(_check_port, _PORTS_ALLOWED),
         "firewall_trusted_cidrs": _list(_check_cidr, _CIDRS_ALLOWED),
         "firewall_revert_after": _int(10, 3600),
+        "hardening_sshd_revert_after": _int(10, 3600),
         "rollout_batch_size": _int(1),
         "rollout_require_idle": _bool(),
         "rollout_snapshot": _enum("none", "lvm", "btrfs", "zfs", "command"),

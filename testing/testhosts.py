@@ -8,7 +8,8 @@ its own sshd on its own loopback address, real apt) made from a cached debootstr
 Hosts belong to a *pool* (default ``default``; pytest uses its own) so that parallel users do
 not collide: a pool owns one loopback /24 (127.0.<net>.0) and a set of cgroups. Everything a
 pool starts lives inside its cgroups, so ``down`` can always find and stop it, also after a
-killed run. Facts behind the traps handled here: ../shared/reference/testhosts.md, kept in
+killed run. With ``private_network`` a host gets a network namespace of its own instead of a
+loopback address (see "Private networks" below). Facts behind the traps handled here: ../shared/reference/testhosts.md, kept in
 tests/README.md.
 """
 from __future__ import annotations
@@ -24,7 +25,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -155,6 +158,15 @@ class Host:
     ssh_key: str
     ssh_user: str = SSH_USER
     pid: int | None = None
+    # --private-network hosts: the client namespace to reach them from (`ip netns exec NETNS ssh
+    # ...`); their address exists only there and in the host's own namespace.
+    netns: str | None = None
+    forward: list[int] = dataclasses.field(default_factory=list)  # machine ports the host reaches
+
+    @property
+    def host_netns(self) -> str | None:
+        """The host's own network namespace (None: the machine's network, loopback address)."""
+        return _host_netns(self.pool, self.name) if self.netns else None
 
     @property
     def dir(self) -> Path:
@@ -165,7 +177,10 @@ class Host:
         return self.dir / "root"
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if not self.netns:  # a loopback host records what harnesses without private networks read
+            del data["netns"], data["forward"]
+        return data
 
     def written_files(self) -> dict[str, tuple]:
         """Every file the host has written since boot (its overlay upper layer), minus logs:
@@ -180,6 +195,10 @@ class Host:
             state[rel] = (st.st_mode, st.st_size, st.st_mtime_ns)
         return state
 
+    def command_prefix(self) -> list[str]:
+        """What runs a command in the place this host is reachable from."""
+        return ["ip", "netns", "exec", self.netns] if self.netns else []
+
     def pyinfra_data(self) -> dict:
         """Host data a pyinfra inventory needs to reach this host."""
         return {
@@ -189,6 +208,13 @@ class Host:
             "ssh_known_hosts_file": "/dev/null",
             "ssh_strict_host_key_checking": "no",
         }
+
+
+def _host_from_meta(meta: Path) -> Host:
+    """The host a meta.json describes; fields another version of the harness added (a pool of
+    another checkout) are ignored."""
+    known = {f.name for f in dataclasses.fields(Host)}
+    return Host(**{k: v for k, v in json.loads(meta.read_text()).items() if k in known})
 
 
 def pool_dir(pool: str) -> Path:
@@ -254,8 +280,14 @@ def _alive(pid: int) -> bool:
 
 
 def up(count: int, release: str = "bookworm", gpu: str | None = None, pool: str = DEFAULT_POOL,
-       names: list[str] | None = None, timeout: float = 120) -> list[Host]:
-    """Boot `count` new hosts in `pool` and wait until systemd reports them running."""
+       names: list[str] | None = None, timeout: float = 120, private_network: bool = False,
+       forward: list[int] | tuple[int, ...] = ()) -> list[Host]:
+    """Boot `count` new hosts in `pool` and wait until systemd reports them running.
+
+    `private_network`: each host in a network namespace of its own (CAP_NET_ADMIN there, so
+    nftables loads for real), joined by veth to the pool's client namespace (see
+    _private_network); `forward`: ports of the machine's 127.0.0.1 (a stand-in apt repository)
+    the host reaches on its own 127.0.0.1."""
     base = ensure_base(release)
     if gpu:
         from testing import gpusim
@@ -278,8 +310,13 @@ def up(count: int, release: str = "bookworm", gpu: str | None = None, pool: str 
         existing.add(name)
         last = next(n for n in range(10, 255) if n not in taken)
         taken.add(last)
-        hosts.append(Host(name=name, address=f"127.0.{net}.{last}", release=release, gpu=gpu,
-                          pool=pool, ssh_key=str(key)))
+        if private_network:
+            hosts.append(Host(name=name, address=f"{PRIVATE_NET_PREFIX}.{net}.{last}", release=release,
+                              gpu=gpu, pool=pool, ssh_key=str(key), netns=_client_netns(pool),
+                              forward=[int(p) for p in forward]))
+        else:
+            hosts.append(Host(name=name, address=f"127.0.{net}.{last}", release=release, gpu=gpu,
+                              pool=pool, ssh_key=str(key)))
     for host in hosts:
         _boot(host, base)
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(hosts)))) as ex:
@@ -312,6 +349,161 @@ def _is_mountpoint(path: Path) -> bool:
     return any(line.split()[1] == target for line in Path("/proc/mounts").read_text().splitlines())
 
 
+# --------------------------------------------------------------------------------------------
+# Private networks: each host in a network namespace of its own, joined by a veth pair to the
+# pool's client namespace (a bridge with PRIVATE_NET_PREFIX.<net>.1/24), from which tests and
+# pyinfra reach it (`ip netns exec NETNS ...`). Nothing is added to the machine's own network:
+# both ends of every veth live in namespaces the harness made, and `down` deletes them. The
+# host reaches Debian's archive (and `forward` ports of the machine's 127.0.0.1) through relays
+# its launcher runs: sockets listening on the host's own loopback, connecting out from the
+# machine, so the host needs no route and its firewall sees only loopback traffic.
+# --------------------------------------------------------------------------------------------
+
+PRIVATE_NET_PREFIX = "10.232"
+NETNS_PREFIX = "gft."
+NETNS_DIR = Path("/run/netns")
+CLIENT_BRIDGE = "br0"
+HOST_IFACE = "host0"
+CLONE_NEWNET = 0x40000000
+
+
+def _client_netns(pool: str) -> str:
+    return f"{NETNS_PREFIX}{pool}.client"
+
+
+def _host_netns(pool: str, name: str) -> str:
+    return f"{NETNS_PREFIX}{pool}.{name}"
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run(["ip", *args], check=check, capture_output=True, text=True)
+
+
+def _netns_names() -> list[str]:
+    return sorted(p.name for p in NETNS_DIR.glob(NETNS_PREFIX + "*")) if NETNS_DIR.is_dir() else []
+
+
+@contextlib.contextmanager
+def in_netns(name: str):
+    """Run the calling thread (only it) in network namespace `name`: sockets made meanwhile
+    stay in that namespace, connect and serve there after the thread is back."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        target = os.open(NETNS_DIR / name, os.O_RDONLY)
+        try:
+            if libc.setns(target, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"setns into network namespace {name} failed")
+        finally:
+            os.close(target)
+        try:
+            yield
+        finally:
+            if libc.setns(own, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back into the machine's network failed")
+    finally:
+        os.close(own)
+
+
+def _ensure_client_netns(pool: str, net: int) -> str:
+    ns = _client_netns(pool)
+    with _flock(STATE_ROOT / ".lock-netns"):
+        if not (NETNS_DIR / ns).exists():
+            _ip("netns", "add", ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", ns, "link", "add", CLIENT_BRIDGE, "type", "bridge")
+            _ip("-n", ns, "addr", "add", f"{PRIVATE_NET_PREFIX}.{net}.1/24", "dev", CLIENT_BRIDGE)
+            _ip("-n", ns, "link", "set", CLIENT_BRIDGE, "up")
+    return ns
+
+
+def _make_host_network(host: Host) -> None:
+    net, last = host.address.split(".")[2:]
+    _ensure_client_netns(host.pool, int(net))
+    ns, peer = host.host_netns, f"vh{last}"
+    _ip("netns", "del", ns, check=False)
+    _ip("-n", host.netns, "link", "del", peer, check=False)
+    _ip("netns", "add", ns)
+    _ip("-n", ns, "link", "set", "lo", "up")
+    # Made inside the host's namespace, its peer moved straight into the client's.
+    _ip("-n", ns, "link", "add", HOST_IFACE, "type", "veth", "peer", "name", peer, "netns", host.netns)
+    _ip("-n", ns, "addr", "add", f"{host.address}/24", "dev", HOST_IFACE)
+    _ip("-n", ns, "link", "set", HOST_IFACE, "up")
+    _ip("-n", host.netns, "link", "set", peer, "master", CLIENT_BRIDGE, "up")
+
+
+def _archive_hosts() -> list[tuple[str, int]]:
+    """(name, port) of the Debian archive the hosts' sources.list points at."""
+    url = urllib.parse.urlsplit(MIRROR)
+    found = [(url.hostname or "deb.debian.org", url.port or 80), ("deb.debian.org", 80)]
+    return list(dict.fromkeys(found))
+
+
+def _relays(host: Host) -> list[list]:
+    """[listen address, port, target host, port] inside the private host's namespace."""
+    relays = [[f"127.0.2.{i}", port, name, port] for i, (name, port) in enumerate(_archive_hosts(), start=1)]
+    relays += [["127.0.0.1", port, "127.0.0.1", port] for port in host.forward]
+    return relays
+
+
+def _start_relays(netns: str, relays: list[list]) -> None:
+    for listen_addr, listen_port, target, target_port in relays:
+        with in_netns(netns):
+            server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind((listen_addr, listen_port))
+        server.listen(64)
+        threading.Thread(target=_relay_accept, args=(server, target, target_port), daemon=True).start()
+
+
+def _relay_accept(server: socket.socket, target: str, port: int) -> None:
+    while True:
+        conn, _ = server.accept()
+        threading.Thread(target=_relay_pair, args=(conn, target, port), daemon=True).start()
+
+
+def _relay_pair(conn: socket.socket, target: str, port: int) -> None:
+    try:
+        upstream = socket.create_connection((target, port), timeout=30)
+    except OSError:
+        conn.close()
+        return
+    upstream.settimeout(None)
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    back = threading.Thread(target=pump, args=(upstream, conn), daemon=True)
+    back.start()
+    pump(conn, upstream)
+    back.join()
+    conn.close()
+    upstream.close()
+
+
+def _connect(host: Host, port: int, timeout: float) -> socket.socket:
+    """A TCP connection to the host, from the place it is reachable from."""
+    if not host.netns:
+        return socket.create_connection((host.address, port), timeout=timeout)
+    with in_netns(host.netns):
+        sock = socket.socket()
+    sock.settimeout(timeout)
+    try:
+        sock.connect((host.address, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def _cgroup_dirs(host: Host) -> list[Path]:
     return [h / "gpufleet-testhosts" / host.pool / host.name for h in CGROUP_HIERARCHIES if h.is_dir()]
 
@@ -329,6 +521,11 @@ def _boot(host: Host, base: Path) -> None:
     if host.gpu:
         from testing import gpusim
         extra = gpusim.install(host.root, host.gpu, hdir / "gpusim")
+    if host.netns:
+        _make_host_network(host)
+        # The host owns its namespace: CAP_NET_ADMIN there touches nothing of the machine's.
+        extra += [f"--network-namespace-path={NETNS_DIR / host.host_netns}", "--capability=CAP_NET_ADMIN"]
+        (hdir / "network.json").write_text(json.dumps({"netns": host.host_netns, "relays": _relays(host)}))
     nspawn = [
         "systemd-nspawn", "--quiet", "--register=no", "--keep-unit", f"--machine={host.name}",
         "--console=read-only", "-D", str(host.root), *extra, "--boot",
@@ -355,7 +552,10 @@ def _personalise(host: Host) -> None:
     auth.write_text(Path(host.ssh_key + ".pub").read_text())
     auth.chmod(0o600)
     (root / "etc/hostname").write_text(host.name + "\n")
-    (root / "etc/hosts").write_text(f"127.0.0.1 localhost\n{host.address} {host.name}\n")
+    hosts = f"127.0.0.1 localhost\n{host.address} {host.name}\n"
+    if host.netns:  # the archive through the launcher's relays (see _relays)
+        hosts += "".join(f"{addr} {name}\n" for addr, _, name, _ in _relays(host)[:len(_archive_hosts())])
+    (root / "etc/hosts").write_text(hosts)
     # Without it sshd binds 0.0.0.0:22 on the network all hosts share.
     (root / "etc/ssh/sshd_config.d/00-listen.conf").write_text(
         f"# written by the gpufleet test-host harness\nListenAddress {host.address}\n"
@@ -380,6 +580,9 @@ def supervise(hdir: Path) -> int:
             (cg / "cgroup.procs").write_text(str(os.getpid()))
     stopping = False
     child: subprocess.Popen | None = None
+    network = json.loads((hdir / "network.json").read_text()) if (hdir / "network.json").exists() else None
+    if network:
+        _start_relays(network["netns"], network["relays"])
 
     def on_term(signum, frame):
         nonlocal stopping
@@ -390,6 +593,8 @@ def supervise(hdir: Path) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     while True:
+        if network:  # a machine boots with no rules loaded; the namespace outlives the boot
+            run(["ip", "netns", "exec", network["netns"], "nft", "flush", "ruleset"], check=False)
         child = subprocess.Popen(nspawn, stdin=subprocess.DEVNULL)
         rc = child.wait()
         boots = hdir / "boots"
@@ -406,7 +611,7 @@ def wait_ready(host: Host, timeout: float = 120) -> None:
         if host.pid and not _alive(host.pid):
             raise RuntimeError(f"{host.name}: launcher died; see {host.dir / 'console.log'}")
         try:
-            with socket.create_connection((host.address, 22), timeout=1):
+            with _connect(host, 22, timeout=1):
                 break
         except OSError:
             if time.monotonic() > deadline:
@@ -425,17 +630,23 @@ def wait_ready(host: Host, timeout: float = 120) -> None:
 def ssh(host: Host, command: str, check: bool = True, timeout: float = 60, user: str | None = None) -> subprocess.CompletedProcess:
     """Run `command` on `host` through the real OpenSSH client."""
     return run([
-        "ssh", "-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+        *host.command_prefix(), "ssh", "-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
         "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5", "-i", host.ssh_key,
         f"{user or host.ssh_user}@{host.address}", command,
     ], check=check, capture_output=True, text=True, timeout=timeout)
 
 
-def reboot(host: Host, timeout: float = 120) -> None:
-    """Reboot a host for real (systemd goes down and comes back; /run and GPU state are lost)."""
+def reboot(host: Host, timeout: float = 120, console: bool = False) -> None:
+    """Reboot a host for real (systemd goes down and comes back; /run and GPU state are lost).
+    `console`: without logging in (a host that refuses SSH): ctrl-alt-del, i.e. SIGINT to its
+    systemd."""
     boots_file = host.dir / "boots"
     before = int(boots_file.read_text()) if boots_file.exists() else 0
-    ssh(host, "systemctl reboot", check=False, timeout=10)
+    if console:
+        from testing.netns import container_pid
+        os.kill(container_pid(host), signal.SIGINT)
+    else:
+        ssh(host, "systemctl reboot", check=False, timeout=10)
     deadline = time.monotonic() + timeout
     while (int(boots_file.read_text()) if boots_file.exists() else 0) == before:
         if time.monotonic() > deadline:
@@ -471,6 +682,10 @@ def down(pool: str | None = DEFAULT_POOL) -> int:
     for host in hosts:
         _destroy(host)
     for p in pools:
+        # The hosts' namespaces (with their veths), then the client's.
+        for ns in sorted(_netns_names(), key=lambda n: n == _client_netns(p)):
+            if ns.startswith(f"{NETNS_PREFIX}{p}."):
+                _ip("netns", "del", ns, check=False)
         for h in CGROUP_HIERARCHIES:
             for cg in (h / "gpufleet-testhosts" / p, h / "gpufleet-testhosts"):
                 with contextlib.suppress(OSError):
@@ -529,7 +744,8 @@ def leftovers(pool: str | None = None) -> list[str]:
     overlay mounts, cgroups."""
     found = _leftovers()
     if pool:
-        found = [item for item in found if f"/{pool}/" in item or item.endswith(f"/{pool}")]
+        found = [item for item in found if f"/{pool}/" in item or item.endswith(f"/{pool}")
+                 or item.startswith(f"netns {NETNS_PREFIX}{pool}.")]
     return found
 
 
@@ -540,6 +756,7 @@ def _leftovers() -> list[str]:
             found.append("mount " + line.split()[1])
     if NSPAWN_RUNTIME_MARK.exists() and _is_mountpoint(NSPAWN_RUNTIME) and not list_hosts(None):
         found.append(f"mount {NSPAWN_RUNTIME} (the harness's tmpfs, no host left)")
+    found += [f"netns {ns}" for ns in _netns_names()]
     for h in CGROUP_HIERARCHIES:
         top = h / "gpufleet-testhosts"
         if top.is_dir():
@@ -565,6 +782,11 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("count", type=int)
     p_up.add_argument("--release", choices=RELEASES, default="bookworm")
     p_up.add_argument("--gpu", metavar="SPEC", help="simulated GPUs (test double), e.g. h200x2, t4, h100x8")
+    p_up.add_argument("--private-network", action="store_true",
+                      help="each host in a network namespace of its own, reached from the pool's "
+                           "client namespace (list --json: netns)")
+    p_up.add_argument("--forward", metavar="PORT", type=int, action="append", default=[],
+                      help="with --private-network: a port of the machine's 127.0.0.1 the hosts reach on theirs")
     p_list = sub.add_parser("list", help="running hosts")
     p_list.add_argument("--json", action="store_true")
     p_list.add_argument("--all", action="store_true", help="every pool")
@@ -586,7 +808,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("test hosts need root (mounts, systemd-nspawn)")
     if args.cmd == "up":
         t0 = time.monotonic()
-        hosts = up(args.count, args.release, args.gpu, args.pool)
+        hosts = up(args.count, args.release, args.gpu, args.pool, private_network=args.private_network,
+                   forward=args.forward)
         log(f"{len(hosts)} host(s) up in {time.monotonic() - t0:.1f} s")
         _print_hosts(hosts, as_json=False)
     elif args.cmd == "list":
@@ -617,7 +840,7 @@ def _print_hosts(hosts: list[Host], as_json: bool) -> None:
         ], indent=1))
         return
     for h in hosts:
-        print(f"{h.name}\t{h.address}\t{h.release}\t{h.gpu or '-'}")
+        print(f"{h.name}\t{h.address}\t{h.release}\t{h.gpu or '-'}" + (f"\t{h.netns}" if h.netns else ""))
 
 
 if __name__ == "__main__":
