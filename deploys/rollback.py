@@ -20,8 +20,10 @@ from facts.gpu import GpuState
 from facts.packages import HeldPackages, PackageVersions
 from facts.rollout import EtcFiles
 from gpufleet.rollout import manifest as mf
+from gpufleet.rollout import snapshot as snap
 from gpufleet.rollout.context import RolloutContext
-from operations.driver_upgrade import packages_at_versions
+from operations.driver_upgrade import package_change_settled, packages_at_versions
+from operations.snapshot import disk_snapshot_restored
 
 
 @operation()
@@ -50,6 +52,7 @@ def restore(ctx: RolloutContext) -> None:
                    outcome="busy")
         return
     installed = host.get_fact(PackageVersions, packages=list(mf.PACKAGE_PATTERNS))
+    package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
     todo = mf.rollback_installs(doc, installed)
     install = dict(spec.split("=", 1) for spec in todo)
     remove = mf.rollback_removals(doc, installed)
@@ -61,3 +64,21 @@ def restore(ctx: RolloutContext) -> None:
         held(name="Release holds the manifest did not have", packages=extra_holds, present=False)
     etc_files_restored(name="Put back the recorded apt sources, pins, keyrings and GPU configuration",
                        tarball=doc["etc_tarball"], recorded=doc["etc_files"])
+
+
+@deploy("Restore the disk snapshot taken before the upgrade")
+def restore_disk(ctx: RolloutContext, ident: str) -> None:
+    doc = ctx.manifests[host.name]
+    disk = doc.get("disk_snapshot")
+    if not disk or disk.get("error"):
+        ctx.refuse(host, f"manifest {doc['id']} records no disk snapshot"
+                         + (f" ({disk['error']})" if disk and disk.get("error") else " (rollout_snapshot was none)"))
+        return
+    try:
+        commands = snap.host_restore(disk, ident)
+    except snap.SnapshotError as exc:
+        ctx.refuse(host, f"{exc}; restore it by hand: {disk.get('restore')}")
+        return
+    disk_snapshot_restored(name=f"Put {commands[1][2]} back to the {disk['provider']} snapshot {disk['name']} "
+                                f"(the current one is kept as {commands[1][3]})",
+                           target=commands[1][2], commands=[list(c) for c in commands], hint=disk.get("restore", ""))

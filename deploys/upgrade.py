@@ -33,8 +33,8 @@ from gpufleet.rollout.context import RolloutContext
 from gpufleet.rollout.snapshot import snapshot_name
 from gpufleet.settings import host_settings
 from operations.apt_index import index_refreshed
-from operations.drain import gpu_containers_stopped, gpus_idle, slurm_node
-from operations.driver_upgrade import packages_at_versions
+from operations.drain import gpu_containers_stopped, gpus_idle, gpus_idle_now, slurm_node, slurm_node_drained
+from operations.driver_upgrade import package_change_settled, packages_at_versions
 from operations.gpu_restore import gpu_settings_restored
 from operations.reboot import rebooted
 from operations.snapshot import (controller_snapshot_taken, copied_to_controller, disk_snapshot_taken,
@@ -73,24 +73,39 @@ def survey_host(ctx: RolloutContext) -> None:
         "available": {name: [v for v in versions if mf.upstream(v) == ctx.target]
                       for name, versions in candidates.items()},
         "holds": host.get_fact(HeldPackages),
-        "slurm": host.get_fact(SlurmNode).scontrol is not None,
+        "slurm": host.get_fact(SlurmNode, node=settings.rollout_slurm_node_name).scontrol is not None,
     }
 
 
 @deploy("Take the host out of service")
 def drain(ctx: RolloutContext) -> None:
     settings = host_settings(host)
+    # a rollout resumed after its SSH session died: the package change it started finishes (or an
+    # interrupted dpkg is repaired) before anything else happens on this host
+    package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
     processes = host.get_fact(GpuState).processes
-    if processes and settings.rollout_require_idle and not ctx.force and ctx.wait_idle <= 0:
+    node = settings.rollout_slurm_node_name
+    slurm = host.get_fact(SlurmNode, node=node)
+    if slurm.scontrol and slurm.error:
+        ctx.refuse(host, f"Slurm node {slurm.node}: {slurm.error}; not upgraded "
+                         "(set rollout_slurm_node_name if the node has another name)")
+        return
+    # on a Slurm node the GPU processes are (mostly) its jobs: the drain waits for them below
+    if processes and settings.rollout_require_idle and not ctx.force and ctx.wait_idle <= 0 and not slurm.scontrol:
         running = ", ".join(f"{p.pid} {p.process_name}" for p in processes)
         ctx.refuse(host, f"busy: {len(processes)} GPU process(es) running ({running}); "
                          "not upgraded (wait with --wait-idle, or --force)", outcome="busy")
         return
     slurm_node(name=f"Drain the Slurm node for the driver upgrade to {ctx.target}", drained=True,
-               reason=f"gpufleet driver upgrade to {ctx.target}")
+               reason=f"gpufleet driver upgrade to {ctx.target}", node=node)
+    slurm_node_drained(name="Wait for the Slurm jobs on the node to finish (DRAINED)", node=node,
+                       timeout=settings.rollout_drain_timeout)
     if ctx.stop_containers:
         gpu_containers_stopped(name="Stop the containers that use the GPUs")
-    if processes and settings.rollout_require_idle and not ctx.force:
+    if slurm.scontrol and settings.rollout_require_idle and not ctx.force:
+        # checked once the node is DRAINED: what still runs on the GPUs is not a Slurm job
+        gpus_idle_now(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
+    elif processes and settings.rollout_require_idle and not ctx.force:
         gpus_idle(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
     index_refreshed(name="Refresh the package index of the NVIDIA repository",
                     url=host_settings(host).driver_repo_url)
@@ -178,11 +193,15 @@ def upgrade(ctx: RolloutContext) -> None:
                    | {f"nvidia-driver-pinning-{ctx.target}"})
     available = host.get_fact(AptVersions, packages=names)
     holds = host.get_fact(HeldPackages)
+    # what the manifest recorded as held is held again, even if an interrupted change released it
+    recorded = (ctx.manifests.get(host.name) or {}).get("holds", [])
+    holds = sorted(set(holds) | {p for p in recorded if not mf.PINNING_PACKAGE.match(p) or p in holds})
     install, remove, hold, missing = upgrade_plan(installed, holds, available, ctx.target)
     if missing:
         ctx.refuse(host, f"driver {ctx.target} is not available from the configured repositories for: "
                          f"{', '.join(missing)}")
         return
+    package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
     packages_at_versions(name=f"Move the driver packages to {ctx.target} (unhold, install, hold again)",
                          install=install, remove=remove, hold=hold)
 
@@ -198,8 +217,11 @@ def reboot(ctx: RolloutContext) -> None:
         ctx.refuse(host, f"driver {ctx.target} installed, {loaded} still loaded, and driver_reboot is never: "
                          "reboot the host by hand, then re-run the rollout", outcome="reboot-pending")
         return
+    # the idle check runs again in the very command that starts the reboot (drain to reboot is
+    # minutes of package work; a job started meanwhile must not be killed)
     rebooted(name=f"Reboot to load driver {ctx.target} (loaded: {loaded})",
-             reason=f"gpufleet driver upgrade to {ctx.target}", timeout=ctx.reboot_timeout)
+             reason=f"gpufleet driver upgrade to {ctx.target}", timeout=ctx.reboot_timeout,
+             require_idle=settings.rollout_require_idle and not ctx.force)
 
 
 @deploy("Re-apply persistence and clocks")
@@ -262,7 +284,8 @@ def validate(ctx: RolloutContext) -> None:
 
 @deploy("Put the host back in service")
 def undrain(ctx: RolloutContext) -> None:
-    slurm_node(name="Resume the Slurm node", drained=False)
+    slurm_node(name="Resume the Slurm node (only if gpufleet drained it)", drained=False,
+               node=host_settings(host).rollout_slurm_node_name)
 
 
 def load_manifest(path: str | Path) -> dict:

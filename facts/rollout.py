@@ -15,34 +15,66 @@ from .packages import quoted_package_names
 _SHA_LINE = re.compile(r"^([0-9a-f]{64})  (/.+)$")
 
 
+# The reason every drain gpufleet sets starts with this: a node drained for another reason (by an
+# admin, by Slurm's health check) is never resumed by gpufleet.
+SLURM_REASON_TAG = "gpufleet"
+
+
 @dataclass(frozen=True)
 class SlurmNodeData(JsonMixin):
     scontrol: str | None      # path of scontrol, None when Slurm's client is not installed
-    node: str                 # the Slurm node name (short host name)
-    state: str | None = None  # State= of `scontrol show node`, e.g. IDLE, DRAINED, MIXED+DRAIN
+    node: str                 # the Slurm node name (rollout_slurm_node_name, default the short host name)
+    state: str | None = None  # sinfo's long state: idle, mixed, allocated, draining, drained, down*...; None = unknown
+    reason: str = ""          # the drain/down reason Slurm shows (sinfo -R)
+    error: str = ""           # why the state could not be read (slurmctld unreachable, node unknown)
+
+    @property
+    def drain_set(self) -> bool:
+        """Drain requested (draining: jobs still running; or drained)."""
+        return bool(self.state) and self.state.startswith(("drain", "drng"))
+
+    @property
+    def drained(self) -> bool:
+        """Drained and no job left on it (sinfo: drained, not draining)."""
+        return bool(self.state) and self.state.startswith("drained")
+
+    @property
+    def ours(self) -> bool:
+        """Drained by gpufleet (the reason carries its tag)."""
+        return self.reason.startswith(SLURM_REASON_TAG)
 
 
 class SlurmNode(FactBase[SlurmNodeData]):
-    """Whether Slurm's `scontrol` exists on the host, the host's Slurm node name and state."""
+    """Whether Slurm's `scontrol` exists on the host, the host's Slurm node name, its state and
+    drain reason (from sinfo, which asks slurmctld)."""
 
     @override
-    def command(self) -> str:
-        return ("echo \"node $(hostname -s)\"; "
+    def command(self, node: str = "") -> str:
+        if node and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", node):
+            raise ValueError(f"not a Slurm node name: {node!r}")
+        return with_values(
+                "n=${node:-$(hostname -s)}; echo \"node $n\"; "
                 "if p=$(command -v scontrol); then echo \"scontrol $p\"; "
-                "scontrol show node \"$(hostname -s)\" 2>/dev/null | tr ' ' '\\n' | grep '^State=' || true; fi")
+                "out=$(sinfo -h -N -n \"$n\" -o '%T|%E' 2>&1); rc=$?; "
+                "if [ $rc -ne 0 ]; then echo \"error $out\" | head -1; "
+                "elif [ -z \"$out\" ]; then echo \"error node $n is not in the Slurm cluster\"; "
+                "else echo \"$out\" | head -1 | sed 's/^/state /'; fi; fi", node=node)
 
     @override
     def process(self, output: list[str]) -> SlurmNodeData:
-        node, scontrol, state = "", None, None
+        node, scontrol, state, reason, error = "", None, None, "", ""
         for line in output:
             key, _, value = line.strip().partition(" ")
             if key == "node":
                 node = value
             elif key == "scontrol":
                 scontrol = value
-            elif line.startswith("State="):
-                state = line.strip()[len("State="):]
-        return SlurmNodeData(scontrol, node, state)
+            elif key == "state":
+                state, _, reason = value.partition("|")
+                reason = "" if reason == "none" else reason
+            elif key == "error":
+                error = value
+        return SlurmNodeData(scontrol, node, state, reason, error)
 
 
 class EtcFiles(FactBase[dict[str, str]]):
@@ -136,3 +168,40 @@ class PathExists(FactBase[bool]):
     @override
     def process(self, output: list[str]) -> bool:
         return bool(output) and output[-1].strip() == "yes"
+
+
+@dataclass(frozen=True)
+class PackageChangeData(JsonMixin):
+    running: bool               # gpufleet-package-change.service is still at work
+    result: str | None          # its Result= (success, exit-code, signal...), None when never run
+    status: int | None          # its main process's exit status
+    audit: tuple[str, ...]      # `dpkg --audit` lines: packages an interrupted change left half done
+
+
+class PackageChange(FactBase[PackageChangeData]):
+    """The last driver package change run as a transient unit (operations/driver_upgrade.py) and
+    what `dpkg --audit` reports."""
+
+    @override
+    def command(self) -> str:
+        return ("systemctl show -p LoadState -p SubState -p Result -p ExecMainStatus "
+                "gpufleet-package-change.service 2>/dev/null; "
+                "dpkg --audit 2>&1 | sed 's/^/audit: /'; true")
+
+    @override
+    def process(self, output: list[str]) -> PackageChangeData:
+        props, audit = {}, []
+        for line in output:
+            if line.startswith("audit: "):
+                if line[7:].strip():
+                    audit.append(line[7:].rstrip())
+            elif "=" in line:
+                key, _, value = line.strip().partition("=")
+                props[key] = value
+        loaded = props.get("LoadState") == "loaded"
+        status = props.get("ExecMainStatus", "")
+        return PackageChangeData(
+            running=loaded and props.get("SubState", "") in ("start", "start-pre", "start-post", "running"),
+            result=props.get("Result") if loaded else None,
+            status=int(status) if loaded and status.isdigit() else None,
+            audit=tuple(audit))

@@ -100,6 +100,8 @@ class Settings:
     rollout_snapshot_target: str
     rollout_snapshot_size: str
     rollout_snapshot_command: tuple[str, ...]
+    rollout_slurm_node_name: str
+    rollout_drain_timeout: int
     validate_os_release: str
     validate_gpu_models: tuple[str, ...]
     validate_gpu_count: tuple[int, int]

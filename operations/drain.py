@@ -6,31 +6,72 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.gpu import GpuState
-from facts.rollout import GpuContainers, SlurmNode
+from facts.rollout import SLURM_REASON_TAG, GpuContainers, SlurmNode
+from gpufleet.failures import fail_host
 
 
 @operation()
-def slurm_node(drained: bool = True, reason: str = "gpufleet maintenance"):
+def slurm_node(drained: bool = True, reason: str = "gpufleet maintenance", node: str = ""):
     """Drain the host's Slurm node (no new jobs; running ones finish), or resume it.
 
     + drained: True = `scontrol update state=drain reason=...`, False = `state=resume`
-    + reason: the drain reason Slurm shows (sinfo -R)
-    Does nothing when `scontrol` is not installed.
+    + reason: the drain reason Slurm shows (sinfo -R); must start with "gpufleet" (SLURM_REASON_TAG)
+    + node: the Slurm node name (default: the host's short host name)
+    Does nothing when `scontrol` is not installed. Leaves alone a node someone else drained: it
+    is not drained again (its reason stays) and never resumed.
     """
-    node = host.get_fact(SlurmNode)
-    if not node.scontrol:
+    if drained and not reason.startswith(SLURM_REASON_TAG):
+        raise ValueError(f"a gpufleet drain reason starts with {SLURM_REASON_TAG!r}: {reason!r}")
+    info = host.get_fact(SlurmNode, node=node)
+    if not info.scontrol:
         host.noop("Slurm is not installed (no scontrol): nothing to drain")
         return
-    state = (node.state or "").upper()
-    if drained and "DRAIN" in state:
-        host.noop(f"Slurm node {node.node} is draining already ({node.state})")
+    if info.error:
+        if drained:
+            fail_host(host, "rollout_slurm_node_name", f"cannot drain Slurm node {info.node}: {info.error} "
+                      "(set rollout_slurm_node_name if the node has another name)")
+        else:
+            host.noop(f"Slurm node {info.node}: state unknown ({info.error}): not resumed")
         return
-    if not drained and state and "DRAIN" not in state:
-        host.noop(f"Slurm node {node.node} is not drained ({node.state})")
+    if drained and info.drain_set:
+        host.noop(f"Slurm node {info.node} is drained already ({info.state}: {info.reason or 'no reason'})")
         return
-    args = [QuoteString(node.scontrol), "update", QuoteString(f"nodename={node.node}")]
+    if not drained and not info.drain_set:
+        host.noop(f"Slurm node {info.node} is not drained ({info.state})")
+        return
+    if not drained and not info.ours:
+        host.noop(f"Slurm node {info.node} was drained by someone else ({info.reason or 'no reason'}): "
+                  "left drained")
+        return
+    args = [QuoteString(info.scontrol), "update", QuoteString(f"nodename={info.node}")]
     args += [QuoteString("state=drain"), QuoteString(f"reason={reason}")] if drained else [QuoteString("state=resume")]
     yield StringCommand(*args)
+
+
+# Polls sinfo until the node's state is drained (no job left); $1 node, $2 timeout in seconds.
+_WAIT_DRAINED = (
+    "end=$(( $(date +%s) + $2 )); "
+    "while :; do s=$(sinfo -h -N -n \"$1\" -o %T | head -1); "
+    "case $s in drained*) echo \"Slurm node $1: $s\"; exit 0;; esac; "
+    "if [ \"$(date +%s)\" -ge $end ]; then echo \"Slurm node $1 is still $s after $2 s: "
+    "its jobs did not finish (rollout_drain_timeout)\" >&2; squeue -h -w \"$1\" -o '%i %u %j %M' >&2; exit 75; fi; "
+    "sleep 2; done"
+)
+
+
+@operation(is_idempotent=False)
+def slurm_node_drained(node: str = "", timeout: int = 3600):
+    """Wait until the host's Slurm node is DRAINED (its running jobs have finished).
+
+    + node: the Slurm node name (default: the host's short host name)
+    + timeout: seconds to wait; then the operation fails, listing the jobs still running
+    """
+    info = host.get_fact(SlurmNode, node=node)
+    if not info.scontrol or info.error:
+        host.noop("no Slurm node to wait for")
+        return
+    yield StringCommand("sh", "-c", QuoteString(_WAIT_DRAINED), "wait-drained", QuoteString(info.node),
+                        str(int(timeout)))
 
 
 # $1 polls, $2 seconds between polls, $3 the wait in seconds (for the message)
@@ -59,6 +100,35 @@ def gpus_idle(wait_seconds: int = 0, poll_seconds: int = 5):
     polls = max(1, wait_seconds // max(1, poll_seconds))
     yield StringCommand("sh", "-c", QuoteString(_WAIT_IDLE), "gpufleet-gpus-idle",
                         str(int(polls)), str(int(poll_seconds)), str(int(wait_seconds)))
+
+
+# Sets $pids (processes holding a GPU device node open) and $apps (nvidia-smi's compute processes,
+# empty when nvidia-smi cannot answer, e.g. during a driver/library mismatch).
+GPU_WORK = (
+    "pids=$(for p in /proc/[0-9]*; do ls -l \"$p/fd\" 2>/dev/null | grep -q ' /dev/nvidia[0-9][0-9]*$' "
+    "&& echo \"${p#/proc/}\"; done); "
+    "apps=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null) || apps="
+)
+# $1 seconds to wait, $2 seconds between checks
+_IDLE_LOOP = (
+    "end=$(( $(date +%s) + $1 )); while :; do " + GPU_WORK + "; "
+    "[ -z \"$pids$apps\" ] && exit 0; "
+    "if [ \"$(date +%s)\" -ge $end ]; then echo \"GPU processes still running after $1 s:"
+    " ${apps:+$apps }${pids:+processes holding /dev/nvidia*: $pids}\" | tr '\\n' ' ' >&2; echo >&2; exit 1; fi; "
+    "sleep $2; done"
+)
+
+
+@operation(is_idempotent=False)
+def gpus_idle_now(wait_seconds: int = 0, poll_seconds: int = 5):
+    """Like gpus_idle, but checked when it runs rather than when planned: after a Slurm drain has
+    waited for the node's jobs, what still runs on the GPUs is not Slurm's.
+
+    + wait_seconds: how long such processes may take to finish (0 = do not wait: fail now)
+    + poll_seconds: how often to look again
+    """
+    yield StringCommand("sh", "-c", QuoteString(_IDLE_LOOP), "gpus-idle", str(int(wait_seconds)),
+                        str(int(max(1, poll_seconds))))
 
 
 @operation()

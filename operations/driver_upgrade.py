@@ -1,18 +1,111 @@
-"""The sanctioned driver change: release the holds, install exact versions, hold again."""
+"""The sanctioned driver change: release the holds, install exact versions, hold again.
+
+The change runs on the host as a transient systemd unit (`gpufleet-package-change.service`),
+not inside the SSH session: when the session dies (controller killed, network gone) apt and
+dpkg still finish, the holds come back, and the unit keeps its result for the next run to read.
+What runs is a fixed script (PACKAGE_CHANGE_SCRIPT) given the packages as arguments; no shell
+text is built from them.
+"""
 from __future__ import annotations
 
+import io
+import re
+
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from facts.packages import HeldPackages, PackageVersions
+from facts.rollout import PackageChange
 
-APT_OPTS = ("-y", "-q", "-o", "Dpkg::Options::=--force-confold", "-o", "Dpkg::Use-Pty=0")
+UNIT = "gpufleet-package-change.service"
+SCRIPT_DIR = "/var/lib/gpufleet/libexec"
+SCRIPT = SCRIPT_DIR + "/package-change"
+LOG = "/var/log/gpufleet/package-change.log"
+# package names and Debian versions (epoch, upstream, revision): nothing a shell would expand
+_WORD = re.compile(r"^[a-z0-9][a-z0-9.+~:-]*$")
+
+# Run by systemd as the unit's main process. Arguments: unhold=P install=P=V remove=P hold=P
+# downgrade. Every argument is checked against the characters of package names and versions.
+PACKAGE_CHANGE_SCRIPT = r"""#!/bin/sh
+# gpufleet: the sanctioned driver package change (unhold, install exact versions, hold again),
+# run as the transient unit gpufleet-package-change.service so that it survives the SSH session.
+set -u
+umask 077
+mkdir -p /var/log/gpufleet
+exec >>/var/log/gpufleet/package-change.log 2>&1
+echo "=== $(date -u +%FT%TZ) package change: $*"
+unhold= specs= hold= opts=
+for a in "$@"; do
+    case $a in
+        *[!a-z0-9.+~:=-]*|'') echo "gpufleet: refused argument with unexpected characters: $a"; exit 2;;
+    esac
+    case $a in
+        unhold=*) unhold="$unhold ${a#unhold=}";;
+        install=*) specs="$specs ${a#install=}";;
+        remove=*) specs="$specs ${a#remove=}-";;
+        hold=*) hold="$hold ${a#hold=}";;
+        downgrade) opts=--allow-downgrades;;
+        *) echo "gpufleet: unknown argument: $a"; exit 2;;
+    esac
+done
+export DEBIAN_FRONTEND=noninteractive
+# a change interrupted earlier (unit killed, host rebooted) left dpkg half done: finish it first
+dpkg --configure -a
+rc=0
+[ -z "$unhold" ] || apt-mark unhold $unhold >/dev/null || rc=$?
+if [ $rc -eq 0 ] && [ -n "$specs" ]; then
+    apt-get install -y -q -o Dpkg::Options::=--force-confold -o Dpkg::Use-Pty=0 $opts $specs || rc=$?
+fi
+# the holds come back whatever apt did
+[ -z "$hold" ] || apt-mark hold $hold >/dev/null || { [ $rc -ne 0 ] || rc=5; }
+echo "=== $(date -u +%FT%TZ) exit $rc"
+exit $rc
+"""
+
+# Runs in the SSH session: waits for a change an earlier session started, starts this one as a
+# transient unit, polls it to its end and reads its result back (the log tail on failure).
+_RUN = (
+    "u=" + UNIT + "; "
+    "running() { case $(systemctl show -p SubState --value $u 2>/dev/null) in "
+    "start*|running|reload|auto-restart) return 0;; esac; return 1; }; "
+    "while running; do sleep 1; done; "
+    "systemctl stop $u 2>/dev/null; systemctl reset-failed $u 2>/dev/null; "
+    "systemd-run --quiet --unit=$u --description='gpufleet driver package change' "
+    "-p RemainAfterExit=yes -p Type=exec " + SCRIPT + " \"$@\" || exit 1; "
+    "sleep 0.2; while running; do sleep 1; done; "
+    "result=$(systemctl show -p Result --value $u); status=$(systemctl show -p ExecMainStatus --value $u); "
+    "if [ \"$result\" != success ]; then tail -n 15 " + LOG + " >&2; "
+    "echo \"gpufleet: the package change ($u) ended: $result, exit status $status (its log: " + LOG + ")\" >&2; "
+    "exit 1; fi; "
+    "echo \"gpufleet: the package change ($u) finished: exit status $status\""
+)
+
+
+def change_arguments(install: dict[str, str], remove: list[str], unhold: list[str], hold: list[str],
+                     downgrade: bool) -> list[str]:
+    """The script's arguments; refuses names or versions a shell would read as syntax."""
+    # tag=value words, each one argv word of the fixed script (quoted where the command is built)
+    args = (["unhold=" + p for p in unhold] + ["install=" + p + "=" + v for p, v in sorted(install.items())]
+            + ["remove=" + p for p in remove] + ["hold=" + p for p in hold] + (["downgrade"] if downgrade else []))
+    for word in [*install.values(), *install, *remove, *unhold, *hold]:
+        if not _WORD.match(word):
+            raise ValueError(f"not a package name or version: {word!r}")
+    return args
+
+
+def _put_script(state, host) -> bool:
+    return host.put_file(io.BytesIO(PACKAGE_CHANGE_SCRIPT.encode()), SCRIPT)
+
+
+def package_change_command(args: list[str]) -> StringCommand:
+    return StringCommand("sh", "-c", QuoteString(_RUN), "gpufleet-package-change", *(QuoteString(a) for a in args))
 
 
 @operation()
 def packages_at_versions(install: dict[str, str], remove: list[str] | None = None, hold: list[str] | None = None,
                          downgrade: bool = False):
-    """Put packages at exact versions the sanctioned way: unhold, `apt-get install pkg=ver`, hold.
+    """Put packages at exact versions the sanctioned way: unhold, `apt-get install pkg=ver`, hold,
+    as a transient systemd unit on the host (see the module docstring).
 
     + install: package -> exact Debian version
     + remove: packages to remove in the same apt transaction (e.g. the old pinning package)
@@ -33,13 +126,32 @@ def packages_at_versions(install: dict[str, str], remove: list[str] | None = Non
             host.noop(f"{len(install)} package(s) at their versions already, holds in place")
         return
     release = sorted(held & (set(todo) | set(gone) | set(hold)))
-    specs = [f"{name}={ver}" for name, ver in sorted(todo.items())] + [f"{name}-" for name in sorted(gone)]
-    opts = list(APT_OPTS) + (["--allow-downgrades"] if downgrade else [])
-    install_cmd = StringCommand("DEBIAN_FRONTEND=noninteractive", "apt-get", "install",
-                                *(QuoteString(o) for o in opts), *(QuoteString(s) for s in specs))
-    rehold = (StringCommand("apt-mark", "hold", *(QuoteString(p) for p in hold)) if hold
-              else StringCommand("true"))
-    unhold = (StringCommand("apt-mark", "unhold", *(QuoteString(p) for p in release)) if release
-              else StringCommand("true"))
-    # one command: the holds come back whatever apt does
-    yield StringCommand(unhold, "&&", "{", install_cmd, ";", "rc=$?;", rehold, ";", "exit", "$rc;", "}")
+    args = change_arguments(todo, sorted(gone), release, hold, downgrade)
+    yield StringCommand("install", "-d", "-m", "700", SCRIPT_DIR)
+    yield FunctionCommand(_put_script, (), {})
+    yield StringCommand("chmod", "700", SCRIPT)
+    yield package_change_command(args)
+
+
+@operation()
+def package_change_settled():
+    """Before a package change: let one an earlier (dead) session started finish, and repair what
+    an interrupted one left (`dpkg --configure -a`). Holds are put back by packages_at_versions."""
+    change = host.get_fact(PackageChange)
+    if not change.running and not change.audit:
+        if change.result not in (None, "success"):
+            host.noop(f"the last package change ({UNIT}) ended: {change.result}, exit status {change.status}")
+        else:
+            host.noop("no package change is running and dpkg --audit is clean")
+        return
+    if change.running:
+        yield StringCommand(
+            "sh", "-c", QuoteString(
+                "while case $(systemctl show -p SubState --value " + UNIT + ") in start*|running) true;; "
+                "*) false;; esac; do sleep 1; done; echo \"gpufleet: the package change an earlier run started "
+                "ended: $(systemctl show -p Result --value " + UNIT + "), exit status "
+                "$(systemctl show -p ExecMainStatus --value " + UNIT + ")\""))
+    # dpkg half done (a change killed with its unit, a reboot during it): finish its configuration
+    yield StringCommand("sh", "-c", QuoteString(
+        "dpkg --audit >/dev/null 2>&1 && [ -z \"$(dpkg --audit 2>/dev/null)\" ] || "
+        "DEBIAN_FRONTEND=noninteractive dpkg --configure -a"))

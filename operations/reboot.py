@@ -6,6 +6,15 @@ import uuid
 
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
+from operations.drain import GPU_WORK
+
+# Right before the reboot, in the same command: no process holds a GPU device node, and nvidia-smi
+# (when it can answer: not during a driver/library mismatch) lists no compute process.
+IDLE_CHECK = (
+    GPU_WORK + "; if [ -n \"$pids$apps\" ]; then echo \"gpufleet: GPU work is running, not rebooting:"
+    " ${apps:+$apps }${pids:+processes holding /dev/nvidia*: $pids}\" | tr '\\n' ' ' >&2; echo >&2; exit 75; fi"
+)
+
 # /run is a tmpfs on every systemd host: a marker written there is gone after a real reboot.
 # (Uptime and boot_id do not change when a container reboots; this works for both.)
 MARKER = "/run/gpufleet-reboot-marker"
@@ -30,15 +39,20 @@ def _wait_for_reboot(state, host, nonce: str, timeout: float, delay: float) -> b
 
 
 @operation(is_idempotent=False)
-def rebooted(reason: str = "", timeout: int = 600, delay: int = 2):
+def rebooted(reason: str = "", timeout: int = 600, delay: int = 2, require_idle: bool = False):
     """Reboot now and wait for the host to come back (checked with a marker in /run).
 
     + reason: logged in the journal before the reboot
     + timeout: seconds to wait for the host to be back
     + delay: seconds before the first reconnection attempt
+    + require_idle: check for GPU work in the command that starts the reboot, and refuse if any runs
     """
     nonce = uuid.uuid4().hex
-    yield StringCommand("echo", QuoteString(nonce), ">", MARKER)
+    if require_idle:
+        yield StringCommand("sh", "-c", QuoteString(IDLE_CHECK + '; echo "$1" > ' + MARKER), "reboot-if-idle",
+                            QuoteString(nonce))
+    else:
+        yield StringCommand("echo", QuoteString(nonce), ">", MARKER)
     if reason:
         yield StringCommand("logger", "-t", "gpufleet", QuoteString(f"reboot: {reason}"))
     yield StringCommand("( sleep 1 && systemctl reboot ) </dev/null >/dev/null 2>&1 &")

@@ -30,6 +30,21 @@ def disk_snapshot_taken(provider: str, target: str, ident: str, size: str, recor
     yield StringCommand(snap.shell(plan.commands))
 
 
+@operation(is_idempotent=False)
+def disk_snapshot_restored(target: str, commands: list[list[str]], hint: str):
+    """Put a btrfs subvolume back to its snapshot (commands from gpufleet.rollout.snapshot.host_restore).
+
+    + target: the subvolume; refused when it is a mount point (restore that by booting the snapshot)
+    + commands: argv lists run in order
+    + hint: the manual restore, printed when refused
+    """
+    yield StringCommand("sh", "-c", QuoteString(
+        'if mountpoint -q "$1"; then echo "gpufleet: $1 is a mount point: restore it by hand: $2" >&2; exit 1; fi'),
+        "check", QuoteString(target), QuoteString(hint))
+    for argv in commands:
+        yield StringCommand(*(QuoteString(a) for a in argv))
+
+
 def _run_controller_command(state, host, template, variables, record) -> bool:
     try:
         record.update(snap.run_command(template, variables))

@@ -68,6 +68,7 @@ class Pkg:
     arch: str = "amd64"
     repo: str = "cuda"                  # "cuda" (CUDA network repo) or "container" (libnvidia-container)
     source: str = ""                    # where the real name/version/relations come from (see SOURCES)
+    postinst: str = ""                  # DEBIAN/postinst (shell), e.g. a slow one to interrupt an upgrade
 
     @property
     def filename(self) -> str:
@@ -313,6 +314,8 @@ def _content_key(pkg: Pkg) -> str:
     d = dataclasses.asdict(pkg)
     d["files"] = [(p, c.hex() if isinstance(c, bytes) else c, m) for p, c, m in pkg.files]
     d["v"] = BUILDER_VERSION
+    if not d["postinst"]:
+        del d["postinst"]  # packages without one keep their cache key
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -353,8 +356,10 @@ def build_deb(pkg: Pkg, cache: Path = DEB_CACHE) -> Path:
             size += len(data)
         (root / "DEBIAN").mkdir()
         (root / "DEBIAN/control").write_text(control_text(pkg, max(1, size // 1024)))
+        if pkg.postinst:
+            (root / "DEBIAN/postinst").write_text(pkg.postinst)
         for p in [root, *root.rglob("*")]:
-            if p.is_dir():
+            if p.is_dir() or p.name == "postinst":
                 p.chmod(0o755)
         for p in sorted(root.rglob("*"), reverse=True) + [root]:
             os.utime(p, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)

@@ -121,11 +121,15 @@ def rollback_main(argv: list[str] | None = None) -> int:
     p.add_argument("--reboot", action="store_true", help="reboot to load the restored driver, then validate")
     p.add_argument("--force", action="store_true", help="even while GPU processes run")
     p.add_argument("--dry-run", action="store_true", help="show what would be restored and the disk snapshot")
+    p.add_argument("--disk-snapshot", action="store_true",
+                   help="also put the snapshotted btrfs subvolume back to the snapshot taken before the upgrade "
+                        "(the current one is kept next to it)")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     _logging(args.verbose)
     from .rollback import rollback
-    return rollback(args.inventory, args.hosts, args.manifest, args.manifests, args.reboot, args.force, args.dry_run)
+    return rollback(args.inventory, args.hosts, args.manifest, args.manifests, args.reboot, args.force, args.dry_run,
+                    from_disk=args.disk_snapshot)
 
 
 if __name__ == "__main__":

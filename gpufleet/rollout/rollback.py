@@ -16,7 +16,7 @@ def latest_manifest(manifests_dir: Path, host: str) -> Path | None:
 
 
 def rollback(inventory: str, hosts: list[str], manifest: Path | None, manifests_dir: Path, reboot: bool,
-             force: bool, dry_run: bool, out: TextIO = sys.stdout) -> int:
+             force: bool, dry_run: bool, out: TextIO = sys.stdout, from_disk: bool = False) -> int:
     from deploys import rollback as steps
     from deploys import upgrade
     from .session import inventory_hosts, run_step
@@ -48,7 +48,8 @@ def rollback(inventory: str, hosts: list[str], manifest: Path | None, manifests_
         disk = doc.get("disk_snapshot")
         if disk:
             print(f"  disk snapshot taken before the upgrade: {disk.get('provider')} {disk.get('name')}", file=out)
-            print(f"  if packages are not enough, restore it: {disk.get('restore')}", file=out)
+            print(f"  if packages are not enough, restore it (--disk-snapshot does it for btrfs subvolumes): "
+                  f"{disk.get('restore')}", file=out)
         else:
             print("  no disk snapshot was configured (rollout_snapshot: none): packages and /etc files only", file=out)
     if dry_run:
@@ -61,12 +62,15 @@ def rollback(inventory: str, hosts: list[str], manifest: Path | None, manifests_
         ctx = RolloutContext(target=target, manifests_dir=manifests_dir, force=force)
         ctx.manifests.update({h: docs[h] for h in names})
         plan = [("restore", steps.restore)]
+        if from_disk:
+            plan.append(("disk snapshot", steps.restore_disk))
         if reboot:
             plan += [("reboot", upgrade.reboot), ("tune", upgrade.tune), ("validate", upgrade.validate)]
         active = list(names)
         for step, func in plan:
             t = time.monotonic()
-            result = run_step(inventory, active, func, ctx, reasons=ctx.reasons)
+            extra = (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),) if func is steps.restore_disk else ()
+            result = run_step(inventory, active, func, ctx, *extra, reasons=ctx.reasons)
             for h in result.ok:
                 print(f"  {h}: {step} ok ({time.monotonic() - t:.1f}s)", file=out, flush=True)
             for h, why in result.failed.items():

@@ -249,7 +249,8 @@ class Runner:
                     self.say(f"[{batch.name}] {name}: skipped (--skip)")
                     continue
                 procs = info[name]["processes"]
-                if procs and info[name]["require_idle"] and not opts.force and opts.wait_idle <= 0 and not rec.changed:
+                if (procs and info[name]["require_idle"] and not opts.force and opts.wait_idle <= 0 and not rec.changed
+                        and not info[name]["slurm"]):   # on a Slurm node the drain waits for its jobs
                     running = ", ".join(f"{p['pid']} {p['name']}" for p in procs)
                     state.mark(name, "busy", f"{len(procs)} GPU process(es) running ({running}): not upgraded; "
                                              "re-run later, wait with --wait-idle, or --force")
@@ -320,7 +321,8 @@ class Runner:
             for n, why in result.failed.items():
                 outcome = ctx.outcomes.pop(n, None)
                 ctx.reasons.pop(n, None)
-                if outcome == "busy" or (step == "drain" and "Wait for running GPU processes" in why):
+                if outcome == "busy" or (step == "drain" and ("Wait for running GPU processes" in why
+                                                             or "Wait for the Slurm jobs" in why)):
                     state.finish(n, step, False, why, status="busy")
                     give_back.append(n)
                 elif outcome == "reboot-pending":
@@ -385,7 +387,8 @@ class Runner:
                     reboot = f"yes ({s['driver_reboot']})"
                 jobs = ", ".join(f"{p['pid']} {p['name']}" for p in s["processes"]) or "none"
                 if s["processes"] and s["require_idle"] and not self.opts.force:
-                    jobs += " -> refused" if self.opts.wait_idle <= 0 else f" -> wait {self.opts.wait_idle}s"
+                    jobs += (" -> drain waits" if s["slurm"] else " -> refused") if self.opts.wait_idle <= 0 \
+                        else f" -> wait {self.opts.wait_idle}s"
                 status = "skip (--skip)" if n in self.opts.skip else rec.status
                 lines.append(f"  {b.name:<8} {n:<22} {frm:<26} {target:<11} {reboot:<28} {jobs:<22} "
                              f"{'manifest' + ('+' + s['snapshot'] if s['snapshot'] != 'none' else ''):<9} {status}")

@@ -28,9 +28,10 @@ class HostSnapshot:
     name: str                 # what was created (LV path, subvolume path, dataset@snap)
     commands: tuple[tuple[str, ...], ...]   # argv lists, run in order on the host
     restore: str              # what an operator runs to go back
+    target: str = ""          # what was snapshotted
 
     def describe(self) -> dict[str, Any]:
-        return {"provider": self.provider, "name": self.name, "restore": self.restore}
+        return {"provider": self.provider, "name": self.name, "restore": self.restore, "target": self.target}
 
 
 def snapshot_name(ident: str) -> str:
@@ -56,7 +57,8 @@ def host_snapshot(provider: str, target: str, ident: str, size: str = "10G") -> 
         return HostSnapshot("btrfs", path, (
             ("mkdir", "-p", snapdir),
             ("btrfs", "subvolume", "snapshot", "-r", target, path),
-        ), f"btrfs subvolume snapshot {path} <new subvolume>   # then make it the default/mounted root and reboot")
+        ), f"btrfs subvolume snapshot {path} <new subvolume>   # then make it the default/mounted root and reboot",
+            target)
     if provider == "zfs":
         if not target or target.startswith("/"):
             raise SnapshotError(f"zfs snapshot target must be a dataset, got {target!r}")
@@ -64,6 +66,28 @@ def host_snapshot(provider: str, target: str, ident: str, size: str = "10G") -> 
         return HostSnapshot("zfs", snap, (("zfs", "snapshot", "-r", snap),),
                             f"zfs rollback -r {snap}   # from a rescue system or boot environment")
     raise SnapshotError(f"not a host snapshot provider: {provider!r}")
+
+
+def host_restore(disk: Mapping[str, Any], ident: str) -> tuple[tuple[str, ...], ...]:
+    """The commands that put a btrfs subvolume back to its snapshot (tools/rollback --disk-snapshot).
+
+    The live subvolume is kept as `<target>.gpufleet-replaced-<ident>` (with the snapshots nested
+    in it: a read-only snapshot cannot move); a writable snapshot of the snapshot takes its place.
+    Only for btrfs subvolumes that are not the running root or a mount point: those are restored
+    by booting the snapshot (the manifest's restore hint).
+    """
+    provider, name, target = disk.get("provider"), disk.get("name") or "", disk.get("target") or ""
+    if provider != "btrfs":
+        raise SnapshotError(f"restoring a {provider} snapshot is not automated")
+    if not target:
+        target = name.rsplit("/.gpufleet-snapshots/", 1)[0] if "/.gpufleet-snapshots/" in name else ""
+    if not target.startswith("/") or target.rstrip("/") == "" or not name.startswith(target.rstrip("/") + "/"):
+        raise SnapshotError(f"the snapshot of the running root ({target or '?'}) is restored by booting it")
+    target = target.rstrip("/")
+    fresh, replaced = f"{target}.gpufleet-restore-{ident}", f"{target}.gpufleet-replaced-{ident}"
+    return (("btrfs", "subvolume", "snapshot", name, fresh),
+            ("mv", "-T", target, replaced),
+            ("mv", "-T", fresh, target))
 
 
 def shell(argvs: Sequence[Sequence[str]]) -> str:

@@ -1,14 +1,17 @@
 """A small fleet for the rollout tests: test hosts with simulated A100s at driver 580.95.05,
-installed from the stand-in NVIDIA repository, pinned and held, with a Slurm stand-in. The
-simulator loads the installed driver's version at every boot (testing/gpusim/gpusim-load-module)."""
+installed from the stand-in NVIDIA repository, pinned and held, optionally Slurm nodes of a real
+Slurm cluster (testing/slurm.py). The simulator loads the installed driver's version at every
+boot (testing/gpusim/gpusim-load-module)."""
 from __future__ import annotations
 
 import base64
 import re
 import shlex
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from pathlib import Path
 
+from testing import slurm as slurm_cluster
 from testing import testhosts
 from testing.aptrepo import DRIVERS
 from testing.inventory import write_inventory
@@ -19,13 +22,7 @@ GPU = f"a100x2@{OLD}"
 KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 APT = "DEBIAN_FRONTEND=noninteractive apt-get -q -o Dpkg::Use-Pty=0"
 HELD = ("nvidia-open", "nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-fabricmanager", "libcudnn9-cuda-13")
-SCONTROL_LOG = "/var/log/scontrol-stand-in.log"
-# A Slurm client stand-in (test double): logs its arguments, answers `show node` with nothing.
-SCONTROL = f"""#!/bin/sh
-# gpufleet test stand-in for Slurm's scontrol: NOT Slurm. Logs every call.
-echo "$(date -u +%FT%T.%NZ) $*" >> {SCONTROL_LOG}
-exit 0
-"""
+SLURMCTLD_LOG = "/var/log/slurm/slurmctld.log"
 
 
 def sh(host, cmd: str, check: bool = True, timeout: float = 300):
@@ -50,7 +47,7 @@ def loaded(host) -> str:
     return re.search(r"Kernel Module.*?\s(\d+\.\d+\.\d+)\s", text).group(1)
 
 
-def prepare(host, aptrepo, slurm: bool = True) -> None:
+def prepare(host, aptrepo) -> None:
     """Old driver + CUDA + cuDNN + FM from the stand-in repo, pinned and held, as issue 4's deploy leaves a host."""
     b64 = base64.b64encode(aptrepo.keyring.read_bytes()).decode()
     line = aptrepo.sources_line("debian12", KEYRING)
@@ -60,8 +57,6 @@ def prepare(host, aptrepo, slurm: bool = True) -> None:
              f"{APT} install -y nvidia-driver-pinning-{OLD} >/dev/null && "
              f"{APT} install -y nvidia-open={OLD_DEB} nvidia-fabricmanager={OLD_DEB} cuda-toolkit-13-0 "
              f"libcudnn9-cuda-13 >/dev/null && apt-mark hold {' '.join(HELD)} >/dev/null")
-    if slurm:
-        sh(host, f"printf %s {shlex.quote(SCONTROL)} > /usr/local/bin/scontrol && chmod 755 /usr/local/bin/scontrol")
 
 
 def tune_gpus(host) -> tuple[int, int]:
@@ -80,13 +75,30 @@ def supported_pair(host) -> tuple[int, int]:
     return mem, gfx[min(3, len(gfx) - 1)]
 
 
-def prepare_all(hosts, aptrepo, slurm: bool = True) -> None:
+def prepare_all(hosts, aptrepo, slurmctld=None) -> None:
+    """With `slurmctld` (a test host), the hosts become the nodes of a real Slurm cluster first
+    (installed before the NVIDIA source's index refresh leaves only that source's lists)."""
+    if slurmctld is not None:
+        slurm_cluster.setup(slurmctld, hosts)
     with ThreadPoolExecutor(max_workers=3) as ex:
-        list(ex.map(lambda h: prepare(h, aptrepo, slurm), hosts))
+        list(ex.map(lambda h: prepare(h, aptrepo), hosts))
     # boot once with the installed driver loaded (what the simulator does at every boot)
     for h in hosts:
         testhosts.reboot(h)
         tune_gpus(h)
+    if slurmctld is not None:
+        slurm_cluster.wait_idle(slurmctld, len(hosts))
+
+
+def slurm_updates(ctl, node: str) -> list[tuple[float, str]]:
+    """slurmctld's record of the changes made to `node` (drain, reason, resume): (time, text)."""
+    out = sh(ctl, f"grep -F 'update_node: node {node} ' {SLURMCTLD_LOG} || true").stdout
+    found = []
+    for line in out.splitlines():
+        stamp, _, text = line.partition("] ")
+        when = datetime.strptime(stamp.lstrip("[")[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+        found.append((when.timestamp() + float("0." + stamp.rstrip("]").split(".")[-1]), text))
+    return found
 
 
 def inventory(path: Path, hosts, aptrepo, extra: dict | None = None) -> Path:

@@ -1,5 +1,5 @@
 """End-to-end: tools/rollout and tools/rollback on 6 real test hosts (simulated A100s, stand-in
-NVIDIA repository, Slurm stand-in), as an operator runs them. The tests run in order on one fleet:
+NVIDIA repository, real Slurm: slurmctld on a seventh host), as an operator runs them. The tests run in order on one fleet:
 
 1. dry run; 2. canary + two batches, clean; 3. rollback one host, then the rest (fleet back to
 the old driver); 4. canary failing validation stops everything; a batch failing beyond max_fail
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from testing import slurm
 from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
 from testing.gpusim_modules import fail_module_load
 from tests.e2e import rollout_fleet as rf
@@ -28,10 +29,15 @@ TIMINGS: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module")
-def fleet(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
+def slurmctl(hostpool):
+    return hostpool.get("rollout-slurmctl", 1, release="bookworm")[0]
+
+
+@pytest.fixture(scope="module")
+def fleet(hostpool, aptrepo, slurmctl, tmp_path_factory):  # noqa: F811
     hosts = hostpool.get("rollout", 6, release="bookworm", gpu=rf.GPU)
     t = time.monotonic()
-    rf.prepare_all(hosts, aptrepo)
+    rf.prepare_all(hosts, aptrepo, slurmctld=slurmctl)
     TIMINGS["prepare_s"] = time.monotonic() - t
     work = tmp_path_factory.mktemp("rollout")
     rf.inventory(work / "fleet.py", hosts, aptrepo)
@@ -68,13 +74,13 @@ def test_dry_run_shows_batches_versions_reboots_and_gpu_jobs(fleet):
         assert re.search(r"batch 2\s+" + h.name, r.stdout)
     assert r.stdout.count(f"{rf.OLD}/{rf.OLD}") == 6 and r.stdout.count(rf.NEW) >= 6
     assert r.stdout.count("yes (if-idle)") == 6
-    assert "4242 python3 -> refused" in r.stdout
+    assert "4242 python3 -> drain waits" in r.stdout      # a Slurm node: its jobs end before the upgrade
     for h in hosts:   # nothing changed, nothing recorded
         assert rf.version(h, "nvidia-open") == f"ii {rf.OLD_DEB}"
     assert not (work / ".gpufleet/manifests").exists()
 
 
-def test_canary_plus_two_batches(fleet):
+def test_canary_plus_two_batches(fleet, slurmctl):
     hosts, work = fleet
     t = time.monotonic()
     r = tool(work, "rollout", "fleet.py", "--driver-version", rf.NEW, "--canary", "1", "--batch-size", "3",
@@ -114,14 +120,13 @@ def test_canary_plus_two_batches(fleet):
               f"apt Start-Date {apt_start}")
         assert float(on_host) < changed_at + 1            # dpkg.log has second resolution
         assert st[h.name]["steps"]["snapshot"]["finished"] < st[h.name]["steps"]["upgrade"]["started"]
-        # Slurm: drained before the package change, resumed after validation
-        calls = rf.sh(h, f"cat {rf.SCONTROL_LOG}").stdout.splitlines()
-        drain = [c for c in calls if "state=drain" in c]
-        resume = [c for c in calls if "state=resume" in c]
-        assert drain and f"nodename={h.name} state=drain reason=gpufleet driver upgrade to {rf.NEW}" in drain[-1]
-        assert resume and resume[-1] > drain[-1]
-        drain_at = datetime.strptime(drain[-1][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
-        assert drain_at <= changed_at
+        # Slurm (slurmctld's log): drained before the package change, resumed after validation
+        updates = rf.slurm_updates(slurmctl, h.name)
+        drain = [t for t, text in updates if text.endswith(f"reason set to: gpufleet driver upgrade to {rf.NEW}")]
+        resume = [t for t, text in updates if text.endswith("state set to IDLE")]
+        assert drain and resume and resume[-1] > drain[-1], updates
+        assert int(drain[-1]) <= changed_at
+        assert slurm.settled_state(slurmctl, h.name) == ("idle", "")
     TIMINGS.update({f"step_{s}_s": max(st[h.name]["steps"][s]["seconds"] for h in hosts)
                     for s in ("drain", "snapshot", "upgrade", "reboot", "tune", "validate", "undrain")})
     print("TIMINGS", TIMINGS)
@@ -153,15 +158,14 @@ def test_rollback_one_host_restores_versions_and_holds(fleet):
         assert rf.version(x, "nvidia-open") == f"ii {rf.OLD_DEB}" and rf.loaded(x) == rf.OLD
 
 
-def test_canary_failure_max_fail_resume_busy_skip_force(fleet):
+def test_canary_failure_max_fail_resume_busy_skip_force(fleet, slurmctl):
     hosts, work = fleet
     h1, h2, h3, h4, h5, h6 = hosts
     args = ["fleet.py", "--driver-version", rf.NEW, "--canary", "1", "--batch-size", "3", "--max-unavailable", "3",
             "--max-fail", "1", "--state", ".gpufleet/rollouts/second.json"]
     apt_before = {h.name: rf.sh(h, "grep -c Start-Date /var/log/apt/history.log").stdout.strip() for h in hosts}
-    # Slurm changes (`scontrol update`); the survey's `scontrol show node` is a read
-    updates = f"grep -c ' update ' {rf.SCONTROL_LOG} || true"
-    calls_before = {h.name: rf.sh(h, updates).stdout.strip() for h in hosts}
+    # Slurm changes as slurmctld records them; the survey's sinfo is a read
+    calls_before = {h.name: len(rf.slurm_updates(slurmctl, h.name)) for h in hosts}
 
     # 1. the canary's new module does not load: validation fails, nobody else is touched
     fail_module_load(h1)
@@ -174,7 +178,7 @@ def test_canary_failure_max_fail_resume_busy_skip_force(fleet):
         assert st[h.name]["status"] == "pending" and not st[h.name]["steps"]
         assert rf.version(h, "nvidia-open") == f"ii {rf.OLD_DEB}"
         assert rf.sh(h, "grep -c Start-Date /var/log/apt/history.log").stdout.strip() == apt_before[h.name]
-        assert rf.sh(h, updates).stdout.strip() == calls_before[h.name]
+        assert len(rf.slurm_updates(slurmctl, h.name)) == calls_before[h.name]
 
     # 2. fixed canary; two of batch 1 fail: 2 > max_fail 1 stops before batch 2
     fail_module_load(h1, False)
@@ -190,7 +194,8 @@ def test_canary_failure_max_fail_resume_busy_skip_force(fleet):
     for h in (h5, h6):
         assert st[h.name]["status"] == "pending" and rf.version(h, "nvidia-open") == f"ii {rf.OLD_DEB}"
 
-    # 3. fixed; h6 runs a GPU job: the re-run resumes h2, h3, does not redo h1/h4, refuses h6
+    # 3. fixed; h6 runs a GPU job outside Slurm: the re-run resumes h2, h3, does not redo h1/h4;
+    #    h6 is drained, still busy once DRAINED (not a Slurm job), refused and given back
     fail_module_load(h2, False)
     fail_module_load(h3, False)
     rf.sh(h6, "gpusimctl add-process --gpu 1 --pid 777 --name train.py --used-mib 40000")
@@ -198,7 +203,9 @@ def test_canary_failure_max_fail_resume_busy_skip_force(fleet):
                    for h in (h1, h4)}
     r = tool(work, "rollout", *args)
     assert r.returncode == 3, r.stdout
-    assert f"{h6.name}: BUSY, not upgraded: 777 train.py" in r.stdout
+    assert re.search(rf"{h6.name}: drain BUSY .*GPU processes still running after 0 s: 777, train.py", r.stdout)
+    assert f"{h6.name}: nothing changed, back in service" in r.stdout
+    assert slurm.settled_state(slurmctl, h6.name) == ("idle", ""), rf.sh(slurmctl, f"tail -20 {rf.SLURMCTLD_LOG}").stdout
     st = state(work, "second")
     assert [st[h.name]["status"] for h in hosts] == ["done"] * 5 + ["busy"]
     assert rf.version(h6, "nvidia-open") == f"ii {rf.OLD_DEB}"

@@ -107,3 +107,26 @@ def test_rollback_puts_recorded_versions_back_pin_first():
     todo = mf.rollback_installs(doc, now)
     assert todo == ["nvidia-driver-pinning-580.95.05=580.95.05-1", "nvidia-open=580.95.05-1"]
     assert mf.rollback_removals(doc, now) == ["nvidia-driver-pinning-580.126.09"]
+
+
+def test_btrfs_restore_swaps_the_subvolume_and_keeps_the_current_one():
+    plan = snap.host_snapshot("btrfs", "/srv/data", "20260101T000000Z")
+    assert plan.describe()["target"] == "/srv/data"
+    cmds = snap.host_restore(plan.describe(), "R1")
+    assert cmds == (
+        ("btrfs", "subvolume", "snapshot", "/srv/data/.gpufleet-snapshots/gpufleet-20260101T000000Z",
+         "/srv/data.gpufleet-restore-R1"),
+        ("mv", "-T", "/srv/data", "/srv/data.gpufleet-replaced-R1"),
+        ("mv", "-T", "/srv/data.gpufleet-restore-R1", "/srv/data"),
+    )
+
+
+def test_restore_of_the_root_or_other_providers_is_left_to_the_operator():
+    root = snap.host_snapshot("btrfs", "/", "20260101T000000Z").describe()
+    with pytest.raises(snap.SnapshotError, match="booting"):
+        snap.host_restore(root, "R1")
+    with pytest.raises(snap.SnapshotError, match="not automated"):
+        snap.host_restore(snap.host_snapshot("zfs", "rpool/ROOT", "x").describe(), "R1")
+    # manifests written before the target was recorded: the target comes from the name
+    old = {"provider": "btrfs", "name": "/srv/data/.gpufleet-snapshots/gpufleet-x", "restore": ""}
+    assert snap.host_restore(old, "R1")[1][2] == "/srv/data"

@@ -1,0 +1,101 @@
+"""End-to-end: tools/rollout with real Slurm (Debian's slurmctld on one test host, slurmd on two
+GPU hosts, munge; testing/slurm.py).
+
+- a GPU job running on a node delays that node's upgrade until the job has ended (it is not
+  refused as busy): the drain waits for DRAINED, the packages change after the job's last
+  second, and the node is resumed after;
+- a node an admin drained before the rollout is upgraded (it is out of service) but stays
+  drained, with the admin's reason, after it;
+- the inventory host maps to its Slurm node name (rollout_slurm_node_name), which differs from
+  the host name for one node.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from testing import slurm
+from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
+from tests.e2e import rollout_fleet as rf
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+ADMIN_REASON = "admin: bad DIMM, ticket 4711"
+
+
+@pytest.fixture(scope="module")
+def cluster(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
+    ctl = hostpool.get("slurm-ctl", 1, release="bookworm")[0]
+    nodes = hostpool.get("rollout-slurm", 2, release="bookworm", gpu=rf.GPU)
+    names = {nodes[0].name: f"gpu-{nodes[0].name.rsplit('-', 1)[-1]}", nodes[1].name: nodes[1].name}
+    # Slurm first: preparing the driver refreshes only the NVIDIA source's index
+    slurm.setup(ctl, nodes, names={nodes[0].name: names[nodes[0].name]})
+    rf.prepare_all(nodes, aptrepo)
+    slurm.wait_idle(ctl, len(nodes))
+    work = tmp_path_factory.mktemp("slurm")
+    rf.inventory(work / "slurm.py", nodes, aptrepo,
+                 extra={nodes[0].name: {"rollout_slurm_node_name": names[nodes[0].name]}})
+    return ctl, nodes, names, work
+
+
+def first_change(host) -> float:
+    line = rf.sh(host, f"grep -m1 ' upgrade nvidia-.* {rf.OLD_DEB} {rf.NEW_DEB}' /var/log/dpkg.log").stdout
+    return datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+
+
+def test_running_job_delays_upgrade_admin_drain_is_kept(cluster):
+    ctl, (busy, admin), names, work = cluster
+    rf.sh(ctl, f"scontrol update nodename={names[admin.name]} state=drain reason='{ADMIN_REASON}'")
+    # a GPU job: the simulator lists it on the node's GPU while it runs
+    job = rf.sh(ctl, f"cd /root && sbatch --parsable -w {names[busy.name]} --wrap '"
+                     "gpusimctl add-process --gpu 0 --pid $$ --name train.py --used-mib 1000; sleep 25; "
+                     "gpusimctl remove-process --pid $$; date +%s.%N > /root/job-ended'").stdout.strip()
+    deadline = time.monotonic() + 60
+    while rf.sh(ctl, f"squeue -h -j {job} -o %T").stdout.strip() != "RUNNING":
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.5)
+    started = time.time()
+    assert "train.py" in rf.sh(busy, "nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader").stdout
+
+    r = subprocess.run([str(REPO / "tools/rollout"), "slurm.py", "--driver-version", rf.NEW, "--canary", "1",
+                        "--batch-size", "1"], cwd=work, capture_output=True, text=True, timeout=900)
+    print(r.stdout, r.stderr)
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = json.loads((work / ".gpufleet/rollouts/slurm.json").read_text())["hosts"]
+    for h in (busy, admin):
+        assert st[h.name]["status"] == "done", h.name
+        assert rf.version(h, "nvidia-open") == f"ii {rf.NEW_DEB}" and rf.loaded(h) == rf.NEW
+        assert rf.holds(h) == set(rf.HELD)
+
+    # the job ran to its end on the node, and the packages changed only after it
+    ended = float(rf.sh(busy, "cat /root/job-ended").stdout)
+    assert ended - started >= 20, "the job was cut short"
+    assert first_change(busy) >= int(ended), (first_change(busy), ended)
+    assert st[busy.name]["steps"]["drain"]["seconds"] >= 15          # the drain step waited for the job
+    print(f"job ended {ended:.1f}, first package change {first_change(busy):.0f}, "
+          f"drain step {st[busy.name]['steps']['drain']['seconds']} s")
+    # resumed by gpufleet after the upgrade (under its Slurm name), in service again
+    assert slurm.settled_state(ctl, names[busy.name]) == ("idle", "")
+    # the admin's drain and reason survive the rollout
+    assert slurm.settled_state(ctl, names[admin.name]) == ("drained", ADMIN_REASON)
+
+
+def test_unknown_slurm_node_name_stops_the_host_before_any_change(cluster, aptrepo):  # noqa: F811
+    ctl, (busy, admin), names, work = cluster
+    rf.inventory(work / "wrongname.py", [busy], aptrepo,
+                 extra={busy.name: {"rollout_slurm_node_name": "no-such-node"}})
+    apt_before = rf.sh(busy, "grep -c Start-Date /var/log/apt/history.log").stdout
+    r = subprocess.run([str(REPO / "tools/rollout"), "wrongname.py", "--driver-version", rf.OLD],
+                       cwd=work, capture_output=True, text=True, timeout=600)
+    print(r.stdout, r.stderr)
+    assert r.returncode != 0
+    assert "Slurm node no-such-node: node no-such-node is not in the Slurm cluster" in r.stdout
+    assert rf.sh(busy, "grep -c Start-Date /var/log/apt/history.log").stdout == apt_before
+    assert rf.version(busy, "nvidia-open") == f"ii {rf.NEW_DEB}"
+    assert slurm.settled_state(ctl, names[busy.name]) == ("idle", "")
+
