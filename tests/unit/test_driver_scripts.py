@@ -88,6 +88,13 @@ def test_repo_key_script_refuses_a_key_with_another_fingerprint(tmp_path):
         pytest.skip("no apt-helper on this machine")
     home = tmp_path / "gnupg"
     home.mkdir(mode=0o700)
+    try:
+        _fingerprint_check(tmp_path, home)
+    finally:  # key generation starts a gpg-agent for that home: stop it, leave nothing running
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True)
+
+
+def _fingerprint_check(tmp_path, home):
     gpg = ["gpg", "--batch", "--homedir", str(home), "--passphrase", "", "--pinentry-mode", "loopback"]
     subprocess.run([*gpg, "--quick-gen-key", "gpufleet test <t@example.invalid>", "ed25519", "sign", "1d"],
                    check=True, capture_output=True)
