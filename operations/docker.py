@@ -16,7 +16,7 @@ from pyinfra import host, logger
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
-from facts.docker import DaemonJson, DockerEngine, NvidiaCdi
+from facts.docker import DaemonJson, DockerEngine, DockerLive, DockerLiveState, NvidiaCdi
 from facts.packages import KeyringFingerprints
 from facts.gpu import GpuState
 from gpufleet import dockerconf
@@ -61,14 +61,28 @@ def apt_keyring(path: str, key_url: str, fingerprint: str):
                         QuoteString(key_url), QuoteString(fingerprint), QuoteString(path))
 
 
-@operation()
-def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEMON_JSON):
-    """Merge gpufleet's keys into Docker's daemon.json, keeping every other key; write only when
-    the merged JSON differs. Where dockerd has `--validate` (Docker 23+) the new file is checked
-    before it replaces the old one; otherwise that is said, not pretended.
+# Host name -> (keys, why) of daemon.json changes left for a later restart; listed at the end of
+# the run by deploys/docker.py (as a driver waiting for its reboot is).
+PENDING: dict[str, tuple[tuple[str, ...], str]] = {}
+_LIVE_RESTORE_CHECK = (
+    'l=$(timeout 20 docker info --format "{{.LiveRestoreEnabled}}" 2>/dev/null); '
+    '[ "$l" = true ] || { echo "gpufleet: live-restore is not on in the running dockerd (docker info: ${l:-no answer}): '
+    'not restarting it under running containers" >&2; exit 1; }')
 
-    + defaults: the host's DockerDefaults (runtime, CDI, shm size, ulimits)
+
+@operation()
+def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEMON_JSON,
+                restart_with_gpu_containers: str = "live-restore"):
+    """Merge gpufleet's keys into Docker's daemon.json, keeping every other key; write only when
+    the merged JSON differs, and bring the running dockerd to it without killing GPU work: a
+    reload (SIGHUP) where the changed keys allow it, a restart only where no GPU container runs
+    or live-restore keeps them running (dockerconf.apply_plan); otherwise the restart-needing
+    keys are left out of the file and reported pending. Where dockerd has `--validate` (Docker
+    23+) the new file is checked before it replaces the old one; otherwise that is said.
+
+    + defaults: the host's DockerDefaults (runtime, CDI, shm size, ulimits, live-restore)
     + path: daemon.json path
+    + restart_with_gpu_containers: never | live-restore | always (docker_restart_with_gpu_containers)
     """
     current = host.get_fact(DaemonJson, path=path)
     try:
@@ -80,13 +94,39 @@ def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEM
     if not dockerconf.needs_write(existing, merged):
         host.noop(f"{path} already has gpufleet's keys")
         return
+    engine = host.get_fact(DockerEngine)
+    live = host.get_fact(DockerLive) if engine.running else DockerLiveState()
+    # A dockerd that does not answer may still run containers: assume it does.
+    unknown = [] if live.answered or not engine.running else ["(dockerd did not answer `docker ps`)"]
+    plan = dockerconf.apply_plan(existing, merged, running=engine.running,
+                                 live_restore_on=live.live_restore, gpu_containers=live.gpu_containers or unknown,
+                                 policy=restart_with_gpu_containers, containers=live.containers)
+    if plan.pending:
+        PENDING[host.name] = (plan.pending, plan.why)
+        _say(f"daemon.json change PENDING (not applied): {', '.join(plan.pending)} need a Docker restart; "
+             f"{plan.why}. It is applied by the first run after they stop")
+    else:
+        PENDING.pop(host.name, None)
     replaced = dockerconf.replaced_keys(existing, merged)
     if replaced and _executing():
         logger.warning(f"{host.print_prefix}daemon.json: the tier's value replaces the operator's for "
                        f"{', '.join(replaced)} (override in the inventory to keep it)")
-    engine = host.get_fact(DockerEngine)
-    text = dockerconf.render(merged)
-    yield from files.directory._inner(path=path.rsplit("/", 1)[0] or "/", mode="755")
+    if plan.steps:
+        yield from files.directory._inner(path=path.rsplit("/", 1)[0] or "/", mode="755")
+    for step in plan.steps:
+        if step[0] in ("write", "write-reloadable"):
+            doc = merged if step[0] == "write" else dockerconf.partial(existing, merged, list(step[1]))
+            yield from _write(engine, path, dockerconf.render(doc))
+        elif step[0] == "reload":
+            # docker.service's ExecReload sends dockerd SIGHUP: the reloadable keys apply in place.
+            yield StringCommand("systemctl", "reload", "docker.service")
+        elif step[0] == "check-live-restore":
+            yield StringCommand("sh", "-c", QuoteString(_LIVE_RESTORE_CHECK))
+        elif step[0] == "restart":
+            yield StringCommand("systemctl", "restart", "docker.service")
+
+
+def _write(engine, path: str, text: str):
     if engine.can_validate:
         staged = f"{path}.gpufleet-new"
         yield from files.put._inner(src=StringIO(text), dest=staged, mode="644")

@@ -76,6 +76,7 @@ def test_sources_lines():
 # ---- operations, planned against a fake host -----------------------------------------------
 
 class FakeHost:
+    name = "fake"
     print_prefix = "[fake] "
     current_op_global_arguments: dict = {}
 
@@ -120,17 +121,45 @@ def test_daemon_json_unchanged_yields_nothing():
     assert cmds == [] and "already has gpufleet's keys" in noops[0]
 
 
+IDLE = f.DockerLiveState(answered=True, live_restore=False)
+
+
 def test_daemon_json_validated_where_dockerd_can():
     cmds, _ = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(True, b'{"log-driver": "local"}'),
-                                      f.DockerEngine: ENGINE26}, defaults=TIER)
+                                      f.DockerEngine: ENGINE26, f.DockerLive: IDLE}, defaults=TIER)
     assert cmds[:2] == ["DIR /etc/docker", "PUT /etc/docker/daemon.json.gpufleet-new"], cmds
     assert "dockerd --validate" in cmds[2] and "mv -f" in cmds[2]
+    assert cmds[3:] == ["systemctl restart docker.service"]  # idle: nothing to keep alive
+
+
+def test_daemon_json_with_gpu_containers_turns_live_restore_on_by_reload_then_restarts():
+    busy = f.DockerLiveState(answered=True, live_restore=False, gpu_containers=["train"], containers=1)
+    cmds, _ = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(True, b'{"log-driver": "local"}'),
+                                      f.DockerEngine: ENGINE20, f.DockerLive: busy}, defaults=TIER)
+    assert cmds[0] == "DIR /etc/docker"
+    assert cmds[1:3] == ["PUT /etc/docker/daemon.json", "systemctl reload docker.service"]
+    assert "LiveRestoreEnabled" in cmds[3] and "not restarting it under running containers" in cmds[3]
+    assert cmds[4:] == ["PUT /etc/docker/daemon.json", "systemctl restart docker.service"]
+
+
+def test_daemon_json_change_pending_under_gpu_containers_without_live_restore():
+    busy = f.DockerLiveState(answered=True, live_restore=False, gpu_containers=["train"], containers=1)
+    no_live = dockerconf.DockerDefaults(**{**TIER.__dict__, "live_restore": False})
+    ops.PENDING.clear()
+    cmds, noops = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(True, b'{"log-driver": "local"}'),
+                                          f.DockerEngine: ENGINE20, f.DockerLive: busy}, defaults=no_live,
+                        restart_with_gpu_containers="live-restore")
+    assert "systemctl restart docker.service" not in cmds
+    assert cmds[-1] == "systemctl reload docker.service"  # the reloadable part only
+    assert any("daemon.json change PENDING (not applied): default-ulimits, features" in n for n in noops)
+    assert ops.PENDING["fake"][0] == ("default-ulimits", "features")
+    ops.PENDING.clear()
 
 
 def test_daemon_json_written_directly_and_said_on_docker_20():
-    cmds, noops = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(False), f.DockerEngine: ENGINE20},
-                        defaults=TIER)
-    assert cmds == ["DIR /etc/docker", "PUT /etc/docker/daemon.json"]
+    cmds, noops = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(False), f.DockerEngine: ENGINE20,
+                                          f.DockerLive: IDLE}, defaults=TIER)
+    assert cmds == ["DIR /etc/docker", "PUT /etc/docker/daemon.json", "systemctl restart docker.service"]
     assert any("has no --validate (Docker < 23)" in n for n in noops)
 
 
