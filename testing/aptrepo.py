@@ -152,6 +152,36 @@ fi
 exit 0"""
 
 
+# Stand-in `nvidia-container-runtime-hook prestart`: what the real hook does through
+# nvidia-container-cli (mount the driver's user space into a GPU container before it starts),
+# done for the GPU SIMULATOR: when the container asks for GPUs (NVIDIA_VISIBLE_DEVICES, which
+# `docker run --gpus` sets), the simulator's nvidia-smi and its data are bind-mounted read-only
+# into the container's root, inside its mount namespace (runc passes the state on stdin); its
+# GPU state (/run/gpusim) read-write, as a container shares the real GPUs' state. The
+# image must bring python3 (the simulator's interpreter), as a real image brings libc.
+_HOOK = r"""[ "$1" = prestart ] || exit 0
+exec python3 -c '
+import json, os, subprocess, sys
+state = json.load(sys.stdin)
+bundle = state["bundle"]
+with open(os.path.join(bundle, "config.json")) as f:
+    cfg = json.load(f)
+root = cfg["root"]["path"]
+root = root if os.path.isabs(root) else os.path.join(bundle, root)
+env = dict(e.split("=", 1) for e in cfg.get("process", {}).get("env", []) if "=" in e)
+if env.get("NVIDIA_VISIBLE_DEVICES", "").strip().lower() in ("", "void", "none"):
+    sys.exit(0)
+script = "set -e\n"
+for src, ro in (("/usr/lib/gpusim", True), ("/etc/gpusim", True), ("/run/gpusim", False)):
+    if os.path.isdir(src):
+        dst = root + src
+        script += f"mkdir -p {dst} && mount --bind {src} {dst}\n"
+        script += f"mount -o remount,bind,ro {dst}\n" if ro else ""
+script += f"mkdir -p {root}/usr/bin && ln -sfn ../lib/gpusim/nvidia-smi {root}/usr/bin/nvidia-smi\n"
+subprocess.run(["nsenter", "-t", str(state["pid"]), "-m", "sh", "-c", script], check=True)
+'"""
+
+
 def _unit(desc: str, exec_start: str, service_type: str = "simple") -> str:
     return (f"# {STAND_IN_NOTE}\n[Unit]\nDescription={desc} (gpufleet test stand-in)\n\n"
             f"[Service]\nType={service_type}\nExecStart={exec_start}\n\n[Install]\nWantedBy=multi-user.target\n")
@@ -290,7 +320,7 @@ def default_packages() -> list[Pkg]:
             Pkg("nvidia-container-toolkit", ver,
                 (f"nvidia-container-toolkit-base (= {ver})", f"libnvidia-container-tools (>= {ver})",
                  "libnvidia-container-tools (<< 2.0.0)"), files=(
-                ("/usr/bin/nvidia-container-runtime-hook", _script("nvidia-container-runtime-hook", "exit 0"), 0o755),),
+                ("/usr/bin/nvidia-container-runtime-hook", _script("nvidia-container-runtime-hook", _HOOK), 0o755),),
                 description="NVIDIA Container toolkit", repo="container", source="container"),
         ]
     return pkgs
