@@ -13,7 +13,7 @@ from io import StringIO
 from typing import Sequence
 
 from pyinfra import host, logger
-from pyinfra.api import OperationError, QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, OperationError, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
 from facts.docker import DaemonJson, DockerEngine, DockerLive, DockerLiveState, NvidiaCdi
@@ -107,7 +107,7 @@ def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEM
              f"{plan.why}. It is applied by the first run after they stop")
     else:
         PENDING.pop(host.name, None)
-    replaced = dockerconf.replaced_keys(existing, merged)
+    replaced = [k for k in dockerconf.replaced_keys(existing, merged) if k.split(".")[0] not in plan.pending]
     if replaced and _executing():
         logger.warning(f"{host.print_prefix}daemon.json: the tier's value replaces the operator's for "
                        f"{', '.join(replaced)} (override in the inventory to keep it)")
@@ -202,4 +202,24 @@ def gpu_smoke_test(image: str, expected: bool = True):
     if reason is not None:
         logger.warning(f"{host.print_prefix}GPU smoke test SKIPPED (not passed): {reason}")
         return
-    yield StringCommand("docker", "run", "--rm", "--gpus", "all", QuoteString(image), "nvidia-smi", "-L")
+    uuids = [g.uuid for g in gpus.gpus if getattr(g, "uuid", None)]
+    yield FunctionCommand(_smoke_run, (image, uuids), {})
+
+
+def _smoke_run(state, host, image: str, uuids: list[str]) -> bool:
+    """Run the container, print what it sees, and pass only when it lists every GPU of the host."""
+    ok, out = host.run_shell_command(StringCommand(
+        "timeout", "300", "docker", "run", "--rm", "--gpus", "all", QuoteString(image), "nvidia-smi", "-L"))
+    lines = [line.strip() for line in (out.stdout_lines if out else []) if line.strip()]
+    errors = [line.strip() for line in (out.stderr_lines if out else []) if line.strip() and "WARNING" not in line]
+    for line in lines:
+        logger.info(f"{host.print_prefix}GPU smoke test: container sees {line}")
+    missing = [u for u in uuids if not any(u in line for line in lines)]
+    if ok and lines and not missing:
+        logger.info(f"{host.print_prefix}GPU smoke test PASSED: `docker run --gpus all {image} nvidia-smi -L` "
+                    f"lists all {len(uuids)} GPU(s) of the host")
+        return True
+    why = (f"exit status non-zero: {errors[-1] if errors else 'no output'}" if not ok else
+           f"the container does not see {', '.join(missing)}" if missing else "the container listed no GPU")
+    logger.error(f"{host.print_prefix}GPU smoke test FAILED: {why}")
+    return False

@@ -63,6 +63,10 @@ BASE_RECIPE_VERSION = 1
 # - "error during container init: operation not permitted" (netlink: bringing the container's
 #   loopback up) and "failed to create default sandbox" (--network host): CAP_NET_ADMIN, which a
 #   host gets only in a network namespace of its own (private_network).
+# - (not fixable here) "error setting rlimits for ready process: error setting rlimit type 8:
+#   operation not permitted": a container's memlock above dockerd's hard limit (the tiers'
+#   default-ulimits memlock -1) needs CAP_SYS_RESOURCE, which even root lacks on this machine
+#   (CapBnd without it; hard RLIMIT_MEMLOCK 8 MiB): tests give such hosts a memlock within it.
 CONTAINER_NSPAWN_ENV = {"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
 CONTAINER_NSPAWN = ("--system-call-filter=@keyring bpf",)
 

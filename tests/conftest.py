@@ -18,12 +18,13 @@ class HostPool:
         self.pool = pool
         self._by_key: dict[tuple, list[testhosts.Host]] = {}
 
-    def get(self, key: str, count: int = 1, release: str = "bookworm", gpu: str | None = None
-            ) -> list[testhosts.Host]:
-        """`count` hosts reserved for `key`, shared by the tests that ask for the same key."""
-        k = (key, count, release, gpu)
+    def get(self, key: str, count: int = 1, release: str = "bookworm", gpu: str | None = None,
+            **options) -> list[testhosts.Host]:
+        """`count` hosts reserved for `key`, shared by the tests that ask for the same key;
+        `options` go to testhosts.up (private_network=True, forward=[port], containers=True)."""
+        k = (key, count, release, gpu, repr(sorted(options.items())))
         if k not in self._by_key:
-            self._by_key[k] = testhosts.up(count, release=release, gpu=gpu, pool=self.pool)
+            self._by_key[k] = testhosts.up(count, release=release, gpu=gpu, pool=self.pool, **options)
         return self._by_key[k]
 
     def down(self) -> None:

@@ -24,9 +24,12 @@ class Run:
         return self.output
 
 
-def pyinfra(inventory: Path, deploy: str = "deploys/all.py", *args: str, timeout: int = 1800) -> Run:
+def pyinfra(inventory: Path, deploy: str = "deploys/all.py", *args: str, timeout: int = 1800,
+            netns: str | None = None) -> Run:
+    """`netns`: run from that network namespace (hosts of `testhosts up --private-network`)."""
+    prefix = ["ip", "netns", "exec", netns] if netns else []
     proc = subprocess.run(
-        [str(PYINFRA), "-y", *args, str(inventory), deploy],
+        [*prefix, str(PYINFRA), "-y", *args, str(inventory), deploy],
         cwd=REPO, capture_output=True, text=True, timeout=timeout,
         env=dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200"),
     )
