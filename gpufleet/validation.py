@@ -232,6 +232,29 @@ def driver_versions_agree(ctx: Context) -> Result:
 
 
 @check("driver")
+def kernels_have_the_module(ctx: Context) -> Result:
+    """A kernel installed after the driver (unattended upgrades) boots without GPUs unless DKMS
+    built the module for it, which needs that kernel's headers (linux-headers-<flavour>)."""
+    from .kernels import headers_metapackage
+
+    name = "every installed kernel has the nvidia module"
+    drv = ctx.driver
+    if not drv.userspace_version:
+        return Result("driver", name, SKIP, "no NVIDIA driver installed")
+    if not drv.installed_kernels:
+        return Result("driver", name, SKIP, "no kernel in /lib/modules (a container runs its host's kernel)")
+    missing = [release for release, has in sorted(drv.installed_kernels.items())
+               if not has and not (release == drv.kernel_release and drv.module_loaded)]
+    if not missing:
+        return Result("driver", name, PASS, f"{len(drv.installed_kernels)} kernel(s)")
+    meta = sorted({m for m in map(headers_metapackage, missing) if m})
+    how = (f"install {' '.join(meta)} (deploys/all.py does, for the running kernel's flavour), then "
+           "`dkms autoinstall -k RELEASE` for each" if meta else "install their headers, then `dkms autoinstall -k RELEASE`")
+    return Result("driver", name, WARN, f"no nvidia module for {', '.join(missing)}: booting "
+                  f"{'it' if len(missing) == 1 else 'one'} leaves the GPUs without a driver", how)
+
+
+@check("driver")
 def fabric_manager_active(ctx: Context) -> Result:
     name = "Fabric Manager is active where NVSwitch is present"
     if not ctx.hardware().nvswitch:
