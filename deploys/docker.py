@@ -40,6 +40,7 @@ from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files, systemd
 
 from facts.docker import DaemonJson
+from facts.validation import ContainerGpus
 from facts.packages import AptCandidates
 from facts.packages import PackageVersions
 from gpufleet import dockerconf
@@ -93,9 +94,9 @@ atexit.register(_report_pending_at_exit)
 def daemon_json_current(ctx: Context) -> Result:
     """Validation: daemon.json holds every gpufleet key; what a run left pending shows here."""
     name = "daemon.json has gpufleet's keys (no Docker change pending)"
+    if not ctx.fact(ContainerGpus).docker:
+        return Result("docker", name, SKIP, "no docker on this host")
     current = ctx.fact(DaemonJson, path=dockerconf.DAEMON_JSON)
-    if not current.exists and not any(ctx.fact(PackageVersions, packages=["docker.io", "docker-ce"]).values()):
-        return Result("docker", name, SKIP, "no daemon.json and no engine")
     try:
         existing = dockerconf.parse(current.raw if current.exists else None)
     except dockerconf.MalformedDaemonJson as exc:

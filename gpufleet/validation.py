@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -454,12 +455,20 @@ def dcgm_diag(ctx: Context) -> Result:
     return Result("probe", name, FAIL, what, "look at `dcgmi diag -r 1`; replace or reseat the GPU")
 
 
+def probe_arguments() -> dict[str, Any]:
+    """PerfProbe's arguments: GPUFLEET_VALIDATE_PROBE_DEVICE=cpu runs its small CPU variant
+    (hosts with PyTorch but no CUDA device, such as the test hosts; no minimums apply)."""
+    if os.environ.get("GPUFLEET_VALIDATE_PROBE_DEVICE", "cuda").strip().lower() == "cpu":
+        return {"device": "cpu", "size": 512, "iters": 3, "copy_mib": 64, "allreduce_mib": 16}
+    return {}
+
+
 @check("probe")
 def performance(ctx: Context) -> Result:
     name = "bf16 matmul, memory and all-reduce bandwidth reach the expected minimums"
     if not ctx.probe:
         return Result("probe", name, SKIP, ctx.probe_skip)
-    lines = ctx.fact(PerfProbe)
+    lines = ctx.fact(PerfProbe, **probe_arguments())
     models = {g.index: g.name for g in ctx.gpu.gpus} if ctx.gpu.ok else {}
     nvlink = False
     if ctx.gpu.ok and len(ctx.gpu.gpus) > 1:

@@ -182,6 +182,57 @@ subprocess.run(["nsenter", "-t", str(state["pid"]), "-m", "sh", "-c", script], c
 '"""
 
 
+# Stand-in `dcgmi diag -r 1` (DCGM's quick run level) against the GPU SIMULATOR. No recording
+# of DCGM exists in tests/fixtures: the table layout is hand-written after DCGM 3/4's documented
+# output ("| Test | Pass |" rows under Metadata / Deployment), and the verdicts come from the
+# simulated GPUs: none visible -> the NVML check fails, persistence off -> "Persistence Mode"
+# fails (exit 226, as the real one exits non-zero on a failure). Like the real dcgmi it needs
+# the host engine (nvidia-dcgm.service) running.
+_DCGMI = r"""case "$1" in
+  --version|-v) echo "dcgmi  version: 4.4.0 (gpufleet stand-in)"; exit 0;;
+  diag) ;;
+  *) echo "gpufleet stand-in dcgmi: only 'dcgmi diag -r 1'" >&2; exit 2;;
+esac
+if ! systemctl is-active --quiet nvidia-dcgm.service; then
+  echo "Error: unable to establish a connection to the specified host: localhost"
+  echo "Error: Unable to connect to host engine. Host engine connection invalid/disconnected."
+  exit 255
+fi
+rows=$(nvidia-smi --query-gpu=pci.device_id,driver_version,persistence_mode --format=csv,noheader 2>/dev/null)
+row() { printf '| %-25s | %-46s |
+' "$1" "$2"; }
+nvml=Pass; pm=Pass; ids=""; drv=""
+if [ -z "$rows" ]; then nvml=Fail; pm=Skip; fi
+while IFS=, read -r id d p; do
+  [ -n "$id" ] || continue
+  ids="${ids:+$ids,}$(echo "$id" | sed 's/^ *0x\(....\).*/\1/')"; drv=$(echo "$d" | tr -d ' ')
+  case "$p" in *Enabled*) ;; *) pm=Fail;; esac
+done <<EOF
+$rows
+EOF
+echo "Successfully ran diagnostic for group."
+echo "+---------------------------+------------------------------------------------+"
+row Diagnostic Result
+echo "+===========================+================================================+"
+echo "|-----  Metadata  ----------+------------------------------------------------|"
+row "DCGM Version" "4.4.0 (gpufleet stand-in)"
+row "Driver Version Detected" "${drv:-none}"
+row "GPU Device IDs Detected" "${ids:-none}"
+echo "|-----  Deployment  --------+------------------------------------------------|"
+row Denylist Pass
+row "NVML Library" "$nvml"
+row "CUDA Main Library" Pass
+row "Permissions and OS Blocks" Pass
+row "Persistence Mode" "$pm"
+row "Environment Variables" Pass
+row "Page Retirement/Row Remap" Pass
+row "Graphics Processes" Pass
+row Inforom Pass
+echo "+---------------------------+------------------------------------------------+"
+case "$nvml$pm" in *Fail*) exit 226;; esac
+exit 0"""
+
+
 def _unit(desc: str, exec_start: str, service_type: str = "simple") -> str:
     return (f"# {STAND_IN_NOTE}\n[Unit]\nDescription={desc} (gpufleet test stand-in)\n\n"
             f"[Service]\nType={service_type}\nExecStart={exec_start}\n\n[Install]\nWantedBy=multi-user.target\n")
@@ -297,6 +348,7 @@ def default_packages() -> list[Pkg]:
     for ver in DCGM:
         pkgs.append(Pkg("datacenter-gpu-manager-4-core", ver, files=(
             ("/usr/bin/nv-hostengine", _script("nv-hostengine", "exec sleep infinity"), 0o755),
+            ("/usr/bin/dcgmi", _script("dcgmi", _DCGMI), 0o755),
             ("/lib/systemd/system/nvidia-dcgm.service", _unit("NVIDIA DCGM service", "/usr/bin/nv-hostengine -n"), 0o644),
         ), description="NVIDIA Datacenter GPU Management Tools (core)", source="dcgm"))
         for cm in ("12", "13"):
