@@ -193,3 +193,32 @@ def test_smoke_test_skips_with_a_reason_when_the_engine_is_down(caplog):
         cmds, _ = _plan(ops.gpu_smoke_test, {f.DockerEngine: down}, executing=True, image="ubuntu:24.04")
     assert cmds == []
     assert "GPU smoke test SKIPPED (not passed): the Docker engine is not running" in caplog.text
+
+
+# ---- the running daemon: live-restore and GPU containers ----------------------------------
+
+def _inspect(name, runtime="runc", requests=None, devices=None, env=()):
+    return {"Name": f"/{name}", "Id": name * 8, "Config": {"Env": list(env)},
+            "HostConfig": {"Runtime": runtime, "DeviceRequests": requests, "Devices": devices or []}}
+
+
+def test_gpu_containers_are_told_apart():
+    gpus_all = [{"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]], "Options": {}}]
+    assert f.container_uses_gpu(_inspect("a", requests=gpus_all))                      # --gpus all
+    assert f.container_uses_gpu(_inspect("b", requests=[{"Driver": "cdi", "DeviceIDs": ["nvidia.com/gpu=0"]}]))
+    assert f.container_uses_gpu(_inspect("c", devices=[{"PathOnHost": "/dev/nvidia0"}]))
+    assert f.container_uses_gpu(_inspect("d", runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=all"]))
+    assert not f.container_uses_gpu(_inspect("e", runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=void"]))
+    assert not f.container_uses_gpu(_inspect("f", runtime="nvidia"))                     # default runtime only
+    assert not f.container_uses_gpu(_inspect("g", devices=[{"PathOnHost": "/dev/fuse"}]))
+
+
+def test_docker_live_fact():
+    import json
+    out = f.parse_docker_live([f"{MARK} live_restore true", f"{MARK} begin containers",
+                               json.dumps(_inspect("train", requests=[{"Capabilities": [["gpu"]]}])),
+                               json.dumps(_inspect("web"))])
+    assert out.answered and out.live_restore and out.gpu_containers == ["train"] and out.containers == 2
+    assert f.parse_docker_live([]) == f.DockerLiveState()  # no docker, or dockerd did not answer
+    off = f.parse_docker_live([f"{MARK} live_restore false", f"{MARK} begin containers"])
+    assert off.answered and not off.live_restore and off.containers == 0
