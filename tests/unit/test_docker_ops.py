@@ -222,3 +222,13 @@ def test_docker_live_fact():
     assert f.parse_docker_live([]) == f.DockerLiveState()  # no docker, or dockerd did not answer
     off = f.parse_docker_live([f"{MARK} live_restore false", f"{MARK} begin containers"])
     assert off.answered and not off.live_restore and off.containers == 0
+
+
+def test_docker_live_fact_recorded():
+    # DockerLive's command on a Debian 12 test host (docker.io 20.10, stand-in toolkit hook),
+    # with `docker run -d --gpus all ... train` and a plain `docker run -d ... web`.
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "fixtures/facts/samples/docker-live-gpu-container.txt").read_text()
+    out = f.parse_docker_live(text.splitlines())
+    assert out.answered and not out.live_restore
+    assert out.gpu_containers == ["train"] and out.containers == 2
