@@ -123,7 +123,10 @@ def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEM
         elif step[0] == "check-live-restore":
             yield StringCommand("sh", "-c", QuoteString(_LIVE_RESTORE_CHECK))
         elif step[0] == "restart":
-            yield StringCommand("systemctl", "restart", "docker.service")
+            # docker.service allows 3 starts a minute (StartLimitBurst): right after the package's
+            # own start or an operator's restart, a refused start would leave dockerd down.
+            yield StringCommand("sh", "-c", QuoteString(
+                "systemctl reset-failed docker.service 2>/dev/null; systemctl restart docker.service"))
 
 
 def _write(engine, path: str, text: str):

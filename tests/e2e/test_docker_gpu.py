@@ -1,6 +1,6 @@
 """End-to-end: GPU containers really run, and a daemon.json change never kills them.
 
-One Debian 12 test host booted so that Docker can start containers inside it (`testhosts up
+A Debian 12 and a Debian 13 test host (docker.io 20.10 and 26.1), booted so that Docker can start containers inside it (`testhosts up
 --private-network --containers`: a cgroup v2 tree of its own, CAP_NET_ADMIN in its own network
 namespace; testing/testhosts.py says what each part fixes), GPU SIMULATED (testing/gpusim),
 NVIDIA's container toolkit as STAND-IN packages whose runtime hook mounts the simulator's
@@ -59,14 +59,15 @@ def dockerd_pid(host) -> str:
     return sh(host, "systemctl show -p MainPID --value docker.service").strip()
 
 
-@pytest.fixture(scope="module")
-def gpu_host(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
-    h = hostpool.get("docker-gpu", 1, release="bookworm", gpu="t4", private_network=True,
+@pytest.fixture(scope="module", params=["bookworm", "trixie"])
+def gpu_host(request, hostpool, aptrepo, tmp_path_factory):  # noqa: F811
+    h = hostpool.get(f"docker-gpu-{request.param}", 1, release=request.param, gpu="t4", private_network=True,
                      forward=[aptrepo.port], containers=True)[0]
     # The operator's Docker, before gpufleet: their daemon.json, an image, a running container.
     sh(h, "mkdir -p /etc/docker && cat > /etc/docker/daemon.json <<'EOF'\n" + json.dumps(OPERATOR_KEYS, indent=2) + "\nEOF")
+    cli = " docker-cli" if h.release == "trixie" else ""  # Debian 13 split the CLI out of docker.io
     sh(h, "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
-          "docker.io >/dev/null", timeout=900)
+          f"docker.io{cli} >/dev/null", timeout=900)
     # The tiers' memlock -1 needs CAP_SYS_RESOURCE, which root lacks on this machine (see
     # testhosts.CONTAINER_NSPAWN): the containers get the host's own hard limit instead.
     ulimits = {"memlock": int(sh(h, "ulimit -Hl").strip()) * 1024, "stack": 67108864}
@@ -84,6 +85,9 @@ def gpu_host(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
                 "docker_smoke_image": smoke_image.IMAGE, "docker_ulimits": ulimits, **extra}
         inventory = write_inventory(tmp / f"{label}.py", [h], data={h.name: data})
         result = pyinfra(inventory, deploy_file or str(deploy), netns=h.netns)
+        if result.returncode != 0:  # what dockerd said, for the failure message
+            result.output += "\n--- journalctl -u docker\n" + testhosts.ssh(
+                h, "journalctl -u docker --no-pager | tail -60", check=False).stdout
         (tmp / f"{label}.log").write_text(result.output)  # kept under pytest's basetemp for reading
         runs[label] = result
         return result

@@ -129,7 +129,7 @@ def test_daemon_json_validated_where_dockerd_can():
                                       f.DockerEngine: ENGINE26, f.DockerLive: IDLE}, defaults=TIER)
     assert cmds[:2] == ["DIR /etc/docker", "PUT /etc/docker/daemon.json.gpufleet-new"], cmds
     assert "dockerd --validate" in cmds[2] and "mv -f" in cmds[2]
-    assert cmds[3:] == ["systemctl restart docker.service"]  # idle: nothing to keep alive
+    assert cmds[3:] == ["sh -c 'systemctl reset-failed docker.service 2>/dev/null; systemctl restart docker.service'"]  # idle: nothing to keep alive
 
 
 def test_daemon_json_with_gpu_containers_turns_live_restore_on_by_reload_then_restarts():
@@ -139,7 +139,7 @@ def test_daemon_json_with_gpu_containers_turns_live_restore_on_by_reload_then_re
     assert cmds[0] == "DIR /etc/docker"
     assert cmds[1:3] == ["PUT /etc/docker/daemon.json", "systemctl reload docker.service"]
     assert "LiveRestoreEnabled" in cmds[3] and "not restarting it under running containers" in cmds[3]
-    assert cmds[4:] == ["PUT /etc/docker/daemon.json", "systemctl restart docker.service"]
+    assert cmds[4:] == ["PUT /etc/docker/daemon.json", "sh -c 'systemctl reset-failed docker.service 2>/dev/null; systemctl restart docker.service'"]
 
 
 def test_daemon_json_change_pending_under_gpu_containers_without_live_restore():
@@ -149,7 +149,7 @@ def test_daemon_json_change_pending_under_gpu_containers_without_live_restore():
     cmds, noops = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(True, b'{"log-driver": "local"}'),
                                           f.DockerEngine: ENGINE20, f.DockerLive: busy}, defaults=no_live,
                         restart_with_gpu_containers="live-restore")
-    assert "systemctl restart docker.service" not in cmds
+    assert "sh -c 'systemctl reset-failed docker.service 2>/dev/null; systemctl restart docker.service'" not in cmds
     assert cmds[-1] == "systemctl reload docker.service"  # the reloadable part only
     assert any("daemon.json change PENDING (not applied): default-ulimits, features" in n for n in noops)
     assert ops.PENDING["fake"][0] == ("default-ulimits", "features")
@@ -159,7 +159,7 @@ def test_daemon_json_change_pending_under_gpu_containers_without_live_restore():
 def test_daemon_json_written_directly_and_said_on_docker_20():
     cmds, noops = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(False), f.DockerEngine: ENGINE20,
                                           f.DockerLive: IDLE}, defaults=TIER)
-    assert cmds == ["DIR /etc/docker", "PUT /etc/docker/daemon.json", "systemctl restart docker.service"]
+    assert cmds == ["DIR /etc/docker", "PUT /etc/docker/daemon.json", "sh -c 'systemctl reset-failed docker.service 2>/dev/null; systemctl restart docker.service'"]
     assert any("has no --validate (Docker < 23)" in n for n in noops)
 
 
