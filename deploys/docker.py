@@ -132,7 +132,8 @@ def docker():
         return
     engine = ENGINE[settings.docker_source]
     installed = host.get_fact(PackageVersions,
-                              packages=[*engine["conflicts"], *engine["install"], *engine.get("optional", ())])
+                              packages=[*engine["conflicts"], *engine["install"], *engine.get("optional", ()),
+                                        "nvidia-container-toolkit"])
     other = [p for p in engine["conflicts"] if installed.get(p)]
     if other:
         fail_host(host, "docker_source",
@@ -202,6 +203,9 @@ def docker():
         name="Merge the nvidia runtime and the tier's container defaults into daemon.json",
         defaults=dockerconf.DockerDefaults.from_settings(settings),
         restart_with_gpu_containers=settings.docker_restart_with_gpu_containers,
+        # dockerd registers `--gpus` only if the toolkit's hook exists when it starts
+        restart_for=() if installed.get("nvidia-container-toolkit") else
+        ("the NVIDIA container toolkit was installed (dockerd registers --gpus when it starts)",),
     )
     uuids = [g.uuid for g in getattr(gpu_state(host), "gpus", []) or [] if getattr(g, "uuid", None)]
     cdi_op = None

@@ -183,7 +183,7 @@ class ApplyPlan:
 
 def apply_plan(existing: Mapping[str, Any] | None, merged: Mapping[str, Any], *, running: bool,
                live_restore_on: bool, gpu_containers: list[str], policy: str,
-               containers: int = 0) -> ApplyPlan:
+               containers: int = 0, restart_for: tuple[str, ...] = ()) -> ApplyPlan:
     """The steps that apply ``merged`` without killing GPU work (pure; unit-tested).
 
     - nothing to do -> no steps;
@@ -196,26 +196,29 @@ def apply_plan(existing: Mapping[str, Any] | None, merged: Mapping[str, Any], *,
       live-restore on (now, or after the reload step), as above, the restart checked to happen
       with live-restore on; otherwise only the reloadable part is written and reloaded, the rest
       is pending.
+
+    `restart_for`: reasons for a restart besides daemon.json (the container toolkit installed
+    under a running dockerd, which registers `--gpus` only when it starts); they are applied or
+    left pending like a restart-needing key.
     """
     if policy not in RESTART_POLICIES:
         raise ValueError(f"restart policy {policy!r}; allowed: {', '.join(RESTART_POLICIES)}")
-    keys = changed_keys(existing, merged)
-    if not keys and existing is not None:
-        return ApplyPlan(())
+    keys = changed_keys(existing, merged) if existing is not None else sorted(merged)
+    write: tuple[tuple, ...] = (("write",),) if keys else ()
     if not running:
-        return ApplyPlan((("write",),))
+        return ApplyPlan(write)
     reload_keys = [k for k in keys if k in RELOADABLE]
-    restart_keys = [k for k in keys if k not in RELOADABLE]
+    restart_keys = [k for k in keys if k not in RELOADABLE] + list(restart_for)
     if not restart_keys:
-        return ApplyPlan((("write",), ("reload",)))
+        return ApplyPlan((*write, ("reload",)) if write else ())
     live_after_reload = live_restore_on or ("live-restore" in reload_keys and merged.get("live-restore") is True)
     first: tuple[tuple, ...] = ()
     if not live_restore_on and live_after_reload and (containers or gpu_containers):
         first = (("write-reloadable", tuple(reload_keys)), ("reload",), ("check-live-restore",))
     if not gpu_containers or policy == "always":
-        return ApplyPlan((*first, ("write",), ("restart",)))
+        return ApplyPlan((*first, *write, ("restart",)))
     if policy == "live-restore" and live_after_reload:
-        return ApplyPlan((*(first or (("check-live-restore",),)), ("write",), ("restart",)))
+        return ApplyPlan((*(first or (("check-live-restore",),)), *write, ("restart",)))
     running_text = f"{len(gpu_containers)} GPU container(s) running ({', '.join(gpu_containers[:3])}" + (
         ", ...)" if len(gpu_containers) > 3 else ")")
     why = (f"{running_text} and live-restore is off in the running dockerd "

@@ -72,7 +72,7 @@ _LIVE_RESTORE_CHECK = (
 
 @operation()
 def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEMON_JSON,
-                restart_with_gpu_containers: str = "live-restore"):
+                restart_with_gpu_containers: str = "live-restore", restart_for: Sequence[str] = ()):
     """Merge gpufleet's keys into Docker's daemon.json, keeping every other key; write only when
     the merged JSON differs, and bring the running dockerd to it without killing GPU work: a
     reload (SIGHUP) where the changed keys allow it, a restart only where no GPU container runs
@@ -83,6 +83,7 @@ def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEM
     + defaults: the host's DockerDefaults (runtime, CDI, shm size, ulimits, live-restore)
     + path: daemon.json path
     + restart_with_gpu_containers: never | live-restore | always (docker_restart_with_gpu_containers)
+    + restart_for: other reasons dockerd needs a restart (applied under the same rules)
     """
     current = host.get_fact(DaemonJson, path=path)
     try:
@@ -91,16 +92,17 @@ def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEM
         # The deploy fails the host at planning time; this is the race where it broke since.
         raise OperationError(f"{path} is malformed ({exc}); left untouched") from None
     merged = dockerconf.merge(existing, defaults)
-    if not dockerconf.needs_write(existing, merged):
+    engine = host.get_fact(DockerEngine)
+    if not dockerconf.needs_write(existing, merged) and not (restart_for and engine.running):
         host.noop(f"{path} already has gpufleet's keys")
         return
-    engine = host.get_fact(DockerEngine)
     live = host.get_fact(DockerLive) if engine.running else DockerLiveState()
     # A dockerd that does not answer may still run containers: assume it does.
     unknown = [] if live.answered or not engine.running else ["(dockerd did not answer `docker ps`)"]
     plan = dockerconf.apply_plan(existing, merged, running=engine.running,
                                  live_restore_on=live.live_restore, gpu_containers=live.gpu_containers or unknown,
-                                 policy=restart_with_gpu_containers, containers=live.containers)
+                                 policy=restart_with_gpu_containers, containers=live.containers,
+                                 restart_for=tuple(restart_for))
     if plan.pending:
         PENDING[host.name] = (plan.pending, plan.why)
         _say(f"daemon.json change PENDING (not applied): {', '.join(plan.pending)} need a Docker restart; "
@@ -111,7 +113,7 @@ def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEM
     if replaced and _executing():
         logger.warning(f"{host.print_prefix}daemon.json: the tier's value replaces the operator's for "
                        f"{', '.join(replaced)} (override in the inventory to keep it)")
-    if plan.steps:
+    if any(step[0].startswith("write") for step in plan.steps):
         yield from files.directory._inner(path=path.rsplit("/", 1)[0] or "/", mode="755")
     for step in plan.steps:
         if step[0] in ("write", "write-reloadable"):

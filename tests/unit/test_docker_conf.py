@@ -191,3 +191,14 @@ def test_policy_always_restarts_anyway():
     assert plan.steps == (("write",), ("restart",))
     with pytest.raises(ValueError):
         _plan(old, merge(old, TIER), policy="sometimes")
+
+
+def test_restart_for_the_toolkit_without_a_daemon_json_change():
+    merged = merge(None, TIER)
+    why = ("the NVIDIA container toolkit was installed",)
+    assert _plan(merged, merged, restart_for=why).steps == (("restart",),)
+    assert _plan(merged, merged, restart_for=why, running=False).steps == ()
+    busy = _plan(merged, merged, restart_for=why, gpu_containers=["train"], live_restore_on=False)
+    assert busy.steps == () and busy.pending == why
+    kept = _plan(merged, merged, restart_for=why, gpu_containers=["train"], live_restore_on=True)
+    assert kept.steps == (("check-live-restore",), ("restart",))
