@@ -12,11 +12,19 @@ Story of a host, part 5 (last, so that it cannot cut off the steps before it):
 2. **Lock-out protection**: no key for the connecting user or an allowed user -> the host
    fails before anything changes; `sshd -t` judges the candidate before any reload; after
    the reload a fresh login as the deploy user (paramiko, like pyinfra) must work, or the
-   previous drop-in is restored and reloaded and the host fails with a clear message.
+   previous drop-in is restored and reloaded and the host fails with a clear message. A
+   timer on the host, armed before the reload, restores it on its own if the run is cut off
+   (hardening_sshd_revert_after), a unit does so at boot if the host went down first, and the
+   next run verifies or reverts a drop-in still waiting for its confirmation.
 3. **Firewall**: /etc/nftables.conf holds only gpufleet's `inet gpufleet` table (inbound
    default-deny except loopback, established, ICMP essentials, SSH and the tier's ports),
-   checked with `nft -c`, loaded atomically behind a 60 s dead-man switch that a fresh SSH
-   login disarms. Docker's tables and forwarding are left alone. Hosts that cannot load
+   checked with `nft -c`, loaded atomically behind a 60 s dead-man switch; only once a fresh SSH
+   login works through it is it saved to /etc/nftables.conf (nftables.service enabled) and the
+   switch disarmed, so a ruleset that cut the operator off is gone live and at the next boot.
+   At boot that file first includes /etc/nftables.d/*.nft, where an operator's own
+   /etc/nftables.conf is kept when gpufleet's replaces it.
+   SSH ports: every port sshd listens on (`sshd -T` port and listenaddress) and ssh.socket's
+   where sshd is socket-activated. Docker's tables and forwarding are left alone. Hosts that cannot load
    rules (containers) get the file written and checked, and are told so.
 4. **Security updates**: unattended-upgrades on, GPU packages blacklisted
    (GPU_PACKAGE_BLACKLIST, shared with the driver deploy).
@@ -35,7 +43,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, systemd
 
 from facts.nftables import TABLE, NftablesCapability
-from facts.ssh import SshdEffectiveConfig, SshdVersion
+from facts.ssh import SshdEffectiveConfig, SshdVersion, SshSocketPorts
 from operations import nftables, ssh
 from operations.ssh import connecting_user
 
@@ -47,6 +55,7 @@ SSHD_DROPIN = "/etc/ssh/sshd_config.d/00-gpufleet-hardening.conf"
 NFTABLES_CONF = "/etc/nftables.conf"
 UNATTENDED_CONF = "/etc/apt/apt.conf.d/51gpufleet-unattended-upgrades"
 NFTABLES_UNIT_DROPIN = "/etc/systemd/system/nftables.service.d/gpufleet.conf"
+SSHD_BOOT_REVERT_UNIT = "/etc/systemd/system/gpufleet-sshd-revert-at-boot.service"
 
 # Packages unattended-upgrades must never touch: driver, CUDA, cuDNN, NCCL, Fabric Manager and
 # the container toolkit move together, on gpufleet's schedule. Python regular expressions
@@ -188,7 +197,7 @@ def nftables_context(settings, ssh_ports: list[int]) -> dict:
     open_ports = [r for r in parse_open_ports(settings.firewall_open_ports)
                   if not (r["proto"] == "tcp" and r["port"] in {str(p) for p in ssh_ports})]
     return {"table": TABLE, "ssh_ports": ssh_ports or [22], "open_ports": open_ports,
-            "trusted_cidrs": cidrs}
+            "trusted_cidrs": cidrs, "include_dir": None}
 
 
 # The deploy ----------------------------------------------------------------------------------
@@ -220,11 +229,37 @@ def hardening():
         no_recommends=True,
     )
 
-    # 2. SSH: candidate checked by sshd -t, reloaded, proven by a fresh login, else restored.
+    # 2. SSH: candidate checked by sshd -t, reloaded behind a revert timer on the host, proven
+    # by a fresh login, else restored (by this run, or by the timer if this run is cut off,
+    # or at the next boot if the host went down first).
+    boot_revert = files.put(
+        name="Install the unit that puts back, at boot, an sshd drop-in no login confirmed",
+        src=_as_file(render("etc/systemd/system/gpufleet-sshd-revert-at-boot.service.j2",
+                            pending=ssh.PENDING, script=ssh.REVERT_SCRIPT, dest=SSHD_DROPIN,
+                            backup=ssh.backup_path(SSHD_DROPIN))),
+        dest=SSHD_BOOT_REVERT_UNIT,
+        mode="644",
+    )
+    systemd.daemon_reload(
+        name="Let systemd read that unit",
+        _if=boot_revert.did_change,
+    )
+    systemd.service(
+        name="Run it at every boot",
+        service="gpufleet-sshd-revert-at-boot.service",
+        running=None,  # a boot-time oneshot: nothing to run now
+        enabled=True,
+    )
+    ssh.settle_pending(
+        name="Verify, else revert, an sshd drop-in an interrupted run left unconfirmed",
+        dest=SSHD_DROPIN,
+    )
     dropin = ssh.sshd_dropin(
-        name="Install the hardened sshd drop-in that sorts first, if sshd -t accepts it",
+        name="Install the hardened sshd drop-in that sorts first, if sshd -t accepts it, "
+             f"reverted in {settings.hardening_sshd_revert_after} s unless a fresh SSH login works",
         dest=SSHD_DROPIN,
         content=render("etc/ssh/sshd_config.d/00-gpufleet-hardening.conf.j2", **ctx),
+        revert_after=settings.hardening_sshd_revert_after,
     )
     systemd.service(
         name="Reload sshd so that new logins get the hardened configuration",
@@ -250,13 +285,16 @@ def hardening():
 
     # 3. Firewall.
     if settings.firewall_enabled:
-        sshd_config = host.get_fact(SshdEffectiveConfig)
-        rules = render("etc/nftables.conf.j2", **nftables_context(settings, sshd_config.ports))
-        nftables.ruleset(
-            name=f"Write the firewall ruleset to {NFTABLES_CONF}, if nft -c accepts it",
-            dest=NFTABLES_CONF,
-            content=rules,
-        )
+        ssh_ports = sorted({*host.get_fact(SshdEffectiveConfig).ports, *host.get_fact(SshSocketPorts)})
+        context = nftables_context(settings, ssh_ports)
+        rules = render("etc/nftables.conf.j2", **context)
+        can_load = host.get_fact(NftablesCapability).can_load
+        if not can_load:
+            nftables.ruleset(
+                name=f"Write the firewall ruleset to {NFTABLES_CONF}, if nft -c accepts it",
+                dest=NFTABLES_CONF,
+                content=rules,
+            )
         unit = files.put(
             name="Make stopping nftables.service remove only gpufleet's table, never Docker's",
             src=_as_file(render("etc/systemd/system/nftables.service.d/gpufleet.conf.j2")),
@@ -267,17 +305,13 @@ def hardening():
             name="Let systemd read the nftables.service drop-in",
             _if=unit.did_change,
         )
-        if host.get_fact(NftablesCapability).can_load:
-            systemd.service(
-                name="Load the firewall at every boot",
-                service="nftables.service",
-                enabled=True,
-            )
         nftables.apply(
             name="Load the firewall atomically, reverted in "
-                 f"{settings.firewall_revert_after} s unless a fresh SSH login works",
+                 f"{settings.firewall_revert_after} s unless a fresh SSH login works; "
+                 f"only then save it to {NFTABLES_CONF} for every boot",
             path=NFTABLES_CONF,
             content=rules,
+            boot_content=render("etc/nftables.conf.j2", **{**context, "include_dir": nftables.OPERATOR_DIR}),
             revert_after=settings.firewall_revert_after,
         )
 

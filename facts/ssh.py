@@ -119,7 +119,14 @@ class SshdConfig(_Json):
 
     @property
     def ports(self) -> list[int]:
-        return sorted({int(p) for p in self.get_list("port")})
+        """Every port sshd listens on: its `port` lines and the port of each `listenaddress`
+        (`ListenAddress host:port` overrides Port for that address; sshd -T prints them all)."""
+        ports = {int(p) for p in self.get_list("port") if p.isdigit()}
+        for address in self.get_list("listenaddress"):
+            port = address.split()[0].rpartition(":")[2]  # 10.0.0.1:22, [::]:2222, "addr:22 rdomain x"
+            if port.isdigit():
+                ports.add(int(port))
+        return sorted(ports)
 
 
 def parse_sshd_t(lines: Iterable[str]) -> SshdConfig:
@@ -158,6 +165,63 @@ class SshdEffectiveConfig(FactBase):
 
     def process(self, output: list[str]) -> SshdConfig:
         return parse_sshd_t(output)
+
+
+# ------------------------------------------------------------------------------------------
+# Socket activation: ssh.socket's ListenStream
+# ------------------------------------------------------------------------------------------
+
+def parse_socket_ports(lines: Iterable[str]) -> list[int]:
+    """TCP ports of ssh.socket from `systemctl show -p ActiveState,UnitFileState,Listen`, when
+    the socket is in use (active or enabled); [] otherwise or when there is no such unit."""
+    values: dict[str, list[str]] = {}
+    for line in lines:
+        key, sep, value = line.strip().partition("=")
+        if sep:
+            values.setdefault(key, []).append(value)
+    active = values.get("ActiveState", [""])[0] in ("active", "activating", "reloading")
+    enabled = values.get("UnitFileState", [""])[0].startswith("enabled")
+    if not (active or enabled):
+        return []
+    ports = set()
+    for listen in values.get("Listen", []):
+        address, _, kind = listen.partition(" ")
+        port = address.rpartition(":")[2]
+        if kind.strip() == "(Stream)" and port.isdigit():
+            ports.add(int(port))
+    return sorted(ports)
+
+
+class SshSocketPorts(FactBase):
+    """
+    The TCP ports ssh.socket listens on where sshd is socket-activated (sshd's own Port lines
+    do not apply then), else []:
+
+    .. code:: python
+
+        [22, 2222]
+    """
+
+    def command(self) -> str:
+        return "systemctl show ssh.socket -p ActiveState -p UnitFileState -p Listen 2>/dev/null; true"
+
+    def process(self, output: list[str]) -> list[int]:
+        return parse_socket_ports(output)
+
+
+# ------------------------------------------------------------------------------------------
+# An sshd drop-in waiting for its fresh-login confirmation
+# ------------------------------------------------------------------------------------------
+
+class SshdPending(FactBase):
+    """The drop-in an interrupted run left unconfirmed (the marker's content), else None."""
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand("cat", QuoteString(path), "2>/dev/null;", "true")
+
+    def process(self, output: list[str]) -> str | None:
+        text = "\n".join(line.strip() for line in output if line.strip())
+        return text or None
 
 
 # ------------------------------------------------------------------------------------------

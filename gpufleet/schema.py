@@ -365,6 +365,7 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "firewall_open_ports": _str_list(_check_port, "list of \"port/proto\" strings or integers"),
         "firewall_trusted_cidrs": _str_list(_check_cidr, "list of CIDRs"),
         "firewall_revert_after": _int(10, 3600),
+        "hardening_sshd_revert_after": _int(10, 3600),
         "rollout_batch_size": _int(1),
         "rollout_require_idle": _bool(),
         "rollout_snapshot": _enum("none", "lvm", "btrfs", "zfs", "command"),

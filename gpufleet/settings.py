@@ -87,6 +87,7 @@ class Settings:
     firewall_open_ports: tuple[str, ...]
     firewall_trusted_cidrs: tuple[str, ...]
     firewall_revert_after: int
+    hardening_sshd_revert_after: int
     rollout_batch_size: int
     rollout_require_idle: bool
     rollout_snapshot: str

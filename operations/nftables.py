@@ -2,12 +2,15 @@
 nftables operations: write a ruleset checked with ``nft -c``, load it atomically behind a
 dead-man switch.
 
-* ``ruleset``: stage the file, ``nft -c -f`` it (in a private user+network namespace when
-  this host may not touch its own rules), and only then move it into place.
-* ``apply``: on hosts that can load rules, arm a systemd timer that restores the previous
-  gpufleet table in `revert_after` seconds, load the file in one transaction, prove that a
-  fresh SSH login still works, and only then disarm the timer. Hosts that cannot load rules
-  (containers without CAP_NET_ADMIN) are told so, and nothing fails.
+* ``ruleset``: for hosts that cannot load rules: stage the file, ``nft -c -f`` it in a private
+  user+network namespace, and only then move it into place.
+* ``apply``: on hosts that can load rules, stage the candidate, check it, arm a systemd timer
+  that restores the previous gpufleet table in `revert_after` seconds, load it in one
+  transaction, prove that a fresh SSH login still works, and only then save it as the boot
+  configuration (/etc/nftables.conf, nftables.service enabled), record what is loaded (on
+  disk: a converged host is a no-op after a reboot too) and disarm the timer. A failed login
+  restores the previous rules and leaves the boot configuration as it was. Hosts that cannot
+  load rules (containers without CAP_NET_ADMIN) are told so, and nothing fails.
 
 Only gpufleet's own table (``inet gpufleet``) is ever replaced: Docker's tables, the forward
 path and IP forwarding are not touched (no ``flush ruleset``).
@@ -28,6 +31,13 @@ from operations.ssh import _fail, fresh_login
 
 REVERT_FILE = "/run/gpufleet/nftables.revert"
 REVERT_UNIT = "gpufleet-nft-revert"
+CANDIDATE = "/var/lib/gpufleet/nftables/candidate.nft"
+BOOT_CANDIDATE = "/var/lib/gpufleet/nftables/boot.nft"
+# The boot configuration includes this folder first: an /etc/nftables.conf with the
+# operator's own tables is kept there when gpufleet's replaces it (Debian's untouched stock
+# file is not: it holds no table of anyone's, only `flush ruleset`).
+OPERATOR_DIR = "/etc/nftables.d"
+KEPT = f"{OPERATOR_DIR}/00-before-gpufleet.nft"
 
 # $1 staged file, $2 destination, $3 how to check (direct | namespace)
 _CHECK_AND_INSTALL = r"""
@@ -43,10 +53,18 @@ chmod 644 "$new"
 mv -f "$new" "$dest"
 """
 
-# $1 ruleset, $2 revert file, $3 timer unit, $4 seconds before the automatic revert, $5 table
+# $1 candidate ruleset, $2 revert file, $3 timer unit, $4 seconds before the automatic revert,
+# $5 table. Checks the candidate, saves gpufleet's live table, arms the revert, loads. Nothing
+# of the boot configuration is touched here.
 _ARM_AND_LOAD = r"""
 set -u
+umask 077
 conf=$1 revert=$2 unit=$3 after=$4 table=$5
+if ! out=$(nft -c -f "$conf" 2>&1); then
+  rm -f "$conf"
+  echo "gpufleet: nft -c rejected the new ruleset; nothing was loaded or written: $out" >&2
+  exit 1
+fi
 mkdir -p "$(dirname "$revert")"
 { echo "table $table"; echo "delete table $table"; nft list table $table 2>/dev/null; } > "$revert.new"
 mv -f "$revert.new" "$revert"
@@ -61,11 +79,52 @@ if ! nft -f "$conf"; then
 fi
 """
 
-# $1 revert file, $2 unit: revert now and disarm.
-_REVERT_NOW = 'nft -f "$1"; rc=$?; systemctl stop "$2.timer" >/dev/null 2>&1; exit $rc'
-# $1 unit, $2 record file, $3 digest: disarm and record what is loaded.
-_DISARM = ('systemctl stop "$1.timer" >/dev/null 2>&1; mkdir -p "$(dirname "$2")"; '
-           'printf "%s\\n" "$3" > "$2"')
+# After a fresh login through the loaded rules: $1 boot version of the ruleset, $2 boot
+# configuration, $3 record, $4 unit, $5 table, $6 where an operator's /etc/nftables.conf is
+# kept, $7 the loaded candidate. Persists the rules for the next boot (file, nftables.service
+# enabled), records what is loaded, and only then disarms the revert. Refuses when the revert
+# already ran (confirmed too late).
+_PERSIST = r"""
+set -u
+umask 077
+new=$1 conf=$2 record=$3 unit=$4 table=$5 kept=$6 loaded=$7
+if ! systemctl is-active --quiet "$unit.timer"; then
+  echo "gpufleet: the automatic revert ran before the login confirmed the rules; nothing persisted" >&2
+  exit 1
+fi
+mkdir -p "$(dirname "$record")"
+if [ -e "$conf" ]; then
+  if ! grep -q '^# Managed by gpufleet' "$conf" && [ ! -e "$kept" ]; then
+    stock=$(dpkg-query -W -f='${Conffiles}\n' nftables 2>/dev/null | awk -v f="$conf" '$1 == f {print $2}')
+    if [ "$(md5sum < "$conf" | cut -d' ' -f1)" != "$stock" ]; then
+      mkdir -p -m 755 "$(dirname "$kept")" && cp -p "$conf" "$kept" || exit 1
+    fi
+  fi
+  cp -p "$conf" "$conf.gpufleet-prev" || exit 1
+fi
+if ! out=$(nft -c -f "$new" 2>&1); then
+  rm -f "$conf.gpufleet-prev"
+  echo "gpufleet: nft -c rejected the boot configuration; $conf is unchanged: $out" >&2
+  exit 1
+fi
+cp "$new" "$conf.gpufleet-new" && chmod 644 "$conf.gpufleet-new" && mv -f "$conf.gpufleet-new" "$conf" || exit 1
+if ! systemctl enable --quiet nftables.service; then
+  if [ -e "$conf.gpufleet-prev" ]; then mv -f "$conf.gpufleet-prev" "$conf"; else rm -f "$conf"; fi
+  echo "gpufleet: could not enable nftables.service; the boot configuration is as it was" >&2
+  exit 1
+fi
+rm -f "$conf.gpufleet-prev"
+live=$(nft list table $table) || exit 1
+{ echo "file=$(sha256sum < "$conf" | cut -d' ' -f1)"
+  echo "live=$(printf '%s\n' "$live" | sha256sum | cut -d' ' -f1)"; } > "$record.new"
+mv -f "$record.new" "$record"
+systemctl stop "$unit.timer" >/dev/null 2>&1
+rm -f "$new" "$loaded"
+true
+"""
+
+# $1 revert file, $2 unit, $3 candidate, $4 its boot version: revert now and disarm.
+_REVERT_NOW = 'nft -f "$1"; rc=$?; systemctl stop "$2.timer" >/dev/null 2>&1; rm -f "$3" "$4"; exit $rc'
 
 
 def _sha256(text: str) -> str:
@@ -96,33 +155,44 @@ def ruleset(dest: str, content: str):
     )
 
 
-def _confirm_or_revert(state, host, digest: str) -> bool:
+def _confirm_or_revert(state, host, boot_conf: str) -> bool:
     error = fresh_login(host)
     if error is None:
-        ok, _ = host.run_shell_command(StringCommand(
-            "sh", "-c", QuoteString(_DISARM), "gpufleet-nft-disarm",
-            QuoteString(REVERT_UNIT), QuoteString(APPLIED_RECORD), QuoteString(digest),
+        ok, output = host.run_shell_command(StringCommand(
+            "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_PERSIST), "gpufleet-nft-persist",
+            QuoteString(BOOT_CANDIDATE), QuoteString(boot_conf), QuoteString(APPLIED_RECORD),
+            QuoteString(REVERT_UNIT), QuoteString(TABLE), QuoteString(KEPT), QuoteString(CANDIDATE),
         ))
         if ok:
-            host.log_styled("new firewall rules loaded; a fresh SSH login still works", fg="green")
-        return ok
+            host.log_styled(f"new firewall rules loaded; a fresh SSH login still works; saved to "
+                            f"{boot_conf} for the next boot", fg="green")
+            return True
+        error = "confirmed, but saving the rules for the next boot failed: " + " ".join(output.stderr_lines)
     reverted, _ = host.run_shell_command(StringCommand(
         "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_REVERT_NOW), "gpufleet-nft-revert",
-        QuoteString(REVERT_FILE), QuoteString(REVERT_UNIT),
+        QuoteString(REVERT_FILE), QuoteString(REVERT_UNIT), QuoteString(CANDIDATE),
+        QuoteString(BOOT_CANDIDATE),
     ))
     host.log_styled(
         f"a fresh SSH login failed with the new firewall rules ({error}); "
-        + ("the previous rules were restored." if reverted else
+        + ("the previous rules were restored" if reverted else
            "restoring the previous rules over this session failed too: the timer "
-           f"{REVERT_UNIT}.timer restores them automatically."),
+           f"{REVERT_UNIT}.timer restores them automatically")
+        + f"; {boot_conf} and nftables.service were not changed, the next boot loads what it did before.",
         fg="red", log_func=logger.error,
     )
     return False
 
 
 @operation()
-def apply(path: str, content: str, revert_after: int = 60):
-    """Load `path` atomically, reverted automatically unless a fresh SSH login proves it safe."""
+def apply(path: str, content: str, boot_content: str | None = None, revert_after: int = 60):
+    """
+    Load `content` atomically behind a revert timer; once a fresh SSH login through it works,
+    save `boot_content` (the same table, plus what loads before it at boot; default: `content`)
+    as `path`, enable nftables.service, and disarm the timer. A failed login restores the
+    previous rules and leaves `path` and the service as they were.
+    """
+    boot_content = content if boot_content is None else boot_content
     state = host.get_fact(NftablesCapability)
     if not state.can_load:
         message = (
@@ -132,13 +202,15 @@ def apply(path: str, content: str, revert_after: int = 60):
         host.noop(message)
         host.log_styled(message, fg="yellow", log_func=logger.warning)
         return
-    digest = _sha256(content)
-    if state.table_loaded and state.applied_digest == digest:
-        host.noop(f"the ruleset in {path} is loaded")
+    if state.converged(_sha256(boot_content)):
+        host.noop(f"the ruleset in {path} is loaded and loads at boot")
         return
+    yield from files.directory._inner(path=CANDIDATE.rsplit("/", 1)[0], mode="700")
+    yield from files.put._inner(src=StringIO(content), dest=CANDIDATE, mode="600")
+    yield from files.put._inner(src=StringIO(boot_content), dest=BOOT_CANDIDATE, mode="600")
     yield StringCommand(
         "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_ARM_AND_LOAD), "gpufleet-nft-load",
-        QuoteString(path), QuoteString(REVERT_FILE), QuoteString(REVERT_UNIT),
+        QuoteString(CANDIDATE), QuoteString(REVERT_FILE), QuoteString(REVERT_UNIT),
         QuoteString(f"{int(revert_after)}s"), QuoteString(TABLE),
     )
-    yield FunctionCommand(_confirm_or_revert, (digest,), {})
+    yield FunctionCommand(_confirm_or_revert, (path,), {})

@@ -8,7 +8,9 @@ SSH server operations that cannot lock the operator out.
   configuration only at start and reload, so the running daemon never sees it).
 * ``verify_login_or_restore``: after the reload, log in afresh exactly as pyinfra does
   (paramiko, same connection data); if that fails, restore the previous drop-in, reload,
-  and fail the host with a clear message.
+  and fail the host with a clear message. Should this run never get there (killed, network
+  gone), the timer ``sshd_dropin`` armed puts the previous drop-in back on its own.
+* ``settle_pending``: a drop-in an interrupted run left unconfirmed is verified or reverted.
 * ``expect_effective``: compare ``sshd -T`` with what the drop-in asks for.
 * ``prune_moduli``: drop Diffie-Hellman moduli below a size, only when some are left.
 """
@@ -24,16 +26,43 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files
 
-from facts.ssh import AuthorizedKeys, GroupMembers, SmallModuli, SshdEffectiveConfig, moduli_awk_small
+from facts.ssh import (
+    AuthorizedKeys,
+    GroupMembers,
+    SmallModuli,
+    SshdEffectiveConfig,
+    SshdPending,
+    moduli_awk_small,
+)
 
 BACKUP_DIR = "/var/lib/gpufleet/backup"
+# The dead-man switch: a transient timer on the host puts the previous drop-in back unless a
+# fresh login confirmed the new one; the marker (on disk) names a drop-in still unconfirmed,
+# so the next run verifies or reverts what an interrupted run left.
+REVERT_UNIT = "gpufleet-sshd-revert"
+REVERT_SCRIPT = "/var/lib/gpufleet/sshd-revert.sh"
+PENDING = "/var/lib/gpufleet/sshd.pending"
 
-# $1 staged candidate, $2 destination, $3 backup path. Keeps a copy of the previous file (or
-# a marker that there was none), puts the candidate in place, and lets `sshd -t` judge the
-# whole configuration; a rejected candidate is replaced by the previous file at once.
+# Run by the timer (and at boot, before sshd, by gpufleet-sshd-revert-at-boot.service) as
+# `sh REVERT_SCRIPT dest backup pending` (a file: systemd would expand the $ of an inline
+# script). Puts the previous drop-in back (or removes ours), reloads a running sshd.
+_REVERT = r"""
+set -u
+dest=$1 prev=$2 pending=$3
+if [ -e "$prev.absent" ]; then rm -f "$dest"; elif [ -e "$prev" ]; then cp -p "$prev" "$dest"; fi
+rm -f "$pending"
+if systemctl is-active --quiet ssh; then sshd -t && systemctl reload ssh; fi
+"""
+
+# $1 staged candidate, $2 destination, $3 backup path, $4 pending marker, $5 revert script
+# file, $6 its text, $7 timer unit, $8 seconds. Keeps a copy of the previous file (or a marker
+# that there was none), puts the candidate in place, and lets `sshd -t` judge the whole
+# configuration; a rejected candidate is replaced by the previous file at once. An accepted
+# one is marked pending and the revert timer armed, before anything reloads sshd.
 _INSTALL_SCRIPT = r"""
 set -u
-new=$1 dest=$2 prev=$3
+umask 077
+new=$1 dest=$2 prev=$3 pending=$4 script=$5 revert=$6 unit=$7 after=$8
 mkdir -p "$(dirname "$prev")"
 rm -f "$prev" "$prev.absent"
 if [ -e "$dest" ]; then cp -p "$dest" "$prev"; else : > "$prev.absent"; fi
@@ -44,16 +73,33 @@ if ! out=$(sshd -t 2>&1); then
   echo "gpufleet: sshd -t rejected the new configuration; the previous one is back in place, sshd was not reloaded: $out" >&2
   exit 1
 fi
+printf '%s\n' "$revert" > "$script.new" && mv -f "$script.new" "$script"
+printf '%s\n' "$dest" > "$pending"
+systemctl stop "$unit.timer" >/dev/null 2>&1
+systemctl reset-failed "$unit.timer" "$unit.service" >/dev/null 2>&1
+if ! systemd-run --quiet --unit="$unit" --on-active="$after" --timer-property=AccuracySec=1s \
+    /bin/sh "$script" "$dest" "$prev" "$pending"; then
+  if [ -e "$prev.absent" ]; then rm -f "$dest"; else cp -p "$prev" "$dest"; fi
+  rm -f "$pending"
+  echo "gpufleet: could not arm the automatic revert of sshd's configuration; the previous one is back in place" >&2
+  exit 1
+fi
 """
 
-# $1 destination, $2 backup path: put the previous drop-in back (or remove ours if there
-# was none), check, reload.
+# $1 destination, $2 backup path, $3 pending marker, $4 timer unit: put the previous drop-in
+# back (or remove ours if there was none), check, reload, disarm.
 _RESTORE_SCRIPT = r"""
 set -u
-dest=$1 prev=$2
+dest=$1 prev=$2 pending=$3 unit=$4
 if [ -e "$prev.absent" ]; then rm -f "$dest"; elif [ -e "$prev" ]; then cp -p "$prev" "$dest"; fi
+rm -f "$pending"
+systemctl stop "$unit.timer" >/dev/null 2>&1
 sshd -t && systemctl reload ssh
 """
+
+# $1 pending marker, $2 timer unit: the new configuration is confirmed.
+_DISARM = 'systemctl stop "$2.timer" >/dev/null 2>&1; rm -f "$1"'
+
 
 
 def _sha256(text: str) -> str:
@@ -110,10 +156,12 @@ def require_authorized_keys(users: list[str], groups: list[str] | None = None):
 
 
 @operation()
-def sshd_dropin(dest: str, content: str):
+def sshd_dropin(dest: str, content: str, revert_after: int = 60):
     """
     Install `content` as the sshd drop-in `dest`, accepted only if ``sshd -t`` accepts the
     whole resulting configuration; otherwise the previous file stays and the host fails.
+    An accepted drop-in is marked pending and a timer on the host puts the previous one back
+    after `revert_after` seconds unless ``verify_login_or_restore`` confirms it first.
     """
     if host.get_fact(Sha256File, path=dest) == _sha256(content):
         host.noop(f"{dest} is already the hardened configuration")
@@ -123,7 +171,9 @@ def sshd_dropin(dest: str, content: str):
     yield from files.put._inner(src=StringIO(content), dest=staged, mode="600")
     yield StringCommand(
         "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_INSTALL_SCRIPT), "gpufleet-sshd-install",
-        QuoteString(staged), QuoteString(dest), QuoteString(backup_path(dest)),
+        QuoteString(staged), QuoteString(dest), QuoteString(backup_path(dest)), QuoteString(PENDING),
+        QuoteString(REVERT_SCRIPT), QuoteString(_REVERT), QuoteString(REVERT_UNIT),
+        QuoteString(f"{int(revert_after)}s"),
     )
 
 
@@ -166,15 +216,21 @@ def fresh_login(host, attempts: int = 5, delay: float = 1.0) -> str | None:
 def _verify_or_restore(state, host, dest: str, backup: str) -> bool:
     error = fresh_login(host)
     if error is None:
-        host.log_styled("a fresh SSH login with the new sshd configuration works", fg="green")
-        return True
+        disarmed, _ = host.run_shell_command(StringCommand(
+            "sh", "-c", QuoteString(_DISARM), "gpufleet-sshd-confirm", QuoteString(PENDING),
+            QuoteString(REVERT_UNIT),
+        ))
+        if disarmed:
+            host.log_styled("a fresh SSH login with the new sshd configuration works", fg="green")
+            return True
+        error = "the login worked, but disarming the automatic revert failed"
     host.log_styled(
         f"a fresh SSH login failed after the sshd reload ({error}); restoring the previous "
         "configuration", fg="red", log_func=logger.error,
     )
     restored, output = host.run_shell_command(StringCommand(
         "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_RESTORE_SCRIPT), "gpufleet-sshd-restore",
-        QuoteString(dest), QuoteString(backup),
+        QuoteString(dest), QuoteString(backup), QuoteString(PENDING), QuoteString(REVERT_UNIT),
     ))
     again = fresh_login(host) if restored else "restore command failed"
     return _fail(state, host, (
@@ -192,6 +248,18 @@ def _verify_or_restore(state, host, dest: str, backup: str) -> bool:
 @operation(is_idempotent=False)
 def verify_login_or_restore(dest: str):
     """After a reload: prove a new login works, or restore the previous drop-in and fail."""
+    yield FunctionCommand(_verify_or_restore, (dest, backup_path(dest)), {})
+
+
+@operation()
+def settle_pending(dest: str):
+    """A drop-in an interrupted run left unconfirmed (its revert timer may still be armed):
+    reload sshd with it and prove a fresh login, else put the previous one back and fail."""
+    pending = host.get_fact(SshdPending, path=PENDING)
+    if pending is None:
+        host.noop("no sshd configuration is waiting for confirmation")
+        return
+    yield StringCommand("PATH=$PATH:/usr/sbin", "sshd", "-t", "&&", "systemctl", "reload", "ssh")
     yield FunctionCommand(_verify_or_restore, (dest, backup_path(dest)), {})
 
 

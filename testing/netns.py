@@ -14,11 +14,12 @@ import contextlib
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
 
-from testing.testhosts import Host
+from testing.testhosts import Host, in_netns
 
 
 def run(cmd: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -156,4 +157,19 @@ def netns_leftovers(tag: str) -> list[str]:
     return [n for n in names if n.startswith(f"gf-{tag}-")]
 
 
-__all__ = ["NetnsPair", "netns_pair", "container_pid", "netns_leftovers"]
+__all__ = ["NetnsPair", "netns_pair", "container_pid", "netns_leftovers", "host_tcp_open"]
+
+
+def host_tcp_open(host: Host, port: int, timeout: float = 2.0) -> bool:
+    """Can a private-network test host's client namespace complete a TCP handshake with the
+    host on `port`? (False for a refused connection and for a dropped one.)"""
+    with in_netns(host.netns):
+        sock = socket.socket()
+    sock.settimeout(timeout)
+    try:
+        sock.connect((host.address, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()

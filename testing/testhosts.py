@@ -8,7 +8,8 @@ its own sshd on its own loopback address, real apt) made from a cached debootstr
 Hosts belong to a *pool* (default ``default``; pytest uses its own) so that parallel users do
 not collide: a pool owns one loopback /24 (127.0.<net>.0) and a set of cgroups. Everything a
 pool starts lives inside its cgroups, so ``down`` can always find and stop it, also after a
-killed run. Facts behind the traps handled here: ../shared/reference/testhosts.md, kept in
+killed run. With ``private_network`` a host gets a network namespace of its own instead of a
+loopback address (see "Private networks" below). Facts behind the traps handled here: ../shared/reference/testhosts.md, kept in
 tests/README.md.
 """
 from __future__ import annotations
@@ -652,11 +653,17 @@ def ssh(host: Host, command: str, check: bool = True, timeout: float = 60, user:
     ], check=check, capture_output=True, text=True, timeout=timeout)
 
 
-def reboot(host: Host, timeout: float = 120) -> None:
-    """Reboot a host for real (systemd goes down and comes back; /run and GPU state are lost)."""
+def reboot(host: Host, timeout: float = 120, console: bool = False) -> None:
+    """Reboot a host for real (systemd goes down and comes back; /run and GPU state are lost).
+    `console`: without logging in (a host that refuses SSH): ctrl-alt-del, i.e. SIGINT to its
+    systemd."""
     boots_file = host.dir / "boots"
     before = int(boots_file.read_text()) if boots_file.exists() else 0
-    ssh(host, "systemctl reboot", check=False, timeout=10)
+    if console:
+        from testing.netns import container_pid
+        os.kill(container_pid(host), signal.SIGINT)
+    else:
+        ssh(host, "systemctl reboot", check=False, timeout=10)
     deadline = time.monotonic() + timeout
     while (int(boots_file.read_text()) if boots_file.exists() else 0) == before:
         if time.monotonic() > deadline:

@@ -26,7 +26,7 @@ class Run:
 
 def pyinfra(inventory: Path, deploy: str = "deploys/all.py", *args: str, timeout: int = 1800,
             netns: str | None = None) -> Run:
-    """`netns`: run from that network namespace (hosts of `testhosts up --private-network`)."""
+    """`netns`: run it from that network namespace (private-network test hosts)."""
     prefix = ["ip", "netns", "exec", netns] if netns else []
     proc = subprocess.run(
         [*prefix, str(PYINFRA), "-y", *args, str(inventory), deploy],

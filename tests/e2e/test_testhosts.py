@@ -79,3 +79,39 @@ def test_reboot_is_real(clean_pool):
     assert "run-survived" not in out
     assert out[-1] == "running"
     assert (host.dir / "boots").read_text() == "1"  # the first boot ended: one reboot seen
+
+
+def test_private_network_hosts_live_in_namespaces_only(clean_pool):
+    machine_before = subprocess.run(["ip", "-br", "addr"], capture_output=True, text=True).stdout
+    up = _tool("up", "2", "--private-network")
+    assert up.returncode == 0, up.stderr
+    listed = json.loads(_tool("list", "--json").stdout)
+    netns = {h["netns"] for h in listed}
+    assert netns == {f"gft.{POOL}.client"}
+    ssh = ["ssh", "-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+           "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5"]
+    for h in listed:
+        assert not h["address"].startswith("127.")
+        login = [*ssh, "-i", h["ssh_key"], f"{h['ssh_user']}@{h['address']}"]
+        # not reachable from the machine's own network, only from the client namespace
+        assert subprocess.run([*login, "true"], capture_output=True, timeout=30).returncode != 0
+        res = subprocess.run(["ip", "netns", "exec", h["netns"], *login,
+                              "hostname; ip -br addr show host0; apt-get install -y -qq nftables >/dev/null "
+                              "&& nft add table inet operator && nft list tables"],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        name, addr_line, *tables = res.stdout.splitlines()
+        assert name == h["name"] and h["address"] + "/24" in addr_line
+        assert tables == ["table inet operator"]  # CAP_NET_ADMIN in its own namespace
+    # the machine's network is as it was: no address, no interface added
+    assert subprocess.run(["ip", "-br", "addr"], capture_output=True, text=True).stdout == machine_before
+    host = next(h for h in testhosts.list_hosts(POOL) if h.name == listed[0]["name"])
+    testhosts.reboot(host)  # a real boot starts with no rules loaded
+    assert testhosts.ssh(host, "nft list tables").stdout == ""
+    # a killed run leaves namespaces behind: leftovers says so, down removes them
+    os.kill(host.pid, signal.SIGKILL)
+    assert any(item.startswith("netns gft.") for item in _pool_leftovers())
+    assert _tool("down").returncode == 0
+    assert _pool_leftovers() == []
+    assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if n.startswith(f"gft.{POOL}.")]

@@ -14,6 +14,7 @@ from facts.ssh import (
     parse_group_members,
     parse_moduli_counts,
     parse_openssh_version,
+    parse_socket_ports,
     parse_sshd_t,
 )
 
@@ -147,3 +148,35 @@ def test_nftables_state_on_a_real_host():
                                   "applied=ab12"])
     assert state.can_load and state.can_check and state.table_loaded
     assert state.applied_digest == "ab12"
+
+
+def test_ports_include_every_listenaddress_port():
+    # recorded on trixie: harness 00-listen.conf (no port) + ListenAddress host:2222 and [::1]:2223
+    config = parse_sshd_t(["port 22", "listenaddress 10.232.6.10:22", "listenaddress 10.232.6.10:2222",
+                           "listenaddress [::1]:2223", "passwordauthentication no"])
+    assert config.ports == [22, 2222, 2223]
+
+
+# `systemctl show ssh.socket -p ActiveState -p UnitFileState -p Listen`, recorded on trixie
+SOCKET_DISABLED = ["Listen=[::]:22 (Stream)", "ActiveState=inactive", "UnitFileState=disabled"]
+SOCKET_ENABLED = ["Listen=[::]:22 (Stream)", "ActiveState=inactive", "UnitFileState=enabled"]
+
+
+def test_socket_ports_only_when_sshd_is_socket_activated():
+    assert parse_socket_ports(SOCKET_DISABLED) == []
+    assert parse_socket_ports(SOCKET_ENABLED) == [22]
+    assert parse_socket_ports(["Listen=0.0.0.0:2200 (Stream)", "Listen=/run/x.sock (Stream)",
+                               "Listen=[::]:5000 (Datagram)", "ActiveState=active",
+                               "UnitFileState=disabled"]) == [2200]
+    assert parse_socket_ports([]) == []  # no such unit: systemctl printed nothing
+
+
+def test_nftables_converged_needs_the_live_table_the_file_and_the_boot_service():
+    base = ["capeff=000001ffffffffff", "nft=yes", "userns=yes", "table=yes", "live=L1",
+            "applied_file=F1", "applied_live=L1", "conf=F1", "enabled=enabled"]
+    assert parse_nftables_state(base).converged("F1")
+    assert not parse_nftables_state(base).converged("F2")                    # another ruleset wanted
+    for changed in ("live=L2", "table=no", "conf=F0", "enabled=disabled", "applied_live=L0"):
+        key = changed.split("=")[0]
+        state = parse_nftables_state([line for line in base if not line.startswith(key + "=")] + [changed])
+        assert not state.converged("F1"), changed

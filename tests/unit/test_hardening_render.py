@@ -80,7 +80,7 @@ def test_parse_open_ports():
 def test_nftables_ruleset_replaces_only_its_own_table():
     text = h.render("etc/nftables.conf.j2", table="inet gpufleet", ssh_ports=[22],
                     open_ports=h.parse_open_ports([{"port": 9400, "comment": "DCGM exporter"}, "6817-6819"]),
-                    trusted_cidrs=["10.0.0.0/8", "fd00::/8"])
+                    trusted_cidrs=["10.0.0.0/8", "fd00::/8"], include_dir=None)
     rules = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
     assert not [line for line in rules if "flush" in line]
     assert "table inet gpufleet\ndelete table inet gpufleet\n" in text
@@ -89,6 +89,16 @@ def test_nftables_ruleset_replaces_only_its_own_table():
     assert 'tcp dport 9400 accept comment "DCGM exporter"' in text
     assert "tcp dport 6817-6819 accept" in text
     assert "ip saddr 10.0.0.0/8 accept" in text and "ip6 saddr fd00::/8 accept" in text
+
+
+def test_nftables_boot_version_loads_the_operators_tables_first():
+    context = dict(table="inet gpufleet", ssh_ports=[22], open_ports=[], trusted_cidrs=[])
+    live = h.render("etc/nftables.conf.j2", **context, include_dir=None)
+    boot = h.render("etc/nftables.conf.j2", **context, include_dir="/etc/nftables.d")
+    assert "include" not in live.replace("included", "")
+    head, _, tail = boot.partition('include "/etc/nftables.d/*.nft"\n')
+    assert tail and "table inet gpufleet" not in head  # before gpufleet's table
+    assert tail.strip().endswith(live.split("table inet gpufleet\n", 1)[1].strip())
 
 
 def test_unattended_upgrades_blacklist_covers_the_gpu_stack():
