@@ -92,8 +92,10 @@ def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEM
         # The deploy fails the host at planning time; this is the race where it broke since.
         raise OperationError(f"{path} is malformed ({exc}); left untouched") from None
     merged = dockerconf.merge(existing, defaults)
-    engine = host.get_fact(DockerEngine)
-    if not dockerconf.needs_write(existing, merged) and not (restart_for and engine.running):
+    write = dockerconf.needs_write(existing, merged)
+    # Nothing asked of dockerd on a no-op run (restart_for is empty once the toolkit is there).
+    engine = host.get_fact(DockerEngine) if write or restart_for else None
+    if engine is None or (not write and not engine.running):
         host.noop(f"{path} already has gpufleet's keys")
         return
     live = host.get_fact(DockerLive) if engine.running else DockerLiveState()
