@@ -36,9 +36,10 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     host = next(h for h in testhosts.list_hosts(args.pool) if h.name == args.host)
-    plan = json.loads((factcache.PLAN_DIR / f"{args.host}.json").read_text())
+    plan = factcache.read_plan(factcache.PLAN_DIR / f"{args.host}.json", args.host)
     entries = []  # in the prefetch's own shape: (class, arguments JSON, executor JSON, fact, text)
-    for path, kwargs_json, executor_json in plan:
+    executor_json = "{}"  # bench hosts: root over ssh, pyinfra's defaults
+    for path, kwargs_json in plan:
         cls = factcache._load_class(path)
         if cls is None:
             continue

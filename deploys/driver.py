@@ -29,6 +29,8 @@ lives here). Then, in order:
 from __future__ import annotations
 
 import atexit
+import re
+import shlex
 from io import StringIO
 from pathlib import Path
 
@@ -86,8 +88,27 @@ def _report_at_exit() -> None:
 atexit.register(_report_at_exit)
 
 
+# What DKMS's framework.conf (sourced by bash) may be given as the MOK key: a plain absolute path.
+_PLAIN_PATH = re.compile(r"/(?:[A-Za-z0-9_+-][A-Za-z0-9._+-]*/)*[A-Za-z0-9_+-][A-Za-z0-9._+-]*")
+
+
+def dkms_signing_conf(key: str) -> str:
+    """The DKMS drop-in that signs modules with the MOK private key `key` (certificate: the same
+    path ending .pub). Only plain paths (see preconditions), and quoted anyway: bash sources it."""
+    if not _PLAIN_PATH.fullmatch(key) or "/../" in f"{key}/":
+        raise ValueError(f"not a plain absolute path: {key!r}")
+    return ("# Managed by gpufleet (deploys/driver.py).\n"
+            "mok_signing_key=" + shlex.quote(key) + "\n"
+            "mok_certificate=" + shlex.quote(key.rsplit(".", 1)[0] + ".pub") + "\n")
+
+
 def preconditions(settings, res, state, h) -> tuple[str, str] | None:
     """(key, message) of the first reason not to touch this host, from facts read before the run."""
+    key = settings.driver_module_signing_key
+    if key != "none" and (not _PLAIN_PATH.fullmatch(key) or "/../" in f"{key}/"):
+        return ("driver_module_signing_key",
+                f"{key!r} is not a plain absolute path (DKMS's configuration is a shell file); allowed: none, "
+                "or an absolute path of letters, digits and . _ + - without '..'")
     if state.secure_boot == "enabled":
         key = settings.driver_module_signing_key
         if key == "none":
@@ -202,9 +223,7 @@ def driver():
         signing_key = settings.driver_module_signing_key
         files.put(
             name="Let DKMS sign the modules it builds with the enrolled MOK (Secure Boot)",
-            src=StringIO("# Managed by gpufleet (deploys/driver.py).\n"
-                         f'mok_signing_key="{signing_key}"\n'
-                         f'mok_certificate="{signing_key.rsplit(".", 1)[0]}.pub"\n'),
+            src=StringIO(dkms_signing_conf(signing_key)),
             dest=DKMS_SIGNING_CONF, mode="644",
         )
     if settings.driver_kernel_headers == "require" and not before.kernel_headers:

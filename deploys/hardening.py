@@ -8,7 +8,9 @@ Story of a host, part 5 (last, so that it cannot cut off the steps before it):
    then the classic curve25519 kex that paramiko 4 (pyinfra, testinfra) still needs,
    encrypt-then-MAC MACs only, Ed25519/RSA host keys only, moduli below 3072 bits removed.
    The drop-in 00-gpufleet-hardening.conf sorts first, so it wins over cloud-init's
-   50-cloud-init.conf; the effective result is checked with `sshd -T`.
+   50-cloud-init.conf; the effective result is checked with `sshd -T`. Every sshd control of
+   the dev-sec ssh-baseline is met (differences explained in tiers.yaml): sshd_config and
+   drop-ins 0600, an RSA host key of hardening_rsa_host_key_bits (replaced only when safe).
 2. **Lock-out protection**: no key for the connecting user or an allowed user -> the host
    fails before anything changes; `sshd -t` judges the candidate before any reload; after
    the reload a fresh login as the deploy user (paramiko, like pyinfra) must work, or the
@@ -39,7 +41,6 @@ import jinja2
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
-from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, systemd
 
 from facts.nftables import TABLE, NftablesCapability
@@ -48,7 +49,9 @@ from operations import nftables, ssh
 from operations.ssh import connecting_user
 
 from deploys.base import APT_CACHE_SECONDS
+from gpufleet.failures import fail_host
 from gpufleet.settings import host_settings
+from operations import sshd_files
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 SSHD_DROPIN = "/etc/ssh/sshd_config.d/00-gpufleet-hardening.conf"
@@ -153,6 +156,8 @@ def sshd_context(settings, version, existing_host_keys: list[str]) -> dict:
         "permit_root_login": settings.hardening_permit_root_login,
         "max_auth_tries": settings.hardening_max_auth_tries,
         "login_grace_time": settings.hardening_login_grace_time,
+        "client_alive_interval": settings.hardening_client_alive_interval,
+        "max_startups": settings.hardening_max_startups,
         "allow_users": list(settings.hardening_allow_users),
         "allow_groups": list(settings.hardening_allow_groups),
         "x11_forwarding": settings.hardening_x11_forwarding,
@@ -184,6 +189,30 @@ def expected_effective(ctx: dict) -> dict[str, str]:
         "ciphers": ",".join(ctx["ciphers"]),
         "macs": ",".join(ctx["macs"]),
         "hostkeyalgorithms": ",".join(ctx["host_key_algorithms"]),
+        # dev-sec ssh-baseline controls the settings above do not cover
+        "loglevel": "VERBOSE",
+        "syslogfacility": "AUTH",
+        "strictmodes": "yes",
+        "ignorerhosts": "yes",
+        "ignoreuserknownhosts": "yes",
+        "hostbasedauthentication": "no",
+        "kerberosauthentication": "no",
+        "kerberosorlocalpasswd": "no",
+        "kerberosticketcleanup": "yes",
+        "gssapiauthentication": "no",
+        "gssapicleanupcredentials": "yes",
+        "permittunnel": "no",
+        "permituserenvironment": "no",
+        "gatewayports": "no",
+        "x11uselocalhost": "yes",
+        "clientaliveinterval": str(ctx["client_alive_interval"]),
+        "clientalivecountmax": "3",
+        "tcpkeepalive": "no",
+        "maxsessions": "10",
+        "maxstartups": ctx["max_startups"],
+        "printlastlog": "no",
+        "printmotd": "no",
+        "banner": "none",
     }
     if ctx["allow_users"]:
         expected["allowusers"] = " ".join(ctx["allow_users"])
@@ -205,13 +234,16 @@ def nftables_context(settings, ssh_ports: list[int]) -> dict:
 @deploy("SSH hardening and firewall")
 def hardening():
     settings = host_settings(host)
+    # Fail closed: sshd and firewall changes are kept only after a fresh SSH login proves them,
+    # and gpufleet can log in afresh only as pyinfra's ssh connector does.
+    refusal = ssh.login_proof_refusal(host)
+    if refusal:
+        fail_host(host, "connector", refusal)
+        return
     version = host.get_fact(SshdVersion)
     if version is None:
         raise DeployError(f"{host.name}: OpenSSH server not found (sshd -V); nothing to harden")
-    existing_keys = [path for path in HOST_KEY_FILES if host.get_fact(File, path=path)]
-    if not existing_keys:
-        raise DeployError(f"{host.name}: neither an Ed25519 nor an RSA host key exists")
-    ctx = sshd_context(settings, version, existing_keys)
+    ctx = sshd_context(settings, version, HOST_KEY_FILES)
 
     # 1. Lock-out protection first: on failure the host stops here, nothing changed.
     if not ctx["password_auth"]:
@@ -281,6 +313,15 @@ def hardening():
     ssh.prune_moduli(
         name=f"Remove Diffie-Hellman moduli below {settings.hardening_moduli_min_bits} bits",
         min_bits=settings.hardening_moduli_min_bits,
+    )
+    # Host keys once the configuration is proven (a refused one leaves them untouched); the
+    # operation reloads sshd and proves a fresh login itself.
+    sshd_files.host_keys(
+        name="Give sshd an Ed25519 host key and a large enough RSA one, replacing a small one only when safe",
+        min_rsa_bits=settings.hardening_rsa_host_key_bits,
+    )
+    sshd_files.config_modes(
+        name="Make sshd's configuration and host keys readable by root only (0600, folders 0755)",
     )
 
     # 3. Firewall.

@@ -12,13 +12,18 @@ from pyinfra import host, state
 
 from gpufleet.errors import Incompatible
 from gpufleet.hostfacts import hardware, os_name, resolution, tier_mismatches
+from gpufleet.rollout.snapshot import command_name
 from gpufleet.settings import host_settings, validate_inventory
 
 validate_inventory(state.inventory)
 settings = host_settings(host)
 lines = [f"tier: {settings.tier}"]
 for key in (k for k in settings.overridden if k != "tier"):
-    lines.append(f"override: {key} = {settings[key]}")
+    value = settings[key]
+    if key == "rollout_snapshot_command" and value:  # its arguments may hold a token
+        words = value.split() if isinstance(value, str) else list(value)
+        value = f"{command_name(words)} (arguments not shown)"
+    lines.append(f"override: {key} = {value}")
 lines.append(f"os: {os_name(host)}")
 lines.append(f"hardware: {hardware(host).summary}")
 for problem in tier_mismatches(host, settings):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -130,9 +131,20 @@ def split_sections(lines: Iterable[str]) -> tuple[dict[str, list[str]], dict[str
     return sections, values
 
 
+def with_values(script: str, **values: object) -> str:
+    """A fixed `script` given its values as shell variables set before it, each quoted: how a
+    fact's command takes arguments (no value is ever pasted into shell text)."""
+    lines = []
+    for name, value in values.items():
+        if not name.isidentifier() or not isinstance(value, (str, int)):
+            raise ValueError(f"not a shell variable and its value: {name!r}")
+        lines.append(name + "=" + shlex.quote(str(value)))
+    return "\n".join([*lines, script])
+
+
 def begin(name: str) -> str:
     """Shell snippet printing the marker that starts section ``name``."""
-    return f"echo '{MARK} begin {name}'"
+    return "echo " + shlex.quote(MARK + " begin " + name)
 
 
 def nonblank(lines: Sequence[str]) -> list[str]:

@@ -9,14 +9,13 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import MARK, JsonMixin, begin, fail, split_sections
+from ._common import MARK, JsonMixin, fail, split_sections, with_values
 
 # --------------------------------------------------------------------------------------------
 # daemon.json
@@ -44,9 +43,8 @@ class DaemonJson(FactBase):
 
     @override
     def command(self, path: str = "/etc/docker/daemon.json") -> str:
-        p = shlex.quote(path)
-        return (f"if [ -f {p} ]; then echo '{MARK} exists yes'; base64 -w0 < {p}; echo; "
-                f"else echo '{MARK} exists no'; fi")
+        return with_values('if [ -f "$path" ]; then echo "$mark exists yes"; base64 -w0 < "$path"; echo; '
+                           'else echo "$mark exists no"; fi', path=path, mark=MARK)
 
     @override
     def process(self, output: list[str]) -> DaemonJsonFile:  # type: ignore[override]
@@ -111,12 +109,12 @@ class DockerEngine(FactBase):
 
     @override
     def command(self) -> str:
-        return (
-            f"{begin('version')}; dockerd --version 2>/dev/null || true; "
-            f"{begin('unit')}; systemctl show docker.service -p LoadState -p ActiveState -p SubState "
+        return with_values(
+            'echo "$mark begin version"; dockerd --version 2>/dev/null || true; '
+            'echo "$mark begin unit"; systemctl show docker.service -p LoadState -p ActiveState -p SubState '
             "-p NRestarts -p ExecMainStartTimestampMonotonic 2>/dev/null || true; "
-            f"if command -v docker >/dev/null 2>&1; then echo '{MARK} cli yes'; else echo '{MARK} cli no'; fi"
-        )
+            'if command -v docker >/dev/null 2>&1; then echo "$mark cli yes"; else echo "$mark cli no"; fi',
+            mark=MARK)
 
     @override
     def process(self, output: list[str]) -> DockerEngineState:  # type: ignore[override]
@@ -188,15 +186,14 @@ class NvidiaCdi(FactBase):
 
     @override
     def command(self, spec: str = "/etc/cdi/nvidia.yaml") -> str:
-        s = shlex.quote(spec)
-        globs = " ".join(f"/var/lib/dpkg/info/{g}.list" for g in DRIVER_PACKAGE_GLOBS)
-        return (
-            f"if command -v nvidia-ctk >/dev/null 2>&1; then echo '{MARK} ctk yes'; else echo '{MARK} ctk no'; fi; "
-            f"if [ -f {s} ]; then echo '{MARK} spec_mtime' $(stat -c %Y {s}); fi; "
-            f"m=$(stat -c %Y {globs} 2>/dev/null | sort -n | tail -1); "
-            f"if [ -n \"$m\" ]; then echo '{MARK} driver_mtime' $m; fi; "
-            f"{begin('list')}; if command -v nvidia-ctk >/dev/null 2>&1; then nvidia-ctk cdi list 2>/dev/null || true; fi"
-        )
+        lists = " ".join("/var/lib/dpkg/info/" + g + ".list" for g in DRIVER_PACKAGE_GLOBS)
+        return with_values(
+            'if command -v nvidia-ctk >/dev/null 2>&1; then echo "$mark ctk yes"; else echo "$mark ctk no"; fi; '
+            'if [ -f "$spec" ]; then echo "$mark spec_mtime" $(stat -c %Y "$spec"); fi; '
+            "m=$(stat -c %Y $lists 2>/dev/null | sort -n | tail -1); "  # globs: split and expanded
+            'if [ -n "$m" ]; then echo "$mark driver_mtime" $m; fi; '
+            'echo "$mark begin list"; if command -v nvidia-ctk >/dev/null 2>&1; then nvidia-ctk cdi list 2>/dev/null || true; fi',
+            spec=spec, lists=lists, mark=MARK)
 
     @override
     def process(self, output: list[str]) -> CdiState:  # type: ignore[override]

@@ -19,7 +19,7 @@ from typing import Literal, NamedTuple
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import JsonMixin, begin, fail, nonblank, opt_int, opt_str, split_sections
+from ._common import JsonMixin, begin, fail, nonblank, opt_int, opt_str, split_sections, with_values
 
 GpuStatus = Literal["ok", "no-nvidia-smi", "driver-not-loaded", "mismatch", "error"]
 
@@ -433,7 +433,7 @@ _APPS = ",".join(COMPUTE_APPS_FIELDS)
 # nvidia-smi is looked for in PATH and in the usual driver locations (a
 # non-login SSH shell may have a short PATH). The script always exits 0: a
 # failing nvidia-smi is a state to report, not a failed fact.
-GPU_STATE_COMMAND = "\n".join(
+GPU_STATE_COMMAND = with_values("\n".join(
     [
         "smi=$(command -v nvidia-smi 2>/dev/null) || smi=",
         'if [ -z "$smi" ]; then',
@@ -445,7 +445,7 @@ GPU_STATE_COMMAND = "\n".join(
         'if [ -z "$smi" ]; then echo "::gpufleet:: status no-nvidia-smi"; exit 0; fi',
         "t=; if command -v timeout >/dev/null 2>&1; then t='timeout 60'; fi",
         begin("query-gpu"),
-        f'$t "$smi" --query-gpu={_QUERY} --format=csv,noheader,nounits 2>&1',
+        '$t "$smi" --query-gpu="$gpu_query" --format=csv,noheader,nounits 2>&1',
         "rc=$?",
         'echo "::gpufleet:: rc query-gpu $rc"',
         'if [ "$rc" -ne 0 ]; then exit 0; fi',
@@ -456,16 +456,16 @@ GPU_STATE_COMMAND = "\n".join(
         '$t "$smi" topo -m 2>&1',
         'echo "::gpufleet:: rc topology $?"',
         begin("compute-apps"),
-        f'$t "$smi" --query-compute-apps={_APPS} --format=csv,noheader,nounits 2>&1',
+        '$t "$smi" --query-compute-apps="$gpu_apps" --format=csv,noheader,nounits 2>&1',
         'echo "::gpufleet:: rc compute-apps $?"',
         "exit 0",
     ]
-)
+), gpu_query=_QUERY, gpu_apps=_APPS)
 # The same without the compute processes: planning and validation never look at them, and a
 # no-op run saves an nvidia-smi call per host (only a possible reboot or upgrade asks for them).
 GPU_STATE_COMMAND_WITHOUT_PROCESSES = GPU_STATE_COMMAND.replace(
     "\n".join([begin("compute-apps"),
-               f'$t "$smi" --query-compute-apps={_APPS} --format=csv,noheader,nounits 2>&1',
+               '$t "$smi" --query-compute-apps="$gpu_apps" --format=csv,noheader,nounits 2>&1',
                'echo "::gpufleet:: rc compute-apps $?"']) + "\n", "")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import fail
+from ._common import fail, with_values
 
 LOCKED_CLOCKS_DIR = "/run/gpufleet/gpu-clocks"
 
@@ -52,8 +52,8 @@ class LockedClocks(FactBase[dict[str, str]]):
 
     @override
     def command(self) -> str:
-        return (f'for f in {LOCKED_CLOCKS_DIR}/*; do [ -f "$f" ] || continue; '
-                'echo "${f##*/} $(cat "$f")"; done; true')
+        return with_values('for f in "$dir"/*; do [ -f "$f" ] || continue; '
+                           'echo "${f##*/} $(cat "$f")"; done; true', dir=LOCKED_CLOCKS_DIR)
 
     @override
     def process(self, output: list[str]) -> dict[str, str]:

@@ -17,7 +17,7 @@ from typing import Literal
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import JsonMixin, begin, fail, key_values, nonblank, opt_str, read_files, split_sections
+from ._common import JsonMixin, begin, fail, key_values, nonblank, opt_str, read_files, split_sections, with_values
 from .packages import DpkgEntry, dpkg_query_command, parse_dpkg_query
 
 SecureBootState = Literal["enabled", "disabled", "not-efi", "unknown"]
@@ -304,7 +304,7 @@ def parse_driver_state(lines: Sequence[str]) -> DriverStateData:
     )
 
 
-DRIVER_STATE_COMMAND = "\n".join(
+DRIVER_STATE_COMMAND = with_values("\n".join(
     [
         begin("proc-version"),
         "cat /proc/driver/nvidia/version 2>/dev/null",
@@ -314,13 +314,13 @@ DRIVER_STATE_COMMAND = "\n".join(
         "done",
         begin("modules"),
         # /sys/module/NAME exists while NAME is loaded; no lsmod needed.
-        f"for m in {' '.join(KERNEL_MODULES)}; do",
+        "for m in $modules; do",  # names without blanks or glob characters
         '  if [ -d "/sys/module/$m" ]; then ' + read_files("/sys/module/$m", version="v") + 'echo "$m $v"; fi',
         "done",
         begin("packages"),
         dpkg_query_command(USERSPACE_PACKAGES + MODULE_PACKAGES),
         begin("nvml-libs"),
-        f"for f in {' '.join(_NVML_GLOBS)}; do",
+        "for f in $nvml_globs; do",  # split, then expanded: globs without blanks
         '  if [ -e "$f" ]; then echo "${f##*/}"; fi',
         "done",
         begin("kernel"),
@@ -343,12 +343,12 @@ DRIVER_STATE_COMMAND = "\n".join(
         '  echo "mokutil=$(mokutil --sb-state 2>&1 | tr \'\\n\' \' \')"',
         "fi",
         # The variable is 4 attribute bytes then the value byte (1 = enabled).
-        f"if [ -r {_EFI_SECURE_BOOT_VAR} ] && command -v od >/dev/null 2>&1; then",
-        f'  echo "efivar=$(od -An -tu1 {_EFI_SECURE_BOOT_VAR} 2>/dev/null | tr \'\\n\' \' \')"',
+        'if [ -r "$efi_var" ] && command -v od >/dev/null 2>&1; then',
+        '  echo "efivar=$(od -An -tu1 "$efi_var" 2>/dev/null | tr \'\\n\' \' \')"',
         "fi",
         "true",
     ]
-)
+), modules=" ".join(KERNEL_MODULES), nvml_globs=" ".join(_NVML_GLOBS), efi_var=_EFI_SECURE_BOOT_VAR)
 
 
 class DriverState(FactBase[DriverStateData]):

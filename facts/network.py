@@ -6,14 +6,13 @@ physical-ish network interfaces, and RDMA devices with their ports.
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import JsonMixin, fail, read_files
+from ._common import JsonMixin, fail, read_files, with_values
 
 # Interfaces the deploys never configure: loopback, container and VM plumbing.
 EXCLUDED_INTERFACES = re.compile(r"^(lo|docker.*|veth.*|br-.*|virbr.*)$")
@@ -54,15 +53,15 @@ def net_command(sys_root: str = "/sys") -> str:
     One line of KEY=VALUE per interface (all of them; process() filters).
     `sys_root` exists so tests can run the real command against a fake tree.
     """
-    net = shlex.quote(f"{sys_root}/class/net")
-    return (
-        f"for i in {net}/*; do "
+    return with_values(
+        'for i in "$net"/*; do '
         '[ -e "$i" ] || continue; '
         'dev=; if [ -e "$i/device" ]; then dev=$(readlink "$i/device" 2>/dev/null); dev=${dev##*/}; fi; '
         'drv=; if [ -e "$i/device/driver" ]; then drv=$(readlink "$i/device/driver" 2>/dev/null); drv=${drv##*/}; fi; '
         + read_files("$i", operstate="state", address="mac", mtu="mtu", type="type") +
         'echo "name=${i##*/} operstate=$state mac=$mac mtu=$mtu type=$type device=$dev driver=$drv"; '
-        "done; true"
+        "done; true",
+        net=sys_root + "/class/net",
     )
 
 
@@ -171,12 +170,11 @@ def rdma_command(sys_root: str = "/sys") -> str:
     Lines "dev NAME KEY VALUE..." and "port NAME N KEY VALUE..." (values such
     as "4: ACTIVE" contain blanks, so they come last on the line).
     """
-    ib = shlex.quote(f"{sys_root}/class/infiniband")
-    return "\n".join(
+    return with_values("\n".join(
         [
             # a FILE PREFIX: print PREFIX and the file's first line, if readable.
             'a() { if [ -r "$1" ]; then echo "$2 $(head -n1 "$1" 2>/dev/null)"; fi; }',
-            f"for d in {ib}/*; do",
+            'for d in "$ib"/*; do',
             '  [ -d "$d" ] || continue',
             '  n=${d##*/}',
             '  if [ -e "$d/device" ]; then s=$(readlink "$d/device" 2>/dev/null); echo "dev $n pci ${s##*/}"; fi',
@@ -190,7 +188,7 @@ def rdma_command(sys_root: str = "/sys") -> str:
             "done",
             "true",
         ]
-    )
+    ), ib=sys_root + "/class/infiniband")
 
 
 def parse_rdma(lines: Sequence[str]) -> list[RdmaDevice]:

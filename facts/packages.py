@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import MARK, JsonMixin, begin, checked_lines, fail, split_sections
+from ._common import MARK, JsonMixin, begin, checked_lines, fail, split_sections, with_values
 
 # dpkg package names, plus the glob characters dpkg-query -W accepts.
 _PACKAGE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9+.\-*?\[\]]*$")
@@ -60,12 +60,9 @@ def quoted_package_names(names: Iterable[str], globs: bool = False) -> str:
 
 def dpkg_query_command(patterns: Iterable[str]) -> str:
     """One dpkg-query -W call for the given names/globs, quoted; never fails."""
-    return (
-        "if command -v dpkg-query >/dev/null 2>&1; then "
-        f"dpkg-query -W -f={shlex.quote(DPKG_FORMAT)} {quoted_package_names(patterns, globs=True)} "
-        "2>/dev/null || true; "
-        "fi"
-    )
+    return " ".join(["if command -v dpkg-query >/dev/null 2>&1; then dpkg-query -W",
+                     "-f=" + shlex.quote(DPKG_FORMAT), quoted_package_names(patterns, globs=True),
+                     "2>/dev/null || true; fi"])
 
 
 def parse_dpkg_query(lines: Iterable[str]) -> dict[str, DpkgEntry]:
@@ -143,8 +140,8 @@ class PackageVersions(FactBase[dict[str, "str | None"]]):
         query = dpkg_query_command(packages)  # validates the names
         # Echo the requested names first so process() (which is not given the
         # arguments) can report the missing ones as None.
-        names = " ".join(shlex.quote(p) for p in packages if not set("*?[") & set(p))
-        return f"echo '{MARK} want' {names}; {begin('dpkg')}; {query}"
+        names = [shlex.quote(p) for p in packages if not set("*?[") & set(p)]
+        return "; ".join([" ".join(["echo", shlex.quote(MARK + " want"), *names]), begin("dpkg"), query])
 
     @override
     def process(self, output: list[str]) -> dict[str, str | None]:
@@ -185,13 +182,11 @@ class KeyringFingerprints(FactBase[list[str]]):
 
     @override
     def command(self, path: str) -> str:
-        p = shlex.quote(path)
-        return (
-            f"if [ -f {p} ] && command -v gpg >/dev/null 2>&1; then "
+        return with_values(
+            'if [ -f "$path" ] && command -v gpg >/dev/null 2>&1; then '
             'h=$(mktemp -d); GNUPGHOME="$h" gpg --batch --with-colons --show-keys '
-            f"{p} 2>/dev/null | awk -F: '$1==\"pub\"{{p=1;next}} $1==\"fpr\"&&p{{print $10;p=0}}'; "
-            'rm -rf "$h"; fi; true'
-        )
+            '"$path" 2>/dev/null | awk -F: \'$1=="pub"{p=1;next} $1=="fpr"&&p{print $10;p=0}\'; '
+            'rm -rf "$h"; fi; true', path=path)
 
     @override
     def process(self, output: list[str]) -> list[str]:
@@ -216,12 +211,10 @@ class AptCandidates(FactBase[dict[str, "str | None"]]):
 
     @override
     def command(self, packages: Sequence[str]) -> str:
-        names = quoted_package_names(packages)
-        return (
-            f"for p in {names}; do "
-            'c=$(LC_ALL=C apt-cache policy "$p" 2>/dev/null | sed -n "s/^ *Candidate: //p"); '
-            'echo "$p ${c:-(none)}"; done'
-        )
+        return " ".join(["set --", quoted_package_names(packages) + ";",  # checked and quoted
+                         'for p in "$@"; do '
+                         'c=$(LC_ALL=C apt-cache policy "$p" 2>/dev/null | sed -n "s/^ *Candidate: //p"); '
+                         'echo "$p ${c:-(none)}"; done'])
 
     @override
     def process(self, output: list[str]) -> dict[str, str | None]:

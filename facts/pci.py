@@ -9,14 +9,13 @@ The facts return raw PCI ids; mapping ids to GPU models is done elsewhere
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Literal
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import JsonMixin, fail, read_files
+from ._common import JsonMixin, fail, read_files, with_values
 
 NVIDIA_VENDOR = "0x10de"
 MELLANOX_VENDOR = "0x15b3"
@@ -71,17 +70,17 @@ def classify(vendor: str, pci_class: str) -> PciKind:
 # fact 55 ms on a no-op run); unreadable files print as empty values instead of failing.
 # `sys_root` exists so tests can run the real command against a fake /sys tree.
 def pci_command(sys_root: str = "/sys") -> str:
-    devices = shlex.quote(f"{sys_root}/bus/pci/devices")
-    return (
-        f"for d in {devices}/*; do "
+    return with_values(
+        'for d in "$devices"/*; do '
         '[ -r "$d/vendor" ] || continue; '
         + read_files("$d", vendor="v") +
-        f'case "$v" in {NVIDIA_VENDOR}|{MELLANOX_VENDOR}) ;; *) continue ;; esac; '
+        'case "$v" in "$nvidia"|"$mellanox") ;; *) continue ;; esac; '
         'drv=; if [ -e "$d/driver" ]; then drv=$(readlink "$d/driver" 2>/dev/null); drv=${drv##*/}; fi; '
         + read_files("$d", device="dev", **{"class": "cls"}, subsystem_vendor="sv", subsystem_device="sd",
                      numa_node="numa") +
         'echo "${d##*/} vendor=$v device=$dev class=$cls subsys_vendor=$sv subsys=$sd driver=$drv numa=$numa"; '
-        "done; true"
+        "done; true",
+        devices=sys_root + "/bus/pci/devices", nvidia=NVIDIA_VENDOR, mellanox=MELLANOX_VENDOR,
     )
 
 

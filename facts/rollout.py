@@ -3,14 +3,13 @@ manifest records, the versions apt can install, GPU containers, and the reboot m
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import JsonMixin, fail
+from ._common import JsonMixin, fail, with_values
 from .packages import quoted_package_names
 
 _SHA_LINE = re.compile(r"^([0-9a-f]{64})  (/.+)$")
@@ -59,8 +58,8 @@ class EtcFiles(FactBase[dict[str, str]]):
         for p in patterns:
             if not p.startswith("/") or not re.fullmatch(r"[\w./*?\-]+", p):
                 raise ValueError(f"not an absolute glob: {p!r}")
-        # globs stay unquoted on purpose (they are checked above); non-matches are skipped
-        return f"for f in {' '.join(patterns)}; do [ -f \"$f\" ] && sha256sum \"$f\"; done; true"
+        # the globs are expanded on purpose (checked above: no blanks); non-matches are skipped
+        return with_values('for f in $globs; do [ -f "$f" ] && sha256sum "$f"; done; true', globs=" ".join(patterns))
 
     @override
     def process(self, output: list[str]) -> dict[str, str]:
@@ -83,7 +82,7 @@ class AptVersions(FactBase[dict[str, list[str]]]):
 
     @override
     def command(self, packages: Sequence[str]) -> str:
-        return f"apt-cache madison {quoted_package_names(packages)} 2>/dev/null || true"
+        return " ".join(["apt-cache madison", quoted_package_names(packages), "2>/dev/null || true"])
 
     @override
     def process(self, output: list[str]) -> dict[str, list[str]]:
@@ -132,7 +131,7 @@ class PathExists(FactBase[bool]):
 
     @override
     def command(self, path: str) -> str:
-        return f"test -e {shlex.quote(path)} && echo yes || echo no"
+        return with_values('test -e "$path" && echo yes || echo no', path=path)
 
     @override
     def process(self, output: list[str]) -> bool:

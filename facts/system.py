@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import JsonMixin, begin, fail, nonblank, read_files, split_sections
+from ._common import JsonMixin, begin, fail, nonblank, read_files, split_sections, with_values
 
 
 @dataclass(frozen=True)
@@ -167,15 +167,12 @@ def parse_system_resources(lines: Sequence[str]) -> SystemResourcesData:
 
 def system_resources_command(proc_root: str = "/proc", sys_root: str = "/sys") -> str:
     """The SystemResources command; the roots exist so tests can use fake trees."""
-    proc = shlex.quote(proc_root)
-    cpus = shlex.quote(f"{sys_root}/devices/system/cpu")
-    nodes = shlex.quote(f"{sys_root}/devices/system/node")
-    return "\n".join(
+    return with_values("\n".join(
         [
             begin("cpuinfo"),
-            f"grep -E '^(processor|physical id|core id)[[:space:]]*:' {proc}/cpuinfo 2>/dev/null",
+            """grep -E '^(processor|physical id|core id)[[:space:]]*:' "$proc/cpuinfo" 2>/dev/null""",
             begin("cpu-topology"),
-            f"for c in {cpus}/cpu[0-9]*/topology; do",
+            'for c in "$cpus"/cpu[0-9]*/topology; do',
             '  if [ -r "$c/physical_package_id" ] && [ -r "$c/core_id" ]; then',
             # the shell's read, not cat: two processes per CPU are hundreds on a big server
             '    ' + read_files("$c", physical_package_id="pkg", core_id="core") + 'echo "$pkg $core"',
@@ -184,14 +181,14 @@ def system_resources_command(proc_root: str = "/proc", sys_root: str = "/sys") -
             begin("nproc"),
             "nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null",
             begin("numa"),
-            f"for n in {nodes}/node[0-9]*; do",
+            'for n in "$nodes"/node[0-9]*; do',
             '  if [ -d "$n" ]; then echo "${n##*/}"; fi',
             "done",
             begin("meminfo"),
-            f"grep '^MemTotal:' {proc}/meminfo 2>/dev/null",
+            """grep '^MemTotal:' "$proc/meminfo" 2>/dev/null""",
             "true",
         ]
-    )
+    ), proc=proc_root, cpus=sys_root + "/devices/system/cpu", nodes=sys_root + "/devices/system/node")
 
 
 class SystemResources(FactBase[SystemResourcesData]):

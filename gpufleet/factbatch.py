@@ -24,11 +24,14 @@ from typing import Any
 from pyinfra.facts import files as pyinfra_files
 from pyinfra.facts import systemd as pyinfra_systemd
 
+from facts._common import with_values
+
 _PATH = "::gpufleet-path::"
 _MISSING = "::gpufleet-missing::"
 # pyinfra's own format, taken from its command: "stat -c '<format>'"
 _STAT_FORMAT = shlex.split(pyinfra_files.LINUX_STAT_COMMAND)[2]
 _HASH_TOOLS = {pyinfra_files.Sha1File: "sha1sum", pyinfra_files.Sha256File: "sha256sum"}
+_HASH_TOOLS_BY_NAME = {tool: tool for tool in _HASH_TOOLS.values()}
 
 
 def family(cls: type, kwargs: dict) -> str | None:
@@ -61,14 +64,19 @@ def keys(name: str, kwargs: dict) -> list[str]:
 def command(name: str, paths: list[str]) -> str:
     """Shell answering one family for all `paths` (units for systemctl): missing paths first,
     then one tool run."""
-    quoted = " ".join(shlex.quote(p) for p in paths)
+    args = " ".join(["set --", *(shlex.quote(p) for p in paths)])  # the paths, each one quoted word
     if name == "systemctl":
-        return f"systemctl show --all --property Id --property SubState --property UnitFileState -- {quoted}"
-    missing = (f'for p in {quoted}; do [ -e "$p" ] || [ -L "$p" ] || echo "{_MISSING}$p"; done; ')
-    if name == "stat":
-        fmt = shlex.quote(f"{_PATH}%n\\n{_STAT_FORMAT}\\n")
-        return missing + f"stat --printf {fmt} -- {quoted} 2>/dev/null; true"
-    return missing + f"{name} -- {quoted} 2>/dev/null; true"
+        return args + "\n" + _SYSTEMCTL
+    script = _MISSING_LOOP + (_STAT if name == "stat" else _HASH)
+    return args + "\n" + with_values(script, missing=_MISSING, fmt=_PATH + "%n\\n" + _STAT_FORMAT + "\\n",
+                                     tool=_HASH_TOOLS_BY_NAME.get(name, "false"))
+
+
+# The fixed scripts of command(): the paths (units) are "$@".
+_SYSTEMCTL = 'systemctl show --all --property Id --property SubState --property UnitFileState -- "$@"'
+_MISSING_LOOP = 'for p in "$@"; do [ -e "$p" ] || [ -L "$p" ] || echo "$missing$p"; done; '
+_STAT = 'stat --printf "$fmt" -- "$@" 2>/dev/null; true'
+_HASH = '"$tool" -- "$@" 2>/dev/null; true'
 
 
 def split(name: str, paths: list[str], lines: list[str]) -> tuple[set[str], dict[str, list[str]]]:

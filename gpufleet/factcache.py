@@ -15,6 +15,12 @@ see bench/fleet.py). Two mechanisms, both exact:
   are all run in one remote script, each with the fact's own command and its own process(),
   and the answers seed the memo. An entry that fails, is missing its tool, or was never asked
   simply falls back to pyinfra's normal path, so a stale plan costs nothing but a little time.
+  The plan holds fact names and plain arguments only, never executor arguments (a sudo or su
+  password would be one): only facts asked with the host's default executor arguments are
+  recorded, and the prefetch runs with those, taken from the inventory at run time. The file
+  is 0600 in a 0700 directory, and since it names commands the hosts run, it is checked when
+  read: a fact not on the allow-list (gpufleet's own facts, pyinfra's in PYINFRA_FACTS) or an
+  argument that is not plain is ignored with a warning and never run (under --dry too).
   pyinfra's many file and unit facts share one process per family (gpufleet/factbatch.py), and
   the answers come back as one compressed line.
 
@@ -33,13 +39,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyinfra import logger
 from pyinfra.api import facts as pyinfra_facts
-from pyinfra.api.command import StringCommand
+from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.host import Host
 
-from gpufleet import factbatch
+from facts._common import with_values
+from gpufleet import factbatch, private
 
 PLAN_DIR = Path(".gpufleet/factplans")
+PLAN_FORMAT = 2
+#: pyinfra's own facts the prefetch may ask: the ones gpufleet's operations and the pyinfra
+#: operations they call ask on a run of deploys/all.py. Nothing that runs a command it is given.
+PYINFRA_FACTS = frozenset({
+    "pyinfra.facts.files.File", "pyinfra.facts.files.Directory", "pyinfra.facts.files.Link",
+    "pyinfra.facts.files.Sha1File", "pyinfra.facts.files.Sha256File", "pyinfra.facts.files.Md5File",
+    "pyinfra.facts.files.FileContents", "pyinfra.facts.files.FindInFile",
+    "pyinfra.facts.systemd.SystemdStatus", "pyinfra.facts.systemd.SystemdEnabled",
+    "pyinfra.facts.deb.DebPackages", "pyinfra.facts.deb.DebPackage", "pyinfra.facts.deb.DebArch",
+    "pyinfra.facts.apt.AptSources", "pyinfra.facts.server.Arch", "pyinfra.facts.server.Os",
+    "pyinfra.facts.server.Date",
+})
+_OWN_FACT = re.compile(r"facts\.[a-z][a-z0-9_]*\.[A-Z][A-Za-z0-9]*")
+# A plain argument: what paths, unit, user, group and package names are made of (no quote,
+# `$`, backtick, `;`, `|`, `&`, redirection, brace, backslash or control character).
+_PLAIN_TEXT = re.compile(r"[A-Za-z0-9_.,:/@+=*~%^!?#\[\] -]{0,1024}")
+# FindInFile's pattern (files.line): a regular expression, which pyinfra quotes as one word
+# unless interpolate_variables (then it is pasted into double quotes: never prefetched).
+_REGEX_TEXT = re.compile(r"[A-Za-z0-9_.,:/@+=*~%^!?#\[\] ()|{}$\\-]{0,1024}")
 _MARK = "::gpufleet-prefetch::"
 _RC = "::gpufleet-rc::"
 _PACKED = "::gpufleet-gzip-base64::"
@@ -114,24 +141,91 @@ def _plan_file(host: Host) -> Path:
 
 
 def _record(host: Host, cls: type, fact_kwargs_json: str, executor_json: str) -> None:
-    plan = _plans_seen.setdefault(host.name, [])
-    entry = [_fact_path(cls), fact_kwargs_json, executor_json]
-    if entry not in plan:
-        plan.append(entry)
+    """Remember (fact, arguments) for the next run's prefetch: only when asked with the host's
+    default executor arguments, which are never written (they may hold a password)."""
+    if executor_json != host.__dict__.get("_gpufleet_default_executor_json"):
+        return  # sudo/su/env variants of one operation: pyinfra asks those itself
+    entry = (_fact_path(cls), fact_kwargs_json)
+    ok = _ALLOWED.get(entry)
+    if ok is None:
+        ok = _ALLOWED[entry] = allowed(*entry)
+    if ok:  # the others (a path with a quote in it) are asked the normal way, every run
+        _plans_seen.setdefault(host.name, {})[entry] = None
+
+
+_ALLOWED: dict[tuple[str, str], bool] = {}
 
 
 def _save_plans() -> None:
     for name, plan in _plans_seen.items():
         try:
-            PLAN_DIR.mkdir(parents=True, exist_ok=True)
-            (PLAN_DIR / f"{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.json").write_text(json.dumps(plan))
+            private.write(PLAN_DIR / f"{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.json",
+                          json.dumps({"format": PLAN_FORMAT, "facts": [list(entry) for entry in plan]}))
         except OSError:
             pass  # the plan is only a hint for the next run
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    if value is None or isinstance(value, (bool, int)):
+        return True
+    if isinstance(value, str):
+        return _PLAIN_TEXT.fullmatch(value) is not None
+    if isinstance(value, list) and depth < 2 and len(value) <= 256:
+        return all(_plain(item, depth + 1) for item in value)
+    return False
+
+
+def allowed(path: Any, fact_kwargs_json: Any) -> bool:
+    """Whether a plan entry may be run: an allowed fact with plain arguments only."""
+    if not isinstance(path, str) or not isinstance(fact_kwargs_json, str):
+        return False
+    if path not in PYINFRA_FACTS and not _OWN_FACT.fullmatch(path):
+        return False
+    try:
+        kwargs = json.loads(fact_kwargs_json)
+    except ValueError:
+        return False
+    if not isinstance(kwargs, dict):
+        return False
+    if path == "pyinfra.facts.files.FindInFile":
+        pattern = kwargs.pop("pattern", None)
+        if kwargs.get("interpolate_variables") or not isinstance(pattern, str) or not _REGEX_TEXT.fullmatch(pattern):
+            return False
+    return all(
+        isinstance(k, str) and k.isidentifier() and not k.startswith("_") and _plain(v) for k, v in kwargs.items())
+
+
+def read_plan(path: Path, name: str = "") -> list[tuple[str, str]]:
+    """The (fact path, arguments JSON) entries of a plan file that may be run. Anything else is
+    ignored with a warning: a file others can write, an old format (which held executor
+    arguments; rewritten at the end of this run), an entry not on the allow-list."""
+    try:
+        if not private.is_private(path):
+            logger.warning(f"{name or path}: ignoring the fact plan {path}: another user may write it")
+            return []
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT or not isinstance(doc.get("facts"), list):
+        logger.warning(f"{name or path}: ignoring the fact plan {path}: not format {PLAN_FORMAT} (rewritten at the end of this run)")
+        return []
+    entries, refused = [], 0
+    for entry in doc["facts"]:
+        if isinstance(entry, list) and len(entry) == 2 and allowed(*entry):
+            entries.append((entry[0], entry[1]))
+        else:
+            refused += 1
+    if refused:
+        logger.warning(f"{name or path}: ignored {refused} entr{'y' if refused == 1 else 'ies'} of the fact plan {path}: "
+                       "not gpufleet's facts with plain arguments; they are not run")
+    return entries
 
 
 def _load_class(path: str) -> type | None:
     import importlib
 
+    if path not in PYINFRA_FACTS and not _OWN_FACT.fullmatch(path):
+        return None  # never import what the allow-list does not name
     module, _, name = path.rpartition(".")
     try:
         obj = importlib.import_module(module)
@@ -139,7 +233,9 @@ def _load_class(path: str) -> type | None:
             obj = getattr(obj, part)
     except (ImportError, AttributeError):
         return None
-    return obj if isinstance(obj, type) else None
+    if not isinstance(obj, type) or not issubclass(obj, pyinfra_facts.FactBase) or _fact_path(obj) != path:
+        return None
+    return obj
 
 
 def _command_text(fact: Any, fact_kwargs: dict) -> str | None:
@@ -151,7 +247,7 @@ def _command_text(fact: Any, fact_kwargs: dict) -> str | None:
     if requires:
         command = StringCommand("if", "command", "-v", requires, ">/dev/null", "2>&1;", "then", "(",
                                 command, ");", "else", "echo",
-                                f"'{pyinfra_facts._MISSING_COMMAND_MARKER}';", "fi")
+                                QuoteString(pyinfra_facts._MISSING_COMMAND_MARKER), ";", "fi")
     if isinstance(command, StringCommand):
         return command.get_raw_value()
     return command if isinstance(command, str) else None
@@ -160,15 +256,12 @@ def _command_text(fact: Any, fact_kwargs: dict) -> str | None:
 def _plan_entries(state: Any, host: Host) -> list[tuple]:
     """Last run's facts for `host` that can be prefetched: (class, arguments JSON, executor
     JSON, fact instance, shell text) each."""
-    try:
-        plan = json.loads(_plan_file(host).read_text())
-    except (OSError, ValueError):
+    executor_json = _default_executor_json(state, host)
+    plan_file = _plan_file(host)
+    if not plan_file.exists():
         return []
     entries = []
-    default_executor = _default_executor(state, host)
-    for path, fact_kwargs_json, executor_json in plan:
-        if json.loads(executor_json) != default_executor:
-            continue  # sudo/su/env/timeout variants: leave them to pyinfra
+    for path, fact_kwargs_json in read_plan(plan_file, host.name):
         cls = _load_class(path)
         if cls is None or getattr(cls, "shell_executable", None):
             continue
@@ -194,14 +287,16 @@ class Script:
     def text(self) -> str:
         texts = [text for *_, text in self.single] + [
             factbatch.command(name, keys) for name, keys in self.batch_keys.items()]
-        body = "".join(f"echo '{_MARK}{i}'; ( {text} ) 2>/dev/null; echo \"{_RC}$?\"\n"
-                       for i, text in enumerate(texts))
+        # Section i: its marker and number, the fact's own shell text, its exit status.
+        body = "".join("echo \"$gf_mark$gf_i\"; ( " + text + " ) 2>/dev/null; echo \"$gf_rc$?\"; gf_i=$((gf_i + 1))\n"
+                       for text in texts)
         # The answers come back as one gzip+base64 line where the host has both tools: a
         # thousand lines trickling out as the facts run cost the controller an SSH packet (and
         # its MAC) and a readline each, the largest controller cost of a no-op run (py-spy).
-        return (f"o=$(\n{body})\n"
-                f"if {_PACK_CHECK}; then echo '{_PACKED}'; printf '%s\\n' \"$o\" | gzip -1c | base64 -w0; "
-                "echo; else printf '%s\\n' \"$o\"; fi")
+        return with_values("o=$(\n" + body + ")\n"
+                           "if " + _PACK_CHECK + "; then echo \"$gf_packed\"; printf '%s\\n' \"$o\" | gzip -1c | base64 -w0; "
+                           "echo; else printf '%s\\n' \"$o\"; fi",
+                           gf_mark=_MARK, gf_rc=_RC, gf_packed=_PACKED, gf_i=0)
 
     def answers(self, lines: list[str]) -> dict[tuple, Any]:
         """Memo key -> answer, for every fact the output answers (the rest: pyinfra's way)."""
@@ -270,8 +365,10 @@ def _prefetch(state: Any, host: Host) -> None:
     script = prefetch_script(entries)
     host._gpufleet_in_fact = getattr(host, "_gpufleet_in_fact", 0) + 1
     try:
+        # With the executor arguments pyinfra gives a fact (sudo and its password included):
+        # the answers stand for facts asked with them.
         status, output = host.run_shell_command(StringCommand(script.text()), print_output=False,
-                                                print_input=False)
+                                                print_input=False, **host._gpufleet_default_executor)
     except Exception:
         return
     finally:
@@ -302,6 +399,16 @@ def prefetch_all(state: Any) -> None:
             host._gpufleet_prefetched = True
             host._gpufleet_prefetch = gevent.spawn(run, host)
     gevent.sleep(0)  # let each greenlet send its command before the caller goes on
+
+
+def _default_executor_json(state: Any, host: Host) -> str:
+    """The executor arguments a fact gets when nothing around it sets any (inventory data and
+    config), as the memo key spells them; worked out once per host, kept in memory only."""
+    known = host.__dict__.get("_gpufleet_default_executor_json")
+    if known is None:
+        host._gpufleet_default_executor = _default_executor(state, host)
+        known = host._gpufleet_default_executor_json = json.dumps(host._gpufleet_default_executor, sort_keys=True)
+    return known
 
 
 def _default_executor(state: Any, host: Host) -> dict:
@@ -341,6 +448,8 @@ def install() -> None:
                 host._gpufleet_prefetch = None
             elif not getattr(host, "_gpufleet_prefetched", False) and host.connected:
                 _prefetch(state, host)
+            if "_gpufleet_default_executor_json" not in host.__dict__:
+                _default_executor_json(state, host)
             _record(host, cls, key[1], key[2])
             memo = _memo(host)
             if key in memo:

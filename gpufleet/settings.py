@@ -10,16 +10,18 @@ pyinfra's deploy ``data_defaults`` are deliberately not read: the tier is the de
 
 from __future__ import annotations
 
+import ast
 import difflib
 from dataclasses import dataclass, fields
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .compat import compat_data
 from .errors import Incompatible, InventoryError
 from .gpus import model_for_name
 from .resolver import Resolution, resolve
-from .schema import KEYS, BadValue
+from .schema import KEYS, BadValue, show, text_problem
 from .tiers import tier_defaults, tier_names
 
 #: pyinfra connector / global keys that are never gpufleet's (besides anything starting with "_").
@@ -81,6 +83,9 @@ class Settings:
     hardening_tcp_forwarding: bool
     hardening_agent_forwarding: bool
     hardening_x11_forwarding: bool
+    hardening_client_alive_interval: int
+    hardening_max_startups: str
+    hardening_rsa_host_key_bits: int
     hardening_moduli_min_bits: int
     hardening_unattended_upgrades: bool
     firewall_enabled: bool
@@ -185,13 +190,43 @@ def explicit_data(host: Any) -> dict[str, Any]:
     return merged
 
 
+def _name(text: Any) -> str:
+    """A host or key name as it may appear in a one-line message (newlines and the like escaped)."""
+    text = str(text)
+    if len(text) > 80:
+        return show(text, limit=80)
+    return text if all(32 <= ord(c) < 127 for c in text) else repr(text)[1:-1]
+
+
 def _line(host: str, key: str, problem: str, allowed: str) -> str:
-    return f"host {host}: key '{key}': {problem}; allowed: {allowed}"
+    return f"host {_name(host)}: key '{_name(key)}': {problem}; allowed: {allowed}"
+
+
+def _hint(text: Any) -> str:
+    """Why a name that matched nothing may look right: a look-alike or invisible character."""
+    problem = text_problem(text) if isinstance(text, str) else None
+    return f" ({problem.split(' contains ', 1)[1]})" if problem and " contains " in problem else ""
+
+
+def _host_name_problem(name: str) -> str | None:
+    """Host names end up in controller paths (.gpufleet/manifests/<host>/) and snapshot commands."""
+    problem = text_problem(name) if isinstance(name, str) else "not a string"
+    if problem:
+        return problem.replace(show(name) + " ", "the name ", 1)
+    if not name or any(c.isspace() for c in name):
+        return "empty, or contains whitespace"
+    if "/" in name and not name.startswith("@") or ".." in name.split("/"):
+        return "a path: '/' only in pyinfra connector names (@connector/...), never '..'"
+    return None
 
 
 def _settings_for(host: str, data: Mapping[str, Any]) -> tuple[Settings | None, list[str]]:
     """Build Settings for one host from its explicit data; return (settings, problem lines)."""
     problems: list[str] = []
+    name_problem = _host_name_problem(host)
+    if name_problem:
+        return None, [_line(host, "host name", name_problem, "A-Z a-z 0-9 . _ - : (a pyinfra connector name "
+                            "may start with @ and hold /), no whitespace, quotes or other shell metacharacters")]
     tiers = tier_names()
     tier = data.get("tier")
     if tier is None:
@@ -199,16 +234,16 @@ def _settings_for(host: str, data: Mapping[str, Any]) -> tuple[Settings | None, 
     if not isinstance(tier, str) or tier not in tiers:
         close = difflib.get_close_matches(str(tier), tiers, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        return None, [_line(host, "tier", f"unknown tier {tier!r}{hint}", ", ".join(tiers))]
+        return None, [_line(host, "tier", f"unknown tier {show(tier)}{hint}{_hint(tier)}", ", ".join(tiers))]
 
     ours = {}
     for key, value in data.items():
         if key in KEYS:
             ours[key] = value
         elif not is_pyinfra_key(key):
-            close = difflib.get_close_matches(key, list(KEYS), n=1, cutoff=0.6)
+            close = difflib.get_close_matches(str(key), list(KEYS), n=1, cutoff=0.6)
             hint = f"did you mean '{close[0]}'?" if close else "not a gpufleet setting"
-            problems.append(_line(host, key, f"unknown key ({hint})", "see gpufleet/data/tiers.yaml"))
+            problems.append(_line(host, key, f"unknown key ({hint}){_hint(key)}", "see gpufleet/data/tiers.yaml"))
 
     merged = dict(tier_defaults(tier))
     merged.update(ours)
@@ -218,7 +253,7 @@ def _settings_for(host: str, data: Mapping[str, Any]) -> tuple[Settings | None, 
             problems.append(_line(host, key, f"no value in tier {tier} or the inventory", spec.allowed()))
             continue
         try:
-            values[key] = spec.check(merged[key])
+            values[key] = spec.validate(merged[key])
         except BadValue as bad:
             where = "" if key in ours else f" (from tier {tier})"
             problems.append(_line(host, key, bad.problem + where, bad.allowed))
@@ -245,12 +280,49 @@ def _cross_checks(host: str, values: Mapping[str, Any]) -> list[str]:
         elif version not in data.driver_branches[branch].versions:
             known = ", ".join(data.driver_branches[branch].versions)
             problems.append(_line(host, "driver_version", f"{version} is not a known R{branch} release", f"auto, {known}"))
+    problems += _snapshot_checks(host, values)
     needs_rdma = data.nccl_profiles[values["nccl_profile"]].get("needs_rdma", False)
     if needs_rdma and values["validate_rdma"] == "absent":
         problems.append(
             _line(host, "nccl_profile", f"profile {values['nccl_profile']} needs RDMA but validate_rdma is absent", "tcp, efa")
         )
     return problems
+
+
+def _snapshot_checks(host: str, values: Mapping[str, Any]) -> list[str]:
+    """rollout_snapshot_target must have the form its provider takes (gpufleet/rollout/snapshot.py)."""
+    provider, target = values["rollout_snapshot"], values["rollout_snapshot_target"]
+    forms = {
+        "lvm": (target.count("/") == 1 and not target.startswith("/") and all(target.split("/")), "VG/LV such as vg0/root"),
+        "btrfs": (target.startswith("/"), "the absolute path of a btrfs subvolume such as /"),
+        "zfs": (bool(target) and not target.startswith("/") and ":" not in target and "@" not in target,
+                "a ZFS dataset such as rpool/ROOT/debian"),
+    }
+    if provider in forms and not forms[provider][0]:
+        return [_line(host, "rollout_snapshot_target", f"{show(target)} does not name a {provider} snapshot target",
+                      forms[provider][1])]
+    if provider == "command" and not values["rollout_snapshot_command"]:
+        return [_line(host, "rollout_snapshot_command", "rollout_snapshot is command but the command is empty",
+                      "an argv list such as [cloudctl, snapshot, \"{host}\", --name, \"{snapshot}\"]")]
+    return []
+
+
+def _group_problems(host: Any) -> list[str]:
+    """A host in two groups whose data set different tiers, with no tier of its own: pyinfra would
+    quietly let the later group win, and the host would get the other tier's driver and limits."""
+    inventory = host.inventory
+    if "tier" in (inventory.get_host_data(host.name) or {}) or "tier" in (inventory.get_override_data() or {}):
+        return []
+    tiers = {}
+    for group in host.groups:
+        data = inventory.get_group_data(group) or {}
+        if "tier" in data:
+            tiers[group] = data["tier"]
+    if len(set(map(str, tiers.values()))) > 1:
+        said = ", ".join(f"group {group}: {show(tier)}" for group, tier in tiers.items())
+        return [_line(host.name, "tier", f"the host's groups set different tiers ({said})",
+                      "one tier per host: set tier on the host, or in only one of its groups")]
+    return []
 
 
 def _plan(host: str, values: Mapping[str, Any]) -> tuple[Resolution | None, list[str]]:
@@ -297,7 +369,9 @@ def host_settings(host: Any) -> Settings:
     cached = getattr(host, "_gpufleet_settings", None)
     if cached is not None and cached[0] == data:
         return cached[1]
-    settings, problems = _settings_for(host.name, data)
+    problems = _group_problems(host)
+    settings, found = _settings_for(host.name, data)
+    problems += found
     if problems:
         raise InventoryError(problems)
     assert settings is not None
@@ -305,20 +379,74 @@ def host_settings(host: Any) -> Settings:
     return settings
 
 
-def validate_inventory(inventory: Any) -> None:
+def validate_inventory(inventory: Any, source: Path | str | None = None) -> None:
     """Validate every host of a pyinfra Inventory; raise one InventoryError listing all problems.
+
+    `source` is the inventory file (default: the one the pyinfra command line was given, if a
+    .py file): top-level data in it that pyinfra ignores is refused too.
 
     Once per inventory and run: deploys/all.py asks for every host it plans, and validating
     all N hosts N times made planning quadratic in the fleet size."""
     problems = getattr(inventory, "_gpufleet_problems", None)
     if problems is None:
-        problems = []
+        problems = _file_problems(source if source is not None else _cli_inventory_file(), inventory)
+        if not len(inventory):
+            problems.append("inventory: no hosts; allowed: at least one host, each with a tier")
         for host in inventory:
             data = explicit_data(host)
-            settings, found = _settings_for(host.name, data)
+            found = _group_problems(host)
+            settings, more = _settings_for(host.name, data)
+            found += more
             if settings is not None and not found:
                 host._gpufleet_settings = (data, settings)  # host_settings() answers from it
             problems += found
         inventory._gpufleet_problems = problems
     if problems:
         raise InventoryError(problems)
+
+
+def _cli_inventory_file() -> Path | None:
+    """The inventory file of the running pyinfra command line, if it is a Python file."""
+    import sys
+
+    if Path(sys.argv[0]).name != "pyinfra":
+        return None
+    try:  # parse the command line as pyinfra did (pyinfra keeps no note of the file)
+        from pyinfra_cli.cli import cli
+
+        name = cli.make_context("pyinfra", sys.argv[1:], resilient_parsing=True).params.get("inventory")
+    except Exception:
+        return None
+    path = Path(name) if isinstance(name, str) else None
+    return path if path is not None and path.suffix == ".py" and path.is_file() else None
+
+
+_LITERAL_DATA = (ast.Dict, ast.Constant, ast.JoinedStr, ast.Set)
+
+
+def _file_problems(source: Path | str | None, inventory: Any) -> list[str]:
+    """Top-level names of an inventory file that pyinfra silently ignores (only lists and
+    (hosts, data) tuples are groups) and nothing in the file uses, when they hold literal data
+    or are named like a setting: an operator who writes `tier = "hgx"` or
+    `data = {"cuda_version": "12.8"}` there expects it to apply to every host."""
+    if source is None:
+        return []
+    try:
+        tree = ast.parse(Path(source).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return []  # pyinfra itself reports an inventory it cannot read
+    groups = set(getattr(inventory, "groups", {}) or {})
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    problems = []
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        for target in targets:
+            if (not isinstance(target, ast.Name) or target.id.startswith("_") or target.id in groups
+                    or target.id in used):
+                continue
+            if target.id in KEYS or isinstance(getattr(node, "value", None), _LITERAL_DATA):
+                problems.append(
+                    f"inventory {_name(source)}: key '{_name(target.id)}': top-level data that pyinfra ignores "
+                    "(only lists of hosts and (hosts, data) tuples are read); allowed: settings in a group's or "
+                    "a host's data, or in group_data/all.py")
+    return problems

@@ -33,6 +33,18 @@ def slurm_node(drained: bool = True, reason: str = "gpufleet maintenance"):
     yield StringCommand(*args)
 
 
+# $1 polls, $2 seconds between polls, $3 the wait in seconds (for the message)
+_WAIT_IDLE = r"""
+busy() { [ -n "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ]; }
+for i in $(seq "$1"); do busy || exit 0; sleep "$2"; done
+if busy; then
+  echo "GPU processes still running after $3 s:" >&2
+  nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader >&2
+  exit 1
+fi
+"""
+
+
 @operation()
 def gpus_idle(wait_seconds: int = 0, poll_seconds: int = 5):
     """Wait until no process runs on the GPUs; fail when some still run after `wait_seconds`.
@@ -45,11 +57,8 @@ def gpus_idle(wait_seconds: int = 0, poll_seconds: int = 5):
         host.noop("no process runs on the GPUs")
         return
     polls = max(1, wait_seconds // max(1, poll_seconds))
-    query = "nvidia-smi --query-compute-apps=pid --format=csv,noheader"
-    yield StringCommand(
-        f"for i in $(seq {polls}); do [ -z \"$({query} 2>/dev/null)\" ] && exit 0; sleep {int(poll_seconds)}; done; "
-        f"[ -z \"$({query} 2>/dev/null)\" ] || {{ echo \"GPU processes still running after {wait_seconds} s:\" >&2; "
-        f"nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader >&2; exit 1; }}")
+    yield StringCommand("sh", "-c", QuoteString(_WAIT_IDLE), "gpufleet-gpus-idle",
+                        str(int(polls)), str(int(poll_seconds)), str(int(wait_seconds)))
 
 
 @operation()

@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.driver import DebianArchiveSources
 from facts.packages import KeyringFingerprints
@@ -21,12 +21,36 @@ from facts.kernel import upstream_version
 from facts.packages import HeldPackages, PackageVersions
 
 _DEBIAN_ARCHIVE = re.compile(r"^(https?|file)://[^ ]*/debian(-security)?/?$")
-_APT = ("DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Options::=--force-confdef "
-        "-o Dpkg::Options::=--force-confold")
 
 
 def _sh(script: str) -> StringCommand:
     return StringCommand("sh", "-c", shlex.quote(script))
+
+
+# $1 key URL, $2 keyring path inside a .deb, $3 pinned fingerprint, $4 keyring to install.
+# The values are arguments, never shell text: a quote or $(...) in a URL stays a character.
+_REPO_KEY_SCRIPT = r"""
+set -e; umask 022
+url=$1 member=$2 fingerprint=$3 keyring=$4
+t=$(mktemp -d); trap 'rm -rf "$t"' EXIT; export GNUPGHOME="$t/gnupg"
+mkdir -m 700 "$GNUPGHOME"
+/usr/lib/apt/apt-helper download-file "$url" "$t/download" >/dev/null ||
+  { printf 'gpufleet: cannot download the repository key from %s\n' "$url" >&2; exit 1; }
+case "$url" in
+  *.deb) dpkg-deb -x "$t/download" "$t/x"; src="$t/x$member"
+         [ -f "$src" ] || { printf 'gpufleet: %s holds no %s\n' "$url" "$member" >&2; exit 1; };;
+  *) src="$t/download";;
+esac
+fprs=$(gpg --batch --with-colons --show-keys "$src" 2>/dev/null \
+  | awk -F: '$1=="pub"{p=1;next} $1=="fpr"&&p{print $10;p=0}' | tr '\n' ' ' | sed 's/ $//')
+if [ "$fprs" != "$fingerprint" ]; then
+  printf 'gpufleet: the key from %s has fingerprint(s) %s, not the pinned %s (driver_repo_key_fingerprint): not trusted\n' \
+    "$url" "${fprs:-none}" "$fingerprint" >&2
+  exit 1
+fi
+if grep -q 'BEGIN PGP PUBLIC KEY BLOCK' "$src"; then gpg --batch --yes -o "$t/k.gpg" --dearmor "$src"; else cp "$src" "$t/k.gpg"; fi
+install -D -m 644 "$t/k.gpg" "$keyring"
+"""
 
 
 @operation()
@@ -42,23 +66,8 @@ def repo_key(url: str, fingerprint: str, keyring: str, member: str | None = None
         host.noop(f"{keyring} already holds key {fingerprint}")
         return
     member = member or keyring
-    q = shlex.quote
-    yield _sh(
-        "set -e; umask 022; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; export GNUPGHOME=\"$t/gnupg\"; "
-        "mkdir -m 700 \"$GNUPGHOME\"; "
-        f"/usr/lib/apt/apt-helper download-file {q(url)} \"$t/download\" >/dev/null || "
-        f"{{ echo 'gpufleet: cannot download the repository key from {url}' >&2; exit 1; }}; "
-        f"case {q(url)} in *.deb) dpkg-deb -x \"$t/download\" \"$t/x\"; src=\"$t/x\"{q(member)}; "
-        f"[ -f \"$src\" ] || {{ echo 'gpufleet: {url} holds no {member}' >&2; exit 1; }};; "
-        "*) src=\"$t/download\";; esac; "
-        "fprs=$(gpg --batch --with-colons --show-keys \"$src\" 2>/dev/null "
-        "| awk -F: '$1==\"pub\"{p=1;next} $1==\"fpr\"&&p{print $10;p=0}' | tr '\\n' ' ' | sed 's/ $//'); "
-        f"if [ \"$fprs\" != {q(fingerprint)} ]; then echo \"gpufleet: the key from {url} has fingerprint(s) "
-        f"${{fprs:-none}}, not the pinned {fingerprint} (driver_repo_key_fingerprint): not trusted\" >&2; exit 1; fi; "
-        "if grep -q 'BEGIN PGP PUBLIC KEY BLOCK' \"$src\"; then gpg --batch --yes -o \"$t/k.gpg\" --dearmor \"$src\"; "
-        "else cp \"$src\" \"$t/k.gpg\"; fi; "
-        f"install -D -m 644 \"$t/k.gpg\" {q(keyring)}"
-    )
+    yield StringCommand("sh", "-c", QuoteString(_REPO_KEY_SCRIPT), "gpufleet-repo-key",
+                        QuoteString(url), QuoteString(member), QuoteString(fingerprint), QuoteString(keyring))
 
 
 @operation()
@@ -90,6 +99,60 @@ def _version_regex(version: str) -> str:
     return "^([0-9]+:)?" + re.escape(version).replace("\\-", "-") + "-"
 
 
+# Arguments: UNHOLD... -- REHOLD... -- PINNING -- (PACKAGE UPSTREAM-VERSION VERSION-ERE)... -- PRESENT...
+# Releases UNHOLD, finds the full Debian version of each PACKAGE whose upstream part is the
+# wanted one (exit 3, nothing changed, when the sources offer none), installs PINNING first,
+# then everything in one apt run, checks each version (exit 4), and holds REHOLD again, also
+# when apt failed. Values are arguments, never shell text (package names and versions hold no
+# newline: each list is kept one per line).
+_PACKAGES_SCRIPT = r"""
+set -u
+nl='
+'
+unhold= rehold= pinning= triples= present= s=0
+for a in "$@"; do
+  if [ "$a" = -- ]; then s=$((s + 1)); continue; fi
+  case $s in
+    0) unhold="$unhold$a$nl";; 1) rehold="$rehold$a$nl";; 2) pinning=$a;;
+    3) triples="$triples$a$nl";; *) present="$present$a$nl";;
+  esac
+done
+set -f; IFS=$nl
+apt() { apt-get -y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "$@"; }
+[ -z "$unhold" ] || apt-mark unhold $unhold >/dev/null
+rc=0
+(
+  export DEBIAN_FRONTEND=noninteractive
+  args=
+  set -- $triples
+  while [ $# -ge 3 ]; do
+    pkg=$1 version=$2 re=$3; shift 3
+    v=$(apt-cache madison "$pkg" | awk -F'|' '{gsub(/ /,"",$2); print $2}' | grep -E -m1 "$re" || true)
+    if [ -z "$v" ]; then
+      printf 'gpufleet: the package sources offer no %s %s (they offer: %s); nothing was changed
+' "$pkg" "$version"         "$(apt-cache madison "$pkg" | awk -F'|' '{print $2}' | tr -d ' ' | tr '
+' ' ')" >&2
+      exit 3
+    fi
+    args="$args$pkg=$v$nl"
+  done
+  [ -z "$pinning" ] || apt install "$pinning"
+  apt install --no-install-recommends --allow-downgrades $args $present
+  set -- $triples
+  while [ $# -ge 3 ]; do
+    pkg=$1 version=$2 re=$3; shift 3
+    dpkg-query -W -f='${Version}' "$pkg" | grep -E -q "$re" ||
+      { printf 'gpufleet: %s is not at %s after the install
+' "$pkg" "$version" >&2; exit 4; }
+  done
+) || rc=$?
+for p in $rehold; do
+  if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q ' installed$'; then apt-mark hold "$p" >/dev/null; fi
+done
+exit $rc
+"""
+
+
 @operation()
 def packages_at_versions(
     versions: Mapping[str, str],
@@ -119,36 +182,10 @@ def packages_at_versions(
     held = set(host.get_fact(HeldPackages))
     unhold = sorted(held & ({*names} | set(release)))
     rehold = sorted({*names, *(set(unhold) if hold else ())}) if hold else sorted(unhold)
-    q = shlex.quote
-
-    steps = ["set -e", "export DEBIAN_FRONTEND=noninteractive"]
-    # exact versions: apt needs the full Debian version; find the one with our upstream version
-    for pkg, version in versions.items():
-        var = "v_" + re.sub(r"[^a-z0-9]", "_", pkg)
-        steps.append(
-            f"{var}=$(apt-cache madison {q(pkg)} | awk -F'|' '{{gsub(/ /,\"\",$2); print $2}}' "
-            f"| grep -E -m1 {q(_version_regex(version))} || true)"
-        )
-        steps.append(
-            f"[ -n \"${var}\" ] || {{ echo \"gpufleet: the package sources offer no {pkg} {version} (they offer: "
-            f"$(apt-cache madison {q(pkg)} | awk -F'|' '{{print $2}}' | tr -d ' ' | tr '\\n' ' ')); nothing was changed\" >&2; exit 3; }}"
-        )
-    if pinning:
-        steps.append(f"{_APT} install {q(pinning)}")
-    args = [f"{q(pkg)}=\"$v_{re.sub(r'[^a-z0-9]', '_', pkg)}\"" for pkg in versions] + [q(p) for p in present]
-    steps.append(f"{_APT} install --no-install-recommends --allow-downgrades " + " ".join(args))
-    for pkg, version in versions.items():
-        steps.append(
-            f"dpkg-query -W -f='${{Version}}' {q(pkg)} | grep -E -q {q(_version_regex(version))} || "
-            f"{{ echo \"gpufleet: {pkg} is not at {version} after the install\" >&2; exit 4; }}"
-        )
-    body = "; ".join(steps)
-    hold_cmd = (
-        f"for p in {' '.join(q(p) for p in rehold)}; do "
-        "if dpkg-query -W -f='${Status}' \"$p\" 2>/dev/null | grep -q ' installed$'; then apt-mark hold \"$p\" >/dev/null; fi; done"
-    ) if rehold else ":"
-    unhold_cmd = f"apt-mark unhold {' '.join(q(p) for p in unhold)} >/dev/null" if unhold else ":"
-    yield _sh(f"{unhold_cmd}; rc=0; ( {body} ) || rc=$?; {hold_cmd}; exit $rc")
+    triples = [part for pkg, version in versions.items() for part in (pkg, version, _version_regex(version))]
+    yield StringCommand("sh", "-c", QuoteString(_PACKAGES_SCRIPT), "gpufleet-packages",
+                        *(QuoteString(a) for a in [*unhold, "--", *rehold, "--", pinning or "", "--",
+                                                   *triples, "--", *present]))
 
 
 @operation()

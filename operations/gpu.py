@@ -50,6 +50,16 @@ def clocks(policy: Any, ac_deprecated_from: int):
                   f"{plans[0].method if plans else '-'})")
 
 
+# $1 nvidia-smi, $2 seconds to wait for every GPU to report persistence mode Enabled.
+_PERSISTENCE_WAIT = (
+    "i=0; while [ $i -lt \"$2\" ]; do "
+    "out=$(\"$1\" --query-gpu=pci.bus_id,persistence_mode --format=csv,noheader); "
+    "if [ -n \"$out\" ] && ! echo \"$out\" | grep -qv ', Enabled$'; then exit 0; fi; "
+    "i=$((i+1)); sleep 1; done; "
+    "echo \"persistence mode is not Enabled on every GPU:\" >&2; echo \"$out\" >&2; exit 1"
+)
+
+
 @operation()
 def persistence_enabled(daemon_was_running: bool, wait_seconds: int = 15):
     """Every GPU must report persistence mode Enabled (the daemon may take a moment after start)."""
@@ -58,14 +68,8 @@ def persistence_enabled(daemon_was_running: bool, wait_seconds: int = 15):
         host.noop(f"persistence mode is Enabled on all {len(state.gpus)} GPUs")
         return
     # Fails (and fails the host) unless every GPU says Enabled within wait_seconds.
-    script = (
-        f"i=0; while [ $i -lt {int(wait_seconds)} ]; do "
-        f"out=$({NVIDIA_SMI} --query-gpu=pci.bus_id,persistence_mode --format=csv,noheader); "
-        "if [ -n \"$out\" ] && ! echo \"$out\" | grep -qv ', Enabled$'; then exit 0; fi; "
-        "i=$((i+1)); sleep 1; done; "
-        "echo \"persistence mode is not Enabled on every GPU:\" >&2; echo \"$out\" >&2; exit 1"
-    )
-    yield StringCommand("sh", "-c", QuoteString(script))
+    yield StringCommand("sh", "-c", QuoteString(_PERSISTENCE_WAIT), "gpufleet-persistence",
+                        QuoteString(NVIDIA_SMI), str(int(wait_seconds)))
 
 
 @operation()

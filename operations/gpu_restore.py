@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.gpu import GpuState
 
@@ -25,10 +25,10 @@ def gpu_settings_restored(gpus: list[dict]):
             continue
         if want.get("persistence") and not gpu.persistence:
             changed = True
-            yield StringCommand("nvidia-smi", "-i", gpu.uuid, "-pm", "1")
+            yield StringCommand("nvidia-smi", "-i", QuoteString(gpu.uuid), "-pm", "1")
         clocks = want.get("app_clocks")
         if clocks and gpu.app_clocks and tuple(gpu.app_clocks) != tuple(clocks):
             changed = True
-            yield StringCommand("nvidia-smi", "-i", gpu.uuid, "-ac", f"{clocks[0]},{clocks[1]}")
+            yield StringCommand("nvidia-smi", "-i", QuoteString(gpu.uuid), "-ac", QuoteString(f"{int(clocks[0])},{int(clocks[1])}"))
     if not changed:
         host.noop("persistence and application clocks are as recorded")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from pyinfra.api import FunctionCommand, StringCommand, operation
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 # /run is a tmpfs on every systemd host: a marker written there is gone after a real reboot.
 # (Uptime and boot_id do not change when a container reboots; this works for both.)
@@ -18,7 +18,7 @@ def _wait_for_reboot(state, host, nonce: str, timeout: float, delay: float) -> b
     while time.monotonic() < deadline:
         host.connect(show_errors=False)
         if host.connected:
-            ok, out = host.run_shell_command(StringCommand(f"cat {MARKER} 2>/dev/null || echo gone"))
+            ok, out = host.run_shell_command(StringCommand("cat", MARKER, "2>/dev/null", "||", "echo", "gone"))
             lines = [line.line for line in out] if out else []
             if ok and lines and lines[-1].strip() != nonce:
                 # booted again: wait for systemd to finish (units that apply settings at boot)
@@ -38,8 +38,8 @@ def rebooted(reason: str = "", timeout: int = 600, delay: int = 2):
     + delay: seconds before the first reconnection attempt
     """
     nonce = uuid.uuid4().hex
-    yield StringCommand(f"echo {nonce} > {MARKER}")
+    yield StringCommand("echo", QuoteString(nonce), ">", MARKER)
     if reason:
-        yield StringCommand("logger", "-t", "gpufleet", f"'reboot: {reason}'")
+        yield StringCommand("logger", "-t", "gpufleet", QuoteString(f"reboot: {reason}"))
     yield StringCommand("( sleep 1 && systemctl reboot ) </dev/null >/dev/null 2>&1 &")
     yield FunctionCommand(_wait_for_reboot, (nonce, timeout, delay), {})

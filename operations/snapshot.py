@@ -8,7 +8,11 @@ from typing import Any, Callable
 
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
+from gpufleet import private
 from gpufleet.rollout import snapshot as snap
+
+# $@: tar's arguments. The archive holds /etc files (keyrings, daemon.json): created 0600.
+_TAR_PRIVATE = 'umask 077 && exec tar "$@"'
 
 
 @operation(is_idempotent=False)
@@ -52,11 +56,12 @@ def controller_snapshot_taken(template: list[str], variables: dict[str, Any], re
 def etc_archived(tarball: str, paths: list[str]):
     """Archive the recorded /etc (and keyring) files on the host."""
     rel = [p.lstrip("/") for p in paths]
-    yield StringCommand("mkdir", "-p", QuoteString(str(Path(tarball).parent)))
+    yield StringCommand("install", "-d", "-m", "700", QuoteString(str(Path(tarball).parent)))
+    tar = ("sh", "-c", QuoteString(_TAR_PRIVATE), "gpufleet-etc-archive")
     if rel:
-        yield StringCommand("tar", "-C", "/", "-czf", QuoteString(tarball), "--", *(QuoteString(p) for p in rel))
+        yield StringCommand(*tar, "-C", "/", "-czf", QuoteString(tarball), "--", *(QuoteString(p) for p in rel))
     else:
-        yield StringCommand("tar", "-czf", QuoteString(tarball), "-T", "/dev/null")
+        yield StringCommand(*tar, "-czf", QuoteString(tarball), "-T", "/dev/null")
 
 
 def _put_manifest(state, host, dest: str, build: Callable[[], str]) -> bool:
@@ -65,16 +70,19 @@ def _put_manifest(state, host, dest: str, build: Callable[[], str]) -> bool:
 
 @operation(is_idempotent=False)
 def manifest_written(dest: str, build: Callable[[], str]):
-    """Write the manifest JSON on the host (built when it runs, after the disk snapshot)."""
-    yield StringCommand("mkdir", "-p", QuoteString(str(Path(dest).parent)))
+    """Write the manifest JSON on the host (built when it runs, after the disk snapshot), 0600
+    in a 0700 directory."""
+    yield StringCommand("install", "-d", "-m", "700", QuoteString(str(Path(dest).parent)))
     yield FunctionCommand(_put_manifest, (dest, build), {})
+    yield StringCommand("chmod", "600", QuoteString(dest))
 
 
 def _fetch(state, host, pairs) -> bool:
     for remote, local in pairs:
-        Path(local).parent.mkdir(parents=True, exist_ok=True)
-        if not host.get_file(remote, local):
+        data = io.BytesIO()
+        if not host.get_file(remote, data):
             return False
+        private.write(local, data.getvalue())  # 0600 in 0700 directories
     return True
 
 

@@ -66,7 +66,7 @@ new=$1 dest=$2 prev=$3 pending=$4 script=$5 revert=$6 unit=$7 after=$8
 mkdir -p "$(dirname "$prev")"
 rm -f "$prev" "$prev.absent"
 if [ -e "$dest" ]; then cp -p "$dest" "$prev"; else : > "$prev.absent"; fi
-chmod 644 "$new"
+chmod 600 "$new"
 mv -f "$new" "$dest"
 if ! out=$(sshd -t 2>&1); then
   if [ -e "$prev.absent" ]; then rm -f "$dest"; else cp -p "$prev" "$dest"; fi
@@ -177,18 +177,35 @@ def sshd_dropin(dest: str, content: str, revert_after: int = 60):
     )
 
 
+def login_proof_refusal(host) -> str | None:
+    """Why no fresh-login proof can be had for `host` (None: it can). gpufleet knows how to log
+    in afresh only as pyinfra's SSH connector does; over @local, @docker, @chroot, @dockerssh
+    and the like there is nothing it could re-login with, so sshd and firewall changes, which
+    need the proof, are refused there rather than taken as proven."""
+    from pyinfra.connectors.ssh import SSHConnector
+
+    connector = host.connector
+    if isinstance(connector, SSHConnector):
+        return None
+    kind = "@" + type(connector).__name__.removesuffix("Connector").lower()
+    return (f"refused on {host.name}: it is reached through the {kind} connector, and gpufleet can "
+            "prove that a fresh login still works only over SSH (pyinfra's ssh connector); sshd "
+            "and firewall changes are kept only with that proof. Run this deploy over SSH.")
+
+
 def fresh_login(host, attempts: int = 5, delay: float = 1.0) -> str | None:
     """
     Open a *new* SSH session exactly as pyinfra does (its paramiko client and this host's
     connection data: user, key, port, paramiko options) and run `true`.
-    Returns None on success, else why it failed. Not over SSH: nothing to prove (None).
+    Returns None on success, else why it failed. Fails closed: a host not reached over SSH
+    has no proof (login_proof_refusal), never "nothing to prove".
     """
-    from pyinfra.connectors.ssh import SSHConnector
     from pyinfra.connectors.sshuserclient import SSHClient
 
+    refusal = login_proof_refusal(host)
+    if refusal is not None:
+        return refusal
     connector = host.connector
-    if not isinstance(connector, SSHConnector):
-        return None
     error = "no attempt made"
     for attempt in range(attempts):
         kwargs = connector.make_paramiko_kwargs()

@@ -198,7 +198,10 @@ class Host:
         return self.dir / "root"
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if not self.netns:  # a loopback host records what harnesses without private networks read
+            del data["netns"], data["forward"]
+        return data
 
     def written_files(self) -> dict[str, tuple]:
         """Every file the host has written since boot (its overlay upper layer), minus logs:
@@ -262,6 +265,13 @@ def ssh_key() -> Path:
         key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpufleet-testhosts", "-f", str(key)])
     return key
+
+
+def _host_from_meta(meta: Path) -> Host:
+    # Pools made by another version of this harness (other worktrees share STATE_ROOT) may
+    # record fields this one does not know: keep the ones it does.
+    fields = {f.name for f in dataclasses.fields(Host)}
+    return Host(**{k: v for k, v in json.loads(meta.read_text()).items() if k in fields})
 
 
 def list_hosts(pool: str | None = DEFAULT_POOL) -> list[Host]:

@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fleet-report", description=__doc__.split("\n\n")[0])
     parser.add_argument("inventory", help="pyinfra inventory file (as given to pyinfra)")
     parser.add_argument("--out", default="reports", help="directory for fleet-report.{json,md,html}")
-    parser.add_argument("--workers", type=int, default=20, help="hosts gathered at once (default 20)")
+    parser.add_argument("--workers", type=_workers, default=20, help="hosts gathered at once (default 20)")
     parser.add_argument("--no-drift", action="store_true",
                         help="skip planning deploys/all.py (the drift column stays empty)")
     parser.add_argument("--probe", action="store_true",
@@ -44,6 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     print("written: " + ", ".join(str(p) for p in paths.values()))
     healthy = all(r["state"] == "provisioned" for r in rows)
     return 0 if healthy else 1
+
+
+def _workers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"{value} out of range: allowed 1 to 1000")
+    return value
 
 
 def _count_hosts(path: str) -> int:

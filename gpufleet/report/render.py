@@ -9,6 +9,8 @@ from typing import Any
 
 import jinja2
 
+from gpufleet import private
+
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).resolve().with_name("report.schema.json")
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "report"
@@ -106,10 +108,10 @@ def html_page(doc: dict[str, Any]) -> str:
 
 
 def write_all(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    private.ensure_dir(out_dir, tighten=False)  # the operator's --out: created 0700, an existing one left as it is
     paths = {"json": out_dir / "fleet-report.json", "md": out_dir / "fleet-report.md",
              "html": out_dir / "fleet-report.html"}
-    paths["json"].write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
-    paths["md"].write_text(markdown(doc))
-    paths["html"].write_text(html_page(doc))
+    private.write(paths["json"], json.dumps(doc, indent=2, sort_keys=False) + "\n", tighten=False)
+    private.write(paths["md"], markdown(doc), tighten=False)
+    private.write(paths["html"], html_page(doc), tighten=False)
     return paths

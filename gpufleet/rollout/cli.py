@@ -16,6 +16,55 @@ def _logging(verbose: bool) -> None:
     log.propagate = False
 
 
+def inventory_arg(text: str) -> str:
+    """argparse type of an inventory argument: a path (anything with / or ending in .py) must be
+    an existing file; a mistyped one would otherwise read as an empty fleet and "succeed"."""
+    if ("/" in text or text.endswith(".py")) and not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"no such inventory file: {text}")
+    return text
+
+
+def count_arg(minimum: int, maximum: int = 1_000_000):
+    """argparse type of an integer option with its bounds."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{value} out of range: allowed {minimum} to {maximum}")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+def percent_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage, got {text!r}") from None
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"{text} out of range: allowed more than 0 and at most 100")
+    return value
+
+
+def max_fail_arg(text: str) -> str:
+    from .plan import PlanError, parse_max_fail
+
+    try:
+        parse_max_fail(text, 100)
+    except PlanError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _check(parser: argparse.ArgumentParser, name: str, text: str, arg_type) -> None:
+    try:
+        arg_type(text)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"argument {name}: {exc}")
+
+
 def rollout_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tools/rollout", description=(
         "Rolling NVIDIA driver upgrade: canary first, then batches; drain, snapshot + manifest, "
@@ -24,25 +73,29 @@ def rollout_main(argv: list[str] | None = None) -> int:
     p.add_argument("--driver-version", required=True, help="target driver version, e.g. 580.126.09")
     p.add_argument("--canary", type=int, default=1, help="hosts in the canary batch (default 1; 0 = none)")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--batch-size", type=int, help="hosts per batch after the canary (default: rollout_batch_size)")
-    size.add_argument("--batch-percent", type=float, help="hosts per batch as a percentage of the rollout's hosts")
-    p.add_argument("--max-unavailable", type=int, help="most hosts out of service at once (default: the batch size)")
-    p.add_argument("--max-fail", default="0", help="stop when more hosts than this failed: a count or P%% (default 0)")
+    size.add_argument("--batch-size", type=count_arg(1), help="hosts per batch after the canary (default: rollout_batch_size)")
+    size.add_argument("--batch-percent", type=percent_arg, help="hosts per batch as a percentage of the rollout's hosts")
+    p.add_argument("--max-unavailable", type=count_arg(1), help="most hosts out of service at once (default: the batch size)")
+    p.add_argument("--max-fail", type=max_fail_arg, default="0", help="stop when more hosts than this failed: a count or P%% (default 0)")
     p.add_argument("--state", type=Path, help="state file (default .gpufleet/rollouts/<inventory>.json)")
     p.add_argument("--manifests", type=Path, default=Path(".gpufleet/manifests"),
                    help="where manifests are copied on the controller (default .gpufleet/manifests)")
     p.add_argument("--skip", nargs="+", default=[], metavar="HOST", help="hosts to leave alone this run")
     p.add_argument("--force", action="store_true", help="upgrade hosts even while GPU processes run")
-    p.add_argument("--wait-idle", type=int, default=0, metavar="SECONDS",
+    p.add_argument("--wait-idle", type=count_arg(0, 7 * 86400), default=0, metavar="SECONDS",
                    help="wait up to SECONDS for running GPU processes to finish (default 0: refuse at once)")
     p.add_argument("--stop-gpu-containers", action="store_true", help="stop Docker containers using GPUs when draining")
-    p.add_argument("--reboot-timeout", type=int, default=600, metavar="SECONDS")
+    p.add_argument("--reboot-timeout", type=count_arg(1, 86400), default=600, metavar="SECONDS")
     p.add_argument("--retune", action="store_true",
                    help="after the reboot apply the tier's tuning (deploys/tuning.py) instead of restoring the "
                         "persistence mode and clocks recorded in the manifest")
     p.add_argument("--dry-run", action="store_true", help="show batches, versions, reboots and GPU jobs; change nothing")
     p.add_argument("-v", "--verbose", action="store_true", help="show pyinfra's operation log")
     args = p.parse_args(argv)
+    # checked here rather than as argparse types on their lines, which tools/rollout's target
+    # arguments share: the same message and exit code 2 as argparse's own
+    _check(p, "inventory", args.inventory, inventory_arg)
+    _check(p, "--canary", str(args.canary), count_arg(0))
     _logging(args.verbose)
     from .runner import Options, Runner
     opts = Options(inventory=args.inventory, target=args.driver_version, canary=args.canary,
@@ -57,7 +110,7 @@ def rollout_main(argv: list[str] | None = None) -> int:
 def rollback_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tools/rollback", description=(
         "Put hosts back to the package versions, holds and /etc files of a manifest taken before an upgrade."))
-    p.add_argument("inventory")
+    p.add_argument("inventory", type=inventory_arg)
     p.add_argument("hosts", nargs="+", metavar="HOST")
     p.add_argument("--manifest", type=Path, help="manifest file (default: the newest in --manifests/<host>/)")
     p.add_argument("--manifests", type=Path, default=Path(".gpufleet/manifests"))

@@ -103,17 +103,26 @@ def command_env(variables: Mapping[str, Any]) -> dict[str, str]:
     return env
 
 
+def command_name(argv: Sequence[str]) -> str:
+    """What messages and the manifest call the command: its program's name, never its
+    arguments (a cloud CLI's argv may hold a token)."""
+    return os.path.basename(argv[0]) if argv else "?"
+
+
 def run_command(template: Sequence[str] | str, variables: Mapping[str, Any], timeout: float = 1800) -> dict[str, Any]:
     """Run the command provider on the controller; raise SnapshotError when it fails."""
     argv = command_argv(template, variables)
+    name = command_name(argv)
     try:
         proc = subprocess.run(argv, env=command_env(variables), capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SnapshotError(f"snapshot command {argv[0]} could not run: {exc}") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise SnapshotError(f"snapshot command {name} did not finish within {exc.timeout:g} s") from None
+    except OSError as exc:
+        raise SnapshotError(f"snapshot command {name} could not run: {exc.strerror}") from None
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise SnapshotError(f"snapshot command {' '.join(argv)} exited {proc.returncode}: {' | '.join(tail)}")
+        raise SnapshotError(f"snapshot command {name} exited {proc.returncode}: {' | '.join(tail)}")
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    return {"provider": "command", "argv": argv, "name": lines[-1].strip() if lines else variables.get("snapshot"),
+    return {"provider": "command", "command": name, "name": lines[-1].strip() if lines else variables.get("snapshot"),
             "restore": f"restore the snapshot {lines[-1].strip() if lines else variables.get('snapshot')} "
-                       f"with the tool that made it ({argv[0]})"}
+                       f"with the tool that made it ({name})"}

@@ -19,11 +19,12 @@ re-runs every later step: each decides from the host's real state whether there 
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gpufleet import private
 
 STEPS = ("drain", "snapshot", "upgrade", "reboot", "tune", "validate", "undrain")
 #: after these steps started, packages may have changed: a failed host stays out of service
@@ -94,14 +95,11 @@ class RolloutState:
         return cls(path, target, data.get("inventory", inventory), hosts, data.get("runs", []))
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         data = {
             "format": FORMAT, "target": self.target, "inventory": self.inventory, "runs": self.runs,
             "hosts": {name: {k: v for k, v in vars(rec).items() if k != "name"} for name, rec in self.hosts.items()},
         }
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, self.path)
+        private.write(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
     # --- hosts -------------------------------------------------------------------------------
 

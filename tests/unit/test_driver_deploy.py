@@ -79,3 +79,29 @@ def test_preconditions_kernel_headers():
     offered = FakeHost({"AptCandidates": lambda packages: {p: "6.1.112-1" for p in packages}})
     assert preconditions(settings(), None, state, offered) is None  # the deploy installs them
     assert preconditions(settings(driver_kernel_headers="skip"), None, state, none) is None
+
+
+BAD_KEYS = ['/root/mok".key', "/root/$(touch /tmp/x).key", "/root/`id`.key", "/root/a;b.key", "/root/a\nb.key",
+            "/root/../etc/shadow", "relative/mok.key", "/root/a b.key", "/root/mok.key'"]
+
+
+def test_preconditions_refuse_a_signing_key_that_is_not_a_plain_path():
+    state = DriverStateData(secure_boot="disabled", kernel_headers=True, kernel_release="6.1.0-26-amd64")
+    for bad in BAD_KEYS:
+        key, msg = preconditions(settings(driver_module_signing_key=bad), None, state, FakeHost({}))
+        assert key == "driver_module_signing_key" and "not a plain absolute path" in msg, bad
+
+
+def test_dkms_signing_conf_reads_back_exactly_in_bash(tmp_path):
+    import pytest
+
+    from deploys.driver import dkms_signing_conf
+
+    conf = tmp_path / "signing.conf"
+    conf.write_text(dkms_signing_conf("/var/lib/dkms/mok-2.key"))
+    out = subprocess.run(["bash", "-c", '. "$1"; printf "%s|%s" "$mok_signing_key" "$mok_certificate"', "x", str(conf)],
+                         capture_output=True, text=True, check=True).stdout
+    assert out == "/var/lib/dkms/mok-2.key|/var/lib/dkms/mok-2.pub"
+    for bad in BAD_KEYS:
+        with pytest.raises(ValueError):
+            dkms_signing_conf(bad)

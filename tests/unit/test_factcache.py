@@ -3,6 +3,7 @@ host, and last run's facts come back in one command with the same answers pyinfr
 Runs pyinfra's real fact machinery against @local (read-only facts on this machine)."""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -11,7 +12,7 @@ from pyinfra.api.connect import connect_all
 from pyinfra.api.facts import get_fact
 from pyinfra.api.host import Host
 from pyinfra.facts.files import File, Sha1File
-from pyinfra.facts.server import Hostname
+from pyinfra.facts.server import Arch
 
 from gpufleet import factcache
 
@@ -24,8 +25,8 @@ def local(tmp_path, monkeypatch):
     factcache._plans_seen.clear()
     factcache.install()
 
-    def new_state():
-        inventory = Inventory((["@local"], {}))
+    def new_state(data=None):
+        inventory = Inventory(([("@local", dict(data or {}))], {}))
         state = State(inventory, Config())
         connect_all(state)
         host = inventory.get_host("@local")
@@ -70,13 +71,13 @@ def test_last_runs_facts_come_back_in_one_command_with_the_same_answers(local, t
     open(path, "w").write("hello\n")
     state, host, calls = local()
     expected = (get_fact(state, host, Sha1File, kwargs={"path": path}),
-                get_fact(state, host, Hostname), get_fact(state, host, File, kwargs={"path": path}))
+                get_fact(state, host, Arch), get_fact(state, host, File, kwargs={"path": path}))
     factcache._save_plans()
     assert len(calls) == 3
 
     state, host, calls = local()  # the next run
     answers = (get_fact(state, host, Sha1File, kwargs={"path": path}),
-               get_fact(state, host, Hostname), get_fact(state, host, File, kwargs={"path": path}))
+               get_fact(state, host, Arch), get_fact(state, host, File, kwargs={"path": path}))
     assert answers[:2] == expected[:2] and answers[2]["size"] == expected[2]["size"]
     assert len(calls) == 1 and "gpufleet-prefetch" in str(calls[0])
     # every answer came from the prefetch: none of the three was asked on its own
@@ -87,11 +88,11 @@ def test_a_stale_plan_costs_nothing_but_time(local, tmp_path):
     state, host, calls = local()
     gone = str(tmp_path / "gone")
     get_fact(state, host, Sha1File, kwargs={"path": gone})
-    get_fact(state, host, Hostname)
+    get_fact(state, host, Arch)
     factcache._save_plans()
     state, host, calls = local()
     assert get_fact(state, host, Sha1File, kwargs={"path": str(tmp_path / "other")}) is None
-    assert get_fact(state, host, Hostname) == os.uname().nodename
+    assert get_fact(state, host, Arch) == os.uname().machine
 
 
 def test_file_facts_asked_in_batches_answer_as_pyinfra_does(local, tmp_path):
@@ -119,8 +120,10 @@ def test_file_facts_asked_in_batches_answer_as_pyinfra_does(local, tmp_path):
     assert expected[0]["size"] == 6 and expected[2] == "f572d396fae9206628714fb2ce00f72e94f2258f"
     assert expected[-4] is None and expected[8] is False and expected[9]["mode"]  # missing; dir: no File, a Directory
     # One script, plus pyinfra's own command only where the batch had no line for an existing
-    # path: sha1sum/sha256sum of the directory and of the dangling link.
-    assert len(calls) == 1 + 4, calls
+    # path: sha1sum/sha256sum of the directory and of the dangling link; and the four facts of
+    # the path with quotes in it, never written to the plan (not a plain argument).
+    assert len(calls) == 1 + 4 + 4, calls
+    assert sum("quoted" in str(c) for c in calls) == 4
 
 
 def test_remembered_fact_keys_are_pyinfras_own(local):
@@ -142,3 +145,79 @@ def test_remembered_fact_keys_are_pyinfras_own(local):
         host.current_deploy_kwargs = None
     assert len(set(keys)) == 4 and keys[0] == keys[-1]  # sudo, sudo as bob, env: each its own key
     assert '"_sudo_user": "bob"' in keys[2][2]
+
+
+SECRET = "pw-Zq8v-never-written"
+
+
+def test_no_executor_argument_is_written_and_the_plan_is_private(local, tmp_path):
+    """A sudo/su password in the inventory is a connector argument of every fact: the plan file
+    must not hold it (nor any executor argument), and it is 0600 in a 0700 directory."""
+    path = str(tmp_path / "x")
+    open(path, "w").write("hello\n")
+    state, host, calls = local({"_su_password": SECRET, "_sudo_password": SECRET})
+    get_fact(state, host, Sha1File, kwargs={"path": path})
+    get_fact(state, host, Arch)
+    factcache._save_plans()
+    plan = tmp_path / "plans" / "_local.json"
+    text = plan.read_text()
+    assert SECRET not in text and "_sudo" not in text and "_su_" not in text
+    assert os.stat(plan).st_mode & 0o777 == 0o600
+    assert os.stat(plan.parent).st_mode & 0o777 == 0o700
+    assert [e[0] for e in json.loads(text)["facts"]] == ["pyinfra.facts.files.Sha1File", "pyinfra.facts.server.Arch"]
+
+    state, host, calls = local({"_su_password": SECRET, "_sudo_password": SECRET})  # the next run
+    assert get_fact(state, host, Sha1File, kwargs={"path": path}) == "f572d396fae9206628714fb2ce00f72e94f2258f"
+    assert get_fact(state, host, Arch) == os.uname().machine
+    assert len(calls) == 1 and "gpufleet-prefetch" in str(calls[0])
+
+
+@pytest.mark.parametrize("entry", [
+    ["pyinfra.facts.server.Command", '{"command": "touch MARK"}'],      # runs what it is given
+    ["os.system", '{"command": "touch MARK"}'],                          # not a fact at all
+    ["pyinfra.facts.files.File", '{"path": "/x; touch MARK"}'],          # not a plain argument
+    ["pyinfra.facts.files.File", '{"path": "$(touch MARK)"}'],
+    ["pyinfra.facts.files.File", '{"path": "`touch MARK`"}'],
+    ["pyinfra.facts.files.File", '{"path": "/x\\ntouch MARK"}'],
+    ["pyinfra.facts.files.File", '{"path": "/x", "_sudo_password": "x"}'],  # executor arguments
+    ["facts.system.Nothing\"; touch MARK", "{}"],
+    ["pyinfra.facts.files.FindInFile",  # pasted into double quotes by pyinfra
+     '{"path": "/x", "pattern": "$(touch MARK)", "interpolate_variables": true, "extended_regex": false}'],
+    ["pyinfra.facts.files.FindInFile", '{"path": "/x", "pattern": "x\' ; touch MARK", "interpolate_variables": false}'],
+    ["pyinfra.facts.files.File", '{"path": "/x"}', '{"_sudo": true}'],   # the old format's shape
+])
+def test_a_plan_entry_off_the_allow_list_is_ignored_with_a_warning_and_never_run(local, tmp_path, entry, caplog):
+    mark = tmp_path / "pwned"
+    entry = [part.replace("MARK", str(mark)) for part in entry]
+    plans = tmp_path / "plans"
+    plans.mkdir(mode=0o700)
+    ok = ["pyinfra.facts.files.File", json.dumps({"path": str(tmp_path)})]
+    (plans / "_local.json").write_text(json.dumps({"format": 2, "facts": [ok, ok, entry]}))
+    os.chmod(plans / "_local.json", 0o600)
+    state, host, calls = local()
+    get_fact(state, host, Arch)
+    assert not mark.exists()
+    assert len(calls) == 2 and "gpufleet-prefetch" in str(calls[0]) and str(mark) not in str(calls[0])
+    assert "ignored 1 entry of the fact plan" in caplog.text
+
+
+def test_an_old_or_foreign_plan_is_ignored(local, tmp_path, caplog):
+    plans = tmp_path / "plans"
+    plans.mkdir(mode=0o700)
+    ok = ["pyinfra.facts.files.File", json.dumps({"path": str(tmp_path)}), "{}"]
+    (plans / "_local.json").write_text(json.dumps([ok, ok]))  # format 1: executor arguments
+    state, host, calls = local()
+    get_fact(state, host, Arch)
+    assert "gpufleet-prefetch" not in str(calls) and "not format 2" in caplog.text
+    (plans / "_local.json").write_text(json.dumps({"format": 2, "facts": [ok[:2], ok[:2]]}))
+    os.chmod(plans / "_local.json", 0o666)  # anyone may write it: not trusted
+    state, host, calls = local()
+    get_fact(state, host, Arch)
+    assert "gpufleet-prefetch" not in str(calls) and "another user may write it" in caplog.text
+
+
+def test_a_regular_expression_pyinfra_quotes_is_a_plain_argument():
+    assert factcache.allowed("pyinfra.facts.files.FindInFile", json.dumps(
+        {"path": "/etc/default/sysstat", "pattern": "^.*^ENABLED=.*$", "interpolate_variables": False,
+         "extended_regex": False}))
+    assert not factcache.allowed("pyinfra.facts.files.File", json.dumps({"path": "/etc/a$b"}))

@@ -19,12 +19,13 @@ CLASSIC = list(tier_defaults("dev")["hardening_extra_kex"])
 def test_kex_by_version():
     assert h.kex_algorithms(V100, CLASSIC) == [
         "mlkem768x25519-sha256", "sntrup761x25519-sha512", "sntrup761x25519-sha512@openssh.com",
-        "curve25519-sha256", "curve25519-sha256@libssh.org"]
+        "curve25519-sha256@libssh.org"]
     assert h.kex_algorithms(V92, CLASSIC) == [
-        "sntrup761x25519-sha512@openssh.com", "curve25519-sha256", "curve25519-sha256@libssh.org"]
+        "sntrup761x25519-sha512@openssh.com", "curve25519-sha256@libssh.org"]
     assert h.kex_algorithms(OpenSshVersion(8, 4), CLASSIC) == CLASSIC
-    # paramiko 4 speaks only curve25519-sha256@libssh.org of these: it must stay by default
-    assert "curve25519-sha256@libssh.org" in CLASSIC
+    # paramiko 4 speaks only curve25519-sha256@libssh.org of these: it must stay by default,
+    # and only it (its alias curve25519-sha256 would be one more ssh-audit warning)
+    assert CLASSIC == ["curve25519-sha256@libssh.org"]
 
 
 def test_macs_are_etm_only_and_no_weak_host_keys():
@@ -36,6 +37,7 @@ def _ctx(**over):
     ctx = {
         "openssh_version": "10.0p2", "password_auth": False, "permit_root_login": "prohibit-password",
         "max_auth_tries": 3, "login_grace_time": 30, "allow_users": ["alice", "root"],
+        "client_alive_interval": 300, "max_startups": "10:30:60",
         "allow_groups": [], "x11_forwarding": False, "tcp_forwarding": False,
         "agent_forwarding": False, "host_keys": h.HOST_KEY_FILES,
         "host_key_algorithms": h.HOST_KEY_ALGORITHMS, "kex": h.kex_algorithms(V100, CLASSIC),
@@ -114,3 +116,15 @@ def test_unattended_upgrades_blacklist_covers_the_gpu_stack():
         assert any(re.match(p, package) for p in patterns), package
     for package in ["openssh-server", "libc6", "linux-image-amd64", "docker-ce"]:
         assert not any(re.match(p, package) for p in patterns), package
+
+
+@pytest.mark.parametrize("version", [V92, V100], ids=str)
+def test_paramiko_keeps_an_algorithm_of_each_kind(version):
+    """pyinfra and testinfra log in with paramiko: each list sshd offers must keep one it speaks."""
+    import paramiko
+
+    t = paramiko.Transport
+    assert set(h.kex_algorithms(version, CLASSIC)) & set(t._preferred_kex) == {"curve25519-sha256@libssh.org"}
+    assert set(h.CIPHERS) & set(t._preferred_ciphers)
+    assert set(h.MACS) & set(t._preferred_macs)
+    assert "ssh-ed25519" in set(h.HOST_KEY_ALGORITHMS) & set(t._preferred_keys)

@@ -58,6 +58,24 @@ def test_command_provider_runs_for_real(tmp_path):
         snap.run_command([str(fail)], {"host": "h"})
 
 
+def test_command_provider_never_shows_its_arguments(tmp_path):
+    """The argv may hold a token: neither the record (it goes into the manifest) nor an error
+    message carries anything but the program's name."""
+    token = "tok-3f9a1c-secret"
+    ok = tmp_path / "cloud-snapshot"
+    ok.write_text("#!/bin/sh\necho snap-1\n")
+    ok.chmod(0o755)
+    record = snap.run_command([str(ok), "--token", token, "{host}"], {"host": "h"})
+    assert token not in repr(record) and record["command"] == "cloud-snapshot"
+    fail = tmp_path / "fail"
+    fail.write_text("#!/bin/sh\nexit 3\n")
+    fail.chmod(0o755)
+    for argv in ([str(fail), "--token", token], [str(tmp_path / "missing"), "--token", token]):
+        with pytest.raises(snap.SnapshotError) as info:
+            snap.run_command(argv, {"host": "h"})
+        assert token not in str(info.value) and token not in repr(info.value.__cause__)
+
+
 INSTALLED = {
     "nvidia-open": "580.95.05-1", "nvidia-driver-cuda": "580.95.05-1", "libcuda1": "580.95.05-1",
     "nvidia-fabricmanager": "580.95.05-1", "nvidia-kernel-open-dkms": "580.95.05-1",

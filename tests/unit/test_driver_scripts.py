@@ -1,0 +1,103 @@
+"""operations/driver.py's fixed scripts run for real (sh, with apt/dpkg/gpg stand-ins on PATH
+that record their argv): every value reaches the tools as one argument, whatever it holds, and
+the messages echo values without running them."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from operations.driver import _PACKAGES_SCRIPT, _REPO_KEY_SCRIPT, _version_regex
+
+pytestmark = pytest.mark.unit
+
+EVIL = "x'$(touch {mark})`touch {mark}`;touch {mark}"
+
+STUBS = {
+    # apt-cache madison PKG: one offered version per package, "1:580.95.05-1" style
+    "apt-cache": 'printf "%s\\n" "apt-cache $*" >> "$LOG"; [ "$1" = madison ] && echo " $2 | 1:580.95.05-1 | file:/ x"; exit 0',
+    "apt-get": 'printf "%s\\n" "apt-get $*" >> "$LOG"; for a; do printf "arg:%s\\n" "$a" >> "$LOG"; done',
+    "apt-mark": 'printf "%s\\n" "apt-mark $*" >> "$LOG"',
+    "dpkg-query": 'case "$2" in *Version*) printf 1:580.95.05-1;; *) printf "install ok installed";; esac',
+}
+
+
+@pytest.fixture
+def stubs(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in STUBS.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body + "\n")
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "log"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log)}
+    return env, log
+
+
+def run(script: str, args: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-c", script, "gpufleet-test", *args], env=env, capture_output=True,
+                          text=True, timeout=30)
+
+
+def test_packages_script_installs_exact_versions_and_holds_again(stubs):
+    env, log = stubs
+    args = ["nvidia-open", "--", "nvidia-open", "cuda-toolkit", "--", "nvidia-driver-pinning-580.95.05", "--",
+            "nvidia-open", "580.95.05", _version_regex("580.95.05"), "--", "cuda-toolkit"]
+    proc = run(_PACKAGES_SCRIPT, args, env)
+    assert proc.returncode == 0, proc.stderr
+    lines = log.read_text().splitlines()
+    assert lines[0] == "apt-mark unhold nvidia-open"
+    installs = [line for line in lines if line.startswith("apt-get")]
+    assert installs[0].endswith("install nvidia-driver-pinning-580.95.05")
+    assert installs[1].endswith("install --no-install-recommends --allow-downgrades nvidia-open=1:580.95.05-1 cuda-toolkit")
+    assert lines[-2:] == ["apt-mark hold nvidia-open", "apt-mark hold cuda-toolkit"]
+
+
+def test_packages_script_refuses_a_version_not_offered_and_holds_again(stubs):
+    env, log = stubs
+    proc = run(_PACKAGES_SCRIPT, ["--", "nvidia-open", "--", "", "--", "nvidia-open", "575.1", _version_regex("575.1"),
+                                  "--"], env)
+    assert proc.returncode == 3
+    assert "offer no nvidia-open 575.1" in proc.stderr and "nothing was changed" in proc.stderr
+    assert not any(line.startswith("apt-get") for line in log.read_text().splitlines())
+    assert log.read_text().splitlines()[-1] == "apt-mark hold nvidia-open"
+
+
+def test_packages_script_takes_every_value_as_one_word(stubs, tmp_path):
+    env, log = stubs
+    mark = tmp_path / "pwned"
+    evil = EVIL.format(mark=mark)
+    proc = run(_PACKAGES_SCRIPT, ["--", "--", "", "--", evil, "1.0", _version_regex("1.0"), "--", f"a b*{evil}"], env)
+    assert not mark.exists()
+    assert proc.returncode == 3 and evil in proc.stderr  # echoed as text, not run
+
+
+def test_repo_key_script_takes_the_url_as_one_word(tmp_path):
+    mark = tmp_path / "pwned"
+    evil = "file:///nonexistent/" + EVIL.format(mark=mark)
+    proc = run(_REPO_KEY_SCRIPT, [evil, "/usr/share/keyrings/x.gpg", "A" * 40, str(tmp_path / "k.gpg")],
+               {"PATH": "/usr/bin:/bin"})
+    assert proc.returncode != 0 and not mark.exists() and not (tmp_path / "k.gpg").exists()
+    if Path("/usr/lib/apt/apt-helper").exists():
+        assert f"cannot download the repository key from {evil}" in proc.stderr
+
+
+def test_repo_key_script_refuses_a_key_with_another_fingerprint(tmp_path):
+    if not Path("/usr/lib/apt/apt-helper").exists():
+        pytest.skip("no apt-helper on this machine")
+    home = tmp_path / "gnupg"
+    home.mkdir(mode=0o700)
+    gpg = ["gpg", "--batch", "--homedir", str(home), "--passphrase", "", "--pinentry-mode", "loopback"]
+    subprocess.run([*gpg, "--quick-gen-key", "gpufleet test <t@example.invalid>", "ed25519", "sign", "1d"],
+                   check=True, capture_output=True)
+    key = tmp_path / "key.asc"
+    key.write_bytes(subprocess.run([*gpg, "--armor", "--export"], check=True, capture_output=True).stdout)
+    proc = run(_REPO_KEY_SCRIPT, [f"file://{key}", "", "B" * 40, str(tmp_path / "k.gpg")], {"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 1 and f"not the pinned {'B' * 40}" in proc.stderr
+    assert not (tmp_path / "k.gpg").exists()
+    fpr = [line.split(":")[9] for line in subprocess.run([*gpg, "--with-colons", "--list-keys"], check=True,
+           capture_output=True, text=True).stdout.splitlines() if line.startswith("fpr:")][0]
+    proc = run(_REPO_KEY_SCRIPT, [f"file://{key}", "", fpr, str(tmp_path / "k.gpg")], {"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "k.gpg").read_bytes()[:1] != b"-"  # dearmored
