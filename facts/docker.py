@@ -279,13 +279,13 @@ class DockerLive(FactBase):
 
     @override
     def command(self) -> str:
-        return (
+        return with_values(
             "command -v docker >/dev/null 2>&1 || exit 0; "
             "l=$(timeout 20 docker info --format '{{.LiveRestoreEnabled}}' 2>/dev/null) || exit 0; "
-            f"echo '{MARK} live_restore' \"$l\"; {begin('containers')}; "
+            'echo "$mark live_restore $l"; echo "$mark begin containers"; '
             "ids=$(timeout 20 docker ps -q --no-trunc 2>/dev/null); "
-            "[ -z \"$ids\" ] || timeout 20 docker inspect --format '{{json .}}' $ids 2>/dev/null; true"
-        )
+            "[ -z \"$ids\" ] || timeout 20 docker inspect --format '{{json .}}' $ids 2>/dev/null; true",
+            mark=MARK)
 
     @override
     def process(self, output: list[str]) -> DockerLiveState:  # type: ignore[override]
