@@ -12,12 +12,16 @@ Story of a host, part 4 (after the driver):
    and held. (unattended-upgrades' GPU blacklist lives in deploys/hardening.py and already
    covers ^nvidia- and ^libnvidia-.)
 3. **daemon.json merged, not overwritten** (gpufleet/dockerconf.py): the nvidia runtime, the
-   tier's default runtime, `default-shm-size`, `default-ulimits`, `features.cdi`; every other key
-   is kept. A malformed daemon.json fails that host at planning time and is left byte-identical.
+   tier's default runtime, `default-shm-size`, `default-ulimits`, `features.cdi`, `live-restore`
+   (on by default); every other key is kept. A malformed daemon.json fails that host at planning time and is left byte-identical.
    Validated with `dockerd --validate` where the engine has it (Docker 23+).
 4. **CDI spec** /etc/cdi/nvidia.yaml (`nvidia-ctk cdi generate`) where a GPU and the toolkit are
    present; regenerated when it is older than the driver's packages or misses a GPU.
-5. **Restart Docker only when daemon.json changed**; otherwise it is only kept running/enabled.
+5. **Apply a change without killing jobs**: reload dockerd (SIGHUP) when the changed keys allow
+   it; restart it only where no GPU container runs, or where live-restore (turned on by a reload
+   first) keeps them running (`docker_restart_with_gpu_containers`). Otherwise the keys that need
+   a restart are left out of the file and reported PENDING, in the run's output, at its end and
+   by the validation gate, until a run finds the GPU containers gone.
 6. **GPU smoke test** (`docker run --rm --gpus all IMAGE nvidia-smi -L`) after any change of the
    above; skipped with a logged reason when it cannot run (`deploys/docker_smoke.py` runs it on
    demand).
@@ -25,7 +29,10 @@ Settings: gpufleet/data/tiers.yaml (`docker_*`).
 """
 from __future__ import annotations
 
+import atexit
 from io import StringIO
+
+import click
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -33,10 +40,12 @@ from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files, systemd
 
 from facts.docker import DaemonJson
+from facts.validation import ContainerGpus
 from facts.packages import AptCandidates
 from facts.packages import PackageVersions
 from gpufleet import dockerconf
 from gpufleet.failures import fail_host
+from gpufleet.validation import PASS, SKIP, WARN, Context, Result
 from gpufleet.hostfacts import gpu_state, os_release
 from gpufleet.settings import host_settings
 from operations import docker as docker_ops
@@ -72,6 +81,38 @@ def toolkit_sources_line(repo_url: str, keyring: str = TOOLKIT_KEYRING) -> str:
     return f"deb [signed-by={keyring}] {repo_url.rstrip('/')}/stable/deb/$(ARCH) /\n"
 
 
+def _report_pending_at_exit() -> None:
+    if docker_ops.PENDING:
+        lines = "\n".join(f"    {name}: {', '.join(keys)} ({why})" for name, (keys, why) in sorted(docker_ops.PENDING.items()))
+        click.echo(f"\n--> gpufleet: {len(docker_ops.PENDING)} host(s) have a Docker configuration change PENDING "
+                   f"(needs a Docker restart, not done under running GPU containers):\n{lines}\n", err=True)
+
+
+atexit.register(_report_pending_at_exit)
+
+
+def daemon_json_current(ctx: Context) -> Result:
+    """Validation: daemon.json holds every gpufleet key; what a run left pending shows here."""
+    name = "daemon.json has gpufleet's keys (no Docker change pending)"
+    if not ctx.fact(ContainerGpus).docker:
+        return Result("docker", name, SKIP, "no docker on this host")
+    current = ctx.fact(DaemonJson, path=dockerconf.DAEMON_JSON)
+    try:
+        existing = dockerconf.parse(current.raw if current.exists else None)
+    except dockerconf.MalformedDaemonJson as exc:
+        return Result("docker", name, WARN, f"{dockerconf.DAEMON_JSON} is malformed: {exc}", "fix the file, then run deploys/all.py")
+    keys = dockerconf.changed_keys(existing, dockerconf.merge(existing, dockerconf.DockerDefaults.from_settings(ctx.settings)))
+    if not keys:
+        return Result("docker", name, PASS, f"live-restore {'on' if ctx.settings.docker_live_restore else 'off'}")
+    return Result("docker", name, WARN, f"not yet in {dockerconf.DAEMON_JSON}: {', '.join(keys)} (a Docker restart "
+                  "was left pending while GPU containers ran, or the file was changed)",
+                  "run deploys/all.py once the GPU containers have stopped (or set "
+                  "docker_restart_with_gpu_containers: always)")
+
+
+VALIDATION_CHECKS = [daemon_json_current]
+
+
 def _dpkg_arch(machine: str) -> str:
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
 
@@ -91,7 +132,8 @@ def docker():
         return
     engine = ENGINE[settings.docker_source]
     installed = host.get_fact(PackageVersions,
-                              packages=[*engine["conflicts"], *engine["install"], *engine.get("optional", ())])
+                              packages=[*engine["conflicts"], *engine["install"], *engine.get("optional", ()),
+                                        "nvidia-container-toolkit"])
     other = [p for p in engine["conflicts"] if installed.get(p)]
     if other:
         fail_host(host, "docker_source",
@@ -160,6 +202,10 @@ def docker():
     config_op = docker_ops.daemon_json(
         name="Merge the nvidia runtime and the tier's container defaults into daemon.json",
         defaults=dockerconf.DockerDefaults.from_settings(settings),
+        restart_with_gpu_containers=settings.docker_restart_with_gpu_containers,
+        # dockerd registers `--gpus` only if the toolkit's hook exists when it starts
+        restart_for=() if installed.get("nvidia-container-toolkit") else
+        ("the NVIDIA container toolkit was installed (dockerd registers --gpus when it starts)",),
     )
     uuids = [g.uuid for g in getattr(gpu_state(host), "gpus", []) or [] if getattr(g, "uuid", None)]
     cdi_op = None
@@ -170,11 +216,6 @@ def docker():
                 gpu_uuids=uuids, output=CDI_SPEC)
         else:
             host.noop("no GPU visible to nvidia-smi: no CDI spec")
-    systemd.service(
-        name="Restart Docker because daemon.json changed",
-        service="docker.service", restarted=True,
-        _if=config_op.did_change,
-    )
     systemd.service(
         name="Keep Docker running and enabled at boot",
         service="docker.service", running=True, enabled=True,

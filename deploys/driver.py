@@ -54,6 +54,7 @@ from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
 from gpufleet.failures import fail_host
 from gpufleet.hostfacts import driver_state, resolution
+from gpufleet.kernels import headers_metapackage, image_metapackage
 from gpufleet.settings import host_settings
 from gpufleet.validation import pending_message
 from operations.driver import archive_components, packages_at_versions, refresh_initramfs, repo_key
@@ -254,6 +255,15 @@ def driver():
     if settings.driver_kernel_headers == "require" and not before.kernel_headers:
         apt.packages(name=f"Install the headers of the running kernel {before.kernel_release} for DKMS",
                      packages=[f"linux-headers-{before.kernel_release}"], no_recommends=True)
+    # Kernels arriving later (unattended upgrades, through linux-image-<flavour>) bring their
+    # headers, so that DKMS builds the module for them, only with linux-headers-<flavour>.
+    headers_meta = headers_metapackage(before.kernel_release)
+    if settings.driver_kernel_headers == "require":
+        if headers_meta:
+            apt.packages(name=f"Install {headers_meta} so that kernels installed later come with their headers",
+                         packages=[headers_meta], no_recommends=True)
+        else:
+            host.noop(f"kernel {before.kernel_release}: no Debian/Ubuntu flavour, so no headers metapackage to follow it")
 
     # 3. The one sanctioned change, then holds --------------------------------------------------
     present = [p for p in (res.cuda_package, res.cudnn_package, *res.dcgm_packages, *res.fabric_extra_packages) if p]
@@ -296,6 +306,12 @@ def driver():
              "and running kernel packages",
         packages=managed, present=settings.driver_hold,
     )
+    image_meta = image_metapackage(before.kernel_release)
+    if settings.driver_kernel_headers == "require" and headers_meta and image_meta in held_now:
+        # Held alongside: a held headers metapackage with a moving image one would bring kernels
+        # without headers again.
+        held(name=f"Hold {headers_meta} as {image_meta} is held: new kernels and their headers move together",
+             packages=[headers_meta])
     if settings.hardening_unattended_upgrades:
         # The same file, template and list as deploys/hardening.py: whichever runs first writes it.
         files.put(

@@ -16,7 +16,8 @@ exits non-zero naming the host and what changed. The checks live in gpufleet/val
 GPUFLEET_VALIDATE_PROBE: 0 leaves out the DCGM and performance probes; by default they run when
 this file runs on its own, and at the end of all.py only on hosts the run changed (a no-op re-run
 of a whole fleet must not load every GPU for seconds); `always` runs them at the end of all.py
-too.
+too. GPUFLEET_VALIDATE_PROBE_DEVICE=cpu runs the performance probe's small CPU variant instead
+(PyTorch without a CUDA device: the test hosts).
 """
 from __future__ import annotations
 

@@ -214,3 +214,79 @@ def parse_cdi(output: Sequence[str]) -> CdiState:
     devices = [line.strip() for line in sections.get("list", []) if re.fullmatch(r"\S+/\S+=\S+", line.strip())]
     return CdiState(ctk=values.get("ctk") == "yes", spec_mtime=opt_num("spec_mtime"),
                     driver_mtime=opt_num("driver_mtime"), devices=devices)
+
+
+# --------------------------------------------------------------------------------------------
+# The running daemon: live-restore, and the containers using GPUs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DockerLiveState(JsonMixin):
+    answered: bool = False                 # dockerd answered `docker info`
+    live_restore: bool = False             # LiveRestoreEnabled of the running daemon
+    gpu_containers: list[str] = field(default_factory=list)  # names of running containers using GPUs
+    containers: int = 0                    # running containers, GPU or not
+
+
+def container_uses_gpu(inspect: dict) -> bool:
+    """A running container with GPUs: a --gpus request (driver nvidia or capability gpu), a CDI
+    device of NVIDIA's kinds (--device nvidia.com/gpu=...), a /dev/nvidia* device, or the nvidia
+    runtime with NVIDIA_VISIBLE_DEVICES naming GPUs (the toolkit's legacy mode, CUDA images set it)."""
+    hc = inspect.get("HostConfig") or {}
+    for req in hc.get("DeviceRequests") or []:
+        caps = [c for group in (req.get("Capabilities") or []) for c in (group or [])]
+        if req.get("Driver") == "nvidia" or "gpu" in caps:
+            return True
+        if req.get("Driver") == "cdi" and any(str(d).startswith("nvidia.com/") for d in req.get("DeviceIDs") or []):
+            return True
+    for dev in hc.get("Devices") or []:
+        path = str(dev.get("PathOnHost") or "")
+        if path.startswith(("nvidia.com/", "/dev/nvidia")):
+            return True
+    if hc.get("Runtime") == "nvidia":
+        env = dict(e.split("=", 1) for e in ((inspect.get("Config") or {}).get("Env") or []) if "=" in e)
+        if env.get("NVIDIA_VISIBLE_DEVICES", "").strip().lower() not in ("", "void", "none"):
+            return True
+    return False
+
+
+def parse_docker_live(output: Sequence[str]) -> DockerLiveState:
+    import json
+
+    sections, values = split_sections(output)
+    live = values.get("live_restore")
+    if live is None:
+        return DockerLiveState()
+    gpu, count = [], 0
+    for line in sections.get("containers", []):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            raise fail("docker inspect: not JSON", line[:120]) from None
+        count += 1
+        if isinstance(doc, dict) and container_uses_gpu(doc):
+            gpu.append(str(doc.get("Name") or doc.get("Id", "?")[:12]).lstrip("/"))
+    return DockerLiveState(answered=True, live_restore=live == "true", gpu_containers=gpu, containers=count)
+
+
+class DockerLive(FactBase):
+    """The running dockerd's live-restore and its running containers that use GPUs (asked only
+    when daemon.json must change: never on a no-op run)."""
+
+    @override
+    def command(self) -> str:
+        return with_values(
+            "command -v docker >/dev/null 2>&1 || exit 0; "
+            "l=$(timeout 20 docker info --format '{{.LiveRestoreEnabled}}' 2>/dev/null) || exit 0; "
+            'echo "$mark live_restore $l"; echo "$mark begin containers"; '
+            "ids=$(timeout 20 docker ps -q --no-trunc 2>/dev/null); "
+            "[ -z \"$ids\" ] || timeout 20 docker inspect --format '{{json .}}' $ids 2>/dev/null; true",
+            mark=MARK)
+
+    @override
+    def process(self, output: list[str]) -> DockerLiveState:  # type: ignore[override]
+        return parse_docker_live(output)

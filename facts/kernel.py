@@ -92,6 +92,9 @@ class DriverStateData(JsonMixin):
     secure_boot: SecureBootState = "unknown"
     kernel_release: str | None = None  # uname -r
     kernel_headers: bool = False  # /lib/modules/$(uname -r)/build exists
+    # Kernels installed in /lib/modules (release -> an nvidia module is there for it: DKMS's
+    # updates/dkms, or a prebuilt package's); what the next boot may load.
+    installed_kernels: dict[str, bool] = field(default_factory=dict)
     # GPUs the loaded module drives; still readable when nvidia-smi fails.
     kernel_gpus: list[KernelGpu] = field(default_factory=list)
 
@@ -277,6 +280,10 @@ def parse_driver_state(lines: Sequence[str]) -> DriverStateData:
     kernel = key_values(sections["kernel"], "DriverState kernel section")
     secure = key_values(sections["secure-boot"], "DriverState secure-boot section")
     reboot_packages = sorted({line.strip() for line in nonblank(sections.get("reboot-pkgs", []))})
+    installed_kernels = {}
+    for line in nonblank(sections.get("kernels", [])):
+        release, _, has = line.strip().partition(" ")
+        installed_kernels[release] = has == "nvidia"
 
     return DriverStateData(
         module_version=module_version,
@@ -292,6 +299,7 @@ def parse_driver_state(lines: Sequence[str]) -> DriverStateData:
         secure_boot=_secure_boot(secure),
         kernel_release=kernel.get("release") or None,
         kernel_headers=kernel.get("headers") == "yes",
+        installed_kernels=installed_kernels,
         kernel_gpus=parse_proc_gpus(sections["proc-gpus"]),
     )
 
@@ -319,6 +327,14 @@ DRIVER_STATE_COMMAND = with_values("\n".join(
         'r=$(uname -r 2>/dev/null); echo "release=$r"',
         'if [ -n "$r" ] && [ -e "/lib/modules/$r/build" ]; then echo headers=yes; else echo headers=no; fi',
         "if [ -e /run/reboot-required ]; then echo reboot_required=yes; fi",
+        begin("kernels"),
+        # An installed kernel has modules.order (or kernel/); headers alone only make build/.
+        "for d in /lib/modules/*/; do",
+        '  d=${d%/}; [ -e "$d/modules.order" ] || [ -d "$d/kernel" ] || continue; m=none',
+        '  for f in "$d"/updates/dkms/nvidia.ko* "$d"/updates/nvidia.ko* "$d"/extra/nvidia.ko* '
+        '"$d"/kernel/nvidia*/nvidia.ko* "$d"/kernel/drivers/video/nvidia.ko*; do [ -e "$f" ] && m=nvidia && break; done',
+        '  echo "${d##*/} $m"',
+        "done",
         begin("reboot-pkgs"),
         "cat /run/reboot-required.pkgs 2>/dev/null",
         begin("secure-boot"),

@@ -694,6 +694,8 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "docker_toolkit_repo_fingerprint": FINGERPRINT,
         "docker_toolkit_version": _text(r"\d+\.\d+\.\d+(-\d+)?", "a container toolkit package version such as 1.18.0-1"),
         "docker_smoke_image": _text(r"none|[a-z0-9][\w.\-/:@]*", "none, or an image reference such as ubuntu:24.04"),
+        "docker_live_restore": _bool(),
+        "docker_restart_with_gpu_containers": _enum("never", "live-restore", "always"),
         "tuning_omp_threads": KeySpec(_check_omp, lambda: "auto | integer >= 1"),
         # ">" only as the catch-all of a roundup_power2_divisions list, e.g. [256:1,>:8]
         "tuning_pytorch_alloc_conf": KeySpec(_check_alloc_conf, _alloc_allowed, permits=">"),

@@ -67,6 +67,8 @@ class Settings:
     docker_toolkit_repo_fingerprint: str
     docker_toolkit_version: str
     docker_smoke_image: str
+    docker_live_restore: bool
+    docker_restart_with_gpu_containers: str
     tuning_omp_threads: Any  # "auto" | int
     tuning_pytorch_alloc_conf: str
     tuning_nccl_debug_vars: bool

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -243,6 +244,29 @@ def driver_versions_agree(ctx: Context) -> Result:
 
 
 @check("driver")
+def kernels_have_the_module(ctx: Context) -> Result:
+    """A kernel installed after the driver (unattended upgrades) boots without GPUs unless DKMS
+    built the module for it, which needs that kernel's headers (linux-headers-<flavour>)."""
+    from .kernels import headers_metapackage
+
+    name = "every installed kernel has the nvidia module"
+    drv = ctx.driver
+    if not drv.userspace_version:
+        return Result("driver", name, SKIP, "no NVIDIA driver installed")
+    if not drv.installed_kernels:
+        return Result("driver", name, SKIP, "no kernel in /lib/modules (a container runs its host's kernel)")
+    missing = [release for release, has in sorted(drv.installed_kernels.items())
+               if not has and not (release == drv.kernel_release and drv.module_loaded)]
+    if not missing:
+        return Result("driver", name, PASS, f"{len(drv.installed_kernels)} kernel(s)")
+    meta = sorted({m for m in map(headers_metapackage, missing) if m})
+    how = (f"install {' '.join(meta)} (deploys/all.py does, for the running kernel's flavour), then "
+           "`dkms autoinstall -k RELEASE` for each" if meta else "install their headers, then `dkms autoinstall -k RELEASE`")
+    return Result("driver", name, WARN, f"no nvidia module for {', '.join(missing)}: booting "
+                  f"{'it' if len(missing) == 1 else 'one'} leaves the GPUs without a driver", how)
+
+
+@check("driver")
 def fabric_manager_active(ctx: Context) -> Result:
     name = "Fabric Manager is active where NVSwitch is present"
     if not ctx.hardware().nvswitch:
@@ -442,12 +466,20 @@ def dcgm_diag(ctx: Context) -> Result:
     return Result("probe", name, FAIL, what, "look at `dcgmi diag -r 1`; replace or reseat the GPU")
 
 
+def probe_arguments() -> dict[str, Any]:
+    """PerfProbe's arguments: GPUFLEET_VALIDATE_PROBE_DEVICE=cpu runs its small CPU variant
+    (hosts with PyTorch but no CUDA device, such as the test hosts; no minimums apply)."""
+    if os.environ.get("GPUFLEET_VALIDATE_PROBE_DEVICE", "cuda").strip().lower() == "cpu":
+        return {"device": "cpu", "size": 512, "iters": 3, "copy_mib": 64, "allreduce_mib": 16}
+    return {}
+
+
 @check("probe")
 def performance(ctx: Context) -> Result:
     name = "bf16 matmul, memory and all-reduce bandwidth reach the expected minimums"
     if not ctx.probe:
         return Result("probe", name, SKIP, ctx.probe_skip)
-    lines = ctx.fact(PerfProbe)
+    lines = ctx.fact(PerfProbe, **probe_arguments())
     models = {g.index: g.name for g in ctx.gpu.gpus} if ctx.gpu.ok else {}
     nvlink = False
     if ctx.gpu.ok and len(ctx.gpu.gpus) > 1:

@@ -13,10 +13,10 @@ from io import StringIO
 from typing import Sequence
 
 from pyinfra import host, logger
-from pyinfra.api import OperationError, QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, OperationError, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
-from facts.docker import DaemonJson, DockerEngine, NvidiaCdi
+from facts.docker import DaemonJson, DockerEngine, DockerLive, DockerLiveState, NvidiaCdi
 from facts.packages import KeyringFingerprints
 from facts.gpu import GpuState
 from gpufleet import dockerconf
@@ -61,14 +61,29 @@ def apt_keyring(path: str, key_url: str, fingerprint: str):
                         QuoteString(key_url), QuoteString(fingerprint), QuoteString(path))
 
 
-@operation()
-def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEMON_JSON):
-    """Merge gpufleet's keys into Docker's daemon.json, keeping every other key; write only when
-    the merged JSON differs. Where dockerd has `--validate` (Docker 23+) the new file is checked
-    before it replaces the old one; otherwise that is said, not pretended.
+# Host name -> (keys, why) of daemon.json changes left for a later restart; listed at the end of
+# the run by deploys/docker.py (as a driver waiting for its reboot is).
+PENDING: dict[str, tuple[tuple[str, ...], str]] = {}
+_LIVE_RESTORE_CHECK = (
+    'l=$(timeout 20 docker info --format "{{.LiveRestoreEnabled}}" 2>/dev/null); '
+    '[ "$l" = true ] || { echo "gpufleet: live-restore is not on in the running dockerd (docker info: ${l:-no answer}): '
+    'not restarting it under running containers" >&2; exit 1; }')
 
-    + defaults: the host's DockerDefaults (runtime, CDI, shm size, ulimits)
+
+@operation()
+def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEMON_JSON,
+                restart_with_gpu_containers: str = "live-restore", restart_for: Sequence[str] = ()):
+    """Merge gpufleet's keys into Docker's daemon.json, keeping every other key; write only when
+    the merged JSON differs, and bring the running dockerd to it without killing GPU work: a
+    reload (SIGHUP) where the changed keys allow it, a restart only where no GPU container runs
+    or live-restore keeps them running (dockerconf.apply_plan); otherwise the restart-needing
+    keys are left out of the file and reported pending. Where dockerd has `--validate` (Docker
+    23+) the new file is checked before it replaces the old one; otherwise that is said.
+
+    + defaults: the host's DockerDefaults (runtime, CDI, shm size, ulimits, live-restore)
     + path: daemon.json path
+    + restart_with_gpu_containers: never | live-restore | always (docker_restart_with_gpu_containers)
+    + restart_for: other reasons dockerd needs a restart (applied under the same rules)
     """
     current = host.get_fact(DaemonJson, path=path)
     try:
@@ -77,16 +92,48 @@ def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEM
         # The deploy fails the host at planning time; this is the race where it broke since.
         raise OperationError(f"{path} is malformed ({exc}); left untouched") from None
     merged = dockerconf.merge(existing, defaults)
-    if not dockerconf.needs_write(existing, merged):
+    write = dockerconf.needs_write(existing, merged)
+    # Nothing asked of dockerd on a no-op run (restart_for is empty once the toolkit is there).
+    engine = host.get_fact(DockerEngine) if write or restart_for else None
+    if engine is None or (not write and not engine.running):
         host.noop(f"{path} already has gpufleet's keys")
         return
-    replaced = dockerconf.replaced_keys(existing, merged)
+    live = host.get_fact(DockerLive) if engine.running else DockerLiveState()
+    # A dockerd that does not answer may still run containers: assume it does.
+    unknown = [] if live.answered or not engine.running else ["(dockerd did not answer `docker ps`)"]
+    plan = dockerconf.apply_plan(existing, merged, running=engine.running,
+                                 live_restore_on=live.live_restore, gpu_containers=live.gpu_containers or unknown,
+                                 policy=restart_with_gpu_containers, containers=live.containers,
+                                 restart_for=tuple(restart_for))
+    if plan.pending:
+        PENDING[host.name] = (plan.pending, plan.why)
+        _say(f"daemon.json change PENDING (not applied): {', '.join(plan.pending)} need a Docker restart; "
+             f"{plan.why}. It is applied by the first run after they stop")
+    else:
+        PENDING.pop(host.name, None)
+    replaced = [k for k in dockerconf.replaced_keys(existing, merged) if k.split(".")[0] not in plan.pending]
     if replaced and _executing():
         logger.warning(f"{host.print_prefix}daemon.json: the tier's value replaces the operator's for "
                        f"{', '.join(replaced)} (override in the inventory to keep it)")
-    engine = host.get_fact(DockerEngine)
-    text = dockerconf.render(merged)
-    yield from files.directory._inner(path=path.rsplit("/", 1)[0] or "/", mode="755")
+    if any(step[0].startswith("write") for step in plan.steps):
+        yield from files.directory._inner(path=path.rsplit("/", 1)[0] or "/", mode="755")
+    for step in plan.steps:
+        if step[0] in ("write", "write-reloadable"):
+            doc = merged if step[0] == "write" else dockerconf.partial(existing, merged, list(step[1]))
+            yield from _write(engine, path, dockerconf.render(doc))
+        elif step[0] == "reload":
+            # docker.service's ExecReload sends dockerd SIGHUP: the reloadable keys apply in place.
+            yield StringCommand("systemctl", "reload", "docker.service")
+        elif step[0] == "check-live-restore":
+            yield StringCommand("sh", "-c", QuoteString(_LIVE_RESTORE_CHECK))
+        elif step[0] == "restart":
+            # docker.service allows 3 starts a minute (StartLimitBurst): right after the package's
+            # own start or an operator's restart, a refused start would leave dockerd down.
+            yield StringCommand("sh", "-c", QuoteString(
+                "systemctl reset-failed docker.service 2>/dev/null; systemctl restart docker.service"))
+
+
+def _write(engine, path: str, text: str):
     if engine.can_validate:
         staged = f"{path}.gpufleet-new"
         yield from files.put._inner(src=StringIO(text), dest=staged, mode="644")
@@ -162,4 +209,24 @@ def gpu_smoke_test(image: str, expected: bool = True):
     if reason is not None:
         logger.warning(f"{host.print_prefix}GPU smoke test SKIPPED (not passed): {reason}")
         return
-    yield StringCommand("docker", "run", "--rm", "--gpus", "all", QuoteString(image), "nvidia-smi", "-L")
+    uuids = [g.uuid for g in gpus.gpus if getattr(g, "uuid", None)]
+    yield FunctionCommand(_smoke_run, (image, uuids), {})
+
+
+def _smoke_run(state, host, image: str, uuids: list[str]) -> bool:
+    """Run the container, print what it sees, and pass only when it lists every GPU of the host."""
+    ok, out = host.run_shell_command(StringCommand(
+        "timeout", "300", "docker", "run", "--rm", "--gpus", "all", QuoteString(image), "nvidia-smi", "-L"))
+    lines = [line.strip() for line in (out.stdout_lines if out else []) if line.strip()]
+    errors = [line.strip() for line in (out.stderr_lines if out else []) if line.strip() and "WARNING" not in line]
+    for line in lines:
+        logger.info(f"{host.print_prefix}GPU smoke test: container sees {line}")
+    missing = [u for u in uuids if not any(u in line for line in lines)]
+    if ok and lines and not missing:
+        logger.info(f"{host.print_prefix}GPU smoke test PASSED: `docker run --gpus all {image} nvidia-smi -L` "
+                    f"lists all {len(uuids)} GPU(s) of the host")
+        return True
+    why = (f"exit status non-zero: {errors[-1] if errors else 'no output'}" if not ok else
+           f"the container does not see {', '.join(missing)}" if missing else "the container listed no GPU")
+    logger.error(f"{host.print_prefix}GPU smoke test FAILED: {why}")
+    return False

@@ -153,6 +153,87 @@ fi
 exit 0"""
 
 
+# Stand-in `nvidia-container-runtime-hook prestart`: what the real hook does through
+# nvidia-container-cli (mount the driver's user space into a GPU container before it starts),
+# done for the GPU SIMULATOR: when the container asks for GPUs (NVIDIA_VISIBLE_DEVICES, which
+# `docker run --gpus` sets), the simulator's nvidia-smi and its data are bind-mounted read-only
+# into the container's root, inside its mount namespace (runc passes the state on stdin); its
+# GPU state (/run/gpusim) read-write, as a container shares the real GPUs' state. The
+# image must bring python3 (the simulator's interpreter), as a real image brings libc.
+_HOOK = r"""[ "$1" = prestart ] || exit 0
+exec python3 -c '
+import json, os, subprocess, sys
+state = json.load(sys.stdin)
+bundle = state["bundle"]
+with open(os.path.join(bundle, "config.json")) as f:
+    cfg = json.load(f)
+root = cfg["root"]["path"]
+root = root if os.path.isabs(root) else os.path.join(bundle, root)
+env = dict(e.split("=", 1) for e in cfg.get("process", {}).get("env", []) if "=" in e)
+if env.get("NVIDIA_VISIBLE_DEVICES", "").strip().lower() in ("", "void", "none"):
+    sys.exit(0)
+script = "set -e\n"
+for src, ro in (("/usr/lib/gpusim", True), ("/etc/gpusim", True), ("/run/gpusim", False)):
+    if os.path.isdir(src):
+        dst = root + src
+        script += f"mkdir -p {dst} && mount --bind {src} {dst}\n"
+        script += f"mount -o remount,bind,ro {dst}\n" if ro else ""
+script += f"mkdir -p {root}/usr/bin && ln -sfn ../lib/gpusim/nvidia-smi {root}/usr/bin/nvidia-smi\n"
+subprocess.run(["nsenter", "-t", str(state["pid"]), "-m", "sh", "-c", script], check=True)
+'"""
+
+
+# Stand-in `dcgmi diag -r 1` (DCGM's quick run level) against the GPU SIMULATOR. No recording
+# of DCGM exists in tests/fixtures: the table layout is hand-written after DCGM 3/4's documented
+# output ("| Test | Pass |" rows under Metadata / Deployment), and the verdicts come from the
+# simulated GPUs: none visible -> the NVML check fails, persistence off -> "Persistence Mode"
+# fails (exit 226, as the real one exits non-zero on a failure). Like the real dcgmi it needs
+# the host engine (nvidia-dcgm.service) running.
+_DCGMI = r"""case "$1" in
+  --version|-v) echo "dcgmi  version: 4.4.0 (gpufleet stand-in)"; exit 0;;
+  diag) ;;
+  *) echo "gpufleet stand-in dcgmi: only 'dcgmi diag -r 1'" >&2; exit 2;;
+esac
+if ! systemctl is-active --quiet nvidia-dcgm.service; then
+  echo "Error: unable to establish a connection to the specified host: localhost"
+  echo "Error: Unable to connect to host engine. Host engine connection invalid/disconnected."
+  exit 255
+fi
+rows=$(nvidia-smi --query-gpu=pci.device_id,driver_version,persistence_mode --format=csv,noheader 2>/dev/null)
+row() { printf '| %-25s | %-46s |
+' "$1" "$2"; }
+nvml=Pass; pm=Pass; ids=""; drv=""
+if [ -z "$rows" ]; then nvml=Fail; pm=Skip; fi
+while IFS=, read -r id d p; do
+  [ -n "$id" ] || continue
+  ids="${ids:+$ids,}$(echo "$id" | sed 's/^ *0x\(....\).*/\1/')"; drv=$(echo "$d" | tr -d ' ')
+  case "$p" in *Enabled*) ;; *) pm=Fail;; esac
+done <<EOF
+$rows
+EOF
+echo "Successfully ran diagnostic for group."
+echo "+---------------------------+------------------------------------------------+"
+row Diagnostic Result
+echo "+===========================+================================================+"
+echo "|-----  Metadata  ----------+------------------------------------------------|"
+row "DCGM Version" "4.4.0 (gpufleet stand-in)"
+row "Driver Version Detected" "${drv:-none}"
+row "GPU Device IDs Detected" "${ids:-none}"
+echo "|-----  Deployment  --------+------------------------------------------------|"
+row Denylist Pass
+row "NVML Library" "$nvml"
+row "CUDA Main Library" Pass
+row "Permissions and OS Blocks" Pass
+row "Persistence Mode" "$pm"
+row "Environment Variables" Pass
+row "Page Retirement/Row Remap" Pass
+row "Graphics Processes" Pass
+row Inforom Pass
+echo "+---------------------------+------------------------------------------------+"
+case "$nvml$pm" in *Fail*) exit 226;; esac
+exit 0"""
+
+
 def _unit(desc: str, exec_start: str, service_type: str = "simple") -> str:
     return (f"# {STAND_IN_NOTE}\n[Unit]\nDescription={desc} (gpufleet test stand-in)\n\n"
             f"[Service]\nType={service_type}\nExecStart={exec_start}\n\n[Install]\nWantedBy=multi-user.target\n")
@@ -268,6 +349,7 @@ def default_packages() -> list[Pkg]:
     for ver in DCGM:
         pkgs.append(Pkg("datacenter-gpu-manager-4-core", ver, files=(
             ("/usr/bin/nv-hostengine", _script("nv-hostengine", "exec sleep infinity"), 0o755),
+            ("/usr/bin/dcgmi", _script("dcgmi", _DCGMI), 0o755),
             ("/lib/systemd/system/nvidia-dcgm.service", _unit("NVIDIA DCGM service", "/usr/bin/nv-hostengine -n"), 0o644),
         ), description="NVIDIA Datacenter GPU Management Tools (core)", source="dcgm"))
         for cm in ("12", "13"):
@@ -291,7 +373,7 @@ def default_packages() -> list[Pkg]:
             Pkg("nvidia-container-toolkit", ver,
                 (f"nvidia-container-toolkit-base (= {ver})", f"libnvidia-container-tools (>= {ver})",
                  "libnvidia-container-tools (<< 2.0.0)"), files=(
-                ("/usr/bin/nvidia-container-runtime-hook", _script("nvidia-container-runtime-hook", "exit 0"), 0o755),),
+                ("/usr/bin/nvidia-container-runtime-hook", _script("nvidia-container-runtime-hook", _HOOK), 0o755),),
                 description="NVIDIA Container toolkit", repo="container", source="container"),
         ]
     return pkgs

@@ -51,6 +51,26 @@ BASE_PACKAGES = (
 )
 BASE_RECIPE_VERSION = 1
 
+# What runc needs to start a container inside a host (`up(..., containers=True)`), measured on
+# this kind of machine (hybrid cgroups, systemd-nspawn 252), one failure after the other:
+# - "unable to apply cgroup configuration: mkdir /sys/fs/cgroup/cpuset/docker: read-only file
+#   system": nspawn mounts the v1 controllers read-only. A pure cgroup v2 tree inside the host
+#   (nspawn's environment switch below) is writable below the host's own cgroup; it has no
+#   controllers, so containers run without resource limits (`docker info` warns).
+# - "unable to join session keyring: unable to create session key: operation not permitted":
+#   nspawn's seccomp filter refuses the keyring calls (@keyring).
+# - "bpf_prog_query(BPF_CGROUP_DEVICE) failed: operation not permitted": cgroup v2 device rules
+#   are eBPF programs (bpf).
+# - "error during container init: operation not permitted" (netlink: bringing the container's
+#   loopback up) and "failed to create default sandbox" (--network host): CAP_NET_ADMIN, which a
+#   host gets only in a network namespace of its own (private_network).
+# - (not fixable here) "error setting rlimits for ready process: error setting rlimit type 8:
+#   operation not permitted": a container's memlock above dockerd's hard limit (the tiers'
+#   default-ulimits memlock -1) needs CAP_SYS_RESOURCE, which even root lacks on this machine
+#   (CapBnd without it; hard RLIMIT_MEMLOCK 8 MiB): tests give such hosts a memlock within it.
+CONTAINER_NSPAWN_ENV = {"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
+CONTAINER_NSPAWN = ("--system-call-filter=@keyring bpf",)
+
 # /etc/docker/daemon.json every test host starts with (see _personalise).
 TEST_HOST_DOCKER_CONFIG = {
     "bridge": "none", "iptables": False, "ip6tables": False, "ip-forward": False,
@@ -162,6 +182,7 @@ class Host:
     # ...`); their address exists only there and in the host's own namespace.
     netns: str | None = None
     forward: list[int] = dataclasses.field(default_factory=list)  # machine ports the host reaches
+    containers: bool = False  # booted so that dockerd can start containers (CONTAINER_NSPAWN)
 
     @property
     def host_netns(self) -> str | None:
@@ -281,13 +302,17 @@ def _alive(pid: int) -> bool:
 
 def up(count: int, release: str = "bookworm", gpu: str | None = None, pool: str = DEFAULT_POOL,
        names: list[str] | None = None, timeout: float = 120, private_network: bool = False,
-       forward: list[int] | tuple[int, ...] = ()) -> list[Host]:
+       forward: list[int] | tuple[int, ...] = (), containers: bool = False) -> list[Host]:
     """Boot `count` new hosts in `pool` and wait until systemd reports them running.
 
     `private_network`: each host in a network namespace of its own (CAP_NET_ADMIN there, so
     nftables loads for real), joined by veth to the pool's client namespace (see
     _private_network); `forward`: ports of the machine's 127.0.0.1 (a stand-in apt repository)
-    the host reaches on its own 127.0.0.1."""
+    the host reaches on its own 127.0.0.1; `containers`: boot them so that Docker can start
+    containers inside (CONTAINER_NSPAWN; needs `private_network`)."""
+    if containers and not private_network:
+        raise ValueError("containers=True needs private_network=True (runc brings up the container's "
+                         "loopback: CAP_NET_ADMIN, which a host gets only in a network of its own)")
     base = ensure_base(release)
     if gpu:
         from testing import gpusim
@@ -313,7 +338,7 @@ def up(count: int, release: str = "bookworm", gpu: str | None = None, pool: str 
         if private_network:
             hosts.append(Host(name=name, address=f"{PRIVATE_NET_PREFIX}.{net}.{last}", release=release,
                               gpu=gpu, pool=pool, ssh_key=str(key), netns=_client_netns(pool),
-                              forward=[int(p) for p in forward]))
+                              forward=[int(p) for p in forward], containers=containers))
         else:
             hosts.append(Host(name=name, address=f"127.0.{net}.{last}", release=release, gpu=gpu,
                               pool=pool, ssh_key=str(key)))
@@ -528,7 +553,8 @@ def _boot(host: Host, base: Path) -> None:
         (hdir / "network.json").write_text(json.dumps({"netns": host.host_netns, "relays": _relays(host)}))
     nspawn = [
         "systemd-nspawn", "--quiet", "--register=no", "--keep-unit", f"--machine={host.name}",
-        "--console=read-only", "-D", str(host.root), *extra, "--boot",
+        "--console=read-only", "-D", str(host.root), *extra,
+        *(CONTAINER_NSPAWN if host.containers else ()), "--boot",
     ]
     (hdir / "nspawn.json").write_text(json.dumps(nspawn))
     cgroups = _cgroup_dirs(host)
@@ -539,6 +565,7 @@ def _boot(host: Host, base: Path) -> None:
         [sys.executable, "-m", "testing.testhosts", "_supervise", str(hdir)],
         stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
         cwd=str(Path(__file__).resolve().parent.parent),
+        env={**os.environ, **(CONTAINER_NSPAWN_ENV if host.containers else {})},
     )
     host.pid = proc.pid
     (hdir / "meta.json").write_text(json.dumps(host.as_dict(), indent=1))
@@ -787,6 +814,8 @@ def main(argv: list[str] | None = None) -> int:
                            "client namespace (list --json: netns)")
     p_up.add_argument("--forward", metavar="PORT", type=int, action="append", default=[],
                       help="with --private-network: a port of the machine's 127.0.0.1 the hosts reach on theirs")
+    p_up.add_argument("--containers", action="store_true",
+                      help="with --private-network: boot so that Docker can start containers inside")
     p_list = sub.add_parser("list", help="running hosts")
     p_list.add_argument("--json", action="store_true")
     p_list.add_argument("--all", action="store_true", help="every pool")
@@ -809,7 +838,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "up":
         t0 = time.monotonic()
         hosts = up(args.count, args.release, args.gpu, args.pool, private_network=args.private_network,
-                   forward=args.forward)
+                   forward=args.forward, containers=args.containers)
         log(f"{len(hosts)} host(s) up in {time.monotonic() - t0:.1f} s")
         _print_hosts(hosts, as_json=False)
     elif args.cmd == "list":

@@ -5,8 +5,10 @@ local repository (testing/aptrepo.py), the engine as Debian's real docker.io.
 dockerd runs inside these containers only with an operator configuration that avoids what nspawn
 forbids (iptables, IP forwarding, overlay mounts): the pre-existing daemon.json the tests write is
 exactly such an operator file, so "keeps the operator's keys" is also what keeps dockerd alive.
-Containers themselves cannot start here (read-only cgroup tree), so the GPU smoke test can only
-be seen skipping with its reason.
+These hosts share the machine's network, where containers cannot start (runc needs CAP_NET_ADMIN
+for the container's loopback, and more: testing/testhosts.py CONTAINER_NSPAWN), and the smoke
+image is not pullable: here the smoke test says why it did not run. It runs for real, printing
+the simulated GPUs, on the `--containers` host of tests/e2e/test_docker_gpu.py.
 
 The run is base + docker (the deploy under test), not all.py: the driver, tuning, hardening and
 validate steps are separate issues.

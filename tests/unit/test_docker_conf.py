@@ -29,6 +29,7 @@ def test_merge_adds_runtime_and_tier_defaults():
             "stack": {"Hard": 67108864, "Name": "stack", "Soft": 67108864},
         },
         "features": {"cdi": True},
+        "live-restore": True,
         "runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}},
     }
 
@@ -116,3 +117,88 @@ def test_defaults_from_settings():
     d = DockerDefaults.from_settings(s)
     assert d.shm_size == "64g" and d.default_runtime == "nvidia" and d.cdi is True
     assert d.ulimits == {"memlock": -1, "stack": 67108864}
+
+
+# ---- applying a change without killing GPU work ----------------------------------------------
+
+def _plan(existing, merged, **kw):
+    args = dict(running=True, live_restore_on=False, gpu_containers=[], policy="live-restore", containers=0)
+    args.update(kw)
+    return dockerconf.apply_plan(existing, merged, **args)
+
+
+def test_changed_keys_and_partial():
+    old = {"a": 1, "b": {"x": 1}, "gone": True}
+    new = {"a": 1, "b": {"x": 2}, "c": 3}
+    assert dockerconf.changed_keys(old, new) == ["b", "c", "gone"]
+    assert dockerconf.partial(old, new, ["c", "gone"]) == {"a": 1, "b": {"x": 1}, "c": 3}
+
+
+def test_only_reloadable_keys_changed_is_a_reload_never_a_restart():
+    old = merge(OPERATOR, TIER)
+    new = dict(old, **{"default-shm-size": "2g", "registry-mirrors": []})
+    plan = _plan(old, new, gpu_containers=["train"])
+    assert plan.steps == (("write",), ("reload",)) and not plan.pending
+
+
+def test_nothing_changed_and_engine_down():
+    merged = merge(None, TIER)
+    assert _plan(merged, merged).steps == ()
+    assert _plan(None, merged, running=False).steps == (("write",),)
+
+
+def test_restart_when_idle():
+    old = {"log-driver": "json-file"}
+    assert _plan(old, merge(old, TIER)).steps == (("write",), ("restart",))
+
+
+def test_live_restore_switched_on_by_reload_before_a_restart_under_running_gpu_containers():
+    old = {"log-driver": "json-file"}
+    plan = _plan(old, merge(old, TIER), gpu_containers=["train"])
+    assert plan.steps[0][0] == "write-reloadable" and "live-restore" in plan.steps[0][1]
+    assert "default-ulimits" not in plan.steps[0][1] and "features" not in plan.steps[0][1]
+    assert plan.steps[1:] == (("reload",), ("check-live-restore",), ("write",), ("restart",))
+    assert not plan.pending
+    # the same with other (non-GPU) containers: they survive too
+    assert _plan(old, merge(old, TIER), containers=2).steps[1:] == plan.steps[1:]
+
+
+def test_live_restore_already_on_restart_is_checked_first():
+    old = dict(merge(None, TIER), **{"default-ulimits": {}})
+    plan = _plan(old, merge(None, TIER), gpu_containers=["train"], live_restore_on=True)
+    assert plan.steps == (("check-live-restore",), ("write",), ("restart",))
+
+
+def test_pending_when_gpu_containers_run_and_nothing_keeps_them():
+    no_live = TIER.__class__(**{**TIER.__dict__, "live_restore": False})
+    old = {"log-driver": "json-file"}
+    plan = _plan(old, merge(old, no_live), gpu_containers=["train", "infer"])
+    assert plan.pending == ("default-ulimits", "features")
+    assert plan.steps[0] == ("write-reloadable", ("default-runtime", "default-shm-size", "live-restore", "runtimes"))
+    assert plan.steps[1:] == (("reload",),)
+    assert "2 GPU container(s) running (train, infer)" in plan.why and "live-restore is off" in plan.why
+    never = _plan(old, merge(old, TIER), gpu_containers=["train"], policy="never")
+    assert never.pending == ("default-ulimits", "features") and "never" in never.why
+    # a second run over the partly written file: still pending, nothing written
+    partial_file = dockerconf.partial(old, merge(old, no_live), list(plan.steps[0][1]))
+    again = _plan(partial_file, merge(partial_file, no_live), gpu_containers=["train"])
+    assert again.steps == () and again.pending == ("default-ulimits", "features")
+
+
+def test_policy_always_restarts_anyway():
+    old = {"log-driver": "json-file"}
+    plan = _plan(old, merge(old, TIER), gpu_containers=["train"], policy="always", live_restore_on=True)
+    assert plan.steps == (("write",), ("restart",))
+    with pytest.raises(ValueError):
+        _plan(old, merge(old, TIER), policy="sometimes")
+
+
+def test_restart_for_the_toolkit_without_a_daemon_json_change():
+    merged = merge(None, TIER)
+    why = ("the NVIDIA container toolkit was installed",)
+    assert _plan(merged, merged, restart_for=why).steps == (("restart",),)
+    assert _plan(merged, merged, restart_for=why, running=False).steps == ()
+    busy = _plan(merged, merged, restart_for=why, gpu_containers=["train"], live_restore_on=False)
+    assert busy.steps == () and busy.pending == why
+    kept = _plan(merged, merged, restart_for=why, gpu_containers=["train"], live_restore_on=True)
+    assert kept.steps == (("check-live-restore",), ("restart",))

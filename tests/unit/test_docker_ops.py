@@ -76,6 +76,7 @@ def test_sources_lines():
 # ---- operations, planned against a fake host -----------------------------------------------
 
 class FakeHost:
+    name = "fake"
     print_prefix = "[fake] "
     current_op_global_arguments: dict = {}
 
@@ -115,22 +116,50 @@ ENGINE20 = f.DockerEngineState(dockerd_version="20.10.24", cli=True, active_stat
 
 def test_daemon_json_unchanged_yields_nothing():
     text = dockerconf.render(dockerconf.merge({"log-driver": "local"}, TIER)).encode()
-    cmds, noops = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(True, text), f.DockerEngine: ENGINE26},
-                        defaults=TIER)
+    # no DockerEngine / DockerLive fact given: a no-op run asks dockerd nothing
+    cmds, noops = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(True, text)}, defaults=TIER)
     assert cmds == [] and "already has gpufleet's keys" in noops[0]
+
+
+IDLE = f.DockerLiveState(answered=True, live_restore=False)
 
 
 def test_daemon_json_validated_where_dockerd_can():
     cmds, _ = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(True, b'{"log-driver": "local"}'),
-                                      f.DockerEngine: ENGINE26}, defaults=TIER)
+                                      f.DockerEngine: ENGINE26, f.DockerLive: IDLE}, defaults=TIER)
     assert cmds[:2] == ["DIR /etc/docker", "PUT /etc/docker/daemon.json.gpufleet-new"], cmds
     assert "dockerd --validate" in cmds[2] and "mv -f" in cmds[2]
+    assert cmds[3:] == ["sh -c 'systemctl reset-failed docker.service 2>/dev/null; systemctl restart docker.service'"]  # idle: nothing to keep alive
+
+
+def test_daemon_json_with_gpu_containers_turns_live_restore_on_by_reload_then_restarts():
+    busy = f.DockerLiveState(answered=True, live_restore=False, gpu_containers=["train"], containers=1)
+    cmds, _ = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(True, b'{"log-driver": "local"}'),
+                                      f.DockerEngine: ENGINE20, f.DockerLive: busy}, defaults=TIER)
+    assert cmds[0] == "DIR /etc/docker"
+    assert cmds[1:3] == ["PUT /etc/docker/daemon.json", "systemctl reload docker.service"]
+    assert "LiveRestoreEnabled" in cmds[3] and "not restarting it under running containers" in cmds[3]
+    assert cmds[4:] == ["PUT /etc/docker/daemon.json", "sh -c 'systemctl reset-failed docker.service 2>/dev/null; systemctl restart docker.service'"]
+
+
+def test_daemon_json_change_pending_under_gpu_containers_without_live_restore():
+    busy = f.DockerLiveState(answered=True, live_restore=False, gpu_containers=["train"], containers=1)
+    no_live = dockerconf.DockerDefaults(**{**TIER.__dict__, "live_restore": False})
+    ops.PENDING.clear()
+    cmds, noops = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(True, b'{"log-driver": "local"}'),
+                                          f.DockerEngine: ENGINE20, f.DockerLive: busy}, defaults=no_live,
+                        restart_with_gpu_containers="live-restore")
+    assert "sh -c 'systemctl reset-failed docker.service 2>/dev/null; systemctl restart docker.service'" not in cmds
+    assert cmds[-1] == "systemctl reload docker.service"  # the reloadable part only
+    assert any("daemon.json change PENDING (not applied): default-ulimits, features" in n for n in noops)
+    assert ops.PENDING["fake"][0] == ("default-ulimits", "features")
+    ops.PENDING.clear()
 
 
 def test_daemon_json_written_directly_and_said_on_docker_20():
-    cmds, noops = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(False), f.DockerEngine: ENGINE20},
-                        defaults=TIER)
-    assert cmds == ["DIR /etc/docker", "PUT /etc/docker/daemon.json"]
+    cmds, noops = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(False), f.DockerEngine: ENGINE20,
+                                          f.DockerLive: IDLE}, defaults=TIER)
+    assert cmds == ["DIR /etc/docker", "PUT /etc/docker/daemon.json", "sh -c 'systemctl reset-failed docker.service 2>/dev/null; systemctl restart docker.service'"]
     assert any("has no --validate (Docker < 23)" in n for n in noops)
 
 
@@ -164,3 +193,42 @@ def test_smoke_test_skips_with_a_reason_when_the_engine_is_down(caplog):
         cmds, _ = _plan(ops.gpu_smoke_test, {f.DockerEngine: down}, executing=True, image="ubuntu:24.04")
     assert cmds == []
     assert "GPU smoke test SKIPPED (not passed): the Docker engine is not running" in caplog.text
+
+
+# ---- the running daemon: live-restore and GPU containers ----------------------------------
+
+def _inspect(name, runtime="runc", requests=None, devices=None, env=()):
+    return {"Name": f"/{name}", "Id": name * 8, "Config": {"Env": list(env)},
+            "HostConfig": {"Runtime": runtime, "DeviceRequests": requests, "Devices": devices or []}}
+
+
+def test_gpu_containers_are_told_apart():
+    gpus_all = [{"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]], "Options": {}}]
+    assert f.container_uses_gpu(_inspect("a", requests=gpus_all))                      # --gpus all
+    assert f.container_uses_gpu(_inspect("b", requests=[{"Driver": "cdi", "DeviceIDs": ["nvidia.com/gpu=0"]}]))
+    assert f.container_uses_gpu(_inspect("c", devices=[{"PathOnHost": "/dev/nvidia0"}]))
+    assert f.container_uses_gpu(_inspect("d", runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=all"]))
+    assert not f.container_uses_gpu(_inspect("e", runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=void"]))
+    assert not f.container_uses_gpu(_inspect("f", runtime="nvidia"))                     # default runtime only
+    assert not f.container_uses_gpu(_inspect("g", devices=[{"PathOnHost": "/dev/fuse"}]))
+
+
+def test_docker_live_fact():
+    import json
+    out = f.parse_docker_live([f"{MARK} live_restore true", f"{MARK} begin containers",
+                               json.dumps(_inspect("train", requests=[{"Capabilities": [["gpu"]]}])),
+                               json.dumps(_inspect("web"))])
+    assert out.answered and out.live_restore and out.gpu_containers == ["train"] and out.containers == 2
+    assert f.parse_docker_live([]) == f.DockerLiveState()  # no docker, or dockerd did not answer
+    off = f.parse_docker_live([f"{MARK} live_restore false", f"{MARK} begin containers"])
+    assert off.answered and not off.live_restore and off.containers == 0
+
+
+def test_docker_live_fact_recorded():
+    # DockerLive's command on a Debian 12 test host (docker.io 20.10, stand-in toolkit hook),
+    # with `docker run -d --gpus all ... train` and a plain `docker run -d ... web`.
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "fixtures/facts/samples/docker-live-gpu-container.txt").read_text()
+    out = f.parse_docker_live(text.splitlines())
+    assert out.answered and not out.live_restore
+    assert out.gpu_containers == ["train"] and out.containers == 2

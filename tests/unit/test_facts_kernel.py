@@ -205,3 +205,17 @@ def test_driver_state_malformed():
         parse_driver_state(driver_output(kernel=["6.8.0-60-generic"]))
     with pytest.raises(ValueError, match="unexpected output before the first"):
         parse_driver_state(["oops", *driver_output()])
+
+
+def test_driver_state_lists_installed_kernels_and_their_nvidia_module():
+    # Recorded on a Debian 12 test host (stand-in driver: DKMS builds nothing) after
+    # `apt-get install linux-image-cloud-amd64`, the way unattended upgrades bring a kernel.
+    state = DriverState().process(lines("samples", "driver-state-kernel-installed-later.txt"))
+    assert state.kernel_release == "6.18.44-fc-v1045" and not state.kernel_headers
+    assert state.installed_kernels == {"6.1.0-57-cloud-amd64": False}
+    built = driver_output(kernel=("release=6.1.0-27-amd64", "headers=yes"))
+    built[built.index("::gpufleet:: begin reboot-pkgs"):0] = ["::gpufleet:: begin kernels", "6.1.0-27-amd64 nvidia",
+                                                               "6.1.0-28-amd64 none"]
+    state = DriverState().process(built)
+    assert state.installed_kernels == {"6.1.0-27-amd64": True, "6.1.0-28-amd64": False}
+    assert DriverState().process(driver_output()).installed_kernels == {}  # an older recording: none known

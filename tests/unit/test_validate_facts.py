@@ -35,3 +35,32 @@ def test_every_check_belongs_to_a_known_area_and_results_read_as_lines():
     line = Result("base", "the gpufleet marker matches the tier", "fail", "missing", "run deploys/all.py").line()
     assert line == "[FAIL] base: the gpufleet marker matches the tier: missing -> fix: run deploys/all.py"
     assert set(STATUSES) == {"pass", "fail", "warn", "skip"}
+
+
+def _ctx(**driver):
+    from types import SimpleNamespace
+
+    from facts.kernel import DriverStateData
+
+    return SimpleNamespace(driver=DriverStateData(**driver), settings=SimpleNamespace())
+
+
+def test_kernel_installed_later_without_the_module_warns():
+    from gpufleet.validation import kernels_have_the_module
+
+    later = _ctx(userspace_version="580.126.09", kernel_release="6.1.0-27-amd64", module_version="580.126.09",
+                 loaded_modules={"nvidia": "580.126.09"},
+                 installed_kernels={"6.1.0-27-amd64": True, "6.1.0-28-amd64": False, "6.1.0-28-cloud-amd64": False})
+    result = kernels_have_the_module(later)
+    assert result.status == "warn"
+    assert result.message.startswith("no nvidia module for 6.1.0-28-amd64, 6.1.0-28-cloud-amd64")
+    assert "linux-headers-amd64 linux-headers-cloud-amd64" in result.fix
+    ok = _ctx(userspace_version="580.126.09", kernel_release="6.1.0-27-amd64",
+              installed_kernels={"6.1.0-27-amd64": True})
+    assert kernels_have_the_module(ok).status == "pass"
+    # the running kernel's module is loaded even where it came from elsewhere (a prebuilt one)
+    loaded = _ctx(userspace_version="580.126.09", kernel_release="6.8.0-60-generic", module_version="580.126.09",
+                  installed_kernels={"6.8.0-60-generic": False})
+    assert kernels_have_the_module(loaded).status == "pass"
+    assert kernels_have_the_module(_ctx(installed_kernels={"6.1.0-28-amd64": False})).status == "skip"  # no driver
+    assert kernels_have_the_module(_ctx(userspace_version="580.126.09")).status == "skip"  # container
