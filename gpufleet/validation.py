@@ -34,6 +34,7 @@ from facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitActive
 
 from . import perf
 from .errors import Incompatible
+from .sshd_policy import expected_sshd
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 STATUSES = (PASS, FAIL, WARN, SKIP)
@@ -401,19 +402,6 @@ def containers_see_gpus(ctx: Context) -> Result:
 
 
 # --- hardening --------------------------------------------------------------------------------
-
-def expected_sshd(settings: Any) -> dict[str, str]:
-    """The settings `sshd -T` must show on a hardened host (a floor, from the tier)."""
-    yes_no = lambda flag: "yes" if flag else "no"  # noqa: E731
-    return {
-        "passwordauthentication": yes_no(settings.hardening_password_auth),
-        "kbdinteractiveauthentication": yes_no(settings.hardening_password_auth),
-        "permitemptypasswords": "no",
-        "pubkeyauthentication": "yes",
-        "permitrootlogin": settings.hardening_permit_root_login,
-        "x11forwarding": "no",
-    }
-
 
 @check("hardening")
 def sshd_hardened(ctx: Context) -> Result:
