@@ -305,3 +305,26 @@ def test_inventory_grammar(value, fragment):
     [line] = _problems({"pytorch_version": value})
     assert line.startswith("host gpu-h01: key 'pytorch_version': ") and fragment in line
     assert "allowed: none, 2.14" in line
+
+
+# --- validation gate: mixed GPUs are said, with what they mean -----------------------------------
+
+
+class _Ctx:
+    def __init__(self, names):
+        self.models = tuple(model_for_name(n) for n in names)
+
+    def hardware(self):
+        return self
+
+
+def test_validation_warns_about_mixed_gpus():
+    from gpufleet.validation import PASS, WARN, one_gpu_model
+
+    same = one_gpu_model(_Ctx([H200] * 2))
+    assert (same.status, same.message) == (PASS, f"2 x {H200}")
+    mixed = one_gpu_model(_Ctx([A100, A100, T4]))
+    assert mixed.status == WARN
+    assert "different compute capability and memory" in mixed.message.lower()
+    assert "NVIDIA A100-SXM4-80GB: CUDA_VISIBLE_DEVICES=0,1; Tesla T4: CUDA_VISIBLE_DEVICES=2" in mixed.message
+    assert "one GPU model per host" in mixed.fix
