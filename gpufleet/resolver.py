@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from .compat import CompatData, DistroOffer, DriverBranch, compat_data
 from .errors import Incompatible
 from .gpus import ClockPair, GpuModel, to_models
+from .pytorch import PytorchChoice, choose_pytorch
 from .versions import at_least, branch_of, major, normalise_branch, parse
 
 AUTO = "auto"
@@ -52,6 +53,8 @@ class Resolution:
     package_versions: Mapping[str, str] = field(default_factory=dict)
     #: DCGM packages when driver_dcgm asks for them
     dcgm_packages: tuple[str, ...] = ()
+    #: the PyTorch wheel (release, CUDA variant) that runs on every GPU with this driver, when asked for
+    pytorch: PytorchChoice | None = None
 
     def describe(self) -> dict[str, Any]:
         """Ordered, printable summary for plan views."""
@@ -75,6 +78,7 @@ class Resolution:
                 f"; {name} {pair.memory_mhz},{pair.graphics_mhz}" if pair else f"; {name} default"
                 for name, pair in self.application_clocks.items()
             ),
+            "pytorch": self.pytorch.describe() if self.pytorch else NONE,
             "notes": list(self.notes),
         }
 
@@ -529,6 +533,10 @@ def _resolve_on(
         dcgm_cuda = major(cuda_version) if cuda_version else major(_branch_cuda(branch, data))
         dcgm = tuple(p.format(cuda_major=dcgm_cuda) for p in data.nvidia_repo["dcgm_packages"])
 
+    # every GPU must be covered by the wheel: in auto mode a branch whose driver is too old for it is skipped
+    pytorch = choose_pytorch(models, _wish(wishes, "pytorch_version", NONE), version, data)
+    notes += pytorch.notes if pytorch else ()
+
     return Resolution(
         source=source,
         os_release=os_name,
@@ -552,6 +560,7 @@ def _resolve_on(
         pinning_package=pinning,
         package_versions=MappingProxyType(versions),
         dcgm_packages=dcgm,
+        pytorch=pytorch,
     )
 
 

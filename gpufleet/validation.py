@@ -201,6 +201,23 @@ def tier_matches_hardware(ctx: Context) -> Result:
                   "move the host to the tier that fits its hardware, or fix the hardware")
 
 
+@check("preflight")
+def one_gpu_model(ctx: Context) -> Result:
+    """Mixed GPU models work, but jobs spanning them are paced by the slowest: say so, with the pins.
+    (That the driver and the PyTorch wheel cover every GPU is the resolver's job, at planning time.)"""
+    from .pytorch import mixed_gpus
+
+    name = "the host's GPUs are one model"
+    models = ctx.hardware().models
+    if not models:
+        return Result("preflight", name, SKIP, "no known NVIDIA GPU")
+    mixed = mixed_gpus(models)
+    if mixed is None:
+        return Result("preflight", name, PASS, f"{len(models)} x {models[0].name}")
+    return Result("preflight", name, WARN, mixed,
+                  "pin each job to one model as above, or put one GPU model per host")
+
+
 # --- driver -----------------------------------------------------------------------------------
 
 @check("driver")
