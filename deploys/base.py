@@ -54,3 +54,9 @@ def base():
         dest="/etc/gpufleet/managed",
         mode="644",
     )
+
+
+# `pyinfra INVENTORY deploys/base.py`: this area on its own (deploys/standalone.py).
+from deploys.standalone import run_alone  # noqa: E402
+
+run_alone(__name__, __file__)

@@ -245,3 +245,9 @@ def cdi_after_driver_change():
         host.noop("no GPU visible to nvidia-smi: no CDI spec")
         return
     docker_ops.cdi_spec(name="Regenerate the CDI spec for the new driver when stale", gpu_uuids=uuids, output=CDI_SPEC)
+
+
+# `pyinfra INVENTORY deploys/docker.py`: this area on its own (deploys/standalone.py).
+from deploys.standalone import run_alone  # noqa: E402
+
+run_alone(__name__, __file__)

@@ -377,3 +377,9 @@ def driver():
             service="nvidia-fabricmanager.service", running=True,
             _if=lambda: _mismatch(me) is None,
         )
+
+
+# `pyinfra INVENTORY deploys/driver.py`: this area on its own (deploys/standalone.py).
+from deploys.standalone import run_alone  # noqa: E402
+
+run_alone(__name__, __file__)

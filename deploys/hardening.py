@@ -347,3 +347,9 @@ def hardening():
 
 def _as_file(text: str) -> StringIO:
     return StringIO(text)
+
+
+# `pyinfra INVENTORY deploys/hardening.py`: this area on its own (deploys/standalone.py).
+from deploys.standalone import run_alone  # noqa: E402
+
+run_alone(__name__, __file__)

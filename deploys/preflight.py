@@ -25,3 +25,9 @@ def preflight():
     else:
         logger.warning(f"{host.print_prefix}hardware does not match tier {settings.tier}: {summary} "
                        "(tier_mismatch: warn)")
+
+
+# `pyinfra INVENTORY deploys/preflight.py`: this area on its own (deploys/standalone.py).
+from deploys.standalone import run_alone  # noqa: E402
+
+run_alone(__name__, __file__)

@@ -192,3 +192,9 @@ def tuning():
     _persistence(settings, plan)
     env_file = _profiles(settings, plan)
     _clocks(settings, plan, env_file)
+
+
+# `pyinfra INVENTORY deploys/tuning.py`: this area on its own (deploys/standalone.py).
+from deploys.standalone import run_alone  # noqa: E402
+
+run_alone(__name__, __file__)

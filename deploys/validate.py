@@ -22,12 +22,11 @@ too. GPUFLEET_VALIDATE_PROBE_DEVICE=cpu runs the performance probe's small CPU v
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-from pyinfra import host, logger, state
+from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, deploy, operation
 
-from gpufleet.settings import host_settings, validate_inventory
+from gpufleet.settings import host_settings
 from gpufleet.validation import FAIL, WARN, failures, run_checks
 
 
@@ -81,16 +80,7 @@ def validate(probe_only_if_changed: bool = False):
     )
 
 
-def _run_as_deploy_file() -> bool:
-    from pyinfra.context import ctx_state
+# `pyinfra INVENTORY deploys/validate.py`: the gate on its own (deploys/standalone.py).
+from deploys.standalone import run_alone  # noqa: E402
 
-    if not ctx_state.isset():
-        return False
-    current = state.current_exec_filename
-    return bool(current) and Path(current).resolve() == Path(__file__).resolve()
-
-
-if _run_as_deploy_file():
-    # pyinfra executes this file per host: check the inventory once, then the host.
-    validate_inventory(state.inventory)
-    validate()
+run_alone(__name__, __file__)

@@ -213,6 +213,7 @@ def _pending(name: str) -> list[str]:
 
 def plan_drift(state: Any, hosts: list, rows: dict[str, dict[str, Any]], deploy: str) -> None:
     """Plan `deploy` (deploys/all.py) for each host and record the operations that would change."""
+    from pyinfra.api.exceptions import PyinfraError
     from pyinfra.context import ctx_config, ctx_host
     from pyinfra_cli.util import exec_file
 
@@ -226,6 +227,11 @@ def plan_drift(state: Any, hosts: list, rows: dict[str, dict[str, Any]], deploy:
             with ctx_config.use(state.config.copy()), ctx_host.use(host):
                 exec_file(path)
         except Exception as error:  # noqa: BLE001 - the host's planning error is its drift
+            if isinstance(error, PyinfraError) and host in state.failed_hosts:
+                # Refused at planning time like the others: pyinfra raises "No hosts
+                # remaining!" in whichever host is refused last (a different one each time,
+                # as they are planned at once), which is no error of that host's.
+                return
             errors[host.name] = f"{type(error).__name__}: {error}".strip()
 
     # All hosts at once, each in its own greenlet, as `pyinfra` itself plans a deploy file: one

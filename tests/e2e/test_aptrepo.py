@@ -44,6 +44,23 @@ def host(request, hostpool, aptrepo):  # noqa: F811
     return h, distro
 
 
+def _updated(h) -> None:
+    """apt knows the stand-in repository's packages (test_update_verifies_the_signature did
+    that, unless this test was selected without it)."""
+    if OLD not in sh(h, "apt-cache madison nvidia-open", check=False).stdout:
+        sh(h, f"{APT} update")
+
+
+def _old_driver_installed(h) -> None:
+    """The old driver, CUDA, cuDNN and Fabric Manager installed, as in production after a first
+    run with the old pin (what test_install_old_driver_cuda_cudnn_fabric_manager checks)."""
+    _updated(h)
+    if installed(h, "nvidia-fabricmanager") == f"ii {OLD}" and installed(h, "nvidia-open") == f"ii {OLD}":
+        return
+    sh(h, f"{APT} install -y nvidia-driver-pinning-{DRIVERS[0]}")
+    sh(h, f"{APT} install -y nvidia-open={OLD} cuda-toolkit-13-0 libcudnn9-cuda-13 nvidia-fabricmanager={OLD}")
+
+
 def test_update_verifies_the_signature(host, aptrepo):  # noqa: F811
     h, distro = host
     r = sh(h, f"{APT} update")
@@ -73,6 +90,7 @@ def test_update_fails_for_a_wrongly_signed_or_unsigned_repo(host, aptrepo, varia
 
 def test_old_driver_with_old_fabric_manager_needs_pinning(host):
     h, _ = host
+    _updated(h)
     # The meta package's >= relations pull the newest libraries in; FM's exact dependency then fails.
     r = sh(h, f"{APT} install -s nvidia-open={OLD} nvidia-fabricmanager={OLD}", check=False)
     assert r.returncode != 0
@@ -84,8 +102,7 @@ def test_old_driver_with_old_fabric_manager_needs_pinning(host):
 
 def test_install_old_driver_cuda_cudnn_fabric_manager(host):
     h, _ = host
-    sh(h, f"{APT} install -y nvidia-driver-pinning-{DRIVERS[0]}")
-    sh(h, f"{APT} install -y nvidia-open={OLD} cuda-toolkit-13-0 libcudnn9-cuda-13 nvidia-fabricmanager={OLD}")
+    _old_driver_installed(h)
     for pkg in ("nvidia-open", "nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-fabricmanager"):
         assert installed(h, pkg) == f"ii {OLD}", pkg
     assert installed(h, "cuda-toolkit-13-0").startswith("ii 13.0.")
@@ -98,6 +115,7 @@ def test_install_old_driver_cuda_cudnn_fabric_manager(host):
 
 def test_upgrade_drags_fabric_manager_along(host):
     h, _ = host
+    _old_driver_installed(h)  # on its own too, not only after the test above
     sh(h, f"{APT} install -y nvidia-driver-pinning-{DRIVERS[1]}")  # conflicts with, and replaces, the old pin
     assert not installed(h, f"nvidia-driver-pinning-{DRIVERS[0]}").startswith("ii")
     # Fabric Manager held at the old version cannot stay with the new driver.

@@ -203,3 +203,33 @@ def test_html_report_in_headless_chromium(fleet, tmp_path):
     for name, row in fleet["rows"].items():
         assert f'data-host="{name}" data-state="{row["state"]}"' in dom, name
     assert dom.count("<tr class=\"state-") == len(fleet["rows"])
+
+
+def _report(hosts, path: Path) -> dict:
+    inv = write_inventory(path.with_suffix(".py"), hosts, data={h.name: _data(h) for h in hosts})
+    proc = subprocess.run([str(REPO / "tools/fleet-report"), str(inv), "--out", str(path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert (path / "fleet-report.json").exists(), proc.stdout + proc.stderr
+    return {r["host"]: r for r in json.loads((path / "fleet-report.json").read_text())["hosts"]}
+
+
+def test_drift_is_the_hosts_own_whatever_the_others_and_the_fact_plans(hostpool, tmp_path):
+    """Every host refused (GPU-less: all.py's driver step refuses them) and one of them handed
+    the fact plan of another host of its name (a provisioned one, as when a re-run of the suite
+    gives a name to a host in another state): each host's drift is its own refusal, the same
+    for both, never the error pyinfra raises in whichever host happens to be refused last."""
+    other, stale, clean = hostpool.get("report-plans", 3)
+    provision = pyinfra(write_inventory(tmp_path / "provision.py", [other], data={other.name: _data(other)}),
+                        "tests/e2e/provision_without_gpu.py")
+    assert provision.returncode == 0, provision.output[-4000:]
+    _report([other], tmp_path / "other")  # writes the provisioned host's fact plan
+    plans = REPO / ".gpufleet" / "factplans"
+    shutil.copy(plans / f"{other.name}.json", plans / f"{stale.name}.json")
+    (plans / f"{clean.name}.json").unlink(missing_ok=True)
+
+    rows = _report([stale, clean], tmp_path / "fresh")
+    drifts = [rows[h.name]["drift"] for h in (stale, clean)]
+    for drift in drifts:
+        assert drift["error"] == "all.py refuses this host at planning time", drifts
+        assert drift["changes"] > 0 and "Base system | Install the tier's diagnostics packages" in drift["operations"]
+    assert drifts[0] == drifts[1]

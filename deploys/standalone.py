@@ -1,0 +1,61 @@
+"""Every area runs on its own, as pyinfra users run one area at a time:
+
+    pyinfra inventories/cloud.py deploys/tuning.py     # or preflight, base, driver, docker, hardening, validate
+
+Each deploy file ends with `run_alone(__name__, __file__)`. When pyinfra executes that file
+itself (not when deploys/all.py imports it), the area is run the way all.py runs it: the whole
+inventory is validated first (a bad host stops the run before any host changes), the host's
+hardware is checked against its tier (deploys/preflight.py: a mismatch warns, or with
+`tier_mismatch: fail` refuses the host), and then the area alone, with all.py's fact cache and
+host lock. What an area needs from an earlier one it checks itself at planning time (the driver
+refuses a host without a supported GPU, tuning leaves clocks alone until nvidia-smi works).
+The validation gate changes nothing, so it runs without the preflight and the lock.
+
+pyinfra executes a deploy file with exec(), once per host, as a module with no `__name__` of
+its own: the area's function is called from the imported module `deploys.<area>`, the same
+one all.py calls, so module state (hosts needing a reboot, pending upgrades) has one home.
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from pyinfra import host, state
+
+from gpufleet.failures import host_failed
+from gpufleet.settings import validate_inventory
+
+#: Areas that change nothing: no preflight before them, no host lock.
+READ_ONLY = frozenset({"validate"})
+
+
+def is_deploy_file(name: str, file: str) -> bool:
+    """Whether the code calling with its `__name__` and `__file__` is the file pyinfra runs."""
+    from pyinfra.context import ctx_state
+
+    if name.startswith("deploys.") or not ctx_state.isset():
+        return False  # imported (by all.py, a tool, a test), or no pyinfra run at all
+    current = state.current_exec_filename
+    return bool(current) and Path(current).resolve() == Path(file).resolve()
+
+
+def run_alone(name: str, file: str) -> None:
+    """Run the area of deploys/<area>.py for the current host, when pyinfra runs that file."""
+    if not is_deploy_file(name, file):
+        return
+    area = Path(file).stem
+    module = importlib.import_module(f"deploys.{area}")
+    if area not in READ_ONLY:
+        from gpufleet import factcache, hostlock
+
+        factcache.install()  # as in all.py: no fact asked twice while nothing changed
+        hostlock.install()  # one run at a time changes a host
+        factcache.prefetch_all(state)
+    # pyinfra plans every host before it executes anything: a bad host stops the whole run here.
+    validate_inventory(state.inventory)
+    if area not in READ_ONLY and area != "preflight":
+        from deploys.preflight import preflight
+
+        preflight()
+    if not host_failed(host):
+        getattr(module, area)()
