@@ -13,6 +13,8 @@ from typing import Callable, TextIO
 from gpufleet.compat import compat_data
 
 from . import plan, targets
+from gpufleet.inventory_source import SourceError
+
 from .context import RolloutContext
 from .state import CHANGING_STEPS, STEPS, RolloutState, StateLock, StateError
 
@@ -69,6 +71,23 @@ def hostlock_stale(name: str, record: str) -> str:
     return stale_message(name, record)
 
 
+def check_settings(source, names: list[str]) -> list[str]:
+    """The inventory problems of the hosts `names` (gpufleet/settings.py), one line each; a
+    broken host this run does not touch (outside --limit) is not its business."""
+    from gpufleet.errors import InventoryError
+    from gpufleet.settings import validate_inventory
+    from .session import load_inventory
+
+    inventory = load_inventory(source)
+    path = Path(str(source))
+    try:
+        validate_inventory(inventory, source=path if path.suffix == ".py" and path.is_file() else None,
+                           hosts=[h for h in inventory if h.name in names])
+    except InventoryError as exc:
+        return exc.problems
+    return []
+
+
 def default_state_path(inventory: str) -> Path:
     return Path(".gpufleet/rollouts") / f"{Path(inventory).stem}.json"
 
@@ -115,14 +134,23 @@ class Runner:
             if known is None:
                 self.say(f"error: driver branch R{branch} is not in the compatibility data")
                 return EXIT_USAGE
-        hosts = inventory_hosts(opts.inventory)
+        try:
+            hosts = inventory_hosts(opts.inventory)
+        except SourceError as exc:
+            self.say(f"error: {exc}")
+            return EXIT_USAGE
         if not hosts:
             # an inventory that loads but names no host is a mistake, not a finished rollout
             self.say(f"error: the inventory {opts.inventory} has no hosts: nothing to roll out")
             return EXIT_USAGE
         unknown = sorted(set(opts.skip) - set(hosts))
         if unknown:
-            self.say(f"error: --skip names hosts not in the inventory: {', '.join(unknown)}")
+            self.say(f"error: --skip names hosts not in the inventory{' (--limit)' if getattr(opts.inventory, 'limit', None) else ''}: {', '.join(unknown)}")
+            return EXIT_USAGE
+        refusal = check_settings(opts.inventory, hosts)   # the hosts this run touches, and only those
+        if refusal:
+            for line in refusal:
+                self.say(f"error: {line}")
             return EXIT_USAGE
         state_path = opts.state_path or default_state_path(opts.inventory)
         if not opts.dry_run:
@@ -134,7 +162,7 @@ class Runner:
                 self.say(f"error: {exc}")
                 return EXIT_STOPPED
         try:
-            self.state = RolloutState.load(state_path, opts.target or "inventory", opts.inventory)
+            self.state = RolloutState.load(state_path, opts.target or "inventory", str(opts.inventory))
         except Exception as exc:
             self.say(f"error: {exc}")
             return EXIT_USAGE
