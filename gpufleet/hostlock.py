@@ -177,7 +177,7 @@ class FleetLocks:
     def take(self, names: list[str], wait: int | None = None) -> tuple[dict[str, Lock], dict[str, str]]:
         """Lock `names` (those not held already), waiting `wait` seconds or each host's
         rollout_lock_wait for another run: (taken, refused {name: why})."""
-        from pyinfra.api import Config, State
+        from pyinfra.api import State
         from pyinfra.api.connect import connect_all
 
         from gpufleet.rollout.session import load_inventory
@@ -187,9 +187,11 @@ class FleetLocks:
         refused: dict[str, str] = {}
         if not want:
             return taken, refused
+        from gpufleet.inventory_source import config_of
+
         inventory = load_inventory(self.inventory_path)
         limit = [h for h in inventory if h.name in want]
-        state = State(inventory, Config(), initial_limit=limit)
+        state = State(inventory, config_of(self.inventory_path), initial_limit=limit)
         connect_all(state)
         self.states.append(state)
         for h in limit:

@@ -385,9 +385,12 @@ def host_settings(host: Any) -> Settings:
     return settings
 
 
-def validate_inventory(inventory: Any, source: Path | str | None = None) -> None:
-    """Validate every host of a pyinfra Inventory; raise one InventoryError listing all problems.
+def validate_inventory(inventory: Any, source: Path | str | None = None, hosts: Any = None) -> None:
+    """Validate the hosts of a pyinfra Inventory this run touches; raise one InventoryError
+    listing all problems.
 
+    `hosts`: default, the running pyinfra state's --limit when it is this inventory's, else every
+    host (a broken host outside `--limit` does not stop a run on the others).
     `source` is the inventory file (default: the one the pyinfra command line was given, if a
     .py file): top-level data in it that pyinfra ignores is refused too.
 
@@ -398,7 +401,7 @@ def validate_inventory(inventory: Any, source: Path | str | None = None) -> None
         problems = _file_problems(source if source is not None else _cli_inventory_file(), inventory)
         if not len(inventory):
             problems.append("inventory: no hosts; allowed: at least one host, each with a tier")
-        for host in inventory:
+        for host in (list(hosts) if hosts is not None else _hosts_in_play(inventory)):
             data = explicit_data(host)
             found = _group_problems(host)
             settings, more = _settings_for(host.name, data)
@@ -409,6 +412,17 @@ def validate_inventory(inventory: Any, source: Path | str | None = None) -> None
         inventory._gpufleet_problems = problems
     if problems:
         raise InventoryError(problems)
+
+
+def _hosts_in_play(inventory: Any) -> list[Any]:
+    """The hosts the running pyinfra state is limited to (`pyinfra --limit`), else all."""
+    from pyinfra.context import ctx_state
+
+    state = ctx_state.get() if ctx_state.isset() else None
+    limit = getattr(state, "limit_hosts", None)
+    if isinstance(limit, list) and getattr(state, "inventory", None) is inventory:
+        return [h for h in inventory if h in limit]
+    return list(inventory)
 
 
 def _cli_inventory_file() -> Path | None:

@@ -1,4 +1,5 @@
-"""tools/fleet-report INVENTORY [--out DIR] [--workers N] [--no-drift] [--probe]
+"""tools/fleet-report INVENTORY [--limit PATTERN] [--data KEY=VALUE] [--config FILE] [--out DIR] [--workers N]
+                    [--no-drift] [--probe]
 
 Gathers facts from every host of a pyinfra inventory in parallel (progress on stderr), prints
 the fleet table, and writes fleet-report.{json,md,html} to --out (default: reports/). Exit code
@@ -11,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from gpufleet import inventory_source
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fleet-report", description=__doc__.split("\n\n")[0])
@@ -22,9 +25,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe", action="store_true",
                         help="also run the DCGM and performance probes where installed")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    inventory_source.add_arguments(parser)
     args = parser.parse_args(argv)
     if not Path(args.inventory).is_file():
         parser.error(f"no such inventory file: {args.inventory}")
+    try:
+        source = inventory_source.InventorySource.from_args(args)
+        source.config()
+        count = len(source.hosts(source.load()))
+    except inventory_source.SourceError as exc:
+        parser.error(str(exc))
 
     import logging
 
@@ -33,10 +43,8 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # the report says it all
     start = time.monotonic()
-    from pyinfra_cli.inventory import make_inventory  # noqa: F401 - fail early if pyinfra is missing
-    count = _count_hosts(args.inventory)
     progress = None if args.quiet else Progress(total=count)
-    rows = gather(args.inventory, workers=args.workers, drift=not args.no_drift, probe=args.probe,
+    rows = gather(source, workers=args.workers, drift=not args.no_drift, probe=args.probe,
                   progress=progress)
     doc = document(rows, args.inventory, time.monotonic() - start)
     print(terminal(doc))
@@ -54,16 +62,6 @@ def _workers(text: str) -> int:
     if not 1 <= value <= 1000:
         raise argparse.ArgumentTypeError(f"{value} out of range: allowed 1 to 1000")
     return value
-
-
-def _count_hosts(path: str) -> int:
-    # Cheap pre-count for the progress denominator; gather() loads the inventory for real.
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
-
-    ctx_state.set(State())
-    return len(list(make_inventory(str(Path(path).resolve()))))
 
 
 if __name__ == "__main__":

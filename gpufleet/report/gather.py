@@ -140,7 +140,7 @@ def gather(inventory_path: str, workers: int = 20, drift: bool = True, probe: bo
     from pyinfra.api.exceptions import ConnectError
     from pyinfra.api.state import StateStage
     from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
-    from pyinfra_cli.inventory import make_inventory
+    from gpufleet.inventory_source import InventorySource
 
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
@@ -149,17 +149,20 @@ def gather(inventory_path: str, workers: int = 20, drift: bool = True, probe: bo
     # The facts each host answered in its last run (report or deploy) come back in one command
     # per host instead of one each: about 35 round trips per host otherwise.
     factcache.install()
+    # the inventory with --limit, --data and config.py, as the pyinfra command line takes them
+    source = inventory_path if isinstance(inventory_path, InventorySource) else InventorySource(str(inventory_path))
+    inventory = source.load()
+    hosts = source.hosts(inventory)
     state = State(check_for_changes=True)
     state.cwd = str(REPO)
     ctx_state.set(state)
-    inventory = make_inventory(str(Path(inventory_path).resolve()), cwd=str(REPO))
     ctx_inventory.set(inventory)
-    config = Config(PARALLEL=max(1, workers), FAIL_PERCENT=None)
+    config = source.config()
+    config.PARALLEL, config.FAIL_PERCENT = max(1, workers), None
     ctx_config.set(config)
-    state.init(inventory, config)
+    state.init(inventory, config, initial_limit=hosts)   # all.py's checks: these hosts only
     state.set_stage(StateStage.Connect)
 
-    hosts = list(inventory)
     rows: dict[str, dict[str, Any]] = {}
     report = progress or (lambda *a: None)
 

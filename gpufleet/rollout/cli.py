@@ -6,6 +6,8 @@ import logging
 import sys
 from pathlib import Path
 
+from gpufleet import inventory_source
+
 
 def _logging(verbose: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
@@ -65,6 +67,16 @@ def _check(parser: argparse.ArgumentParser, name: str, text: str, arg_type) -> N
         parser.error(f"argument {name}: {exc}")
 
 
+def _source(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """The inventory with --limit, --data and config.py (exit 2 on one that cannot be used)."""
+    try:
+        source = inventory_source.InventorySource.from_args(args)
+        source.config()   # a config.py that fails to load stops here, not in the first step
+    except inventory_source.SourceError as exc:
+        parser.error(str(exc))
+    return source
+
+
 def rollout_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tools/rollout", description=(
         "Rolling NVIDIA driver upgrade to what the inventory resolves for each host (as deploys/all.py "
@@ -94,14 +106,16 @@ def rollout_main(argv: list[str] | None = None) -> int:
                         "persistence mode and clocks recorded in the manifest")
     p.add_argument("--dry-run", action="store_true", help="show batches, versions, reboots and GPU jobs; change nothing")
     p.add_argument("-v", "--verbose", action="store_true", help="show pyinfra's operation log")
+    inventory_source.add_arguments(p)
     args = p.parse_args(argv)
     # checked here rather than as argparse types on their lines, which tools/rollout's target
     # arguments share: the same message and exit code 2 as argparse's own
     _check(p, "inventory", args.inventory, inventory_arg)
     _check(p, "--canary", str(args.canary), count_arg(0))
+    source = _source(p, args)
     _logging(args.verbose)
     from .runner import Options, Runner
-    opts = Options(inventory=args.inventory, target=args.driver_version, canary=args.canary,
+    opts = Options(inventory=source, target=args.driver_version, canary=args.canary,
                    batch_size=args.batch_size, batch_percent=args.batch_percent,
                    max_unavailable=args.max_unavailable, max_fail=args.max_fail, state_path=args.state,
                    skip=args.skip, force=args.force, dry_run=args.dry_run, wait_idle=args.wait_idle,
@@ -125,11 +139,17 @@ def rollback_main(argv: list[str] | None = None) -> int:
                    help="also put the snapshotted btrfs subvolume back to the snapshot taken before the upgrade "
                         "(the current one is kept next to it)")
     p.add_argument("-v", "--verbose", action="store_true")
+    inventory_source.add_arguments(p, limit=False)   # the hosts are named
     args = p.parse_args(argv)
+    source = _source(p, args)
     _logging(args.verbose)
     from .rollback import rollback
-    return rollback(args.inventory, args.hosts, args.manifest, args.manifests, args.reboot, args.force, args.dry_run,
-                    from_disk=args.disk_snapshot)
+    try:
+        return rollback(source, args.hosts, args.manifest, args.manifests, args.reboot, args.force, args.dry_run,
+                        from_disk=args.disk_snapshot)
+    except inventory_source.SourceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ from typing import Callable, TextIO
 from gpufleet.compat import compat_data
 
 from . import plan, targets
+from gpufleet.inventory_source import SourceError
+
 from .context import RolloutContext
 from .state import CHANGING_STEPS, STEPS, RolloutState, StateLock, StateError
 
@@ -69,6 +71,23 @@ def hostlock_stale(name: str, record: str) -> str:
     return stale_message(name, record)
 
 
+def check_settings(source, names: list[str]) -> list[str]:
+    """The inventory problems of the hosts `names` (gpufleet/settings.py), one line each; a
+    broken host this run does not touch (outside --limit) is not its business."""
+    from gpufleet.errors import InventoryError
+    from gpufleet.settings import validate_inventory
+    from .session import load_inventory
+
+    inventory = load_inventory(source)
+    path = Path(str(source))
+    try:
+        validate_inventory(inventory, source=path if path.suffix == ".py" and path.is_file() else None,
+                           hosts=[h for h in inventory if h.name in names])
+    except InventoryError as exc:
+        return exc.problems
+    return []
+
+
 def default_state_path(inventory: str) -> Path:
     return Path(".gpufleet/rollouts") / f"{Path(inventory).stem}.json"
 
@@ -78,6 +97,9 @@ class Runner:
         self.opts = opts
         self.out = out
         self.t0 = time.monotonic()
+        self.eligible: list[str] = []       # this run's hosts, for the progress lines
+        self.waved: set[str] = set()        # hosts a wave of this run started
+        self.waves_started: float | None = None
         self.ctx = RolloutContext(target=opts.target or "", manifests_dir=Path(opts.manifests_dir),
                                   wait_idle=opts.wait_idle, force=opts.force,
                                   stop_containers=opts.stop_containers, reboot_timeout=opts.reboot_timeout,
@@ -115,14 +137,23 @@ class Runner:
             if known is None:
                 self.say(f"error: driver branch R{branch} is not in the compatibility data")
                 return EXIT_USAGE
-        hosts = inventory_hosts(opts.inventory)
+        try:
+            hosts = inventory_hosts(opts.inventory)
+        except SourceError as exc:
+            self.say(f"error: {exc}")
+            return EXIT_USAGE
         if not hosts:
             # an inventory that loads but names no host is a mistake, not a finished rollout
             self.say(f"error: the inventory {opts.inventory} has no hosts: nothing to roll out")
             return EXIT_USAGE
         unknown = sorted(set(opts.skip) - set(hosts))
         if unknown:
-            self.say(f"error: --skip names hosts not in the inventory: {', '.join(unknown)}")
+            self.say(f"error: --skip names hosts not in the inventory{' (--limit)' if getattr(opts.inventory, 'limit', None) else ''}: {', '.join(unknown)}")
+            return EXIT_USAGE
+        refusal = check_settings(opts.inventory, hosts)   # the hosts this run touches, and only those
+        if refusal:
+            for line in refusal:
+                self.say(f"error: {line}")
             return EXIT_USAGE
         state_path = opts.state_path or default_state_path(opts.inventory)
         if not opts.dry_run:
@@ -134,7 +165,7 @@ class Runner:
                 self.say(f"error: {exc}")
                 return EXIT_STOPPED
         try:
-            self.state = RolloutState.load(state_path, opts.target or "inventory", opts.inventory)
+            self.state = RolloutState.load(state_path, opts.target or "inventory", str(opts.inventory))
         except Exception as exc:
             self.say(f"error: {exc}")
             return EXIT_USAGE
@@ -183,6 +214,7 @@ class Runner:
                 state.hosts.pop(name, None)
                 continue
             eligible.append(name)
+        self.eligible = eligible
         for name in eligible:
             rec = state.host(name)
             if rec.status == "skipped" and name not in opts.skip:
@@ -270,6 +302,7 @@ class Runner:
                     break
                 todo = todo[len(wave):]
                 self.run_wave(batch, wave)
+                self.say(self.progress(eligible))   # after each wave: the operator sees how far and how long
                 failed_here = [n for n in batch.hosts if state.host(n).status == "failed"]
                 stopped = plan.stop_reason(batch, failed_here, len(state.failed()), max_fail)
         if stopped:
@@ -287,7 +320,9 @@ class Runner:
         from .session import run_step
 
         state, ctx = self.state, self.ctx
-        self.say(f"[{batch.name}] starting {', '.join(wave)}")
+        self.waves_started = self.waves_started or time.monotonic()
+        self.waved.update(wave)
+        self.say(f"[{batch.name}] starting {', '.join(wave)}; {self.progress(self.eligible, in_flight=wave)}")
         for name in wave:
             rec = state.host(name)
             if rec.manifest and Path(rec.manifest).exists():
@@ -343,6 +378,20 @@ class Runner:
             result = self.run_per_target(give_back, steps.undrain)
             for n in result.ok:
                 self.say(f"[{batch.name}] {n}: nothing changed, back in service")
+
+    def progress(self, names: list[str], in_flight: list[str] = ()) -> str:
+        """Hosts done / in flight / failed of this rollout, and the time left at this run's pace
+        (the wall time of its waves so far per host they settled)."""
+        status = {n: self.state.host(n).status for n in names if n in self.state.hosts}
+        count = lambda *wanted: sum(1 for n, v in status.items() if v in wanted and n not in in_flight)  # noqa: E731
+        flying = len(in_flight) + count("in-progress")
+        waiting = count("pending")
+        line = f"progress: {count('done')}/{len(status)} done, {flying} in flight, {count('failed')} failed"
+        settled = sum(1 for n in self.waved if n not in in_flight and status.get(n) not in ("pending", "in-progress"))
+        if settled and waiting + flying:
+            left = (time.monotonic() - self.waves_started) / settled * (waiting + flying)
+            line += f", about {round(left / 60)} min left" if left >= 90 else f", about {round(left)} s left"
+        return line
 
     def run_per_target(self, names: list[str], func: Callable):
         """One step on `names`, one pyinfra run per target driver (hosts of one inventory may

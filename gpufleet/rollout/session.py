@@ -11,21 +11,19 @@ loads it (pyinfra_cli.inventory.make_inventory), so group data and files behave 
 from __future__ import annotations
 
 import logging
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pyinfra_cli  # noqa: F401  (gevent monkey-patching, as the CLI does, before pyinfra.api)
 from pyinfra import host as current_host
-from pyinfra.api import Config, State
+from pyinfra.api import State
 from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operations import run_ops
 from pyinfra.api.state import BaseStateCallback
-from pyinfra.context import ctx_state
-from pyinfra_cli.inventory import make_inventory
+from gpufleet import inventory_source
 
 from .context import real_host
 
@@ -60,15 +58,15 @@ class _Collect(logging.Handler):
             pass
 
 
-def load_inventory(inventory_path: str):
-    """The inventory as `pyinfra INVENTORY ...` loads it (the CLI loads it inside a bare State)."""
-    with ctx_state.use(State()):
-        return make_inventory(inventory_path, cwd=os.getcwd())
+def load_inventory(inventory_path):
+    """The inventory as `pyinfra INVENTORY ...` loads it, with the command line's --data when
+    given an InventorySource (gpufleet/inventory_source.py)."""
+    return inventory_source.load_inventory(inventory_path)
 
 
-def inventory_hosts(inventory_path: str) -> list[str]:
-    """Host names of the inventory, in inventory order."""
-    return [h.name for h in load_inventory(inventory_path)]
+def inventory_hosts(inventory_path) -> list[str]:
+    """Host names of the inventory (those its --limit selects), in inventory order."""
+    return inventory_source.limited_names(inventory_path)
 
 
 def run_step(inventory_path: str, names: list[str], func: Callable[..., None], *args: Any,
@@ -81,7 +79,7 @@ def run_step(inventory_path: str, names: list[str], func: Callable[..., None], *
         return result
     inventory = load_inventory(inventory_path)
     limit = [h for h in inventory if h.name in names]
-    config = Config()
+    config = inventory_source.config_of(inventory_path)   # config.py, as the pyinfra CLI applies it
     if parallel:
         config.PARALLEL = parallel
     state = State(inventory, config, initial_limit=limit)

@@ -90,6 +90,9 @@ def test_canary_plus_two_batches(fleet, slurmctl):
     # the order of the batches, as printed while running
     starts = [line for line in r.stdout.splitlines() if "starting" in line]
     assert [s.split("] ")[1].split(" starting")[0][1:] for s in starts] == ["canary", "batch 1", "batch 2"]
+    # progress with an estimate of the time left, after each wave (issue 20)
+    assert "; progress: 1/6 done, 3 in flight, 0 failed, about " in starts[1], starts
+    assert re.search(r"\] progress: 6/6 done, 0 in flight, 0 failed$", r.stdout, re.M), r.stdout
     # an override: the run names the inventory line that makes the inventory say so (issue 14)
     for h in hosts:
         assert f'fleet.py: host {h.name}: set driver_version: "{rf.NEW}" (now \'auto\')' in r.stdout, r.stdout

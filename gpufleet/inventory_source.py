@@ -1,0 +1,156 @@
+"""The inventory of tools/rollout, tools/rollback and tools/fleet-report, taken the way the
+pyinfra command line takes it: `--limit` (host names, fnmatch patterns or group names),
+`--data key=value` (pyinfra's value parsing: true/false, integers, JSON, else text), the
+`config.py` pyinfra reads (the current directory's; else the one beside the inventory) and the
+`group_data/` folders pyinfra_cli.inventory.make_inventory reads (current directory's and the
+inventory's). pyinfra_cli's own functions do the work, so the semantics are pyinfra's.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class SourceError(ValueError):
+    """A --limit, --data or config.py the tool cannot use: one line, for exit code 2."""
+
+
+def add_arguments(parser: argparse.ArgumentParser, limit: bool = True) -> None:
+    if limit:
+        parser.add_argument("--limit", action="append", default=[], metavar="PATTERN",
+                            help="only these hosts: a group name, a host name or an fnmatch pattern, as for "
+                                 "`pyinfra --limit` (repeat for more)")
+    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", type=data_arg,
+                        help="override a setting for every host, as `pyinfra --data` does (true/false, numbers "
+                             "and JSON are parsed as pyinfra parses them); checked like inventory data")
+    parser.add_argument("--config", metavar="FILE",
+                        help="pyinfra config file (default: config.py in the current directory, else beside the "
+                             "inventory)")
+
+
+def data_arg(text: str) -> tuple[str, Any]:
+    """argparse type of --data: KEY=VALUE, the value parsed as `pyinfra --data` parses it."""
+    from pyinfra_cli.util import parse_cli_arg
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), parse_cli_arg(value)
+
+
+@dataclass
+class InventorySource:
+    """An inventory path with the command line's --limit, --data and config file. str() and
+    os.fspath() give the path, so it goes wherever the path went."""
+
+    path: str
+    limit: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+    config_file: str | None = None
+    cwd: str = field(default_factory=os.getcwd)
+    _config: Any = field(default=None, repr=False)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> InventorySource:
+        config = args.config
+        if config is not None and not Path(config).is_file():
+            raise SourceError(f"argument --config: no such file: {config}")
+        if config is None:
+            beside = Path(args.inventory).resolve().parent / "config.py"
+            here = Path.cwd() / "config.py"
+            config = str(here) if here.is_file() else str(beside) if beside.is_file() else None
+        return cls(args.inventory, list(getattr(args, "limit", None) or []), dict(args.data), config)
+
+    def __str__(self) -> str:
+        return self.path
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def load(self) -> Any:
+        """The whole inventory, as `pyinfra INVENTORY ... --data ...` loads it."""
+        from pyinfra.api import State
+        from pyinfra.context import ctx_state
+        from pyinfra_cli.inventory import make_inventory
+
+        with ctx_state.use(State()):
+            try:
+                return make_inventory(self.path, cwd=self.cwd, override_data=dict(self.data) or None)
+            except Exception as exc:  # noqa: BLE001 - a broken inventory or group_data file
+                raise SourceError(f"inventory {self.path}: {_why(exc)}") from None
+
+    def hosts(self, inventory: Any) -> list[Any]:
+        """The hosts --limit selects (all without it), in inventory order; a pattern that
+        matches nothing is an error (pyinfra only warns, and the run would quietly do less)."""
+        from pyinfra_cli.cli import _get_inventory_pattern_matches
+
+        if not self.limit:
+            return list(inventory)
+        chosen: set[Any] = set()
+        for pattern in self.limit:
+            found = _quietly(_get_inventory_pattern_matches, inventory, [pattern], "--limit")
+            if not found:
+                groups = ", ".join(sorted(g for g in inventory.groups if g != "all")) or "none"
+                raise SourceError(f"--limit {pattern!r}: no group or host of {self.path} matches "
+                                  f"(groups: {groups})")
+            chosen.update(found)
+        return [h for h in inventory if h in chosen]
+
+    def config(self) -> Any:
+        """A fresh pyinfra Config with the config file applied, as the pyinfra CLI applies it."""
+        from pyinfra.api import Config
+
+        if self._config is None:
+            config = Config()
+            if self.config_file:
+                from pyinfra.api import State
+                from pyinfra.context import ctx_config, ctx_state
+                from pyinfra_cli.util import exec_file
+
+                with ctx_state.use(State()), ctx_config.use(config):
+                    try:
+                        exec_file(self.config_file)
+                    except Exception as exc:  # noqa: BLE001 - any error in the operator's file
+                        raise SourceError(f"config file {self.config_file}: {_why(exc)}") from None
+            self._config = config
+        return self._config.copy()
+
+
+def _quietly(func, *args):
+    """`func(*args)` without pyinfra's warning lines (the caller reports what matters)."""
+    import logging
+
+    log = logging.getLogger("pyinfra")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        return func(*args)
+    finally:
+        log.setLevel(level)
+
+
+def _why(exc: BaseException) -> str:
+    """One line for an error in the operator's file (pyinfra wraps those in its own exception)."""
+    inner = getattr(exc, "exception", None)
+    exc = inner if isinstance(inner, BaseException) else exc
+    text = " ".join(str(exc).split()) if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def load_inventory(source: InventorySource | str) -> Any:
+    """The inventory of `source` (a plain path: as `pyinfra PATH` loads it)."""
+    return (source if isinstance(source, InventorySource) else InventorySource(str(source))).load()
+
+
+def limited_names(source: InventorySource | str) -> list[str]:
+    src = source if isinstance(source, InventorySource) else InventorySource(str(source))
+    return [h.name for h in src.hosts(src.load())]
+
+
+def config_of(source: InventorySource | str) -> Any:
+    from pyinfra.api import Config
+
+    return source.config() if isinstance(source, InventorySource) else Config()
