@@ -233,8 +233,7 @@ def driver():
         # The same rule as the driver: installed libraries change only by a sanctioned upgrade.
         PENDING_STACK[host.name] = stack_moves
         for what, versions in stack_moves.items():
-            logger.warning(f"{host.print_prefix}{stack_pending_message(what, *versions)} "
-                           "(deploys/all.py changes no CUDA toolkit or cuDNN of a provisioned host)")
+            logger.warning(f"{host.print_prefix}{stack_pending_message(what, *versions)}")
     if pending and not in_place:
         # A provisioned host: its driver changes only through tools/rollout (issue 14). The rest
         # of this deploy still converges around the driver that is installed.
@@ -335,8 +334,12 @@ def driver():
               if pending and not in_place else
               f"Install driver {res.driver_version} ({res.flavour})"
               + (f" with Fabric Manager {res.fabricmanager_version}" if res.fabricmanager_needed else ""))
-             + (f", CUDA {res.cuda_release or res.cuda_version}" if res.cuda_version else "")
-             + (f", cuDNN {res.cudnn_release or res.cudnn_version}" if res.cudnn_version else "")
+             + "".join(f", {what} {old} kept (pending {new})" if what in stack_moves and not in_place else ""
+                       for what, (old, new) in stack_moves.items())
+             + (f", CUDA {res.cuda_release or res.cuda_version}"
+                if res.cuda_version and ("CUDA toolkit" not in stack_moves or in_place) else "")
+             + (f", cuDNN {res.cudnn_release or res.cudnn_version}"
+                if res.cudnn_version and ("cuDNN" not in stack_moves or in_place) else "")
              + ": unhold, change and re-hold as one step",
         versions=versions, present=present, pinning=pinning,
         hold=settings.driver_hold, release=old_pins,
