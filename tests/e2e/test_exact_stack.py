@@ -13,6 +13,8 @@ In order, on the same host (each run applied twice where it converges):
    package change) and the validation gate FAILs the host with the fix.
 3. CUDA 12.8 with `cudnn_version: "9.10"` -> 12.8.1 and 9.10.2.21; then the inventory says
    `cudnn_version: "9.17.0"`: reported as a pending upgrade, no package changes, the gate FAILs.
+4. The same with `driver_upgrade_in_place: true` (dev boxes): all.py moves cuDNN to 9.17.0.29,
+   manifest first and GPUs idle right before; the gate passes.
 """
 from __future__ import annotations
 
@@ -186,3 +188,24 @@ def test_changed_cudnn_version_is_pending_not_a_silent_drift(host, inventory_cha
     assert set(CUDNN12) <= holds(host)
     line = check_line(gate(moved, monkeypatch))
     assert "[FAIL]" in line and "libcudnn9-cuda-12 9.10.2.21 (resolved 9.17.0.29)" in line, line
+
+
+@pytest.fixture(scope="module")
+def moved_in_place(host, aptrepo, runner, inventory_change, tmp_path_factory):  # noqa: F811
+    # the dev-box path: driver_upgrade_in_place lets all.py move it, through the same gate
+    inv = _inventory(host, aptrepo, tmp_path_factory, cuda_version="12.8", cudnn_version="9.17.0",
+                     driver_upgrade_in_place=True)
+    return inv, pyinfra(inv, runner), pyinfra(inv, runner)
+
+
+def test_in_place_moves_cudnn_to_the_exact_release_through_the_gate(host, moved_in_place, monkeypatch):
+    inv, run, again = moved_in_place
+    assert run.returncode == 0, run.output
+    assert installed(host, "cuda-toolkit-12-8", *CUDNN12) == {"cuda-toolkit-12-8": "12.8.1-1",
+                                                               **{p: "9.17.0.29-1" for p in CUDNN12}}
+    assert set(CUDNN12) <= holds(host)
+    assert ("right before the driver changes (cuDNN 9.10.2.21 -> 9.17.0.29, driver_upgrade_in_place)"
+            in run.output), run.output
+    assert again.returncode == 0 and changed_operations(again) == [], again.output
+    line = check_line(gate(inv, monkeypatch))
+    assert "[PASS]" in line and "CUDA 12.8.1, cuDNN 9.17.0.29" in line, line
