@@ -12,6 +12,7 @@ from pyinfra import host, state
 
 from gpufleet.errors import Incompatible
 from gpufleet.hostfacts import hardware, os_name, resolution, tier_mismatches
+from gpufleet.pytorch import mixed_gpus
 from gpufleet.rollout.snapshot import command_name
 from gpufleet.settings import host_settings, validate_inventory
 
@@ -26,6 +27,8 @@ for key in (k for k in settings.overridden if k != "tier"):
     lines.append(f"override: {key} = {value}")
 lines.append(f"os: {os_name(host)}")
 lines.append(f"hardware: {hardware(host).summary}")
+if mixed := mixed_gpus(hardware(host).models):
+    lines.append(f"MIXED: {mixed}")
 for problem in tier_mismatches(host, settings):
     lines.append(f"MISMATCH ({settings.tier_mismatch}): {problem}")
 try:

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from .compat import CompatData, DistroOffer, DriverBranch, compat_data
 from .errors import Incompatible
 from .gpus import ClockPair, GpuModel, to_models
+from .pytorch import PytorchChoice, choose_pytorch
 from .versions import at_least, branch_of, major, normalise_branch, parse
 
 AUTO = "auto"
@@ -57,6 +58,8 @@ class Resolution:
     #: exact build of the cuDNN packages ("9.17.0.29") and the packages: runtime, -dev, -headers
     cudnn_release: str | None = None
     cudnn_packages: tuple[str, ...] = ()
+    #: the PyTorch wheel (release, CUDA variant) that runs on every GPU with this driver, when asked for
+    pytorch: PytorchChoice | None = None
 
     @property
     def stack_versions(self) -> dict[str, str]:
@@ -90,6 +93,7 @@ class Resolution:
                 f"; {name} {pair.memory_mhz},{pair.graphics_mhz}" if pair else f"; {name} default"
                 for name, pair in self.application_clocks.items()
             ),
+            "pytorch": self.pytorch.describe() if self.pytorch else NONE,
             "notes": list(self.notes),
         }
 
@@ -593,6 +597,10 @@ def _resolve_on(
         dcgm_cuda = major(cuda_version) if cuda_version else major(_branch_cuda(branch, data))
         dcgm = tuple(p.format(cuda_major=dcgm_cuda) for p in data.nvidia_repo["dcgm_packages"])
 
+    # every GPU must be covered by the wheel: in auto mode a branch whose driver is too old for it is skipped
+    pytorch = choose_pytorch(models, _wish(wishes, "pytorch_version", NONE), version, data)
+    notes += pytorch.notes if pytorch else ()
+
     return Resolution(
         source=source,
         os_release=os_name,
@@ -619,6 +627,7 @@ def _resolve_on(
         cuda_release=cuda_release,
         cudnn_release=cudnn_release,
         cudnn_packages=cudnn_packages,
+        pytorch=pytorch,
     )
 
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 
 from .compat import compat_data
 from .gpus import model_names
+from .pytorch import pytorch_data, unverified_releases
 from .tiers import tier_names
 from .versions import is_version, normalise_branch, parse
 
@@ -435,6 +436,27 @@ def _check_cudnn(value: Any) -> str:
     raise BadValue(f"cuDNN {show(value)} is not in the compatibility data", _cudnn_allowed())
 
 
+
+def _pytorch_allowed() -> str:
+    return "none, " + ", ".join(pytorch_data().versions)
+
+
+def _check_pytorch(value: Any) -> str:
+    if value == NONE:
+        return NONE
+    if isinstance(value, float):
+        raise BadValue(f"PyTorch version given as a number {value!r}; quote it (\"{value}\")", _pytorch_allowed())
+    if not isinstance(value, str) or not re.fullmatch(r"\d+\.\d+", value):
+        raise BadValue(f"expected a PyTorch release such as \"2.11\" (major.minor), got {_type_name(value)} {show(value)}",
+                       _pytorch_allowed())
+    if value in unverified_releases():
+        raise BadValue(f"PyTorch {value}: the architecture lists of its wheels are unverified in the compatibility data",
+                       _pytorch_allowed())
+    if value not in pytorch_data().releases:
+        raise BadValue(f"PyTorch {value} is not in the compatibility data", _pytorch_allowed())
+    return value
+
+
 MAX_CLOCK_MHZ = 10000
 _CLOCK_ALLOWED = f"max | default | unmanaged | {{memory: MHz, graphics: MHz}} (1-{MAX_CLOCK_MHZ})"
 
@@ -687,6 +709,7 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "cuda_version": KeySpec(_check_cuda, _cuda_allowed),
         "cuda_driver_compat": _enum("toolkit", "minor"),
         "cudnn_version": KeySpec(_check_cudnn, _cudnn_allowed),
+        "pytorch_version": KeySpec(_check_pytorch, _pytorch_allowed),
         "clock_policy": KeySpec(_check_clock, lambda: _CLOCK_ALLOWED),
         "nccl_profile": KeySpec(_check_nccl, _nccl_allowed),
         "docker_source": _enum("docker", "distro"),

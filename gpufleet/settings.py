@@ -54,6 +54,7 @@ class Settings:
     cuda_version: str
     cuda_driver_compat: str
     cudnn_version: str
+    pytorch_version: str
     clock_policy: Any  # "max" | "default" | "unmanaged" | {"memory": int, "graphics": int}
     nccl_profile: str
     docker_source: str

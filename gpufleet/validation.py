@@ -34,6 +34,7 @@ from facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitActive
 
 from . import perf
 from .errors import Incompatible
+from .sshd_policy import expected_sshd
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 STATUSES = (PASS, FAIL, WARN, SKIP)
@@ -216,6 +217,23 @@ def tier_matches_hardware(ctx: Context) -> Result:
     status = FAIL if ctx.settings.tier_mismatch == "fail" else WARN
     return Result("preflight", name, status, found + f" (tier_mismatch: {ctx.settings.tier_mismatch})",
                   "move the host to the tier that fits its hardware, or fix the hardware")
+
+
+@check("preflight")
+def one_gpu_model(ctx: Context) -> Result:
+    """Mixed GPU models work, but jobs spanning them are paced by the slowest: say so, with the pins.
+    (That the driver and the PyTorch wheel cover every GPU is the resolver's job, at planning time.)"""
+    from .pytorch import mixed_gpus
+
+    name = "the host's GPUs are one model"
+    models = ctx.hardware().models
+    if not models:
+        return Result("preflight", name, SKIP, "no known NVIDIA GPU")
+    mixed = mixed_gpus(models)
+    if mixed is None:
+        return Result("preflight", name, PASS, f"{len(models)} x {models[0].name}")
+    return Result("preflight", name, WARN, mixed,
+                  "pin each job to one model as above, or put one GPU model per host")
 
 
 # --- driver -----------------------------------------------------------------------------------
@@ -449,19 +467,6 @@ def containers_see_gpus(ctx: Context) -> Result:
 
 
 # --- hardening --------------------------------------------------------------------------------
-
-def expected_sshd(settings: Any) -> dict[str, str]:
-    """The settings `sshd -T` must show on a hardened host (a floor, from the tier)."""
-    yes_no = lambda flag: "yes" if flag else "no"  # noqa: E731
-    return {
-        "passwordauthentication": yes_no(settings.hardening_password_auth),
-        "kbdinteractiveauthentication": yes_no(settings.hardening_password_auth),
-        "permitemptypasswords": "no",
-        "pubkeyauthentication": "yes",
-        "permitrootlogin": settings.hardening_permit_root_login,
-        "x11forwarding": "no",
-    }
-
 
 @check("hardening")
 def sshd_hardened(ctx: Context) -> Result:

@@ -116,6 +116,10 @@ class Runner:
                 self.say(f"error: driver branch R{branch} is not in the compatibility data")
                 return EXIT_USAGE
         hosts = inventory_hosts(opts.inventory)
+        if not hosts:
+            # an inventory that loads but names no host is a mistake, not a finished rollout
+            self.say(f"error: the inventory {opts.inventory} has no hosts: nothing to roll out")
+            return EXIT_USAGE
         unknown = sorted(set(opts.skip) - set(hosts))
         if unknown:
             self.say(f"error: --skip names hosts not in the inventory: {', '.join(unknown)}")

@@ -83,6 +83,11 @@ def test_plan_shows_hardware_and_a_tier_mismatch(tiered, tmp_path):
     assert "MISMATCH (warn): tier hgx expects 8 GPUs; found 2" in hgx
     assert "NVSwitch" in hgx and "RDMA" in hgx
     assert "driver: R580" in hgx and "cuda: 13.0 (cuda-toolkit-13-0)" in hgx
+    # the PyTorch wheel for these GPUs and this driver, as tools/compat says it
+    assert "pytorch: 2.11 cu130: pip install torch==2.11.* --index-url https://download.pytorch.org/whl/cu130" in hgx
+    assert "pytorch: 2.11 cu128: pip install torch==2.11.* --index-url https://download.pytorch.org/whl/cu128" \
+        in plans[tiered["dev"].name]  # Debian's R535: CUDA 13 wheels need 580
+    assert "MIXED" not in hgx
 
 
 def test_tier_mismatch_fail_refuses_only_that_host(tiered, tmp_path, aptrepo):  # noqa: F811
@@ -116,6 +121,12 @@ BROKEN = [
     ({"tier": "dev", "clock_policy": {"memory": "fast", "graphics": 1590}}, "clock_policy", ""),
     ({"tier": "hgx", "validate_rdma": "absent"}, "nccl_profile", "needs RDMA"),
     ({"tier": "dev", "firewall_open_ports": ["70000/tcp"]}, "firewall_open_ports", "70000"),
+    # PyTorch wheels that would fail at `import torch` time on the tier's GPUs / driver
+    ({"tier": "hgx", "pytorch_version": "2.6"}, "pytorch_version",
+     "NVIDIA B200 (compute capability 10.0) needs sm_100 (CUDA kernels would fail with \"no kernel image"),
+    ({"tier": "hgx", "driver_branch": "570", "cuda_version": "12.8", "cudnn_version": "9.10.2", "pytorch_version": "2.12"},
+     "pytorch_version", "CUDA 13.x wheels need driver >= 580, the resolved driver is 570.195.03"),
+    ({"tier": "dev", "pytorch_version": "2.4"}, "pytorch_version", "unverified"),
 ]
 
 

@@ -145,3 +145,17 @@ def test_gate_fails_a_mismatch_with_its_fix_and_passes_exact_releases():
     assert missing.status == v.FAIL and missing.fix == v.FIX_DEPLOY
     none = v.cuda_cudnn_releases_exact(Ctx({}, _res(cuda="none", cudnn="none")))
     assert none.status == v.SKIP
+
+
+def test_tools_compat_names_the_exact_releases(capsys):
+    from gpufleet.compat_cli import main
+
+    assert main(["--gpu", "NVIDIA H200", "--os", "ubuntu-24.04", "--cuda", "13.0.2", "--cudnn", "9.17", "--json"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert out["cuda"] == {"version": "13.0", "package": "cuda-toolkit-13-0", "release": "13.0.2"}
+    assert out["cudnn"]["release"] == "9.17.0.29" and out["cudnn"]["packages"][1] == "libcudnn9-dev-cuda-13"
+    assert main(["--gpu", "NVIDIA H200", "--os", "ubuntu-24.04", "--cuda", "13.0", "--cudnn", "9.17.0"]) == 0
+    text = capsys.readouterr().out
+    assert "cuda:    13.0 (cuda-toolkit-13-0) at 13.0.2" in text and "at 9.17.0.29" in text

@@ -128,3 +128,18 @@ def test_paramiko_keeps_an_algorithm_of_each_kind(version):
     assert set(h.CIPHERS) & set(t._preferred_ciphers)
     assert set(h.MACS) & set(t._preferred_macs)
     assert "ssh-ed25519" in set(h.HOST_KEY_ALGORITHMS) & set(t._preferred_keys)
+
+
+@pytest.mark.parametrize("tier", ["dev", "research", "hgx"])
+def test_the_validation_gate_checks_every_setting_the_deploy_sets(tier):
+    """gpufleet/sshd_policy.expected_sshd (the gate) is what the deploy expects after its reload,
+    but for the algorithm lists that depend on the host's OpenSSH version."""
+    from types import SimpleNamespace
+
+    from gpufleet.sshd_policy import expected_sshd
+
+    settings = SimpleNamespace(**tier_defaults(tier))
+    deploy = h.expected_effective(h.sshd_context(settings, V100, h.HOST_KEY_FILES))
+    algorithms = {"kexalgorithms", "ciphers", "macs", "hostkeyalgorithms"}
+    assert expected_sshd(settings) == {k: v for k, v in deploy.items() if k not in algorithms}
+    assert expected_sshd(settings)["loglevel"] == "VERBOSE"  # a dev-sec control, not only the basics

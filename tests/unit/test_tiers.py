@@ -24,7 +24,7 @@ MANDATORY = {
     "hardening_allow_users", "firewall_open_ports", "extra_packages", "tier_mismatch",
 }
 PREFIXES = ("driver_", "cuda_", "docker_", "tuning_", "hardening_", "firewall_", "rollout_", "validate_")
-UNPREFIXED = {"tier", "tier_mismatch", "cuda_version", "cudnn_version", "clock_policy", "nccl_profile", "extra_packages"}
+UNPREFIXED = {"tier", "tier_mismatch", "cuda_version", "cudnn_version", "pytorch_version", "clock_policy", "nccl_profile", "extra_packages"}
 
 
 def _text() -> str:

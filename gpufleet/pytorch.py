@@ -1,0 +1,263 @@
+"""Which PyTorch wheel runs on a host: its GPUs and its driver against the `pytorch` section of
+compat.yaml.
+
+A pip wheel of PyTorch bundles its CUDA runtime and kernels compiled for a fixed list of compute
+capabilities. Two things then fail at run time, long after an install looked fine:
+
+- a GPU whose compute capability the wheel was not built for: CUDA kernels fail with
+  "no kernel image is available for execution on the device";
+- a driver older than the CUDA family of the wheel allows (minor-version compatibility floor):
+  torch.cuda says "The NVIDIA driver on your system is too old".
+
+This module answers both before any host is touched. Pure functions: models and driver version
+in, a PytorchChoice or Incompatible out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from .compat import UNVERIFIED, CompatData, compat_data
+from .errors import CompatDataError, Incompatible
+from .gpus import GpuModel
+from .versions import at_least, major, parse
+
+NONE = "none"
+KEY = "pytorch_version"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One CUDA variant of one PyTorch release, e.g. 2.11 cu130."""
+
+    release: str  # "2.11"
+    name: str  # "cu130"
+    cuda: str  # "13.0"
+    archs: tuple[str, ...]  # TORCH_CUDA_ARCH_LIST entries: "9.0", "12.0+PTX"
+    experimental: bool = False
+
+    @property
+    def sm_list(self) -> str:
+        return ", ".join(_sm(a) for a in self.archs)
+
+
+@dataclass(frozen=True)
+class PytorchData:
+    index_url: str  # with {variant}
+    releases: Mapping[str, tuple[Variant, ...]]  # newest CUDA first
+    status: Mapping[str, str]  # release -> verified | derived | secondary
+
+    @property
+    def versions(self) -> tuple[str, ...]:
+        return tuple(sorted(self.releases, key=parse, reverse=True))
+
+
+@dataclass(frozen=True)
+class PytorchChoice:
+    """The wheel to install: `pip install torch==<version>.* --index-url <index_url>`."""
+
+    version: str  # "2.11"
+    variant: str  # "cu130"
+    cuda: str  # "13.0"
+    index_url: str
+    archs: tuple[str, ...]
+    experimental: bool
+    data_status: str
+    notes: tuple[str, ...] = ()
+
+    @property
+    def pip(self) -> str:
+        return f"pip install torch=={self.version}.* --index-url {self.index_url}"
+
+    def describe(self) -> str:
+        what = f"{self.version} {self.variant}" + (" (experimental in PyTorch's matrix)" if self.experimental else "")
+        return f"{what}: {self.pip}"
+
+
+def _sm(arch: str) -> str:
+    base, _, ptx = arch.partition("+")
+    return "sm_" + base.replace(".", "") + ("+PTX" if ptx else "")
+
+
+def _variant_cuda(name: str) -> str:
+    digits = name[2:]
+    if not name.startswith("cu") or not digits.isdigit() or len(digits) < 3:
+        raise CompatDataError(f"compat.yaml: pytorch: variant {name!r} is not cuXYZ")
+    return f"{digits[:-1]}.{digits[-1]}"
+
+
+def parse_pytorch(raw: Mapping[str, Any], data: CompatData | None = None) -> PytorchData:
+    """The `pytorch` section of compat.yaml; releases marked unverified are dropped."""
+    data = data or compat_data()
+    section = raw.get("pytorch") or {}
+    releases: dict[str, tuple[Variant, ...]] = {}
+    status: dict[str, str] = {}
+    for version, info in (section.get("releases") or {}).items():
+        if not isinstance(version, str):
+            raise CompatDataError(f"compat.yaml: pytorch.releases: {version!r} must be a quoted version")
+        if info.get("status") == UNVERIFIED:
+            continue
+        variants = []
+        for experimental, group in ((False, info.get("variants") or {}), (True, info.get("experimental") or {})):
+            for name, archs in group.items():
+                cuda = _variant_cuda(name)
+                if cuda not in data.cuda_releases:
+                    raise CompatDataError(f"compat.yaml: pytorch {version} {name}: CUDA {cuda} not in cuda_releases")
+                if not archs:
+                    raise CompatDataError(f"compat.yaml: pytorch {version} {name}: empty arch list")
+                variants.append(Variant(version, name, cuda, tuple(str(a) for a in archs), experimental))
+        releases[version] = tuple(sorted(variants, key=lambda v: parse(v.cuda), reverse=True))
+        status[version] = str(info.get("status", ""))
+    return PytorchData(index_url=str(section.get("index_url", "")), releases=releases, status=status)
+
+
+@lru_cache(maxsize=1)
+def pytorch_data() -> PytorchData:
+    """The packaged PyTorch wheel data, parsed once per process."""
+    text = resources.files("gpufleet").joinpath("data/compat.yaml").read_text(encoding="utf-8")
+    return parse_pytorch(yaml.safe_load(text))
+
+
+def unverified_releases() -> tuple[str, ...]:
+    """Releases compat.yaml names but cannot decide on (so the grammar can say why)."""
+    text = resources.files("gpufleet").joinpath("data/compat.yaml").read_text(encoding="utf-8")
+    releases = (yaml.safe_load(text).get("pytorch") or {}).get("releases") or {}
+    return tuple(v for v, info in releases.items() if info.get("status") == UNVERIFIED)
+
+
+# --- coverage -----------------------------------------------------------------------------------
+
+
+def _cc(text: str) -> tuple[int, int]:
+    a, b = text.split(".")[:2]
+    return int(a), int(b)
+
+
+def kernel_for(model: GpuModel, variant: Variant) -> str | None:
+    """"sass" if the wheel has a binary for the GPU, "ptx" if only PTX it can JIT, else None.
+
+    SASS for X.Y runs on X.Z with Z >= Y (same major); PTX for X.Y runs, JIT-compiled, on any
+    later compute capability."""
+    cc = _cc(model.compute_capability)
+    ptx = False
+    for arch in variant.archs:
+        base, _, extra = arch.partition("+")
+        have = _cc(base)
+        if have[0] == cc[0] and have[1] <= cc[1]:
+            return "sass"
+        if extra.upper() == "PTX" and have <= cc:
+            ptx = True
+    return "ptx" if ptx else None
+
+
+def _driver_floor(variant: Variant, data: CompatData) -> str:
+    family = data.cuda_families.get(major(variant.cuda))
+    if family is None:
+        raise Incompatible(f"CUDA {major(variant.cuda)}.x has no verified driver floor", key=KEY)
+    return family.min_driver
+
+
+def _why_not(models: Sequence[GpuModel], variant: Variant, driver: str, data: CompatData) -> str | None:
+    """None if the variant runs on every GPU with this driver, else the reason `import torch` users meet."""
+    floor = _driver_floor(variant, data)
+    if not at_least(driver, floor):
+        return (f"driver too old: CUDA {major(variant.cuda)}.x wheels need driver >= {floor}, the resolved driver "
+                f"is {driver} (torch.cuda would fail with \"The NVIDIA driver on your system is too old\")")
+    toolkit = data.cuda_releases[variant.cuda].toolkit_driver
+    missing = []
+    for model in _unique(models):
+        kind = kernel_for(model, variant)
+        if kind is None or (kind == "ptx" and not at_least(driver, toolkit)):
+            missing.append(f"{model.name} (compute capability {model.compute_capability}) needs "
+                           f"{_sm(model.compute_capability)}")
+    if missing:
+        return (f"no kernel image: built for {variant.sm_list}, " + ", ".join(missing)
+                + " (CUDA kernels would fail with \"no kernel image is available for execution on the device\")")
+    return None
+
+
+def _unique(models: Sequence[GpuModel]) -> list[GpuModel]:
+    return list({m.name: m for m in models}.values())
+
+
+def fitting_releases(models: Sequence[GpuModel], driver: str, data: CompatData | None = None,
+                     torch: PytorchData | None = None) -> list[str]:
+    """PyTorch releases with at least one wheel that runs on every GPU with this driver."""
+    data, torch = data or compat_data(), torch or pytorch_data()
+    return [r for r in torch.versions
+            if any(_why_not(models, v, driver, data) is None for v in torch.releases[r])]
+
+
+def choose_pytorch(models: Sequence[GpuModel], wish: Any, driver: str, data: CompatData | None = None,
+                   torch: PytorchData | None = None) -> PytorchChoice | None:
+    """The newest CUDA variant of PyTorch ``wish`` that runs on every GPU of the host with
+    ``driver`` (stable variants before experimental ones); None for ``wish`` none. Raises Incompatible naming the GPU, its compute capability
+    and the missing architecture, or the driver floor."""
+    if wish in (None, NONE):
+        return None
+    data, torch = data or compat_data(), torch or pytorch_data()
+    version = str(wish)
+    variants = torch.releases.get(version)
+    if variants is None:
+        raise Incompatible(f"PyTorch {version} is not in the compatibility data", key=KEY,
+                           allowed="none, " + ", ".join(torch.versions))
+    reasons: dict[str, list[str]] = {}  # reason -> variants, so a shared reason is said once
+    # stable variants first (newest CUDA first); an experimental one only when no stable one fits
+    for variant in sorted(variants, key=lambda v: v.experimental):
+        why = _why_not(models, variant, driver, data)
+        if why is None:
+            return _choice(variant, driver, data, torch)
+        reasons.setdefault(why, []).append(variant.name)
+    allowed = fitting_releases(models, driver, data, torch)
+    said = "; ".join(f"{', '.join(names)}: {why}" for why, names in reasons.items())
+    raise Incompatible(f"no PyTorch {version} wheel runs on this host: {said}", key=KEY,
+                       allowed="none, " + ", ".join(allowed) if allowed else NONE)
+
+
+def _choice(variant: Variant, driver: str, data: CompatData, torch: PytorchData) -> PytorchChoice:
+    notes = []
+    toolkit = data.cuda_releases[variant.cuda].toolkit_driver
+    if not at_least(driver, toolkit):
+        notes.append(f"PyTorch {variant.release} {variant.name} runs under CUDA minor-version compatibility "
+                     f"(driver {driver} < {toolkit} of CUDA {variant.cuda}): kernels JIT-compiled from PTX may "
+                     "fail with \"the provided PTX was compiled with an unsupported toolchain\"")
+    status = torch.status.get(variant.release, "")
+    return PytorchChoice(
+        version=variant.release,
+        variant=variant.name,
+        cuda=variant.cuda,
+        index_url=torch.index_url.format(variant=variant.name),
+        archs=variant.archs,
+        experimental=variant.experimental,
+        data_status=status,
+        notes=tuple(notes),
+    )
+
+
+# --- mixed GPUs ---------------------------------------------------------------------------------
+
+
+def mixed_gpus(models: Sequence[GpuModel]) -> str | None:
+    """What a host with more than one GPU model means for jobs; None when all GPUs are alike."""
+    counts: dict[str, int] = {}
+    by_name: dict[str, GpuModel] = {}
+    for m in models:
+        counts[m.name] = counts.get(m.name, 0) + 1
+        by_name[m.name] = m
+    if len(counts) < 2:
+        return None
+    indices: dict[str, list[str]] = {}
+    for i, m in enumerate(models):
+        indices.setdefault(m.name, []).append(str(i))
+    parts = ", ".join(f"{n} x {name} (compute capability {by_name[name].compute_capability})"
+                      for name, n in counts.items())
+    pins = "; ".join(f"{name}: CUDA_VISIBLE_DEVICES={','.join(idx)}" for name, idx in indices.items())
+    return (f"mixed GPUs: {parts}. Different compute capability and memory: DDP and other collective jobs "
+            f"run at the slowest GPU's pace and the smallest memory bounds the batch; every library must "
+            f"cover every compute capability. Pin jobs to one model with CUDA_DEVICE_ORDER=PCI_BUS_ID and "
+            f"{pins}")
