@@ -48,7 +48,6 @@ def pending_message(installed: str, resolved: str) -> str:
     return f"driver upgrade pending: {installed} -> {resolved}, run tools/rollout"
 
 
-
 def stack_pending_message(what: str, installed: str, resolved: str) -> str:
     """The one wording of a CUDA toolkit / cuDNN release all.py leaves alone (run output, gate, report)."""
     return (f"{what} upgrade pending: {installed} -> {resolved} (deploys/all.py changes no installed CUDA "
