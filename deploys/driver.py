@@ -56,7 +56,7 @@ from gpufleet.failures import fail_host
 from gpufleet.hostfacts import driver_state, resolution
 from gpufleet.kernels import headers_metapackage, image_metapackage
 from gpufleet.settings import host_settings
-from gpufleet.validation import pending_message
+from gpufleet.validation import is_exact, pending_message, stack_pending_message, upstream_of
 from operations.driver import archive_components, packages_at_versions, refresh_initramfs, repo_key
 from operations.holds import held
 from operations.reboot import rebooted
@@ -79,6 +79,8 @@ _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefi
 NEEDS_REBOOT: dict[str, str] = {}
 # host name -> (installed, resolved) driver: all.py leaves these to tools/rollout.
 PENDING_UPGRADES: dict[str, tuple[str, str]] = {}
+# host name -> {"CUDA toolkit" | "cuDNN": (installed, resolved)}: all.py leaves these alone too.
+PENDING_STACK: dict[str, dict[str, tuple[str, str]]] = {}
 
 
 def pending_upgrade(settings, res, before) -> tuple[str, str] | None:
@@ -90,12 +92,39 @@ def pending_upgrade(settings, res, before) -> tuple[str, str] | None:
     return None
 
 
+def stack_groups(res) -> dict[str, dict[str, str]]:
+    """The CUDA toolkit and cuDNN packages with their exact versions, per what moves as one."""
+    versions = res.stack_versions
+    groups = {"CUDA toolkit": {p: v for p, v in versions.items() if p == res.cuda_package},
+              "cuDNN": {p: v for p, v in versions.items() if p in res.cudnn_packages}}
+    return {what: group for what, group in groups.items() if group}
+
+
+def stack_pending(res, installed) -> dict[str, tuple[str, str]]:
+    """{"cuDNN": (installed, resolved)} for each of the CUDA toolkit and cuDNN that is installed at
+    another release than the resolved one: like the driver, changed only by a sanctioned upgrade
+    (a re-run of all.py must not swap the libraries under running jobs)."""
+    out = {}
+    for what, group in stack_groups(res).items():
+        for package, version in group.items():
+            have = installed.get(package)
+            if have and not is_exact(have, version):
+                out[what] = (upstream_of(have), version)
+                break
+    return out
+
+
 def _report_at_exit() -> None:
     if PENDING_UPGRADES:
         lines = "\n".join(f"    {name}: {pending_message(*versions)}" for name, versions in sorted(PENDING_UPGRADES.items()))
         click.echo(f"\n--> gpufleet: {len(PENDING_UPGRADES)} host(s) with a DRIVER UPGRADE PENDING; deploys/all.py "
                    f"changed no driver (driver_upgrade_in_place: false). Roll it out with canary and batches: "
                    f"tools/rollout INVENTORY\n{lines}\n", err=True)
+    if PENDING_STACK:
+        lines = "\n".join(f"    {name}: " + "; ".join(stack_pending_message(what, *v) for what, v in pending.items())
+                          for name, pending in sorted(PENDING_STACK.items()))
+        click.echo(f"\n--> gpufleet: {len(PENDING_STACK)} host(s) with a CUDA/cuDNN UPGRADE PENDING; deploys/all.py "
+                   f"changed neither (driver_upgrade_in_place: false):\n{lines}\n", err=True)
     if NEEDS_REBOOT:
         lines = "\n".join(f"    {name}: {why}" for name, why in sorted(NEEDS_REBOOT.items()))
         click.echo(f"\n--> gpufleet: {len(NEEDS_REBOOT)} host(s) NEED A REBOOT to load the installed NVIDIA "
@@ -197,7 +226,14 @@ def driver():
         return
 
     pending = pending_upgrade(settings, res, before)
-    in_place = bool(pending) and settings.driver_upgrade_in_place
+    stack = res.stack_versions
+    stack_moves = stack_pending(res, host.get_fact(PackageVersions, packages=sorted(stack))) if stack else {}
+    in_place = bool(pending or stack_moves) and settings.driver_upgrade_in_place
+    if stack_moves and not in_place:
+        # The same rule as the driver: installed libraries change only by a sanctioned upgrade.
+        PENDING_STACK[host.name] = stack_moves
+        for what, versions in stack_moves.items():
+            logger.warning(f"{host.print_prefix}{stack_pending_message(what, *versions)}")
     if pending and not in_place:
         # A provisioned host: its driver changes only through tools/rollout (issue 14). The rest
         # of this deploy still converges around the driver that is installed.
@@ -266,7 +302,8 @@ def driver():
             host.noop(f"kernel {before.kernel_release}: no Debian/Ubuntu flavour, so no headers metapackage to follow it")
 
     # 3. The one sanctioned change, then holds --------------------------------------------------
-    present = [p for p in (res.cuda_package, res.cudnn_package, *res.dcgm_packages, *res.fabric_extra_packages) if p]
+    present = [p for p in (res.cuda_package, res.cudnn_package, *res.dcgm_packages, *res.fabric_extra_packages)
+               if p and p not in stack]
     versions = dict(res.package_versions)
     held_now = host.get_fact(HeldPackages)
     pinning = res.pinning_package
@@ -276,6 +313,10 @@ def driver():
         versions, old_pins = {}, []
         pinning = next((p for p, v in host.get_fact(PackageVersions, packages=[f"nvidia-driver-pinning-{pending[0]}"]).items()
                         if v), None)
+    # CUDA toolkit and cuDNN at their exact releases; one that is pending stays as it is (held)
+    for what, group in stack_groups(res).items():
+        if in_place or what not in stack_moves:
+            versions.update(group)
     if in_place:
         # driver_upgrade_in_place (dev boxes): the gate's rules still hold, for this one host:
         # the manifest (and the disk snapshot rollout_snapshot names) first, idle right before.
@@ -283,16 +324,22 @@ def driver():
         from gpufleet.rollout.context import RolloutContext
         from operations.drain import gpus_idle
 
+        moves = ([f"driver {pending[0]} -> {pending[1]}"] if pending else []) + [
+            f"{what} {old} -> {new}" for what, (old, new) in stack_moves.items()]
         manifest_and_snapshot(RolloutContext(target=res.driver_version))
         gpus_idle(name=f"Check that no process runs on the GPUs right before the driver changes "
-                       f"({pending[0]} -> {pending[1]}, driver_upgrade_in_place)", wait_seconds=0)
+                       f"({', '.join(moves)}, driver_upgrade_in_place)", wait_seconds=0)
     install = packages_at_versions(
         name=(f"Install CUDA and cuDNN around the installed driver {pending[0]} ({pending_message(*pending)})"
               if pending and not in_place else
               f"Install driver {res.driver_version} ({res.flavour})"
               + (f" with Fabric Manager {res.fabricmanager_version}" if res.fabricmanager_needed else ""))
-             + (f", CUDA {res.cuda_version}" if res.cuda_version else "")
-             + (f", cuDNN {res.cudnn_version}" if res.cudnn_version else "")
+             + "".join(f", {what} {old} kept (pending {new})" if what in stack_moves and not in_place else ""
+                       for what, (old, new) in stack_moves.items())
+             + (f", CUDA {res.cuda_release or res.cuda_version}"
+                if res.cuda_version and ("CUDA toolkit" not in stack_moves or in_place) else "")
+             + (f", cuDNN {res.cudnn_release or res.cudnn_version}"
+                if res.cudnn_version and ("cuDNN" not in stack_moves or in_place) else "")
              + ": unhold, change and re-hold as one step",
         versions=versions, present=present, pinning=pinning,
         hold=settings.driver_hold, release=old_pins,
@@ -300,7 +347,7 @@ def driver():
     release = before.kernel_release or ""
     extra = [*CONTAINER_TOOLKIT, *((f"linux-image-{release}", f"linux-headers-{release}") if release else ())]
     installed_extra = [p for p, v in host.get_fact(PackageVersions, packages=extra).items() if v]
-    managed = [*res.package_versions, *present, *([pinning] if pinning else []), *installed_extra]
+    managed = [*res.package_versions, *present, *stack, *([pinning] if pinning else []), *installed_extra]
     held(
         name=("Hold" if settings.driver_hold else "Release") + " the driver, CUDA, cuDNN, container toolkit "
              "and running kernel packages",

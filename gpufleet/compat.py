@@ -33,6 +33,7 @@ class CudaRelease:
     version: str  # "13.0"
     ga_driver: str
     toolkit_driver: str  # driver of the newest update of this minor
+    release: str | None = None  # that update ("13.0.2"): the version cuda-toolkit-X-Y is held at
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class CudnnBuild:
     cuda_versions: tuple[str, ...]
     min_driver: str
     compute_capabilities: tuple[str, ...]
+    package_version: str | None = None  # the apt packages' build ("9.17.0.29"); None: not installable
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,8 @@ def _from_mapping(data: Mapping[str, Any]) -> CompatData:
         if _verified(v)
     }
     releases = {
-        str(k): CudaRelease(str(k), _version(v["ga_driver"], k), _version(v["toolkit_driver"], k))
+        str(k): CudaRelease(str(k), _version(v["ga_driver"], k), _version(v["toolkit_driver"], k),
+                            _version(v["release"], k) if v.get("release") is not None else None)
         for k, v in _req(data, "cuda_releases", "top").items()
         if _verified(v)
     }
@@ -181,6 +184,8 @@ def _from_mapping(data: Mapping[str, Any]) -> CompatData:
             cuda_versions=tuple(row["cuda_versions"]),
             min_driver=_version(row["min_driver"], "cudnn_releases"),
             compute_capabilities=tuple(row["compute_capabilities"]),
+            package_version=(_version(row["package_version"], "cudnn_releases")
+                             if row.get("package_version") is not None else None),
         )
         for row in _req(data, "cudnn_releases", "top")
         if _verified(row)

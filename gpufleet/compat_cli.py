@@ -97,9 +97,10 @@ def answer(gpus: list[Any], os_release: str, wishes: dict[str, Any]) -> dict[str
     out["driver"] = {"source": r.source, "branch": r.driver_branch, "version": r.driver_version,
                      "flavour": r.flavour, "packages": list(r.driver_packages)}
     if r.cuda_version:
-        out["cuda"] = {"version": r.cuda_version, "package": r.cuda_package}
+        out["cuda"] = {"version": r.cuda_version, "package": r.cuda_package, "release": r.cuda_release}
     if r.cudnn_version:
-        out["cudnn"] = {"version": r.cudnn_version, "package": r.cudnn_package}
+        out["cudnn"] = {"version": r.cudnn_version, "package": r.cudnn_package, "release": r.cudnn_release,
+                        "packages": list(r.cudnn_packages)}
     if r.pytorch:
         p = r.pytorch
         out["pytorch"] = {"version": p.version, "cuda_variant": p.variant, "cuda": p.cuda,
@@ -125,8 +126,12 @@ def render(out: dict[str, Any]) -> str:
         d = out["driver"]
         lines.append(f"driver:  R{d['branch']} {d['version']} ({d['flavour']}, {d['source']}): {' '.join(d['packages'])}")
         c, n, p = out["cuda"], out["cudnn"], out["pytorch"]
-        lines.append(f"cuda:    {c['version']} ({c['package']})" if c else "cuda:    none")
-        lines.append(f"cudnn:   {n['version']} ({n['package']})" if n else "cudnn:   none")
+
+        def at(x: dict[str, Any]) -> str:  # the exact release installed and held (None: the distribution's)
+            return f" at {x['release']}" if x.get("release") else ""
+
+        lines.append(f"cuda:    {c['version']} ({c['package']}){at(c)}" if c else "cuda:    none")
+        lines.append(f"cudnn:   {n['version']} ({n['package']}){at(n)}" if n else "cudnn:   none")
         if p:
             lines.append(f"pytorch: {p['version']} {p['cuda_variant']} (CUDA {p['cuda']}; wheels built for "
                          f"{', '.join(p['archs'])})" + (" experimental in PyTorch's matrix" if p["experimental"] else ""))

@@ -53,8 +53,21 @@ class Resolution:
     package_versions: Mapping[str, str] = field(default_factory=dict)
     #: DCGM packages when driver_dcgm asks for them
     dcgm_packages: tuple[str, ...] = ()
+    #: exact CUDA toolkit release cuda_package is installed and held at ("13.0.2"; nvidia source)
+    cuda_release: str | None = None
+    #: exact build of the cuDNN packages ("9.17.0.29") and the packages: runtime, -dev, -headers
+    cudnn_release: str | None = None
+    cudnn_packages: tuple[str, ...] = ()
     #: the PyTorch wheel (release, CUDA variant) that runs on every GPU with this driver, when asked for
     pytorch: PytorchChoice | None = None
+
+    @property
+    def stack_versions(self) -> dict[str, str]:
+        """CUDA toolkit and cuDNN packages -> the exact upstream version each must have."""
+        out = {self.cuda_package: self.cuda_release} if self.cuda_package and self.cuda_release else {}
+        if self.cudnn_release:
+            out.update((p, self.cudnn_release) for p in self.cudnn_packages)
+        return out
 
     def describe(self) -> dict[str, Any]:
         """Ordered, printable summary for plan views."""
@@ -65,8 +78,10 @@ class Resolution:
             "driver": f"R{self.driver_branch} {self.driver_version} ({self.flavour})",
             "driver_packages": " ".join(self.driver_packages)
             + (f" (locked by {self.pinning_package})" if self.pinning_package else ""),
-            "cuda": f"{self.cuda_version} ({self.cuda_package})" if self.cuda_version else NONE,
-            "cudnn": f"{self.cudnn_version} ({self.cudnn_package})" if self.cudnn_version else NONE,
+            "cuda": (f"{self.cuda_version} ({self.cuda_package})"
+                     + (f" at {self.cuda_release}" if self.cuda_release else "")) if self.cuda_version else NONE,
+            "cudnn": (f"{self.cudnn_version} ({' '.join(self.cudnn_packages) or self.cudnn_package})"
+                      + (f" at {self.cudnn_release}" if self.cudnn_release else "")) if self.cudnn_version else NONE,
             "fabricmanager": (
                 f"{self.fabricmanager_package} {self.fabricmanager_version}"
                 + "".join(f" + {p}" for p in self.fabric_extra_packages)
@@ -305,6 +320,46 @@ def _check_cudnn(models: Sequence[GpuModel], cudnn: str, cuda: str, version: str
     raise Incompatible(problems[-1], key="cudnn_version", allowed=allowed)
 
 
+def exact_cuda(cuda: str, data: CompatData) -> str:
+    """The CUDA minor a user's `cuda_version` names: "13.0" or its exact release "13.0.2"."""
+    if cuda in data.cuda_releases:
+        return cuda
+    minor = ".".join(cuda.split(".")[:2])
+    release = data.cuda_releases.get(minor)
+    if release is not None and release.release == cuda:
+        return minor
+    raise Incompatible(
+        f"CUDA {cuda} is not a release in the compatibility data"
+        + (f" (CUDA {minor} is installed at its release {release.release})" if release and release.release else ""),
+        key="cuda_version",
+        allowed="none, " + ", ".join(sorted(data.cuda_releases, key=parse, reverse=True)),
+    )
+
+
+def exact_cudnn(cudnn: str, data: CompatData) -> str:
+    """The cuDNN release a user's `cudnn_version` names: "9.17.0", or "9.17" = newest 9.17.x."""
+    known = data.cudnn_versions
+    if cudnn in known:
+        return cudnn
+    matches = [v for v in known if v.startswith(cudnn + ".")]
+    if matches:
+        return matches[0]
+    raise Incompatible(f"cuDNN {cudnn} is not a release in the compatibility data", key="cudnn_version",
+                       allowed="none, " + ", ".join(known))
+
+
+def _cudnn_build(cudnn: str, cuda: str, data: CompatData) -> str:
+    """The exact package build of cuDNN ``cudnn`` for CUDA ``cuda`` (package_version in compat.yaml)."""
+    builds = {b.package_version for b in data.cudnn_builds
+              if b.version == cudnn and cuda in b.cuda_versions and b.package_version}
+    if not builds:
+        known = sorted({b.version for b in data.cudnn_builds if b.package_version and cuda in b.cuda_versions},
+                       key=parse, reverse=True)
+        raise Incompatible(f"cuDNN {cudnn} has no known package build for CUDA {cuda} in compat.yaml, so no exact "
+                           "version to install", key="cudnn_version", allowed="none, " + ", ".join(known))
+    return max(builds, key=parse)
+
+
 # --- clocks -------------------------------------------------------------------------------------
 
 
@@ -408,6 +463,8 @@ def _resolve_on(
     version_wish = _wish(wishes, "driver_version", AUTO)
     cuda = _wish(wishes, "cuda_version", NONE)
     cudnn = _wish(wishes, "cudnn_version", NONE)
+    cuda = cuda if cuda == NONE else exact_cuda(cuda, data)
+    cudnn = cudnn if cudnn == NONE else exact_cudnn(cudnn, data)
     mode = _wish(wishes, "cuda_driver_compat", "toolkit")
     notes: list[str] = []
     offer: DistroOffer | None = None
@@ -477,15 +534,19 @@ def _resolve_on(
     else:
         driver_packages = _nvidia_driver_packages(branch, flavour, data)
 
-    cuda_version = cuda_package = cudnn_version = cudnn_package = None
+    cuda_version = cuda_package = cudnn_version = cudnn_package = cuda_release = cudnn_release = None
+    cudnn_packages: tuple[str, ...] = ()
     if cuda != NONE:
         notes += _check_cuda(models, cuda, version, mode, data)
         cuda_version = cuda
         if offer is not None:
-            cuda_package = offer.cuda_package
+            cuda_package = offer.cuda_package  # Debian's own version, whatever the release ships
         else:
             cuda_major, cuda_minor = cuda.split(".")[:2]
             cuda_package = data.nvidia_repo["cuda_package"].format(cuda_major=cuda_major, cuda_minor=cuda_minor)
+            cuda_release = data.cuda_releases[cuda].release
+            if cuda_release is None:
+                raise Incompatible(f"CUDA {cuda} has no exact release in compat.yaml", key="cuda_version")
     if cudnn != NONE:
         if cuda == NONE:
             raise Incompatible(
@@ -494,6 +555,9 @@ def _resolve_on(
         _check_cudnn(models, cudnn, cuda, version, data)
         cudnn_version = cudnn
         cudnn_package = data.nvidia_repo["cudnn_package"].format(cudnn_major=major(cudnn), cuda_major=major(cuda))
+        cudnn_release = _cudnn_build(cudnn, cuda, data)
+        cudnn_packages = tuple(p.format(cudnn_major=major(cudnn), cuda_major=major(cuda))
+                               for p in data.nvidia_repo.get("cudnn_packages", [data.nvidia_repo["cudnn_package"]]))
 
     off_host = [m for m in models if m.fabric == "off_host"]
     fm_needed = has_nvswitch and not off_host
@@ -560,6 +624,9 @@ def _resolve_on(
         pinning_package=pinning,
         package_versions=MappingProxyType(versions),
         dcgm_packages=dcgm,
+        cuda_release=cuda_release,
+        cudnn_release=cudnn_release,
+        cudnn_packages=cudnn_packages,
         pytorch=pytorch,
     )
 

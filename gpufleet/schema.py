@@ -406,7 +406,13 @@ def _check_cuda(value: Any) -> str:
         return NONE
     if isinstance(value, float):
         raise BadValue(f"CUDA version given as a number {value!r}; quote it (\"{value}\")", _cuda_allowed())
-    if not isinstance(value, str) or value not in compat_data().cuda_releases:
+    releases = compat_data().cuda_releases
+    if isinstance(value, str) and value not in releases:
+        # the exact release "13.0.2" names its minor "13.0" (installed at exactly that release)
+        minor = ".".join(value.split(".")[:2])
+        if minor in releases and releases[minor].release == value:
+            return minor
+    if not isinstance(value, str) or value not in releases:
         raise BadValue(f"CUDA {show(value)} is not in the compatibility data", _cuda_allowed())
     return value
 

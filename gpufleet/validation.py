@@ -47,6 +47,23 @@ def pending_message(installed: str, resolved: str) -> str:
     """The one wording of a driver change all.py leaves to tools/rollout (run output, gate, report)."""
     return f"driver upgrade pending: {installed} -> {resolved}, run tools/rollout"
 
+
+def stack_pending_message(what: str, installed: str, resolved: str) -> str:
+    """The one wording of a CUDA toolkit / cuDNN release all.py leaves alone (run output, gate, report)."""
+    return (f"{what} upgrade pending: {installed} -> {resolved} (deploys/all.py changes no installed CUDA "
+            "toolkit or cuDNN)")
+
+
+def upstream_of(debian_version: str) -> str:
+    """'1:9.17.0.29-1' -> '9.17.0.29': the whole upstream part (no epoch, no Debian revision)."""
+    return debian_version.split(":", 1)[-1].rsplit("-", 1)[0]
+
+
+def is_exact(debian_version: str | None, upstream: str) -> bool:
+    """True when an installed Debian version is exactly the release ``upstream`` (any revision)."""
+    return bool(debian_version) and "-" in debian_version and upstream_of(debian_version) == upstream
+
+
 # area -> its deploy module ("" for none)
 AREAS: dict[str, str] = {
     "base": "deploys.base",
@@ -259,6 +276,36 @@ def driver_versions_agree(ctx: Context) -> Result:
         return Result("driver", name, status, f"{pending_message(drv.userspace_version, want)} ({found})",
                       FIX_ROLLOUT)
     return Result("driver", name, FAIL, f"{found}, resolved {want}", FIX_DEPLOY)
+
+
+FIX_STACK = ("set driver_upgrade_in_place: true for the host and run deploys/all.py (it moves the packages "
+             "when the GPUs are idle, manifest first), or put the inventory back at the installed release")
+
+
+@check("driver")
+def cuda_cudnn_releases_exact(ctx: Context) -> Result:
+    """The CUDA toolkit and cuDNN on the host are exactly the resolved releases: a presence check
+    would pass a cuDNN changed by hand or left behind by an inventory change."""
+    name = "the CUDA toolkit and cuDNN are the resolved releases"
+    try:
+        res = ctx.resolution()
+    except Incompatible as refused:
+        return Result("driver", name, SKIP, f"nothing resolves for this host: {refused.reason}")
+    wanted = res.stack_versions
+    if not wanted:
+        return Result("driver", name, SKIP, "the tier installs no host CUDA toolkit or cuDNN from NVIDIA's repository")
+    installed = ctx.fact(PackageVersions, packages=sorted(wanted))
+    missing = [p for p in sorted(wanted) if not installed.get(p)]
+    wrong = [f"{p} {upstream_of(installed[p])} (resolved {v})" for p, v in sorted(wanted.items())
+             if installed.get(p) and not is_exact(installed[p], v)]
+    if wrong:
+        return Result("driver", name, FAIL, "; ".join(wrong) + (f"; not installed: {', '.join(missing)}" if missing else ""),
+                      FIX_STACK)
+    if missing:
+        return Result("driver", name, FAIL, f"not installed: {', '.join(missing)}", FIX_DEPLOY)
+    shown = [f"CUDA {res.cuda_release}"] if res.cuda_release else []
+    shown += [f"cuDNN {res.cudnn_release}"] if res.cudnn_release else []
+    return Result("driver", name, PASS, ", ".join(shown))
 
 
 @check("driver")

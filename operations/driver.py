@@ -17,7 +17,6 @@ from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.driver import DebianArchiveSources
 from facts.packages import KeyringFingerprints
-from facts.kernel import upstream_version
 from facts.packages import HeldPackages, PackageVersions
 
 _DEBIAN_ARCHIVE = re.compile(r"^(https?|file)://[^ ]*/debian(-security)?/?$")
@@ -174,7 +173,8 @@ def packages_at_versions(
     """
     names = [*versions, *present, *([pinning] if pinning else [])]
     installed = host.get_fact(PackageVersions, packages=names)
-    wrong = {p: v for p, v in versions.items() if upstream_version(installed.get(p) or "") != v}
+    # the same test as the script's: the whole upstream part, so 9.17.0.29 is not 9.17.0.30
+    wrong = {p: v for p, v in versions.items() if not re.match(_version_regex(v), installed.get(p) or "")}
     missing = [p for p in [*present, *([pinning] if pinning else [])] if not installed.get(p)]
     if not wrong and not missing:
         host.noop("at the wanted versions already: " + ", ".join(f"{p} {v}" for p, v in versions.items()))

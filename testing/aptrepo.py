@@ -94,8 +94,11 @@ SOURCES = {
                        "NVIDIA/gpu-driver-container#735 (compat-data.md S17)",
     "cuda": "cuda=13.0.2-1 (13.0 Update 2) and cuda-toolkit-12-8 12.8.1-1 (12.8 Update 1) in public "
             "Dockerfiles/scripts; cuda-toolkit-X-Y naming from compat.yaml",
-    "cudnn": "libcudnn9-cuda-13 / libcudnn9-dev-cuda-13 / libcudnn9-headers-cuda-13 = 9.16.0.29-1 "
-             "(public install scripts); nvidia-cudnn-cu12/-cu13 9.16.0.29 and 9.10.2.21 on PyPI",
+    "cudnn": "libcudnn9-cuda-13 / libcudnn9-dev-cuda-13 / libcudnn9-headers-cuda-13 = 9.16.0.29-1 and "
+             "9.17.0.29-1, libcudnn9-cuda-12 = 9.10.2.21-1 (public install scripts); nvidia-cudnn-cu12/-cu13 "
+             "9.16.0.29, 9.17.0.29, 9.17.1.4 and 9.10.2.21 on PyPI (compat.yaml S34)",
+    "cuda-later": "STAND-IN ONLY: cuda-toolkit-13-0 13.0.3-1 is a hypothetical later update (13.0 Update 2 is "
+                  "the newest in compat-data.md 1b), there so that a test proves the pin, not apt's newest",
     "dcgm": "datacenter-gpu-manager-4-core=1:4.4.0-1 (public install scripts; epoch 1)",
     "container": "NVIDIA Container Toolkit install guide: nvidia-container-toolkit, "
                  "nvidia-container-toolkit-base, libnvidia-container-tools, libnvidia-container1, "
@@ -107,10 +110,15 @@ SOURCES = {
 
 # One branch, two real driver versions. Add a version (or branch) here.
 DRIVERS = ("580.95.05", "580.126.09")
-# (toolkit major-minor, package version, nvcc release string)
-CUDA_TOOLKITS = (("13-0", "13.0.2-1", "13.0"), ("12-8", "12.8.1-1", "12.8"))
-# (cuda major, cuDNN package version)
-CUDNN = (("13", "9.16.0.29-1"), ("12", "9.16.0.29-1"), ("12", "9.10.2.21-1"))
+# (toolkit major-minor, package version, nvcc release string). Several releases per package,
+# older and newer around the one compat.yaml resolves to (13.0 -> 13.0.2), so that tests prove
+# the resolved release is the one installed, not apt's newest.
+CUDA_TOOLKITS = (("13-0", "13.0.1-1", "13.0"), ("13-0", "13.0.2-1", "13.0"), ("13-0", "13.0.3-1", "13.0"),
+                 ("12-8", "12.8.0-1", "12.8"), ("12-8", "12.8.1-1", "12.8"))
+# (cuda major, cuDNN package version): 9.17.0 resolves to 9.17.0.29 (9.16 older, 9.17.1 newer);
+# for CUDA 12, 9.10.2 -> 9.10.2.21 with newer ones to move to
+CUDNN = (("13", "9.16.0.29-1"), ("13", "9.17.0.29-1"), ("13", "9.17.1.4-1"),
+         ("12", "9.10.2.21-1"), ("12", "9.16.0.29-1"), ("12", "9.17.0.29-1"))
 DCGM = ("1:4.4.0-1",)
 CONTAINER_TOOLKITS = ("1.17.8-1", "1.18.0-1")
 
@@ -335,7 +343,8 @@ def default_packages() -> list[Pkg]:
             Pkg(f"cuda-toolkit-{mm}", ver,
                 ("cuda-toolkit-config-common", f"cuda-toolkit-{major}-config-common",
                  f"cuda-toolkit-{mm}-config-common", f"cuda-nvcc-{mm} (>= {ver})"),
-                description=f"CUDA Toolkit {rel} meta-package", source="cuda"),
+                description=f"CUDA Toolkit {rel} meta-package",
+                source="cuda-later" if ver == "13.0.3-1" else "cuda"),
         ]
     for cuda_major, ver in CUDNN:
         pkgs += [
@@ -376,7 +385,8 @@ def default_packages() -> list[Pkg]:
                 ("/usr/bin/nvidia-container-runtime-hook", _script("nvidia-container-runtime-hook", _HOOK), 0o755),),
                 description="NVIDIA Container toolkit", repo="container", source="container"),
         ]
-    return pkgs
+    seen: set[tuple[str, str]] = set()  # shared config packages come once per version
+    return [p for p in pkgs if (p.name, p.version) not in seen and not seen.add((p.name, p.version))]
 
 
 def keyring_package(distro: str, url: str, keyring: bytes) -> Pkg:

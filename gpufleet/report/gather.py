@@ -204,14 +204,16 @@ def gather(inventory_path: str, workers: int = 20, drift: bool = True, probe: bo
 
 
 def _pending(name: str) -> list[str]:
-    """Changes all.py leaves to tools/rollout on this host (a driver upgrade): drift all the same."""
+    """Changes all.py leaves alone on this host (a driver, CUDA toolkit or cuDNN upgrade): drift all the same."""
     import sys
 
-    from gpufleet.validation import pending_message
+    from gpufleet.validation import pending_message, stack_pending_message
 
     driver = sys.modules.get("deploys.driver")
     versions = getattr(driver, "PENDING_UPGRADES", {}).get(name) if driver else None
-    return [pending_message(*versions)] if versions else []
+    stack = getattr(driver, "PENDING_STACK", {}).get(name) or {} if driver else {}
+    return ([pending_message(*versions)] if versions else []) + [
+        stack_pending_message(what, *moves) for what, moves in stack.items()]
 
 
 def plan_drift(state: Any, hosts: list, rows: dict[str, dict[str, Any]], deploy: str) -> None:

@@ -21,6 +21,9 @@ OLD_DEB, NEW_DEB = f"{OLD}-1", f"{NEW}-1"
 GPU = f"a100x2@{OLD}"
 KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 APT = "DEBIAN_FRONTEND=noninteractive apt-get -q -o Dpkg::Use-Pty=0"
+# CUDA 13.0 and cuDNN 9.17.0 at the exact releases the tiers resolve to (the stand-in repo offers newer)
+STACK = ("cuda-toolkit-13-0=13.0.2-1", "libcudnn9-cuda-13=9.17.0.29-1", "libcudnn9-dev-cuda-13=9.17.0.29-1",
+         "libcudnn9-headers-cuda-13=9.17.0.29-1")
 HELD = ("nvidia-open", "nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-fabricmanager", "libcudnn9-cuda-13")
 SLURMCTLD_LOG = "/var/log/slurm/slurmctld.log"
 
@@ -55,8 +58,8 @@ def prepare(host, aptrepo) -> None:
              f"echo {shlex.quote(line)} > /etc/apt/sources.list.d/cuda-debian12-x86_64.list && "
              f"{APT} update -o Dir::Etc::SourceList=/dev/null >/dev/null && "
              f"{APT} install -y nvidia-driver-pinning-{OLD} >/dev/null && "
-             f"{APT} install -y nvidia-open={OLD_DEB} nvidia-fabricmanager={OLD_DEB} cuda-toolkit-13-0 "
-             f"libcudnn9-cuda-13 >/dev/null && apt-mark hold {' '.join(HELD)} >/dev/null")
+             f"{APT} install -y nvidia-open={OLD_DEB} nvidia-fabricmanager={OLD_DEB} {' '.join(STACK)} "
+             f">/dev/null && apt-mark hold {' '.join(HELD)} >/dev/null")
 
 
 def tune_gpus(host) -> tuple[int, int]:

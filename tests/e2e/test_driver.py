@@ -203,7 +203,9 @@ def test_nvidia_install_exact_versions_fabric_manager_equal_and_held(hgx, nvidia
     for pkg in DRIVER_PKGS:
         assert upstream(got[pkg]) == OLD, (pkg, got)
     assert got[FM] == got["nvidia-driver-cuda"]
-    assert f"nvidia-driver-pinning-{OLD}" in got and "cuda-toolkit-13-0" in got and "libcudnn9-cuda-13" in got
+    assert f"nvidia-driver-pinning-{OLD}" in got
+    # exactly the resolved releases, although the stand-in repository offers newer ones
+    assert (got["cuda-toolkit-13-0"], got["libcudnn9-cuda-13"]) == ("13.0.2-1", "9.17.0.29-1"), got
     assert "datacenter-gpu-manager-4-cuda13" in got
     assert {"nvidia-open", FM, f"nvidia-driver-pinning-{OLD}", "cuda-toolkit-13-0", "libcudnn9-cuda-13"} <= holds(hgx)
     source = sh(hgx, "cat /etc/apt/sources.list.d/gpufleet-cuda.list")

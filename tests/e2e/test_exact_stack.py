@@ -1,0 +1,211 @@
+"""End-to-end: the CUDA toolkit and cuDNN end at exactly the resolved releases (issue 17, item 1).
+
+One real Debian test host (simulated GPUs: testing/gpusim) against the signed stand-in CUDA
+repository (testing/aptrepo.py), which offers older and newer releases around the resolved ones
+(cuda-toolkit-13-0 13.0.1 / 13.0.2 / 13.0.3, libcudnn9-cuda-13 9.16.0.29 / 9.17.0.29 / 9.17.1.4,
+libcudnn9-cuda-12 9.10.2.21 / 9.16.0.29 / 9.17.0.29), so a test that passes proves the pin, not
+apt's choice. Versions are read with dpkg-query on the host, never from gpufleet's output.
+
+In order, on the same host (each run applied twice where it converges):
+1. `cuda_version: "13.0"`, `cudnn_version: "9.17"` -> cuda-toolkit-13-0 13.0.2, cuDNN runtime,
+   -dev and -headers 9.17.0.29, all held; the second run changes nothing; the gate passes it.
+2. cuDNN changed by hand (downgraded to 9.16.0.29): the driver deploy leaves it (pending, no
+   package change) and the validation gate FAILs the host with the fix.
+3. CUDA 12.8 with `cudnn_version: "9.10"` -> 12.8.1 and 9.10.2.21; then the inventory says
+   `cudnn_version: "9.17.0"`: reported as a pending upgrade, no package changes, the gate FAILs.
+4. The same with `driver_upgrade_in_place: true` (dev boxes): all.py moves cuDNN to 9.17.0.29,
+   manifest first and GPUs idle right before; the gate passes.
+"""
+from __future__ import annotations
+
+import pytest
+
+from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
+from testing.inventory import TEST_DRIVER, environment_data, write_inventory
+from tests.e2e.pyinfra_cli import changed_operations, pyinfra
+
+pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
+
+RUNNER = '''"""Test runner: validate the inventory, preflight, then only the driver deploy."""
+from pyinfra import host, state
+
+from deploys.driver import driver
+from deploys.preflight import preflight
+from gpufleet.failures import host_failed
+from gpufleet.settings import validate_inventory
+
+validate_inventory(state.inventory)
+for step in (preflight, driver):
+    if host_failed(host):
+        break
+    step()
+'''
+CUDNN13 = ("libcudnn9-cuda-13", "libcudnn9-dev-cuda-13", "libcudnn9-headers-cuda-13")
+CUDNN12 = ("libcudnn9-cuda-12", "libcudnn9-dev-cuda-12", "libcudnn9-headers-cuda-12")
+CHECK = "driver: the CUDA toolkit and cuDNN are the resolved releases"
+
+
+def sh(host, cmd: str) -> str:
+    from testing import testhosts
+
+    r = testhosts.ssh(host, cmd, check=False, timeout=300)
+    assert r.returncode == 0, f"{cmd}\n--- rc {r.returncode}\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def installed(host, *packages: str) -> dict[str, str]:
+    """package -> Debian version, for installed packages only (dpkg-query on the host)."""
+    out = sh(host, "dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\\n' "
+                   + " ".join(packages) + " 2>/dev/null || true")
+    return {p: v for p, v, s in (line.split() for line in out.splitlines() if len(line.split()) == 3) if s[1] == "i"}
+
+
+def holds(host) -> set[str]:
+    return set(sh(host, "apt-mark showhold").split())
+
+
+def gate(inv, monkeypatch):
+    """The real validation gate (deploys/validate.py) on the driver-only host: other areas fail
+    there (no docker, no hardening); the tests read the CUDA/cuDNN check's own line."""
+    monkeypatch.setenv("GPUFLEET_VALIDATE_PROBE", "0")
+    return pyinfra(inv, "deploys/validate.py")
+
+
+def check_line(run) -> str:
+    lines = [line for line in run.output.splitlines() if CHECK in line]
+    assert len(lines) == 1, run.output
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def host(hostpool):
+    (h,) = hostpool.get("exact-stack", 1, release="bookworm", gpu=f"h100x8@{TEST_DRIVER}")  # module loaded: no reboot noise
+    return h
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("runner") / "driver_only.py"
+    path.write_text(RUNNER)
+    return str(path)
+
+
+def _inventory(host, aptrepo, tmp_path_factory, **wishes):  # noqa: F811
+    data = {**environment_data(host, "hgx-cloud", aptrepo), "tier_mismatch": "warn",
+            "driver_reboot": "never",
+            # the tier also allows B200s, for which cuDNN 9.17.0 on CUDA 12 has no verified build
+            "validate_gpu_models": ["NVIDIA H100 80GB HBM3"], **wishes}
+    return write_inventory(tmp_path_factory.mktemp("inv") / "inventory.py", [host], data={host.name: data})
+
+
+@pytest.fixture(scope="module")
+def cuda13(host, aptrepo, runner, tmp_path_factory):  # noqa: F811
+    inv = _inventory(host, aptrepo, tmp_path_factory, cuda_version="13.0", cudnn_version="9.17")
+    return inv, pyinfra(inv, runner), pyinfra(inv, runner)
+
+
+def test_the_repository_offers_older_and_newer_releases(host, cuda13):
+    # the premise: apt alone would pick another release than the resolved one
+    offered = sh(host, "apt-cache madison cuda-toolkit-13-0 libcudnn9-cuda-13")
+    for version in ("13.0.1-1", "13.0.2-1", "13.0.3-1", "9.16.0.29-1", "9.17.0.29-1", "9.17.1.4-1"):
+        assert version in offered, offered
+
+
+def test_exact_cuda_and_cudnn_releases_installed_and_held(host, cuda13):
+    _, first, _ = cuda13
+    assert first.returncode == 0, first.output
+    got = installed(host, "cuda-toolkit-13-0", *CUDNN13)
+    assert got == {"cuda-toolkit-13-0": "13.0.2-1", **{p: "9.17.0.29-1" for p in CUDNN13}}, got
+    assert {"cuda-toolkit-13-0", *CUDNN13} <= holds(host)
+
+
+def test_second_run_changes_nothing(cuda13):
+    _, _, second = cuda13
+    assert second.returncode == 0, second.output
+    assert changed_operations(second) == [], second.output
+
+
+def test_gate_passes_the_exact_releases(cuda13, monkeypatch):
+    inv, _, _ = cuda13
+    line = check_line(gate(inv, monkeypatch))
+    assert "[PASS]" in line and "CUDA 13.0.2, cuDNN 9.17.0.29" in line, line
+
+
+@pytest.fixture(scope="module")
+def by_hand(host, runner, cuda13):
+    inv, first, _ = cuda13
+    assert first.returncode == 0, first.output
+    sh(host, "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades --allow-change-held-packages "
+             + " ".join(f"{p}=9.16.0.29-1" for p in CUDNN13) + " >/dev/null")
+    return inv, pyinfra(inv, runner)
+
+
+def test_cudnn_changed_by_hand_is_left_and_reported(host, by_hand):
+    _, run = by_hand
+    assert run.returncode == 0, run.output
+    assert installed(host, *CUDNN13) == {p: "9.16.0.29-1" for p in CUDNN13}
+    assert "cuDNN upgrade pending: 9.16.0.29 -> 9.17.0.29" in run.output
+    assert "CUDA/cuDNN UPGRADE PENDING" in run.output
+    # nothing installed; apt's --allow-change-held-packages dropped the holds, which come back
+    changed = changed_operations(run)
+    assert all(op.endswith("Hold the driver, CUDA, cuDNN, container toolkit and running kernel packages")
+               for op in changed), run.output
+    assert set(CUDNN13) <= holds(host)
+    assert "cuDNN 9.16.0.29 kept (pending 9.17.0.29)" in run.output
+
+
+def test_gate_fails_a_cudnn_changed_by_hand(by_hand, monkeypatch):
+    inv, _ = by_hand
+    run = gate(inv, monkeypatch)
+    assert run.returncode != 0
+    line = check_line(run)
+    assert "[FAIL]" in line and "libcudnn9-cuda-13 9.16.0.29 (resolved 9.17.0.29)" in line, line
+    assert "-> fix: " in line, line
+
+
+@pytest.fixture(scope="module")
+def inventory_change(host, aptrepo, runner, by_hand, tmp_path_factory):  # noqa: F811
+    inv = _inventory(host, aptrepo, tmp_path_factory, cuda_version="12.8", cudnn_version="9.10")
+    first, second = pyinfra(inv, runner), pyinfra(inv, runner)
+    before = installed(host, "cuda-toolkit-12-8", *CUDNN12)
+    moved = _inventory(host, aptrepo, tmp_path_factory, cuda_version="12.8", cudnn_version="9.17.0")
+    return first, second, before, moved, pyinfra(moved, runner)
+
+
+def test_cuda12_exact_releases(host, inventory_change):
+    first, second, before, _, _ = inventory_change
+    assert first.returncode == 0, first.output
+    assert before == {"cuda-toolkit-12-8": "12.8.1-1", **{p: "9.10.2.21-1" for p in CUDNN12}}, before
+    assert second.returncode == 0 and changed_operations(second) == [], second.output
+
+
+def test_changed_cudnn_version_is_pending_not_a_silent_drift(host, inventory_change, monkeypatch):
+    _, _, before, moved, run = inventory_change
+    assert run.returncode == 0, run.output
+    assert "cuDNN upgrade pending: 9.10.2.21 -> 9.17.0.29" in run.output
+    assert not any("Install" in op for op in changed_operations(run)), run.output
+    assert installed(host, "cuda-toolkit-12-8", *CUDNN12) == before  # no package changed
+    assert set(CUDNN12) <= holds(host)
+    line = check_line(gate(moved, monkeypatch))
+    assert "[FAIL]" in line and "libcudnn9-cuda-12 9.10.2.21 (resolved 9.17.0.29)" in line, line
+
+
+@pytest.fixture(scope="module")
+def moved_in_place(host, aptrepo, runner, inventory_change, tmp_path_factory):  # noqa: F811
+    # the dev-box path: driver_upgrade_in_place lets all.py move it, through the same gate
+    inv = _inventory(host, aptrepo, tmp_path_factory, cuda_version="12.8", cudnn_version="9.17.0",
+                     driver_upgrade_in_place=True)
+    return inv, pyinfra(inv, runner), pyinfra(inv, runner)
+
+
+def test_in_place_moves_cudnn_to_the_exact_release_through_the_gate(host, moved_in_place, monkeypatch):
+    inv, run, again = moved_in_place
+    assert run.returncode == 0, run.output
+    assert installed(host, "cuda-toolkit-12-8", *CUDNN12) == {"cuda-toolkit-12-8": "12.8.1-1",
+                                                               **{p: "9.17.0.29-1" for p in CUDNN12}}
+    assert set(CUDNN12) <= holds(host)
+    assert ("right before the driver changes (cuDNN 9.10.2.21 -> 9.17.0.29, driver_upgrade_in_place)"
+            in run.output), run.output
+    assert again.returncode == 0 and changed_operations(again) == [], again.output
+    line = check_line(gate(inv, monkeypatch))
+    assert "[PASS]" in line and "CUDA 12.8.1, cuDNN 9.17.0.29" in line, line
