@@ -425,6 +425,40 @@ class _Probe(pyinfra_facts.FactBase):
         return "true"
 
 
+def sweep_old_plans(plan_dir: Path | None = None) -> list[Path]:
+    """Plans an older gpufleet wrote (0644, with executor arguments: a sudo password could be
+    among them) are removed, not merely skipped, and their folders made 0700. Only our own
+    files; one stat per plan. Returns what was removed."""
+    import os
+    import stat
+
+    plan_dir = plan_dir or PLAN_DIR
+    removed: list[Path] = []
+    try:
+        entries = list(plan_dir.iterdir())
+    except OSError:
+        return removed
+    for folder in (plan_dir, plan_dir.parent):
+        try:
+            st = folder.stat()
+            if folder.name in ("factplans", ".gpufleet") and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+                os.chmod(folder, private.DIR_MODE)
+        except OSError:
+            pass
+    for path in entries:
+        try:
+            st = path.lstat()
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+                path.unlink()
+                removed.append(path)
+        except OSError:
+            pass
+    if removed:
+        logger.warning(f"gpufleet: removed {len(removed)} fact plan(s) an older version left readable by others "
+                       f"in {plan_dir} (they could hold connection secrets); they are rebuilt on the next run")
+    return removed
+
+
 def install() -> None:
     """Put the memo and the prefetch in front of pyinfra's fact loading (once per process),
     with the planning speed-ups of gpufleet/speedups.py."""
@@ -432,6 +466,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
+    sweep_old_plans()
     from gpufleet import speedups
 
     speedups.install()

@@ -16,6 +16,8 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
+from operations import as_op
+
 from facts.docker import DaemonJson, DockerEngine, DockerLive, DockerLiveState, NvidiaCdi
 from facts.packages import KeyringFingerprints
 from facts.gpu import GpuState
@@ -200,7 +202,7 @@ def gpu_smoke_test(image: str, expected: bool = True):
         if not getattr(gpus, "gpus", None):
             reason = "nvidia-smi shows no GPU on the host"
     if reason is None:
-        ok, out = host.run_shell_command(
+        ok, out = as_op.run(host,
             StringCommand("sh", "-c", QuoteString('docker image inspect "$1" >/dev/null 2>&1 || timeout 600 docker pull -q "$1"'),
                           "gpufleet-pull", QuoteString(image)))
         if not ok:
@@ -215,7 +217,7 @@ def gpu_smoke_test(image: str, expected: bool = True):
 
 def _smoke_run(state, host, image: str, uuids: list[str]) -> bool:
     """Run the container, print what it sees, and pass only when it lists every GPU of the host."""
-    ok, out = host.run_shell_command(StringCommand(
+    ok, out = as_op.run(host, StringCommand(
         "timeout", "300", "docker", "run", "--rm", "--gpus", "all", QuoteString(image), "nvidia-smi", "-L"))
     lines = [line.strip() for line in (out.stdout_lines if out else []) if line.strip()]
     errors = [line.strip() for line in (out.stderr_lines if out else []) if line.strip() and "WARNING" not in line]

@@ -26,6 +26,8 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files
 
+from operations import as_op
+
 from facts.nftables import APPLIED_RECORD, TABLE, NftablesCapability
 from operations.ssh import _fail, fresh_login
 
@@ -158,7 +160,7 @@ def ruleset(dest: str, content: str):
 def _confirm_or_revert(state, host, boot_conf: str) -> bool:
     error = fresh_login(host)
     if error is None:
-        ok, output = host.run_shell_command(StringCommand(
+        ok, output = as_op.run(host, StringCommand(
             "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_PERSIST), "gpufleet-nft-persist",
             QuoteString(BOOT_CANDIDATE), QuoteString(boot_conf), QuoteString(APPLIED_RECORD),
             QuoteString(REVERT_UNIT), QuoteString(TABLE), QuoteString(KEPT), QuoteString(CANDIDATE),
@@ -168,7 +170,7 @@ def _confirm_or_revert(state, host, boot_conf: str) -> bool:
                             f"{boot_conf} for the next boot", fg="green")
             return True
         error = "confirmed, but saving the rules for the next boot failed: " + " ".join(output.stderr_lines)
-    reverted, _ = host.run_shell_command(StringCommand(
+    reverted, _ = as_op.run(host, StringCommand(
         "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_REVERT_NOW), "gpufleet-nft-revert",
         QuoteString(REVERT_FILE), QuoteString(REVERT_UNIT), QuoteString(CANDIDATE),
         QuoteString(BOOT_CANDIDATE),

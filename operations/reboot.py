@@ -6,6 +6,8 @@ import uuid
 
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
+from operations import as_op
+
 from operations.drain import GPU_WORK
 
 # Right before the reboot, in the same command: no process holds a GPU device node, and nvidia-smi
@@ -27,11 +29,11 @@ def _wait_for_reboot(state, host, nonce: str, timeout: float, delay: float) -> b
     while time.monotonic() < deadline:
         host.connect(show_errors=False)
         if host.connected:
-            ok, out = host.run_shell_command(StringCommand("cat", MARKER, "2>/dev/null", "||", "echo", "gone"))
+            ok, out = as_op.run(host, StringCommand("cat", MARKER, "2>/dev/null", "||", "echo", "gone"))
             lines = [line.line for line in out] if out else []
             if ok and lines and lines[-1].strip() != nonce:
                 # booted again: wait for systemd to finish (units that apply settings at boot)
-                host.run_shell_command(StringCommand("timeout 120 systemctl is-system-running --wait || true"))
+                as_op.run(host, StringCommand("timeout 120 systemctl is-system-running --wait || true"))
                 return True
             host.disconnect()
         time.sleep(1)

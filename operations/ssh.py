@@ -26,6 +26,8 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files
 
+from operations import as_op
+
 from facts.ssh import (
     AuthorizedKeys,
     GroupMembers,
@@ -233,7 +235,7 @@ def fresh_login(host, attempts: int = 5, delay: float = 1.0) -> str | None:
 def _verify_or_restore(state, host, dest: str, backup: str) -> bool:
     error = fresh_login(host)
     if error is None:
-        disarmed, _ = host.run_shell_command(StringCommand(
+        disarmed, _ = as_op.run(host, StringCommand(
             "sh", "-c", QuoteString(_DISARM), "gpufleet-sshd-confirm", QuoteString(PENDING),
             QuoteString(REVERT_UNIT),
         ))
@@ -245,7 +247,7 @@ def _verify_or_restore(state, host, dest: str, backup: str) -> bool:
         f"a fresh SSH login failed after the sshd reload ({error}); restoring the previous "
         "configuration", fg="red", log_func=logger.error,
     )
-    restored, output = host.run_shell_command(StringCommand(
+    restored, output = as_op.run(host, StringCommand(
         "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_RESTORE_SCRIPT), "gpufleet-sshd-restore",
         QuoteString(dest), QuoteString(backup), QuoteString(PENDING), QuoteString(REVERT_UNIT),
     ))

@@ -20,6 +20,8 @@ from __future__ import annotations
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
+from operations import as_op
+
 from facts.ssh import SshFactError
 from facts.sshd_files import (
     HOST_KEY_FILES,
@@ -155,7 +157,7 @@ def host_key_plan(data: SshdFilesData, min_rsa_bits: int, verified_by: str | Non
 def _generate(state, host, todo: list) -> bool:
     replaced = []
     for path, key_type, bits, why in todo:
-        ok, output = host.run_shell_command(StringCommand(
+        ok, output = as_op.run(host, StringCommand(
             "sh", "-c", QuoteString(_KEYGEN_SCRIPT), "gpufleet-host-key",
             QuoteString(path), QuoteString(key_type), QuoteString(str(bits)),
             QuoteString(backup_path(path)),
@@ -188,7 +190,7 @@ def _reload_and_prove(host, replaced: list[str]) -> bool:
     """sshd reads its host keys at start and reload: reload (a socket-activated sshd, not
     running between logins, reads them at the next one), then log in afresh; if that fails,
     put the replaced keys back."""
-    reloaded, output = host.run_shell_command(StringCommand(
+    reloaded, output = as_op.run(host, StringCommand(
         "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString("sshd -t && systemctl try-reload-or-restart ssh"),
         "gpufleet-sshd-reload"))
     error = fresh_login(host) if reloaded else "sshd -t or the reload failed: " + " ".join(output.stderr_lines)
@@ -196,7 +198,7 @@ def _reload_and_prove(host, replaced: list[str]) -> bool:
         host.log_styled("a fresh SSH login with the new host keys works", fg="green")
         return True
     for path in replaced:
-        host.run_shell_command(StringCommand(
+        as_op.run(host, StringCommand(
             "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_RESTORE_KEY_SCRIPT), "gpufleet-host-key-restore",
             QuoteString(path), QuoteString(backup_path(path))))
     host.log_styled(

@@ -221,3 +221,22 @@ def test_a_regular_expression_pyinfra_quotes_is_a_plain_argument():
         {"path": "/etc/default/sysstat", "pattern": "^.*^ENABLED=.*$", "interpolate_variables": False,
          "extended_regex": False}))
     assert not factcache.allowed("pyinfra.facts.files.File", json.dumps({"path": "/etc/a$b"}))
+
+
+def test_plans_an_older_version_left_readable_are_removed(tmp_path):
+    """An older gpufleet wrote plans 0644 with executor arguments (a sudo password among them):
+    they go, and .gpufleet and factplans become 0700; a current private plan stays."""
+    top = tmp_path / ".gpufleet"
+    plans = top / "factplans"
+    plans.mkdir(parents=True)
+    top.chmod(0o755)
+    plans.chmod(0o755)
+    old = plans / "gpu-a01.json"
+    old.write_text('{"facts": [["x", "{\\"_sudo_password\\": \\"hunter2\\"}"]]}')
+    old.chmod(0o644)
+    current = plans / "gpu-a02.json"
+    current.write_text("{}")
+    current.chmod(0o600)
+    assert factcache.sweep_old_plans(plans) == [old]
+    assert not old.exists() and current.exists()
+    assert (top.stat().st_mode & 0o777, plans.stat().st_mode & 0o777) == (0o700, 0o700)
