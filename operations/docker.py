@@ -17,23 +17,12 @@ from pyinfra.api import FunctionCommand, OperationError, QuoteString, StringComm
 from pyinfra.operations import files
 
 from operations import as_op
+from operations.notice import executing as _executing, say as _say
 
 from facts.docker import DaemonJson, DockerEngine, DockerLive, DockerLiveState, NvidiaCdi
 from facts.packages import KeyringFingerprints
 from facts.gpu import GpuState
 from gpufleet import dockerconf
-
-
-def _executing() -> bool:
-    return bool(getattr(host.state, "is_executing", False))
-
-
-def _say(message: str) -> None:
-    """A visible line (warning level) at execution time; a debug noop while planning."""
-    if _executing():
-        logger.warning(f"{host.print_prefix}{message}")
-    else:
-        host.noop(message)
 
 
 @operation()

@@ -21,6 +21,7 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from operations import as_op
+from operations.notice import executing as _executing, say as _say
 
 from facts.ssh import SshFactError
 from facts.sshd_files import (
@@ -63,18 +64,6 @@ set -eu
 cp -p "$2" "$1"; [ ! -e "$2.pub" ] || cp -p "$2.pub" "$1.pub"
 sshd -t && systemctl try-reload-or-restart ssh
 """
-
-
-def _executing() -> bool:
-    return bool(getattr(host.state, "is_executing", False))
-
-
-def _say(message: str) -> None:
-    """A visible warning at execution time; a debug noop while planning."""
-    if _executing():
-        logger.warning(f"{host.print_prefix}{message}")
-    else:
-        host.noop(message)
 
 
 # Modes --------------------------------------------------------------------------------------
