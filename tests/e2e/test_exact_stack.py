@@ -26,20 +26,7 @@ from tests.e2e.pyinfra_cli import changed_operations, pyinfra
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
 
-RUNNER = '''"""Test runner: validate the inventory, preflight, then only the driver deploy."""
-from pyinfra import host, state
-
-from deploys.driver import driver
-from deploys.preflight import preflight
-from gpufleet.failures import host_failed
-from gpufleet.settings import validate_inventory
-
-validate_inventory(state.inventory)
-for step in (preflight, driver):
-    if host_failed(host):
-        break
-    step()
-'''
+RUNNER = "tests/e2e/deploys/driver_only.py"  # validate, preflight, then only the driver deploy
 CUDNN13 = ("libcudnn9-cuda-13", "libcudnn9-dev-cuda-13", "libcudnn9-headers-cuda-13")
 CUDNN12 = ("libcudnn9-cuda-12", "libcudnn9-dev-cuda-12", "libcudnn9-headers-cuda-12")
 CHECK = "driver: the CUDA toolkit and cuDNN are the resolved releases"
@@ -84,10 +71,8 @@ def host(hostpool):
 
 
 @pytest.fixture(scope="module")
-def runner(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("runner") / "driver_only.py"
-    path.write_text(RUNNER)
-    return str(path)
+def runner() -> str:
+    return RUNNER
 
 
 def _inventory(host, aptrepo, tmp_path_factory, **wishes):  # noqa: F811

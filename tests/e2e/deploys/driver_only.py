@@ -1,0 +1,13 @@
+"""Test runner: validate the inventory, preflight, then only the driver deploy."""
+from pyinfra import host, state
+
+from deploys.driver import driver
+from deploys.preflight import preflight
+from gpufleet.failures import host_failed
+from gpufleet.settings import validate_inventory
+
+validate_inventory(state.inventory)
+for step in (preflight, driver):
+    if host_failed(host):
+        break
+    step()
