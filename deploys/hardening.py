@@ -18,6 +18,12 @@ Story of a host, part 5 (last, so that it cannot cut off the steps before it):
    timer on the host, armed before the reload, restores it on its own if the run is cut off
    (hardening_sshd_revert_after), a unit does so at boot if the host went down first, and the
    next run verifies or reverts a drop-in still waiting for its confirmation.
+   Socket-activated sshd (ssh.socket: Ubuntu 22.10+ by default, Debian 13 on request): the
+   socket keeps its listening ports (gpufleet writes no Port/ListenAddress, so Ubuntu's
+   sshd-socket-generator has nothing to change), a running ssh.service is reloaded and an idle
+   one reads the new drop-in at the next login; the same fresh-login proof and revert timer.
+   No algorithm the host's OpenSSH lacks is ever written (gpufleet/sshd_support.py: Ubuntu
+   22.04's 8.9p1 has no mlkem768x25519-sha256): such a hardening_extra_kex is refused first.
 3. **Firewall**: /etc/nftables.conf holds only gpufleet's `inet gpufleet` table (inbound
    default-deny except loopback, established, ICMP essentials, SSH and the tier's ports),
    checked with `nft -c`, loaded atomically behind a 60 s dead-man switch; only once a fresh SSH
@@ -28,8 +34,11 @@ Story of a host, part 5 (last, so that it cannot cut off the steps before it):
    SSH ports: every port sshd listens on (`sshd -T` port and listenaddress) and ssh.socket's
    where sshd is socket-activated. Docker's tables and forwarding are left alone. Hosts that cannot load
    rules (containers) get the file written and checked, and are told so.
-4. **Security updates**: unattended-upgrades on, GPU packages blacklisted
-   (GPU_PACKAGE_BLACKLIST, shared with the driver deploy).
+4. **Security updates**: unattended-upgrades on, from the distribution's security archive
+   (Debian's, or Ubuntu's -security pocket with its release pocket and ESM), GPU packages
+   blacklisted (GPU_PACKAGE_BLACKLIST, shared with the driver deploy; Ubuntu's prebuilt
+   linux-modules-nvidia-* too). Where needrestart is installed (Ubuntu), it only lists services
+   after apt, never restarts them or waits for an answer (deploys/base.py).
 """
 from __future__ import annotations
 
@@ -44,14 +53,15 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, files, systemd
 
 from facts.nftables import TABLE, NftablesCapability
-from facts.ssh import SshdEffectiveConfig, SshdVersion, SshSocketPorts
+from facts.ssh import SshdActivation, SshdEffectiveConfig, SshdVersion
 from operations import nftables, ssh
 from operations.ssh import connecting_user
 
-from deploys.base import APT_CACHE_SECONDS
+from deploys.base import APT_CACHE_SECONDS, quiet_needrestart
 from gpufleet.failures import fail_host
 from gpufleet.settings import host_settings
 from gpufleet.sshd_policy import BASELINE
+from gpufleet.sshd_support import available, rejected_algorithms
 from operations import sshd_files
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -77,6 +87,23 @@ GPU_PACKAGE_BLACKLIST = (
     "^nvidia-container-toolkit",  # container toolkit and its base package
     "^firmware-nvidia-",          # Debian's GSP firmware follows the driver
     "^xserver-xorg-video-nvidia", # Debian's X driver follows the driver
+    "^linux-modules-nvidia-",     # Ubuntu's prebuilt signed modules: the driver's version, per kernel
+    "^linux-objects-nvidia-",     # Ubuntu's linux-restricted-modules objects, linked at install
+    "^linux-signatures-nvidia-",  # Ubuntu's signatures of those modules
+)
+
+# Where unattended-upgrades takes security updates from (Origins-Pattern, matched with the
+# host's ${distro_codename}): Debian's security archive (Debian's 50unattended-upgrades has the
+# same pattern) and Ubuntu's -security pocket, its release pocket and ESM, the pockets Ubuntu's
+# own 50unattended-upgrades allows (github.com/mvo5/unattended-upgrades,
+# data/50unattended-upgrades.Ubuntu). One file for both, written by this deploy and the driver
+# deploy alike: a pattern for another distribution never matches.
+UNATTENDED_ORIGINS = (
+    "origin=Debian,codename=${distro_codename}-security,label=Debian-Security",
+    "origin=Ubuntu,archive=${distro_codename}-security,label=Ubuntu",
+    "origin=Ubuntu,archive=${distro_codename},label=Ubuntu",
+    "origin=UbuntuESMApps,archive=${distro_codename}-apps-security",
+    "origin=UbuntuESM,archive=${distro_codename}-infra-security",
 )
 
 # Algorithm choices by OpenSSH version --------------------------------------------------------
@@ -144,6 +171,11 @@ _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
     keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
 )
+
+
+# The same security origins wherever the unattended-upgrades file is rendered (here and in
+# deploys/driver.py), so that the two never rewrite each other's file.
+_ENV.globals["unattended_origins"] = list(UNATTENDED_ORIGINS)
 
 
 def render(template: str, **context) -> str:
@@ -222,6 +254,15 @@ def hardening():
     if version is None:
         raise DeployError(f"{host.name}: OpenSSH server not found (sshd -V); nothing to harden")
     ctx = sshd_context(settings, version, HOST_KEY_FILES)
+    # Never write an algorithm this sshd does not have (Ubuntu 22.04's OpenSSH 8.9 has no
+    # mlkem768x25519-sha256): refused here, before anything changes, not by sshd -t later.
+    rejected = rejected_algorithms(version, {"kex": ctx["kex"], "cipher": ctx["ciphers"],
+                                             "mac": ctx["macs"], "HostKeyAlgorithms": ctx["host_key_algorithms"]})
+    if rejected:
+        fail_host(host, "hardening_extra_kex", "; ".join(rejected) + ". Allowed on this host: "
+                  + ", ".join(available(version, "kex")))
+        return
+    activation = host.get_fact(SshdActivation)
 
     # 1. Lock-out protection first: on failure the host stops here, nothing changed.
     if not ctx["password_auth"]:
@@ -231,6 +272,7 @@ def hardening():
             groups=ctx["allow_groups"],
         )
 
+    quiet_needrestart()
     apt.packages(
         name="Install nftables and unattended-upgrades",
         packages=["nftables", "unattended-upgrades"],
@@ -271,10 +313,13 @@ def hardening():
         content=render("etc/ssh/sshd_config.d/00-gpufleet-hardening.conf.j2", **ctx),
         revert_after=settings.hardening_sshd_revert_after,
     )
-    systemd.service(
-        name="Reload sshd so that new logins get the hardened configuration",
-        service="ssh.service",
-        reloaded=True,
+    ssh.reload_sshd(
+        name=("Reload sshd so that new logins get the hardened configuration"
+              if not activation.socket_activated else
+              "Reload a running sshd, leaving ssh.socket and its ports "
+              f"({', '.join(map(str, activation.ports)) or 'none'}) alone: sshd is socket-activated, "
+              "an idle one reads the hardened configuration at the next login"),
+        activation=activation,
         _if=dropin.did_change,
     )
     ssh.verify_login_or_restore(
@@ -304,7 +349,7 @@ def hardening():
 
     # 3. Firewall.
     if settings.firewall_enabled:
-        ssh_ports = sorted({*host.get_fact(SshdEffectiveConfig).ports, *host.get_fact(SshSocketPorts)})
+        ssh_ports = sorted({*host.get_fact(SshdEffectiveConfig).ports, *activation.ports})
         context = nftables_context(settings, ssh_ports)
         rules = render("etc/nftables.conf.j2", **context)
         can_load = host.get_fact(NftablesCapability).can_load

@@ -209,6 +209,106 @@ class SshSocketPorts(FactBase):
         return parse_socket_ports(output)
 
 
+@dataclass(frozen=True)
+class SshdActivationData(_Json):
+    """How systemd runs sshd: `systemctl show ssh.socket ssh.service` (Id, LoadState,
+    ActiveState, UnitFileState, Accept, Listen)."""
+
+    socket_load: str = ""        # "loaded", "not-found" (no ssh.socket unit), "" (no systemd)
+    socket_active: str = ""      # ActiveState of ssh.socket: "active" while it listens
+    socket_file_state: str = ""  # UnitFileState: "enabled" when it starts at boot
+    accept: bool | None = None   # Accept=yes: one `sshd -i` per connection (ssh@.service)
+    listen: list[str] = field(default_factory=list)  # "0.0.0.0:22 (Stream)", ...
+    service_active: str = ""     # ActiveState of ssh.service
+    service_file_state: str = ""
+
+    @property
+    def socket_in_use(self) -> bool:
+        return (self.socket_load == "loaded"
+                and (self.socket_active in ("active", "activating", "reloading")
+                     or self.socket_file_state.startswith("enabled")))
+
+    @property
+    def socket_activated(self) -> bool:
+        """sshd is started by ssh.socket (Ubuntu 22.10+ by default; Debian 13 on request):
+        the socket, not sshd_config's Port/ListenAddress, decides where sshd listens."""
+        return self.socket_in_use
+
+    @property
+    def ports(self) -> list[int]:
+        """TCP ports ssh.socket listens on when it is in use, else []."""
+        if not self.socket_in_use:
+            return []
+        ports = set()
+        for listen in self.listen:
+            address, _, kind = listen.partition(" ")
+            port = address.rpartition(":")[2]
+            if kind.strip() == "(Stream)" and port.isdigit():
+                ports.add(int(port))
+        return sorted(ports)
+
+    def describe(self) -> str:
+        if not self.socket_activated:
+            return "sshd runs as ssh.service (no socket activation)"
+        style = "one sshd per connection (Accept=yes)" if self.accept else "ssh.service started by the socket"
+        ports = ", ".join(str(p) for p in self.ports) or "no TCP port"
+        return f"sshd is socket-activated: ssh.socket listens on {ports}, {style}; ssh.service is {self.service_active or 'unknown'}"
+
+
+def parse_sshd_activation(lines: Iterable[str]) -> SshdActivationData:
+    """`systemctl show ssh.socket ssh.service -p Id -p LoadState -p ActiveState
+    -p UnitFileState -p Accept -p Listen`: one block per unit, each starting with Id=."""
+    units: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] | None = None
+    for line in lines:
+        key, sep, value = line.strip().partition("=")
+        if not sep:
+            continue
+        if key == "Id":
+            current = units.setdefault(value, {})
+            continue
+        if current is None:
+            raise SshFactError(f"systemctl show output before any Id=: {line!r}")
+        current.setdefault(key, []).append(value)
+    socket = units.get("ssh.socket", {})
+    service = units.get("ssh.service", {})
+
+    def first(unit: dict[str, list[str]], key: str) -> str:
+        return (unit.get(key) or [""])[0]
+
+    accept = first(socket, "Accept")
+    return SshdActivationData(
+        socket_load=first(socket, "LoadState"),
+        socket_active=first(socket, "ActiveState"),
+        socket_file_state=first(socket, "UnitFileState"),
+        accept=None if not accept else accept == "yes",
+        listen=list(socket.get("Listen", [])),
+        service_active=first(service, "ActiveState"),
+        service_file_state=first(service, "UnitFileState"),
+    )
+
+
+class SshdActivation(FactBase):
+    """
+    Whether sshd is socket-activated (ssh.socket), where the socket listens, and the state of
+    ssh.service; an empty answer (no systemd) means a plain daemon:
+
+    .. code:: python
+
+        SshdActivationData(socket_load="loaded", socket_active="active",
+                           socket_file_state="enabled", accept=False,
+                           listen=["0.0.0.0:22 (Stream)", "[::]:22 (Stream)"],
+                           service_active="active", service_file_state="disabled")
+    """
+
+    def command(self) -> str:
+        return ("systemctl show ssh.socket ssh.service -p Id -p LoadState -p ActiveState "
+                "-p UnitFileState -p Accept -p Listen 2>/dev/null; true")
+
+    def process(self, output: list[str]) -> SshdActivationData:
+        return parse_sshd_activation(output)
+
+
 # ------------------------------------------------------------------------------------------
 # An sshd drop-in waiting for its fresh-login confirmation
 # ------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from io import StringIO
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Sha256File
-from pyinfra.operations import files
+from pyinfra.operations import files, systemd
 
 from operations import as_op
 
@@ -96,8 +96,13 @@ dest=$1 prev=$2 pending=$3 unit=$4
 if [ -e "$prev.absent" ]; then rm -f "$dest"; elif [ -e "$prev" ]; then cp -p "$prev" "$dest"; fi
 rm -f "$pending"
 systemctl stop "$unit.timer" >/dev/null 2>&1
-sshd -t && systemctl reload ssh
+sshd -t && systemctl try-reload-or-restart ssh.service
 """
+
+# Reload a running sshd, leave an idle socket-activated one to read the file at its next start
+# (a plain `systemctl reload` of an inactive ssh.service fails). ssh.service, never sshd.service:
+# Ubuntu 24.04 has no sshd.service alias while ssh.service is disabled in favour of ssh.socket.
+RELOAD_SSHD = ("systemctl", "try-reload-or-restart", "ssh.service")
 
 # $1 pending marker, $2 timer unit: the new configuration is confirmed.
 _DISARM = 'systemctl stop "$2.timer" >/dev/null 2>&1; rm -f "$1"'
@@ -278,8 +283,29 @@ def settle_pending(dest: str):
     if pending is None:
         host.noop("no sshd configuration is waiting for confirmation")
         return
-    yield StringCommand("PATH=$PATH:/usr/sbin", "sshd", "-t", "&&", "systemctl", "reload", "ssh")
+    yield StringCommand("PATH=$PATH:/usr/sbin", "sshd", "-t", "&&", *RELOAD_SSHD)
     yield FunctionCommand(_verify_or_restore, (dest, backup_path(dest)), {})
+
+
+@operation(is_idempotent=False)
+def reload_sshd(activation=None):
+    """
+    Make new logins read sshd's configuration, whichever way systemd runs sshd
+    (`activation`: facts.ssh.SshdActivationData).
+
+    Plain daemon: ``systemctl reload ssh.service`` (pyinfra's systemd.service, as ever).
+    Socket-activated (Ubuntu 22.10+, ssh.socket): ssh.socket owns the listening sockets, so
+    it is never restarted (that would close them) and ports are never touched (gpufleet writes
+    no Port/ListenAddress, which Ubuntu's sshd-socket-generator would turn into ListenStream);
+    a running ssh.service is reloaded (sshd re-executes itself on the sockets it inherited),
+    and an idle one, or Accept=yes's one-sshd-per-connection, reads the new configuration at
+    the next connection: ``systemctl try-reload-or-restart`` does exactly that, where a plain
+    ``reload`` of an inactive ssh.service fails.
+    """
+    if activation is not None and activation.socket_activated:
+        yield StringCommand(*RELOAD_SSHD)
+        return
+    yield from systemd.service._inner(service="ssh.service", reloaded=True)
 
 
 def _normalise(key: str, value: str) -> str:
