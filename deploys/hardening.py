@@ -20,8 +20,9 @@ Story of a host, part 5 (last, so that it cannot cut off the steps before it):
    next run verifies or reverts a drop-in still waiting for its confirmation.
    Socket-activated sshd (ssh.socket: Ubuntu 22.10+ by default, Debian 13 on request): the
    socket keeps its listening ports (gpufleet writes no Port/ListenAddress, so Ubuntu's
-   sshd-socket-generator has nothing to change), a running ssh.service is reloaded and an idle
-   one reads the new drop-in at the next login; the same fresh-login proof and revert timer.
+   sshd-socket-generator has nothing to change), a running ssh.service is restarted (a SIGHUP
+   reload loses the sockets systemd passed it), an idle one reads the new drop-in at the next
+   login; the same fresh-login proof, revert timer and boot revert.
    No algorithm the host's OpenSSH lacks is ever written (gpufleet/sshd_support.py: Ubuntu
    22.04's 8.9p1 has no mlkem768x25519-sha256): such a hardening_extra_kex is refused first.
 3. **Firewall**: /etc/nftables.conf holds only gpufleet's `inet gpufleet` table (inbound
@@ -316,8 +317,8 @@ def hardening():
     ssh.reload_sshd(
         name=("Reload sshd so that new logins get the hardened configuration"
               if not activation.socket_activated else
-              "Reload a running sshd, leaving ssh.socket and its ports "
-              f"({', '.join(map(str, activation.ports)) or 'none'}) alone: sshd is socket-activated, "
+              "Restart a running socket-activated sshd (sessions kept, never by SIGHUP), leaving "
+              f"ssh.socket and its ports ({', '.join(map(str, activation.ports)) or 'none'}) alone; "
               "an idle one reads the hardened configuration at the next login"),
         activation=activation,
         _if=dropin.did_change,

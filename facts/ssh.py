@@ -257,19 +257,27 @@ class SshdActivationData(_Json):
 
 def parse_sshd_activation(lines: Iterable[str]) -> SshdActivationData:
     """`systemctl show ssh.socket ssh.service -p Id -p LoadState -p ActiveState
-    -p UnitFileState -p Accept -p Listen`: one block per unit, each starting with Id=."""
+    -p UnitFileState -p Accept -p Listen`: one block per unit, blocks separated by an empty
+    line, properties in systemd's order (Accept and Listen come before Id)."""
     units: dict[str, dict[str, list[str]]] = {}
-    current: dict[str, list[str]] | None = None
+    block: dict[str, list[str]] = {}
+
+    def close() -> None:
+        if block:
+            if "Id" not in block:
+                raise SshFactError(f"systemctl show block without Id=: {sorted(block)}")
+            units[block["Id"][0]] = dict(block)
+            block.clear()
+
     for line in lines:
+        if not line.strip():
+            close()
+            continue
         key, sep, value = line.strip().partition("=")
         if not sep:
-            continue
-        if key == "Id":
-            current = units.setdefault(value, {})
-            continue
-        if current is None:
-            raise SshFactError(f"systemctl show output before any Id=: {line!r}")
-        current.setdefault(key, []).append(value)
+            raise SshFactError(f"unexpected line in systemctl show output: {line!r}")
+        block.setdefault(key, []).append(value)
+    close()
     socket = units.get("ssh.socket", {})
     service = units.get("ssh.service", {})
 

@@ -53,7 +53,9 @@ set -u
 dest=$1 prev=$2 pending=$3
 if [ -e "$prev.absent" ]; then rm -f "$dest"; elif [ -e "$prev" ]; then cp -p "$prev" "$dest"; fi
 rm -f "$pending"
-if systemctl is-active --quiet ssh; then sshd -t && systemctl reload ssh; fi
+if systemctl is-active --quiet ssh; then
+  sshd -t && if systemctl is-active --quiet ssh.socket; then systemctl try-restart ssh.service; else systemctl reload ssh; fi
+fi
 """
 
 # $1 staged candidate, $2 destination, $3 backup path, $4 pending marker, $5 revert script
@@ -96,13 +98,21 @@ dest=$1 prev=$2 pending=$3 unit=$4
 if [ -e "$prev.absent" ]; then rm -f "$dest"; elif [ -e "$prev" ]; then cp -p "$prev" "$dest"; fi
 rm -f "$pending"
 systemctl stop "$unit.timer" >/dev/null 2>&1
-sshd -t && systemctl try-reload-or-restart ssh.service
+sshd -t && if systemctl is-active --quiet ssh.socket; then systemctl try-restart ssh.service; else systemctl reload ssh.service; fi
 """
 
-# Reload a running sshd, leave an idle socket-activated one to read the file at its next start
-# (a plain `systemctl reload` of an inactive ssh.service fails). ssh.service, never sshd.service:
-# Ubuntu 24.04 has no sshd.service alias while ssh.service is disabled in favour of ssh.socket.
-RELOAD_SSHD = ("systemctl", "try-reload-or-restart", "ssh.service")
+# How new logins get sshd's current configuration, decided on the host at the moment it runs
+# (the revert timer may fire long after planning). A plain daemon is reloaded (SIGHUP: sshd
+# re-executes itself and binds its ports again). A socket-activated one (ssh.socket active) is
+# never sent SIGHUP: the re-executed sshd has lost the listening sockets systemd passed it and
+# dies ("fatal: Cannot bind any address", ssh.service failed: seen on Debian 13's 10.0p2);
+# instead a running ssh.service is restarted (KillMode=process: only the listener, sessions
+# stay; ssh.socket keeps the port open meanwhile, so no connection is refused) and an idle
+# one is left to start with the new configuration at the next connection. ssh.service, never
+# sshd.service: Ubuntu 24.04 has no sshd.service alias while ssh.socket is in use.
+RELOAD_SSHD_SCRIPT = ("if systemctl is-active --quiet ssh.socket; then systemctl try-restart ssh.service; "
+                      "else systemctl reload ssh.service; fi")
+RELOAD_SSHD = ("sh", "-c", QuoteString(RELOAD_SSHD_SCRIPT))
 
 # $1 pending marker, $2 timer unit: the new configuration is confirmed.
 _DISARM = 'systemctl stop "$2.timer" >/dev/null 2>&1; rm -f "$1"'
@@ -294,13 +304,12 @@ def reload_sshd(activation=None):
     (`activation`: facts.ssh.SshdActivationData).
 
     Plain daemon: ``systemctl reload ssh.service`` (pyinfra's systemd.service, as ever).
-    Socket-activated (Ubuntu 22.10+, ssh.socket): ssh.socket owns the listening sockets, so
-    it is never restarted (that would close them) and ports are never touched (gpufleet writes
-    no Port/ListenAddress, which Ubuntu's sshd-socket-generator would turn into ListenStream);
-    a running ssh.service is reloaded (sshd re-executes itself on the sockets it inherited),
-    and an idle one, or Accept=yes's one-sshd-per-connection, reads the new configuration at
-    the next connection: ``systemctl try-reload-or-restart`` does exactly that, where a plain
-    ``reload`` of an inactive ssh.service fails.
+    Socket-activated (ssh.socket: Ubuntu 22.10+ by default): never SIGHUP (the re-executed
+    sshd loses the sockets systemd passed it), never ssh.socket itself (restarting it closes
+    the port; gpufleet writes no Port/ListenAddress, so Ubuntu's sshd-socket-generator has
+    nothing to change either): a running ssh.service is restarted, sessions kept, the socket
+    holding the port meanwhile; an idle one starts with the new configuration at the next
+    connection (RELOAD_SSHD_SCRIPT decides on the host, as the revert timer does).
     """
     if activation is not None and activation.socket_activated:
         yield StringCommand(*RELOAD_SSHD)

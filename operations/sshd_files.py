@@ -33,7 +33,7 @@ from facts.sshd_files import (
     SshdFilesData,
     describe_public_key,
 )
-from operations.ssh import backup_path, fresh_login
+from operations.ssh import RELOAD_SSHD_SCRIPT, backup_path, fresh_login
 
 RSA_KEY_TYPES = ("ssh-rsa", "rsa-sha2-256", "rsa-sha2-512")
 
@@ -62,7 +62,7 @@ echo "::gpufleet-new-key::$(cat "$key.pub")"
 _RESTORE_KEY_SCRIPT = r"""
 set -eu
 cp -p "$2" "$1"; [ ! -e "$2.pub" ] || cp -p "$2.pub" "$1.pub"
-sshd -t && systemctl try-reload-or-restart ssh
+sshd -t && if systemctl is-active --quiet ssh.socket; then systemctl try-restart ssh.service; else systemctl reload ssh.service; fi
 """
 
 
@@ -176,11 +176,11 @@ def _generate(state, host, todo: list) -> bool:
 
 
 def _reload_and_prove(host, replaced: list[str]) -> bool:
-    """sshd reads its host keys at start and reload: reload (a socket-activated sshd, not
-    running between logins, reads them at the next one), then log in afresh; if that fails,
-    put the replaced keys back."""
+    """sshd reads its host keys at start and reload: reload (restart a running
+    socket-activated one; an idle one reads them at the next login), then log in afresh; if
+    that fails, put the replaced keys back."""
     reloaded, output = as_op.run(host, StringCommand(
-        "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString("sshd -t && systemctl try-reload-or-restart ssh"),
+        "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString("sshd -t && " + RELOAD_SSHD_SCRIPT),
         "gpufleet-sshd-reload"))
     error = fresh_login(host) if reloaded else "sshd -t or the reload failed: " + " ".join(output.stderr_lines)
     if error is None:
