@@ -227,6 +227,41 @@ def test_unattended_upgrades_on_without_gpu_packages(fleet, index):
         assert f'Unattended-Upgrade::Package-Blacklist:: "{pattern}";' in dump, pattern
 
 
+# unattended-upgrades' own code (its script loaded as a module) judges every archive the host's
+# apt knows against the origins gpufleet adds: prints origin|label|suite|codename|matching patterns
+UU_ORIGINS = r"""
+import importlib.machinery, importlib.util, sys
+import apt_pkg
+loader = importlib.machinery.SourceFileLoader("uu", "/usr/bin/unattended-upgrade")
+spec = importlib.util.spec_from_loader("uu", loader)
+uu = importlib.util.module_from_spec(spec)
+loader.exec_module(uu)
+apt_pkg.init_config()
+apt_pkg.init_system()
+ours = sorted({p for p in uu.get_allowed_origins() if p in {uu.substitute(a) for a in sys.argv[1:]}})
+print("ours=" + " ".join(ours))
+for pf in apt_pkg.Cache(None).file_list:
+    if pf.origin and pf.archive and pf.archive != "now":
+        hits = [p for p in ours if uu.match_whitelist_string(p, pf)]
+        print("|".join([pf.origin, pf.label, pf.archive, pf.codename, " ".join(hits)]))
+"""
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_unattended_upgrades_origins_match_only_the_security_archive(fleet, index):
+    import shlex
+    from deploys.hardening import UNATTENDED_ORIGINS
+    host = fleet["hosts"][index]
+    out = testhosts.ssh(host, "python3 -c " + shlex.quote(UU_ORIGINS) + " "
+                        + " ".join(shlex.quote(p) for p in UNATTENDED_ORIGINS)).stdout.splitlines()
+    assert len(out[0].split()) == len(UNATTENDED_ORIGINS)  # unattended-upgrades read all of them
+    archives = {tuple(line.split("|")) for line in out[1:]}
+    security = {a for a in archives if a[1] == "Debian-Security"}
+    assert security and all(a[4] == f"origin=Debian,codename={host.release}-security,label=Debian-Security"
+                            for a in security)
+    assert all(a[4] == "" for a in archives - security), archives  # release, -updates: not ours to add
+
+
 # dev-sec ssh-baseline ------------------------------------------------------------------------
 
 # What the stock hosts fail (Debian defaults + the harness's drop-in + cloud-init's password line),
