@@ -13,7 +13,10 @@ Proves:
 - the fresh-login proof still guards it: a configuration pyinfra cannot log in with (PQ-only
   kex) is restored and new logins work, ssh.socket untouched;
 - the dead-man switch still works there: the host's own revert timer puts back an unconfirmed
-  drop-in on a socket-activated host and leaves sshd serving logins (ssh.service not failed).
+  drop-in on a socket-activated host and leaves sshd serving logins (ssh.service not failed);
+- the host comes back after a reboot (the boot-time revert unit closed an ordering cycle with
+  ssh.socket before: systemd dropped the socket and the host had no SSH), and that unit puts
+  back an unconfirmed drop-in before ssh.socket listens.
 """
 from __future__ import annotations
 
@@ -150,3 +153,33 @@ def test_revert_timer_puts_back_an_unconfirmed_dropin_on_a_socket_host(socket_ho
     assert "ActiveState=active" in state and "Result=success" in state, state + journal(host)[-2000:]
     assert "Cannot bind any address" not in journal(host)
     assert testhosts.ssh(host, "true", check=False).returncode == 0
+
+
+def test_socket_host_comes_back_after_a_reboot(socket_hosts):
+    """The boot-time revert unit gpufleet installs is ordered before ssh.socket without an
+    ordering cycle (with default dependencies it was after basic.target, itself after
+    sockets.target: systemd dropped ssh.socket's start and the host had no SSH after a reboot)."""
+    host = socket_hosts["good"]
+    verify = testhosts.ssh(host, "systemd-analyze verify --man=no multi-user.target 2>&1; true").stdout
+    assert "ordering cycle" not in verify, verify
+    testhosts.reboot(host)  # waits for a login through ssh.socket
+    assert testhosts.ssh(host, "systemctl is-active ssh.socket").stdout.strip() == "active"
+    assert "ordering cycle" not in testhosts.ssh(host, "journalctl -b --no-pager", check=False).stdout
+
+
+def test_boot_revert_restores_before_ssh_socket_listens(socket_hosts):
+    """What a run cut off by a reboot leaves (an unconfirmed drop-in, its marker; the transient
+    timer is gone with the reboot): put back before ssh.socket starts listening."""
+    host = socket_hosts["good"]
+    backup = "/var/lib/gpufleet/backup" + DROPIN + ".previous"
+    testhosts.ssh(host, (
+        "set -e; rm -f {b}.absent; cp -p {d} {b}; sed -i 's/^MaxAuthTries .*/MaxAuthTries 5/' {d}; "
+        "echo {d} > /var/lib/gpufleet/sshd.pending; sshd -T | grep -qx 'maxauthtries 5'"
+    ).format(d=DROPIN, b=backup))
+    testhosts.reboot(host)
+    assert testhosts.ssh(host, "test -e /var/lib/gpufleet/sshd.pending", check=False).returncode != 0
+    assert "maxauthtries 3" in testhosts.ssh(host, "sshd -T").stdout
+    order = testhosts.ssh(host, "journalctl -b -o cat --no-pager | grep -n -E "
+                                "'Finished gpufleet-sshd-revert-at-boot|Listening on ssh.socket'").stdout
+    lines = order.splitlines()
+    assert len(lines) == 2 and "gpufleet" in lines[0] and "ssh.socket" in lines[1], order
