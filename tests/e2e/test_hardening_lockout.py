@@ -14,6 +14,9 @@ run must say clearly why that host was refused:
 """
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import pytest
 
 from testing import testhosts
@@ -56,6 +59,8 @@ def lockout(hostpool, tmp_path_factory):
     deploy = tmp / "hardening_only.py"
     deploy.write_text("from deploys.hardening import hardening\n\nhardening()\n")
     run = pyinfra(inv, str(deploy))
+    # pyinfra pads "[host]" to the longest name: gf-P-9 and gf-P-10 in one run get "[gf-P-9]  ..."
+    run = dataclasses.replace(run, output=re.sub(r"(\[[^\]\n]+\]) {2,}", r"\1 ", run.output))
     after = {case: testhosts.ssh(h, SNAPSHOT).stdout for case, h in hosts.items()}
     return hosts, run, before, after
 
