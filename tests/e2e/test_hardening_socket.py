@@ -51,6 +51,23 @@ def to_socket_activation(host) -> None:
     raise AssertionError(f"{host.name}: ssh.socket did not start")
 
 
+def reboot(host) -> None:
+    """testhosts.reboot, and proof that the host really rebooted (/run is emptied) and takes
+    logins again. testhosts.reboot can read its boots file while the supervisor rewrites it
+    (ValueError on ''): then the login wait below still decides."""
+    testhosts.ssh(host, "touch /run/gpufleet-test-not-rebooted")
+    try:
+        testhosts.reboot(host)
+    except ValueError:
+        pass
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if testhosts.ssh(host, "test ! -e /run/gpufleet-test-not-rebooted", check=False, timeout=15).returncode == 0:
+            return
+        time.sleep(1)
+    raise AssertionError(f"{host.name}: no login after the reboot")
+
+
 def journal(host) -> str:
     return testhosts.ssh(host, "journalctl -u ssh.service -u ssh.socket --no-pager -o cat", check=False).stdout
 
@@ -162,7 +179,7 @@ def test_socket_host_comes_back_after_a_reboot(socket_hosts):
     host = socket_hosts["good"]
     verify = testhosts.ssh(host, "systemd-analyze verify --man=no multi-user.target 2>&1; true").stdout
     assert "ordering cycle" not in verify, verify
-    testhosts.reboot(host)  # waits for a login through ssh.socket
+    reboot(host)  # waits for a login through ssh.socket
     assert testhosts.ssh(host, "systemctl is-active ssh.socket").stdout.strip() == "active"
     assert "ordering cycle" not in testhosts.ssh(host, "journalctl -b --no-pager", check=False).stdout
 
@@ -176,7 +193,7 @@ def test_boot_revert_restores_before_ssh_socket_listens(socket_hosts):
         "set -e; rm -f {b}.absent; cp -p {d} {b}; sed -i 's/^MaxAuthTries .*/MaxAuthTries 5/' {d}; "
         "echo {d} > /var/lib/gpufleet/sshd.pending; sshd -T | grep -qx 'maxauthtries 5'"
     ).format(d=DROPIN, b=backup))
-    testhosts.reboot(host)
+    reboot(host)
     assert testhosts.ssh(host, "test -e /var/lib/gpufleet/sshd.pending", check=False).returncode != 0
     assert "maxauthtries 3" in testhosts.ssh(host, "sshd -T").stdout
     order = testhosts.ssh(host, "journalctl -b -o cat --no-pager | grep -n -E "
