@@ -61,7 +61,7 @@ def upstream_of(debian_version: str) -> str:
 
 def is_exact(debian_version: str | None, upstream: str) -> bool:
     """True when an installed Debian version is exactly the release ``upstream`` (any revision)."""
-    return bool(debian_version) and "-" in debian_version and upstream_of(debian_version) == upstream
+    return debian_version is not None and "-" in debian_version and upstream_of(debian_version) == upstream
 
 
 # area -> its deploy module ("" for none)
@@ -424,7 +424,7 @@ def profiles_current(ctx: Context) -> Result:
     name = "the NCCL / OMP / PyTorch profiles are present and current"
     module = area_module("tuning")
     expected = getattr(module, "expected_profiles", None)
-    if expected is None and hasattr(module, "plan_tuning"):
+    if expected is None and module is not None and hasattr(module, "plan_tuning"):
         expected = lambda host, settings: module.plan_tuning(host, settings).files  # noqa: E731
     if expected is None:
         return Result("tuning", name, SKIP, "the tuning deploy names no profiles (expected_profiles)")

@@ -17,7 +17,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from gpufleet.inventory_source import InventorySource
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -127,7 +130,7 @@ def classify(row: dict[str, Any], results: list) -> str:
     return "provisioned"
 
 
-def gather(inventory_path: str, workers: int = 20, drift: bool = True, probe: bool = False,
+def gather(inventory_path: str | InventorySource, workers: int = 20, drift: bool = True, probe: bool = False,
            progress: Callable[[str, str, float], None] | None = None,
            deploy: str = "deploys/all.py") -> list[dict[str, Any]]:
     """One row per host of the inventory, in inventory order."""
@@ -251,7 +254,8 @@ def plan_drift(state: Any, hosts: list, rows: dict[str, dict[str, Any]], deploy:
             rows[host.name]["drift"] = {"method": "plan", "changes": None, "operations": [],
                                         "conditional": [], "error": errors[host.name][:2000]}
             continue
-        names, conditional = [], []
+        names: list[str] = []
+        conditional: list[str] = []
         for op_hash in state.get_op_order():
             if op_hash not in state.ops[host]:
                 continue

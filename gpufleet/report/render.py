@@ -90,7 +90,9 @@ def _clip(text: str, width: int) -> str:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    esc = lambda s: s.replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    def esc(s: str) -> str:
+        return s.replace("|", "\\|").replace("\n", " ")
+
     lines = ["# gpufleet fleet report", "",
              f"Inventory `{doc['inventory']}`, generated {doc['generated_at']}, "
              f"{doc['summary']['hosts']} hosts in {doc['seconds']:.1f} s.", "",
