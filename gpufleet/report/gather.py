@@ -114,7 +114,7 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     return row
 
 
-def classify(row: dict[str, Any], results: list) -> str:
+def classify(row: dict[str, Any], results: list[Any]) -> str:
     """fresh | provisioned | changed | mismatch-pending | unreachable | error."""
     if row["status"] == "unreachable":
         return "unreachable"
@@ -219,7 +219,7 @@ def _pending(name: str) -> list[str]:
         stack_pending_message(what, *moves) for what, moves in stack.items()]
 
 
-def plan_drift(state: Any, hosts: list, rows: dict[str, dict[str, Any]], deploy: str) -> None:
+def plan_drift(state: Any, hosts: list[Any], rows: dict[str, dict[str, Any]], deploy: str) -> None:
     """Plan `deploy` (deploys/all.py) for each host and record the operations that would change."""
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra.context import ctx_config, ctx_host
