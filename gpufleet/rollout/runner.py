@@ -16,6 +16,7 @@ from . import plan, targets
 from gpufleet.inventory_source import SourceError
 
 from .context import RolloutContext
+from .manifest import load_manifest
 from .state import CHANGING_STEPS, STEPS, RolloutState, StateLock, StateError
 
 EXIT_DONE, EXIT_STOPPED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
@@ -326,7 +327,7 @@ class Runner:
         for name in wave:
             rec = state.host(name)
             if rec.manifest and Path(rec.manifest).exists():
-                ctx.manifests[name] = steps.load_manifest(rec.manifest)
+                ctx.manifests[name] = load_manifest(rec.manifest)
         todo = {name: state.host(name).steps_to_run() for name in wave}
         active = list(wave)
         funcs: dict[str, Callable] = {"drain": steps.drain, "snapshot": steps.snapshot, "upgrade": steps.upgrade,
