@@ -21,7 +21,7 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from operations import as_op
-from operations.notice import executing as _executing, say as _say
+from operations.notice import say as _say
 
 from facts.ssh import SshFactError
 from facts.sshd_files import (

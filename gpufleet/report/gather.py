@@ -136,7 +136,7 @@ def gather(inventory_path: str, workers: int = 20, drift: bool = True, probe: bo
     monkey.patch_all()
     import gevent
     from gevent.pool import Pool
-    from pyinfra.api import Config, State
+    from pyinfra.api import State
     from pyinfra.api.exceptions import ConnectError
     from pyinfra.api.state import StateStage
     from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state

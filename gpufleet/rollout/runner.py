@@ -125,7 +125,6 @@ class Runner:
                 lock.release()
 
     def _run(self) -> int:
-        from deploys import upgrade as steps
         from .session import inventory_hosts, run_step
 
         opts = self.opts
@@ -318,7 +317,6 @@ class Runner:
 
     def run_wave(self, batch: plan.Batch, wave: list[str]) -> None:
         from deploys import upgrade as steps
-        from .session import run_step
 
         state, ctx = self.state, self.ctx
         self.waves_started = self.waves_started or time.monotonic()

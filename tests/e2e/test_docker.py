@@ -15,7 +15,6 @@ validate steps are separate issues.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import textwrap
 
