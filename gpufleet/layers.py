@@ -25,10 +25,10 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("applications", 0, ("gpufleet.rollout.cli", "gpufleet.rollout.runner", "gpufleet.rollout.rollback",
                          "gpufleet.rollout.session", "gpufleet.report", "gpufleet.compat_cli")),
     ("inventories", 0, ("inventories",)),
-    ("deploys", 1, ("deploys",)),
-    ("operations", 2, ("operations",)),
+    ("deploys", 1, ("gpufleet.deploys", "deploys")),  # "deploys": the file path, for the checker
+    ("operations", 2, ("gpufleet.operations", "operations")),  # "operations": the file path, for the checker
     ("core", 3, ("gpufleet",)),
-    ("facts", 4, ("facts",)),
+    ("facts", 4, ("gpufleet.facts", "facts")),  # "facts": the file path, for the checker
 )
 
 #: Test harness and entry points: outside the layers.

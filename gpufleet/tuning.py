@@ -22,10 +22,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import jinja2
 
-from facts.gpu import ClockPair, GpuInfo
-from facts.network import NetInterface, RdmaDevice
+from gpufleet.facts.gpu import ClockPair, GpuInfo
+from gpufleet.facts.network import NetInterface, RdmaDevice
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 AC = "ac"  # nvidia-smi -ac MEM,GFX: application clocks
 LGC = "lgc"  # nvidia-smi -lgc GFX,GFX and -lmc MEM,MEM: locked clocks
@@ -325,7 +325,7 @@ class TuningPlan:
 
 def plan_tuning(host: Any, settings: Any) -> TuningPlan:
     """Everything the tuning deploy will do on this host, from its facts; raises Refusal."""
-    from facts.gpu_tuning import locked_clocks
+    from gpufleet.facts.gpu_tuning import locked_clocks
 
     from .hostfacts import gpu_state, hardware, interfaces, rdma_devices, resources
 

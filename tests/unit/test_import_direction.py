@@ -52,7 +52,7 @@ def project_modules(root: Path) -> set[str]:
 
 
 def _literal_prefix(node: ast.AST) -> str | None:
-    """'deploys.tuning' for a literal, 'deploys' for f'deploys.{area}'."""
+    """'gpufleet.deploys.tuning' for a literal, 'deploys' for f'deploys.{area}'."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
@@ -127,21 +127,21 @@ def test_the_applications_are_above_the_deploys_and_the_core_below():
     assert layer_of("gpufleet.compat_cli") == ("applications", 0)
     assert layer_of("gpufleet.rollout.manifest") == ("core", 3)
     assert layer_of("gpufleet.validation") == ("core", 3)
-    assert arrow_problem("gpufleet.rollout.runner", "deploys.upgrade") is None
-    assert arrow_problem("gpufleet.validation", "deploys.tuning")
+    assert arrow_problem("gpufleet.rollout.runner", "gpufleet.deploys.upgrade") is None
+    assert arrow_problem("gpufleet.validation", "gpufleet.deploys.tuning")
     assert arrow_problem("gpufleet.hostlock", "gpufleet.rollout.session")
 
 
 BROKEN = {
     # each line must be reported: (file, source, what is imported)
-    "gpufleet/bad_from.py": ("from deploys.base import managed_marker\n", "deploys.base"),
-    "gpufleet/bad_import.py": ("import deploys.tuning\n", "deploys.tuning"),
-    "gpufleet/bad_package.py": ("from deploys import tuning\n", "deploys.tuning"),
+    "gpufleet/bad_from.py": ("from deploys.base import managed_marker\n", "gpufleet.deploys.base"),
+    "gpufleet/bad_import.py": ("import deploys.tuning\n", "gpufleet.deploys.tuning"),
+    "gpufleet/bad_package.py": ("from deploys import tuning\n", "gpufleet.deploys.tuning"),
     "gpufleet/bad_relative.py": ("from .rollout import runner\n", "gpufleet.rollout.runner"),
-    "gpufleet/bad_importlib.py": ("import importlib\nimportlib.import_module('deploys.tuning')\n", "deploys.tuning"),
+    "gpufleet/bad_importlib.py": ("import importlib\nimportlib.import_module('gpufleet.deploys.tuning')\n", "gpufleet.deploys.tuning"),
     "gpufleet/bad_fstring.py": ("import importlib\nimportlib.import_module(f'deploys.{area}')\n", "deploys"),
-    "gpufleet/bad_dunder.py": ("__import__('operations.gpu')\n", "operations.gpu"),
-    "gpufleet/bad_table.py": ("AREAS = {'tuning': 'deploys.tuning'}\n", "deploys.tuning"),
+    "gpufleet/bad_dunder.py": ("__import__('gpufleet.operations.gpu')\n", "gpufleet.operations.gpu"),
+    "gpufleet/bad_table.py": ("AREAS = {'tuning': 'gpufleet.deploys.tuning'}\n", "gpufleet.deploys.tuning"),
     "gpufleet/nested/bad_up.py": ("from ..rollout.session import load_inventory\n", "gpufleet.rollout.session"),
     "facts/bad.py": ("from gpufleet.tuning import plan_tuning\n", "gpufleet.tuning"),
     "operations/bad.py": ("from testing.gpusim import x\n", "testing.gpusim"),
@@ -152,7 +152,7 @@ FINE = {
     "deploys/tuning.py": "from gpufleet.tuning import plan_tuning\nfrom operations import gpu\nfrom facts import gpu as g\n",
     "deploys/base.py": "X = 1\n",
     "gpufleet/__init__.py": "",
-    "gpufleet/tuning.py": "from facts.gpu import GpuInfo\nfrom . import compat\n\"\"\"deploys.tuning uses this.\"\"\"\n",
+    "gpufleet/tuning.py": "from facts.gpu import GpuInfo\nfrom . import compat\n\"\"\"gpufleet.deploys.tuning uses this.\"\"\"\n",
     "gpufleet/compat.py": "",
     "gpufleet/nested/__init__.py": "",
     "gpufleet/rollout/__init__.py": "",
