@@ -70,7 +70,7 @@ def test_fact_case(path: Path) -> None:
     unknown = set(case) - {"kwargs", "command", "requires_command", "output", "output_file", "fact", "comment"}
     assert not unknown, f"{path.name}: unknown keys {sorted(unknown)}"
     module_name, class_name = path.parent.name.split(".")
-    fact = getattr(importlib.import_module(f"facts.{module_name}"), class_name)()
+    fact = getattr(importlib.import_module(f"gpufleet.facts.{module_name}"), class_name)()
     kwargs = case.get("kwargs", {})
     assert command_text(fact, kwargs) == case["command"]
     requires = fact.requires_command(**kwargs) if callable(fact.requires_command) else fact.requires_command
@@ -87,7 +87,7 @@ def test_every_fact_has_a_case() -> None:
     cased = {path.parent.name for path in CASES.glob("*.*/*.json")}
     missing = []
     for file in sorted((ROOT / "facts").glob("*.py")):
-        module = importlib.import_module(f"facts.{file.stem}")
+        module = importlib.import_module(f"gpufleet.facts.{file.stem}")
         for name, value in vars(module).items():
             if (isinstance(value, type) and issubclass(value, FactBase) and value.__module__ == module.__name__
                     and "command" in vars(value) and f"{file.stem}.{name}" not in cased):

@@ -1,6 +1,6 @@
 """Lint is part of the test command (README, .ci/run): `ruff check` and `mypy` over the project,
 with the configuration in pyproject.toml (mypy strict on the core, gpufleet/, except the modules
-that file lists). The last two tests show the configuration can fail: a file with the faults it
+that file lists; plain on gpufleet.facts, .operations and .deploys). The last two tests show the configuration can fail: a file with the faults it
 is meant to catch, checked under the same settings."""
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_ruff_finds_what_it_is_configured_to_find(tmp_path):
 def test_mypy_is_strict_on_the_core_only(tmp_path):
     # the same faulty module, as part of the core and as a fact module: only the core is strict
     body = "def add(a, b):\n    return a + b\n\n\ndef count() -> int:\n    return 'one'\n"
-    for package in ("gpufleet", "facts"):
+    for package in ("gpufleet", "gpufleet/facts"):
         (tmp_path / package).mkdir()
         (tmp_path / package / "__init__.py").write_text("")
         (tmp_path / package / "bad.py").write_text(body)
@@ -52,7 +52,7 @@ def test_mypy_is_strict_on_the_core_only(tmp_path):
     assert core.returncode == 1, core.stdout + core.stderr
     assert "gpufleet/bad.py:1: error: Function is missing a type annotation" in core.stdout, core.stdout
     assert "gpufleet/bad.py:6: error: Incompatible return value type" in core.stdout, core.stdout
-    facts = _run(*args, "facts/bad.py", cwd=tmp_path)
+    facts = _run(*args, "gpufleet/facts/bad.py", cwd=tmp_path)
     assert facts.returncode == 1, facts.stdout + facts.stderr
     assert "missing a type annotation" not in facts.stdout, facts.stdout
-    assert "facts/bad.py:6: error: Incompatible return value type" in facts.stdout, facts.stdout
+    assert "gpufleet/facts/bad.py:6: error: Incompatible return value type" in facts.stdout, facts.stdout

@@ -222,7 +222,7 @@ def test_operation_case(path: Path) -> None:
                            "executing", "connector", "comment"}
     assert not unknown, f"{path.name}: unknown keys {sorted(unknown)}"
     module_name, op_name = path.parent.name.split(".")
-    module = importlib.import_module(f"operations.{module_name}")
+    module = importlib.import_module(f"gpufleet.operations.{module_name}")
     op = getattr(module, op_name)
     state = FakeState(bool(case.get("executing", False)))
     host = FakeHost("testhost", case.get("facts", {}), case.get("data", {}), state, case.get("connector", {}))
@@ -291,7 +291,7 @@ def test_every_operation_module_has_cases() -> None:
     for file in sorted((ROOT / "operations").glob("*.py")):
         if file.stem in HELPERS:
             continue
-        module = importlib.import_module(f"operations.{file.stem}")
+        module = importlib.import_module(f"gpufleet.operations.{file.stem}")
         for name, value in vars(module).items():
             if getattr(value, "__module__", None) != module.__name__ or not hasattr(value, "_inner"):
                 continue
