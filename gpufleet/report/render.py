@@ -35,6 +35,13 @@ def cell(row: dict[str, Any], key: str) -> str:
     if key == "gpus":
         gpus = row.get("gpus") or []
         return ", ".join(f"{g['model']} x {g['count']}" for g in gpus) or "none"
+    if key in ("driver", "cuda", "cudnn", "container_toolkit") and "versions" in row:
+        # one version per component, and the resolved one where it differs (package lists: the JSON)
+        installed, want = row["versions"].get(key), (row.get("resolved") or {}).get(key)
+        text = installed or "-"
+        if key == "driver":
+            text = f"{row.get('driver_loaded') or '-'} / {text}" + (" MISMATCH" if row.get("mismatch") else "")
+        return text + (f" (resolved {want})" if want and want != installed else "")
     if key == "driver":
         loaded, installed = row.get("driver_loaded") or "-", row.get("driver_installed") or "-"
         return f"{loaded} / {installed}" + (" MISMATCH" if row.get("mismatch") else "")

@@ -41,6 +41,7 @@ class Cell:
     details: list[str] = field(default_factory=list)  # folded away under <details>
     summary: str = ""  # the <summary> line of the details
     items: list[dict[str, str]] = field(default_factory=list)  # problems: status, what, message, fix
+    alert: bool = False  # the note is a difference to see (a loaded driver that is not the installed one)
 
     @property
     def symbol(self) -> str:
@@ -94,11 +95,11 @@ def _component(row: dict[str, Any], key: str) -> Cell:
     details = [f"{name} {version}" for name, version in (packages.get(key) or {}).items()]
     if key == "container_toolkit":
         details += [f"{name} {version}" for name, version in (packages.get("docker") or {}).items()]
-    cell = Cell("pass", installed or "not installed", resolved=want, details=details,
+    cell = Cell("pass", installed or "none", resolved=want, details=details,
                 summary=f"{len(details)} package{'s' if len(details) != 1 else ''}" if details else "")
     checks = _checks(row)
     if key == "driver" and row.get("driver_loaded") and installed and row["driver_loaded"] != installed:
-        cell.note = f"loaded {row['driver_loaded']}"
+        cell.note, cell.alert = f"≠ loaded {row['driver_loaded']}", True
     if want is None:
         why = row.get("resolved_error")
         cell.status = "fail" if key == "driver" and row.get("mismatch") else "skip"
@@ -170,11 +171,16 @@ def _drift(drift: dict[str, Any] | None) -> Cell:
     if count:
         ops += [f"{op} (only if an earlier one changes)" for op in drift.get("conditional") or []]
     cell = Cell("pending" if count or pending else "pass", f"{count} change{'s' if count != 1 else ''}" if count else "in sync",
-                note="; ".join(pending), details=ops, summary=f"{len(ops)} operations" if ops else "")
+                note="; ".join(_short(p) for p in pending), details=ops, summary=f"{len(ops)} operations" if ops else "")
     if drift.get("error"):
         cell.status = "warn" if drift["error"] == REFUSED else "fail"
         cell.note = "; ".join(p for p in (drift["error"], cell.note) if p)
     return cell
+
+
+def _short(pending: str) -> str:
+    """'cuDNN upgrade pending: 9.16.0.29 -> 9.17.0.29 (deploys/all.py changes ...)' without the why."""
+    return pending.split(" (", 1)[0]
 
 
 def _problems(row: dict[str, Any]) -> Cell:
@@ -212,7 +218,7 @@ def attention(row: dict[str, Any]) -> str:
 def upgrades(row: dict[str, Any]) -> list[str]:
     """The version changes a host is due: its drift's pending list, else each component whose
     installed version differs from the resolved one."""
-    pending = list((row.get("drift") or {}).get("pending") or [])
+    pending = [_short(p) for p in (row.get("drift") or {}).get("pending") or []]
     if pending:
         return pending
     versions, resolved = row.get("versions") or {}, row.get("resolved") or {}
