@@ -122,8 +122,9 @@ class _Parser(HTMLParser):
             self._card = None
 
     def handle_data(self, data: str) -> None:
-        if self._cell is not None and self.rows:
-            self.rows[-1].text[self._cell] += data
+        if self._cell is not None and self.rows and data.strip():
+            # the words as a reader sees them: one space between elements
+            self.rows[-1].text[self._cell] = " ".join([*self.rows[-1].text[self._cell].split(), *data.split()])
         if self._tile and self.counts.get(self._tile) == -1 and data.strip():
             self.counts[self._tile] = int(data.strip())
             self._tile = None
