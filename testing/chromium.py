@@ -58,6 +58,46 @@ def render(page: Path, out_dir: Path, width: int = 1400, height: int = 900,
     return shot, dom.stdout
 
 
+# A page that loads the report in a frame and writes, per cell status, the first cell's computed
+# background colour and status symbol into its own DOM (read back with --dump-dom). The report
+# itself carries no script; this one lives only in the test's tmp dir.
+PROBE = """<!DOCTYPE html><html><body>
+<iframe id="f" src="REPORT" style="width: 1400px; height: 900px"></iframe>
+<script>
+document.getElementById("f").addEventListener("load", () => {
+  const d = document.getElementById("f").contentDocument, out = {};
+  for (const td of d.querySelectorAll("#fleet td[data-status]:not(.c-host)")) {
+    const s = td.dataset.status, mark = td.querySelector(".mark");
+    if (!(s in out)) out[s] = {background: getComputedStyle(td).backgroundColor,
+                               mark: mark ? mark.textContent : "", markColor: mark ? getComputedStyle(mark).color : ""};
+  }
+  const pre = document.createElement("pre");
+  pre.id = "probe";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script></body></html>
+"""
+
+
+def computed_styles(page: Path, out_dir: Path, browser: str | None = None) -> dict[str, dict[str, str]]:
+    """status -> {background, mark, markColor} of the first table cell with that status, as
+    chromium computed them (the page must sit in out_dir)."""
+    import html
+    import json
+    import re
+
+    browser = browser or require()
+    probe = out_dir / "probe.html"
+    probe.write_text(PROBE.replace("REPORT", page.name))
+    dom = subprocess.run([browser, *FLAGS, "--allow-file-access-from-files", f"--user-data-dir={out_dir / 'profile-probe'}",
+                          "--dump-dom", probe.resolve().as_uri()], capture_output=True, text=True, timeout=120)
+    found = re.search(r'<pre id="probe">(.*?)</pre>', dom.stdout, re.S)
+    if not found:
+        raise AssertionError(f"the probe page wrote nothing (rc {dom.returncode}): {dom.stderr[-2000:]}")
+    return json.loads(html.unescape(found.group(1)))
+
+
 def png_size(path: Path) -> tuple[int, int]:
     data = path.read_bytes()
     if data[:8] != b"\x89PNG\r\n\x1a\n":
