@@ -103,8 +103,10 @@ def _component(row: dict[str, Any], key: str) -> Cell:
     if want is None:
         why = row.get("resolved_error")
         cell.status = "fail" if key == "driver" and row.get("mismatch") else "skip"
-        cell.note = cell.note or (f"nothing resolves: {why}" if why else
+        cell.note = cell.note or ("nothing resolves" if why else
                                   "not managed by the tier" if installed else "the tier installs none")
+        if why:  # the same reason on every component: folded away
+            cell.details, cell.summary = [why, *cell.details], "why"
         return cell
     cell.differs = installed != want
     if installed is None:
