@@ -260,9 +260,10 @@ def fleet_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def version_rows(rows: list[dict[str, Any]], key: str) -> list[tuple[str, int, int]]:
-    """(installed version, hosts, of which differ from their resolved version), most hosts first."""
-    table: dict[str, list[int]] = {}
+def version_rows(rows: list[dict[str, Any]], key: str) -> list[tuple[str, int, int, dict[str, int]]]:
+    """(installed version, hosts, of which differ from their resolved version, hosts per tier),
+    most hosts first."""
+    table: dict[str, tuple[list[int], dict[str, int]]] = {}
     for row in rows:
         if row.get("status") == "unreachable" or "versions" not in row:
             have, off = "unknown", 0
@@ -270,10 +271,13 @@ def version_rows(rows: list[dict[str, Any]], key: str) -> list[tuple[str, int, i
             have = (row.get("versions") or {}).get(key) or "none"
             want = (row.get("resolved") or {}).get(key)
             off = int(bool(want) and have != want)
-        entry = table.setdefault(have, [0, 0])
-        entry[0] += 1
-        entry[1] += off
-    return sorted(((v, n, off) for v, (n, off) in table.items()), key=lambda t: (-t[1], t[0]))
+        counts, tiers = table.setdefault(have, ([0, 0], {}))
+        counts[0] += 1
+        counts[1] += off
+        tier = row.get("tier") or "unknown"
+        tiers[tier] = tiers.get(tier, 0) + 1
+    return sorted(((v, n, off, dict(sorted(tiers.items(), key=lambda kv: (-kv[1], kv[0]))))
+                   for v, ((n, off), tiers) in table.items()), key=lambda t: (-t[1], t[0]))
 
 
 def tier_rows(rows: list[dict[str, Any]]) -> list[tuple[str, int, dict[str, int]]]:

@@ -15,7 +15,7 @@ import pytest
 
 from gpufleet.report.gather import _versions, component_versions
 from gpufleet.report.render import SCHEMA_PATH, cell, document, html_page
-from gpufleet.report.view import attention, cells, fleet_summary, ordered, upgrades
+from gpufleet.report.view import attention, cells, fleet_summary, ordered, upgrades, version_rows
 from gpufleet.resolver import resolve
 from testing.chromium import parse_report
 from tests.unit.jsonschema_lite import validate
@@ -183,6 +183,11 @@ def test_fleet_summary_counts(doc):
     assert page.counts == {"hosts": 5, "fail": 3, "warn": 1, "pending": 0, "ok": 1, "upgrades": 1, "reboots": 1}
     assert page.versions == summary["versions"] and page.tiers == summary["tiers"]
     assert 'data-version="9.16.0.29" data-hosts="1" data-differ="1"' in html_page(doc)
+    # per tier: the tiers resolve different versions
+    assert version_rows(doc["hosts"], "cudnn") == [
+        ("9.17.0.29", 2, 0, {"hgx": 1, "research": 1}), ("9.16.0.29", 1, 1, {"research": 1}),
+        ("none", 1, 0, {"dev": 1}), ("unknown", 1, 0, {"research": 1})]
+    assert version_rows(doc["hosts"], "driver")[1] == ("535.309.01", 1, 0, {"dev": 1})
 
 
 def test_a_report_from_before_the_new_fields_still_renders(doc):
