@@ -76,7 +76,7 @@ def component_versions(pkgs: dict[str, str | None], driver_installed: str | None
     for comp in ("cuda", "cudnn", "container_toolkit"):
         names = [n for n in wanted.get(comp, []) if pkgs.get(n)] or [
             n for n in packages[comp] if _MAIN_PACKAGE[comp].fullmatch(n)]
-        found = sorted({pkgs[n] if comp == "container_toolkit" else upstream_of(pkgs[n]) for n in names})
+        found = sorted({v if comp == "container_toolkit" else upstream_of(v) for n in names if (v := pkgs[n])})
         installed[comp] = " + ".join(found) or None
     resolved: dict[str, str | None] = {
         "driver": res.driver_version if res is not None else None,

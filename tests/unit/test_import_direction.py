@@ -136,9 +136,9 @@ def test_the_applications_are_above_the_deploys_and_the_core_below():
 
 BROKEN = {
     # each line must be reported: (file, source, what is imported)
-    "gpufleet/bad_from.py": ("from deploys.base import managed_marker\n", "gpufleet.deploys.base"),
-    "gpufleet/bad_import.py": ("import deploys.tuning\n", "gpufleet.deploys.tuning"),
-    "gpufleet/bad_package.py": ("from deploys import tuning\n", "gpufleet.deploys.tuning"),
+    "gpufleet/bad_from.py": ("from deploys.base import managed_marker\n", "deploys.base"),
+    "gpufleet/bad_import.py": ("import deploys.tuning\n", "deploys.tuning"),
+    "gpufleet/bad_package.py": ("from deploys import tuning\n", "deploys.tuning"),
     "gpufleet/bad_relative.py": ("from .rollout import runner\n", "gpufleet.rollout.runner"),
     "gpufleet/bad_importlib.py": ("import importlib\nimportlib.import_module('gpufleet.deploys.tuning')\n", "gpufleet.deploys.tuning"),
     "gpufleet/bad_fstring.py": ("import importlib\nimportlib.import_module(f'deploys.{area}')\n", "deploys"),
