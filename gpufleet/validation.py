@@ -565,27 +565,33 @@ PYTORCH_CHECK = "the host's PyTorch build runs on its GPUs and driver"
 
 def _pytorch_fix(ctx: Context, installed: str | None, models: Any, driver: str | None) -> str:
     """The wheel to install instead: the installed release's fitting variant, else the tier's
-    PyTorch choice for this host, else where to ask."""
+    PyTorch choice for this host, else where to ask. Never the very build that failed (the
+    compatibility data would then disagree with the host: said so)."""
     from .pytorch import choose_pytorch
     from .versions import major_minor
 
-    release = major_minor((installed or "").split("+", 1)[0])
+    version, _, tag = (installed or "").partition("+")
+    release = major_minor(version)
+    disagrees = ""
     if driver:
         try:
             choice = choose_pytorch(models, release, driver)
-            if choice is not None:
+            if choice is not None and choice.variant != tag:
                 return f"pip install --force-reinstall torch=={choice.version}.* --index-url {choice.index_url}"
+            if choice is not None:
+                disagrees = (f"gpufleet's compatibility data says {release} {tag} fits these GPUs, the host's "
+                             f"build does not (report it); ")
         except Incompatible:
             pass
     try:
         choice = ctx.resolution().pytorch
     except Incompatible:
         choice = None
-    if choice is not None:
+    if choice is not None and not disagrees:
         return (f"pip install --force-reinstall torch=={choice.version}.* --index-url {choice.index_url} "
                 "(the tier's pytorch_version, resolved for this host)")
     gpus = " ".join(f"--gpu {m.name!r}" for m in {m.name: m for m in models}.values())
-    return f"install a CUDA build that covers these GPUs (tools/compat {gpus} --pytorch RELEASE lists them)"
+    return disagrees + f"install a CUDA build that covers these GPUs (tools/compat {gpus} --pytorch RELEASE answers)"
 
 
 @check("pytorch")
