@@ -1,7 +1,7 @@
 """The validation gate's checks: is each host what its tier says? Read-only; facts + comparisons.
 
 Each check is a small function ``check(ctx) -> Result | list[Result]`` registered for one area
-(base, preflight, driver, docker, tuning, hardening, probe). ``run_checks(host, settings)``
+(base, preflight, driver, docker, tuning, hardening, probe, pytorch). ``run_checks(host, settings)``
 runs them all against *fresh* facts (never the planning-time cache: the gate runs after the
 changes) and returns one Result per check. deploys/validate.py turns failures into a failed
 host; the fleet report shows the same results per host.
