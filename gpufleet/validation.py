@@ -25,13 +25,13 @@ from typing import Any, Callable, Iterator
 
 from pyinfra.facts.files import FileContents, Sha256File
 
-from facts.gpu import GpuState, GpuStateData
-from facts.kernel import DriverState, DriverStateData
-from facts.packages import PackageVersions
-from facts.pytorch import TorchBuild
-from facts.nftables import TABLE, NftablesCapability
-from facts.ssh import SshdEffectiveConfig
-from facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitActive
+from gpufleet.facts.gpu import GpuState, GpuStateData
+from gpufleet.facts.kernel import DriverState, DriverStateData
+from gpufleet.facts.packages import PackageVersions
+from gpufleet.facts.pytorch import TorchBuild
+from gpufleet.facts.nftables import TABLE, NftablesCapability
+from gpufleet.facts.ssh import SshdEffectiveConfig
+from gpufleet.facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitActive
 
 from . import perf
 from .errors import Incompatible
@@ -67,12 +67,12 @@ def is_exact(debian_version: str | None, upstream: str) -> bool:
 
 # area -> its deploy module ("" for none)
 AREAS: dict[str, str] = {
-    "base": "deploys.base",
-    "preflight": "deploys.preflight",
-    "driver": "deploys.driver",
-    "docker": "deploys.docker",
-    "tuning": "deploys.tuning",
-    "hardening": "deploys.hardening",
+    "base": "gpufleet.deploys.base",
+    "preflight": "gpufleet.deploys.preflight",
+    "driver": "gpufleet.deploys.driver",
+    "docker": "gpufleet.deploys.docker",
+    "tuning": "gpufleet.deploys.tuning",
+    "hardening": "gpufleet.deploys.hardening",
     "probe": "",
     "pytorch": "",
 }
@@ -175,7 +175,7 @@ def check(area: str) -> Callable[[Check], Check]:
 
 @check("base")
 def marker_matches_tier(ctx: Context) -> Result:
-    from deploys.base import managed_marker
+    from gpufleet.deploys.base import managed_marker
 
     name = "the gpufleet marker matches the tier"
     lines = ctx.fact(FileContents, path=MARKER)

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.api import StringCommand
 
-from facts.kernel import DriverStateData
-from facts.pytorch import MARK, SCRIPT, TorchBuild, TorchBuildData, parse_torch_build
+from gpufleet.facts.kernel import DriverStateData
+from gpufleet.facts.pytorch import MARK, SCRIPT, TorchBuild, TorchBuildData, parse_torch_build
 from gpufleet.gpus import model_for_name
 from gpufleet.pytorch import arch_entries, check_build
 from gpufleet.validation import FAIL, PASS, SKIP, WARN, pytorch_build_runs_here
