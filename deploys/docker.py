@@ -47,20 +47,15 @@ from gpufleet import dockerconf
 from gpufleet.failures import fail_host
 from gpufleet.validation import PASS, SKIP, WARN, Context, Result
 from gpufleet.hostfacts import gpu_state, os_release
+from gpufleet.repos import (DOCKER_KEYRING, DOCKER_LIST, TOOLKIT_KEYRING, TOOLKIT_LIST, TOOLKIT_PACKAGES,  # noqa: F401
+                            docker_sources_line, dpkg_arch, toolkit_sources_line)
 from gpufleet.settings import host_settings
 from operations import docker as docker_ops
 from operations.holds import held
 
 APT_CACHE_SECONDS = 86400
-DOCKER_KEYRING = "/etc/apt/keyrings/gpufleet-docker.gpg"
-DOCKER_LIST = "/etc/apt/sources.list.d/gpufleet-docker.list"
-TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
-TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
 
-# The toolkit's packages, all pinned to docker_toolkit_version (NVIDIA's install guide pins these four).
-TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
-                    "libnvidia-container-tools", "libnvidia-container1")
 # Engine packages per source: installed, then held together with their runtime pieces.
 ENGINE = {
     "docker": {"install": ("docker-ce", "docker-ce-cli", "containerd.io"),
@@ -69,16 +64,6 @@ ENGINE = {
     "distro": {"install": ("docker.io",), "optional": ("docker-cli",),
                "hold": ("docker.io", "containerd", "runc"), "conflicts": ("docker-ce",)},
 }
-
-
-def docker_sources_line(repo_url: str, os_id: str, codename: str, arch: str, keyring: str = DOCKER_KEYRING) -> str:
-    """Docker's documented line: deb [arch=.. signed-by=..] <url>/<os id> <codename> stable."""
-    return f"deb [arch={arch} signed-by={keyring}] {repo_url.rstrip('/')}/{os_id} {codename} stable\n"
-
-
-def toolkit_sources_line(repo_url: str, keyring: str = TOOLKIT_KEYRING) -> str:
-    """NVIDIA's documented flat line; apt substitutes $(ARCH) itself."""
-    return f"deb [signed-by={keyring}] {repo_url.rstrip('/')}/stable/deb/$(ARCH) /\n"
 
 
 def _report_pending_at_exit() -> None:
@@ -113,10 +98,6 @@ def daemon_json_current(ctx: Context) -> Result:
 VALIDATION_CHECKS = [daemon_json_current]
 
 
-def _dpkg_arch(machine: str) -> str:
-    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
-
-
 @deploy("Docker engine and NVIDIA container toolkit")
 def docker():
     settings = host_settings(host)
@@ -143,7 +124,7 @@ def docker():
 
     # -- package sources ------------------------------------------------------------------------
     rel = os_release(host)
-    arch = _dpkg_arch(host.get_fact(Arch) or "x86_64")
+    arch = dpkg_arch(host.get_fact(Arch) or "x86_64")
     source_ops = [
         docker_ops.apt_keyring(
             name="Trust NVIDIA's container toolkit key (fingerprint checked)",

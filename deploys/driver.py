@@ -54,6 +54,7 @@ from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
 from gpufleet.failures import fail_host
 from gpufleet.hostfacts import driver_state, kernel_plan, resolution
+from gpufleet.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line
 from gpufleet.settings import host_settings
 from gpufleet.validation import is_exact, pending_message, stack_pending_message, upstream_of
 from operations.driver import archive_components, packages_at_versions, refresh_initramfs, repo_key
@@ -62,7 +63,6 @@ from operations.reboot import rebooted
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 APT_CACHE_SECONDS = 86400
-CUDA_SOURCE = "/etc/apt/sources.list.d/gpufleet-cuda.list"
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/gpufleet-blacklist-nouveau.conf"
 CUDA_PROFILE = "/etc/profile.d/gpufleet-cuda.sh"
 DKMS_SIGNING_CONF = "/etc/dkms/framework.conf.d/gpufleet-module-signing.conf"
@@ -264,7 +264,7 @@ def driver():
     # 1. Package sources ------------------------------------------------------------------------
     if res.source == "nvidia":
         apt.packages(name="Install gpg to check the repository key", packages=["gpg"], no_recommends=True)
-        base = f"{settings.driver_repo_url.rstrip('/')}/{res.repo_os_dir}/x86_64"
+        base = cuda_repo_base(settings.driver_repo_url, res.repo_os_dir)
         keyring_url = (f"{base}/{repo['keyring_package_file']}" if settings.driver_repo_keyring_url == "auto"
                        else settings.driver_repo_keyring_url)
         fingerprint = (repo["key_fingerprint"] if settings.driver_repo_key_fingerprint == "auto"
@@ -276,7 +276,7 @@ def driver():
         source = files.put(
             name=f"Add NVIDIA's CUDA repository {base}/ as a signed-by source",
             src=StringIO("# Managed by gpufleet (deploys/driver.py). Do not edit: changes are reverted.\n"
-                         f"deb [signed-by={repo['keyring_path']}] {base}/ /\n"),
+                         + cuda_sources_line(settings.driver_repo_url, res.repo_os_dir, repo["keyring_path"])),
             dest=CUDA_SOURCE, mode="644",
         )
         apt.update(name="Read the package index of the changed sources", _if=any_changed(key, source))
