@@ -20,8 +20,11 @@ from facts.packages import KeyringFingerprints
 from facts.packages import HeldPackages, PackageVersions
 
 # Debian's archive (deb.debian.org/debian, security, mirrors) and Ubuntu's (archive/security.ubuntu.com/ubuntu,
-# ports.ubuntu.com/ubuntu-ports, cloud mirrors such as us-east-1.ec2.archive.ubuntu.com/ubuntu)
-_DEBIAN_ARCHIVE = re.compile(r"^(https?|file)://[^ ]*/(debian(-security)?|ubuntu(-ports)?)/?$")
+# ports.ubuntu.com/ubuntu-ports, cloud mirrors such as us-east-1.ec2.archive.ubuntu.com/ubuntu); not
+# Docker's repository and Launchpad PPAs, whose paths end the same way (download.docker.com/linux/debian,
+# ppa.launchpadcontent.net/OWNER/ppa/ubuntu)
+_DEBIAN_ARCHIVE = re.compile(
+    r"^(?!https?://ppa\.launchpad(content)?\.net/)(https?|file)://[^ ]*/(?<!/linux/)(debian(-security)?|ubuntu(-ports)?)/?$")
 
 
 def _sh(script: str) -> StringCommand:
