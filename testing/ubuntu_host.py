@@ -14,17 +14,23 @@ own (compat.yaml), as /sys/bus/pci would list them before a driver is installed.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import re
+import subprocess
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyinfra.api import Config, Inventory, State
+from pyinfra.api import Config, Inventory, State, StringCommand
+from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.host import Host
 from pyinfra.context import ctx_host, ctx_state
 
 from facts._common import MARK
+from facts.docker import DaemonJson, DockerEngine
+from facts.driver import DebianArchiveSources, GpuDeviceUsers
 from facts.gpu import GpuState
 from facts.kernel import DriverState
 from facts.network import NetworkInterfaces, RdmaDevices
@@ -54,6 +60,30 @@ def apt_cache_policy(lines: Sequence[str]) -> dict[str, str | None]:
         elif package and (m := re.fullmatch(r" *Candidate: (\S+)", line)):
             out[package] = None if m[1] == "(none)" else m[1]
     return out
+
+
+def archive_sources_output(release: str) -> list[str]:
+    """DebianArchiveSources' own command run over a temporary copy of the release's recorded apt
+    sources (22.04: the one-line sources.list; 24.04: deb822 ubuntu.sources), as the host prints it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        listd = Path(tmp, "sources.list.d")
+        listd.mkdir()
+        main = Path(tmp, "sources.list")
+        for name in ("sources.list", "ubuntu.sources"):
+            if (UBUNTU / release / name).exists():
+                (main if name == "sources.list" else listd / name).write_text((UBUNTU / release / name).read_text())
+        command = (DebianArchiveSources().command().replace("/etc/apt/sources.list.d", str(listd))
+                   .replace("/etc/apt/sources.list ", f"{main} "))
+        out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+    return [line.replace(tmp + "/sources.list.d", "/etc/apt/sources.list.d").replace(str(main), "/etc/apt/sources.list")
+            for line in out.splitlines()]
+
+
+# pyinfra's own facts the deploys' operations ask, answered as on a host where none of gpufleet's
+# files, units or packages exist yet
+_PYINFRA_EMPTY = {"File": None, "Directory": None, "Link": None, "Sha1File": None, "Sha256File": None,
+                  "Md5File": None, "FileContents": None, "FindInFile": [], "DebPackages": {}, "DebPackage": None,
+                  "SystemdStatus": {}, "SystemdEnabled": {}, "AptSources": []}
 
 
 @dataclass
@@ -113,10 +143,24 @@ class UbuntuHost:
             return HeldPackages().process([])
         if cls is KeyringFingerprints:
             return KeyringFingerprints().process([])
+        if cls is DebianArchiveSources:
+            return DebianArchiveSources().process(archive_sources_output(self.release))
+        if cls is GpuDeviceUsers:
+            return []
+        if cls is DaemonJson:  # no Docker yet
+            return DaemonJson().process([f"{MARK} exists no"])
+        if cls is DockerEngine:
+            return DockerEngine().process([f"{MARK} begin version"])
         if name == "Arch":
             return "x86_64"
-        if name == "File":
-            return {"size": 1} if self.files.get(kwargs["path"]) else None
+        if name == "TmpDir":
+            return "/tmp"
+        if name == "Date":
+            return datetime.datetime(2026, 11, 30, 12, 0, 0)
+        if name == "File" and self.files.get(kwargs["path"]):
+            return {"size": 1, "mode": 600, "user": "root", "group": "root"}
+        if cls.__module__.startswith("pyinfra.") and name in _PYINFRA_EMPTY:
+            return _PYINFRA_EMPTY[name]
         raise LookupError(f"simulated Ubuntu host: no recording for fact {name}({dict(kwargs)})")
 
 
@@ -155,3 +199,23 @@ def on_host(state: State, name: str) -> Iterator[Host]:
     host = state.inventory.get_host(name)
     with ctx_state.use(state), ctx_host.use(host):
         yield host
+
+
+def planned_operations(state: State, host: Host) -> list[tuple[str, list[str]]]:
+    """(operation name, its commands as text) of everything planned for `host`, in order: what
+    `pyinfra ... --dry` would show, with uploaded files as "upload DEST" and their content."""
+    out = []
+    for op_hash in host.op_hash_order:
+        names = ", ".join(sorted(state.get_op_meta(op_hash).names))
+        commands = []
+        for command in state.get_op_data_for_host(host, op_hash).command_generator():
+            if isinstance(command, FileUploadCommand):
+                src = command.src
+                text = src.getvalue() if hasattr(src, "getvalue") else Path(src).read_text()
+                commands.append(f"upload {command.dest}\n{text}")
+            elif isinstance(command, StringCommand):
+                commands.append(command.get_raw_value())
+            else:
+                commands.append(repr(command))
+        out.append((names, commands))
+    return out
