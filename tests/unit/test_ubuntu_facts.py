@@ -98,8 +98,8 @@ def test_ubuntu_archive_sources_one_line_and_deb822():
     assert all(_DEBIAN_ARCHIVE.match(e.uri) for e in noble)
     # still not: NVIDIA's, Docker's or a PPA
     for uri in ("https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64",
-                "https://download.docker.com/linux/ubuntu", "https://download.docker.com/linux/debian", "https://ppa.launchpadcontent.net/graphics-drivers/ppa/ubuntu",
-                "http://ppa.launchpad.net/graphics-drivers/ppa/ubuntu/"):
+                "https://download.docker.com/linux/ubuntu", "https://download.docker.com/linux/debian",
+                "https://ppa.launchpadcontent.net/graphics-drivers/ppa/ubuntu", "http://ppa.launchpad.net/graphics-drivers/ppa/ubuntu/"):
         assert not _DEBIAN_ARCHIVE.match(uri)
 
 
