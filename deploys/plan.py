@@ -48,7 +48,7 @@ try:
             lines += [f"note: {note}" for note in value]
         else:
             lines.append(f"{key}: {value}")
-    from deploys.driver import mok_certificate, preconditions  # the driver deploy's own first refusal
+    from gpufleet.deploys.driver import mok_certificate, preconditions  # the driver deploy's own first refusal
 
     state_before, kernel = driver_state(host), kernel_plan(host, res)
     if state_before.secure_boot == "enabled":

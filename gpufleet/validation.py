@@ -8,33 +8,33 @@ host; the fleet report shows the same results per host.
 
 Statuses: pass | fail | warn | skip (does not apply, with the reason).
 
-Plugging in an area: its deploy module (deploys/<area>.py) may define
-``VALIDATION_CHECKS = [check, ...]`` (functions taking a Context, returning Result(s)); they
-run after the built-in ones. The tuning
-deploy may also define ``expected_profiles(host, settings) -> {path: text}``: the files it
-writes, compared byte for byte ("profiles present and current").
+This is the core: it imports no deploy (tests/unit/test_import_direction.py). What a check
+compares with comes from the same core plan the deploy applies (gpufleet.tuning.plan_tuning,
+gpufleet.tiers.managed_marker, gpufleet.dockerconf, gpufleet.sshd_policy).
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from pyinfra.facts.files import FileContents, Sha256File
 
-from facts.gpu import GpuState, GpuStateData
-from facts.kernel import DriverState, DriverStateData
-from facts.packages import PackageVersions
-from facts.nftables import TABLE, NftablesCapability
-from facts.ssh import SshdEffectiveConfig
-from facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitActive
+from gpufleet.facts.gpu import GpuState, GpuStateData
+from gpufleet.facts.docker import DaemonJson
+from gpufleet.facts.kernel import DriverState, DriverStateData
+from gpufleet.facts.packages import PackageVersions
+from gpufleet.facts.nftables import TABLE, NftablesCapability
+from gpufleet.facts.ssh import SshdEffectiveConfig
+from gpufleet.facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitActive
 
-from . import perf
+from . import dockerconf, perf
 from .errors import Incompatible
 from .sshd_policy import expected_sshd
+from .tiers import managed_marker
+from .tuning import Refusal, plan_tuning
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 STATUSES = (PASS, FAIL, WARN, SKIP)
@@ -64,16 +64,7 @@ def is_exact(debian_version: str | None, upstream: str) -> bool:
     return bool(debian_version) and "-" in debian_version and upstream_of(debian_version) == upstream
 
 
-# area -> its deploy module ("" for none)
-AREAS: dict[str, str] = {
-    "base": "deploys.base",
-    "preflight": "deploys.preflight",
-    "driver": "deploys.driver",
-    "docker": "deploys.docker",
-    "tuning": "deploys.tuning",
-    "hardening": "deploys.hardening",
-    "probe": "",
-}
+AREAS = ("base", "preflight", "driver", "docker", "tuning", "hardening", "probe")
 
 
 @dataclass(frozen=True)
@@ -95,16 +86,6 @@ class Result:
     def to_json(self) -> dict[str, str]:
         return {"area": self.area, "name": self.name, "status": self.status,
                 "message": self.message, "fix": self.fix}
-
-
-def area_module(area: str) -> Any | None:
-    module = AREAS.get(area, "")
-    if not module:
-        return None
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        return None
 
 
 @contextlib.contextmanager
@@ -169,11 +150,9 @@ def check(area: str) -> Callable[[Check], Check]:
 
 @check("base")
 def marker_matches_tier(ctx: Context) -> Result:
-    from deploys.base import managed_marker
-
     name = "the gpufleet marker matches the tier"
     lines = ctx.fact(FileContents, path=MARKER)
-    expected = managed_marker(ctx.settings.tier).getvalue().splitlines()
+    expected = managed_marker(ctx.settings.tier).splitlines()
     if lines is None:
         return Result("base", name, FAIL, f"{MARKER} is missing (gpufleet never ran here, or it was removed)",
                       FIX_DEPLOY)
@@ -366,21 +345,6 @@ def persistence_on(ctx: Context) -> Result:
     return Result("tuning", name, PASS, found)
 
 
-def expected_clocks(ctx: Context) -> dict[int, tuple[int, int] | None]:
-    """GPU index -> (memory, graphics) MHz the clock policy asks for (None: the default pair)."""
-    policy = ctx.settings.clock_policy
-    out: dict[int, tuple[int, int] | None] = {}
-    for g in ctx.gpu.gpus:
-        if isinstance(policy, dict) or hasattr(policy, "keys"):
-            out[g.index] = (int(policy["memory"]), int(policy["graphics"]))
-        elif policy == "max":
-            pair = ctx.resolution().application_clocks.get(g.name)
-            out[g.index] = (pair.memory_mhz, pair.graphics_mhz) if pair else None
-        else:
-            out[g.index] = None
-    return out
-
-
 @check("tuning")
 def clocks_as_set(ctx: Context) -> Result:
     name = "GPU clocks are what the tier's clock policy sets"
@@ -390,46 +354,24 @@ def clocks_as_set(ctx: Context) -> Result:
     skip = _gpus_or_skip(ctx, "tuning", name)
     if skip:
         return skip
-    planner = getattr(area_module("tuning"), "plan_tuning", None)
-    if planner is not None:
-        # The tuning deploy's own plan: a GPU that still needs a command is not at its target.
-        try:
-            plan = planner(ctx.host, ctx.settings)
-        except Exception as refused:  # the deploy's Refusal: it would refuse this host too
-            return Result("tuning", name, FAIL, f"the tuning deploy refuses this host: {refused}",
-                          "change clock_policy for this host")
-        off = [f"{c.label}: wants {c.target.mem},{c.target.gfx}" if c.target else f"{c.label}: wants default"
-               for c in plan.clocks if c.commands]
-        if off:
-            return Result("tuning", name, FAIL, "; ".join(off), "run deploys/all.py (tuning sets the clocks)")
-        return Result("tuning", name, PASS, f"{len(plan.clocks)} GPUs at policy {policy}")
+    # The tuning deploy's own plan: a GPU that still needs a command is not at its target.
     try:
-        want = expected_clocks(ctx)
-    except Incompatible as refused:
-        return Result("tuning", name, SKIP, f"no resolution for this host: {refused.reason}")
-    wrong = []
-    for g in ctx.gpu.gpus:
-        target = want.get(g.index) or (tuple(g.default_app_clocks) if g.default_app_clocks else None)
-        actual = tuple(g.app_clocks) if g.app_clocks else None
-        if target is not None and actual is not None and actual != tuple(target):
-            wrong.append(f"GPU {g.index} {actual[0]},{actual[1]} != {target[0]},{target[1]}")
-    found = "; ".join(wrong) if wrong else f"{len(ctx.gpu.gpus)} GPUs at policy {policy}"
-    if wrong:
-        return Result("tuning", name, FAIL, found, "run deploys/all.py (tuning sets the clocks)")
-    return Result("tuning", name, PASS, found)
+        plan = plan_tuning(ctx.host, ctx.settings)
+    except Refusal as refused:  # the deploy would refuse this host too
+        return Result("tuning", name, FAIL, f"the tuning deploy refuses this host: {refused}",
+                      "change clock_policy for this host")
+    off = [f"{c.label}: wants {c.target.mem},{c.target.gfx}" if c.target else f"{c.label}: wants default"
+           for c in plan.clocks if c.commands]
+    if off:
+        return Result("tuning", name, FAIL, "; ".join(off), "run deploys/all.py (tuning sets the clocks)")
+    return Result("tuning", name, PASS, f"{len(plan.clocks)} GPUs at policy {policy}")
 
 
 @check("tuning")
 def profiles_current(ctx: Context) -> Result:
     name = "the NCCL / OMP / PyTorch profiles are present and current"
-    module = area_module("tuning")
-    expected = getattr(module, "expected_profiles", None)
-    if expected is None and hasattr(module, "plan_tuning"):
-        expected = lambda host, settings: module.plan_tuning(host, settings).files  # noqa: E731
-    if expected is None:
-        return Result("tuning", name, SKIP, "the tuning deploy names no profiles (expected_profiles)")
     stale, missing = [], []
-    for path, text in expected(ctx.host, ctx.settings).items():
+    for path, text in plan_tuning(ctx.host, ctx.settings).files.items():
         digest = ctx.fact(Sha256File, path=path)
         if digest is None:
             missing.append(path)
@@ -463,6 +405,26 @@ def containers_see_gpus(ctx: Context) -> Result:
     if problems:
         return Result("docker", name, FAIL, "; ".join(problems), FIX_DEPLOY)
     return Result("docker", name, PASS, found)
+
+
+@check("docker")
+def daemon_json_current(ctx: Context) -> Result:
+    """Validation: daemon.json holds every gpufleet key; what a run left pending shows here."""
+    name = "daemon.json has gpufleet's keys (no Docker change pending)"
+    if not ctx.fact(ContainerGpus).docker:
+        return Result("docker", name, SKIP, "no docker on this host")
+    current = ctx.fact(DaemonJson, path=dockerconf.DAEMON_JSON)
+    try:
+        existing = dockerconf.parse(current.raw if current.exists else None)
+    except dockerconf.MalformedDaemonJson as exc:
+        return Result("docker", name, WARN, f"{dockerconf.DAEMON_JSON} is malformed: {exc}", "fix the file, then run deploys/all.py")
+    keys = dockerconf.changed_keys(existing, dockerconf.merge(existing, dockerconf.DockerDefaults.from_settings(ctx.settings)))
+    if not keys:
+        return Result("docker", name, PASS, f"live-restore {'on' if ctx.settings.docker_live_restore else 'off'}")
+    return Result("docker", name, WARN, f"not yet in {dockerconf.DAEMON_JSON}: {', '.join(keys)} (a Docker restart "
+                  "was left pending while GPU containers ran, or the file was changed)",
+                  "run deploys/all.py once the GPU containers have stopped (or set "
+                  "docker_restart_with_gpu_containers: always)")
 
 
 # --- hardening --------------------------------------------------------------------------------
@@ -554,22 +516,13 @@ def performance(ctx: Context) -> Result:
 
 # --- running ----------------------------------------------------------------------------------
 
-def plugin_checks() -> list[tuple[str, Check]]:
-    out = []
-    for area in AREAS:
-        module = area_module(area)
-        if module is not None:
-            out += [(area, func) for func in getattr(module, "VALIDATION_CHECKS", [])]
-    return out
-
-
 def run_checks(host: Any, settings: Any, probe: bool = True, probe_skip: str = "probes turned off") -> list[Result]:
     """Every check against the host as it is now. A check that raises becomes a failed result
     naming the error, so one broken check never hides the others."""
     ctx = Context(host, settings, probe=probe, probe_skip=probe_skip)
     results: list[Result] = []
     with fresh_host_facts(host):
-        for area, func in [*CHECKS, *plugin_checks()]:
+        for area, func in CHECKS:
             try:
                 out = func(ctx)
             except Exception as error:  # noqa: BLE001 - reported, never swallowed

@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from facts.driver import DebianArchiveSources
-from facts.packages import KeyringFingerprints
-from facts.packages import HeldPackages, PackageVersions
+from gpufleet.facts.driver import DebianArchiveSources
+from gpufleet.facts.packages import KeyringFingerprints
+from gpufleet.facts.packages import HeldPackages, PackageVersions
 
 # Debian's archive (deb.debian.org/debian, security, mirrors) and Ubuntu's (archive/security.ubuntu.com/ubuntu,
 # ports.ubuntu.com/ubuntu-ports, cloud mirrors such as us-east-1.ec2.archive.ubuntu.com/ubuntu); not

@@ -28,15 +28,15 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.host import Host
 from pyinfra.context import ctx_host, ctx_state
 
-from facts._common import MARK
-from facts.docker import DaemonJson, DockerEngine
-from facts.driver import DebianArchiveSources, GpuDeviceUsers
-from facts.gpu import GpuState
-from facts.kernel import DriverState
-from facts.network import NetworkInterfaces, RdmaDevices
-from facts.packages import AptCandidates, HeldPackages, KeyringFingerprints, PackageVersions
-from facts.pci import NvidiaPciDevices, PciDevices
-from facts.system import OsRelease
+from gpufleet.facts._common import MARK
+from gpufleet.facts.docker import DaemonJson, DockerEngine
+from gpufleet.facts.driver import DebianArchiveSources, GpuDeviceUsers
+from gpufleet.facts.gpu import GpuState
+from gpufleet.facts.kernel import DriverState
+from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
+from gpufleet.facts.packages import AptCandidates, HeldPackages, KeyringFingerprints, PackageVersions
+from gpufleet.facts.pci import NvidiaPciDevices, PciDevices
+from gpufleet.facts.system import OsRelease
 from gpufleet.gpus import model_for_name
 
 REPO = Path(__file__).resolve().parent.parent

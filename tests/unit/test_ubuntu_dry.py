@@ -34,8 +34,8 @@ def dry_run(tier: str, release: str) -> str:
     state = make_state({name: (host, data)})
     with canned({name: host}):
         with on_host(state, name) as h:
-            from deploys.docker import docker
-            from deploys.driver import driver
+            from gpufleet.deploys.docker import docker
+            from gpufleet.deploys.driver import driver
 
             driver()
             docker()

@@ -9,13 +9,13 @@ import subprocess
 
 import pytest
 
-from deploys.driver import dkms_signing_conf, mok_certificate
-from facts.driver import DebianArchiveSources, SourceEntry
-from facts.kernel import DriverState
-from facts.packages import AptCandidates, PackageVersions
-from facts.system import OsRelease
+from gpufleet.deploys.driver import dkms_signing_conf, mok_certificate
+from gpufleet.facts.driver import DebianArchiveSources, SourceEntry
+from gpufleet.facts.kernel import DriverState
+from gpufleet.facts.packages import AptCandidates, PackageVersions
+from gpufleet.facts.system import OsRelease
 from gpufleet.kernels import image_metapackage_candidates, kernel_flavour, module_packages, package_flavour
-from operations.driver import _DEBIAN_ARCHIVE
+from gpufleet.operations.driver import _DEBIAN_ARCHIVE
 from testing.ubuntu_host import MARK, UBUNTU, UbuntuHost, apt_cache_policy, recorded
 
 
