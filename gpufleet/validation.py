@@ -61,7 +61,7 @@ def upstream_of(debian_version: str) -> str:
 
 def is_exact(debian_version: str | None, upstream: str) -> bool:
     """True when an installed Debian version is exactly the release ``upstream`` (any revision)."""
-    return bool(debian_version) and "-" in debian_version and upstream_of(debian_version) == upstream
+    return debian_version is not None and "-" in debian_version and upstream_of(debian_version) == upstream
 
 
 AREAS = ("base", "preflight", "driver", "docker", "tuning", "hardening", "probe")

@@ -54,7 +54,7 @@ def doc():
 def test_every_kind_of_row_matches_the_schema(doc):
     schema = json.loads(SCHEMA_PATH.read_text())
     validate(json.loads(json.dumps(doc)), schema)
-    assert doc["summary"] == {"hosts": 6, "states": {"provisioned": 1, "fresh": 1, "changed": 1,
+    assert {k: doc["summary"][k] for k in ("hosts", "states")} == {"hosts": 6, "states": {"provisioned": 1, "fresh": 1, "changed": 1,
                                                      "mismatch-pending": 1, "unreachable": 1, "error": 1}}
 
 
