@@ -57,10 +57,10 @@ try:
                      if kernel.prebuilt else f"DKMS signs with the MOK {key}, certificate {mok_certificate(key)}"
                      if key != "none" else "DKMS builds need a MOK: driver_module_signing_key") + ")")
     if not kernel.prebuilt and settings.driver_kernel_headers == "require":
-        lines.append(f"kernel_headers: linux-headers-{kernel.release} {kernel.headers_metapackage or ''} "
-                     "(DKMS builds the module for this kernel and the ones that follow)".replace("  ", " "))
-    if problem := preconditions(settings, res, state_before, host, prebuilt=kernel.prebuilt):
-        lines.append(f"REFUSED (driver): {problem[1]} (key {problem[0]})")
+        headers = [f"linux-headers-{kernel.release}", *([kernel.headers_metapackage] if kernel.headers_metapackage else [])]
+        lines.append(f"kernel_headers: {' '.join(headers)} (DKMS builds the module for this kernel and the ones that follow)")
+    if refusal := preconditions(settings, res, state_before, host, prebuilt=kernel.prebuilt):
+        lines.append(f"REFUSED (driver): {refusal[1]} (key {refusal[0]})")
 except Incompatible as refused:
     lines.append(f"REFUSED: {refused.reason}" + (f" (key {refused.key})" if refused.key else ""))
 release = os_release(host)
