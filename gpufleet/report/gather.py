@@ -96,7 +96,7 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     from gpufleet.errors import Incompatible
     from gpufleet.facts.packages import HeldPackages, PackageVersions
     from gpufleet.settings import host_settings
-    from gpufleet.validation import FAIL, Context, fresh_host_facts, run_checks
+    from gpufleet.validation import FAIL, PYTORCH_CHECK, Context, fresh_host_facts, run_checks
 
     row: dict[str, Any] = {"status": "ok"}
     try:
@@ -148,7 +148,8 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
         row["persistence"] = None
         row["clocks"] = None
 
-    results = run_checks(host, settings, probe=probe) if settings else []
+    # the PyTorch build is read even without --probe: importing torch loads no GPU
+    results = run_checks(host, settings, probe=probe, torch_probe=True) if settings else []
     by_name = {r.name: r for r in results}
 
     def summary(name: str) -> str | None:
@@ -161,6 +162,8 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     row["firewall"] = summary("the host firewall is active")
     row["ssh_hardening"] = summary("sshd's effective configuration is hardened")
     row["marker"] = summary("the gpufleet marker matches the tier")
+    torch = by_name.get(PYTORCH_CHECK)
+    row["pytorch"] = f"{'ok' if torch.status == 'pass' else torch.status}: {torch.message}" if torch else None
     row["validation"] = {
         # "unmanaged" is always 0 now (no deploy is a placeholder); kept: schema_version 1 requires it
         "counts": {s: sum(1 for r in results if r.status == s) for s in ("pass", "fail", "warn", "skip", "unmanaged")},

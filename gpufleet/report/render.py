@@ -22,7 +22,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("driver", "Driver loaded / installed"), ("cuda", "CUDA"), ("cudnn", "cuDNN"),
     ("container_toolkit", "Container toolkit"), ("kernel", "Kernel"), ("held_packages", "Held packages"),
     ("reboot_pending", "Reboot pending"), ("persistence", "Persistence"), ("clocks", "Clocks"),
-    ("firewall", "Firewall"), ("ssh_hardening", "SSH hardening"), ("drift", "Drift (all.py)"),
+    ("pytorch", "PyTorch"), ("firewall", "Firewall"), ("ssh_hardening", "SSH hardening"), ("drift", "Drift (all.py)"),
     ("problems", "Problems"),
 )
 
