@@ -39,28 +39,21 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files, systemd
 
-from facts.docker import DaemonJson
-from facts.validation import ContainerGpus
-from facts.packages import AptCandidates
-from facts.packages import PackageVersions
+from gpufleet.facts.docker import DaemonJson
+from gpufleet.facts.packages import AptCandidates
+from gpufleet.facts.packages import PackageVersions
 from gpufleet import dockerconf
 from gpufleet.failures import fail_host
-from gpufleet.validation import PASS, SKIP, WARN, Context, Result
 from gpufleet.hostfacts import gpu_state, os_release
+from gpufleet.repos import (DOCKER_KEYRING, DOCKER_LIST, TOOLKIT_KEYRING, TOOLKIT_LIST, TOOLKIT_PACKAGES,  # noqa: F401
+                            docker_sources_line, dpkg_arch, toolkit_sources_line)
 from gpufleet.settings import host_settings
-from operations import docker as docker_ops
-from operations.holds import held
+from gpufleet.operations import docker as docker_ops
+from gpufleet.operations.holds import held
 
 APT_CACHE_SECONDS = 86400
-DOCKER_KEYRING = "/etc/apt/keyrings/gpufleet-docker.gpg"
-DOCKER_LIST = "/etc/apt/sources.list.d/gpufleet-docker.list"
-TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
-TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
 
-# The toolkit's packages, all pinned to docker_toolkit_version (NVIDIA's install guide pins these four).
-TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
-                    "libnvidia-container-tools", "libnvidia-container1")
 # Engine packages per source: installed, then held together with their runtime pieces.
 ENGINE = {
     "docker": {"install": ("docker-ce", "docker-ce-cli", "containerd.io"),
@@ -71,16 +64,6 @@ ENGINE = {
 }
 
 
-def docker_sources_line(repo_url: str, os_id: str, codename: str, arch: str, keyring: str = DOCKER_KEYRING) -> str:
-    """Docker's documented line: deb [arch=.. signed-by=..] <url>/<os id> <codename> stable."""
-    return f"deb [arch={arch} signed-by={keyring}] {repo_url.rstrip('/')}/{os_id} {codename} stable\n"
-
-
-def toolkit_sources_line(repo_url: str, keyring: str = TOOLKIT_KEYRING) -> str:
-    """NVIDIA's documented flat line; apt substitutes $(ARCH) itself."""
-    return f"deb [signed-by={keyring}] {repo_url.rstrip('/')}/stable/deb/$(ARCH) /\n"
-
-
 def _report_pending_at_exit() -> None:
     if docker_ops.PENDING:
         lines = "\n".join(f"    {name}: {', '.join(keys)} ({why})" for name, (keys, why) in sorted(docker_ops.PENDING.items()))
@@ -89,32 +72,6 @@ def _report_pending_at_exit() -> None:
 
 
 atexit.register(_report_pending_at_exit)
-
-
-def daemon_json_current(ctx: Context) -> Result:
-    """Validation: daemon.json holds every gpufleet key; what a run left pending shows here."""
-    name = "daemon.json has gpufleet's keys (no Docker change pending)"
-    if not ctx.fact(ContainerGpus).docker:
-        return Result("docker", name, SKIP, "no docker on this host")
-    current = ctx.fact(DaemonJson, path=dockerconf.DAEMON_JSON)
-    try:
-        existing = dockerconf.parse(current.raw if current.exists else None)
-    except dockerconf.MalformedDaemonJson as exc:
-        return Result("docker", name, WARN, f"{dockerconf.DAEMON_JSON} is malformed: {exc}", "fix the file, then run deploys/all.py")
-    keys = dockerconf.changed_keys(existing, dockerconf.merge(existing, dockerconf.DockerDefaults.from_settings(ctx.settings)))
-    if not keys:
-        return Result("docker", name, PASS, f"live-restore {'on' if ctx.settings.docker_live_restore else 'off'}")
-    return Result("docker", name, WARN, f"not yet in {dockerconf.DAEMON_JSON}: {', '.join(keys)} (a Docker restart "
-                  "was left pending while GPU containers ran, or the file was changed)",
-                  "run deploys/all.py once the GPU containers have stopped (or set "
-                  "docker_restart_with_gpu_containers: always)")
-
-
-VALIDATION_CHECKS = [daemon_json_current]
-
-
-def _dpkg_arch(machine: str) -> str:
-    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
 
 
 @deploy("Docker engine and NVIDIA container toolkit")
@@ -143,7 +100,7 @@ def docker():
 
     # -- package sources ------------------------------------------------------------------------
     rel = os_release(host)
-    arch = _dpkg_arch(host.get_fact(Arch) or "x86_64")
+    arch = dpkg_arch(host.get_fact(Arch) or "x86_64")
     source_ops = [
         docker_ops.apt_keyring(
             name="Trust NVIDIA's container toolkit key (fingerprint checked)",
@@ -248,6 +205,6 @@ def cdi_after_driver_change():
 
 
 # `pyinfra INVENTORY deploys/docker.py`: this area on its own (deploys/standalone.py).
-from deploys.standalone import run_alone  # noqa: E402
+from gpufleet.deploys.standalone import run_alone  # noqa: E402
 
 run_alone(__name__, __file__)

@@ -25,15 +25,15 @@ from pyinfra.api.deploy import add_deploy
 from pyinfra.api.host import Host
 from pyinfra.context import ctx_host, ctx_state
 
-import facts.nftables as nf
-import facts.ssh as fs
-import facts.sshd_files as sf
-from deploys import base as base_deploy
-from deploys import hardening as h
-from facts.system import parse_os_release
+import gpufleet.facts.nftables as nf
+import gpufleet.facts.ssh as fs
+import gpufleet.facts.sshd_files as sf
+from gpufleet.deploys import base as base_deploy
+from gpufleet.deploys import hardening as h
+from gpufleet.facts.system import parse_os_release
 from gpufleet import sshd_support
 from gpufleet.tiers import tier_defaults
-from operations import ssh as ssh_ops
+from gpufleet.operations import ssh as ssh_ops
 
 pytestmark = pytest.mark.unit
 
@@ -329,5 +329,5 @@ def test_every_reload_path_is_socket_aware():
     # the host: restart ssh.service under ssh.socket, reload a plain daemon
     for script in (ssh_ops._REVERT, ssh_ops._RESTORE_SCRIPT, ssh_ops.RELOAD_SSHD_SCRIPT):
         assert "is-active --quiet ssh.socket; then systemctl try-restart ssh.service" in script
-    from operations import sshd_files
+    from gpufleet.operations import sshd_files
     assert "is-active --quiet ssh.socket; then systemctl try-restart ssh.service" in sshd_files._RESTORE_KEY_SCRIPT
