@@ -11,6 +11,11 @@ An algorithm not listed here is left to `sshd -t`, which judges the candidate on
 before any reload (operations/ssh.py)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpufleet.facts.ssh import OpenSshVersion
+
 # `ssh -Q` family -> algorithm -> first OpenSSH release (major, minor) that has it.
 SINCE: dict[str, dict[str, tuple[int, int]]] = {
     "kex": {
@@ -54,7 +59,7 @@ def _show(version: tuple[int, int]) -> str:
     return f"{version[0]}.{version[1]}"
 
 
-def too_new(version, family: str, names: list[str]) -> list[str]:
+def too_new(version: OpenSshVersion, family: str, names: list[str]) -> list[str]:
     """The names of `family` this OpenSSH `version` (facts.ssh.OpenSshVersion) does not have
     yet, each with the release that brought it; [] when all are there or unknown here."""
     since = SINCE[family]
@@ -62,7 +67,7 @@ def too_new(version, family: str, names: list[str]) -> list[str]:
             for name in names if name in since and not version.at_least(*since[name])]
 
 
-def rejected_algorithms(version, lists: dict[str, list[str]]) -> list[str]:
+def rejected_algorithms(version: OpenSshVersion, lists: dict[str, list[str]]) -> list[str]:
     """One line per sshd_config keyword whose list names an algorithm `version` lacks."""
     problems = []
     for family, names in lists.items():
@@ -72,6 +77,6 @@ def rejected_algorithms(version, lists: dict[str, list[str]]) -> list[str]:
     return problems
 
 
-def available(version, family: str) -> list[str]:
+def available(version: OpenSshVersion, family: str) -> list[str]:
     """Every algorithm of `family` gpufleet knows that `version` has (for refusal messages)."""
     return [name for name, since in SINCE[family].items() if version.at_least(*since)]

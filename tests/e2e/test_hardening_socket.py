@@ -153,12 +153,12 @@ def test_revert_timer_puts_back_an_unconfirmed_dropin_on_a_socket_host(socket_ho
     host = socket_hosts["good"]
     backup = "/var/lib/gpufleet/backup" + DROPIN + ".previous"
     testhosts.ssh(host, (
-        "set -e; rm -f {b}.absent; cp -p {d} {b}; sed -i 's/^MaxAuthTries .*/MaxAuthTries 5/' {d}; "
-        "echo {d} > /var/lib/gpufleet/sshd.pending; sshd -t; systemctl try-restart ssh.service; "
+        f"set -e; rm -f {backup}.absent; cp -p {DROPIN} {backup}; sed -i 's/^MaxAuthTries .*/MaxAuthTries 5/' {DROPIN}; "
+        f"echo {DROPIN} > /var/lib/gpufleet/sshd.pending; sshd -t; systemctl try-restart ssh.service; "
         "sshd -T | grep -qx 'maxauthtries 5'; "
         "systemd-run --quiet --unit=gpufleet-sshd-revert --on-active=2s --timer-property=AccuracySec=1s "
-        "/bin/sh /var/lib/gpufleet/sshd-revert.sh {d} {b} /var/lib/gpufleet/sshd.pending"
-    ).format(d=DROPIN, b=backup))
+        f"/bin/sh /var/lib/gpufleet/sshd-revert.sh {DROPIN} {backup} /var/lib/gpufleet/sshd.pending"
+    ))
     for _ in range(60):
         time.sleep(0.5)
         if testhosts.ssh(host, "test -e /var/lib/gpufleet/sshd.pending", check=False).returncode != 0:
@@ -190,9 +190,9 @@ def test_boot_revert_restores_before_ssh_socket_listens(socket_hosts):
     host = socket_hosts["good"]
     backup = "/var/lib/gpufleet/backup" + DROPIN + ".previous"
     testhosts.ssh(host, (
-        "set -e; rm -f {b}.absent; cp -p {d} {b}; sed -i 's/^MaxAuthTries .*/MaxAuthTries 5/' {d}; "
-        "echo {d} > /var/lib/gpufleet/sshd.pending; sshd -T | grep -qx 'maxauthtries 5'"
-    ).format(d=DROPIN, b=backup))
+        f"set -e; rm -f {backup}.absent; cp -p {DROPIN} {backup}; sed -i 's/^MaxAuthTries .*/MaxAuthTries 5/' {DROPIN}; "
+        f"echo {DROPIN} > /var/lib/gpufleet/sshd.pending; sshd -T | grep -qx 'maxauthtries 5'"
+    ))
     reboot(host)
     assert testhosts.ssh(host, "test -e /var/lib/gpufleet/sshd.pending", check=False).returncode != 0
     assert "maxauthtries 3" in testhosts.ssh(host, "sshd -T").stdout
