@@ -320,7 +320,6 @@ def hardening():
               "Restart a running socket-activated sshd (sessions kept, never by SIGHUP), leaving "
               f"ssh.socket and its ports ({', '.join(map(str, activation.ports)) or 'none'}) alone; "
               "an idle one reads the hardened configuration at the next login"),
-        activation=activation,
         _if=dropin.did_change,
     )
     ssh.verify_login_or_restore(

@@ -32,6 +32,7 @@ from gpufleet.facts.ssh import (
     AuthorizedKeys,
     GroupMembers,
     SmallModuli,
+    SshdActivation,
     SshdEffectiveConfig,
     SshdPending,
     moduli_awk_small,
@@ -298,10 +299,10 @@ def settle_pending(dest: str):
 
 
 @operation(is_idempotent=False)
-def reload_sshd(activation=None):
+def reload_sshd():
     """
-    Make new logins read sshd's configuration, whichever way systemd runs sshd
-    (`activation`: facts.ssh.SshdActivationData).
+    Make new logins read sshd's configuration, whichever way systemd runs sshd (the
+    SshdActivation fact).
 
     Plain daemon: ``systemctl reload ssh.service`` (pyinfra's systemd.service, as ever).
     Socket-activated (ssh.socket: Ubuntu 22.10+ by default): never SIGHUP (the re-executed
@@ -311,7 +312,13 @@ def reload_sshd(activation=None):
     holding the port meanwhile; an idle one starts with the new configuration at the next
     connection (RELOAD_SSHD_SCRIPT decides on the host, as the revert timer does).
     """
-    if activation is not None and activation.socket_activated:
+    activation = host.get_fact(SshdActivation)
+    if activation.socket_activated:
+        if activation.service_active not in ("active", "activating", "reloading"):
+            # Accept=yes (one sshd per connection) or an idle socket: no sshd to tell
+            host.noop("sshd is socket-activated and none is running: the next connection starts one "
+                      "with the new configuration")
+            return
         yield StringCommand(*RELOAD_SSHD)
         return
     yield from systemd.service._inner(service="ssh.service", reloaded=True)
