@@ -5,7 +5,8 @@ one left (after a reboot, after a wait):
     survey    read what the host has (GPUs, processes, driver, packages, holds, Slurm)
     drain     Slurm drain; wait for (or refuse on) running GPU processes; refresh the apt index
     snapshot  disk snapshot (lvm | btrfs | zfs | command) and the manifest, copied to the controller
-    upgrade   unhold -> install the target driver's exact versions -> hold again
+    upgrade   unhold -> install the target driver's exact versions, and the CUDA toolkit /
+              cuDNN packages at the releases the inventory resolves to -> hold again
     reboot    only when the loaded module is not the target (and driver_reboot allows it)
     tune      persistence and clocks back as recorded in the manifest (or, with --retune, the
               tier's tuning from deploys/tuning.py once issue 6 has landed)
@@ -26,14 +27,16 @@ from pyinfra.api import deploy
 
 from facts.gpu import GpuState
 from facts.kernel import DriverState
-from facts.packages import HeldPackages, PackageVersions
+from facts.packages import HeldPackages, PackageVersions, StackPackages
 from facts.rollout import AptVersions, EtcFiles, SlurmNode
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
 from gpufleet.rollout.snapshot import snapshot_name
 from gpufleet.settings import host_settings
+from gpufleet.validation import is_exact
 from operations.apt_index import index_refreshed
 from operations.drain import gpu_containers_stopped, gpus_idle, gpus_idle_now, slurm_node, slurm_node_drained
+from operations.driver import stack_recorded
 from operations.driver_upgrade import package_change_settled, packages_at_versions
 from operations.gpu_restore import gpu_settings_restored
 from operations.reboot import rebooted
@@ -140,7 +143,9 @@ def snapshot(ctx: RolloutContext) -> None:
 
     def build() -> str:
         doc = mf.build(host=name, ident=ident, created=created,
-                       reason=f"driver upgrade {driver.userspace_version} -> {ctx.target}",
+                       reason=f"driver upgrade {driver.userspace_version} -> {ctx.target}" + "".join(
+                           f", {p} {have} -> {want}"
+                           for p, (have, want) in sorted(stack_moves(installed, ctx.stack.get(name, {})).items())),
                        packages=installed, holds=holds, etc_files=etc,
                        driver={"loaded": driver.module_version, "installed": driver.userspace_version,
                                "flavour": driver.module_flavour},
@@ -186,11 +191,34 @@ def upgrade_plan(installed: dict, holds: list[str], available: dict[str, list[st
     return install, remove, sorted(hold), missing
 
 
+def stack_moves(installed: dict, wanted: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """{package: (installed release, resolved release)} of the installed CUDA toolkit / cuDNN
+    packages that are not at their resolved release (an inventory change, or a hand change: the
+    rollout moves both). Packages not installed are left to deploys/all.py."""
+    return {p: (mf.upstream(installed[p]), want) for p, want in sorted(wanted.items())
+            if installed.get(p) and not is_exact(installed[p], want)}
+
+
+def stack_plan(installed: dict, wanted: dict[str, str], available: dict[str, list[str]]
+               ) -> tuple[dict[str, str], list[str]]:
+    """(install {pkg: Debian version}, missing ["pkg release"]) for moving the CUDA toolkit /
+    cuDNN packages to their resolved releases."""
+    install, missing = {}, []
+    for p, (_, want) in stack_moves(installed, wanted).items():
+        versions = [v for v in available.get(p, []) if mf.upstream(v) == want]
+        if versions:
+            install[p] = versions[0]
+        else:
+            missing.append(f"{p} {want}")
+    return install, missing
+
+
 @deploy("Upgrade the driver")
 def upgrade(ctx: RolloutContext) -> None:
     installed = host.get_fact(PackageVersions, packages=list(mf.PACKAGE_PATTERNS))
+    wanted = ctx.stack.get(host.name, {})
     names = sorted({n for n, v in installed.items() if v and mf.DRIVER_PACKAGE.match(n)}
-                   | {f"nvidia-driver-pinning-{ctx.target}"})
+                   | {f"nvidia-driver-pinning-{ctx.target}"} | set(stack_moves(installed, wanted)))
     available = host.get_fact(AptVersions, packages=names)
     holds = host.get_fact(HeldPackages)
     # what the manifest recorded as held is held again, even if an interrupted change released it
@@ -201,9 +229,28 @@ def upgrade(ctx: RolloutContext) -> None:
         ctx.refuse(host, f"driver {ctx.target} is not available from the configured repositories for: "
                          f"{', '.join(missing)}")
         return
+    stack_install, stack_missing = stack_plan(installed, wanted, available)
+    if stack_missing:
+        ctx.refuse(host, "the configured repositories offer no " + ", ".join(stack_missing)
+                         + ": CUDA toolkit / cuDNN not moved")
+        return
+    present = [p for p in wanted if installed.get(p)]
+    if host_settings(host).driver_hold:
+        hold = sorted(set(hold) | set(present))
     package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
-    packages_at_versions(name=f"Move the driver packages to {ctx.target} (unhold, install, hold again)",
-                         install=install, remove=remove, hold=hold)
+    settings = host_settings(host)
+    if stack_install and settings.rollout_require_idle and not ctx.force:
+        # libraries swapped under a running job break it: checked when it runs, right before
+        gpus_idle_now(name="Check that no process runs on the GPUs right before the CUDA toolkit / cuDNN change",
+                      wait_seconds=ctx.wait_idle)
+    what = [f"the driver packages to {ctx.target}"] if install else []
+    what += [f"{p} to {mf.upstream(v)}" for p, v in sorted(stack_install.items())]
+    packages_at_versions(name=f"Move {', '.join(what) or 'nothing'} (unhold, install, hold again)",
+                         install={**install, **stack_install}, remove=remove, hold=hold,
+                         downgrade=bool(stack_install))   # an inventory may ask for an older release
+    if wanted:
+        stack_recorded(name="Record the CUDA toolkit and cuDNN releases gpufleet installed",
+                       versions={p: wanted[p] for p in present}, packages=sorted(wanted))
 
 
 @deploy("Reboot into the new driver if needed")
@@ -238,9 +285,17 @@ def tune(ctx: RolloutContext) -> None:
                           gpus=doc.get("gpus", []))
 
 
-def validation_problems(target: str, driver, gpus, holds: list[str], manifest: dict | None) -> list[str]:
+def validation_problems(target: str, driver, gpus, holds: list[str], manifest: dict | None,
+                        stack: dict[str, str] | None = None, stack_installed: dict | None = None,
+                        stack_held: bool = False) -> list[str]:
     """What is wrong with an upgraded host (empty = healthy)."""
-    problems = []
+    problems = [f"{p} is {mf.upstream(stack_installed[p])}, not {want}"
+                for p, want in sorted((stack or {}).items())
+                if (stack_installed or {}).get(p) and not is_exact(stack_installed[p], want)]
+    if stack_held:
+        loose = sorted(p for p in (stack or {}) if (stack_installed or {}).get(p) and p not in holds)
+        if loose:
+            problems.append(f"not held after the upgrade: {', '.join(loose)}")
     if driver.module_version != target:
         problems.append(f"loaded driver module is {driver.module_version}, not {target}")
     if driver.userspace_version != target:
@@ -275,11 +330,17 @@ def validate(ctx: RolloutContext) -> None:
     driver = host.get_fact(DriverState)
     gpus = host.get_fact(GpuState)
     holds = host.get_fact(HeldPackages)
-    problems = validation_problems(ctx.target, driver, gpus, holds, ctx.manifests.get(host.name))
+    stack = ctx.stack.get(host.name, {})
+    found = host.get_fact(StackPackages, packages=sorted(stack)) if stack else StackPackages.default()
+    problems = validation_problems(ctx.target, driver, gpus, holds, ctx.manifests.get(host.name),
+                                   stack=stack, stack_installed=found.installed,
+                                   stack_held=host_settings(host).driver_hold)
     if problems:
         ctx.refuse(host, "validation failed: " + "; ".join(problems))
     else:
-        host.noop(f"driver {ctx.target} loaded, {len(gpus.gpus)} GPU(s) healthy, settings and holds as before")
+        exact = [f"{p} {v}" for p, v in sorted(stack.items()) if found.installed.get(p)]
+        host.noop(f"driver {ctx.target} loaded" + (f", {', '.join(exact)}" if exact else "")
+                  + f", {len(gpus.gpus)} GPU(s) healthy, settings and holds as before")
 
 
 @deploy("Put the host back in service")
