@@ -452,7 +452,7 @@ class Runner:
                 if s["stack_moves"]:
                     lines.append(f"  {'':<8}   CUDA/cuDNN: " + ", ".join(
                         f"{p} {have} -> {want}" for p, (have, want) in sorted(s["stack_moves"].items())))
-                moving = s["moving"] if s["installed"] != target else []
+                moving = s["moving"] if s["installed"] != target or not s["stack_moves"] else []
                 if moving:
                     missing = [p for p in moving if not s["available"].get(p)]
                     lines.append(f"  {'':<8}   packages: {' '.join(moving)}"

@@ -1,0 +1,57 @@
+"""tools/rollout moves the CUDA toolkit and cuDNN too (issue 17): which packages move, to which
+Debian versions, what the validation step checks, and the state's per-host stack target."""
+from types import SimpleNamespace
+
+import pytest
+
+from deploys.upgrade import stack_moves, stack_plan, validation_problems
+from gpufleet.rollout.state import RolloutState
+
+pytestmark = pytest.mark.unit
+
+WANTED = {"cuda-toolkit-12-8": "12.8.1", "libcudnn9-cuda-12": "9.17.0.29", "libcudnn9-dev-cuda-12": "9.17.0.29"}
+INSTALLED = {"cuda-toolkit-12-8": "12.8.1-1", "libcudnn9-cuda-12": "9.10.2.21-1", "libcudnn9-dev-cuda-12": "9.10.2.21-1",
+             "nvidia-open": "580.126.09-1"}
+
+
+def test_only_installed_packages_at_another_release_move():
+    assert stack_moves(INSTALLED, WANTED) == {"libcudnn9-cuda-12": ("9.10.2.21", "9.17.0.29"),
+                                              "libcudnn9-dev-cuda-12": ("9.10.2.21", "9.17.0.29")}
+    assert stack_moves({**INSTALLED, "libcudnn9-dev-cuda-12": None}, WANTED) == {
+        "libcudnn9-cuda-12": ("9.10.2.21", "9.17.0.29")}          # not installed: left to all.py
+    assert stack_moves(INSTALLED, {}) == {}
+
+
+def test_the_exact_release_is_chosen_among_older_and_newer():
+    offered = ["9.17.1.4-1", "9.17.0.29-1", "9.10.2.21-1"]
+    install, missing = stack_plan(INSTALLED, WANTED, {"libcudnn9-cuda-12": offered,
+                                                      "libcudnn9-dev-cuda-12": ["9.17.1.4-1"]})
+    assert install == {"libcudnn9-cuda-12": "9.17.0.29-1"}
+    assert missing == ["libcudnn9-dev-cuda-12 9.17.0.29"]
+
+
+def test_validation_checks_the_releases_and_their_holds():
+    driver = SimpleNamespace(module_version="580.126.09", userspace_version="580.126.09")
+    gpus = SimpleNamespace(ok=True, driver_version="580.126.09", gpus=[])
+    exact = {**INSTALLED, "libcudnn9-cuda-12": "9.17.0.29-1", "libcudnn9-dev-cuda-12": "9.17.0.29-1"}
+    held = ["cuda-toolkit-12-8", "libcudnn9-cuda-12", "libcudnn9-dev-cuda-12"]
+    assert validation_problems("580.126.09", driver, gpus, held, None, WANTED, exact, True) == []
+    assert validation_problems("580.126.09", driver, gpus, held, None, WANTED, INSTALLED, True) == [
+        "libcudnn9-cuda-12 is 9.10.2.21, not 9.17.0.29", "libcudnn9-dev-cuda-12 is 9.10.2.21, not 9.17.0.29"]
+    assert validation_problems("580.126.09", driver, gpus, held[:1], None, WANTED, exact, True) == [
+        "not held after the upgrade: libcudnn9-cuda-12, libcudnn9-dev-cuda-12"]
+
+
+def test_a_done_host_is_rolled_out_again_when_its_stack_target_moves(tmp_path):
+    st = RolloutState.load(tmp_path / "s.json", "inventory", "inv.py")
+    old, new = {"libcudnn9-cuda-12": "9.10.2.21"}, {"libcudnn9-cuda-12": "9.17.0.29"}
+    assert st.retarget("h1", "580.126.09", old) is None
+    st.mark("h1", "done")
+    assert st.retarget("h1", "580.126.09", old) is None and st.host("h1").status == "done"
+    assert st.retarget("h1", "580.126.09", new) is None and st.host("h1").status == "pending"
+    assert st.host("h1").stack == new
+    st.finish("h1", "upgrade", True)
+    why = st.retarget("h1", "580.126.09", old)
+    assert "half-way through a rollout to CUDA/cuDNN libcudnn9-cuda-12 9.17.0.29" in why
+    st.save()
+    assert RolloutState.load(tmp_path / "s.json", "inventory", "inv.py").host("h1").stack == new
