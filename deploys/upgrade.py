@@ -236,7 +236,7 @@ def upgrade(ctx: RolloutContext) -> None:
         return
     present = [p for p in wanted if installed.get(p)]
     if host_settings(host).driver_hold:
-        hold = sorted(set(hold) | set(present))
+        hold = sorted(set(hold) | set(stack_install))   # what it moves is held; other holds as they were
     package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
     settings = host_settings(host)
     if stack_install and settings.rollout_require_idle and not ctx.force:
@@ -288,12 +288,15 @@ def tune(ctx: RolloutContext) -> None:
 def validation_problems(target: str, driver, gpus, holds: list[str], manifest: dict | None,
                         stack: dict[str, str] | None = None, stack_installed: dict | None = None,
                         stack_held: bool = False) -> list[str]:
-    """What is wrong with an upgraded host (empty = healthy)."""
-    problems = [f"{p} is {mf.upstream(stack_installed[p])}, not {want}"
-                for p, want in sorted((stack or {}).items())
-                if (stack_installed or {}).get(p) and not is_exact(stack_installed[p], want)]
-    if stack_held:
-        loose = sorted(p for p in (stack or {}) if (stack_installed or {}).get(p) and p not in holds)
+    """What is wrong with an upgraded host (empty = healthy). `stack`: the CUDA toolkit / cuDNN
+    releases it must have; with `stack_held`, the ones the rollout moved (other than in the
+    manifest) must be held."""
+    installed = stack_installed or {}
+    problems = [f"{p} is {mf.upstream(installed[p])}, not {want}" for p, want in sorted((stack or {}).items())
+                if installed.get(p) and not is_exact(installed[p], want)]
+    if stack_held and manifest:
+        moved = [p for p in (stack or {}) if installed.get(p) and manifest.get("packages", {}).get(p) != installed[p]]
+        loose = sorted(p for p in moved if p not in holds)
         if loose:
             problems.append(f"not held after the upgrade: {', '.join(loose)}")
     if driver.module_version != target:

@@ -12,7 +12,7 @@ In order, on the same host (each run applied twice where it converges):
    the second run changes nothing; the gate passes it.
 2. cuDNN changed by hand (downgraded to 9.16.0.29): the driver deploy leaves it (no package
    change) and, as the record says gpufleet installed 9.17.0.29, the validation gate FAILs the
-   host with the fix (drift, not a pending upgrade).
+   host with the fix (drift, not a pending upgrade); `tools/rollout`, the fix, puts it back.
 3. CUDA 12.8 with `cudnn_version: "9.10"` -> 12.8.1 and 9.10.2.21; then the inventory says
    `cudnn_version: "9.17.0"`: a pending upgrade, no package changes, the gate WARNs naming
    FROM -> TO and tools/rollout. `tools/rollout` then moves cuDNN to exactly 9.17.0.29 through
@@ -177,7 +177,23 @@ def test_gate_fails_a_cudnn_changed_by_hand(by_hand, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def inventory_change(host, aptrepo, runner, by_hand, tmp_path_factory):  # noqa: F811
+def put_back(host, by_hand):
+    inv, _ = by_hand
+    return inv, rollout(inv)
+
+
+def test_rollout_puts_a_hand_change_back_at_the_resolved_release(host, put_back, monkeypatch):
+    inv, run = put_back
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "libcudnn9-cuda-13 9.16.0.29 -> 9.17.0.29" in run.stdout, run.stdout
+    assert installed(host, *CUDNN13) == {p: "9.17.0.29-1" for p in CUDNN13}
+    assert set(CUDNN13) <= holds(host)
+    line = check_line(gate(inv, monkeypatch))
+    assert "[PASS]" in line and "CUDA 13.0.2, cuDNN 9.17.0.29" in line, line
+
+
+@pytest.fixture(scope="module")
+def inventory_change(host, aptrepo, runner, put_back, tmp_path_factory):  # noqa: F811
     inv = _inventory(host, aptrepo, tmp_path_factory, cuda_version="12.8", cudnn_version="9.10")
     first, second = pyinfra(inv, runner), pyinfra(inv, runner)
     before = installed(host, "cuda-toolkit-12-8", *CUDNN12)

@@ -34,12 +34,13 @@ def test_validation_checks_the_releases_and_their_holds():
     driver = SimpleNamespace(module_version="580.126.09", userspace_version="580.126.09")
     gpus = SimpleNamespace(ok=True, driver_version="580.126.09", gpus=[])
     exact = {**INSTALLED, "libcudnn9-cuda-12": "9.17.0.29-1", "libcudnn9-dev-cuda-12": "9.17.0.29-1"}
-    held = ["cuda-toolkit-12-8", "libcudnn9-cuda-12", "libcudnn9-dev-cuda-12"]
-    assert validation_problems("580.126.09", driver, gpus, held, None, WANTED, exact, True) == []
-    assert validation_problems("580.126.09", driver, gpus, held, None, WANTED, INSTALLED, True) == [
+    held = ["libcudnn9-cuda-12", "libcudnn9-dev-cuda-12"]   # what moved; the toolkit was not held before
+    manifest = {"packages": INSTALLED, "holds": [], "gpus": []}
+    assert validation_problems("580.126.09", driver, gpus, held, manifest, WANTED, exact, True) == []
+    assert validation_problems("580.126.09", driver, gpus, held, manifest, WANTED, INSTALLED, True) == [
         "libcudnn9-cuda-12 is 9.10.2.21, not 9.17.0.29", "libcudnn9-dev-cuda-12 is 9.10.2.21, not 9.17.0.29"]
-    assert validation_problems("580.126.09", driver, gpus, held[:1], None, WANTED, exact, True) == [
-        "not held after the upgrade: libcudnn9-cuda-12, libcudnn9-dev-cuda-12"]
+    assert validation_problems("580.126.09", driver, gpus, held[:1], manifest, WANTED, exact, True) == [
+        "not held after the upgrade: libcudnn9-dev-cuda-12"]
 
 
 def test_a_done_host_is_rolled_out_again_when_its_stack_target_moves(tmp_path):
