@@ -56,7 +56,8 @@ from gpufleet.failures import fail_host
 from gpufleet.hostfacts import driver_state, resolution
 from gpufleet.kernels import headers_metapackage, image_metapackage
 from gpufleet.settings import host_settings
-from gpufleet.validation import pending_message, stack_drift_message, stack_pending_message, stack_states
+from gpufleet.validation import (pending_message, stack_drift_message, stack_fact_packages, stack_pending_message,
+                                 stack_renames, stack_states)
 from operations.driver import archive_components, packages_at_versions, refresh_initramfs, repo_key, stack_recorded
 from operations.holds import held
 from operations.reboot import rebooted
@@ -106,13 +107,15 @@ def stack_pending(res, installed, recorded=None) -> dict[str, tuple[str, str]]:
     """{"cuDNN": (installed, resolved)} for each of the CUDA toolkit and cuDNN that is installed at
     the release gpufleet installed (its record; or no record) while the inventory resolves to
     another: like the driver, changed only by tools/rollout (a re-run of all.py must not swap the
-    libraries under running jobs)."""
+    libraries under running jobs). A package name that changes with the release (CUDA 13.0 ->
+    13.1, cuDNN for CUDA 12 -> 13) is pending too: ("old-package release", "new-package release")."""
     out = {}
     for what, group in stack_groups(res).items():
         for package, (state, have, _) in stack_states(group, installed, recorded or {}).items():
             if state == "pending":
                 out[what] = (have, group[package])
                 break
+    out.update((what, (old, new)) for what, (_, old, new) in stack_renames(res.stack_versions, installed).items())
     return out
 
 
@@ -248,7 +251,7 @@ def driver():
     pending = pending_upgrade(settings, res, before)
     stack = res.stack_versions
     # installed releases and gpufleet's record of the ones it installed, in one remote command
-    found = host.get_fact(StackPackages, packages=sorted(stack)) if stack else StackPackages.default()
+    found = host.get_fact(StackPackages, packages=stack_fact_packages(stack)) if stack else StackPackages.default()
     stack_moves = stack_pending(res, found.installed, found.recorded)
     drifted = stack_drift(res, found.installed, found.recorded)
     in_place = bool(pending or stack_moves or drifted) and settings.driver_upgrade_in_place
@@ -381,11 +384,14 @@ def driver():
                             "(tells an inventory change from a hand change)",
                        versions={p: v for what, group in stack_groups(res).items() if what not in left
                                  for p, v in group.items()},
-                       packages=sorted(stack))
+                       packages=stack_fact_packages(stack))
     release = before.kernel_release or ""
     extra = [*CONTAINER_TOOLKIT, *((f"linux-image-{release}", f"linux-headers-{release}") if release else ())]
     installed_extra = [p for p, v in host.get_fact(PackageVersions, packages=extra).items() if v]
-    managed = [*res.package_versions, *present, *stack, *([pinning] if pinning else []), *installed_extra]
+    # a renamed CUDA toolkit / cuDNN left pending: its new package is not installed, nor held
+    stack_held = [p for what, group in stack_groups(res).items()
+                  if not (what in left and what in stack_renames(stack, found.installed)) for p in group]
+    managed = [*res.package_versions, *present, *stack_held, *([pinning] if pinning else []), *installed_extra]
     held(
         name=("Hold" if settings.driver_hold else "Release") + " the driver, CUDA, cuDNN, container toolkit "
              "and running kernel packages",

@@ -33,7 +33,7 @@ from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
 from gpufleet.rollout.snapshot import snapshot_name
 from gpufleet.settings import host_settings
-from gpufleet.validation import is_exact
+from gpufleet.validation import STACK_FAMILIES, is_exact, stack_fact_packages, stack_renames
 from operations.apt_index import index_refreshed
 from operations.drain import gpu_containers_stopped, gpus_idle, gpus_idle_now, slurm_node, slurm_node_drained
 from operations.driver import stack_recorded
@@ -144,8 +144,7 @@ def snapshot(ctx: RolloutContext) -> None:
     def build() -> str:
         doc = mf.build(host=name, ident=ident, created=created,
                        reason=f"driver upgrade {driver.userspace_version} -> {ctx.target}" + "".join(
-                           f", {p} {have} -> {want}"
-                           for p, (have, want) in sorted(stack_moves(installed, ctx.stack.get(name, {})).items())),
+                           f", {change}" for change in stack_changes(installed, ctx.stack.get(name, {}))),
                        packages=installed, holds=holds, etc_files=etc,
                        driver={"loaded": driver.module_version, "installed": driver.userspace_version,
                                "flavour": driver.module_flavour},
@@ -199,18 +198,40 @@ def stack_moves(installed: dict, wanted: dict[str, str]) -> dict[str, tuple[str,
             if installed.get(p) and not is_exact(installed[p], want)}
 
 
+def _stack_family(package: str) -> bool:
+    return any(family.match(package) for _, family in STACK_FAMILIES)
+
+
+def renamed_packages(installed: dict, wanted: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """({new package: release}, [old packages]) where the resolved CUDA toolkit / cuDNN has
+    another package name than the installed one (CUDA 13.0 -> 13.1, cuDNN for CUDA 12 -> 13):
+    the rollout installs the new ones and removes the old ones in one apt transaction."""
+    renames = stack_renames(wanted, installed)
+    new = {p: v for what, family in STACK_FAMILIES if what in renames for p, v in wanted.items() if family.match(p)}
+    return new, sorted(p for old, _, _ in renames.values() for p in old)
+
+
+def stack_changes(installed: dict, wanted: dict[str, str]) -> list[str]:
+    """What the rollout changes of the CUDA toolkit / cuDNN, one line each (plan, manifest reason)."""
+    return ([f"{p} {have} -> {want}" for p, (have, want) in stack_moves(installed, wanted).items()]
+            + [f"{old} -> {new} (replaces {', '.join(gone)})"
+               for gone, old, new in stack_renames(wanted, installed).values()])
+
+
 def stack_plan(installed: dict, wanted: dict[str, str], available: dict[str, list[str]]
-               ) -> tuple[dict[str, str], list[str]]:
-    """(install {pkg: Debian version}, missing ["pkg release"]) for moving the CUDA toolkit /
-    cuDNN packages to their resolved releases."""
+               ) -> tuple[dict[str, str], list[str], list[str]]:
+    """(install {pkg: Debian version}, remove [pkg], missing ["pkg release"]) for moving the CUDA
+    toolkit / cuDNN packages to their resolved releases (and names)."""
     install, missing = {}, []
-    for p, (_, want) in stack_moves(installed, wanted).items():
+    new, remove = renamed_packages(installed, wanted)
+    targets = {**{p: want for p, (_, want) in stack_moves(installed, wanted).items()}, **new}
+    for p, want in sorted(targets.items()):
         versions = [v for v in available.get(p, []) if mf.upstream(v) == want]
         if versions:
             install[p] = versions[0]
         else:
             missing.append(f"{p} {want}")
-    return install, missing
+    return install, remove, missing
 
 
 @deploy("Upgrade the driver")
@@ -218,7 +239,8 @@ def upgrade(ctx: RolloutContext) -> None:
     installed = host.get_fact(PackageVersions, packages=list(mf.PACKAGE_PATTERNS))
     wanted = ctx.stack.get(host.name, {})
     names = sorted({n for n, v in installed.items() if v and mf.DRIVER_PACKAGE.match(n)}
-                   | {f"nvidia-driver-pinning-{ctx.target}"} | set(stack_moves(installed, wanted)))
+                   | {f"nvidia-driver-pinning-{ctx.target}"} | set(stack_moves(installed, wanted))
+                   | set(renamed_packages(installed, wanted)[0]))
     available = host.get_fact(AptVersions, packages=names)
     holds = host.get_fact(HeldPackages)
     # what the manifest recorded as held is held again, even if an interrupted change released it
@@ -229,12 +251,16 @@ def upgrade(ctx: RolloutContext) -> None:
         ctx.refuse(host, f"driver {ctx.target} is not available from the configured repositories for: "
                          f"{', '.join(missing)}")
         return
-    stack_install, stack_missing = stack_plan(installed, wanted, available)
+    stack_install, stack_remove, stack_missing = stack_plan(installed, wanted, available)
     if stack_missing:
         ctx.refuse(host, "the configured repositories offer no " + ", ".join(stack_missing)
                          + ": CUDA toolkit / cuDNN not moved")
         return
-    present = [p for p in wanted if installed.get(p)]
+    present = [p for p in wanted if installed.get(p) or p in stack_install]
+    # a CUDA toolkit / cuDNN package replaced by its new name is not held again (nor, on a
+    # resume, one the manifest held that is gone)
+    hold = sorted(p for p in set(hold) - set(stack_remove)
+                  if installed.get(p) or p in stack_install or not _stack_family(p))
     if host_settings(host).driver_hold:
         hold = sorted(set(hold) | set(stack_install))   # what it moves is held; other holds as they were
     package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
@@ -245,12 +271,13 @@ def upgrade(ctx: RolloutContext) -> None:
                       wait_seconds=ctx.wait_idle)
     what = [f"the driver packages to {ctx.target}"] if install else []
     what += [f"{p} to {mf.upstream(v)}" for p, v in sorted(stack_install.items())]
+    what += [f"without {p}" for p in stack_remove]
     packages_at_versions(name=f"Move {', '.join(what) or 'nothing'} (unhold, install, hold again)",
-                         install={**install, **stack_install}, remove=remove, hold=hold,
+                         install={**install, **stack_install}, remove=[*remove, *stack_remove], hold=hold,
                          downgrade=bool(stack_install))   # an inventory may ask for an older release
     if wanted:
         stack_recorded(name="Record the CUDA toolkit and cuDNN releases gpufleet installed",
-                       versions={p: wanted[p] for p in present}, packages=sorted(wanted))
+                       versions={p: wanted[p] for p in present}, packages=stack_fact_packages(wanted))
 
 
 @deploy("Reboot into the new driver if needed")
@@ -294,6 +321,7 @@ def validation_problems(target: str, driver, gpus, holds: list[str], manifest: d
     installed = stack_installed or {}
     problems = [f"{p} is {mf.upstream(installed[p])}, not {want}" for p, want in sorted((stack or {}).items())
                 if installed.get(p) and not is_exact(installed[p], want)]
+    problems += [f"{new} is not installed; {old} still is" for _, old, new in stack_renames(stack or {}, installed).values()]
     if stack_held and manifest:
         moved = [p for p in (stack or {}) if installed.get(p) and manifest.get("packages", {}).get(p) != installed[p]]
         loose = sorted(p for p in moved if p not in holds)
@@ -322,7 +350,10 @@ def validation_problems(target: str, driver, gpus, holds: list[str], manifest: d
                 problems.append(f"GPU {want['index']}: application clocks {list(gpu.app_clocks)}, "
                                 f"were {want['app_clocks']}")
         lost = sorted(set(manifest.get("holds", [])) - set(holds) - {p for p in manifest.get("holds", [])
-                                                                       if mf.PINNING_PACKAGE.match(p)})
+                                                                       if mf.PINNING_PACKAGE.match(p)}
+                      # a CUDA toolkit / cuDNN package the rollout replaced by its new name
+                      - {p for p in manifest.get("holds", []) if _stack_family(p) and stack_installed is not None
+                         and not installed.get(p)})
         if lost:
             problems.append(f"holds missing after the upgrade: {', '.join(lost)}")
     return problems
@@ -334,7 +365,7 @@ def validate(ctx: RolloutContext) -> None:
     gpus = host.get_fact(GpuState)
     holds = host.get_fact(HeldPackages)
     stack = ctx.stack.get(host.name, {})
-    found = host.get_fact(StackPackages, packages=sorted(stack)) if stack else StackPackages.default()
+    found = host.get_fact(StackPackages, packages=stack_fact_packages(stack)) if stack else StackPackages.default()
     problems = validation_problems(ctx.target, driver, gpus, holds, ctx.manifests.get(host.name),
                                    stack=stack, stack_installed=found.installed,
                                    stack_held=host_settings(host).driver_hold)

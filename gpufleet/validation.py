@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import importlib
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -85,6 +86,42 @@ def upstream_of(debian_version: str) -> str:
 def is_exact(debian_version: str | None, upstream: str) -> bool:
     """True when an installed Debian version is exactly the release ``upstream`` (any revision)."""
     return bool(debian_version) and "-" in debian_version and upstream_of(debian_version) == upstream
+
+
+#: The CUDA toolkit and cuDNN package families whose names carry a release (CUDA 13.0 -> 13.1,
+#: cuDNN for CUDA 12 -> 13): another member installed is the same library at another release.
+STACK_FAMILIES = (("CUDA toolkit", re.compile(r"^cuda-toolkit-\d+-\d+$")),
+                  ("cuDNN", re.compile(r"^libcudnn\d+-(?:dev-|headers-)?cuda-\d+$")))
+#: dpkg-query globs that find every installed member of those families
+STACK_GLOBS = ("cuda-toolkit-[0-9]*", "libcudnn[0-9]*")
+
+
+def stack_fact_packages(wanted: dict[str, str]) -> list[str]:
+    """The StackPackages arguments for the resolved packages `wanted`: them and their families
+    (the same list everywhere, so that one remote command answers the deploy, the record and the gate)."""
+    return [*sorted(wanted), *STACK_GLOBS] if wanted else []
+
+
+def _main(packages: list[str]) -> str:
+    return next((p for p in sorted(packages) if "-dev-" not in p and "-headers-" not in p), sorted(packages)[0])
+
+
+def stack_renames(wanted: dict[str, str], installed: dict[str, str | None]
+                  ) -> dict[str, tuple[tuple[str, ...], str, str]]:
+    """{"cuDNN": (installed packages it replaces, "old-package release", "new-package release")}
+    for each of the CUDA toolkit and cuDNN whose resolved package is not installed while another
+    member of its family is: a pending upgrade (tools/rollout replaces it), not a second
+    install alongside."""
+    out = {}
+    for what, family in STACK_FAMILIES:
+        group = {p: v for p, v in wanted.items() if family.match(p)}
+        if not group or any(installed.get(p) for p in group):
+            continue
+        others = tuple(sorted(p for p, v in installed.items() if v and family.match(p) and p not in group))
+        if others:
+            old, new = _main(list(others)), _main(list(group))
+            out[what] = (others, f"{old} {upstream_of(installed[old])}", f"{new} {group[new]}")
+    return out
 
 
 # area -> its deploy module ("" for none)
@@ -321,9 +358,11 @@ def cuda_cudnn_releases_exact(ctx: Context) -> Result:
     wanted = res.stack_versions
     if not wanted:
         return Result("driver", name, SKIP, "the tier installs no host CUDA toolkit or cuDNN from NVIDIA's repository")
-    found = ctx.fact(StackPackages, packages=sorted(wanted))
+    found = ctx.fact(StackPackages, packages=stack_fact_packages(wanted))
     installed = found.installed
-    missing = [p for p in sorted(wanted) if not installed.get(p)]
+    renames = stack_renames(wanted, installed)
+    renamed = {p for what, family in STACK_FAMILIES if what in renames for p in wanted if family.match(p)}
+    missing = [p for p in sorted(wanted) if not installed.get(p) and p not in renamed]
     states = stack_states(wanted, installed, found.recorded)
     drift = [stack_drift_message(p, have, mine or "?", wanted[p])
              for p, (state, have, mine) in states.items() if state == "drift"]
@@ -332,6 +371,7 @@ def cuda_cudnn_releases_exact(ctx: Context) -> Result:
         if state == "pending":
             what = "CUDA toolkit" if p == res.cuda_package else "cuDNN"
             moves.setdefault(what, (have, wanted[p]))
+    moves.update((what, (old, new)) for what, (_, old, new) in renames.items())
     pending = [stack_pending_message(what, *v) for what, v in moves.items()]
     not_installed = f"not installed: {', '.join(missing)}" if missing else ""
     if drift:

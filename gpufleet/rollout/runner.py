@@ -55,7 +55,7 @@ def survey_and_resolve(ctx: RolloutContext, override: str | None) -> None:
     ctx.stack[host.name] = found.get("stack") or {}
     ctx.survey[host.name].update(target=found.get("target"), target_error=found.get("error"),
                                  resolution=found.get("resolution"), stack=ctx.stack[host.name],
-                                 stack_moves=steps.stack_moves(ctx.survey[host.name]["packages"], ctx.stack[host.name]))
+                                 stack_moves=steps.stack_changes(ctx.survey[host.name]["packages"], ctx.stack[host.name]))
 
 
 def tune_and_cdi(ctx: RolloutContext) -> None:
@@ -450,8 +450,7 @@ class Runner:
                 lines.append(f"  {b.name:<8} {n:<22} {frm:<26} {target:<11} {reboot:<28} {jobs:<22} "
                              f"{'manifest' + ('+' + s['snapshot'] if s['snapshot'] != 'none' else ''):<9} {status}")
                 if s["stack_moves"]:
-                    lines.append(f"  {'':<8}   CUDA/cuDNN: " + ", ".join(
-                        f"{p} {have} -> {want}" for p, (have, want) in sorted(s["stack_moves"].items())))
+                    lines.append(f"  {'':<8}   CUDA/cuDNN: " + ", ".join(s["stack_moves"]))
                 moving = s["moving"] if s["installed"] != target or not s["stack_moves"] else []
                 if moving:
                     missing = [p for p in moving if not s["available"].get(p)]

@@ -194,22 +194,35 @@ def test_rollout_puts_a_hand_change_back_at_the_resolved_release(host, put_back,
 
 @pytest.fixture(scope="module")
 def inventory_change(host, aptrepo, runner, put_back, tmp_path_factory):  # noqa: F811
+    # CUDA 13.0 -> 12.8: new package names (cuda-toolkit-12-8, libcudnn9-*-cuda-12), pending
     inv = _inventory(host, aptrepo, tmp_path_factory, cuda_version="12.8", cudnn_version="9.10")
-    first, second = pyinfra(inv, runner), pyinfra(inv, runner)
-    before = installed(host, "cuda-toolkit-12-8", *CUDNN12)
+    first = pyinfra(inv, runner)
+    pending = installed(host, "cuda-toolkit-13-0", "cuda-toolkit-12-8", *CUDNN13, *CUDNN12)
+    replaced = rollout(inv)
+    second = pyinfra(inv, runner)
+    before = installed(host, "cuda-toolkit-13-0", "cuda-toolkit-12-8", *CUDNN13, *CUDNN12)
     moved = _inventory(host, aptrepo, tmp_path_factory, cuda_version="12.8", cudnn_version="9.17.0")
-    return first, second, before, moved, pyinfra(moved, runner)
+    return first, second, before, moved, pyinfra(moved, runner), pending, replaced
 
 
-def test_cuda12_exact_releases(host, inventory_change):
-    first, second, before, _, _ = inventory_change
+def test_a_changed_package_name_is_pending_then_replaced_by_the_rollout(host, inventory_change):
+    first, second, before, _, _, pending, replaced = inventory_change
     assert first.returncode == 0, first.output
+    assert ("CUDA toolkit upgrade pending: cuda-toolkit-13-0 13.0.2 -> cuda-toolkit-12-8 12.8.1, run tools/rollout"
+            in first.output), first.output
+    assert "cuDNN upgrade pending: libcudnn9-cuda-13 9.17.0.29 -> libcudnn9-cuda-12 9.10.2.21" in first.output
+    # not installed alongside: the host still has only the CUDA 13 packages
+    assert pending == {"cuda-toolkit-13-0": "13.0.2-1", **{p: "9.17.0.29-1" for p in CUDNN13}}, pending
+    assert replaced.returncode == 0, replaced.stdout + replaced.stderr
+    assert "libcudnn9-cuda-13 9.17.0.29 -> libcudnn9-cuda-12 9.10.2.21 (replaces " in replaced.stdout, replaced.stdout
     assert before == {"cuda-toolkit-12-8": "12.8.1-1", **{p: "9.10.2.21-1" for p in CUDNN12}}, before
+    assert {"cuda-toolkit-12-8", *CUDNN12} <= holds(host) and not set(CUDNN13) & holds(host)
     assert second.returncode == 0 and changed_operations(second) == [], second.output
 
 
 def test_changed_cudnn_version_is_pending_not_a_silent_drift(host, inventory_change, monkeypatch):
-    _, _, before, moved, run = inventory_change
+    _, _, before, moved, run, _, _ = inventory_change
+    before = {p: v for p, v in before.items() if p in ("cuda-toolkit-12-8", *CUDNN12)}
     assert run.returncode == 0, run.output
     assert "cuDNN upgrade pending: 9.10.2.21 -> 9.17.0.29, run tools/rollout" in run.output
     assert "CUDA/cuDNN UPGRADE PENDING" in run.output and "tools/rollout INVENTORY" in run.output
@@ -223,7 +236,7 @@ def test_changed_cudnn_version_is_pending_not_a_silent_drift(host, inventory_cha
 
 @pytest.fixture(scope="module")
 def rolled_out(host, runner, inventory_change):
-    _, _, _, moved, _ = inventory_change
+    moved = inventory_change[3]
     first = rollout(moved)
     after = installed(host, "cuda-toolkit-12-8", *CUDNN12)
     return moved, first, after, rollout(moved), pyinfra(moved, runner)

@@ -142,8 +142,9 @@ class Ctx(v.Context):
         self._installed, self._res, self._recorded = installed, res, recorded or {}
 
     def fact(self, cls, **kwargs):
-        return StackPackagesData({p: self._installed.get(p) for p in kwargs["packages"]}, self._recorded,
-                                 bool(self._recorded))
+        # as dpkg-query answers the names and the family globs: every installed member too
+        names = {p: None for p in kwargs["packages"] if "*" not in p}
+        return StackPackagesData({**names, **self._installed}, self._recorded, bool(self._recorded))
 
     def resolution(self):
         return self._res
@@ -179,6 +180,21 @@ def test_gate_warns_a_pending_upgrade_like_the_driver():
     assert fail.status == v.FAIL and fail.fix == v.FIX_ROLLOUT
     in_place = v.cuda_cudnn_releases_exact(Ctx(older, res, recorded, driver_upgrade_in_place=True))
     assert in_place.status == v.FAIL and in_place.fix.startswith(v.FIX_DEPLOY)
+
+
+def test_a_changed_package_name_is_pending_not_a_second_install():
+    res = _res(cuda="12.8", cudnn="9.10")   # the host has CUDA 13.0 and cuDNN for CUDA 13
+    on_13 = {"cuda-toolkit-13-0": "13.0.2-1", **{p: "9.17.0.29-1" for p in _res().cudnn_packages}}
+    assert stack_pending(res, on_13) == {
+        "CUDA toolkit": ("cuda-toolkit-13-0 13.0.2", "cuda-toolkit-12-8 12.8.1"),
+        "cuDNN": ("libcudnn9-cuda-13 9.17.0.29", "libcudnn9-cuda-12 9.10.2.21")}
+    warn = v.cuda_cudnn_releases_exact(Ctx(on_13, res))
+    assert warn.status == v.WARN and warn.fix == v.FIX_ROLLOUT
+    assert warn.message == ("CUDA toolkit upgrade pending: cuda-toolkit-13-0 13.0.2 -> cuda-toolkit-12-8 12.8.1, run "
+                            "tools/rollout; cuDNN upgrade pending: libcudnn9-cuda-13 9.17.0.29 -> libcudnn9-cuda-12 "
+                            "9.10.2.21, run tools/rollout")
+    assert stack_pending(res, {}) == {}   # nothing of either family: a first install
+    assert v.stack_renames(res.stack_versions, {"cuda-toolkit-13-0-config-common": "13.0.96-1"}) == {}
 
 
 def test_stack_packages_fact_reads_versions_and_the_record():
