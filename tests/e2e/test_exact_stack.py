@@ -17,8 +17,10 @@ In order, on the same host (each run applied twice where it converges):
    `cudnn_version: "9.17.0"`: a pending upgrade, no package changes, the gate WARNs naming
    FROM -> TO and tools/rollout. `tools/rollout` then moves cuDNN to exactly 9.17.0.29 through
    the gate (manifest first), held; a second rollout and a second run change nothing.
-4. `driver_upgrade_in_place: true` (dev boxes) with `cudnn_version: "9.10"`: all.py moves cuDNN
-   back to 9.10.2.21, manifest first and GPUs idle right before; the gate passes.
+4. `tools/rollback` puts 9.10.2.21 back from the rollout's manifest, and the record with it: the
+   gate calls the inventory's 9.17.0 pending again, not a hand change.
+5. `driver_upgrade_in_place: true` (dev boxes): all.py moves cuDNN to 9.17.0.29 itself, manifest
+   first and GPUs idle right before; the gate passes.
 """
 from __future__ import annotations
 
@@ -270,9 +272,28 @@ def test_second_rollout_and_second_run_change_nothing(host, rolled_out):
 
 
 @pytest.fixture(scope="module")
-def moved_in_place(host, aptrepo, runner, rolled_out, tmp_path_factory):  # noqa: F811
+def rolled_back(host, rolled_out):
+    moved = rolled_out[0]
+    proc = subprocess.run([str(REPO / "tools" / "rollback"), moved.name, host.name], cwd=moved.parent,
+                          capture_output=True, text=True, timeout=900)
+    print(proc.stdout, proc.stderr)
+    return moved, proc
+
+
+def test_rollback_puts_the_old_release_back_and_the_record_with_it(host, rolled_back, monkeypatch):
+    moved, proc = rolled_back
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert installed(host, *CUDNN12) == {p: "9.10.2.21-1" for p in CUDNN12}
+    assert recorded(host)["libcudnn9-cuda-12"] == "9.10.2.21"
+    # gpufleet put it there: the inventory's 9.17.0 is pending again, not a hand change
+    line = check_line(gate(moved, monkeypatch))
+    assert "[WARN]" in line and "cuDNN upgrade pending: 9.10.2.21 -> 9.17.0.29, run tools/rollout" in line, line
+
+
+@pytest.fixture(scope="module")
+def moved_in_place(host, aptrepo, runner, rolled_back, tmp_path_factory):  # noqa: F811
     # the dev-box path: driver_upgrade_in_place lets all.py move it, through the same gate
-    inv = _inventory(host, aptrepo, tmp_path_factory, cuda_version="12.8", cudnn_version="9.10",
+    inv = _inventory(host, aptrepo, tmp_path_factory, cuda_version="12.8", cudnn_version="9.17.0",
                      driver_upgrade_in_place=True)
     return inv, pyinfra(inv, runner), pyinfra(inv, runner)
 
@@ -281,11 +302,11 @@ def test_in_place_moves_cudnn_to_the_exact_release_through_the_gate(host, moved_
     inv, run, again = moved_in_place
     assert run.returncode == 0, run.output
     assert installed(host, "cuda-toolkit-12-8", *CUDNN12) == {"cuda-toolkit-12-8": "12.8.1-1",
-                                                               **{p: "9.10.2.21-1" for p in CUDNN12}}
+                                                               **{p: "9.17.0.29-1" for p in CUDNN12}}
     assert set(CUDNN12) <= holds(host)
-    assert ("right before the driver changes (cuDNN 9.17.0.29 -> 9.10.2.21, driver_upgrade_in_place)"
+    assert ("right before the driver changes (cuDNN 9.10.2.21 -> 9.17.0.29, driver_upgrade_in_place)"
             in run.output), run.output
     assert again.returncode == 0 and changed_operations(again) == [], again.output
-    assert recorded(host)["libcudnn9-cuda-12"] == "9.10.2.21"
+    assert recorded(host)["libcudnn9-cuda-12"] == "9.17.0.29"
     line = check_line(gate(inv, monkeypatch))
-    assert "[PASS]" in line and "CUDA 12.8.1, cuDNN 9.10.2.21" in line, line
+    assert "[PASS]" in line and "CUDA 12.8.1, cuDNN 9.17.0.29" in line, line
