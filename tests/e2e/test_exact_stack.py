@@ -83,6 +83,23 @@ def rollout(inv: Path) -> subprocess.CompletedProcess:
     return proc
 
 
+def report_row(inv: Path, name: str) -> dict:
+    """The host's row of tools/fleet-report's JSON (facts, the validation checks, all.py's plan)."""
+    import json
+
+    out = inv.parent / f"report-{name}"
+    proc = subprocess.run([str(REPO / "tools" / "fleet-report"), str(inv), "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert (out / "fleet-report.json").exists(), proc.stdout + proc.stderr
+    (row,) = json.loads((out / "fleet-report.json").read_text())["hosts"]
+    return row
+
+
+def report_check(row: dict) -> dict:
+    (found,) = [c for c in row["validation"]["checks"] if c["name"] == CHECK.split(": ", 1)[1]]
+    return found
+
+
 def check_line(run) -> str:
     lines = [line for line in run.output.splitlines() if CHECK in line]
     assert len(lines) == 1, run.output
@@ -176,6 +193,12 @@ def test_gate_fails_a_cudnn_changed_by_hand(by_hand, monkeypatch):
     line = check_line(run)
     assert "[FAIL]" in line and "libcudnn9-cuda-13 9.16.0.29 (resolved 9.17.0.29) was changed by hand" in line, line
     assert "-> fix: tools/rollout INVENTORY puts it back" in line, line
+    # the fleet report tells it apart the same way: a failed check, listed as a hand change
+    row = report_row(inv, "by-hand")
+    check = report_check(row)
+    assert check["status"] == "fail" and "was changed by hand" in check["message"], check
+    assert any("libcudnn9-cuda-13 9.16.0.29 (resolved 9.17.0.29) was changed by hand" in p
+               for p in row["drift"]["pending"]), row["drift"]
 
 
 @pytest.fixture(scope="module")
@@ -234,6 +257,10 @@ def test_changed_cudnn_version_is_pending_not_a_silent_drift(host, inventory_cha
     line = check_line(gate(moved, monkeypatch))
     assert "[WARN]" in line and "cuDNN upgrade pending: 9.10.2.21 -> 9.17.0.29, run tools/rollout" in line, line
     assert "-> fix: tools/rollout INVENTORY" in line, line
+    row = report_row(moved, "pending")
+    check = report_check(row)
+    assert check["status"] == "warn" and "cuDNN upgrade pending: 9.10.2.21 -> 9.17.0.29" in check["message"], check
+    assert "cuDNN upgrade pending: 9.10.2.21 -> 9.17.0.29, run tools/rollout" in row["drift"]["pending"], row["drift"]
 
 
 @pytest.fixture(scope="module")
