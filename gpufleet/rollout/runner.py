@@ -208,9 +208,9 @@ class Runner:
             rec = state.host(name)
             fresh = not rec.steps and rec.status in ("pending", "skipped", "busy")
             if fresh and info[name]["installed"] == info[name]["loaded"] == target and not info[name]["stack_moves"]:
-                at = ", ".join([target, *(f"{p} {v}" for p, v in sorted(info[name]["stack"].items())
-                                          if p in info[name]["packages"])])
-                notes[name] = f"at {at} already: nothing to do"
+                stack = ", ".join(f"{p} {v}" for p, v in sorted(info[name]["stack"].items())
+                                  if p in info[name]["packages"])
+                notes[name] = f"at {target} already{f' (and {stack})' if stack else ''}: nothing to do"
                 state.hosts.pop(name, None)   # not part of this rollout: no record
                 continue
             if fresh and not info[name]["installed"]:
