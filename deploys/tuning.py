@@ -35,13 +35,13 @@ from pyinfra.api import deploy
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import apt, files, systemd
 
-from facts.gpu_tuning import LOCKED_CLOCKS_DIR, locked_clocks
+from gpufleet.facts.gpu_tuning import LOCKED_CLOCKS_DIR, locked_clocks
 from gpufleet import tuning as t
 from gpufleet.compat import compat_data
 from gpufleet.failures import fail_host
 from gpufleet.hostfacts import gpu_state, hardware, interfaces, rdma_devices, resources
 from gpufleet.settings import host_settings
-from operations import gpu
+from gpufleet.operations import gpu
 
 #: Debian (non-free/contrib) and NVIDIA's CUDA repository both call the daemon's package this.
 PERSISTENCED_PACKAGE = "nvidia-persistenced"
@@ -195,6 +195,6 @@ def tuning():
 
 
 # `pyinfra INVENTORY deploys/tuning.py`: this area on its own (deploys/standalone.py).
-from deploys.standalone import run_alone  # noqa: E402
+from gpufleet.deploys.standalone import run_alone  # noqa: E402
 
 run_alone(__name__, __file__)

@@ -21,10 +21,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import jinja2
 
-from facts.gpu import ClockPair, GpuInfo
-from facts.network import NetInterface, RdmaDevice
+from gpufleet.facts.gpu import ClockPair, GpuInfo
+from gpufleet.facts.network import NetInterface, RdmaDevice
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 AC = "ac"  # nvidia-smi -ac MEM,GFX: application clocks
 LGC = "lgc"  # nvidia-smi -lgc GFX,GFX and -lmc MEM,MEM: locked clocks

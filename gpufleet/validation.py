@@ -26,12 +26,12 @@ from typing import Any, Callable, Iterator
 
 from pyinfra.facts.files import FileContents, Sha256File
 
-from facts.gpu import GpuState, GpuStateData
-from facts.kernel import DriverState, DriverStateData
-from facts.packages import PackageVersions
-from facts.nftables import TABLE, NftablesCapability
-from facts.ssh import SshdEffectiveConfig
-from facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitActive
+from gpufleet.facts.gpu import GpuState, GpuStateData
+from gpufleet.facts.kernel import DriverState, DriverStateData
+from gpufleet.facts.packages import PackageVersions
+from gpufleet.facts.nftables import TABLE, NftablesCapability
+from gpufleet.facts.ssh import SshdEffectiveConfig
+from gpufleet.facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitActive
 
 from . import perf
 from .errors import Incompatible
@@ -126,12 +126,12 @@ def stack_renames(wanted: dict[str, str], installed: dict[str, str | None]
 
 # area -> its deploy module ("" for none)
 AREAS: dict[str, str] = {
-    "base": "deploys.base",
-    "preflight": "deploys.preflight",
-    "driver": "deploys.driver",
-    "docker": "deploys.docker",
-    "tuning": "deploys.tuning",
-    "hardening": "deploys.hardening",
+    "base": "gpufleet.deploys.base",
+    "preflight": "gpufleet.deploys.preflight",
+    "driver": "gpufleet.deploys.driver",
+    "docker": "gpufleet.deploys.docker",
+    "tuning": "gpufleet.deploys.tuning",
+    "hardening": "gpufleet.deploys.hardening",
     "probe": "",
 }
 
@@ -229,7 +229,7 @@ def check(area: str) -> Callable[[Check], Check]:
 
 @check("base")
 def marker_matches_tier(ctx: Context) -> Result:
-    from deploys.base import managed_marker
+    from gpufleet.deploys.base import managed_marker
 
     name = "the gpufleet marker matches the tier"
     lines = ctx.fact(FileContents, path=MARKER)
@@ -348,7 +348,7 @@ def cuda_cudnn_releases_exact(ctx: Context) -> Result:
     would pass a cuDNN changed by hand or left behind by an inventory change. gpufleet's record
     of what it installed tells the two apart: an inventory change is a pending upgrade (as
     for the driver: WARN, or FAIL with driver_upgrade_pending: fail), a hand change a FAIL."""
-    from facts.packages import StackPackages
+    from gpufleet.facts.packages import StackPackages
 
     name = "the CUDA toolkit and cuDNN are the resolved releases"
     try:

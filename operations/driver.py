@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from facts.driver import DebianArchiveSources
-from facts.packages import KeyringFingerprints
-from facts.packages import STACK_RECORD, STACK_RECORD_DIR, HeldPackages, PackageVersions, StackPackages
+from gpufleet.facts.driver import DebianArchiveSources
+from gpufleet.facts.packages import KeyringFingerprints
+from gpufleet.facts.packages import STACK_RECORD, STACK_RECORD_DIR, HeldPackages, PackageVersions, StackPackages
 
 _DEBIAN_ARCHIVE = re.compile(r"^(https?|file)://[^ ]*/debian(-security)?/?$")
 

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from deploys.driver import stack_drift, stack_groups, stack_pending
-from facts.packages import STACK_RECORD, StackPackages, StackPackagesData
+from gpufleet.deploys.driver import stack_drift, stack_groups, stack_pending
+from gpufleet.facts.packages import STACK_RECORD, StackPackages, StackPackagesData
 from gpufleet import validation as v
 from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible

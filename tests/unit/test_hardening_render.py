@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from deploys import hardening as h
-from facts.ssh import OpenSshVersion
+from gpufleet.deploys import hardening as h
+from gpufleet.facts.ssh import OpenSshVersion
 from gpufleet.tiers import tier_defaults
 
 pytestmark = pytest.mark.unit

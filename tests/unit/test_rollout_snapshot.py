@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from deploys.upgrade import upgrade_plan
+from gpufleet.deploys.upgrade import upgrade_plan
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout import snapshot as snap
 

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from deploys.upgrade import stack_changes, stack_moves, stack_plan, validation_problems
+from gpufleet.deploys.upgrade import stack_changes, stack_moves, stack_plan, validation_problems
 from gpufleet.rollout.state import RolloutState
 
 pytestmark = pytest.mark.unit
