@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -50,9 +51,32 @@ def pending_message(installed: str, resolved: str) -> str:
 
 
 def stack_pending_message(what: str, installed: str, resolved: str) -> str:
-    """The one wording of a CUDA toolkit / cuDNN release all.py leaves alone (run output, gate, report)."""
-    return (f"{what} upgrade pending: {installed} -> {resolved} (deploys/all.py changes no installed CUDA "
-            "toolkit or cuDNN)")
+    """The one wording of a CUDA toolkit / cuDNN release the inventory moved and all.py leaves to
+    tools/rollout (run output, gate, report)."""
+    return f"{what} upgrade pending: {installed} -> {resolved}, run tools/rollout"
+
+
+def stack_drift_message(package: str, installed: str, recorded: str, resolved: str) -> str:
+    """The one wording of a CUDA toolkit / cuDNN package changed since gpufleet installed it."""
+    return (f"{package} {installed} (resolved {resolved}) was changed by hand: gpufleet installed "
+            f"{recorded}")
+
+
+def stack_states(wanted: dict[str, str], installed: dict[str, str | None], recorded: dict[str, str]
+                 ) -> dict[str, tuple[str, str, str | None]]:
+    """{package: (state, installed release, recorded release)} for the CUDA toolkit / cuDNN
+    packages of `wanted` (package -> resolved release) that are installed at another release:
+    "pending" when it is the release gpufleet installed (the inventory asks for another one),
+    "drift" when gpufleet's record says another one (someone changed the package). A package
+    gpufleet has no record of (installed before the record existed) counts as pending."""
+    out = {}
+    for package, want in sorted(wanted.items()):
+        have = installed.get(package)
+        if not have or is_exact(have, want):
+            continue
+        release, mine = upstream_of(have), recorded.get(package)
+        out[package] = ("pending" if mine in (None, release) else "drift", release, mine)
+    return out
 
 
 def upstream_of(debian_version: str) -> str:
@@ -63,6 +87,42 @@ def upstream_of(debian_version: str) -> str:
 def is_exact(debian_version: str | None, upstream: str) -> bool:
     """True when an installed Debian version is exactly the release ``upstream`` (any revision)."""
     return debian_version is not None and "-" in debian_version and upstream_of(debian_version) == upstream
+
+
+#: The CUDA toolkit and cuDNN package families whose names carry a release (CUDA 13.0 -> 13.1,
+#: cuDNN for CUDA 12 -> 13): another member installed is the same library at another release.
+STACK_FAMILIES = (("CUDA toolkit", re.compile(r"^cuda-toolkit-\d+-\d+$")),
+                  ("cuDNN", re.compile(r"^libcudnn\d+-(?:dev-|headers-)?cuda-\d+$")))
+#: dpkg-query globs that find every installed member of those families
+STACK_GLOBS = ("cuda-toolkit-[0-9]*", "libcudnn[0-9]*")
+
+
+def stack_fact_packages(wanted: dict[str, str]) -> list[str]:
+    """The StackPackages arguments for the resolved packages `wanted`: them and their families
+    (the same list everywhere, so that one remote command answers the deploy, the record and the gate)."""
+    return [*sorted(wanted), *STACK_GLOBS] if wanted else []
+
+
+def _main(packages: list[str]) -> str:
+    return next((p for p in sorted(packages) if "-dev-" not in p and "-headers-" not in p), sorted(packages)[0])
+
+
+def stack_renames(wanted: dict[str, str], installed: dict[str, str | None]
+                  ) -> dict[str, tuple[tuple[str, ...], str, str]]:
+    """{"cuDNN": (installed packages it replaces, "old-package release", "new-package release")}
+    for each of the CUDA toolkit and cuDNN whose resolved package is not installed while another
+    member of its family is: a pending upgrade (tools/rollout replaces it), not a second
+    install alongside."""
+    out = {}
+    for what, family in STACK_FAMILIES:
+        group = {p: v for p, v in wanted.items() if family.match(p)}
+        if not group or any(installed.get(p) for p in group):
+            continue
+        others = tuple(sorted(p for p, v in installed.items() if v and family.match(p) and p not in group))
+        if others:
+            old, new = _main(list(others)), _main(list(group))
+            out[what] = (others, f"{old} {upstream_of(installed[old] or '')}", f"{new} {group[new]}")
+    return out
 
 
 AREAS = ("base", "preflight", "driver", "docker", "tuning", "hardening", "probe", "pytorch")
@@ -262,14 +322,18 @@ def driver_versions_agree(ctx: Context) -> Result:
     return Result("driver", name, FAIL, f"{found}, resolved {want}", FIX_DEPLOY)
 
 
-FIX_STACK = ("set driver_upgrade_in_place: true for the host and run deploys/all.py (it moves the packages "
-             "when the GPUs are idle, manifest first), or put the inventory back at the installed release")
+FIX_STACK_DRIFT = ("tools/rollout INVENTORY puts it back at the resolved release through the gate (GPUs idle, "
+                   "manifest first); deploys/all.py changes no installed CUDA toolkit or cuDNN")
 
 
 @check("driver")
 def cuda_cudnn_releases_exact(ctx: Context) -> Result:
     """The CUDA toolkit and cuDNN on the host are exactly the resolved releases: a presence check
-    would pass a cuDNN changed by hand or left behind by an inventory change."""
+    would pass a cuDNN changed by hand or left behind by an inventory change. gpufleet's record
+    of what it installed tells the two apart: an inventory change is a pending upgrade (as
+    for the driver: WARN, or FAIL with driver_upgrade_pending: fail), a hand change a FAIL."""
+    from gpufleet.facts.packages import StackPackages
+
     name = "the CUDA toolkit and cuDNN are the resolved releases"
     try:
         res = ctx.resolution()
@@ -278,15 +342,33 @@ def cuda_cudnn_releases_exact(ctx: Context) -> Result:
     wanted = res.stack_versions
     if not wanted:
         return Result("driver", name, SKIP, "the tier installs no host CUDA toolkit or cuDNN from NVIDIA's repository")
-    installed = ctx.fact(PackageVersions, packages=sorted(wanted))
-    missing = [p for p in sorted(wanted) if not installed.get(p)]
-    wrong = [f"{p} {upstream_of(installed[p])} (resolved {v})" for p, v in sorted(wanted.items())
-             if installed.get(p) and not is_exact(installed[p], v)]
-    if wrong:
-        return Result("driver", name, FAIL, "; ".join(wrong) + (f"; not installed: {', '.join(missing)}" if missing else ""),
-                      FIX_STACK)
+    found = ctx.fact(StackPackages, packages=stack_fact_packages(wanted))
+    installed = found.installed
+    renames = stack_renames(wanted, installed)
+    renamed = {p for what, family in STACK_FAMILIES if what in renames for p in wanted if family.match(p)}
+    missing = [p for p in sorted(wanted) if not installed.get(p) and p not in renamed]
+    states = stack_states(wanted, installed, found.recorded)
+    drift = [stack_drift_message(p, have, mine or "?", wanted[p])
+             for p, (state, have, mine) in states.items() if state == "drift"]
+    moves: dict[str, tuple[str, str]] = {}
+    for p, (state, have, _) in states.items():
+        if state == "pending":
+            what = "CUDA toolkit" if p == res.cuda_package else "cuDNN"
+            moves.setdefault(what, (have, wanted[p]))
+    moves.update((what, (old, new)) for what, (_, old, new) in renames.items())
+    pending = [stack_pending_message(what, *v) for what, v in moves.items()]
+    not_installed = f"not installed: {', '.join(missing)}" if missing else ""
+    if drift:
+        return Result("driver", name, FAIL, "; ".join([*drift, *pending] + ([not_installed] if missing else [])),
+                      FIX_STACK_DRIFT)
     if missing:
-        return Result("driver", name, FAIL, f"not installed: {', '.join(missing)}", FIX_DEPLOY)
+        return Result("driver", name, FAIL, "; ".join([*pending, not_installed]), FIX_DEPLOY)
+    if pending:
+        status = (FAIL if ctx.settings.driver_upgrade_pending == "fail" or ctx.settings.driver_upgrade_in_place
+                  else WARN)
+        fix = (FIX_DEPLOY + " (driver_upgrade_in_place: it moves the packages when the GPUs are idle, manifest first)"
+               if ctx.settings.driver_upgrade_in_place else FIX_ROLLOUT)
+        return Result("driver", name, status, "; ".join(pending), fix)
     shown = [f"CUDA {res.cuda_release}"] if res.cuda_release else []
     shown += [f"cuDNN {res.cudnn_release}"] if res.cudnn_release else []
     return Result("driver", name, PASS, ", ".join(shown))
