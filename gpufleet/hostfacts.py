@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, TypeVar
 
+from facts.cpu import CpuFreq, CpuFreqData
 from facts.gpu import GpuState, GpuStateData
 from facts.kernel import DriverState, DriverStateData
 from facts.network import NetworkInterfaces, RdmaDevices
@@ -53,6 +54,10 @@ def resources(host: Any) -> SystemResourcesData:
 
 def interfaces(host: Any) -> list:
     return _cached(host, "interfaces", lambda: host.get_fact(NetworkInterfaces))
+
+
+def cpu_freq(host: Any) -> CpuFreqData:
+    return _cached(host, "cpu_freq", lambda: host.get_fact(CpuFreq))
 
 
 def rdma_devices(host: Any) -> list:
