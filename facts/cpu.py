@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import JsonMixin, fail
+from ._common import JsonMixin, fail, with_values
 
 CPU_ROOT = "/sys/devices/system/cpu"
 
@@ -34,12 +34,10 @@ class CpuFreqData(JsonMixin):
 def cpufreq_command(cpu_root: str = CPU_ROOT) -> str:
     """One line 'cpuN|governor|available governors' per CPU with cpufreq. `cpu_root` exists so
     tests can run the real command against a fake tree."""
-    if not re.fullmatch(r"[\w/.-]+", cpu_root):
-        raise ValueError(f"not a plain path: {cpu_root!r}")
-    return (f'for d in {cpu_root}/cpu[0-9]*/cpufreq; do [ -d "$d" ] || continue; '
-            'g=; read -r g < "$d/scaling_governor" 2>/dev/null; '
-            'a=; read -r a < "$d/scaling_available_governors" 2>/dev/null; '
-            'c=${d%/cpufreq}; echo "${c##*/}|$g|$a"; done; true')
+    return with_values('for d in "$root"/cpu[0-9]*/cpufreq; do [ -d "$d" ] || continue; '
+                       'g=; read -r g < "$d/scaling_governor" 2>/dev/null; '
+                       'a=; read -r a < "$d/scaling_available_governors" 2>/dev/null; '
+                       'c=${d%/cpufreq}; echo "${c##*/}|$g|$a"; done; true', root=cpu_root)
 
 
 def parse_cpufreq(lines: Sequence[str]) -> CpuFreqData:

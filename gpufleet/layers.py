@@ -31,6 +31,11 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("facts", 4, ("facts",)),
 )
 
+#: Other names of the same folders (an installed package imports deploys/ as gpufleet.deploys):
+#: a module is judged by the folder it lives in, whatever name it is imported by.
+ALIASES: dict[str, str] = {"gpufleet.deploys": "deploys", "gpufleet.operations": "operations",
+                           "gpufleet.facts": "facts"}
+
 #: Test harness and entry points: outside the layers.
 OUTSIDE = ("testing", "tests", "tools", "bench")
 
@@ -47,6 +52,9 @@ def _matches(module: str, prefix: str) -> bool:
 def layer_of(module: str) -> tuple[str, int] | None:
     """(layer, rank) of a gpufleet module name; ("outside", -1) for the harness; None for others
     (the standard library, pyinfra, ...). The longest matching prefix wins."""
+    for alias, folder in ALIASES.items():
+        if _matches(module, alias):
+            module = folder + module[len(alias):]
     best: tuple[int, str, int] | None = None
     for name, rank, prefixes in LAYERS:
         for prefix in prefixes:

@@ -360,17 +360,40 @@ class TuningPlan:
     governor: GovernorPlan = GovernorPlan(None)
 
 
-def plan_tuning(host: Any, settings: Any) -> TuningPlan:
-    """Everything the tuning deploy will do on this host, from its facts; raises Refusal."""
+def host_clocks(host: Any, policy: Any) -> list[GpuClocks]:
+    """The clock plan of the host's GPUs from its nvidia-smi (empty when it does not work or the
+    policy is unmanaged): what the deploy applies, the gate checks and the plan view shows."""
     from facts.gpu_tuning import locked_clocks
 
+    from .hostfacts import gpu_state
+
+    state = gpu_state(host)
+    if not (state.ok and state.gpus) or policy == "unmanaged":
+        return []
+    return plan_clocks(policy, state.gpus, state.supported_clocks, state.driver_version, locked_clocks(host),
+                       ac_deprecated_from())
+
+
+def clocks_summary(plans: Sequence[GpuClocks]) -> str:
+    """'-ac 1215,1410 on GPU 0, 1, 2, 3 (NVIDIA A100-SXM4-40GB)': one wording of the targets for
+    the plan view and the gate."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for c in plans:
+        index, _, rest = c.label.removeprefix("GPU ").partition(" ")
+        name = rest.rsplit(" (", 1)[0]
+        how = {AC: "-ac", LGC: "-lgc/-lmc"}.get(c.method, c.method)
+        target = f"{how} {c.target.mem},{c.target.gfx}" if c.target else "driver default"
+        groups.setdefault((target, name, c.method), []).append(index)
+    return "; ".join(f"{target} on GPU {', '.join(indices)} ({name})" for (target, name, _), indices in groups.items())
+
+
+def plan_tuning(host: Any, settings: Any) -> TuningPlan:
+    """Everything the tuning deploy will do on this host, from its facts; raises Refusal."""
     from .hostfacts import cpu_freq, gpu_state, hardware, interfaces, rdma_devices, resources
 
     state = gpu_state(host)
     plan = TuningPlan(nvidia_ok=state.ok and bool(state.gpus), nvidia_status=state.status)
-    if plan.nvidia_ok and settings.clock_policy != "unmanaged":
-        plan.clocks = plan_clocks(settings.clock_policy, state.gpus, state.supported_clocks,
-                                  state.driver_version, locked_clocks(host), ac_deprecated_from())
+    plan.clocks = host_clocks(host, settings.clock_policy)
 
     nics, rdma = interfaces(host), rdma_devices(host)
     ifname = socket_ifname(settings.tuning_nccl_socket_ifname, nics)

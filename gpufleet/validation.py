@@ -34,7 +34,7 @@ from . import dockerconf, perf
 from .errors import Incompatible
 from .sshd_policy import expected_sshd
 from .tiers import managed_marker
-from .tuning import Refusal, plan_tuning
+from .tuning import Refusal, clocks_summary, plan_tuning
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 STATUSES = (PASS, FAIL, WARN, SKIP)
@@ -422,7 +422,7 @@ def clocks_as_set(ctx: Context) -> Result:
            for c in plan.clocks if c.commands]
     if off:
         return Result("tuning", name, FAIL, "; ".join(off), "run deploys/all.py (tuning sets the clocks)")
-    return Result("tuning", name, PASS, f"{len(plan.clocks)} GPUs at policy {policy}")
+    return Result("tuning", name, PASS, f"{len(plan.clocks)} GPUs at policy {policy}: {clocks_summary(plan.clocks)}")
 
 
 @check("tuning")
