@@ -51,6 +51,6 @@ def base():
 
 
 # `pyinfra INVENTORY deploys/base.py`: this area on its own (deploys/standalone.py).
-from deploys.standalone import run_alone  # noqa: E402
+from gpufleet.deploys.standalone import run_alone  # noqa: E402
 
 run_alone(__name__, __file__)

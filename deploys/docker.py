@@ -39,15 +39,15 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files, systemd
 
-from facts.docker import DaemonJson
-from facts.packages import AptCandidates
-from facts.packages import PackageVersions
+from gpufleet.facts.docker import DaemonJson
+from gpufleet.facts.packages import AptCandidates
+from gpufleet.facts.packages import PackageVersions
 from gpufleet import dockerconf
 from gpufleet.failures import fail_host
 from gpufleet.hostfacts import gpu_state, os_release
 from gpufleet.settings import host_settings
-from operations import docker as docker_ops
-from operations.holds import held
+from gpufleet.operations import docker as docker_ops
+from gpufleet.operations.holds import held
 
 APT_CACHE_SECONDS = 86400
 DOCKER_KEYRING = "/etc/apt/keyrings/gpufleet-docker.gpg"
@@ -224,6 +224,6 @@ def cdi_after_driver_change():
 
 
 # `pyinfra INVENTORY deploys/docker.py`: this area on its own (deploys/standalone.py).
-from deploys.standalone import run_alone  # noqa: E402
+from gpufleet.deploys.standalone import run_alone  # noqa: E402
 
 run_alone(__name__, __file__)

@@ -38,12 +38,12 @@ from pyinfra.api import deploy
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import apt, files, systemd
 
-from facts.gpu_tuning import LOCKED_CLOCKS_DIR
+from gpufleet.facts.gpu_tuning import LOCKED_CLOCKS_DIR
 from gpufleet import tuning as t
 from gpufleet.failures import fail_host
 from gpufleet.settings import host_settings
 from gpufleet.tuning import TuningPlan, ac_deprecated_from, plan_tuning, policy_text
-from operations import cpu, gpu
+from gpufleet.operations import cpu, gpu
 
 #: Debian (non-free/contrib) and NVIDIA's CUDA repository both call the daemon's package this.
 PERSISTENCED_PACKAGE = "nvidia-persistenced"
@@ -182,6 +182,6 @@ def tuning():
 
 
 # `pyinfra INVENTORY deploys/tuning.py`: this area on its own (deploys/standalone.py).
-from deploys.standalone import run_alone  # noqa: E402
+from gpufleet.deploys.standalone import run_alone  # noqa: E402
 
 run_alone(__name__, __file__)

@@ -22,20 +22,20 @@ import time
 from pyinfra import host
 from pyinfra.api import deploy
 
-from facts.gpu import GpuState
-from facts.kernel import DriverState
-from facts.packages import HeldPackages, PackageVersions
-from facts.rollout import AptVersions, EtcFiles, SlurmNode
+from gpufleet.facts.gpu import GpuState
+from gpufleet.facts.kernel import DriverState
+from gpufleet.facts.packages import HeldPackages, PackageVersions
+from gpufleet.facts.rollout import AptVersions, EtcFiles, SlurmNode
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
 from gpufleet.rollout.snapshot import snapshot_name
 from gpufleet.settings import host_settings
-from operations.apt_index import index_refreshed
-from operations.drain import gpu_containers_stopped, gpus_idle, gpus_idle_now, slurm_node, slurm_node_drained
-from operations.driver_upgrade import package_change_settled, packages_at_versions
-from operations.gpu_restore import gpu_settings_restored
-from operations.reboot import rebooted
-from operations.snapshot import (controller_snapshot_taken, copied_to_controller, disk_snapshot_taken,
+from gpufleet.operations.apt_index import index_refreshed
+from gpufleet.operations.drain import gpu_containers_stopped, gpus_idle, gpus_idle_now, slurm_node, slurm_node_drained
+from gpufleet.operations.driver_upgrade import package_change_settled, packages_at_versions
+from gpufleet.operations.gpu_restore import gpu_settings_restored
+from gpufleet.operations.reboot import rebooted
+from gpufleet.operations.snapshot import (controller_snapshot_taken, copied_to_controller, disk_snapshot_taken,
                                  etc_archived, manifest_written)
 
 
@@ -194,7 +194,7 @@ def reboot(ctx: RolloutContext) -> None:
 @deploy("Re-apply persistence and clocks")
 def tune(ctx: RolloutContext) -> None:
     if ctx.retune:
-        from deploys.tuning import tuning
+        from gpufleet.deploys.tuning import tuning
         tuning()
         return
     doc = ctx.manifests.get(host.name)

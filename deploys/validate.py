@@ -81,6 +81,6 @@ def validate(probe_only_if_changed: bool = False):
 
 
 # `pyinfra INVENTORY deploys/validate.py`: the gate on its own (deploys/standalone.py).
-from deploys.standalone import run_alone  # noqa: E402
+from gpufleet.deploys.standalone import run_alone  # noqa: E402
 
 run_alone(__name__, __file__)

@@ -180,7 +180,8 @@ class DcgmDiag(FactBase[DcgmDiagData]):
 # Performance probe (raw lines; gpufleet.perf.parse_probe_output judges them)
 # ------------------------------------------------------------------------------------------
 
-PROBE_SCRIPT = (Path(__file__).resolve().parent.parent / "gpufleet" / "perf_probe.py").read_text()
+# gpufleet/facts/ in a checkout (a link to facts/) and in a wheel: perf_probe.py is its neighbour
+PROBE_SCRIPT = (Path(__file__).parent.parent / "perf_probe.py").read_text()
 
 
 class PerfProbe(FactBase[list[str]]):

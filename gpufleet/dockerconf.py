@@ -46,7 +46,7 @@ class DockerDefaults:
     live_restore: bool = True
 
     @classmethod
-    def from_settings(cls, settings: Any) -> "DockerDefaults":
+    def from_settings(cls, settings: Any) -> DockerDefaults:
         return cls(
             default_runtime=settings.docker_default_runtime,
             cdi=settings.docker_cdi,

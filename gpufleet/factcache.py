@@ -44,7 +44,7 @@ from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.host import Host
 
-from facts._common import with_values
+from gpufleet.facts._common import with_values
 from gpufleet import factbatch, private
 
 PLAN_DIR = Path(".gpufleet/factplans")
@@ -60,7 +60,7 @@ PYINFRA_FACTS = frozenset({
     "pyinfra.facts.apt.AptSources", "pyinfra.facts.server.Arch", "pyinfra.facts.server.Os",
     "pyinfra.facts.server.Date",
 })
-_OWN_FACT = re.compile(r"facts\.[a-z][a-z0-9_]*\.[A-Z][A-Za-z0-9]*")
+_OWN_FACT = re.compile(r"gpufleet\.facts\.[a-z][a-z0-9_]*\.[A-Z][A-Za-z0-9]*")
 # A plain argument: what paths, unit, user, group and package names are made of (no quote,
 # `$`, backtick, `;`, `|`, `&`, redirection, brace, backslash or control character).
 _PLAIN_TEXT = re.compile(r"[A-Za-z0-9_.,:/@+=*~%^!?#\[\] -]{0,1024}")

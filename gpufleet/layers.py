@@ -5,7 +5,8 @@ literal name, and module names written as strings for a later import).
 
     applications  drive pyinfra runs of the deploys from the controller: the rolling upgrade
                   and rollback (gpufleet/rollout: cli, runner, rollback, session), the fleet
-                  report (gpufleet/report) and tools/compat (gpufleet/compat_cli)
+                  report (gpufleet/report), tools/compat (gpufleet/compat_cli) and the installed
+                  commands (gpufleet/commands)
     inventories   the operator's hosts and their data (inventories/); peers of the applications,
                   which load an inventory by its path, never by import
     deploys       the story of a host, area by area (deploys/)
@@ -23,18 +24,14 @@ from __future__ import annotations
 #: (layer, rank, module prefixes): a lower rank is higher up; equal ranks are peers.
 LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("applications", 0, ("gpufleet.rollout.cli", "gpufleet.rollout.runner", "gpufleet.rollout.rollback",
-                         "gpufleet.rollout.session", "gpufleet.report", "gpufleet.compat_cli")),
+                         "gpufleet.rollout.session", "gpufleet.report", "gpufleet.compat_cli",
+                         "gpufleet.commands")),
     ("inventories", 0, ("inventories",)),
-    ("deploys", 1, ("deploys",)),
-    ("operations", 2, ("operations",)),
+    ("deploys", 1, ("gpufleet.deploys", "deploys")),  # "deploys": the file path, for the checker
+    ("operations", 2, ("gpufleet.operations", "operations")),  # "operations": the file path, for the checker
     ("core", 3, ("gpufleet",)),
-    ("facts", 4, ("facts",)),
+    ("facts", 4, ("gpufleet.facts", "facts")),  # "facts": the file path, for the checker
 )
-
-#: Other names of the same folders (an installed package imports deploys/ as gpufleet.deploys):
-#: a module is judged by the folder it lives in, whatever name it is imported by.
-ALIASES: dict[str, str] = {"gpufleet.deploys": "deploys", "gpufleet.operations": "operations",
-                           "gpufleet.facts": "facts"}
 
 #: Test harness and entry points: outside the layers.
 OUTSIDE = ("testing", "tests", "tools", "bench")
@@ -52,9 +49,6 @@ def _matches(module: str, prefix: str) -> bool:
 def layer_of(module: str) -> tuple[str, int] | None:
     """(layer, rank) of a gpufleet module name; ("outside", -1) for the harness; None for others
     (the standard library, pyinfra, ...). The longest matching prefix wins."""
-    for alias, folder in ALIASES.items():
-        if _matches(module, alias):
-            module = folder + module[len(alias):]
     best: tuple[int, str, int] | None = None
     for name, rank, prefixes in LAYERS:
         for prefix in prefixes:

@@ -22,10 +22,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import jinja2
 
-from facts.gpu import ClockPair, GpuInfo
-from facts.network import NetInterface, RdmaDevice
+from gpufleet.facts.gpu import ClockPair, GpuInfo
+from gpufleet.facts.network import NetInterface, RdmaDevice
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 AC = "ac"  # nvidia-smi -ac MEM,GFX: application clocks
 LGC = "lgc"  # nvidia-smi -lgc GFX,GFX and -lmc MEM,MEM: locked clocks
@@ -363,7 +363,7 @@ class TuningPlan:
 def host_clocks(host: Any, policy: Any) -> list[GpuClocks]:
     """The clock plan of the host's GPUs from its nvidia-smi (empty when it does not work or the
     policy is unmanaged): what the deploy applies, the gate checks and the plan view shows."""
-    from facts.gpu_tuning import locked_clocks
+    from gpufleet.facts.gpu_tuning import locked_clocks
 
     from .hostfacts import gpu_state
 

@@ -22,13 +22,13 @@ from typing import Any, Callable, Iterator
 
 from pyinfra.facts.files import FileContents, Sha256File
 
-from facts.gpu import GpuState, GpuStateData
-from facts.docker import DaemonJson
-from facts.kernel import DriverState, DriverStateData
-from facts.packages import PackageVersions
-from facts.nftables import TABLE, NftablesCapability
-from facts.ssh import SshdEffectiveConfig
-from facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitActive
+from gpufleet.facts.gpu import GpuState, GpuStateData
+from gpufleet.facts.docker import DaemonJson
+from gpufleet.facts.kernel import DriverState, DriverStateData
+from gpufleet.facts.packages import PackageVersions
+from gpufleet.facts.nftables import TABLE, NftablesCapability
+from gpufleet.facts.ssh import SshdEffectiveConfig
+from gpufleet.facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitActive
 
 from . import dockerconf, perf
 from .errors import Incompatible

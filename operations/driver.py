@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from facts.driver import DebianArchiveSources
-from facts.packages import KeyringFingerprints
-from facts.packages import HeldPackages, PackageVersions
+from gpufleet.facts.driver import DebianArchiveSources
+from gpufleet.facts.packages import KeyringFingerprints
+from gpufleet.facts.packages import HeldPackages, PackageVersions
 
 _DEBIAN_ARCHIVE = re.compile(r"^(https?|file)://[^ ]*/debian(-security)?/?$")
 

@@ -14,8 +14,8 @@ import re
 from pyinfra import host
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
-from facts.packages import HeldPackages, PackageVersions
-from facts.rollout import PackageChange
+from gpufleet.facts.packages import HeldPackages, PackageVersions
+from gpufleet.facts.rollout import PackageChange
 
 UNIT = "gpufleet-package-change.service"
 SCRIPT_DIR = "/var/lib/gpufleet/libexec"

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from facts.gpu import GpuState
+from gpufleet.facts.gpu import GpuState
 
 
 @operation()

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import StringCommand, QuoteString, operation
 
-from facts.packages import HeldPackages
+from gpufleet.facts.packages import HeldPackages
 
 
 @operation()

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-REPO = Path(__file__).resolve().parents[2]
+# The gpufleet package: deploys/ is inside it (a link in a checkout), so deploy paths such as
+# "deploys/all.py" are found in a checkout and in an installed wheel alike.
+PACKAGE = Path(__file__).parents[1]
 
 
 @dataclass
@@ -48,7 +50,7 @@ REPORT_PACKAGES = ("cuda-toolkit-*", "cuda-drivers*", "libcudnn*", "cudnn*", "nv
 
 def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     """Facts and validation results of one connected host, as a report row (see the schema)."""
-    from facts.packages import HeldPackages, PackageVersions
+    from gpufleet.facts.packages import HeldPackages, PackageVersions
     from gpufleet.settings import host_settings
     from gpufleet.validation import FAIL, Context, fresh_host_facts, run_checks
 
@@ -136,14 +138,12 @@ def gather(inventory_path: str, workers: int = 20, drift: bool = True, probe: bo
     monkey.patch_all()
     import gevent
     from gevent.pool import Pool
-    from pyinfra.api import Config, State
+    from pyinfra.api import State
     from pyinfra.api.exceptions import ConnectError
     from pyinfra.api.state import StateStage
     from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
     from gpufleet.inventory_source import InventorySource
 
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
     from gpufleet import factcache
 
     # The facts each host answered in its last run (report or deploy) come back in one command
@@ -154,7 +154,7 @@ def gather(inventory_path: str, workers: int = 20, drift: bool = True, probe: bo
     inventory = source.load()
     hosts = source.hosts(inventory)
     state = State(check_for_changes=True)
-    state.cwd = str(REPO)
+    state.cwd = str(PACKAGE)
     ctx_state.set(state)
     ctx_inventory.set(inventory)
     config = source.config()
@@ -209,7 +209,7 @@ def _pending(name: str) -> list[str]:
 
     from gpufleet.validation import pending_message, stack_pending_message
 
-    driver = sys.modules.get("deploys.driver")
+    driver = sys.modules.get("gpufleet.deploys.driver")
     versions = getattr(driver, "PENDING_UPGRADES", {}).get(name) if driver else None
     stack = getattr(driver, "PENDING_STACK", {}).get(name) or {} if driver else {}
     return ([pending_message(*versions)] if versions else []) + [
@@ -224,7 +224,7 @@ def plan_drift(state: Any, hosts: list, rows: dict[str, dict[str, Any]], deploy:
 
     from gevent.pool import Pool
 
-    path = str(REPO / deploy)
+    path = str(PACKAGE / deploy)
     errors: dict[str, str] = {}
 
     def plan(host: Any) -> None:

@@ -13,7 +13,7 @@ from gpufleet import private
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).resolve().with_name("report.schema.json")
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "report"
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates" / "report"
 
 # (key, heading) in table order
 COLUMNS: tuple[tuple[str, str], ...] = (

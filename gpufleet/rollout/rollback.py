@@ -17,8 +17,8 @@ def latest_manifest(manifests_dir: Path, host: str) -> Path | None:
 
 def rollback(inventory: str, hosts: list[str], manifest: Path | None, manifests_dir: Path, reboot: bool,
              force: bool, dry_run: bool, out: TextIO = sys.stdout, from_disk: bool = False) -> int:
-    from deploys import rollback as steps
-    from deploys import upgrade
+    from gpufleet.deploys import rollback as steps
+    from gpufleet.deploys import upgrade
     from .session import inventory_hosts, run_step
 
     from gpufleet import hostlock

@@ -48,7 +48,7 @@ def survey_and_resolve(ctx: RolloutContext, override: str | None) -> None:
     override as the inventory would resolve it on this host)."""
     from pyinfra import host
 
-    from deploys import upgrade as steps
+    from gpufleet.deploys import upgrade as steps
 
     found = targets.resolve_host(host, override)
     ctx.target = found.get("target") or override or ""
@@ -60,8 +60,8 @@ def survey_and_resolve(ctx: RolloutContext, override: str | None) -> None:
 def tune_and_cdi(ctx: RolloutContext) -> None:
     """deploys/upgrade.py's tune, then the CDI spec the new driver made stale (what all.py
     would otherwise change on its next run)."""
-    from deploys import upgrade as steps
-    from deploys.docker import cdi_after_driver_change
+    from gpufleet.deploys import upgrade as steps
+    from gpufleet.deploys.docker import cdi_after_driver_change
 
     steps.tune(ctx)
     cdi_after_driver_change()
@@ -125,7 +125,6 @@ class Runner:
                 lock.release()
 
     def _run(self) -> int:
-        from deploys import upgrade as steps
         from .session import inventory_hosts, run_step
 
         opts = self.opts
@@ -317,8 +316,7 @@ class Runner:
     # --- one wave ----------------------------------------------------------------------------
 
     def run_wave(self, batch: plan.Batch, wave: list[str]) -> None:
-        from deploys import upgrade as steps
-        from .session import run_step
+        from gpufleet.deploys import upgrade as steps
 
         state, ctx = self.state, self.ctx
         self.waves_started = self.waves_started or time.monotonic()

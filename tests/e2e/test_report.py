@@ -165,7 +165,7 @@ def test_validate_fails_a_changed_host_and_names_what_changed(fleet):
 def test_validate_fails_a_mismatch_pending_with_its_fix(fleet):
     _, run = _validate_run(fleet, ["mismatch"])
     assert run.returncode != 0
-    line = next((l for l in run.output.splitlines() if "no driver mismatch is pending" in l), "")
+    line = next((ln for ln in run.output.splitlines() if "no driver mismatch is pending" in ln), "")
     assert "[FAIL] driver: no driver mismatch is pending: driver loaded 580.95.05 != installed 580.126.09" \
            " -> fix: run deploys/all.py (driver_reboot: allowed, so it reboots the host) or reboot the host" in line, \
         run.output[-4000:]

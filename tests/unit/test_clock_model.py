@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from facts.gpu import ClockPair, GpuInfo, GpuState, GpuStateData
+from gpufleet.facts.gpu import ClockPair, GpuInfo, GpuState, GpuStateData
 from gpufleet import gpus, tuning as t
 from gpufleet.resolver import resolve
 from gpufleet.tiers import tier_defaults

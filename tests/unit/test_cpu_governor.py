@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.context import ctx_host
 
-from facts.cpu import CpuFreq, CpuFreqData, cpufreq_command, parse_cpufreq
+from gpufleet.facts.cpu import CpuFreq, CpuFreqData, cpufreq_command, parse_cpufreq
 from gpufleet import tuning as t
 from gpufleet.validation import FAIL, PASS, SKIP, cpu_governor_as_set
-from operations.cpu import governor
+from gpufleet.operations.cpu import governor
 from tests.unit.test_facts_hosts import build_tree, run
 
 pytestmark = pytest.mark.unit

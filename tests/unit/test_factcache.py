@@ -180,7 +180,7 @@ def test_no_executor_argument_is_written_and_the_plan_is_private(local, tmp_path
     ["pyinfra.facts.files.File", '{"path": "`touch MARK`"}'],
     ["pyinfra.facts.files.File", '{"path": "/x\\ntouch MARK"}'],
     ["pyinfra.facts.files.File", '{"path": "/x", "_sudo_password": "x"}'],  # executor arguments
-    ["facts.system.Nothing\"; touch MARK", "{}"],
+    ["gpufleet.facts.system.Nothing\"; touch MARK", "{}"],
     ["pyinfra.facts.files.FindInFile",  # pasted into double quotes by pyinfra
      '{"path": "/x", "pattern": "$(touch MARK)", "interpolate_variables": true, "extended_regex": false}'],
     ["pyinfra.facts.files.FindInFile", '{"path": "/x", "pattern": "x\' ; touch MARK", "interpolate_variables": false}'],

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from facts.network import NetInterface, NetworkInterfaces, parse_net
-from facts.system import SystemResources, SystemResourcesData
+from gpufleet.facts.network import NetInterface, NetworkInterfaces, parse_net
+from gpufleet.facts.system import SystemResources, SystemResourcesData
 from gpufleet.validation import FAIL, PASS, SKIP, WARN, enough_ram, fast_enough_nic, fastest_data_nic
 
 pytestmark = pytest.mark.unit
