@@ -111,7 +111,7 @@ _PORT = re.compile(r"^(\d{1,5})(?:-(\d{1,5}))?(?:/(tcp|udp))?$")
 
 def parse_open_ports(items) -> list[dict]:
     """Normalise firewall_open_ports to [{port: "9400" | "6817-6819", proto, comment}]."""
-    rules = []
+    rules: list[dict] = []
     for item in items or []:
         comment = ""
         proto = None

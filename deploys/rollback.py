@@ -58,7 +58,7 @@ def restore(ctx: RolloutContext) -> None:
     remove = mf.rollback_removals(doc, installed)
     packages_at_versions(name=f"Put back the package versions of manifest {doc['id']} (unhold, downgrade, hold)",
                          install=install, remove=remove, hold=list(doc["holds"]), downgrade=True)
-    extra_holds = sorted(set(host.get_fact(HeldPackages)) - set(doc["holds"]) - set(remove))
+    extra_holds = sorted({*host.get_fact(HeldPackages)} - set(doc["holds"]) - set(remove))
     if extra_holds:
         from gpufleet.operations.holds import held
         held(name="Release holds the manifest did not have", packages=extra_holds, present=False)

@@ -36,7 +36,9 @@ def is_deploy_file(name: str, file: str) -> bool:
     if name.startswith("gpufleet.deploys.") or not ctx_state.isset():
         return False  # imported (by all.py, a tool, a test), or no pyinfra run at all
     current = state.current_exec_filename
-    return bool(current) and Path(current).resolve() == Path(file).resolve()
+    if not current:
+        return False
+    return Path(current).resolve() == Path(file).resolve()
 
 
 def run_alone(name: str, file: str) -> None:

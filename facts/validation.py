@@ -166,6 +166,8 @@ def parse_dcgm_diag(lines: list[str]) -> DcgmDiagData:
 class DcgmDiag(FactBase[DcgmDiagData]):
     """``dcgmi diag -r 1`` (the quick, non-intrusive run level) where DCGM is installed."""
 
+    gpufleet_no_prefetch = True  # runs for seconds on the GPUs: never in a later run's prefetch
+
     @override
     def command(self) -> str:
         return ("if ! command -v dcgmi >/dev/null 2>&1; then echo '::gpufleet:: no-dcgmi'; exit 0; fi; "
@@ -190,6 +192,8 @@ class PerfProbe(FactBase[list[str]]):
     ``{"status": "ok"|"skipped", ...}``, then one raw measurement per line.
     Hosts without python3 say so the same way.
     """
+
+    gpufleet_no_prefetch = True  # loads every GPU for seconds: never in a later run's prefetch
 
     @override
     @staticmethod

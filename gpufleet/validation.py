@@ -1,7 +1,7 @@
 """The validation gate's checks: is each host what its tier says? Read-only; facts + comparisons.
 
 Each check is a small function ``check(ctx) -> Result | list[Result]`` registered for one area
-(base, preflight, driver, docker, tuning, hardening, probe). ``run_checks(host, settings)``
+(base, preflight, driver, docker, tuning, hardening, probe, pytorch). ``run_checks(host, settings)``
 runs them all against *fresh* facts (never the planning-time cache: the gate runs after the
 changes) and returns one Result per check. deploys/validate.py turns failures into a failed
 host; the fleet report shows the same results per host.
@@ -26,6 +26,7 @@ from gpufleet.facts.gpu import GpuState, GpuStateData
 from gpufleet.facts.docker import DaemonJson
 from gpufleet.facts.kernel import DriverState, DriverStateData
 from gpufleet.facts.packages import PackageVersions
+from gpufleet.facts.pytorch import TorchBuild
 from gpufleet.facts.nftables import TABLE, NftablesCapability
 from gpufleet.facts.ssh import SshdEffectiveConfig
 from gpufleet.facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitActive
@@ -61,10 +62,10 @@ def upstream_of(debian_version: str) -> str:
 
 def is_exact(debian_version: str | None, upstream: str) -> bool:
     """True when an installed Debian version is exactly the release ``upstream`` (any revision)."""
-    return bool(debian_version) and "-" in debian_version and upstream_of(debian_version) == upstream
+    return debian_version is not None and "-" in debian_version and upstream_of(debian_version) == upstream
 
 
-AREAS = ("base", "preflight", "driver", "docker", "tuning", "hardening", "probe")
+AREAS = ("base", "preflight", "driver", "docker", "tuning", "hardening", "probe", "pytorch")
 
 
 @dataclass(frozen=True)
@@ -103,11 +104,15 @@ def fresh_host_facts(host: Any) -> Iterator[None]:
 class Context:
     """What a check may read: the host, its settings, facts (each asked once per run)."""
 
-    def __init__(self, host: Any, settings: Any, probe: bool = True, probe_skip: str = "probes turned off"):
+    def __init__(self, host: Any, settings: Any, probe: bool = True, probe_skip: str = "probes turned off",
+                 torch_probe: bool | None = None):
         self.host = host
         self.settings = settings
         self.probe = probe
         self.probe_skip = probe_skip  # why, when probe is False
+        # reading the host's PyTorch build (imports torch there: seconds of CPU, no GPU load);
+        # with the probes unless said otherwise (the fleet report always reads it)
+        self.torch_probe = probe if torch_probe is None else torch_probe
         self._facts: dict[Any, Any] = {}
 
     def fact(self, cls: Any, **kwargs: Any) -> Any:
@@ -594,12 +599,95 @@ def performance(ctx: Context) -> Result:
     return Result("probe", name, PASS, text)
 
 
+# --- the host's PyTorch build -------------------------------------------------------------------
+
+PYTORCH_CHECK = "the host's PyTorch build runs on its GPUs and driver"
+
+
+def _pytorch_fix(ctx: Context, installed: str | None, models: Any, driver: str | None) -> str:
+    """The wheel to install instead: the installed release's fitting variant, else the tier's
+    PyTorch choice for this host, else where to ask. Never the very build that failed (the
+    compatibility data would then disagree with the host: said so)."""
+    from .pytorch import choose_pytorch
+    from .versions import major_minor
+
+    version, _, tag = (installed or "").partition("+")
+    release = major_minor(version)
+    disagrees = ""
+    if driver:
+        try:
+            choice = choose_pytorch(models, release, driver)
+            if choice is not None and choice.variant != tag:
+                return f"pip install --force-reinstall torch=={choice.version}.* --index-url {choice.index_url}"
+            if choice is not None:
+                disagrees = (f"gpufleet's compatibility data says {release} {tag} fits these GPUs, the host's "
+                             f"build does not (report it); ")
+        except Incompatible:
+            pass
+    try:
+        choice = ctx.resolution().pytorch
+    except Incompatible:
+        choice = None
+    if choice is not None and not disagrees:
+        return (f"pip install --force-reinstall torch=={choice.version}.* --index-url {choice.index_url} "
+                "(the tier's pytorch_version, resolved for this host)")
+    gpus = " ".join(f"--gpu {m.name!r}" for m in {m.name: m for m in models}.values())
+    return disagrees + f"install a CUDA build that covers these GPUs (tools/compat {gpus} --pytorch RELEASE answers)"
+
+
+@check("pytorch")
+def pytorch_build_runs_here(ctx: Context) -> Result:
+    """Where python3 imports torch: its CUDA build (torch.version.cuda) needs a driver at or
+    above the CUDA family's floor, and its architecture list (torch.cuda.get_arch_list())
+    must cover every GPU, or jobs fail at their first CUDA call (gpufleet/pytorch.py)."""
+    from .pytorch import NONE, check_build
+
+    name = PYTORCH_CHECK
+    if not ctx.torch_probe:
+        return Result("pytorch", name, SKIP, ctx.probe_skip)
+    build = ctx.fact(TorchBuild)
+    if build.status == "no-python":
+        return Result("pytorch", name, SKIP, "nothing to check: no python3 on the host")
+    if build.status == "no-torch":
+        python = f"python3 {build.python}" if build.python else "python3"
+        return Result("pytorch", name, SKIP, f"nothing to check: {python} imports no torch "
+                      f"({build.reason or 'not installed'})")
+    if build.status == "broken":
+        return Result("pytorch", name, FAIL, f"python3 finds torch but importing it fails: {build.reason}",
+                      "reinstall PyTorch (pip install --force-reinstall torch==... --index-url ...)")
+    if build.status != "ok":
+        return Result("pytorch", name, WARN, f"the PyTorch probe's answer was not understood: {build.reason}", "")
+    where = f"torch {build.torch} ({build.path or 'python3'})"
+    models = ctx.hardware().models
+    if not models:
+        return Result("pytorch", name, SKIP, f"nothing to check against: no known NVIDIA GPU ({where})")
+    if build.hip:
+        return Result("pytorch", name, SKIP, f"{where} is a ROCm build (HIP {build.hip}), not for NVIDIA GPUs")
+    drv = ctx.driver
+    driver = drv.module_version or drv.userspace_version or (ctx.gpu.nvml_version if ctx.gpu.ok else None)
+    fix = _pytorch_fix(ctx, build.torch, models, driver)
+    if build.cpu_only:
+        # the classic "torch.cuda.is_available() is False": a CPU wheel on a GPU server
+        wanted = getattr(ctx.settings, "pytorch_version", NONE)
+        status = WARN if wanted in (None, NONE) else FAIL
+        return Result("pytorch", name, status, f"{where} is a CPU-only build (torch.version.cuda is None): "
+                      f"torch.cuda.is_available() is False, jobs run on the CPU and not on the "
+                      f"{len(models)} GPU{'s' if len(models) != 1 else ''}", fix)
+    verdict = check_build(models, build.torch or "?", build.cuda or "", build.arch_list, driver)
+    if verdict.status == "pass":
+        return Result("pytorch", name, PASS, verdict.message)
+    if verdict.status == "unknown":
+        return Result("pytorch", name, WARN, verdict.message, fix)
+    return Result("pytorch", name, FAIL, verdict.message, fix)
+
+
 # --- running ----------------------------------------------------------------------------------
 
-def run_checks(host: Any, settings: Any, probe: bool = True, probe_skip: str = "probes turned off") -> list[Result]:
+def run_checks(host: Any, settings: Any, probe: bool = True, probe_skip: str = "probes turned off",
+               torch_probe: bool | None = None) -> list[Result]:
     """Every check against the host as it is now. A check that raises becomes a failed result
     naming the error, so one broken check never hides the others."""
-    ctx = Context(host, settings, probe=probe, probe_skip=probe_skip)
+    ctx = Context(host, settings, probe=probe, probe_skip=probe_skip, torch_probe=torch_probe)
     results: list[Result] = []
     with fresh_host_facts(host):
         for area, func in CHECKS:

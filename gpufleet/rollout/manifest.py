@@ -11,7 +11,11 @@ import json
 import re
 import shlex
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+if TYPE_CHECKING:
+    from gpufleet.facts.gpu import GpuStateData
+    from gpufleet.facts.kernel import DriverStateData
 
 HOST_DIR = "/var/lib/gpufleet/manifests"
 FORMAT = 1
@@ -125,7 +129,7 @@ def apt_install_command(specs: list[str], downgrade: bool = False) -> str:
 # --- the upgrade itself: what deploys/upgrade.py changes and checks (unit-tested here) ----------
 
 
-def upgrade_plan(installed: dict, holds: list[str], available: dict[str, list[str]], target: str
+def upgrade_plan(installed: dict[str, Any], holds: list[str], available: dict[str, list[str]], target: str
                  ) -> tuple[dict[str, str], list[str], list[str], list[str]]:
     """(install {pkg: version}, remove, hold afterwards, missing) for moving the driver to `target`."""
     moving = sorted(name for name, ver in installed.items()
@@ -156,7 +160,7 @@ def upgrade_plan(installed: dict, holds: list[str], available: dict[str, list[st
     return install, remove, sorted(hold), missing
 
 
-def validation_problems(target: str, driver, gpus, holds: list[str], manifest: dict | None) -> list[str]:
+def validation_problems(target: str, driver: DriverStateData, gpus: GpuStateData, holds: list[str], manifest: dict[str, Any] | None) -> list[str]:
     """What is wrong with an upgraded host (empty = healthy)."""
     problems = []
     if driver.module_version != target:
@@ -188,5 +192,6 @@ def validation_problems(target: str, driver, gpus, holds: list[str], manifest: d
     return problems
 
 
-def load_manifest(path: str | Path) -> dict:
-    return json.loads(Path(path).read_text())
+def load_manifest(path: str | Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(Path(path).read_text())
+    return doc

@@ -13,7 +13,7 @@ from typing import Callable, TextIO
 from gpufleet.compat import compat_data
 
 from . import plan, targets
-from gpufleet.inventory_source import SourceError
+from gpufleet.inventory_source import InventorySource, SourceError
 
 from .context import RolloutContext
 from .manifest import load_manifest
@@ -24,7 +24,7 @@ EXIT_DONE, EXIT_STOPPED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 @dataclass
 class Options:
-    inventory: str
+    inventory: str | InventorySource
     target: str | None = None      # --driver-version: an override; None = what the inventory resolves
     canary: int = 1
     batch_size: int | None = None
