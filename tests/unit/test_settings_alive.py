@@ -10,7 +10,6 @@ here (test_a_forgotten_key_is_found proves the check can fail)."""
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 import pytest
