@@ -36,7 +36,7 @@ from . import dockerconf, perf
 from .errors import Incompatible
 from .sshd_policy import expected_sshd
 from .tiers import managed_marker
-from .tuning import Refusal, plan_tuning
+from .tuning import Refusal, clocks_summary, plan_tuning
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 STATUSES = (PASS, FAIL, WARN, SKIP)
@@ -279,6 +279,64 @@ def one_gpu_model(ctx: Context) -> Result:
                   "pin each job to one model as above, or put one GPU model per host")
 
 
+def _hardware_status(ctx: Context) -> str:
+    return FAIL if ctx.settings.tier_mismatch == "fail" else WARN
+
+
+#: interfaces that carry no data between hosts, whatever speed they report
+_NOT_DATA_NIC = ("lo", "docker", "veth", "br-", "virbr", "ifb", "dummy", "tun", "tap", "wg", "tailscale")
+
+
+def fastest_data_nic(interfaces: list[Any]) -> Any | None:
+    """The Ethernet / InfiniBand interface with the highest reported link speed (None: none says)."""
+    known = [i for i in interfaces if i.speed_mbps and i.kind in ("ethernet", "infiniband")
+             and not i.name.startswith(_NOT_DATA_NIC)]
+    return max(known, key=lambda i: (i.speed_mbps, i.name)) if known else None
+
+
+@check("preflight")
+def enough_ram(ctx: Context) -> Result:
+    """MemTotal counts in GB of 10^9 bytes: a host with N GiB installed shows a little over N GB
+    once firmware and kernel took their share, so the tier's round number holds."""
+    from .hostfacts import resources
+
+    name = "the host has the tier's minimum RAM"
+    minimum = ctx.settings.validate_min_ram_gb
+    if not minimum:
+        return Result("preflight", name, SKIP, "validate_min_ram_gb: 0")
+    kib = resources(ctx.host).memory_total_kib
+    if kib is None:
+        return Result("preflight", name, SKIP, "/proc/meminfo gave no MemTotal")
+    found = kib * 1024 / 1e9
+    if found >= minimum:
+        return Result("preflight", name, PASS, f"{found:.0f} GB (validate_min_ram_gb: {minimum})")
+    return Result("preflight", name, _hardware_status(ctx),
+                  f"{found:.1f} GB of RAM (MemTotal), tier {ctx.settings.tier} expects at least {minimum} GB "
+                  f"(validate_min_ram_gb; tier_mismatch: {ctx.settings.tier_mismatch})",
+                  "add RAM, move the host to a tier that fits it, or set validate_min_ram_gb for it")
+
+
+@check("preflight")
+def fast_enough_nic(ctx: Context) -> Result:
+    from .hostfacts import interfaces
+
+    name = "the fastest data NIC reaches the tier's minimum speed"
+    minimum = ctx.settings.validate_min_nic_gbps
+    if not minimum:
+        return Result("preflight", name, SKIP, "validate_min_nic_gbps: 0")
+    nic = fastest_data_nic(interfaces(ctx.host))
+    if nic is None:  # virtual NICs (virtio, many clouds') report -1: no speed is not a slow NIC
+        return Result("preflight", name, SKIP, f"no Ethernet or InfiniBand interface reports its link speed "
+                      f"(/sys/class/net/*/speed), so validate_min_nic_gbps: {minimum} cannot be checked")
+    gbps = nic.speed_mbps / 1000
+    if gbps >= minimum:
+        return Result("preflight", name, PASS, f"{nic.name} {gbps:g} Gbit/s (validate_min_nic_gbps: {minimum})")
+    return Result("preflight", name, _hardware_status(ctx),
+                  f"fastest data NIC {nic.name} runs at {gbps:g} Gbit/s, tier {ctx.settings.tier} expects at least "
+                  f"{minimum} Gbit/s (validate_min_nic_gbps; tier_mismatch: {ctx.settings.tier_mismatch})",
+                  "check the link (ethtool), move the host to a tier that fits it, or set validate_min_nic_gbps for it")
+
+
 # --- driver -----------------------------------------------------------------------------------
 
 @check("driver")
@@ -451,7 +509,7 @@ def clocks_as_set(ctx: Context) -> Result:
            for c in plan.clocks if c.commands]
     if off:
         return Result("tuning", name, FAIL, "; ".join(off), "run deploys/all.py (tuning sets the clocks)")
-    return Result("tuning", name, PASS, f"{len(plan.clocks)} GPUs at policy {policy}")
+    return Result("tuning", name, PASS, f"{len(plan.clocks)} GPUs at policy {policy}: {clocks_summary(plan.clocks)}")
 
 
 @check("tuning")
@@ -469,6 +527,28 @@ def profiles_current(ctx: Context) -> Result:
             [f"changed {', '.join(stale)}"] if stale else [])
         return Result("tuning", name, FAIL, "; ".join(parts), FIX_DEPLOY)
     return Result("tuning", name, PASS)
+
+
+@check("tuning")
+def cpu_governor_as_set(ctx: Context) -> Result:
+    """The same plan as the deploy's: a CPU it would still write to is not on the tier's governor."""
+    from .hostfacts import cpu_freq
+    from .tuning import plan_governor
+
+    name = "every CPU runs the tier's frequency governor"
+    try:
+        plan = plan_governor(ctx.settings.tuning_cpu_governor, cpu_freq(ctx.host))
+    except Refusal as refused:
+        return Result("tuning", name, FAIL, str(refused), "set tuning_cpu_governor to one the host offers")
+    if plan.governor is None:
+        return Result("tuning", name, SKIP, plan.reason)
+    if plan.cpus:
+        now = cpu_freq(ctx.host).governors
+        found = sorted({now[c] or "unreadable" for c in plan.cpus})
+        return Result("tuning", name, FAIL, f"{len(plan.cpus)} CPU(s) ({', '.join(plan.cpus[:4])}"
+                      f"{', ...' if len(plan.cpus) > 4 else ''}) run {', '.join(found)}, not {plan.governor}",
+                      "run deploys/all.py (tuning sets the governor)")
+    return Result("tuning", name, PASS, f"{len(cpu_freq(ctx.host).governors)} CPUs on {plan.governor}")
 
 
 # --- docker -----------------------------------------------------------------------------------
