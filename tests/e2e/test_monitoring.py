@@ -8,6 +8,12 @@ Debian's archive. deploys/monitoring.py runs on its own (deploys/standalone.py) 
 step, twice; then the validation gate; then this process, outside the host, asks each endpoint
 on the host's own loopback address (test hosts share the machine's network: each exporter is
 bound to its host's address, monitoring_listen_address, as testing/inventory.py sets it).
+
+Through the firewall: a research host with a network of its own (a private-network test host,
+real nftables), the driver, monitoring and hardening steps as all.py runs them, the exporters
+bound to the host's address: from the client namespace both endpoints answer, a port no key
+opens stays closed, the loaded table opens the exporters' ports for that address only, and a
+second run changes nothing.
 """
 from __future__ import annotations
 
@@ -19,6 +25,8 @@ import pytest
 from testing import testhosts
 from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
 from testing.inventory import TEST_DRIVER, environment_data, write_inventory
+from testing.netns import host_tcp_open
+from testing.testhosts import in_netns
 from tests.e2e.pyinfra_cli import changed_operations, pyinfra
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
@@ -119,3 +127,52 @@ def test_a_stopped_exporter_fails_the_gate_with_its_fix(monitored):
     assert (f"[{h.name}] [FAIL] monitoring: the DCGM exporter serves metrics: http://{h.address}:9400/metrics: "
             in run.output), run.output[-5000:]
     assert "-> fix: systemctl status nvidia-dcgm-exporter.service" in run.output
+
+
+def http_get_from_client(host, port: int) -> str:
+    """GET /metrics from the pool's client namespace, as Prometheus on another machine would."""
+    import socket
+
+    with in_netns(host.netns):
+        sock = socket.socket()
+    sock.settimeout(20)
+    try:
+        sock.connect((host.address, port))
+        sock.sendall(f"GET /metrics HTTP/1.0\r\nHost: {host.address}\r\n\r\n".encode())
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    finally:
+        sock.close()
+    head, _, body = b"".join(chunks).decode().partition("\r\n\r\n")
+    assert head.split()[1] == "200", head
+    return body
+
+
+LISTENER = ("import socket\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+            "s.bind(('0.0.0.0',8080)); s.listen(4)\nwhile True: s.accept()[0].close()\n")
+
+
+def test_exporters_answer_through_the_firewall_which_opens_exactly_their_ports(hostpool, aptrepo, tmp_path):  # noqa: F811
+    (h,) = hostpool.get("monitoring-private", 1, gpu=f"a100x2@{TEST_DRIVER}", private_network=True,
+                        forward=(aptrepo.port,))
+    data = {**environment_data(h, "research", aptrepo), "tier_mismatch": "warn", "monitoring_listen_address": h.address}
+    inv = write_inventory(tmp_path / "inventory.py", [h], data={h.name: data})
+    deploy = "tests/e2e/deploys/monitoring_firewall.py"
+    first = pyinfra(inv, deploy, netns=h.netns)
+    (tmp_path / "first.log").write_text(first.output)
+    assert first.returncode == 0, first.output[-6000:]
+    again = pyinfra(inv, deploy, netns=h.netns)
+    assert again.returncode == 0 and changed_operations(again) == [], again.output[-5000:]
+
+    table = sh(h, "nft list table inet gpufleet")
+    assert f'ip daddr {h.address} tcp dport 9100 accept comment "node exporter"' in table, table
+    assert f'ip daddr {h.address} tcp dport 9400 accept comment "DCGM exporter"' in table, table
+    testhosts.ssh(h, "systemd-run --unit=gf-test-listen /usr/bin/python3 -c " + __import__("shlex").quote(LISTENER))
+    assert sh(h, "sleep 1; ss -Hltn 'sport = :8080'").strip(), "the test listener did not start"
+    assert not host_tcp_open(h, 8080), "a port no key opens is reachable"
+
+    node = http_get_from_client(h, 9100)
+    assert "node_boot_time_seconds " in node and "node_cpu_seconds_total{" in node
+    dcgm = http_get_from_client(h, 9400)
+    assert len([line for line in dcgm.splitlines() if line.startswith("DCGM_FI_DEV_GPU_TEMP{")]) == 2, dcgm[:2000]
