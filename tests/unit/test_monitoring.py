@@ -174,3 +174,12 @@ def test_report_lists_each_exporters_endpoint_with_what_the_gate_found():
 def test_inventory_validation_still_accepts_every_shipped_tier():
     for tier in ("dev", "research", "inference", "render", "hgx", "hgx-cloud"):
         validate_inventory(inventory({"tier": tier}))
+
+
+def test_all_py_runs_monitoring_after_tuning_and_before_the_firewall():
+    from pathlib import Path
+
+    calls = [line.strip() for line in (Path(__file__).resolve().parents[2] / "deploys" / "all.py").read_text().splitlines()
+             if line.strip().endswith("()") and not line.startswith(("#", "from", "import"))]
+    order = [c for c in calls if c in ("tuning()", "monitoring()", "hardening()")]
+    assert order == ["tuning()", "monitoring()", "hardening()"], calls
