@@ -20,14 +20,14 @@ factcache.install()  # no fact asked twice while nothing changed; last run's fac
 hostlock.install()  # one run at a time changes a host: its lock is taken at its first change
 factcache.prefetch_all(state)  # every host starts on those while the rest of this is imported
 
-from deploys.base import base  # noqa: E402
-from deploys.docker import docker  # noqa: E402
-from deploys.driver import driver  # noqa: E402
-from deploys.hardening import hardening  # noqa: E402
-from deploys.monitoring import monitoring  # noqa: E402
-from deploys.preflight import preflight  # noqa: E402
-from deploys.tuning import tuning  # noqa: E402
-from deploys.validate import validate  # noqa: E402
+from gpufleet.deploys.base import base  # noqa: E402
+from gpufleet.deploys.docker import docker  # noqa: E402
+from gpufleet.deploys.driver import driver  # noqa: E402
+from gpufleet.deploys.hardening import hardening  # noqa: E402
+from gpufleet.deploys.monitoring import monitoring  # noqa: E402
+from gpufleet.deploys.preflight import preflight  # noqa: E402
+from gpufleet.deploys.tuning import tuning  # noqa: E402
+from gpufleet.deploys.validate import validate  # noqa: E402
 from gpufleet.failures import host_failed  # noqa: E402
 from gpufleet.settings import validate_inventory  # noqa: E402
 

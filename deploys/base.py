@@ -12,16 +12,10 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
 
 from gpufleet.settings import host_settings
+from gpufleet.tiers import managed_marker
 
 # An apt index younger than this is fresh enough: no `apt-get update` on re-runs.
 APT_CACHE_SECONDS = 86400
-
-
-def managed_marker(tier: str) -> StringIO:
-    return StringIO(
-        "# Managed by gpufleet. Do not edit: gpufleet rewrites this file.\n"
-        f"tier: {tier}\n"
-    )
 
 
 @deploy("Base system")
@@ -50,13 +44,13 @@ def base():
     files.directory(name="Keep gpufleet's host records in /etc/gpufleet", path="/etc/gpufleet")
     files.put(
         name="Record that gpufleet manages this host, and its tier",
-        src=managed_marker(settings.tier),
+        src=StringIO(managed_marker(settings.tier)),
         dest="/etc/gpufleet/managed",
         mode="644",
     )
 
 
 # `pyinfra INVENTORY deploys/base.py`: this area on its own (deploys/standalone.py).
-from deploys.standalone import run_alone  # noqa: E402
+from gpufleet.deploys.standalone import run_alone  # noqa: E402
 
 run_alone(__name__, __file__)

@@ -39,17 +39,15 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files, systemd
 
-from facts.docker import DaemonJson
-from facts.validation import ContainerGpus
-from facts.packages import AptCandidates
-from facts.packages import PackageVersions
+from gpufleet.facts.docker import DaemonJson
+from gpufleet.facts.packages import AptCandidates
+from gpufleet.facts.packages import PackageVersions
 from gpufleet import dockerconf
 from gpufleet.failures import fail_host
-from gpufleet.validation import PASS, SKIP, WARN, Context, Result
 from gpufleet.hostfacts import gpu_state, os_release
 from gpufleet.settings import host_settings
-from operations import docker as docker_ops
-from operations.holds import held
+from gpufleet.operations import docker as docker_ops
+from gpufleet.operations.holds import held
 
 APT_CACHE_SECONDS = 86400
 DOCKER_KEYRING = "/etc/apt/keyrings/gpufleet-docker.gpg"
@@ -89,28 +87,6 @@ def _report_pending_at_exit() -> None:
 
 
 atexit.register(_report_pending_at_exit)
-
-
-def daemon_json_current(ctx: Context) -> Result:
-    """Validation: daemon.json holds every gpufleet key; what a run left pending shows here."""
-    name = "daemon.json has gpufleet's keys (no Docker change pending)"
-    if not ctx.fact(ContainerGpus).docker:
-        return Result("docker", name, SKIP, "no docker on this host")
-    current = ctx.fact(DaemonJson, path=dockerconf.DAEMON_JSON)
-    try:
-        existing = dockerconf.parse(current.raw if current.exists else None)
-    except dockerconf.MalformedDaemonJson as exc:
-        return Result("docker", name, WARN, f"{dockerconf.DAEMON_JSON} is malformed: {exc}", "fix the file, then run deploys/all.py")
-    keys = dockerconf.changed_keys(existing, dockerconf.merge(existing, dockerconf.DockerDefaults.from_settings(ctx.settings)))
-    if not keys:
-        return Result("docker", name, PASS, f"live-restore {'on' if ctx.settings.docker_live_restore else 'off'}")
-    return Result("docker", name, WARN, f"not yet in {dockerconf.DAEMON_JSON}: {', '.join(keys)} (a Docker restart "
-                  "was left pending while GPU containers ran, or the file was changed)",
-                  "run deploys/all.py once the GPU containers have stopped (or set "
-                  "docker_restart_with_gpu_containers: always)")
-
-
-VALIDATION_CHECKS = [daemon_json_current]
 
 
 def _dpkg_arch(machine: str) -> str:
@@ -248,6 +224,6 @@ def cdi_after_driver_change():
 
 
 # `pyinfra INVENTORY deploys/docker.py`: this area on its own (deploys/standalone.py).
-from deploys.standalone import run_alone  # noqa: E402
+from gpufleet.deploys.standalone import run_alone  # noqa: E402
 
 run_alone(__name__, __file__)

@@ -43,13 +43,13 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, python, systemd
 from pyinfra.operations.util import any_changed
 
-from deploys.hardening import GPU_PACKAGE_BLACKLIST, UNATTENDED_CONF
-from deploys.hardening import render as render_hardening
-from facts.driver import GpuDeviceUsers
-from facts.gpu import GpuState
-from facts.packages import AptCandidates
-from facts.kernel import DriverState
-from facts.packages import HeldPackages, PackageVersions
+from gpufleet.deploys.hardening import GPU_PACKAGE_BLACKLIST, UNATTENDED_CONF
+from gpufleet.deploys.hardening import render as render_hardening
+from gpufleet.facts.driver import GpuDeviceUsers
+from gpufleet.facts.gpu import GpuState
+from gpufleet.facts.packages import AptCandidates
+from gpufleet.facts.kernel import DriverState
+from gpufleet.facts.packages import HeldPackages, PackageVersions
 from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
 from gpufleet.failures import fail_host
@@ -57,11 +57,11 @@ from gpufleet.hostfacts import driver_state, resolution
 from gpufleet.kernels import headers_metapackage, image_metapackage
 from gpufleet.settings import host_settings
 from gpufleet.validation import is_exact, pending_message, stack_pending_message, upstream_of
-from operations.driver import archive_components, packages_at_versions, refresh_initramfs, repo_key
-from operations.holds import held
-from operations.reboot import rebooted
+from gpufleet.operations.driver import archive_components, packages_at_versions, refresh_initramfs, repo_key
+from gpufleet.operations.holds import held
+from gpufleet.operations.reboot import rebooted
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = Path(__file__).parent.parent / "templates"  # gpufleet/templates, in a checkout and a wheel
 APT_CACHE_SECONDS = 86400
 CUDA_SOURCE = "/etc/apt/sources.list.d/gpufleet-cuda.list"
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/gpufleet-blacklist-nouveau.conf"
@@ -320,9 +320,9 @@ def driver():
     if in_place:
         # driver_upgrade_in_place (dev boxes): the gate's rules still hold, for this one host:
         # the manifest (and the disk snapshot rollout_snapshot names) first, idle right before.
-        from deploys.upgrade import snapshot as manifest_and_snapshot
+        from gpufleet.deploys.upgrade import snapshot as manifest_and_snapshot
         from gpufleet.rollout.context import RolloutContext
-        from operations.drain import gpus_idle
+        from gpufleet.operations.drain import gpus_idle
 
         moves = ([f"driver {pending[0]} -> {pending[1]}"] if pending else []) + [
             f"{what} {old} -> {new}" for what, (old, new) in stack_moves.items()]
@@ -427,6 +427,6 @@ def driver():
 
 
 # `pyinfra INVENTORY deploys/driver.py`: this area on its own (deploys/standalone.py).
-from deploys.standalone import run_alone  # noqa: E402
+from gpufleet.deploys.standalone import run_alone  # noqa: E402
 
 run_alone(__name__, __file__)

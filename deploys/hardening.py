@@ -43,19 +43,19 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, files, systemd
 
-from facts.nftables import TABLE, NftablesCapability
-from facts.ssh import SshdEffectiveConfig, SshdVersion, SshSocketPorts
-from operations import nftables, ssh
-from operations.ssh import connecting_user
+from gpufleet.facts.nftables import TABLE, NftablesCapability
+from gpufleet.facts.ssh import SshdEffectiveConfig, SshdVersion, SshSocketPorts
+from gpufleet.operations import nftables, ssh
+from gpufleet.operations.ssh import connecting_user
 
-from deploys.base import APT_CACHE_SECONDS
+from gpufleet.deploys.base import APT_CACHE_SECONDS
 from gpufleet import monitoring
 from gpufleet.failures import fail_host
 from gpufleet.settings import host_settings
 from gpufleet.sshd_policy import BASELINE
-from operations import sshd_files
+from gpufleet.operations import sshd_files
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = Path(__file__).parent.parent / "templates"  # gpufleet/templates, in a checkout and a wheel
 SSHD_DROPIN = "/etc/ssh/sshd_config.d/00-gpufleet-hardening.conf"
 NFTABLES_CONF = "/etc/nftables.conf"
 UNATTENDED_CONF = "/etc/apt/apt.conf.d/51gpufleet-unattended-upgrades"
@@ -112,7 +112,7 @@ _PORT = re.compile(r"^(\d{1,5})(?:-(\d{1,5}))?(?:/(tcp|udp))?$")
 
 def parse_open_ports(items) -> list[dict]:
     """Normalise firewall_open_ports to [{port: "9400" | "6817-6819", proto, comment}]."""
-    rules = []
+    rules: list[dict] = []
     for item in items or []:
         comment = ""
         proto = None
@@ -355,6 +355,6 @@ def _as_file(text: str) -> StringIO:
 
 
 # `pyinfra INVENTORY deploys/hardening.py`: this area on its own (deploys/standalone.py).
-from deploys.standalone import run_alone  # noqa: E402
+from gpufleet.deploys.standalone import run_alone  # noqa: E402
 
 run_alone(__name__, __file__)

@@ -32,11 +32,11 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
 
-from deploys.base import APT_CACHE_SECONDS
+from gpufleet.deploys.base import APT_CACHE_SECONDS
 from gpufleet import monitoring as m
 from gpufleet.hostfacts import gpu_state
 from gpufleet.settings import host_settings
-from operations.driver import packages_at_versions
+from gpufleet.operations.driver import packages_at_versions
 
 
 def _node_exporter(settings) -> None:
@@ -124,6 +124,6 @@ def monitoring():
 
 
 # `pyinfra INVENTORY deploys/monitoring.py`: this area on its own (deploys/standalone.py).
-from deploys.standalone import run_alone  # noqa: E402
+from gpufleet.deploys.standalone import run_alone  # noqa: E402
 
 run_alone(__name__, __file__)

@@ -28,6 +28,6 @@ def preflight():
 
 
 # `pyinfra INVENTORY deploys/preflight.py`: this area on its own (deploys/standalone.py).
-from deploys.standalone import run_alone  # noqa: E402
+from gpufleet.deploys.standalone import run_alone  # noqa: E402
 
 run_alone(__name__, __file__)

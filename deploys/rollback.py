@@ -16,14 +16,14 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, deploy, operation
 
-from facts.gpu import GpuState
-from facts.packages import HeldPackages, PackageVersions
-from facts.rollout import EtcFiles
+from gpufleet.facts.gpu import GpuState
+from gpufleet.facts.packages import HeldPackages, PackageVersions
+from gpufleet.facts.rollout import EtcFiles
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout import snapshot as snap
 from gpufleet.rollout.context import RolloutContext
-from operations.driver_upgrade import package_change_settled, packages_at_versions
-from operations.snapshot import disk_snapshot_restored
+from gpufleet.operations.driver_upgrade import package_change_settled, packages_at_versions
+from gpufleet.operations.snapshot import disk_snapshot_restored
 
 
 @operation()
@@ -58,9 +58,9 @@ def restore(ctx: RolloutContext) -> None:
     remove = mf.rollback_removals(doc, installed)
     packages_at_versions(name=f"Put back the package versions of manifest {doc['id']} (unhold, downgrade, hold)",
                          install=install, remove=remove, hold=list(doc["holds"]), downgrade=True)
-    extra_holds = sorted(set(host.get_fact(HeldPackages)) - set(doc["holds"]) - set(remove))
+    extra_holds = sorted({*host.get_fact(HeldPackages)} - set(doc["holds"]) - set(remove))
     if extra_holds:
-        from operations.holds import held
+        from gpufleet.operations.holds import held
         held(name="Release holds the manifest did not have", packages=extra_holds, present=False)
     etc_files_restored(name="Put back the recorded apt sources, pins, keyrings and GPU configuration",
                        tarball=doc["etc_tarball"], recorded=doc["etc_files"])

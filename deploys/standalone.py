@@ -12,7 +12,7 @@ refuses a host without a supported GPU, tuning leaves clocks alone until nvidia-
 The validation gate changes nothing, so it runs without the preflight and the lock.
 
 pyinfra executes a deploy file with exec(), once per host, as a module with no `__name__` of
-its own: the area's function is called from the imported module `deploys.<area>`, the same
+its own: the area's function is called from the imported module `gpufleet.deploys.<area>`, the same
 one all.py calls, so module state (hosts needing a reboot, pending upgrades) has one home.
 """
 from __future__ import annotations
@@ -33,10 +33,12 @@ def is_deploy_file(name: str, file: str) -> bool:
     """Whether the code calling with its `__name__` and `__file__` is the file pyinfra runs."""
     from pyinfra.context import ctx_state
 
-    if name.startswith("deploys.") or not ctx_state.isset():
+    if name.startswith("gpufleet.deploys.") or not ctx_state.isset():
         return False  # imported (by all.py, a tool, a test), or no pyinfra run at all
     current = state.current_exec_filename
-    return bool(current) and Path(current).resolve() == Path(file).resolve()
+    if not current:
+        return False
+    return Path(current).resolve() == Path(file).resolve()
 
 
 def run_alone(name: str, file: str) -> None:
@@ -44,7 +46,7 @@ def run_alone(name: str, file: str) -> None:
     if not is_deploy_file(name, file):
         return
     area = Path(file).stem
-    module = importlib.import_module(f"deploys.{area}")
+    module = importlib.import_module(f"gpufleet.deploys.{area}")
     if area not in READ_ONLY:
         from gpufleet import factcache, hostlock
 
@@ -54,7 +56,7 @@ def run_alone(name: str, file: str) -> None:
     # pyinfra plans every host before it executes anything: a bad host stops the whole run here.
     validate_inventory(state.inventory)
     if area not in READ_ONLY and area != "preflight":
-        from deploys.preflight import preflight
+        from gpufleet.deploys.preflight import preflight
 
         preflight()
     if not host_failed(host):

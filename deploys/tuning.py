@@ -26,7 +26,6 @@ Decisions use the host's state before this run (gpufleet.hostfacts): what this r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from io import StringIO
 from typing import Any
 
@@ -35,13 +34,12 @@ from pyinfra.api import deploy
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import apt, files, systemd
 
-from facts.gpu_tuning import LOCKED_CLOCKS_DIR, locked_clocks
+from gpufleet.facts.gpu_tuning import LOCKED_CLOCKS_DIR
 from gpufleet import tuning as t
-from gpufleet.compat import compat_data
 from gpufleet.failures import fail_host
-from gpufleet.hostfacts import gpu_state, hardware, interfaces, rdma_devices, resources
 from gpufleet.settings import host_settings
-from operations import gpu
+from gpufleet.tuning import TuningPlan, ac_deprecated_from, plan_tuning, policy_text
+from gpufleet.operations import gpu
 
 #: Debian (non-free/contrib) and NVIDIA's CUDA repository both call the daemon's package this.
 PERSISTENCED_PACKAGE = "nvidia-persistenced"
@@ -58,46 +56,6 @@ PROFILE_NAMES = {
     SYSTEMD_ENV: "Give system services the same GPU job environment",
     "/etc/environment.d/60-gpufleet-gpu.conf": "Give user services the same GPU job environment",
 }
-
-
-def policy_text(policy: Any) -> str:
-    if isinstance(policy, str):
-        return policy
-    return f"memory {policy['memory']} MHz, graphics {policy['graphics']} MHz"
-
-
-def ac_deprecated_from() -> int:
-    return int(compat_data().app_clocks_deprecated_from_branch)
-
-
-@dataclass
-class TuningPlan:
-    nvidia_ok: bool
-    nvidia_status: str
-    clocks: list[t.GpuClocks] = field(default_factory=list)
-    files: dict[str, str] = field(default_factory=dict)  # rendered environment files by path
-    threads: int = 1
-
-
-def plan_tuning(host: Any, settings: Any) -> TuningPlan:
-    """Everything the deploy will do on this host, from its facts; raises t.Refusal."""
-    state = gpu_state(host)
-    plan = TuningPlan(nvidia_ok=state.ok and bool(state.gpus), nvidia_status=state.status)
-    if plan.nvidia_ok and settings.clock_policy != "unmanaged":
-        plan.clocks = t.plan_clocks(settings.clock_policy, state.gpus, state.supported_clocks,
-                                    state.driver_version, locked_clocks(host), ac_deprecated_from())
-
-    nics, rdma = interfaces(host), rdma_devices(host)
-    ifname = t.socket_ifname(settings.tuning_nccl_socket_ifname, nics)
-    hca = t.ib_hca(settings.tuning_nccl_ib_hca, settings.nccl_profile, rdma)
-    notes = [] if ifname else ["No up network interface found for NCCL's sockets: NCCL picks one itself."]
-    nccl = t.nccl_variables(settings.nccl_profile, ifname, hca, bool(rdma), settings.tuning_nccl_debug_vars)
-
-    gpu_count = len(state.gpus) if plan.nvidia_ok else len(hardware(host).gpu_pci_ids)
-    plan.threads = t.omp_threads(settings.tuning_omp_threads, resources(host).physical_cores, gpu_count)
-    env = t.gpu_environment(plan.threads, settings.tuning_pytorch_alloc_conf)
-    plan.files = t.render_profiles(settings.tier, settings.nccl_profile, nccl, env, bool(rdma), notes)
-    return plan
 
 
 def _persistence(settings: Any, plan: TuningPlan) -> None:
@@ -195,6 +153,6 @@ def tuning():
 
 
 # `pyinfra INVENTORY deploys/tuning.py`: this area on its own (deploys/standalone.py).
-from deploys.standalone import run_alone  # noqa: E402
+from gpufleet.deploys.standalone import run_alone  # noqa: E402
 
 run_alone(__name__, __file__)

@@ -17,27 +17,25 @@ a failure picks up where it stopped.
 """
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
 
-from facts.gpu import GpuState
-from facts.kernel import DriverState
-from facts.packages import HeldPackages, PackageVersions
-from facts.rollout import AptVersions, EtcFiles, SlurmNode
+from gpufleet.facts.gpu import GpuState
+from gpufleet.facts.kernel import DriverState
+from gpufleet.facts.packages import HeldPackages, PackageVersions
+from gpufleet.facts.rollout import AptVersions, EtcFiles, SlurmNode
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
 from gpufleet.rollout.snapshot import snapshot_name
 from gpufleet.settings import host_settings
-from operations.apt_index import index_refreshed
-from operations.drain import gpu_containers_stopped, gpus_idle, gpus_idle_now, slurm_node, slurm_node_drained
-from operations.driver_upgrade import package_change_settled, packages_at_versions
-from operations.gpu_restore import gpu_settings_restored
-from operations.reboot import rebooted
-from operations.snapshot import (controller_snapshot_taken, copied_to_controller, disk_snapshot_taken,
+from gpufleet.operations.apt_index import index_refreshed
+from gpufleet.operations.drain import gpu_containers_stopped, gpus_idle, gpus_idle_now, slurm_node, slurm_node_drained
+from gpufleet.operations.driver_upgrade import package_change_settled, packages_at_versions
+from gpufleet.operations.gpu_restore import gpu_settings_restored
+from gpufleet.operations.reboot import rebooted
+from gpufleet.operations.snapshot import (controller_snapshot_taken, copied_to_controller, disk_snapshot_taken,
                                  etc_archived, manifest_written)
 
 
@@ -155,37 +153,6 @@ def snapshot(ctx: RolloutContext) -> None:
                          pairs=[(remote, str(local / f"{ident}.json")), (tarball, str(local / f"{ident}.etc.tar.gz"))])
 
 
-def upgrade_plan(installed: dict, holds: list[str], available: dict[str, list[str]], target: str
-                 ) -> tuple[dict[str, str], list[str], list[str], list[str]]:
-    """(install {pkg: version}, remove, hold afterwards, missing) for moving the driver to `target`."""
-    moving = sorted(name for name, ver in installed.items()
-                    if ver and mf.DRIVER_PACKAGE.match(name) and not mf.NOT_DRIVER.match(name))
-    install, missing = {}, []
-    for name in moving:
-        versions = [v for v in available.get(name, []) if mf.upstream(v) == target]
-        if mf.upstream(installed[name]) == target:
-            continue
-        if versions:
-            install[name] = versions[0]
-        else:
-            missing.append(name)
-    remove: list[str] = []
-    hold = set(holds)
-    pin = mf.version_pinning_package(installed)
-    new_pin = f"nvidia-driver-pinning-{target}"
-    if pin and pin != new_pin:
-        versions = available.get(new_pin, [])
-        if versions:
-            install[new_pin] = versions[0]
-            remove.append(pin)
-            if pin in hold:
-                hold.discard(pin)
-                hold.add(new_pin)
-        else:
-            missing.append(new_pin)
-    return install, remove, sorted(hold), missing
-
-
 @deploy("Upgrade the driver")
 def upgrade(ctx: RolloutContext) -> None:
     installed = host.get_fact(PackageVersions, packages=list(mf.PACKAGE_PATTERNS))
@@ -196,7 +163,7 @@ def upgrade(ctx: RolloutContext) -> None:
     # what the manifest recorded as held is held again, even if an interrupted change released it
     recorded = (ctx.manifests.get(host.name) or {}).get("holds", [])
     holds = sorted(set(holds) | {p for p in recorded if not mf.PINNING_PACKAGE.match(p) or p in holds})
-    install, remove, hold, missing = upgrade_plan(installed, holds, available, ctx.target)
+    install, remove, hold, missing = mf.upgrade_plan(installed, holds, available, ctx.target)
     if missing:
         ctx.refuse(host, f"driver {ctx.target} is not available from the configured repositories for: "
                          f"{', '.join(missing)}")
@@ -227,7 +194,7 @@ def reboot(ctx: RolloutContext) -> None:
 @deploy("Re-apply persistence and clocks")
 def tune(ctx: RolloutContext) -> None:
     if ctx.retune:
-        from deploys.tuning import tuning
+        from gpufleet.deploys.tuning import tuning
         tuning()
         return
     doc = ctx.manifests.get(host.name)
@@ -238,44 +205,12 @@ def tune(ctx: RolloutContext) -> None:
                           gpus=doc.get("gpus", []))
 
 
-def validation_problems(target: str, driver, gpus, holds: list[str], manifest: dict | None) -> list[str]:
-    """What is wrong with an upgraded host (empty = healthy)."""
-    problems = []
-    if driver.module_version != target:
-        problems.append(f"loaded driver module is {driver.module_version}, not {target}")
-    if driver.userspace_version != target:
-        problems.append(f"installed driver is {driver.userspace_version}, not {target}")
-    if not gpus.ok:
-        problems.append(f"nvidia-smi is not healthy: {gpus.status} {gpus.error or ''}".strip())
-    elif gpus.driver_version != target:
-        problems.append(f"nvidia-smi reports driver {gpus.driver_version}, not {target}")
-    if manifest:
-        before = manifest.get("gpus", [])
-        if gpus.ok and len(gpus.gpus) != len(before):
-            problems.append(f"{len(gpus.gpus)} GPU(s) visible, {len(before)} before the upgrade")
-        now = {g.uuid: g for g in gpus.gpus}
-        for want in before:
-            gpu = now.get(want["uuid"])
-            if gpu is None:
-                continue
-            if want.get("persistence") and not gpu.persistence:
-                problems.append(f"GPU {want['index']}: persistence mode is off (was on)")
-            if want.get("app_clocks") and gpu.app_clocks and list(gpu.app_clocks) != want["app_clocks"]:
-                problems.append(f"GPU {want['index']}: application clocks {list(gpu.app_clocks)}, "
-                                f"were {want['app_clocks']}")
-        lost = sorted(set(manifest.get("holds", [])) - set(holds) - {p for p in manifest.get("holds", [])
-                                                                       if mf.PINNING_PACKAGE.match(p)})
-        if lost:
-            problems.append(f"holds missing after the upgrade: {', '.join(lost)}")
-    return problems
-
-
 @deploy("Validate the upgraded host")
 def validate(ctx: RolloutContext) -> None:
     driver = host.get_fact(DriverState)
     gpus = host.get_fact(GpuState)
     holds = host.get_fact(HeldPackages)
-    problems = validation_problems(ctx.target, driver, gpus, holds, ctx.manifests.get(host.name))
+    problems = mf.validation_problems(ctx.target, driver, gpus, holds, ctx.manifests.get(host.name))
     if problems:
         ctx.refuse(host, "validation failed: " + "; ".join(problems))
     else:
@@ -286,7 +221,3 @@ def validate(ctx: RolloutContext) -> None:
 def undrain(ctx: RolloutContext) -> None:
     slurm_node(name="Resume the Slurm node (only if gpufleet drained it)", drained=False,
                node=host_settings(host).rollout_slurm_node_name)
-
-
-def load_manifest(path: str | Path) -> dict:
-    return json.loads(Path(path).read_text())

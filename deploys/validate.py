@@ -9,7 +9,8 @@ view): the gpufleet marker and diagnostics packages, the hardware against the ti
 driver = installed = resolved and no mismatch pending, persistence, clocks, Fabric Manager
 where NVSwitch is present, containers seeing the GPUs, the tuning profiles, sshd's effective
 configuration and the firewall; then, where DCGM or PyTorch exist, `dcgmi diag -r 1` and a
-short bf16 matmul / memory / all-reduce probe against per-model minimums (gpufleet/perf.py).
+short bf16 matmul / memory / all-reduce probe against per-model minimums (gpufleet/perf.py),
+and whether the PyTorch build python3 imports runs on the GPUs with this driver (facts/pytorch.py).
 
 Every check prints one line (PASS, FAIL with its fix, WARN, or SKIP with the reason). Any FAIL fails the host, so the run
 exits non-zero naming the host and what changed. The checks live in gpufleet/validation.py.
@@ -81,6 +82,6 @@ def validate(probe_only_if_changed: bool = False):
 
 
 # `pyinfra INVENTORY deploys/validate.py`: the gate on its own (deploys/standalone.py).
-from deploys.standalone import run_alone  # noqa: E402
+from gpufleet.deploys.standalone import run_alone  # noqa: E402
 
 run_alone(__name__, __file__)

@@ -47,7 +47,7 @@ class DaemonJson(FactBase):
                            'else echo "$mark exists no"; fi', path=path, mark=MARK)
 
     @override
-    def process(self, output: list[str]) -> DaemonJsonFile:  # type: ignore[override]
+    def process(self, output: list[str]) -> DaemonJsonFile:
         return parse_daemon_json_output(output)
 
 
@@ -117,7 +117,7 @@ class DockerEngine(FactBase):
             mark=MARK)
 
     @override
-    def process(self, output: list[str]) -> DockerEngineState:  # type: ignore[override]
+    def process(self, output: list[str]) -> DockerEngineState:
         return parse_docker_engine(output)
 
 
@@ -196,7 +196,7 @@ class NvidiaCdi(FactBase):
             spec=spec, lists=lists, mark=MARK)
 
     @override
-    def process(self, output: list[str]) -> CdiState:  # type: ignore[override]
+    def process(self, output: list[str]) -> CdiState:
         return parse_cdi(output)
 
 
@@ -288,5 +288,5 @@ class DockerLive(FactBase):
             mark=MARK)
 
     @override
-    def process(self, output: list[str]) -> DockerLiveState:  # type: ignore[override]
+    def process(self, output: list[str]) -> DockerLiveState:
         return parse_docker_live(output)

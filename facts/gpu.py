@@ -230,8 +230,8 @@ def parse_query_gpu(lines: Sequence[str], fields: Sequence[str] = GPU_QUERY_FIEL
         values = dict(zip(names, _split_csv(line, len(names), "query-gpu output")))
         raw = {name: opt_str(value) for name, value in values.items()}
 
-        def number(name: str) -> int | None:
-            return opt_int(values[name], name) if name in values else None
+        def number(name: str) -> int | None:  # called only within this iteration
+            return opt_int(values[name], name) if name in values else None  # noqa: B023
 
         index = number("index")
         uuid, name, bus_id = raw["uuid"], raw["name"], raw["pci.bus_id"]

@@ -31,12 +31,12 @@ class SlurmNodeData(JsonMixin):
     @property
     def drain_set(self) -> bool:
         """Drain requested (draining: jobs still running; or drained)."""
-        return bool(self.state) and self.state.startswith(("drain", "drng"))
+        return bool(self.state and self.state.startswith(("drain", "drng")))
 
     @property
     def drained(self) -> bool:
         """Drained and no job left on it (sinfo: drained, not draining)."""
-        return bool(self.state) and self.state.startswith("drained")
+        return bool(self.state and self.state.startswith("drained"))
 
     @property
     def ours(self) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
@@ -158,7 +159,8 @@ class SshdEffectiveConfig(FactBase):
         SshdConfig(values={"passwordauthentication": "no", ...}, lists={"port": ["22"], ...})
     """
 
-    requires_command = "sshd"
+    def requires_command(self, *args: Any, **kwargs: Any) -> str:
+        return "sshd"
 
     def command(self) -> str:
         return "sshd -T"

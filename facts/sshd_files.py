@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from facts.ssh import SshFactError
+from gpufleet.facts.ssh import SshFactError
 
 SSH_DIR = "/etc/ssh"
 SSHD_CONFIG = "/etc/ssh/sshd_config"

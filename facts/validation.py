@@ -166,6 +166,8 @@ def parse_dcgm_diag(lines: list[str]) -> DcgmDiagData:
 class DcgmDiag(FactBase[DcgmDiagData]):
     """``dcgmi diag -r 1`` (the quick, non-intrusive run level) where DCGM is installed."""
 
+    gpufleet_no_prefetch = True  # runs for seconds on the GPUs: never in a later run's prefetch
+
     @override
     def command(self) -> str:
         return ("if ! command -v dcgmi >/dev/null 2>&1; then echo '::gpufleet:: no-dcgmi'; exit 0; fi; "
@@ -180,7 +182,8 @@ class DcgmDiag(FactBase[DcgmDiagData]):
 # Performance probe (raw lines; gpufleet.perf.parse_probe_output judges them)
 # ------------------------------------------------------------------------------------------
 
-PROBE_SCRIPT = (Path(__file__).resolve().parent.parent / "gpufleet" / "perf_probe.py").read_text()
+# gpufleet/facts/ in a checkout (a link to facts/) and in a wheel: perf_probe.py is its neighbour
+PROBE_SCRIPT = (Path(__file__).parent.parent / "perf_probe.py").read_text()
 
 
 class PerfProbe(FactBase[list[str]]):
@@ -189,6 +192,8 @@ class PerfProbe(FactBase[list[str]]):
     ``{"status": "ok"|"skipped", ...}``, then one raw measurement per line.
     Hosts without python3 say so the same way.
     """
+
+    gpufleet_no_prefetch = True  # loads every GPU for seconds: never in a later run's prefetch
 
     @override
     @staticmethod

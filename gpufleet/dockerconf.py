@@ -46,7 +46,7 @@ class DockerDefaults:
     live_restore: bool = True
 
     @classmethod
-    def from_settings(cls, settings: Any) -> "DockerDefaults":
+    def from_settings(cls, settings: Any) -> DockerDefaults:
         return cls(
             default_runtime=settings.docker_default_runtime,
             cdi=settings.docker_cdi,
@@ -176,7 +176,7 @@ class ApplyPlan:
     pending: the keys left for a later restart ([] = everything applied), and why.
     """
 
-    steps: tuple[tuple, ...]
+    steps: tuple[tuple[Any, ...], ...]
     pending: tuple[str, ...] = ()
     why: str = ""
 
@@ -204,7 +204,7 @@ def apply_plan(existing: Mapping[str, Any] | None, merged: Mapping[str, Any], *,
     if policy not in RESTART_POLICIES:
         raise ValueError(f"restart policy {policy!r}; allowed: {', '.join(RESTART_POLICIES)}")
     keys = changed_keys(existing, merged) if existing is not None else sorted(merged)
-    write: tuple[tuple, ...] = (("write",),) if keys else ()
+    write: tuple[tuple[Any, ...], ...] = (("write",),) if keys else ()
     if not running:
         return ApplyPlan(write)
     reload_keys = [k for k in keys if k in RELOADABLE]
@@ -212,7 +212,7 @@ def apply_plan(existing: Mapping[str, Any] | None, merged: Mapping[str, Any], *,
     if not restart_keys:
         return ApplyPlan((*write, ("reload",)) if write else ())
     live_after_reload = live_restore_on or ("live-restore" in reload_keys and merged.get("live-restore") is True)
-    first: tuple[tuple, ...] = ()
+    first: tuple[tuple[Any, ...], ...] = ()
     if not live_restore_on and live_after_reload and (containers or gpu_containers):
         first = (("write-reloadable", tuple(reload_keys)), ("reload",), ("check-live-restore",))
     if not gpu_containers or policy == "always":

@@ -24,7 +24,7 @@ from typing import Any
 from pyinfra.facts import files as pyinfra_files
 from pyinfra.facts import systemd as pyinfra_systemd
 
-from facts._common import with_values
+from gpufleet.facts._common import with_values
 
 _PATH = "::gpufleet-path::"
 _MISSING = "::gpufleet-missing::"

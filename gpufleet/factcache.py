@@ -44,7 +44,7 @@ from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.host import Host
 
-from facts._common import with_values
+from gpufleet.facts._common import with_values
 from gpufleet import factbatch, private
 
 PLAN_DIR = Path(".gpufleet/factplans")
@@ -60,7 +60,7 @@ PYINFRA_FACTS = frozenset({
     "pyinfra.facts.apt.AptSources", "pyinfra.facts.server.Arch", "pyinfra.facts.server.Os",
     "pyinfra.facts.server.Date",
 })
-_OWN_FACT = re.compile(r"facts\.[a-z][a-z0-9_]*\.[A-Z][A-Za-z0-9]*")
+_OWN_FACT = re.compile(r"gpufleet\.facts\.[a-z][a-z0-9_]*\.[A-Z][A-Za-z0-9]*")
 # A plain argument: what paths, unit, user, group and package names are made of (no quote,
 # `$`, backtick, `;`, `|`, `&`, redirection, brace, backslash or control character).
 _PLAIN_TEXT = re.compile(r"[A-Za-z0-9_.,:/@+=*~%^!?#\[\] -]{0,1024}")
@@ -145,6 +145,8 @@ def _record(host: Host, cls: type, fact_kwargs_json: str, executor_json: str) ->
     default executor arguments, which are never written (they may hold a password)."""
     if executor_json != host.__dict__.get("_gpufleet_default_executor_json"):
         return  # sudo/su/env variants of one operation: pyinfra asks those itself
+    if getattr(cls, "gpufleet_no_prefetch", False):
+        return  # a probe (GPU load, importing torch): asked only when a run means to
     entry = (_fact_path(cls), fact_kwargs_json)
     ok = _ALLOWED.get(entry)
     if ok is None:
@@ -263,7 +265,7 @@ def _plan_entries(state: Any, host: Host) -> list[tuple]:
     entries = []
     for path, fact_kwargs_json in read_plan(plan_file, host.name):
         cls = _load_class(path)
-        if cls is None or getattr(cls, "shell_executable", None):
+        if cls is None or getattr(cls, "shell_executable", None) or getattr(cls, "gpufleet_no_prefetch", False):
             continue
         fact = cls()
         try:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, TypeVar
 
-from facts.gpu import GpuState, GpuStateData
-from facts.kernel import DriverState, DriverStateData
-from facts.network import NetworkInterfaces, RdmaDevices
-from facts.pci import PciDevices
-from facts.system import OsRelease, OsReleaseData, SystemResources, SystemResourcesData
+from gpufleet.facts.gpu import GpuState, GpuStateData
+from gpufleet.facts.kernel import DriverState, DriverStateData
+from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
+from gpufleet.facts.pci import PciDevices
+from gpufleet.facts.system import OsRelease, OsReleaseData, SystemResources, SystemResourcesData
 
 from .errors import Incompatible
 from .gpus import GpuModel, is_nvswitch_pci, model_for_pci

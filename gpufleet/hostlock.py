@@ -180,7 +180,7 @@ class FleetLocks:
         from pyinfra.api import State
         from pyinfra.api.connect import connect_all
 
-        from gpufleet.rollout.session import load_inventory
+        from gpufleet.inventory_source import load_inventory
 
         want = [n for n in names if not (HELD.get(n) and HELD[n].alive())]
         taken: dict[str, Lock] = {}

@@ -11,7 +11,7 @@ import argparse
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 class SourceError(ValueError):
@@ -119,7 +119,7 @@ class InventorySource:
         return self._config.copy()
 
 
-def _quietly(func, *args):
+def _quietly(func: Callable[..., Any], *args: Any) -> Any:
     """`func(*args)` without pyinfra's warning lines (the caller reports what matters)."""
     import logging
 

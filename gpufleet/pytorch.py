@@ -25,7 +25,7 @@ import yaml
 from .compat import UNVERIFIED, CompatData, compat_data
 from .errors import CompatDataError, Incompatible
 from .gpus import GpuModel
-from .versions import at_least, major, parse
+from .versions import at_least, major, major_minor, parse
 
 NONE = "none"
 KEY = "pytorch_version"
@@ -237,6 +237,89 @@ def _choice(variant: Variant, driver: str, data: CompatData, torch: PytorchData)
         data_status=status,
         notes=tuple(notes),
     )
+
+
+# --- the build installed on a host --------------------------------------------------------------
+
+NO_KERNEL_TEXT = "no kernel image is available for execution on the device"
+TOO_OLD_TEXT = "The NVIDIA driver on your system is too old"
+
+
+@dataclass(frozen=True)
+class BuildVerdict:
+    """What a host's installed PyTorch build means for its GPUs and driver (validation gate)."""
+
+    status: str  # "pass" | "fail" | "unknown" (the arch list could not be read)
+    message: str
+    problems: tuple[str, ...] = ()  # one per failed rule: "driver too old: ..." / "no kernel image: ..."
+
+
+def arch_entries(arch_list: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """torch.cuda.get_arch_list() -> (coverage entries in compat.yaml's form, arch-specific
+    compute capabilities). "sm_86" -> "8.6", "sm_100f" -> "10.0" (a family build runs where
+    the generic one does), "compute_120" -> "12.0+PTX"; "sm_90a" runs on 9.0 only, so it is
+    returned apart. Entries not understood are left out."""
+    archs: list[str] = []
+    exact: list[str] = []
+    for entry in arch_list:
+        kind, _, code = str(entry).strip().partition("_")
+        suffix = code[-1:] if code[-1:] in ("a", "f") else ""
+        digits = code[:-1] if suffix else code
+        if kind not in ("sm", "compute") or not digits.isdigit() or len(digits) < 2:
+            continue
+        cc = f"{int(digits[:-1])}.{digits[-1]}"
+        if suffix == "a":
+            exact.append(cc)
+        else:
+            archs.append(cc + ("+PTX" if kind == "compute" else ""))
+    return tuple(archs), tuple(exact)
+
+
+def check_build(models: Sequence[GpuModel], torch_version: str, cuda: str, arch_list: Sequence[str],
+                driver: str | None, data: CompatData | None = None) -> BuildVerdict:
+    """Does the installed CUDA build of PyTorch run on every GPU with the host's driver?
+
+    The same rules as choose_pytorch, on what the host reports (torch.version.cuda and
+    torch.cuda.get_arch_list()) instead of the published matrix: the driver must meet the CUDA
+    family's floor; every GPU needs SASS of its major at a minor <= its own, or PTX of an older
+    compute capability with a driver at least the one of the build's CUDA release."""
+    data = data or compat_data()
+    archs, exact = arch_entries(arch_list)
+    built = ", ".join(arch_list)
+    what = f"torch {torch_version} (CUDA {cuda}, built for {built or 'nothing listed'})"
+    problems: list[str] = []
+    family = data.cuda_families.get(major(cuda))
+    if family is not None and driver and not at_least(driver, family.min_driver):
+        problems.append(f"driver too old: CUDA {major(cuda)}.x builds need driver >= {family.min_driver}, the host "
+                        f"runs {driver} (torch.cuda fails with \"{TOO_OLD_TEXT}\")")
+    if not archs and not exact:
+        if problems:
+            return BuildVerdict("fail", f"{what}: " + "; ".join(problems), tuple(problems))
+        return BuildVerdict("unknown", f"{what}: its architecture list is empty or not understood")
+    release = data.cuda_releases.get(major_minor(cuda))
+    variant = Variant(torch_version, "installed", cuda, archs or ("0.0",))
+    missing, jit = [], []
+    for model in _unique(models):
+        if model.compute_capability in exact:
+            continue
+        kind = kernel_for(model, variant) if archs else None
+        if kind == "ptx" and driver and release is not None and not at_least(driver, release.toolkit_driver):
+            kind = None  # PTX of a newer toolkit than the driver: "unsupported toolchain"
+        if kind is None:
+            missing.append(f"{model.name} (compute capability {model.compute_capability}) needs "
+                           f"{_sm(model.compute_capability)}")
+        elif kind == "ptx":
+            jit.append(model.name)
+    if missing:
+        problems.append("no kernel image: " + ", ".join(missing)
+                        + f" (CUDA kernels fail with \"{NO_KERNEL_TEXT}\")")
+    if problems:
+        return BuildVerdict("fail", f"{what}: " + "; ".join(problems), tuple(problems))
+    notes = [] if family is not None else [f"no verified driver floor for CUDA {major(cuda)}.x"]
+    notes += [f"{', '.join(jit)} run{'s' if len(jit) == 1 else ''} by JIT from PTX (slow first start)"] if jit else []
+    shown = ", ".join(f"{m.name} ({m.compute_capability})" for m in _unique(models))
+    return BuildVerdict("pass", f"{what} runs on {shown} with driver {driver or '?'}"
+                        + "".join(f"; {n}" for n in notes))
 
 
 # --- mixed GPUs ---------------------------------------------------------------------------------

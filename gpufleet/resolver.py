@@ -363,7 +363,7 @@ def _cudnn_build(cudnn: str, cuda: str, data: CompatData) -> str:
 # --- clocks -------------------------------------------------------------------------------------
 
 
-def _clocks(models: Sequence[GpuModel], policy: Any, branch: str, data: CompatData) -> tuple[str, dict, list[str]]:
+def _clocks(models: Sequence[GpuModel], policy: Any, branch: str, data: CompatData) -> tuple[str, dict[str, Any], list[str]]:
     notes: list[str] = []
     method = "lgc" if int(branch) >= int(data.app_clocks_deprecated_from_branch) else "ac"
     if policy == "unmanaged":
@@ -513,7 +513,7 @@ def _resolve_on(
                 key="driver_branch",
                 allowed=", ".join(data.usable_branches),
             )
-        version = info.default if version_wish == AUTO or auto else version_wish
+        version = str(info.default if version_wish == AUTO or auto else version_wish)
         if version not in info.versions or branch_of(version) != branch:
             raise Incompatible(
                 f"driver {version} is not a known R{branch} release",

@@ -20,7 +20,7 @@ import unicodedata
 import urllib.parse
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from .compat import compat_data
 from .gpus import model_names
@@ -77,7 +77,7 @@ def text_problem(text: str, permits: str = "") -> str | None:
     return None
 
 
-def _texts(value: Any):
+def _texts(value: Any) -> Iterator[str]:
     """Every string inside a setting value: itself, list items, mapping keys and values."""
     if isinstance(value, str):
         yield value

@@ -391,7 +391,7 @@ def host_settings(host: Any) -> Settings:
     Computed once per host and run: every deploy asks, and the inventory does not change
     while a run is planned."""
     data = explicit_data(host)
-    cached = getattr(host, "_gpufleet_settings", None)
+    cached: tuple[dict[str, Any], Settings] | None = getattr(host, "_gpufleet_settings", None)
     if cached is not None and cached[0] == data:
         return cached[1]
     problems = _group_problems(host)
@@ -438,8 +438,8 @@ def _hosts_in_play(inventory: Any) -> list[Any]:
     from pyinfra.context import ctx_state
 
     state = ctx_state.get() if ctx_state.isset() else None
-    limit = getattr(state, "limit_hosts", None)
-    if isinstance(limit, list) and getattr(state, "inventory", None) is inventory:
+    limit: Any = getattr(state, "limit_hosts", None)
+    if isinstance(limit, list) and state is not None and state.inventory is inventory:
         return [h for h in inventory if h in limit]
     return list(inventory)
 

@@ -22,7 +22,7 @@ def _comments() -> dict[str, str]:
     return {m[1]: m[2].strip() for m in map(_LINE.match, block.splitlines()) if m}
 
 
-def _cell(value) -> str:
+def _cell(value: object) -> str:
     text = json.dumps(value) if not isinstance(value, str) else value
     return "`" + text.replace("|", "\\|") + "`"
 

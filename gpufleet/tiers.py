@@ -55,3 +55,11 @@ def raw_tier(tier: str) -> Mapping[str, Any]:
 
 def common_defaults() -> Mapping[str, Any]:
     return _load()[0]
+
+
+def managed_marker(tier: str) -> str:
+    """/etc/gpufleet/managed: written by deploys/base.py, compared line by line by the validation gate."""
+    return (
+        "# Managed by gpufleet. Do not edit: gpufleet rewrites this file.\n"
+        f"tier: {tier}\n"
+    )

@@ -1,4 +1,5 @@
-"""What deploys/tuning.py decides, as pure functions of the settings and the host's facts.
+"""What deploys/tuning.py decides, as functions of the settings and the host's facts; plan_tuning
+puts them together for one host, and the validation gate checks the host against that same plan.
 
 * clocks: the pair each GPU should run at (``max`` = the highest pair in that GPU's own
   supported-clocks list, so mixed GPUs each get theirs), the method the driver allows
@@ -15,16 +16,16 @@ turns it into a planning-time failure of that one host.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import jinja2
 
-from facts.gpu import ClockPair, GpuInfo
-from facts.network import NetInterface, RdmaDevice
+from gpufleet.facts.gpu import ClockPair, GpuInfo
+from gpufleet.facts.network import NetInterface, RdmaDevice
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 AC = "ac"  # nvidia-smi -ac MEM,GFX: application clocks
 LGC = "lgc"  # nvidia-smi -lgc GFX,GFX and -lmc MEM,MEM: locked clocks
@@ -294,3 +295,54 @@ def render_profiles(tier: str, profile: str, nccl: list[tuple[str, str]], env: l
             render("etc/systemd/system.conf.d/gpufleet-gpu-env.conf.j2", **common),
         "/etc/environment.d/60-gpufleet-gpu.conf": render("etc/environment.d/60-gpufleet-gpu.conf.j2", **common),
     }
+
+
+# --- the plan for one host ------------------------------------------------------------------------
+# What deploys/tuning.py does and what the validation gate checks come from this one plan, so
+# the two can never disagree on a GPU's target clocks or a profile's text.
+
+
+def policy_text(policy: Any) -> str:
+    if isinstance(policy, str):
+        return policy
+    return f"memory {policy['memory']} MHz, graphics {policy['graphics']} MHz"
+
+
+def ac_deprecated_from() -> int:
+    from .compat import compat_data
+
+    return int(compat_data().app_clocks_deprecated_from_branch)
+
+
+@dataclass
+class TuningPlan:
+    nvidia_ok: bool
+    nvidia_status: str
+    clocks: list[GpuClocks] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)  # rendered environment files by path
+    threads: int = 1
+
+
+def plan_tuning(host: Any, settings: Any) -> TuningPlan:
+    """Everything the tuning deploy will do on this host, from its facts; raises Refusal."""
+    from gpufleet.facts.gpu_tuning import locked_clocks
+
+    from .hostfacts import gpu_state, hardware, interfaces, rdma_devices, resources
+
+    state = gpu_state(host)
+    plan = TuningPlan(nvidia_ok=state.ok and bool(state.gpus), nvidia_status=state.status)
+    if plan.nvidia_ok and settings.clock_policy != "unmanaged":
+        plan.clocks = plan_clocks(settings.clock_policy, state.gpus, state.supported_clocks,
+                                  state.driver_version, locked_clocks(host), ac_deprecated_from())
+
+    nics, rdma = interfaces(host), rdma_devices(host)
+    ifname = socket_ifname(settings.tuning_nccl_socket_ifname, nics)
+    hca = ib_hca(settings.tuning_nccl_ib_hca, settings.nccl_profile, rdma)
+    notes = [] if ifname else ["No up network interface found for NCCL's sockets: NCCL picks one itself."]
+    nccl = nccl_variables(settings.nccl_profile, ifname, hca, bool(rdma), settings.tuning_nccl_debug_vars)
+
+    gpu_count = len(state.gpus) if plan.nvidia_ok else len(hardware(host).gpu_pci_ids)
+    plan.threads = omp_threads(settings.tuning_omp_threads, resources(host).physical_cores, gpu_count)
+    env = gpu_environment(plan.threads, settings.tuning_pytorch_alloc_conf)
+    plan.files = render_profiles(settings.tier, settings.nccl_profile, nccl, env, bool(rdma), notes)
+    return plan

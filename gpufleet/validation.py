@@ -1,41 +1,42 @@
 """The validation gate's checks: is each host what its tier says? Read-only; facts + comparisons.
 
 Each check is a small function ``check(ctx) -> Result | list[Result]`` registered for one area
-(base, preflight, driver, docker, tuning, hardening, probe). ``run_checks(host, settings)``
+(base, preflight, driver, docker, tuning, hardening, probe, pytorch). ``run_checks(host, settings)``
 runs them all against *fresh* facts (never the planning-time cache: the gate runs after the
 changes) and returns one Result per check. deploys/validate.py turns failures into a failed
 host; the fleet report shows the same results per host.
 
 Statuses: pass | fail | warn | skip (does not apply, with the reason).
 
-Plugging in an area: its deploy module (deploys/<area>.py) may define
-``VALIDATION_CHECKS = [check, ...]`` (functions taking a Context, returning Result(s)); they
-run after the built-in ones. The tuning
-deploy may also define ``expected_profiles(host, settings) -> {path: text}``: the files it
-writes, compared byte for byte ("profiles present and current").
+This is the core: it imports no deploy (tests/unit/test_import_direction.py). What a check
+compares with comes from the same core plan the deploy applies (gpufleet.tuning.plan_tuning,
+gpufleet.tiers.managed_marker, gpufleet.dockerconf, gpufleet.sshd_policy).
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from pyinfra.facts.files import FileContents, Sha256File
 
-from facts.gpu import GpuState, GpuStateData
-from facts.kernel import DriverState, DriverStateData
-from facts.monitoring import MetricsEndpoint
-from facts.packages import PackageVersions
-from facts.nftables import TABLE, NftablesCapability
-from facts.ssh import SshdEffectiveConfig
-from facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitActive
+from gpufleet.facts.gpu import GpuState, GpuStateData
+from gpufleet.facts.docker import DaemonJson
+from gpufleet.facts.kernel import DriverState, DriverStateData
+from gpufleet.facts.monitoring import MetricsEndpoint
+from gpufleet.facts.packages import PackageVersions
+from gpufleet.facts.pytorch import TorchBuild
+from gpufleet.facts.nftables import TABLE, NftablesCapability
+from gpufleet.facts.ssh import SshdEffectiveConfig
+from gpufleet.facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitActive
 
-from . import perf
+from . import dockerconf, perf
 from .errors import Incompatible
 from .sshd_policy import expected_sshd
+from .tiers import managed_marker
+from .tuning import Refusal, plan_tuning
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 STATUSES = (PASS, FAIL, WARN, SKIP)
@@ -62,20 +63,10 @@ def upstream_of(debian_version: str) -> str:
 
 def is_exact(debian_version: str | None, upstream: str) -> bool:
     """True when an installed Debian version is exactly the release ``upstream`` (any revision)."""
-    return bool(debian_version) and "-" in debian_version and upstream_of(debian_version) == upstream
+    return debian_version is not None and "-" in debian_version and upstream_of(debian_version) == upstream
 
 
-# area -> its deploy module ("" for none)
-AREAS: dict[str, str] = {
-    "base": "deploys.base",
-    "preflight": "deploys.preflight",
-    "driver": "deploys.driver",
-    "docker": "deploys.docker",
-    "tuning": "deploys.tuning",
-    "monitoring": "deploys.monitoring",
-    "hardening": "deploys.hardening",
-    "probe": "",
-}
+AREAS = ("base", "preflight", "driver", "docker", "tuning", "monitoring", "hardening", "probe", "pytorch")
 
 
 @dataclass(frozen=True)
@@ -99,16 +90,6 @@ class Result:
                 "message": self.message, "fix": self.fix}
 
 
-def area_module(area: str) -> Any | None:
-    module = AREAS.get(area, "")
-    if not module:
-        return None
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        return None
-
-
 @contextlib.contextmanager
 def fresh_host_facts(host: Any) -> Iterator[None]:
     """gpufleet.hostfacts caches planning-time facts on the host; the gate must see the host
@@ -124,11 +105,15 @@ def fresh_host_facts(host: Any) -> Iterator[None]:
 class Context:
     """What a check may read: the host, its settings, facts (each asked once per run)."""
 
-    def __init__(self, host: Any, settings: Any, probe: bool = True, probe_skip: str = "probes turned off"):
+    def __init__(self, host: Any, settings: Any, probe: bool = True, probe_skip: str = "probes turned off",
+                 torch_probe: bool | None = None):
         self.host = host
         self.settings = settings
         self.probe = probe
         self.probe_skip = probe_skip  # why, when probe is False
+        # reading the host's PyTorch build (imports torch there: seconds of CPU, no GPU load);
+        # with the probes unless said otherwise (the fleet report always reads it)
+        self.torch_probe = probe if torch_probe is None else torch_probe
         self._facts: dict[Any, Any] = {}
 
     def fact(self, cls: Any, **kwargs: Any) -> Any:
@@ -171,11 +156,9 @@ def check(area: str) -> Callable[[Check], Check]:
 
 @check("base")
 def marker_matches_tier(ctx: Context) -> Result:
-    from deploys.base import managed_marker
-
     name = "the gpufleet marker matches the tier"
     lines = ctx.fact(FileContents, path=MARKER)
-    expected = managed_marker(ctx.settings.tier).getvalue().splitlines()
+    expected = managed_marker(ctx.settings.tier).splitlines()
     if lines is None:
         return Result("base", name, FAIL, f"{MARKER} is missing (gpufleet never ran here, or it was removed)",
                       FIX_DEPLOY)
@@ -368,21 +351,6 @@ def persistence_on(ctx: Context) -> Result:
     return Result("tuning", name, PASS, found)
 
 
-def expected_clocks(ctx: Context) -> dict[int, tuple[int, int] | None]:
-    """GPU index -> (memory, graphics) MHz the clock policy asks for (None: the default pair)."""
-    policy = ctx.settings.clock_policy
-    out: dict[int, tuple[int, int] | None] = {}
-    for g in ctx.gpu.gpus:
-        if isinstance(policy, dict) or hasattr(policy, "keys"):
-            out[g.index] = (int(policy["memory"]), int(policy["graphics"]))
-        elif policy == "max":
-            pair = ctx.resolution().application_clocks.get(g.name)
-            out[g.index] = (pair.memory_mhz, pair.graphics_mhz) if pair else None
-        else:
-            out[g.index] = None
-    return out
-
-
 @check("tuning")
 def clocks_as_set(ctx: Context) -> Result:
     name = "GPU clocks are what the tier's clock policy sets"
@@ -392,46 +360,24 @@ def clocks_as_set(ctx: Context) -> Result:
     skip = _gpus_or_skip(ctx, "tuning", name)
     if skip:
         return skip
-    planner = getattr(area_module("tuning"), "plan_tuning", None)
-    if planner is not None:
-        # The tuning deploy's own plan: a GPU that still needs a command is not at its target.
-        try:
-            plan = planner(ctx.host, ctx.settings)
-        except Exception as refused:  # the deploy's Refusal: it would refuse this host too
-            return Result("tuning", name, FAIL, f"the tuning deploy refuses this host: {refused}",
-                          "change clock_policy for this host")
-        off = [f"{c.label}: wants {c.target.mem},{c.target.gfx}" if c.target else f"{c.label}: wants default"
-               for c in plan.clocks if c.commands]
-        if off:
-            return Result("tuning", name, FAIL, "; ".join(off), "run deploys/all.py (tuning sets the clocks)")
-        return Result("tuning", name, PASS, f"{len(plan.clocks)} GPUs at policy {policy}")
+    # The tuning deploy's own plan: a GPU that still needs a command is not at its target.
     try:
-        want = expected_clocks(ctx)
-    except Incompatible as refused:
-        return Result("tuning", name, SKIP, f"no resolution for this host: {refused.reason}")
-    wrong = []
-    for g in ctx.gpu.gpus:
-        target = want.get(g.index) or (tuple(g.default_app_clocks) if g.default_app_clocks else None)
-        actual = tuple(g.app_clocks) if g.app_clocks else None
-        if target is not None and actual is not None and actual != tuple(target):
-            wrong.append(f"GPU {g.index} {actual[0]},{actual[1]} != {target[0]},{target[1]}")
-    found = "; ".join(wrong) if wrong else f"{len(ctx.gpu.gpus)} GPUs at policy {policy}"
-    if wrong:
-        return Result("tuning", name, FAIL, found, "run deploys/all.py (tuning sets the clocks)")
-    return Result("tuning", name, PASS, found)
+        plan = plan_tuning(ctx.host, ctx.settings)
+    except Refusal as refused:  # the deploy would refuse this host too
+        return Result("tuning", name, FAIL, f"the tuning deploy refuses this host: {refused}",
+                      "change clock_policy for this host")
+    off = [f"{c.label}: wants {c.target.mem},{c.target.gfx}" if c.target else f"{c.label}: wants default"
+           for c in plan.clocks if c.commands]
+    if off:
+        return Result("tuning", name, FAIL, "; ".join(off), "run deploys/all.py (tuning sets the clocks)")
+    return Result("tuning", name, PASS, f"{len(plan.clocks)} GPUs at policy {policy}")
 
 
 @check("tuning")
 def profiles_current(ctx: Context) -> Result:
     name = "the NCCL / OMP / PyTorch profiles are present and current"
-    module = area_module("tuning")
-    expected = getattr(module, "expected_profiles", None)
-    if expected is None and hasattr(module, "plan_tuning"):
-        expected = lambda host, settings: module.plan_tuning(host, settings).files  # noqa: E731
-    if expected is None:
-        return Result("tuning", name, SKIP, "the tuning deploy names no profiles (expected_profiles)")
     stale, missing = [], []
-    for path, text in expected(ctx.host, ctx.settings).items():
+    for path, text in plan_tuning(ctx.host, ctx.settings).files.items():
         digest = ctx.fact(Sha256File, path=path)
         if digest is None:
             missing.append(path)
@@ -465,6 +411,26 @@ def containers_see_gpus(ctx: Context) -> Result:
     if problems:
         return Result("docker", name, FAIL, "; ".join(problems), FIX_DEPLOY)
     return Result("docker", name, PASS, found)
+
+
+@check("docker")
+def daemon_json_current(ctx: Context) -> Result:
+    """Validation: daemon.json holds every gpufleet key; what a run left pending shows here."""
+    name = "daemon.json has gpufleet's keys (no Docker change pending)"
+    if not ctx.fact(ContainerGpus).docker:
+        return Result("docker", name, SKIP, "no docker on this host")
+    current = ctx.fact(DaemonJson, path=dockerconf.DAEMON_JSON)
+    try:
+        existing = dockerconf.parse(current.raw if current.exists else None)
+    except dockerconf.MalformedDaemonJson as exc:
+        return Result("docker", name, WARN, f"{dockerconf.DAEMON_JSON} is malformed: {exc}", "fix the file, then run deploys/all.py")
+    keys = dockerconf.changed_keys(existing, dockerconf.merge(existing, dockerconf.DockerDefaults.from_settings(ctx.settings)))
+    if not keys:
+        return Result("docker", name, PASS, f"live-restore {'on' if ctx.settings.docker_live_restore else 'off'}")
+    return Result("docker", name, WARN, f"not yet in {dockerconf.DAEMON_JSON}: {', '.join(keys)} (a Docker restart "
+                  "was left pending while GPU containers ran, or the file was changed)",
+                  "run deploys/all.py once the GPU containers have stopped (or set "
+                  "docker_restart_with_gpu_containers: always)")
 
 
 # --- monitoring -------------------------------------------------------------------------------
@@ -605,24 +571,98 @@ def performance(ctx: Context) -> Result:
     return Result("probe", name, PASS, text)
 
 
+# --- the host's PyTorch build -------------------------------------------------------------------
+
+PYTORCH_CHECK = "the host's PyTorch build runs on its GPUs and driver"
+
+
+def _pytorch_fix(ctx: Context, installed: str | None, models: Any, driver: str | None) -> str:
+    """The wheel to install instead: the installed release's fitting variant, else the tier's
+    PyTorch choice for this host, else where to ask. Never the very build that failed (the
+    compatibility data would then disagree with the host: said so)."""
+    from .pytorch import choose_pytorch
+    from .versions import major_minor
+
+    version, _, tag = (installed or "").partition("+")
+    release = major_minor(version)
+    disagrees = ""
+    if driver:
+        try:
+            choice = choose_pytorch(models, release, driver)
+            if choice is not None and choice.variant != tag:
+                return f"pip install --force-reinstall torch=={choice.version}.* --index-url {choice.index_url}"
+            if choice is not None:
+                disagrees = (f"gpufleet's compatibility data says {release} {tag} fits these GPUs, the host's "
+                             f"build does not (report it); ")
+        except Incompatible:
+            pass
+    try:
+        choice = ctx.resolution().pytorch
+    except Incompatible:
+        choice = None
+    if choice is not None and not disagrees:
+        return (f"pip install --force-reinstall torch=={choice.version}.* --index-url {choice.index_url} "
+                "(the tier's pytorch_version, resolved for this host)")
+    gpus = " ".join(f"--gpu {m.name!r}" for m in {m.name: m for m in models}.values())
+    return disagrees + f"install a CUDA build that covers these GPUs (tools/compat {gpus} --pytorch RELEASE answers)"
+
+
+@check("pytorch")
+def pytorch_build_runs_here(ctx: Context) -> Result:
+    """Where python3 imports torch: its CUDA build (torch.version.cuda) needs a driver at or
+    above the CUDA family's floor, and its architecture list (torch.cuda.get_arch_list())
+    must cover every GPU, or jobs fail at their first CUDA call (gpufleet/pytorch.py)."""
+    from .pytorch import NONE, check_build
+
+    name = PYTORCH_CHECK
+    if not ctx.torch_probe:
+        return Result("pytorch", name, SKIP, ctx.probe_skip)
+    build = ctx.fact(TorchBuild)
+    if build.status == "no-python":
+        return Result("pytorch", name, SKIP, "nothing to check: no python3 on the host")
+    if build.status == "no-torch":
+        python = f"python3 {build.python}" if build.python else "python3"
+        return Result("pytorch", name, SKIP, f"nothing to check: {python} imports no torch "
+                      f"({build.reason or 'not installed'})")
+    if build.status == "broken":
+        return Result("pytorch", name, FAIL, f"python3 finds torch but importing it fails: {build.reason}",
+                      "reinstall PyTorch (pip install --force-reinstall torch==... --index-url ...)")
+    if build.status != "ok":
+        return Result("pytorch", name, WARN, f"the PyTorch probe's answer was not understood: {build.reason}", "")
+    where = f"torch {build.torch} ({build.path or 'python3'})"
+    models = ctx.hardware().models
+    if not models:
+        return Result("pytorch", name, SKIP, f"nothing to check against: no known NVIDIA GPU ({where})")
+    if build.hip:
+        return Result("pytorch", name, SKIP, f"{where} is a ROCm build (HIP {build.hip}), not for NVIDIA GPUs")
+    drv = ctx.driver
+    driver = drv.module_version or drv.userspace_version or (ctx.gpu.nvml_version if ctx.gpu.ok else None)
+    fix = _pytorch_fix(ctx, build.torch, models, driver)
+    if build.cpu_only:
+        # the classic "torch.cuda.is_available() is False": a CPU wheel on a GPU server
+        wanted = getattr(ctx.settings, "pytorch_version", NONE)
+        status = WARN if wanted in (None, NONE) else FAIL
+        return Result("pytorch", name, status, f"{where} is a CPU-only build (torch.version.cuda is None): "
+                      f"torch.cuda.is_available() is False, jobs run on the CPU and not on the "
+                      f"{len(models)} GPU{'s' if len(models) != 1 else ''}", fix)
+    verdict = check_build(models, build.torch or "?", build.cuda or "", build.arch_list, driver)
+    if verdict.status == "pass":
+        return Result("pytorch", name, PASS, verdict.message)
+    if verdict.status == "unknown":
+        return Result("pytorch", name, WARN, verdict.message, fix)
+    return Result("pytorch", name, FAIL, verdict.message, fix)
+
+
 # --- running ----------------------------------------------------------------------------------
 
-def plugin_checks() -> list[tuple[str, Check]]:
-    out = []
-    for area in AREAS:
-        module = area_module(area)
-        if module is not None:
-            out += [(area, func) for func in getattr(module, "VALIDATION_CHECKS", [])]
-    return out
-
-
-def run_checks(host: Any, settings: Any, probe: bool = True, probe_skip: str = "probes turned off") -> list[Result]:
+def run_checks(host: Any, settings: Any, probe: bool = True, probe_skip: str = "probes turned off",
+               torch_probe: bool | None = None) -> list[Result]:
     """Every check against the host as it is now. A check that raises becomes a failed result
     naming the error, so one broken check never hides the others."""
-    ctx = Context(host, settings, probe=probe, probe_skip=probe_skip)
+    ctx = Context(host, settings, probe=probe, probe_skip=probe_skip, torch_probe=torch_probe)
     results: list[Result] = []
     with fresh_host_facts(host):
-        for area, func in [*CHECKS, *plugin_checks()]:
+        for area, func in CHECKS:
             try:
                 out = func(ctx)
             except Exception as error:  # noqa: BLE001 - reported, never swallowed

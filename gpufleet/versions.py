@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+from typing import TypeGuard
 
 _VERSION = re.compile(r"^\d+(\.\d+)*$")
 
 
-def is_version(text: object) -> bool:
+def is_version(text: object) -> TypeGuard[str]:
     return isinstance(text, str) and bool(_VERSION.match(text))
 
 

@@ -16,12 +16,12 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
-from operations import as_op
-from operations.notice import executing as _executing, say as _say
+from gpufleet.operations import as_op
+from gpufleet.operations.notice import executing as _executing, say as _say
 
-from facts.docker import DaemonJson, DockerEngine, DockerLive, DockerLiveState, NvidiaCdi
-from facts.packages import KeyringFingerprints
-from facts.gpu import GpuState
+from gpufleet.facts.docker import DaemonJson, DockerEngine, DockerLive, DockerLiveState, NvidiaCdi
+from gpufleet.facts.packages import KeyringFingerprints
+from gpufleet.facts.gpu import GpuState
 from gpufleet import dockerconf
 
 

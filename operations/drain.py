@@ -5,8 +5,8 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from facts.gpu import GpuState
-from facts.rollout import SLURM_REASON_TAG, GpuContainers, SlurmNode
+from gpufleet.facts.gpu import GpuState
+from gpufleet.facts.rollout import SLURM_REASON_TAG, GpuContainers, SlurmNode
 from gpufleet.failures import fail_host
 
 

@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from facts.driver import DebianArchiveSources
-from facts.packages import KeyringFingerprints
-from facts.packages import HeldPackages, PackageVersions
+from gpufleet.facts.driver import DebianArchiveSources
+from gpufleet.facts.packages import KeyringFingerprints
+from gpufleet.facts.packages import HeldPackages, PackageVersions
 
 _DEBIAN_ARCHIVE = re.compile(r"^(https?|file)://[^ ]*/debian(-security)?/?$")
 
@@ -179,7 +179,7 @@ def packages_at_versions(
     if not wrong and not missing:
         host.noop("at the wanted versions already: " + ", ".join(f"{p} {v}" for p, v in versions.items()))
         return
-    held = set(host.get_fact(HeldPackages))
+    held = {*host.get_fact(HeldPackages)}
     unhold = sorted(held & ({*names} | set(release)))
     rehold = sorted({*names, *(set(unhold) if hold else ())}) if hold else sorted(unhold)
     triples = [part for pkg, version in versions.items() for part in (pkg, version, _version_regex(version))]

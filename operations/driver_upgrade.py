@@ -14,8 +14,8 @@ import re
 from pyinfra import host
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
-from facts.packages import HeldPackages, PackageVersions
-from facts.rollout import PackageChange
+from gpufleet.facts.packages import HeldPackages, PackageVersions
+from gpufleet.facts.rollout import PackageChange
 
 UNIT = "gpufleet-package-change.service"
 SCRIPT_DIR = "/var/lib/gpufleet/libexec"
@@ -117,7 +117,7 @@ def packages_at_versions(install: dict[str, str], remove: list[str] | None = Non
     installed = host.get_fact(PackageVersions, packages=sorted(set(install) | set(remove)))
     todo = {name: ver for name, ver in install.items() if installed.get(name) != ver}
     gone = [name for name in remove if installed.get(name)]
-    held = set(host.get_fact(HeldPackages))
+    held = {*host.get_fact(HeldPackages)}
     if not todo and not gone:
         missing = sorted(set(hold) - held)
         if missing:

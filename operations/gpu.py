@@ -15,7 +15,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 
 from gpufleet.hostfacts import gpu_state
 from gpufleet.tuning import plan_clocks
-from facts.gpu_tuning import LOCKED_CLOCKS_DIR, locked_clocks
+from gpufleet.facts.gpu_tuning import LOCKED_CLOCKS_DIR, locked_clocks
 
 NVIDIA_SMI = "nvidia-smi"
 

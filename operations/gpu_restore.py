@@ -4,7 +4,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from facts.gpu import GpuState
+from gpufleet.facts.gpu import GpuState
 
 
 @operation()
@@ -20,7 +20,7 @@ def gpu_settings_restored(gpus: list[dict]):
     now = {g.uuid: g for g in state.gpus}
     changed = False
     for want in gpus:
-        gpu = now.get(want.get("uuid"))
+        gpu = now.get(str(want.get("uuid")))
         if gpu is None:
             continue
         if want.get("persistence") and not gpu.persistence:

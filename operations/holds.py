@@ -4,7 +4,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import StringCommand, QuoteString, operation
 
-from facts.packages import HeldPackages
+from gpufleet.facts.packages import HeldPackages
 
 
 @operation()
@@ -14,7 +14,7 @@ def held(packages: list[str], present: bool = True):
     + packages: package names (holds on packages that are not installed are recorded by dpkg too)
     + present: True = hold, False = unhold
     """
-    current = set(host.get_fact(HeldPackages))
+    current = {*host.get_fact(HeldPackages)}
     todo = sorted(set(packages) - current) if present else sorted(set(packages) & current)
     if not todo:
         host.noop(f"{'held' if present else 'not held'} already: {', '.join(sorted(packages)) or 'nothing'}")

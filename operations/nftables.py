@@ -26,10 +26,10 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files
 
-from operations import as_op
+from gpufleet.operations import as_op
 
-from facts.nftables import APPLIED_RECORD, TABLE, NftablesCapability
-from operations.ssh import _fail, fresh_login
+from gpufleet.facts.nftables import APPLIED_RECORD, TABLE, NftablesCapability
+from gpufleet.operations.ssh import _fail, fresh_login
 
 REVERT_FILE = "/run/gpufleet/nftables.revert"
 REVERT_UNIT = "gpufleet-nft-revert"

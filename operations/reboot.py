@@ -6,9 +6,9 @@ import uuid
 
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
-from operations import as_op
+from gpufleet.operations import as_op
 
-from operations.drain import GPU_WORK
+from gpufleet.operations.drain import GPU_WORK
 
 # Right before the reboot, in the same command: no process holds a GPU device node, and nvidia-smi
 # (when it can answer: not during a driver/library mismatch) lists no compute process.

@@ -26,9 +26,9 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files
 
-from operations import as_op
+from gpufleet.operations import as_op
 
-from facts.ssh import (
+from gpufleet.facts.ssh import (
     AuthorizedKeys,
     GroupMembers,
     SmallModuli,

@@ -20,11 +20,11 @@ from __future__ import annotations
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
-from operations import as_op
-from operations.notice import executing as _executing, say as _say
+from gpufleet.operations import as_op
+from gpufleet.operations.notice import say as _say
 
-from facts.ssh import SshFactError
-from facts.sshd_files import (
+from gpufleet.facts.ssh import SshFactError
+from gpufleet.facts.sshd_files import (
     HOST_KEY_FILES,
     SSH_DIR,
     SSHD_CONFIG,
@@ -33,7 +33,7 @@ from facts.sshd_files import (
     SshdFilesData,
     describe_public_key,
 )
-from operations.ssh import backup_path, fresh_login
+from gpufleet.operations.ssh import backup_path, fresh_login
 
 RSA_KEY_TYPES = ("ssh-rsa", "rsa-sha2-256", "rsa-sha2-512")
 

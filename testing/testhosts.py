@@ -642,7 +642,7 @@ def wait_ready(host: Host, timeout: float = 120) -> None:
                 break
         except OSError:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{host.name}: sshd did not answer on {host.address}:22")
+                raise TimeoutError(f"{host.name}: sshd did not answer on {host.address}:22") from None
             time.sleep(0.1)
     state = ""
     while time.monotonic() < deadline:

@@ -13,13 +13,19 @@ counted and named per host. A host whose planning fails gets the error instead.
 """
 from __future__ import annotations
 
+import re
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-REPO = Path(__file__).resolve().parents[2]
+if TYPE_CHECKING:
+    from gpufleet.inventory_source import InventorySource
+
+# The gpufleet package: deploys/ is inside it (a link in a checkout), so deploy paths such as
+# "deploys/all.py" are found in a checkout and in an installed wheel alike.
+PACKAGE = Path(__file__).parents[1]
 
 
 @dataclass
@@ -37,9 +43,48 @@ class Progress:
 
 
 def _versions(pkgs: dict[str, str | None], prefixes: tuple[str, ...]) -> str | None:
-    found = sorted(f"{name} {version}" for name, version in pkgs.items()
-                   if version and name.startswith(prefixes))
+    found = sorted({f"{name} {version}" for name, version in pkgs.items()
+                    if version and name.startswith(prefixes)})
     return ", ".join(found) or None
+
+
+COMPONENTS = ("driver", "cuda", "cudnn", "container_toolkit")
+# the packages a component's one version is read from when nothing resolves for the host
+_MAIN_PACKAGE = {"cuda": re.compile(r"cuda-toolkit-\d+-\d+"), "cudnn": re.compile(r"(lib)?cudnn\d+(-cuda-\d+)?"),
+                 "container_toolkit": re.compile(r"nvidia-container-toolkit")}
+_DETAIL_PREFIXES = {"driver": ("cuda-drivers", "nvidia-fabricmanager"), "cuda": ("cuda-toolkit",),
+                    "cudnn": ("libcudnn", "cudnn"), "container_toolkit": ("nvidia-container-toolkit",),
+                    "docker": ("docker-ce", "docker.io")}
+
+
+def component_versions(pkgs: dict[str, str | None], driver_installed: str | None, res: Any | None,
+                       toolkit_version: str | None) -> tuple[dict[str, str | None], dict[str, str | None],
+                                                             dict[str, dict[str, str]]]:
+    """(installed, resolved, packages): one installed version per component, the version the
+    host's resolution wants (None: nothing to install, or nothing resolves), and the packages
+    behind each (for the details). CUDA and cuDNN are compared as upstream releases (13.0.2,
+    9.17.0.29), the container toolkit as the Debian version it is pinned to (1.18.0-1)."""
+    from gpufleet.validation import upstream_of
+
+    driver_names = {*res.driver_packages, *([res.pinning_package] if res.pinning_package else [])} if res else set()
+    packages = {c: {n: v for n, v in sorted(pkgs.items())
+                    if v and (n.startswith(prefixes) or (c == "driver" and n in driver_names))}
+                for c, prefixes in _DETAIL_PREFIXES.items()}
+    wanted = {"cuda": [res.cuda_package] if res is not None and res.cuda_release and res.cuda_package else [],
+              "cudnn": list(res.cudnn_packages[:1]) if res is not None and res.cudnn_release else []}
+    installed: dict[str, str | None] = {"driver": driver_installed}
+    for comp in ("cuda", "cudnn", "container_toolkit"):
+        names = [n for n in wanted.get(comp, []) if pkgs.get(n)] or [
+            n for n in packages[comp] if _MAIN_PACKAGE[comp].fullmatch(n)]
+        found = sorted({v if comp == "container_toolkit" else upstream_of(v) for n in names if (v := pkgs[n])})
+        installed[comp] = " + ".join(found) or None
+    resolved: dict[str, str | None] = {
+        "driver": res.driver_version if res is not None else None,
+        "cuda": res.cuda_release if res is not None and res.cuda_package else None,
+        "cudnn": res.cudnn_release if res is not None else None,
+        "container_toolkit": toolkit_version if res is not None else None,
+    }
+    return installed, resolved, packages
 
 
 REPORT_PACKAGES = ("cuda-toolkit-*", "cuda-drivers*", "libcudnn*", "cudnn*", "nvidia-container-toolkit",
@@ -48,9 +93,10 @@ REPORT_PACKAGES = ("cuda-toolkit-*", "cuda-drivers*", "libcudnn*", "cudnn*", "nv
 
 def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     """Facts and validation results of one connected host, as a report row (see the schema)."""
-    from facts.packages import HeldPackages, PackageVersions
+    from gpufleet.errors import Incompatible
+    from gpufleet.facts.packages import HeldPackages, PackageVersions
     from gpufleet.settings import host_settings
-    from gpufleet.validation import FAIL, Context, fresh_host_facts, run_checks
+    from gpufleet.validation import FAIL, PYTORCH_CHECK, Context, fresh_host_facts, run_checks
 
     row: dict[str, Any] = {"status": "ok"}
     try:
@@ -62,7 +108,17 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     with fresh_host_facts(host):
         ctx = Context(host, settings)
         gpu, drv = ctx.gpu, ctx.driver
-        pkgs = host.get_fact(PackageVersions, packages=list(REPORT_PACKAGES))
+        res, refused = None, None
+        if settings is not None:
+            try:
+                res = ctx.resolution()  # the validation checks ask the same facts (answered from memory)
+            except Incompatible as error:
+                refused = error.reason
+            except Exception as error:  # noqa: BLE001 - the checks report it too; the row stays
+                refused = f"{type(error).__name__}: {error}"
+        driver_packages = sorted({*res.driver_packages, *([res.pinning_package] if res.pinning_package else [])}
+                                 - set(REPORT_PACKAGES)) if res is not None else []
+        pkgs = host.get_fact(PackageVersions, packages=[*REPORT_PACKAGES, *driver_packages])
         held = host.get_fact(HeldPackages)
     row["tier"] = settings.tier if settings else (host.data.get("tier") or None)
     models: dict[str, int] = {}
@@ -73,6 +129,10 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     row["driver_loaded"] = drv.module_version
     row["driver_installed"] = drv.userspace_version
     row["mismatch"] = bool(drv.mismatch or gpu.status == "mismatch")
+    row["versions"], row["resolved"], row["packages"] = component_versions(
+        pkgs, drv.userspace_version, res, settings.docker_toolkit_version if settings else None)
+    if refused:
+        row["resolved_error"] = refused
     row["cuda"] = _versions(pkgs, ("cuda-toolkit",))
     row["cudnn"] = _versions(pkgs, ("libcudnn", "cudnn"))
     row["container_toolkit"] = _versions(pkgs, ("nvidia-container-toolkit",))
@@ -88,7 +148,8 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
         row["persistence"] = None
         row["clocks"] = None
 
-    results = run_checks(host, settings, probe=probe) if settings else []
+    # the PyTorch build is read even without --probe: importing torch loads no GPU
+    results = run_checks(host, settings, probe=probe, torch_probe=True) if settings else []
     by_name = {r.name: r for r in results}
 
     def summary(name: str) -> str | None:
@@ -102,6 +163,8 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     row["ssh_hardening"] = summary("sshd's effective configuration is hardened")
     row["marker"] = summary("the gpufleet marker matches the tier")
     row["endpoints"] = endpoints(host, settings, by_name) if settings else []
+    torch = by_name.get(PYTORCH_CHECK)
+    row["pytorch"] = f"{'ok' if torch.status == 'pass' else torch.status}: {torch.message}" if torch else None
     row["validation"] = {
         # "unmanaged" is always 0 now (no deploy is a placeholder); kept: schema_version 1 requires it
         "counts": {s: sum(1 for r in results if r.status == s) for s in ("pass", "fail", "warn", "skip", "unmanaged")},
@@ -118,7 +181,7 @@ def endpoints(host: Any, settings: Any, by_name: dict[str, Any]) -> list[dict[st
     from gpufleet.validation import exporter_check_name
 
     address = str(host.data.get("ssh_hostname") or host.name)
-    out = []
+    out: list[dict[str, str]] = []
     for exporter in monitoring.exporters(settings):
         result = by_name.get(exporter_check_name(exporter.label))
         out.append({"name": exporter.label, "url": monitoring.public_url(settings, exporter, address),
@@ -126,7 +189,7 @@ def endpoints(host: Any, settings: Any, by_name: dict[str, Any]) -> list[dict[st
     return out
 
 
-def classify(row: dict[str, Any], results: list) -> str:
+def classify(row: dict[str, Any], results: list[Any]) -> str:
     """fresh | provisioned | changed | mismatch-pending | unreachable | error."""
     if row["status"] == "unreachable":
         return "unreachable"
@@ -142,7 +205,7 @@ def classify(row: dict[str, Any], results: list) -> str:
     return "provisioned"
 
 
-def gather(inventory_path: str, workers: int = 20, drift: bool = True, probe: bool = False,
+def gather(inventory_path: str | InventorySource, workers: int = 20, drift: bool = True, probe: bool = False,
            progress: Callable[[str, str, float], None] | None = None,
            deploy: str = "deploys/all.py") -> list[dict[str, Any]]:
     """One row per host of the inventory, in inventory order."""
@@ -151,14 +214,12 @@ def gather(inventory_path: str, workers: int = 20, drift: bool = True, probe: bo
     monkey.patch_all()
     import gevent
     from gevent.pool import Pool
-    from pyinfra.api import Config, State
+    from pyinfra.api import State
     from pyinfra.api.exceptions import ConnectError
     from pyinfra.api.state import StateStage
     from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
     from gpufleet.inventory_source import InventorySource
 
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
     from gpufleet import factcache
 
     # The facts each host answered in its last run (report or deploy) come back in one command
@@ -169,7 +230,7 @@ def gather(inventory_path: str, workers: int = 20, drift: bool = True, probe: bo
     inventory = source.load()
     hosts = source.hosts(inventory)
     state = State(check_for_changes=True)
-    state.cwd = str(REPO)
+    state.cwd = str(PACKAGE)
     ctx_state.set(state)
     ctx_inventory.set(inventory)
     config = source.config()
@@ -224,14 +285,14 @@ def _pending(name: str) -> list[str]:
 
     from gpufleet.validation import pending_message, stack_pending_message
 
-    driver = sys.modules.get("deploys.driver")
+    driver = sys.modules.get("gpufleet.deploys.driver")
     versions = getattr(driver, "PENDING_UPGRADES", {}).get(name) if driver else None
     stack = getattr(driver, "PENDING_STACK", {}).get(name) or {} if driver else {}
     return ([pending_message(*versions)] if versions else []) + [
         stack_pending_message(what, *moves) for what, moves in stack.items()]
 
 
-def plan_drift(state: Any, hosts: list, rows: dict[str, dict[str, Any]], deploy: str) -> None:
+def plan_drift(state: Any, hosts: list[Any], rows: dict[str, dict[str, Any]], deploy: str) -> None:
     """Plan `deploy` (deploys/all.py) for each host and record the operations that would change."""
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra.context import ctx_config, ctx_host
@@ -239,7 +300,7 @@ def plan_drift(state: Any, hosts: list, rows: dict[str, dict[str, Any]], deploy:
 
     from gevent.pool import Pool
 
-    path = str(REPO / deploy)
+    path = str(PACKAGE / deploy)
     errors: dict[str, str] = {}
 
     def plan(host: Any) -> None:
@@ -266,7 +327,8 @@ def plan_drift(state: Any, hosts: list, rows: dict[str, dict[str, Any]], deploy:
             rows[host.name]["drift"] = {"method": "plan", "changes": None, "operations": [],
                                         "conditional": [], "error": errors[host.name][:2000]}
             continue
-        names, conditional = [], []
+        names: list[str] = []
+        conditional: list[str] = []
         for op_hash in state.get_op_order():
             if op_hash not in state.ops[host]:
                 continue

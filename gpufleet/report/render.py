@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import html
 import json
 from pathlib import Path
 from typing import Any
@@ -11,9 +10,11 @@ import jinja2
 
 from gpufleet import private
 
+from . import view
+
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).resolve().with_name("report.schema.json")
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "report"
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates" / "report"
 
 # (key, heading) in table order
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -21,8 +22,8 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("driver", "Driver loaded / installed"), ("cuda", "CUDA"), ("cudnn", "cuDNN"),
     ("container_toolkit", "Container toolkit"), ("kernel", "Kernel"), ("held_packages", "Held packages"),
     ("reboot_pending", "Reboot pending"), ("persistence", "Persistence"), ("clocks", "Clocks"),
-    ("firewall", "Firewall"), ("ssh_hardening", "SSH hardening"), ("endpoints", "Metrics endpoints"),
-    ("drift", "Drift (all.py)"),
+    ("pytorch", "PyTorch"), ("firewall", "Firewall"), ("ssh_hardening", "SSH hardening"),
+    ("endpoints", "Metrics endpoints"), ("drift", "Drift (all.py)"),
     ("problems", "Problems"),
 )
 
@@ -35,6 +36,13 @@ def cell(row: dict[str, Any], key: str) -> str:
     if key == "gpus":
         gpus = row.get("gpus") or []
         return ", ".join(f"{g['model']} x {g['count']}" for g in gpus) or "none"
+    if key in ("driver", "cuda", "cudnn", "container_toolkit") and "versions" in row:
+        # one version per component, and the resolved one where it differs (package lists: the JSON)
+        installed, want = row["versions"].get(key), (row.get("resolved") or {}).get(key)
+        text = installed or "-"
+        if key == "driver":
+            text = f"{row.get('driver_loaded') or '-'} / {text}" + (" MISMATCH" if row.get("mismatch") else "")
+        return text + (f" (resolved {want})" if want and want != installed else "")
     if key == "driver":
         loaded, installed = row.get("driver_loaded") or "-", row.get("driver_installed") or "-"
         return f"{loaded} / {installed}" + (" MISMATCH" if row.get("mismatch") else "")
@@ -71,7 +79,7 @@ def document(rows: list[dict[str, Any]], inventory: str, seconds: float) -> dict
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "inventory": inventory,
         "seconds": round(seconds, 2),
-        "summary": {"hosts": len(rows), "states": states},
+        "summary": {"hosts": len(rows), "states": states, **view.fleet_summary(rows)},
         "columns": [{"key": k, "heading": h} for k, h in COLUMNS],
         "hosts": rows,
     }
@@ -94,7 +102,9 @@ def _clip(text: str, width: int) -> str:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    esc = lambda s: s.replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    def esc(s: str) -> str:
+        return s.replace("|", "\\|").replace("\n", " ")
+
     lines = ["# gpufleet fleet report", "",
              f"Inventory `{doc['inventory']}`, generated {doc['generated_at']}, "
              f"{doc['summary']['hosts']} hosts in {doc['seconds']:.1f} s.", "",
@@ -107,9 +117,19 @@ def markdown(doc: dict[str, Any]) -> str:
 
 
 def html_page(doc: dict[str, Any]) -> str:
+    """One self-contained page: the fleet summary, then the hosts that need attention first,
+    each cell with its status (gpufleet/report/view.py)."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              undefined=jinja2.StrictUndefined)
-    return env.get_template("report.html.j2").render(doc=doc, columns=COLUMNS, cell=cell, escape=html.escape)
+    hosts = doc["hosts"]
+    return env.get_template("report.html.j2").render(
+        doc=doc, fleet={**view.fleet_summary(hosts), **doc["summary"]},  # a report from before the summary had them
+        rows=[(row, view.cells(row)) for row in view.ordered(hosts)],
+        columns=view.COLUMNS, components=view.COMPONENTS, component_keys=[k for k, _ in view.COMPONENTS],
+        symbols=view.SYMBOLS, tiers=view.tier_rows(hosts),
+        versions={key: view.version_rows(hosts, key) for key, _ in view.COMPONENTS},
+        upgrades={row["host"]: view.upgrades(row) for row in hosts},
+        attention_labels=(("fail", "failing"), ("warn", "warnings"), ("pending", "pending"), ("ok", "ok")))
 
 
 def write_all(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:

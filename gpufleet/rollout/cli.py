@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any, Callable
 from pathlib import Path
 
 from gpufleet import inventory_source
@@ -26,7 +27,7 @@ def inventory_arg(text: str) -> str:
     return text
 
 
-def count_arg(minimum: int, maximum: int = 1_000_000):
+def count_arg(minimum: int, maximum: int = 1_000_000) -> Callable[[str], int]:
     """argparse type of an integer option with its bounds."""
     def parse(text: str) -> int:
         try:
@@ -60,14 +61,14 @@ def max_fail_arg(text: str) -> str:
     return text
 
 
-def _check(parser: argparse.ArgumentParser, name: str, text: str, arg_type) -> None:
+def _check(parser: argparse.ArgumentParser, name: str, text: str, arg_type: Callable[[str], Any]) -> None:
     try:
         arg_type(text)
     except argparse.ArgumentTypeError as exc:
         parser.error(f"argument {name}: {exc}")
 
 
-def _source(parser: argparse.ArgumentParser, args: argparse.Namespace):
+def _source(parser: argparse.ArgumentParser, args: argparse.Namespace) -> inventory_source.InventorySource:
     """The inventory with --limit, --data and config.py (exit 2 on one that cannot be used)."""
     try:
         source = inventory_source.InventorySource.from_args(args)

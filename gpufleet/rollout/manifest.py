@@ -10,7 +10,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from typing import Any, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+if TYPE_CHECKING:
+    from gpufleet.facts.gpu import GpuStateData
+    from gpufleet.facts.kernel import DriverStateData
 
 HOST_DIR = "/var/lib/gpufleet/manifests"
 FORMAT = 1
@@ -119,3 +124,74 @@ def apt_install_command(specs: list[str], downgrade: bool = False) -> str:
     if downgrade:
         opts.append("--allow-downgrades")
     return "DEBIAN_FRONTEND=noninteractive apt-get install " + " ".join(shlex.quote(o) for o in opts + specs)
+
+
+# --- the upgrade itself: what deploys/upgrade.py changes and checks (unit-tested here) ----------
+
+
+def upgrade_plan(installed: dict[str, Any], holds: list[str], available: dict[str, list[str]], target: str
+                 ) -> tuple[dict[str, str], list[str], list[str], list[str]]:
+    """(install {pkg: version}, remove, hold afterwards, missing) for moving the driver to `target`."""
+    moving = sorted(name for name, ver in installed.items()
+                    if ver and DRIVER_PACKAGE.match(name) and not NOT_DRIVER.match(name))
+    install, missing = {}, []
+    for name in moving:
+        versions = [v for v in available.get(name, []) if upstream(v) == target]
+        if upstream(installed[name]) == target:
+            continue
+        if versions:
+            install[name] = versions[0]
+        else:
+            missing.append(name)
+    remove: list[str] = []
+    hold = set(holds)
+    pin = version_pinning_package(installed)
+    new_pin = f"nvidia-driver-pinning-{target}"
+    if pin and pin != new_pin:
+        versions = available.get(new_pin, [])
+        if versions:
+            install[new_pin] = versions[0]
+            remove.append(pin)
+            if pin in hold:
+                hold.discard(pin)
+                hold.add(new_pin)
+        else:
+            missing.append(new_pin)
+    return install, remove, sorted(hold), missing
+
+
+def validation_problems(target: str, driver: DriverStateData, gpus: GpuStateData, holds: list[str], manifest: dict[str, Any] | None) -> list[str]:
+    """What is wrong with an upgraded host (empty = healthy)."""
+    problems = []
+    if driver.module_version != target:
+        problems.append(f"loaded driver module is {driver.module_version}, not {target}")
+    if driver.userspace_version != target:
+        problems.append(f"installed driver is {driver.userspace_version}, not {target}")
+    if not gpus.ok:
+        problems.append(f"nvidia-smi is not healthy: {gpus.status} {gpus.error or ''}".strip())
+    elif gpus.driver_version != target:
+        problems.append(f"nvidia-smi reports driver {gpus.driver_version}, not {target}")
+    if manifest:
+        before = manifest.get("gpus", [])
+        if gpus.ok and len(gpus.gpus) != len(before):
+            problems.append(f"{len(gpus.gpus)} GPU(s) visible, {len(before)} before the upgrade")
+        now = {g.uuid: g for g in gpus.gpus}
+        for want in before:
+            gpu = now.get(want["uuid"])
+            if gpu is None:
+                continue
+            if want.get("persistence") and not gpu.persistence:
+                problems.append(f"GPU {want['index']}: persistence mode is off (was on)")
+            if want.get("app_clocks") and gpu.app_clocks and list(gpu.app_clocks) != want["app_clocks"]:
+                problems.append(f"GPU {want['index']}: application clocks {list(gpu.app_clocks)}, "
+                                f"were {want['app_clocks']}")
+        lost = sorted(set(manifest.get("holds", [])) - set(holds) - {p for p in manifest.get("holds", [])
+                                                                       if PINNING_PACKAGE.match(p)})
+        if lost:
+            problems.append(f"holds missing after the upgrade: {', '.join(lost)}")
+    return problems
+
+
+def load_manifest(path: str | Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(Path(path).read_text())
+    return doc

@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from gpufleet.inventory_source import InventorySource
+
 from .context import RolloutContext
 
 
@@ -15,10 +17,10 @@ def latest_manifest(manifests_dir: Path, host: str) -> Path | None:
     return found[-1] if found else None
 
 
-def rollback(inventory: str, hosts: list[str], manifest: Path | None, manifests_dir: Path, reboot: bool,
+def rollback(inventory: str | InventorySource, hosts: list[str], manifest: Path | None, manifests_dir: Path, reboot: bool,
              force: bool, dry_run: bool, out: TextIO = sys.stdout, from_disk: bool = False) -> int:
-    from deploys import rollback as steps
-    from deploys import upgrade
+    from gpufleet.deploys import rollback as steps
+    from gpufleet.deploys import upgrade
     from .session import inventory_hosts, run_step
 
     from gpufleet import hostlock

@@ -13,9 +13,10 @@ from typing import Callable, TextIO
 from gpufleet.compat import compat_data
 
 from . import plan, targets
-from gpufleet.inventory_source import SourceError
+from gpufleet.inventory_source import InventorySource, SourceError
 
 from .context import RolloutContext
+from .manifest import load_manifest
 from .state import CHANGING_STEPS, STEPS, RolloutState, StateLock, StateError
 
 EXIT_DONE, EXIT_STOPPED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
@@ -23,7 +24,7 @@ EXIT_DONE, EXIT_STOPPED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 @dataclass
 class Options:
-    inventory: str
+    inventory: str | InventorySource
     target: str | None = None      # --driver-version: an override; None = what the inventory resolves
     canary: int = 1
     batch_size: int | None = None
@@ -47,7 +48,7 @@ def survey_and_resolve(ctx: RolloutContext, override: str | None) -> None:
     override as the inventory would resolve it on this host)."""
     from pyinfra import host
 
-    from deploys import upgrade as steps
+    from gpufleet.deploys import upgrade as steps
 
     found = targets.resolve_host(host, override)
     ctx.target = found.get("target") or override or ""
@@ -59,8 +60,8 @@ def survey_and_resolve(ctx: RolloutContext, override: str | None) -> None:
 def tune_and_cdi(ctx: RolloutContext) -> None:
     """deploys/upgrade.py's tune, then the CDI spec the new driver made stale (what all.py
     would otherwise change on its next run)."""
-    from deploys import upgrade as steps
-    from deploys.docker import cdi_after_driver_change
+    from gpufleet.deploys import upgrade as steps
+    from gpufleet.deploys.docker import cdi_after_driver_change
 
     steps.tune(ctx)
     cdi_after_driver_change()
@@ -124,7 +125,6 @@ class Runner:
                 lock.release()
 
     def _run(self) -> int:
-        from deploys import upgrade as steps
         from .session import inventory_hosts, run_step
 
         opts = self.opts
@@ -316,8 +316,7 @@ class Runner:
     # --- one wave ----------------------------------------------------------------------------
 
     def run_wave(self, batch: plan.Batch, wave: list[str]) -> None:
-        from deploys import upgrade as steps
-        from .session import run_step
+        from gpufleet.deploys import upgrade as steps
 
         state, ctx = self.state, self.ctx
         self.waves_started = self.waves_started or time.monotonic()
@@ -326,7 +325,7 @@ class Runner:
         for name in wave:
             rec = state.host(name)
             if rec.manifest and Path(rec.manifest).exists():
-                ctx.manifests[name] = steps.load_manifest(rec.manifest)
+                ctx.manifests[name] = load_manifest(rec.manifest)
         todo = {name: state.host(name).steps_to_run() for name in wave}
         active = list(wave)
         funcs: dict[str, Callable] = {"drain": steps.drain, "snapshot": steps.snapshot, "upgrade": steps.upgrade,

@@ -58,7 +58,7 @@ class _Collect(logging.Handler):
             pass
 
 
-def load_inventory(inventory_path):
+def load_inventory(inventory_path: inventory_source.InventorySource | str) -> Any:
     """The inventory as `pyinfra INVENTORY ...` loads it, with the command line's --data when
     given an InventorySource (gpufleet/inventory_source.py)."""
     return inventory_source.load_inventory(inventory_path)

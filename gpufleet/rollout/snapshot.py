@@ -100,7 +100,7 @@ def shell(argvs: Sequence[Sequence[str]]) -> str:
 class _Strict(string.Formatter):
     """str.format with only plain {name} fields: no attribute/index access, no unknown names."""
 
-    def get_field(self, field_name, args, kwargs):
+    def get_field(self, field_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, str]:
         if not field_name.isidentifier():
             raise SnapshotError(f"snapshot command: only plain {{name}} fields are allowed, got {{{field_name}}}")
         if field_name not in kwargs:

@@ -127,7 +127,7 @@ class RolloutState:
     # --- file --------------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, path: Path, target: str, inventory: str) -> "RolloutState":
+    def load(cls, path: Path, target: str, inventory: str) -> RolloutState:
         path = Path(path)
         if not path.exists():
             return cls(path, target, inventory)

@@ -74,7 +74,7 @@ def _source(inventory: Any, host: Any, key: str) -> tuple[str, Any]:
 def inventory_lines(inventory_path: str, hosts: list[str], override: str) -> list[str]:
     """The inventory lines to set after a rollout to `override`, so that the inventory says
     what the hosts now run (one line per place the value comes from)."""
-    from gpufleet.rollout.session import load_inventory
+    from gpufleet.inventory_source import load_inventory
 
     inventory = load_inventory(inventory_path)
     wanted = {"driver_version": override, "driver_branch": branch_of(override)}

@@ -6,10 +6,10 @@ all.py's other steps, in all.py's order, ending with the same validation gate.
 """
 from pyinfra import host, state
 
-from deploys.base import base
-from deploys.hardening import hardening
-from deploys.tuning import tuning
-from deploys.validate import validate
+from gpufleet.deploys.base import base
+from gpufleet.deploys.hardening import hardening
+from gpufleet.deploys.tuning import tuning
+from gpufleet.deploys.validate import validate
 from gpufleet.failures import host_failed
 from gpufleet.settings import validate_inventory
 

@@ -15,7 +15,6 @@ validate steps are separate issues.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import textwrap
 
@@ -39,8 +38,8 @@ OPERATOR_KEYS = {
 }
 DEPLOY = textwrap.dedent("""\
     from pyinfra import host, state
-    from deploys.base import base
-    from deploys.docker import docker
+    from gpufleet.deploys.base import base
+    from gpufleet.deploys.docker import docker
     from gpufleet.failures import host_failed
     from gpufleet.settings import validate_inventory
 

@@ -33,8 +33,8 @@ OPERATOR_KEYS = {
 }
 DEPLOY = textwrap.dedent("""\
     from pyinfra import host, state
-    from deploys.base import base
-    from deploys.docker import docker
+    from gpufleet.deploys.base import base
+    from gpufleet.deploys.docker import docker
     from gpufleet.failures import host_failed
     from gpufleet.settings import validate_inventory
 

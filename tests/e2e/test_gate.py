@@ -106,7 +106,7 @@ def test_all_py_changes_no_driver_and_names_each_host_and_tools_rollout(fleet, a
 def test_override_that_does_not_fit_the_gpus_is_refused_naming_the_host(fleet, hostpool, aptrepo):  # noqa: F811
     hosts, work = fleet
     (volta,) = hostpool.get("gate-volta", 1, release="bookworm", gpu="v100")
-    inv = write_inventory(work / "mixed.py", [*hosts, volta], data={
+    write_inventory(work / "mixed.py", [*hosts, volta], data={
         **{h.name: data(h, aptrepo, driver_version=NEW) for h in hosts},
         volta.name: data(volta, aptrepo, driver_version=NEW, cuda_version="none", cudnn_version="none")})
     before = {h.name: driver_state(h) for h in hosts}

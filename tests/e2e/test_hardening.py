@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from deploys.hardening import GPU_PACKAGE_BLACKLIST
+from gpufleet.deploys.hardening import GPU_PACKAGE_BLACKLIST
 from gpufleet.tiers import tier_defaults
 from testing import testhosts
 from testing.inventory import write_inventory

@@ -49,7 +49,7 @@ def lockout(hostpool, tmp_path_factory):
         pq_only.name: {"hardening_extra_kex": []},
         allow.name: {"hardening_allow_users": ["alice"]},
     }
-    for case, h in hosts.items():
+    for h in hosts.values():
         data[h.name] = {"tier": "dev", "validate_os_release": OS_RELEASE[h.release], **data[h.name]}
     tmp = tmp_path_factory.mktemp("lockout")
     inv = write_inventory(tmp / "inventory.py", list(hosts.values()), data=data)
@@ -89,7 +89,6 @@ def test_deploy_user_without_key_is_refused_before_any_change(lockout):
 
 def test_candidate_rejected_by_sshd_t_is_taken_back(lockout):
     hosts, run, _, _ = lockout
-    host = hosts["sshd_t"]
     assert "gpufleet: sshd -t rejected the new configuration; the previous one is back in place, " \
            "sshd was not reloaded" in run.output
     assert "no-such-kex@gpufleet.invalid" in run.output

@@ -23,7 +23,7 @@ from tests.e2e.pyinfra_cli import changed_operations, pyinfra
 pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
 DRIVER_ONLY = textwrap.dedent("""\
     from pyinfra import host, state
-    from deploys.driver import driver
+    from gpufleet.deploys.driver import driver
     from gpufleet.failures import host_failed
     from gpufleet.settings import validate_inventory
 

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import struct
 import subprocess
 import time
 from pathlib import Path
@@ -165,44 +164,44 @@ def test_validate_fails_a_changed_host_and_names_what_changed(fleet):
 def test_validate_fails_a_mismatch_pending_with_its_fix(fleet):
     _, run = _validate_run(fleet, ["mismatch"])
     assert run.returncode != 0
-    line = next((l for l in run.output.splitlines() if "no driver mismatch is pending" in l), "")
+    line = next((ln for ln in run.output.splitlines() if "no driver mismatch is pending" in ln), "")
     assert "[FAIL] driver: no driver mismatch is pending: driver loaded 580.95.05 != installed 580.126.09" \
            " -> fix: run deploys/all.py (driver_reboot: allowed, so it reboots the host) or reboot the host" in line, \
         run.output[-4000:]
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
 def test_html_report_in_headless_chromium(fleet, tmp_path):
-    browser = _chromium()
-    if browser is None:
-        if os.environ.get("GPUFLEET_REQUIRE_E2E"):
-            pytest.fail("chromium is not installed (apt-get install chromium)")
-        pytest.skip("chromium is not installed (apt-get install chromium; tools/bootstrap should)")
-    page = (fleet["out"] / "fleet-report.html").resolve()
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--window-size=1400,900"]
-    shot = tmp_path / "report.png"
-    subprocess.run([browser, *flags, f"--user-data-dir={tmp_path / 'profile-shot'}", f"--screenshot={shot}",
-                    f"file://{page}"], capture_output=True, text=True, timeout=120)
-    dom = subprocess.run([browser, *flags, f"--user-data-dir={tmp_path / 'profile-dom'}", "--dump-dom",
-                          f"file://{page}"], capture_output=True, text=True, timeout=120).stdout
+    from gpufleet.report.view import fleet_summary
+    from testing import chromium
+
+    browser = chromium.require()
+    shot, dom = chromium.render(fleet["out"] / "fleet-report.html", tmp_path, browser=browser)
     # the screenshot: a real PNG of the window size, not a blank page
-    data = shot.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    width, height = struct.unpack(">II", data[16:24])
-    assert (width, height) == (1400, 900)
-    assert len(data) > 20_000, f"screenshot suspiciously small ({len(data)} bytes)"
-    keep = Path(os.environ.get("GPUFLEET_REPORT_SCREENSHOT", "")) if os.environ.get("GPUFLEET_REPORT_SCREENSHOT") else None
+    assert chromium.png_size(shot) == (1400, 900)
+    assert shot.stat().st_size > 20_000, f"screenshot suspiciously small ({shot.stat().st_size} bytes)"
+    keep = os.environ.get("GPUFLEET_REPORT_SCREENSHOT")
     if keep:
         shutil.copy(shot, keep)
     # the DOM chromium built: one table row per host, with its state
     for name, row in fleet["rows"].items():
         assert f'data-host="{name}" data-state="{row["state"]}"' in dom, name
     assert dom.count("<tr class=\"state-") == len(fleet["rows"])
+    # the mismatched host's driver cell is failed and the failing hosts come first
+    report = chromium.parse_report(dom)
+    by = {r.host: r for r in report.rows}
+    mismatch = by[fleet["roles"]["mismatch"][0].name]
+    assert mismatch.cells["driver"] == "fail" and f"≠ loaded {LOADED}" in mismatch.text["driver"], mismatch
+    levels = [r.attention for r in report.rows]
+    assert levels == sorted(levels, key=["fail", "warn", "pending", "ok"].index), levels
+    assert mismatch.attention == "fail"
+    for host in fleet["roles"]["down"] + fleet["roles"]["ghost"]:
+        assert by[host.name].attention == "fail" and by[host.name].cells["problems"] == "fail"
+    # the summary counts what the JSON says
+    summary = fleet_summary(fleet["doc"]["hosts"])
+    assert {k: report.counts[k] for k in ("fail", "warn", "pending", "ok")} == summary["attention"]
+    assert report.counts["hosts"] == len(fleet["rows"]) == 11
+    assert report.versions == summary["versions"] and report.tiers == {"dev": 11}
+    assert report.versions["driver"][INSTALLED] >= 1 and report.versions["driver"]["unknown"] == 2
 
 
 def _report(hosts, path: Path) -> dict:

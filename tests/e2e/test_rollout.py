@@ -9,7 +9,6 @@ reported, skipped with --skip, upgraded with --force.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time

@@ -2,6 +2,7 @@
 brings up local hosts with SIMULATED GPUs (test double), runs deploys/all.py, shows the result;
 `tools/sandbox down` stops them."""
 import os
+import shlex
 import subprocess
 
 import pytest
@@ -13,7 +14,33 @@ pytestmark = pytest.mark.e2e
 POOL = "pytest-sandbox"
 
 
-def test_sandbox_quick_start(hostpool):
+def exact_stack(h, sandbox: dict) -> dict[str, str]:
+    """Each CUDA toolkit / cuDNN package the resolver wants on the sandbox host `h` (its tier and
+    the inventory's overrides, its simulated GPUs as nvidia-smi names them, its OS) -> the
+    version dpkg says is installed, asserted to be exactly the resolved release although the
+    stand-in repository offers older and newer ones."""
+    from gpufleet.resolver import resolve
+    from gpufleet.tiers import tier_defaults
+    from testing.aptrepo import load
+    from testing.inventory import OS_RELEASE, environment_data
+
+    tier, overrides = sandbox[h.gpu.split("@")[0]]
+    repo = load(testhosts.pool_dir(POOL) / "aptrepo.json")
+    wishes = {**tier_defaults(tier), **environment_data(h, tier, repo), **overrides}
+    names = testhosts.ssh(h, "nvidia-smi --query-gpu=name --format=csv,noheader").stdout.split("\n")
+    res = resolve([n.strip() for n in names if n.strip()], wishes, OS_RELEASE[h.release])
+    found = {}
+    for package, release in sorted(res.stack_versions.items()):
+        installed = testhosts.ssh(h, "dpkg-query -W -f='${Version}' " + shlex.quote(package), check=False).stdout.strip()
+        offered = testhosts.ssh(h, "apt-cache madison " + shlex.quote(package) + " | cut -d'|' -f2",
+                                check=False).stdout.split()
+        assert installed.split(":")[-1].rsplit("-", 1)[0] == release, (h.name, package, installed, release)
+        assert any(v != installed for v in offered), (h.name, package, offered)  # a choice was made
+        found[package] = installed
+    return found
+
+
+def test_sandbox_quick_start(hostpool, monkeypatch):
     env = dict(os.environ, GPUFLEET_SANDBOX_POOL=POOL)
     try:
         up = subprocess.run(["tools/sandbox"], cwd=REPO, env=env, capture_output=True, text=True,
@@ -27,6 +54,12 @@ def test_sandbox_quick_start(hostpool):
         assert sorted(h.gpu.split("@")[0] for h in hosts) == ["a100x4", "h200x2", "t4"]
         for h in hosts:
             assert testhosts.ssh(h, "systemctl is-system-running").stdout.strip() == "running"
+        monkeypatch.setenv("GPUFLEET_SANDBOX_POOL", POOL)
+        from inventories.sandbox import SANDBOX  # the sandbox's tiers and overrides, as deployed
+
+        exact = {h.gpu.split("@")[0]: exact_stack(h, SANDBOX) for h in hosts}
+        # the tiers that install CUDA and cuDNN from NVIDIA's repository: exactly the resolved releases
+        assert exact["a100x4"] and exact["h200x2"], exact
     finally:
         down = subprocess.run(["tools/sandbox", "down"], cwd=REPO, env=env, capture_output=True,
                               text=True, timeout=300)

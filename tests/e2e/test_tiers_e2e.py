@@ -47,9 +47,9 @@ def test_facts_report_the_simulated_hardware_exactly(tiered, tmp_path):
     hosts = list(tiered.values())
     inv = write_inventory(tmp_path / "inv.py", hosts,
                           data={h.name: _data(h, t) for t, h in tiered.items()})
-    gpu_state = _fact(inv, "facts.gpu.GpuState")
-    pci = _fact(inv, "facts.pci.NvidiaPciDevices")
-    driver = _fact(inv, "facts.kernel.DriverState")
+    gpu_state = _fact(inv, "gpufleet.facts.gpu.GpuState")
+    pci = _fact(inv, "gpufleet.facts.pci.NvidiaPciDevices")
+    driver = _fact(inv, "gpufleet.facts.kernel.DriverState")
     for host in hosts:
         sim = json.loads(testhosts.ssh(host, "cat /etc/gpusim/gpus.json").stdout)
         state = gpu_state[host.name]

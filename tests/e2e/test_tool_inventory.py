@@ -78,7 +78,7 @@ def test_rollout_limit_group_touches_only_its_hosts(fleet):
     r, journal = journal_during((a, b, c), lambda: tool(work, "rollout", "--limit", "gpu_a", "fleet/inventory.py",
                                                         "--dry-run"))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"surveying 1 host(s)" in r.stdout and a.name in r.stdout
+    assert "surveying 1 host(s)" in r.stdout and a.name in r.stdout
     assert b.name not in r.stdout and "gf-broken" not in r.stdout
     assert logins(journal[a.name]) >= 1, journal[a.name]
     assert logins(journal[b.name]) == 0, journal[b.name]

@@ -45,9 +45,9 @@ REBOOTED = ("a100x4", "a100x2-r595")
 
 DEPLOY = textwrap.dedent("""\
     from pyinfra import host, state
-    from deploys.base import base
-    from deploys.preflight import preflight
-    from deploys.tuning import tuning
+    from gpufleet.deploys.base import base
+    from gpufleet.deploys.preflight import preflight
+    from gpufleet.deploys.tuning import tuning
     from gpufleet.failures import host_failed
     from gpufleet.settings import validate_inventory
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from operations import as_op
+from gpufleet.operations import as_op
 
 pytestmark = pytest.mark.unit
 

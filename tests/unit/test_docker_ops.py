@@ -5,12 +5,12 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.context import ctx_host, ctx_state
 
-from deploys.docker import docker_sources_line, toolkit_sources_line
-from facts import docker as f
-from facts import packages
-from facts._common import MARK
+from gpufleet.deploys.docker import docker_sources_line, toolkit_sources_line
+from gpufleet.facts import docker as f
+from gpufleet.facts import packages
+from gpufleet.facts._common import MARK
 from gpufleet import dockerconf
-from operations import docker as ops
+from gpufleet.operations import docker as ops
 
 pytestmark = pytest.mark.unit
 

@@ -5,11 +5,11 @@ import re
 import subprocess
 from types import SimpleNamespace
 
-from deploys.driver import preconditions
-from facts.driver import DebianArchiveSources, SourceEntry
-from facts.packages import AptCandidates, KeyringFingerprints
-from facts.kernel import DriverStateData
-from operations.driver import _version_regex
+from gpufleet.deploys.driver import preconditions
+from gpufleet.facts.driver import DebianArchiveSources, SourceEntry
+from gpufleet.facts.packages import AptCandidates, KeyringFingerprints
+from gpufleet.facts.kernel import DriverStateData
+from gpufleet.operations.driver import _version_regex
 
 FPR = "EB693B3035CD5710E231E123A4B469963BF863CC"
 
@@ -95,7 +95,7 @@ def test_preconditions_refuse_a_signing_key_that_is_not_a_plain_path():
 def test_dkms_signing_conf_reads_back_exactly_in_bash(tmp_path):
     import pytest
 
-    from deploys.driver import dkms_signing_conf
+    from gpufleet.deploys.driver import dkms_signing_conf
 
     conf = tmp_path / "signing.conf"
     conf.write_text(dkms_signing_conf("/var/lib/dkms/mok-2.key"))

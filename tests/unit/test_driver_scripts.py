@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.driver import _PACKAGES_SCRIPT, _REPO_KEY_SCRIPT, _version_regex
+from gpufleet.operations.driver import _PACKAGES_SCRIPT, _REPO_KEY_SCRIPT, _version_regex
 
 pytestmark = pytest.mark.unit
 

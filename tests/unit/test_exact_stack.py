@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from deploys.driver import stack_groups, stack_pending
+from gpufleet.deploys.driver import stack_groups, stack_pending
 from gpufleet import validation as v
 from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible

@@ -180,7 +180,7 @@ def test_no_executor_argument_is_written_and_the_plan_is_private(local, tmp_path
     ["pyinfra.facts.files.File", '{"path": "`touch MARK`"}'],
     ["pyinfra.facts.files.File", '{"path": "/x\\ntouch MARK"}'],
     ["pyinfra.facts.files.File", '{"path": "/x", "_sudo_password": "x"}'],  # executor arguments
-    ["facts.system.Nothing\"; touch MARK", "{}"],
+    ["gpufleet.facts.system.Nothing\"; touch MARK", "{}"],
     ["pyinfra.facts.files.FindInFile",  # pasted into double quotes by pyinfra
      '{"path": "/x", "pattern": "$(touch MARK)", "interpolate_variables": true, "extended_regex": false}'],
     ["pyinfra.facts.files.FindInFile", '{"path": "/x", "pattern": "x\' ; touch MARK", "interpolate_variables": false}'],
@@ -240,3 +240,23 @@ def test_plans_an_older_version_left_readable_are_removed(tmp_path):
     assert factcache.sweep_old_plans(plans) == [old]
     assert not old.exists() and current.exists()
     assert (top.stat().st_mode & 0o777, plans.stat().st_mode & 0o777) == (0o700, 0o700)
+
+
+def test_probes_are_never_in_a_later_runs_prefetch(local, monkeypatch):
+    """The DCGM and performance probes and the PyTorch build fact load GPUs or import torch:
+    asked by validate.py, they must not run again in the next all.py's prefetch."""
+    from gpufleet.facts.pytorch import TorchBuild
+    from gpufleet.facts.validation import DcgmDiag, PerfProbe, UnitActive
+
+    assert TorchBuild.gpufleet_no_prefetch and DcgmDiag.gpufleet_no_prefetch and PerfProbe.gpufleet_no_prefetch
+
+    def planned_after_asking():
+        factcache._plans_seen.clear()
+        state, host, _ = local()
+        get_fact(state, host, UnitActive, kwargs={"unit": "gpufleet-none.service"})
+        get_fact(state, host, Arch)
+        return [path for path, _ in factcache._plans_seen[host.name]]
+
+    assert "gpufleet.facts.validation.UnitActive" in planned_after_asking()  # the control: recorded normally
+    monkeypatch.setattr(UnitActive, "gpufleet_no_prefetch", True, raising=False)
+    assert planned_after_asking() == ["pyinfra.facts.server.Arch"]

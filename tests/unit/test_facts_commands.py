@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from facts.gpu import GPU_QUERY_FIELDS, GpuState
-from facts.kernel import DriverState
-from facts.network import NetworkInterfaces, RdmaDevices
-from facts.packages import HeldPackages, PackageVersions
-from facts.pci import MellanoxPciDevices, NvidiaPciDevices, PciDevices
-from facts.system import OsRelease, SystemResources
+from gpufleet.facts.gpu import GPU_QUERY_FIELDS, GpuState
+from gpufleet.facts.kernel import DriverState
+from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
+from gpufleet.facts.packages import HeldPackages, PackageVersions
+from gpufleet.facts.pci import MellanoxPciDevices, NvidiaPciDevices, PciDevices
+from gpufleet.facts.system import OsRelease, SystemResources
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
-from facts.gpu import (
+from gpufleet.facts.gpu import (
     GPU_QUERY_FIELDS,
     ClockPair,
     GpuState,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from facts.network import (
+from gpufleet.facts.network import (
     NetworkInterfaces,
     RdmaDevices,
     net_command,
@@ -21,8 +21,8 @@ from facts.network import (
     parse_rdma,
     rdma_command,
 )
-from facts.packages import HeldPackages, PackageVersions, dpkg_query_command, parse_dpkg_query
-from facts.pci import (
+from gpufleet.facts.packages import HeldPackages, PackageVersions, dpkg_query_command, parse_dpkg_query
+from gpufleet.facts.pci import (
     MellanoxPciDevices,
     NvidiaPciDevices,
     PciDevice,
@@ -30,7 +30,7 @@ from facts.pci import (
     parse_sys_pci,
     pci_command,
 )
-from facts.system import OsRelease, SystemResources, parse_os_release, parse_system_resources
+from gpufleet.facts.system import OsRelease, SystemResources, parse_os_release, parse_system_resources
 
 pytestmark = pytest.mark.unit
 
@@ -311,7 +311,7 @@ def test_held_packages():
 
 
 def test_gpu_device_users():
-    from facts.driver import GpuDeviceUsers
+    from gpufleet.facts.driver import GpuDeviceUsers
 
     assert GpuDeviceUsers().process(["4121", "", " 87 "]) == [87, 4121]
     with pytest.raises(ValueError, match="expected a PID: 'ls: cannot'"):

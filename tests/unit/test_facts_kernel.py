@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from facts.kernel import (
+from gpufleet.facts.kernel import (
     DriverState,
     parse_driver_state,
     parse_proc_gpus,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from facts.nftables import parse_nftables_state
-from facts.ssh import (
+from gpufleet.facts.nftables import parse_nftables_state
+from gpufleet.facts.ssh import (
     SshFactError,
     count_keys,
     parse_authorized_keys,

@@ -10,7 +10,7 @@ from pyinfra.api.deploy import add_deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import StateStage
 
-from deploys.hardening import hardening
+from gpufleet.deploys.hardening import hardening
 
 pytestmark = pytest.mark.unit
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from deploys import hardening as h
-from facts.ssh import OpenSshVersion
+from gpufleet.deploys import hardening as h
+from gpufleet.facts.ssh import OpenSshVersion
 from gpufleet.tiers import tier_defaults
 
 pytestmark = pytest.mark.unit
@@ -75,7 +75,7 @@ def test_parse_open_ports():
         {"port": "8000-8002", "proto": "tcp", "comment": "Triton"},
     ]
     for bad in ["99999", "22/sctp", "10-5", True, None, {"port": 1, "comment": 'a"b'}]:
-        with pytest.raises(Exception):
+        with pytest.raises(h.DeployError, match="firewall_open_ports"):
             h.parse_open_ports([bad])
 
 

@@ -2,8 +2,8 @@
 import pytest
 from pyinfra.context import ctx_host
 
-from facts.packages import HeldPackages
-from operations.holds import held
+from gpufleet.facts.packages import HeldPackages
+from gpufleet.operations.holds import held
 
 pytestmark = pytest.mark.unit
 

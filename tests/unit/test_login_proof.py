@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pyinfra.api import Config, Inventory, State
 
-from operations.ssh import fresh_login, login_proof_refusal
+from gpufleet.operations.ssh import fresh_login, login_proof_refusal
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.api import StringCommand
 
-from deploys.hardening import nftables_context, render
-from facts.monitoring import MetricsEndpoint, parse_metrics_endpoint
+from gpufleet.deploys.hardening import nftables_context, render
+from gpufleet.facts.monitoring import MetricsEndpoint, parse_metrics_endpoint
 from gpufleet import monitoring as m
 from gpufleet import validation as v
 from gpufleet.settings import validate_inventory
@@ -183,3 +183,19 @@ def test_all_py_runs_monitoring_after_tuning_and_before_the_firewall():
              if line.strip().endswith("()") and not line.startswith(("#", "from", "import"))]
     order = [c for c in calls if c in ("tuning()", "monitoring()", "hardening()")]
     assert order == ["tuning()", "monitoring()", "hardening()"], calls
+
+
+def test_html_report_links_each_endpoint_in_a_metrics_cell():
+    from gpufleet.report import render
+    from gpufleet.report.view import cells
+
+    rows = [{"name": "node exporter", "url": "http://10.1.2.3:9100/metrics", "status": "pass", "message": "812 samples"},
+            {"name": "DCGM exporter", "url": "http://10.1.2.3:9400/metrics", "status": "fail", "message": "refused"}]
+    cell = cells({"status": "ok", "endpoints": rows})["endpoints"]
+    assert cell.status == "fail" and [i["url"] for i in cell.items] == [r["url"] for r in rows]
+    assert cells({"status": "ok", "endpoints": []})["endpoints"].status == "skip"
+    doc = render.document([{"host": "gpu-a01", "address": "10.1.2.3", "status": "ok", "state": "changed", "tier": "research",
+                            "seconds": 1.0, "drift": None, "endpoints": rows}], "inv.py", 1.0)
+    page = render.html_page(doc)
+    assert '<a class="endpoint" href="http://10.1.2.3:9100/metrics" title="812 samples">node exporter</a>' in page
+    assert 'href="http://10.1.2.3:9400/metrics"' in page

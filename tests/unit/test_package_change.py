@@ -4,9 +4,9 @@ import subprocess
 
 import pytest
 
-from facts.rollout import PackageChange
-from operations import driver_upgrade as du
-from operations.reboot import IDLE_CHECK
+from gpufleet.facts.rollout import PackageChange
+from gpufleet.operations import driver_upgrade as du
+from gpufleet.operations.reboot import IDLE_CHECK
 
 pytestmark = pytest.mark.unit
 

@@ -53,7 +53,7 @@ def test_a_file_others_can_write_is_not_private(tmp_path):
 
 
 def test_manifest_and_archive_copies_on_the_controller_are_private(tmp_path):
-    from operations.snapshot import _fetch
+    from gpufleet.operations.snapshot import _fetch
 
     class FakeHost:  # get_file as pyinfra's connectors do it: into a file object
         def get_file(self, remote, local):

@@ -50,8 +50,11 @@ CASES = [
                "pip install torch==2.11.* --index-url https://download.pytorch.org/whl/cu130"]),
     ("hopper-h100-old-2.5", [H100], "ubuntu-24.04", ["--driver-branch", "580", "--pytorch", "2.5"],
      "cu124", ["https://download.pytorch.org/whl/cu124"]),
-    # CUDA 13 wheels dropped sm_70: Volta gets the newest CUDA 12 wheel of the release
+    # CUDA 13 wheels dropped sm_70, and so did 2.11's cu128 (PT4, the real wheel's arch list):
+    # Volta gets cu126 (2.10's cu128 still has sm_70)
     ("volta-v100-2.11", [V100], "ubuntu-24.04", ["--driver-branch", "580", "--pytorch", "2.11"],
+     "cu126", ["whl/cu126"]),
+    ("volta-v100-2.10", [V100], "ubuntu-24.04", ["--driver-branch", "580", "--pytorch", "2.10"],
      "cu128", ["whl/cu128"]),
     # 2.7's cu128 wheels have no sm_70 (PyTorch put it back in 2.8: pytorch#157517)
     ("volta-v100-2.7", ["Tesla V100-PCIE-32GB"], "ubuntu-24.04", ["--driver-branch", "580", "--pytorch", "2.7"],
@@ -93,7 +96,7 @@ CASES = [
      "cu126", ["R535 535.247.01", "whl/cu126"]),
     # mixed hosts: every GPU must be covered by the one wheel
     ("mixed-v100-h100-2.11", [V100, H100_PCIE], "ubuntu-24.04", ["--driver-branch", "580", "--pytorch", "2.11"],
-     "cu128", ["mixed GPUs", "slowest GPU's pace", "CUDA_VISIBLE_DEVICES=0", "CUDA_VISIBLE_DEVICES=1"]),
+     "cu126", ["mixed GPUs", "slowest GPU's pace", "CUDA_VISIBLE_DEVICES=0", "CUDA_VISIBLE_DEVICES=1"]),
     ("mixed-a100-rtxpro-2.6-no-kernel", [A100, RTX_PRO], "ubuntu-24.04", ["--driver-branch", "580", "--pytorch", "2.6"],
      None, ["NVIDIA RTX PRO 6000 Blackwell Server Edition (compute capability 12.0) needs sm_120", NO_KERNEL,
             "mixed GPUs"]),

@@ -36,7 +36,8 @@ ROWS = [
     _row("prov", "provisioned"),
     _row("fresh", "fresh", marker="fail: /etc/gpufleet/managed is missing",
          drift={"method": "plan", "changes": 22, "operations": ["Base system | Install"], "conditional": [], "error": None}),
-    _row("changed", "changed", validation=_checks(Result("base", "the marker", "fail", "says tier research", "run"))),
+    _row("changed", "changed", validation=_checks(Result("base", "the marker", "fail", "says tier research", "run")),
+         pytorch="fail: torch 2.13.0+cpu (/usr/local/lib/python3.11/dist-packages/torch) is a CPU-only build"),
     _row("mismatch", "mismatch-pending", mismatch=True, driver_loaded="580.95.05", driver_installed="580.126.09",
          reboot_pending=True),
     {"host": "dead", "address": "127.0.0.250", "status": "unreachable", "state": "unreachable", "tier": "dev",
@@ -54,7 +55,7 @@ def doc():
 def test_every_kind_of_row_matches_the_schema(doc):
     schema = json.loads(SCHEMA_PATH.read_text())
     validate(json.loads(json.dumps(doc)), schema)
-    assert doc["summary"] == {"hosts": 6, "states": {"provisioned": 1, "fresh": 1, "changed": 1,
+    assert {k: doc["summary"][k] for k in ("hosts", "states")} == {"hosts": 6, "states": {"provisioned": 1, "fresh": 1, "changed": 1,
                                                      "mismatch-pending": 1, "unreachable": 1, "error": 1}}
 
 
@@ -117,3 +118,10 @@ def test_a_pending_driver_upgrade_is_drift_and_fits_the_schema():
         "pending": ["driver upgrade pending: 580.95.05 -> 580.126.09, run tools/rollout"]})
     assert cell(row, "drift") == "0 changes; driver upgrade pending: 580.95.05 -> 580.126.09, run tools/rollout"
     validate(json.loads(json.dumps(document([row], "inv.py", 1.0))), json.loads(SCHEMA_PATH.read_text()))
+
+
+def test_the_pytorch_column(doc):
+    by = {r["host"]: r for r in doc["hosts"]}
+    assert ("pytorch", "PyTorch") in [(c["key"], c["heading"]) for c in doc["columns"]]
+    assert cell(by["changed"], "pytorch").startswith("fail: torch 2.13.0+cpu ")
+    assert cell(by["prov"], "pytorch") == "-"

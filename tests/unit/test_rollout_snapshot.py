@@ -5,7 +5,6 @@ import stat
 
 import pytest
 
-from deploys.upgrade import upgrade_plan
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout import snapshot as snap
 
@@ -88,14 +87,14 @@ def test_upgrade_moves_driver_packages_and_the_version_pin_only():
     assert mf.driver_packages(INSTALLED, "580.95.05") == [
         "libcuda1", "nvidia-driver-cuda", "nvidia-fabricmanager", "nvidia-kernel-open-dkms", "nvidia-open"]
     available = {n: ["580.126.09-1", "580.95.05-1"] for n in INSTALLED} | {"nvidia-driver-pinning-580.126.09": ["580.126.09-1"]}
-    install, remove, hold, missing = upgrade_plan(INSTALLED, ["nvidia-open", "libcudnn9-cuda-13"], available, "580.126.09")
+    install, remove, hold, missing = mf.upgrade_plan(INSTALLED, ["nvidia-open", "libcudnn9-cuda-13"], available, "580.126.09")
     assert install == {"libcuda1": "580.126.09-1", "nvidia-driver-cuda": "580.126.09-1", "nvidia-fabricmanager": "580.126.09-1",
                        "nvidia-kernel-open-dkms": "580.126.09-1", "nvidia-open": "580.126.09-1",
                        "nvidia-driver-pinning-580.126.09": "580.126.09-1"}
     assert remove == ["nvidia-driver-pinning-580.95.05"]
     assert hold == ["libcudnn9-cuda-13", "nvidia-open"]
     assert missing == []
-    _, _, _, missing = upgrade_plan(INSTALLED, [], {"nvidia-open": ["580.126.09-1"]}, "580.126.09")
+    _, _, _, missing = mf.upgrade_plan(INSTALLED, [], {"nvidia-open": ["580.126.09-1"]}, "580.126.09")
     assert "nvidia-fabricmanager" in missing and "nvidia-driver-pinning-580.126.09" in missing
 
 

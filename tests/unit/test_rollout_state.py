@@ -121,7 +121,7 @@ def test_second_rollout_on_the_same_state_is_refused_naming_the_first(tmp_path):
     first.acquire("tools/rollout inv.py")
     try:
         second = StateLock(path)
-        with pytest.raises(StateLocked, match=r"in use by another tools/rollout .*\"pid\": %d" % __import__("os").getpid()):
+        with pytest.raises(StateLocked, match=rf"in use by another tools/rollout .*\"pid\": {__import__('os').getpid()}"):
             second.acquire("tools/rollout inv.py")
         # another process too (flock locks are per open file, but check across processes as well)
         code = ("import sys\nfrom gpufleet.rollout.state import StateLock, StateLocked\n"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from facts.ssh import SshFactError
-from facts.sshd_files import HostKey, SshdFilesData, describe_public_key, parse_sshd_files
-from operations.sshd_files import host_key_plan, mode_fixes
+from gpufleet.facts.ssh import SshFactError
+from gpufleet.facts.sshd_files import HostKey, SshdFilesData, describe_public_key, parse_sshd_files
+from gpufleet.operations.sshd_files import host_key_plan, mode_fixes
 
 pytestmark = pytest.mark.unit
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ssh"
@@ -22,7 +22,7 @@ def recorded(release: str = "bookworm") -> SshdFilesData:
 
 
 def test_the_drop_in_lists_the_keys_this_module_makes_sure_of():
-    from deploys.hardening import HOST_KEY_FILES
+    from gpufleet.deploys.hardening import HOST_KEY_FILES
 
     assert HOST_KEY_FILES == [ED, RSA]
 

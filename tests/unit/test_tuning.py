@@ -6,9 +6,9 @@ import pytest
 
 from pathlib import Path
 
-from facts.gpu import ClockPair, GpuInfo, parse_query_gpu, parse_supported_clocks
-from facts.gpu_tuning import parse_locked_clocks
-from facts.network import NetInterface, RdmaDevice, RdmaPort
+from gpufleet.facts.gpu import ClockPair, GpuInfo, parse_query_gpu, parse_supported_clocks
+from gpufleet.facts.gpu_tuning import parse_locked_clocks
+from gpufleet.facts.network import NetInterface, RdmaDevice, RdmaPort
 from gpufleet import tuning as t
 from gpufleet.tuning import Refusal
 

@@ -1,7 +1,7 @@
 """Pure parsers of facts/validation.py, and the validation gate's areas and result lines."""
 import pytest
 
-from facts.validation import parse_container_gpus, parse_dcgm_diag
+from gpufleet.facts.validation import parse_container_gpus, parse_dcgm_diag
 from gpufleet.validation import AREAS, CHECKS, STATUSES, Result
 
 pytestmark = pytest.mark.unit
@@ -40,7 +40,7 @@ def test_every_check_belongs_to_a_known_area_and_results_read_as_lines():
 def _ctx(**driver):
     from types import SimpleNamespace
 
-    from facts.kernel import DriverStateData
+    from gpufleet.facts.kernel import DriverStateData
 
     return SimpleNamespace(driver=DriverStateData(**driver), settings=SimpleNamespace())
 

@@ -1,8 +1,8 @@
 """Test runner: validate the inventory, preflight, then only the driver deploy."""
 from pyinfra import host, state
 
-from deploys.driver import driver
-from deploys.preflight import preflight
+from gpufleet.deploys.driver import driver
+from gpufleet.deploys.preflight import preflight
 from gpufleet.failures import host_failed
 from gpufleet.settings import validate_inventory
 

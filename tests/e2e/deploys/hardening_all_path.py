@@ -8,7 +8,7 @@ from gpufleet import factcache
 factcache.install()
 factcache.prefetch_all(state)
 
-from deploys.hardening import hardening  # noqa: E402
+from gpufleet.deploys.hardening import hardening  # noqa: E402
 from gpufleet.failures import host_failed  # noqa: E402
 from gpufleet.settings import validate_inventory  # noqa: E402
 

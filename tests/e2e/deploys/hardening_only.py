@@ -2,7 +2,7 @@
 whole of all.py, hardening included, is proven on GPU hosts in test_foundation.py)."""
 from pyinfra import state
 
-from deploys.hardening import hardening
+from gpufleet.deploys.hardening import hardening
 from gpufleet.settings import validate_inventory
 
 validate_inventory(state.inventory)

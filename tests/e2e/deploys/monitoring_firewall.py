@@ -2,10 +2,10 @@
 preflight, driver, monitoring, hardening); base, docker and tuning are proven elsewhere."""
 from pyinfra import host, state
 
-from deploys.driver import driver
-from deploys.hardening import hardening
-from deploys.monitoring import monitoring
-from deploys.preflight import preflight
+from gpufleet.deploys.driver import driver
+from gpufleet.deploys.hardening import hardening
+from gpufleet.deploys.monitoring import monitoring
+from gpufleet.deploys.preflight import preflight
 from gpufleet.failures import host_failed
 from gpufleet.settings import validate_inventory
 

@@ -1,0 +1,78 @@
+"""gpufleet's layers, top to bottom. Imports point down: a module imports its own layer or a
+layer below it, never one above, never a peer. tests/unit/test_import_direction.py checks every
+module against this list (import statements, importlib.import_module / __import__ with a
+literal name, and module names written as strings for a later import).
+
+    applications  drive pyinfra runs of the deploys from the controller: the rolling upgrade
+                  and rollback (gpufleet/rollout: cli, runner, rollback, session), the fleet
+                  report (gpufleet/report), tools/compat (gpufleet/compat_cli) and the installed
+                  commands (gpufleet/commands)
+    inventories   the operator's hosts and their data (inventories/); peers of the applications,
+                  which load an inventory by its path, never by import
+    deploys       the story of a host, area by area (deploys/)
+    operations    one change each: facts in, commands out (operations/)
+    core          plans and rules, shared by deploys, the validation gate and the applications
+                  (gpufleet/, including the rollout's pure parts: plan, state, manifest,
+                  snapshot, context, targets)
+    facts         what a host is, read from it (facts/)
+
+The harness (testing/, tests/, tools/, bench/) sits outside: it may import any layer, no layer
+imports it (the sandbox inventory, which lists the test hosts, is the one exception below).
+"""
+from __future__ import annotations
+
+#: (layer, rank, module prefixes): a lower rank is higher up; equal ranks are peers.
+LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
+    ("applications", 0, ("gpufleet.rollout.cli", "gpufleet.rollout.runner", "gpufleet.rollout.rollback",
+                         "gpufleet.rollout.session", "gpufleet.report", "gpufleet.compat_cli",
+                         "gpufleet.commands")),
+    ("inventories", 0, ("inventories",)),
+    ("deploys", 1, ("gpufleet.deploys", "deploys")),  # "deploys": the file path, for the checker
+    ("operations", 2, ("gpufleet.operations", "operations")),  # "operations": the file path, for the checker
+    ("core", 3, ("gpufleet",)),
+    ("facts", 4, ("gpufleet.facts", "facts")),  # "facts": the file path, for the checker
+)
+
+#: Test harness and entry points: outside the layers.
+OUTSIDE = ("testing", "tests", "tools", "bench")
+
+#: (importing module, imported prefix): arrows allowed against the rule, each with its reason.
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("inventories.sandbox", "testing"): "the sandbox inventory is the test hosts' own list (tools/testhosts)",
+}
+
+
+def _matches(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def layer_of(module: str) -> tuple[str, int] | None:
+    """(layer, rank) of a gpufleet module name; ("outside", -1) for the harness; None for others
+    (the standard library, pyinfra, ...). The longest matching prefix wins."""
+    best: tuple[int, str, int] | None = None
+    for name, rank, prefixes in LAYERS:
+        for prefix in prefixes:
+            if _matches(module, prefix) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), name, rank)
+    if best is not None:
+        return best[1], best[2]
+    if any(_matches(module, prefix) for prefix in OUTSIDE):
+        return "outside", -1
+    return None
+
+
+def arrow_problem(importer: str, imported: str) -> str | None:
+    """Why `importer` may not import `imported` (None when the arrow points down or sideways
+    inside one layer)."""
+    source, target = layer_of(importer), layer_of(imported)
+    if source is None or target is None or source[0] == target[0] or source[0] == "outside":
+        return None
+    if any(_matches(importer, a) and _matches(imported, b) for a, b in EXCEPTIONS):
+        return None
+    if target[0] == "outside":
+        return f"{source[0]} imports the test harness / tools ({target[0]})"
+    if target[1] < source[1]:
+        return f"{source[0]} imports {target[0]}, a layer above it"
+    if target[1] == source[1]:
+        return f"{source[0]} imports {target[0]}, a peer layer"
+    return None

@@ -1,0 +1,301 @@
+"""What the HTML report shows, as pure functions of report rows (report.schema.json): a status
+per cell, one version per component beside the resolved one, the hosts that need attention
+first, and the fleet summary on top.
+
+Cell statuses: pass | warn | fail | skip (does not apply) | pending (a run, an upgrade or a
+reboot is due) | info (no judgement, e.g. the GPUs) | none (nothing known: unreachable host).
+A skip is never a pass, and an installed version that differs from the resolved one fails its
+cell whatever the checks said. Rows written by an older gpufleet (without `versions` and
+`resolved`) render too, from their text fields.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+CELL_STATUSES = ("fail", "warn", "pending", "pass", "skip", "info", "none")
+SYMBOLS = {"pass": "✓", "warn": "!", "fail": "✗", "skip": "–", "pending": "↻", "info": "", "none": ""}
+ATTENTION = ("fail", "warn", "pending", "ok")  # the order hosts are listed in
+COMPONENTS = (("driver", "Driver"), ("cuda", "CUDA"), ("cudnn", "cuDNN"), ("container_toolkit", "Container toolkit"))
+
+# (key, heading) of the HTML table, in order
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("host", "Host"), *COMPONENTS, ("tuning", "Persistence, clocks"), ("firewall", "Firewall"),
+    ("ssh_hardening", "SSH"), ("endpoints", "Metrics"), ("kernel", "Kernel, reboot"), ("drift", "Drift (all.py)"),
+    ("problems", "Problems"),
+)
+
+STACK_CHECK = "the CUDA toolkit and cuDNN are the resolved releases"
+KERNEL_CHECK = "every installed kernel has the nvidia module"
+DRIVER_CHECK = "the loaded driver = the installed driver = the resolved driver"
+CHECK_OF = {"firewall": "the host firewall is active", "ssh_hardening": "sshd's effective configuration is hardened"}
+REFUSED = "all.py refuses this host at planning time"
+
+
+@dataclass
+class Cell:
+    status: str
+    text: str = ""
+    note: str = ""  # a second, smaller line
+    resolved: str | None = None  # the version the host's tier resolves, shown beside the installed one
+    differs: bool = False  # installed (or loaded) != resolved
+    details: list[str] = field(default_factory=list)  # folded away under <details>
+    summary: str = ""  # the <summary> line of the details
+    items: list[dict[str, str]] = field(default_factory=list)  # problems: status, what, message, fix
+    alert: bool = False  # the note is a difference to see (a loaded driver that is not the installed one)
+
+    @property
+    def symbol(self) -> str:
+        return SYMBOLS[self.status]
+
+
+def worst(statuses: list[str], empty: str = "skip") -> str:
+    """fail > warn > pending > pass > skip: one failing check fails the cell; all skipped is a skip."""
+    for status in ("fail", "warn", "pending", "pass", "skip"):
+        if status in statuses:
+            return status
+    return empty
+
+
+def _checks(row: dict[str, Any]) -> list[dict[str, str]]:
+    return ((row.get("validation") or {}).get("checks")) or []
+
+
+def _check_line(c: dict[str, str]) -> str:
+    text = f"{c['area']}: {c['name']}" + (f": {c['message']}" if c.get("message") else "")
+    return text + (f" (fix: {c['fix']})" if c.get("fix") and c["status"] in ("fail", "warn") else "")
+
+
+def _from_summary(text: str | None) -> Cell:
+    """A check's summary as gather writes it: 'ok' | 'fail: why' | 'skip: why' | None."""
+    if not text:
+        return Cell("none", "-")
+    status, _, message = text.partition(": ")
+    status = {"ok": "pass"}.get(status, status)
+    if status not in ("pass", "warn", "fail", "skip"):
+        return Cell("info", text)
+    return Cell(status, status, note=message)
+
+
+def _said(cell: Cell) -> Cell:
+    """A check's cell: its word, and its message in plain sight only when it failed or warns."""
+    cell.text = {"pass": "ok"}.get(cell.status, cell.text)
+    if cell.status not in ("fail", "warn") and cell.note:
+        cell.details, cell.summary = [cell.note], "why" if cell.status == "skip" else "more"
+        cell.note = ""
+    return cell
+
+
+def _component(row: dict[str, Any], key: str) -> Cell:
+    versions, resolved = row.get("versions"), row.get("resolved") or {}
+    if versions is None:  # an older report: its package text, unjudged
+        legacy = row.get("driver_installed") if key == "driver" else row.get(key)
+        return Cell("info", legacy or "-")
+    installed, want = versions.get(key), resolved.get(key)
+    packages = row.get("packages") or {}
+    details = [f"{name} {version}" for name, version in (packages.get(key) or {}).items()]
+    if key == "container_toolkit":
+        details += [f"{name} {version}" for name, version in (packages.get("docker") or {}).items()]
+    cell = Cell("pass", installed or "none", resolved=want, details=details,
+                summary=f"{len(details)} package{'s' if len(details) != 1 else ''}" if details else "")
+    checks = _checks(row)
+    if key == "driver" and row.get("driver_loaded") and installed and row["driver_loaded"] != installed:
+        cell.note, cell.alert = f"≠ loaded {row['driver_loaded']}", True
+    if want is None:
+        why = row.get("resolved_error")
+        cell.status = "fail" if key == "driver" and row.get("mismatch") else "skip"
+        cell.note = cell.note or ("nothing resolves" if why else
+                                  "not managed by the tier" if installed else "the tier installs none")
+        if why:  # the same reason on every component: folded away
+            cell.details, cell.summary = [why, *cell.details], "why"
+        return cell
+    cell.differs = installed != want
+    if installed is None:
+        cell.status, cell.note = "fail", "missing"
+    elif cell.differs:
+        cell.status = "fail"
+    if key == "driver":
+        agree = next((c for c in checks if c["name"] == DRIVER_CHECK), None)
+        if cell.differs and installed and agree and agree["status"] == "warn":
+            # a driver behind the inventory is tools/rollout's job: the gate warns (or fails, per
+            # driver_upgrade_pending); the difference stays marked
+            cell.status, cell.note = "warn", cell.note or "upgrade pending: tools/rollout"
+        others = [c["status"] for c in checks if c["area"] == "driver"
+                  and c["name"] not in (STACK_CHECK, KERNEL_CHECK, DRIVER_CHECK)]
+        cell.status = "fail" if row.get("mismatch") else worst([cell.status, *others])
+    elif key == "container_toolkit":
+        cell.status = worst([cell.status, *(c["status"] for c in checks if c["area"] == "docker")])
+    return cell
+
+
+def _cells(row: dict[str, Any]) -> dict[str, Cell]:
+    """Every cell but the host's."""
+    out: dict[str, Cell] = {"problems": _problems(row)}
+    if row.get("status") == "unreachable":
+        return {key: out.get(key, Cell("none", "")) for key, _ in COLUMNS if key != "host"}
+    for key, _ in COMPONENTS:
+        out[key] = _component(row, key)
+    tuning = [c for c in _checks(row) if c["area"] == "tuning"]
+    parts = [f"persistence {row['persistence']}" if row.get("persistence") else "",
+             f"clocks {row['clocks']}" if row.get("clocks") else ""]
+    out["tuning"] = Cell(worst([c["status"] for c in tuning], empty="info"), "\n".join(p for p in parts if p) or "-",
+                         details=[f"{SYMBOLS[c['status']] or '-'} {_check_line(c)}" for c in tuning],
+                         summary=f"{len(tuning)} checks" if tuning else "")
+    for key, name in CHECK_OF.items():
+        check = next((c for c in _checks(row) if c["name"] == name), None)
+        out[key] = _said(Cell(check["status"], check["status"], note=check["message"]) if check
+                         else _from_summary(row.get(key)))
+    out["endpoints"] = _endpoints(row.get("endpoints") or [])
+    kernel_check = next((c for c in _checks(row) if c["name"] == KERNEL_CHECK), None)
+    status = kernel_check["status"] if kernel_check else "info"
+    if row.get("reboot_pending") and status in ("pass", "skip", "info"):
+        status = "pending"
+    notes = ["reboot pending"] if row.get("reboot_pending") else []
+    if kernel_check and kernel_check["status"] in ("fail", "warn"):
+        notes.append(kernel_check["message"])
+    out["kernel"] = Cell(status, row.get("kernel") or "-", note="; ".join(notes),
+                         details=[kernel_check["message"]] if kernel_check and not notes else [],
+                         summary="why" if kernel_check and kernel_check["status"] == "skip" else "more")
+    out["drift"] = _drift(row.get("drift"))
+    return {key: out[key] for key, _ in COLUMNS if key != "host"}
+
+
+def _endpoints(endpoints: list[dict[str, str]]) -> Cell:
+    """The exporters the tier turns on (monitoring_*), each a link; judged by the gate's curl."""
+    if not endpoints:
+        return Cell("skip", "none", note="no exporter on")
+    statuses = [e["status"] if e["status"] in CELL_STATUSES else "info" for e in endpoints]
+    return Cell(worst(statuses), "\n".join(e["name"] for e in endpoints),
+                items=[{"status": s, "what": e["name"], "message": e.get("message", ""), "url": e["url"]}
+                       for s, e in zip(statuses, endpoints)])
+
+
+def cells(row: dict[str, Any]) -> dict[str, Cell]:
+    """The cells of one host's row, by column key (the host's own cell carries its attention)."""
+    return {"host": Cell(attention(row)), **_cells(row)}
+
+
+def _drift(drift: dict[str, Any] | None) -> Cell:
+    if not drift:
+        return Cell("none", "not computed")
+    pending = drift.get("pending") or []
+    if drift.get("changes") is None:
+        return Cell("fail", "planning failed", note=(drift.get("error") or "")[:300])
+    count, ops = drift["changes"], list(drift.get("operations") or [])
+    if count:
+        ops += [f"{op} (only if an earlier one changes)" for op in drift.get("conditional") or []]
+    cell = Cell("pending" if count or pending else "pass", f"{count} change{'s' if count != 1 else ''}" if count else "in sync",
+                note="; ".join(_short(p) for p in pending), details=ops, summary=f"{len(ops)} operations" if ops else "")
+    if drift.get("error"):
+        cell.status = "warn" if drift["error"] == REFUSED else "fail"
+        cell.note = "; ".join(p for p in (drift["error"], cell.note) if p)
+    return cell
+
+
+def _short(pending: str) -> str:
+    """'cuDNN upgrade pending: 9.16.0.29 -> 9.17.0.29 (deploys/all.py changes ...)' without the why."""
+    return pending.split(" (", 1)[0]
+
+
+def _problems(row: dict[str, Any]) -> Cell:
+    """The failed and warning checks with their fixes in sight; every check folded away."""
+    checks = _checks(row)
+    items = [{"status": c["status"], "what": f"{c['area']}: {c['name']}", "message": c.get("message") or "",
+              "fix": c.get("fix") or ""} for c in checks if c["status"] in ("fail", "warn")]
+    if not checks:  # an older report, or a host whose checks never ran
+        items = [{"status": "fail", "what": line, "message": "", "fix": ""}
+                 for line in (row.get("validation") or {}).get("failed") or []]
+    if row.get("status") in ("unreachable", "error") and row.get("error"):
+        items.insert(0, {"status": "fail", "what": row["status"], "message": row["error"], "fix": ""})
+    status = "fail" if row.get("status") in ("unreachable", "error") else worst(
+        [c["status"] for c in checks] + [i["status"] for i in items], empty="none")
+    counts = {s: sum(1 for c in checks if c["status"] == s) for s in ("pass", "fail", "warn", "skip")}
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    return Cell(status, "" if items else ("none" if checks else ""), items=items,
+                details=[f"{SYMBOLS.get(c['status']) or '-'} {_check_line(c)}" for c in checks],
+                summary=f"all {len(checks)} checks: {summary}" if checks else "")
+
+
+def attention(row: dict[str, Any]) -> str:
+    """fail | warn | pending | ok: how urgently a host needs someone."""
+    if row.get("status") in ("unreachable", "error") or row.get("mismatch"):
+        return "fail"
+    statuses = [c.status for c in _cells(row).values()]
+    for level in ("fail", "warn"):
+        if level in statuses:
+            return level
+    if "pending" in statuses or row.get("reboot_pending") or upgrades(row):
+        return "pending"
+    return "ok"
+
+
+def upgrades(row: dict[str, Any]) -> list[str]:
+    """The version changes a host is due: its drift's pending list, else each component whose
+    installed version differs from the resolved one."""
+    pending = [_short(p) for p in (row.get("drift") or {}).get("pending") or []]
+    if pending:
+        return pending
+    versions, resolved = row.get("versions") or {}, row.get("resolved") or {}
+    names = dict(COMPONENTS)
+    return [f"{names[k]} {versions[k]} -> {resolved[k]}" for k, _ in COMPONENTS
+            if versions.get(k) and resolved.get(k) and versions[k] != resolved[k]]
+
+
+def ordered(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Hosts that need attention first (fail, warn, pending, ok), inventory order within each."""
+    return sorted(rows, key=lambda r: ATTENTION.index(attention(r)))
+
+
+def fleet_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """How many hosts per attention level, tier, and installed driver / CUDA / cuDNN / container
+    toolkit version; which hosts have upgrades or a reboot pending."""
+    def count(values: list[str]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for value in values:
+            out[value] = out.get(value, 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def version(row: dict[str, Any], key: str) -> str:
+        if row.get("status") == "unreachable":
+            return "unknown"
+        if "versions" not in row:
+            return "unknown"
+        return (row["versions"] or {}).get(key) or "none"
+
+    levels = [attention(r) for r in rows]
+    return {
+        "attention": {level: levels.count(level) for level in ATTENTION},
+        "tiers": count([r.get("tier") or "unknown" for r in rows]),
+        "versions": {key: count([version(r, key) for r in rows]) for key, _ in COMPONENTS},
+        "upgrades_pending": [r["host"] for r in rows if r.get("status") != "unreachable" and upgrades(r)],
+        "reboots_pending": [r["host"] for r in rows if r.get("reboot_pending")],
+    }
+
+
+def version_rows(rows: list[dict[str, Any]], key: str) -> list[tuple[str, int, int, dict[str, int]]]:
+    """(installed version, hosts, of which differ from their resolved version, hosts per tier),
+    most hosts first."""
+    table: dict[str, tuple[list[int], dict[str, int]]] = {}
+    for row in rows:
+        if row.get("status") == "unreachable" or "versions" not in row:
+            have, off = "unknown", 0
+        else:
+            have = (row.get("versions") or {}).get(key) or "none"
+            want = (row.get("resolved") or {}).get(key)
+            off = int(bool(want) and have != want)
+        counts, tiers = table.setdefault(have, ([0, 0], {}))
+        counts[0] += 1
+        counts[1] += off
+        tier = row.get("tier") or "unknown"
+        tiers[tier] = tiers.get(tier, 0) + 1
+    return sorted(((v, n, off, dict(sorted(tiers.items(), key=lambda kv: (-kv[1], kv[0]))))
+                   for v, ((n, off), tiers) in table.items()), key=lambda t: (-t[1], t[0]))
+
+
+def tier_rows(rows: list[dict[str, Any]]) -> list[tuple[str, int, dict[str, int]]]:
+    """(tier, hosts, hosts per attention level), most hosts first."""
+    table: dict[str, dict[str, int]] = {}
+    for row in rows:
+        levels = table.setdefault(row.get("tier") or "unknown", {level: 0 for level in ATTENTION})
+        levels[attention(row)] += 1
+    return sorted(((t, sum(lv.values()), lv) for t, lv in table.items()), key=lambda t: (-t[1], t[0]))

@@ -1,0 +1,58 @@
+"""Lint is part of the test command (README, .ci/run): `ruff check` and `mypy` over the project,
+with the configuration in pyproject.toml (mypy strict on the core, gpufleet/, except the modules
+that file lists; plain on gpufleet.facts, .operations and .deploys). The last two tests show the configuration can fail: a file with the faults it
+is meant to catch, checked under the same settings."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_ruff_check_is_clean():
+    r = _run("ruff", "check", "--no-cache", ".")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_mypy_is_clean():
+    r = _run("mypy", "--config-file", str(ROOT / "pyproject.toml"))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ruff_finds_what_it_is_configured_to_find(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\n\n\ndef f(items=[]):\n    return undefined_name\n")
+    r = _run("ruff", "check", "--no-cache", "--config", str(ROOT / "pyproject.toml"), str(bad))
+    assert r.returncode == 1, r.stdout + r.stderr
+    for code in ("F401", "B006", "F821"):   # unused import, mutable default, undefined name
+        assert code in r.stdout, (code, r.stdout)
+
+
+def test_mypy_is_strict_on_the_core_only(tmp_path):
+    # the same faulty module, as part of the core and as a fact module: only the core is strict
+    body = "def add(a, b):\n    return a + b\n\n\ndef count() -> int:\n    return 'one'\n"
+    for package in ("gpufleet", "gpufleet/facts"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+        (tmp_path / package / "bad.py").write_text(body)
+    args = ("mypy", "--config-file", str(ROOT / "pyproject.toml"), "--no-incremental",
+            "--explicit-package-bases")
+    core = _run(*args, "gpufleet/bad.py", cwd=tmp_path)
+    assert core.returncode == 1, core.stdout + core.stderr
+    assert "gpufleet/bad.py:1: error: Function is missing a type annotation" in core.stdout, core.stdout
+    assert "gpufleet/bad.py:6: error: Incompatible return value type" in core.stdout, core.stdout
+    facts = _run(*args, "gpufleet/facts/bad.py", cwd=tmp_path)
+    assert facts.returncode == 1, facts.stdout + facts.stderr
+    assert "missing a type annotation" not in facts.stdout, facts.stdout
+    assert "gpufleet/facts/bad.py:6: error: Incompatible return value type" in facts.stdout, facts.stdout

@@ -1,0 +1,55 @@
+"""gpufleet installs one top-level import name, `gpufleet` (pyproject.toml): deploys/, facts/ and
+operations/ are imported as gpufleet.deploys, gpufleet.facts and gpufleet.operations everywhere,
+in a checkout too. A module imported under two names would be two modules with two states (the
+hosts needing a reboot, the pending upgrades), and the bare names would collide with any other
+package called `facts` or `operations`."""
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+AREAS = ("deploys", "facts", "operations", "templates")
+
+
+def python_files() -> list[Path]:
+    names = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.split()
+    return [REPO / n for n in names if not (REPO / n).is_symlink()]
+
+
+def bare_imports(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found += [f"line {node.lineno}: {n}" for n in names if n.split(".")[0] in AREAS]
+    return found
+
+
+def test_no_module_imports_deploys_facts_or_operations_by_their_bare_names():
+    offenders = {}
+    for path in python_files():
+        found = bare_imports(ast.parse(path.read_text(), str(path)))
+        if found:
+            offenders[str(path.relative_to(REPO))] = found
+    assert offenders == {}, "import them as gpufleet.<area>: " + repr(offenders)
+
+
+def test_the_checker_sees_a_bare_import():
+    assert bare_imports(ast.parse("from facts.gpu import GpuState\nimport operations.holds\n")) == [
+        "line 1: facts.gpu", "line 2: operations.holds"]
+    assert bare_imports(ast.parse("from gpufleet.facts.gpu import GpuState\nfrom . import plan\n")) == []
+
+
+@pytest.mark.parametrize("area", AREAS)
+def test_the_package_links_to_the_checkouts_folders(area):
+    link = REPO / "gpufleet" / area
+    assert link.is_symlink() and link.resolve() == (REPO / area).resolve(), link
