@@ -45,20 +45,15 @@ from gpufleet.facts.packages import PackageVersions
 from gpufleet import dockerconf
 from gpufleet.failures import fail_host
 from gpufleet.hostfacts import gpu_state, os_release
+from gpufleet.repos import (DOCKER_KEYRING, DOCKER_LIST, TOOLKIT_KEYRING, TOOLKIT_LIST, TOOLKIT_PACKAGES,  # noqa: F401
+                            docker_sources_line, dpkg_arch, toolkit_sources_line)
 from gpufleet.settings import host_settings
 from gpufleet.operations import docker as docker_ops
 from gpufleet.operations.holds import held
 
 APT_CACHE_SECONDS = 86400
-DOCKER_KEYRING = "/etc/apt/keyrings/gpufleet-docker.gpg"
-DOCKER_LIST = "/etc/apt/sources.list.d/gpufleet-docker.list"
-TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
-TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
 
-# The toolkit's packages, all pinned to docker_toolkit_version (NVIDIA's install guide pins these four).
-TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
-                    "libnvidia-container-tools", "libnvidia-container1")
 # Engine packages per source: installed, then held together with their runtime pieces.
 ENGINE = {
     "docker": {"install": ("docker-ce", "docker-ce-cli", "containerd.io"),
@@ -69,16 +64,6 @@ ENGINE = {
 }
 
 
-def docker_sources_line(repo_url: str, os_id: str, codename: str, arch: str, keyring: str = DOCKER_KEYRING) -> str:
-    """Docker's documented line: deb [arch=.. signed-by=..] <url>/<os id> <codename> stable."""
-    return f"deb [arch={arch} signed-by={keyring}] {repo_url.rstrip('/')}/{os_id} {codename} stable\n"
-
-
-def toolkit_sources_line(repo_url: str, keyring: str = TOOLKIT_KEYRING) -> str:
-    """NVIDIA's documented flat line; apt substitutes $(ARCH) itself."""
-    return f"deb [signed-by={keyring}] {repo_url.rstrip('/')}/stable/deb/$(ARCH) /\n"
-
-
 def _report_pending_at_exit() -> None:
     if docker_ops.PENDING:
         lines = "\n".join(f"    {name}: {', '.join(keys)} ({why})" for name, (keys, why) in sorted(docker_ops.PENDING.items()))
@@ -87,10 +72,6 @@ def _report_pending_at_exit() -> None:
 
 
 atexit.register(_report_pending_at_exit)
-
-
-def _dpkg_arch(machine: str) -> str:
-    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
 
 
 @deploy("Docker engine and NVIDIA container toolkit")
@@ -119,7 +100,7 @@ def docker():
 
     # -- package sources ------------------------------------------------------------------------
     rel = os_release(host)
-    arch = _dpkg_arch(host.get_fact(Arch) or "x86_64")
+    arch = dpkg_arch(host.get_fact(Arch) or "x86_64")
     source_ops = [
         docker_ops.apt_keyring(
             name="Trust NVIDIA's container toolkit key (fingerprint checked)",

@@ -53,8 +53,8 @@ from gpufleet.facts.packages import HeldPackages, PackageVersions
 from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
 from gpufleet.failures import fail_host
-from gpufleet.hostfacts import driver_state, resolution
-from gpufleet.kernels import headers_metapackage, image_metapackage
+from gpufleet.hostfacts import driver_state, kernel_plan, resolution
+from gpufleet.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line
 from gpufleet.settings import host_settings
 from gpufleet.validation import is_exact, pending_message, stack_pending_message, upstream_of
 from gpufleet.operations.driver import archive_components, packages_at_versions, refresh_initramfs, repo_key
@@ -63,7 +63,6 @@ from gpufleet.operations.reboot import rebooted
 
 TEMPLATES = Path(__file__).parent.parent / "templates"  # gpufleet/templates, in a checkout and a wheel
 APT_CACHE_SECONDS = 86400
-CUDA_SOURCE = "/etc/apt/sources.list.d/gpufleet-cuda.list"
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/gpufleet-blacklist-nouveau.conf"
 CUDA_PROFILE = "/etc/profile.d/gpufleet-cuda.sh"
 DKMS_SIGNING_CONF = "/etc/dkms/framework.conf.d/gpufleet-module-signing.conf"
@@ -138,24 +137,36 @@ atexit.register(_report_at_exit)
 _PLAIN_PATH = re.compile(r"/(?:[A-Za-z0-9_+-][A-Za-z0-9._+-]*/)*[A-Za-z0-9_+-][A-Za-z0-9._+-]*")
 
 
+def mok_certificate(key: str) -> str:
+    """The certificate beside the MOK private key `key`, as each layout names it: Ubuntu's
+    shim-signed/update-secureboot-policy key pair is MOK.priv + MOK.der (DER), DKMS's own
+    (Debian) mok.key + mok.pub; any other name: the same path ending .pub."""
+    stem, dot, ext = key.rpartition(".")
+    if not dot or "/" in ext:
+        return key + ".pub"
+    return stem + (".der" if ext == "priv" else ".pub")
+
+
 def dkms_signing_conf(key: str) -> str:
-    """The DKMS drop-in that signs modules with the MOK private key `key` (certificate: the same
-    path ending .pub). Only plain paths (see preconditions), and quoted anyway: bash sources it."""
+    """The DKMS drop-in that signs modules with the MOK private key `key` (certificate: see
+    mok_certificate). Only plain paths (see preconditions), and quoted anyway: bash sources it."""
     if not _PLAIN_PATH.fullmatch(key) or "/../" in f"{key}/":
         raise ValueError(f"not a plain absolute path: {key!r}")
     return ("# Managed by gpufleet (deploys/driver.py).\n"
             "mok_signing_key=" + shlex.quote(key) + "\n"
-            "mok_certificate=" + shlex.quote(key.rsplit(".", 1)[0] + ".pub") + "\n")
+            "mok_certificate=" + shlex.quote(mok_certificate(key)) + "\n")
 
 
-def preconditions(settings, res, state, h) -> tuple[str, str] | None:
-    """(key, message) of the first reason not to touch this host, from facts read before the run."""
+def preconditions(settings, res, state, h, prebuilt: bool = False) -> tuple[str, str] | None:
+    """(key, message) of the first reason not to touch this host, from facts read before the run.
+    `prebuilt`: the kernel modules come prebuilt and signed by the distribution (Ubuntu's
+    linux-modules-nvidia-*): Secure Boot loads them without a MOK and DKMS needs no headers."""
     key = settings.driver_module_signing_key
     if key != "none" and (not _PLAIN_PATH.fullmatch(key) or "/../" in f"{key}/"):
         return ("driver_module_signing_key",
                 f"{key!r} is not a plain absolute path (DKMS's configuration is a shell file); allowed: none, "
                 "or an absolute path of letters, digits and . _ + - without '..'")
-    if state.secure_boot == "enabled":
+    if state.secure_boot == "enabled" and not prebuilt:
         key = settings.driver_module_signing_key
         if key == "none":
             return ("driver_module_signing_key",
@@ -165,7 +176,11 @@ def preconditions(settings, res, state, h) -> tuple[str, str] | None:
         if not h.get_fact(File, path=key):
             return ("driver_module_signing_key",
                     f"Secure Boot is enabled and the module signing key {key} does not exist on the host")
-    if settings.driver_kernel_headers == "require" and not state.kernel_headers:
+        if not h.get_fact(File, path=mok_certificate(key)):
+            return ("driver_module_signing_key",
+                    f"Secure Boot is enabled and the certificate of the module signing key, {mok_certificate(key)}, "
+                    "does not exist on the host (DKMS signs with the key and embeds that certificate)")
+    if settings.driver_kernel_headers == "require" and not state.kernel_headers and not prebuilt:
         release = state.kernel_release or "?"
         package = f"linux-headers-{release}"
         if not h.get_fact(AptCandidates, packages=[package]).get(package):
@@ -220,7 +235,8 @@ def driver():
         fail_host(host, refused.key or "driver", f"{refused.reason}{allowed}")
         return
     before = driver_state(host)
-    problem = preconditions(settings, res, before, host)
+    kernel = kernel_plan(host, res)
+    problem = preconditions(settings, res, before, host, prebuilt=kernel.prebuilt)
     if problem:
         fail_host(host, *problem)
         return
@@ -248,7 +264,7 @@ def driver():
     # 1. Package sources ------------------------------------------------------------------------
     if res.source == "nvidia":
         apt.packages(name="Install gpg to check the repository key", packages=["gpg"], no_recommends=True)
-        base = f"{settings.driver_repo_url.rstrip('/')}/{res.repo_os_dir}/x86_64"
+        base = cuda_repo_base(settings.driver_repo_url, res.repo_os_dir)
         keyring_url = (f"{base}/{repo['keyring_package_file']}" if settings.driver_repo_keyring_url == "auto"
                        else settings.driver_repo_keyring_url)
         fingerprint = (repo["key_fingerprint"] if settings.driver_repo_key_fingerprint == "auto"
@@ -260,15 +276,16 @@ def driver():
         source = files.put(
             name=f"Add NVIDIA's CUDA repository {base}/ as a signed-by source",
             src=StringIO("# Managed by gpufleet (deploys/driver.py). Do not edit: changes are reverted.\n"
-                         f"deb [signed-by={repo['keyring_path']}] {base}/ /\n"),
+                         + cuda_sources_line(settings.driver_repo_url, res.repo_os_dir, repo["keyring_path"])),
             dest=CUDA_SOURCE, mode="644",
         )
         apt.update(name="Read the package index of the changed sources", _if=any_changed(key, source))
     else:
         offer = data.distro_offers[res.os_release]
-        if res.os_release.startswith("debian") and offer.components:
+        if offer.components:
+            archive = "Ubuntu" if res.os_release.startswith("ubuntu") else "Debian"
             components = archive_components(
-                name=f"Enable {', '.join(offer.components)} on the Debian archive sources",
+                name=f"Enable {', '.join(offer.components)} on the {archive} archive sources",
                 components=list(offer.components),
             )
             apt.update(name="Read the package index of the changed sources", _if=components.did_change)
@@ -288,13 +305,17 @@ def driver():
             src=StringIO(dkms_signing_conf(signing_key)),
             dest=DKMS_SIGNING_CONF, mode="644",
         )
-    if settings.driver_kernel_headers == "require" and not before.kernel_headers:
+    if kernel.prebuilt:
+        host.noop(f"kernel {before.kernel_release}: the distribution's prebuilt, signed NVIDIA modules "
+                  f"({kernel.modules[0]}): no DKMS build, no kernel headers needed")
+    elif settings.driver_kernel_headers == "require" and not before.kernel_headers:
         apt.packages(name=f"Install the headers of the running kernel {before.kernel_release} for DKMS",
                      packages=[f"linux-headers-{before.kernel_release}"], no_recommends=True)
     # Kernels arriving later (unattended upgrades, through linux-image-<flavour>) bring their
-    # headers, so that DKMS builds the module for them, only with linux-headers-<flavour>.
-    headers_meta = headers_metapackage(before.kernel_release)
-    if settings.driver_kernel_headers == "require":
+    # headers, so that DKMS builds the module for them, only with linux-headers-<flavour>
+    # (Ubuntu's HWE kernels: linux-headers-generic-hwe-22.04, gpufleet/kernels.py).
+    headers_meta = kernel.headers_metapackage
+    if settings.driver_kernel_headers == "require" and not kernel.prebuilt:
         if headers_meta:
             apt.packages(name=f"Install {headers_meta} so that kernels installed later come with their headers",
                          packages=[headers_meta], no_recommends=True)
@@ -302,7 +323,8 @@ def driver():
             host.noop(f"kernel {before.kernel_release}: no Debian/Ubuntu flavour, so no headers metapackage to follow it")
 
     # 3. The one sanctioned change, then holds --------------------------------------------------
-    present = [p for p in (res.cuda_package, res.cudnn_package, *res.dcgm_packages, *res.fabric_extra_packages)
+    present = [p for p in (res.cuda_package, res.cudnn_package, *res.dcgm_packages, *res.fabric_extra_packages,
+                           *kernel.modules)
                if p and p not in stack]
     versions = dict(res.package_versions)
     held_now = host.get_fact(HeldPackages)
@@ -347,18 +369,24 @@ def driver():
     release = before.kernel_release or ""
     extra = [*CONTAINER_TOOLKIT, *((f"linux-image-{release}", f"linux-headers-{release}") if release else ())]
     installed_extra = [p for p, v in host.get_fact(PackageVersions, packages=extra).items() if v]
-    managed = [*res.package_versions, *present, *stack, *([pinning] if pinning else []), *installed_extra]
+    # the prebuilt modules' flavour metapackage moves with the kernels (held below only with them)
+    follows_kernels = kernel.modules[0] if kernel.prebuilt else None
+    managed = [*res.package_versions, *(p for p in present if p != follows_kernels), *stack,
+               *([pinning] if pinning else []), *installed_extra]
     held(
         name=("Hold" if settings.driver_hold else "Release") + " the driver, CUDA, cuDNN, container toolkit "
              "and running kernel packages",
         packages=managed, present=settings.driver_hold,
     )
-    image_meta = image_metapackage(before.kernel_release)
-    if settings.driver_kernel_headers == "require" and headers_meta and image_meta in held_now:
+    image_meta = kernel.image_metapackage
+    if settings.driver_kernel_headers == "require" and headers_meta and image_meta in held_now and not kernel.prebuilt:
         # Held alongside: a held headers metapackage with a moving image one would bring kernels
         # without headers again.
         held(name=f"Hold {headers_meta} as {image_meta} is held: new kernels and their headers move together",
              packages=[headers_meta])
+    if follows_kernels and image_meta in held_now and settings.driver_hold:
+        held(name=f"Hold {follows_kernels} as {image_meta} is held: new kernels and their NVIDIA modules move together",
+             packages=[follows_kernels])
     if settings.hardening_unattended_upgrades:
         # The same file, template and list as deploys/hardening.py: whichever runs first writes it.
         files.put(

@@ -4,14 +4,19 @@
 
 Per host: the tier, the settings the inventory overrides, the hardware found (from PCI, so it
 works before any driver is installed), whether it matches the tier, and the exact versions the
-resolver picks for these GPUs on this OS. `pyinfra ... deploys/all.py --dry` shows the
+resolver picks for these GPUs on this OS, the kernel-module packages for the running kernel
+(Ubuntu: prebuilt and signed, or DKMS), and every package source line the deploys write
+(gpufleet/repos.py: the same functions write them). `pyinfra ... deploys/all.py --dry` shows the
 operations themselves.
 """
 import click
 from pyinfra import host, state
+from pyinfra.facts.server import Arch
 
+from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
-from gpufleet.hostfacts import hardware, os_name, resolution, tier_mismatches
+from gpufleet.hostfacts import driver_state, hardware, kernel_plan, os_name, os_release, resolution, tier_mismatches
+from gpufleet.repos import TOOLKIT_PACKAGES, dpkg_arch, repository_lines
 from gpufleet.pytorch import mixed_gpus
 from gpufleet.rollout.snapshot import command_name
 from gpufleet.settings import host_settings, validate_inventory
@@ -31,12 +36,36 @@ if mixed := mixed_gpus(hardware(host).models):
     lines.append(f"MIXED: {mixed}")
 for problem in tier_mismatches(host, settings):
     lines.append(f"MISMATCH ({settings.tier_mismatch}): {problem}")
+res = None
 try:
-    for key, value in resolution(host, settings).describe().items():
+    res = resolution(host, settings)
+    for key, value in res.describe().items():
+        if key == "kernel_modules":
+            kernel = kernel_plan(host, res)
+            how = "prebuilt, signed: no DKMS, no MOK" if kernel.prebuilt else "DKMS: kernel headers, a MOK under Secure Boot"
+            value = f"{' '.join(kernel.modules)} ({how}; kernel {kernel.release})" if kernel.modules else value
         if key == "notes":
             lines += [f"note: {note}" for note in value]
         else:
             lines.append(f"{key}: {value}")
+    from gpufleet.deploys.driver import mok_certificate, preconditions  # the driver deploy's own first refusal
+
+    state_before, kernel = driver_state(host), kernel_plan(host, res)
+    if state_before.secure_boot == "enabled":
+        key = settings.driver_module_signing_key
+        lines.append("secure_boot: enabled (" + ("modules prebuilt and signed by the distribution: no MOK"
+                     if kernel.prebuilt else f"DKMS signs with the MOK {key}, certificate {mok_certificate(key)}"
+                     if key != "none" else "DKMS builds need a MOK: driver_module_signing_key") + ")")
+    if not kernel.prebuilt and settings.driver_kernel_headers == "require":
+        headers = [f"linux-headers-{kernel.release}", *([kernel.headers_metapackage] if kernel.headers_metapackage else [])]
+        lines.append(f"kernel_headers: {' '.join(headers)} (DKMS builds the module for this kernel and the ones that follow)")
+    if refusal := preconditions(settings, res, state_before, host, prebuilt=kernel.prebuilt):
+        lines.append(f"REFUSED (driver): {refusal[1]} (key {refusal[0]})")
 except Incompatible as refused:
     lines.append(f"REFUSED: {refused.reason}" + (f" (key {refused.key})" if refused.key else ""))
+release = os_release(host)
+for what, line in repository_lines(settings, res, release.id, release.version_codename,
+                                   dpkg_arch(host.get_fact(Arch) or "x86_64"), compat_data()):
+    lines.append(f"{what}: {line}")
+lines.append("toolkit: " + " ".join(f"{p}={settings.docker_toolkit_version}" for p in TOOLKIT_PACKAGES))
 click.echo(f"--> Plan for {host.name}\n    " + "\n    ".join(lines), err=True)

@@ -73,8 +73,8 @@ class DistroOffer:
     os: str  # "debian-12"
     driver_branch: str
     driver_version: str
-    cuda_version: str
-    cuda_package: str
+    cuda_version: str | None  # None: the distribution's toolkit is not offered (no verified row)
+    cuda_package: str | None
     driver_packages: Mapping[str, tuple[str, ...]]  # flavour -> packages
     fabricmanager: bool
     cudnn: bool
@@ -82,6 +82,10 @@ class DistroOffer:
     package_versions: Mapping[str, str] = field(default_factory=dict)
     # archive components the packages need besides main (Debian: contrib, non-free, ...)
     components: tuple[str, ...] = ()
+    # kernel modules apart from driver_packages (Ubuntu), per flavour: the prebuilt, signed
+    # package with "{kernel}" for `uname -r` or the kernel flavour, and the DKMS fallback
+    prebuilt_modules: Mapping[str, str] = field(default_factory=dict)
+    dkms_modules: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -207,8 +211,9 @@ def _from_mapping(data: Mapping[str, Any]) -> CompatData:
             os=os_name,
             driver_branch=str(info["driver_branch"]),
             driver_version=_version(info["driver_version"], f"distro_offers.{os_name}"),
-            cuda_version=_version(info["cuda_version"], f"distro_offers.{os_name}"),
-            cuda_package=info["cuda_package"],
+            cuda_version=(_version(info["cuda_version"], f"distro_offers.{os_name}")
+                          if info.get("cuda_version") is not None else None),
+            cuda_package=info.get("cuda_package"),
             driver_packages={k: tuple(v) for k, v in info["driver_packages"].items()},
             fabricmanager=bool(info.get("fabricmanager", False)),
             cudnn=bool(info.get("cudnn", False)),
@@ -217,6 +222,8 @@ def _from_mapping(data: Mapping[str, Any]) -> CompatData:
                 for k, v in (info.get("package_versions") or {}).items()
             },
             components=tuple(info.get("components") or ()),
+            prebuilt_modules={str(k): str(v) for k, v in (info.get("prebuilt_modules") or {}).items()},
+            dkms_modules={str(k): str(v) for k, v in (info.get("dkms_modules") or {}).items()},
         )
         for os_name, info in (data.get("distro_offers") or {}).items()
         if _verified(info)

@@ -13,11 +13,13 @@ from typing import Any, Callable, TypeVar
 from gpufleet.facts.gpu import GpuState, GpuStateData
 from gpufleet.facts.kernel import DriverState, DriverStateData
 from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
+from gpufleet.facts.packages import AptCandidates, PackageVersions
 from gpufleet.facts.pci import PciDevices
 from gpufleet.facts.system import OsRelease, OsReleaseData, SystemResources, SystemResourcesData
 
 from .errors import Incompatible
 from .gpus import GpuModel, is_nvswitch_pci, model_for_pci
+from .kernels import image_metapackage_candidates, kernel_flavour, module_packages, package_flavour
 from .resolver import Resolution, check_tier_hardware, resolve
 
 T = TypeVar("T")
@@ -131,3 +133,44 @@ def tier_mismatches(host: Any, settings: Any) -> list[str]:
     hw = hardware(host)
     return check_tier_hardware(settings, [*hw.models, *hw.unknown_pci_ids], hw.nvswitch, hw.rdma,
                                nvlink=hw.nvlink)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelPlan:
+    """Which kernel packages go with the resolved driver on this host's running kernel."""
+
+    release: str | None  # uname -r
+    flavour: str | None  # what the kernel metapackages follow: "amd64", "generic", "generic-hwe-22.04"
+    modules: tuple[str, ...] = ()  # module packages apart from the driver's (Ubuntu's distro drivers)
+    prebuilt: bool = False  # those modules are prebuilt and signed by the distribution (no DKMS, no MOK)
+
+    @property
+    def headers_metapackage(self) -> str | None:
+        return f"linux-headers-{self.flavour}" if self.flavour else None
+
+    @property
+    def image_metapackage(self) -> str | None:
+        return f"linux-image-{self.flavour}" if self.flavour else None
+
+
+def kernel_plan(host: Any, res: Resolution) -> KernelPlan:
+    """The running kernel's flavour as its packages follow it (Ubuntu: the installed -hwe image
+    metapackage), and for a driver whose modules are packaged apart the modules to install:
+    prebuilt and signed where the sources have a build for this kernel's ABI (`ubuntu-drivers
+    install --gpgpu`), else DKMS. Asks apt only while no prebuilt module package is installed."""
+    def make() -> KernelPlan:
+        state = driver_state(host)
+        name, release = os_name(host), state.kernel_release
+        flavour = kernel_flavour(release)
+        candidates = image_metapackage_candidates(release, name)
+        if name.startswith("ubuntu-") and len(candidates) > 1:
+            flavour = package_flavour(release, name, host.get_fact(PackageVersions, packages=candidates))
+        if not (res.prebuilt_modules or res.dkms_modules):
+            return KernelPlan(release, flavour)
+        abi = res.prebuilt_modules.format(kernel=release) if res.prebuilt_modules and release else None
+        abi_build = bool(abi) and (abi in state.packages
+                                   or bool(host.get_fact(AptCandidates, packages=[abi]).get(abi)))
+        modules, prebuilt = module_packages(res.prebuilt_modules, res.dkms_modules, release, flavour, abi_build)
+        return KernelPlan(release, flavour, tuple(modules), prebuilt)
+
+    return _cached(host, "kernel_plan", make)

@@ -57,3 +57,44 @@ def image_metapackage(release: str | None) -> str | None:
     """linux-image-<flavour>: the metapackage through which that flavour's new kernels arrive."""
     flavour = kernel_flavour(release)
     return f"linux-image-{flavour}" if flavour else None
+
+
+# Ubuntu's hardware-enablement kernels: same release-string flavour (6.8.0-90-generic on 22.04),
+# but they arrive through linux-image-<flavour>-hwe-<release> and have their own headers and
+# prebuilt NVIDIA module metapackages (linux-headers-generic-hwe-22.04,
+# linux-modules-nvidia-580-server-open-generic-hwe-22.04). Installing the plain -generic ones
+# there would pull the GA kernel's (5.15) packages and leave the running kernel without any.
+UBUNTU_HWE_FLAVOURS = ("generic", "generic-64k", "lowlatency")
+
+
+def image_metapackage_candidates(release: str | None, os_name: str) -> list[str]:
+    """The image metapackages that can bring kernels of this flavour on `os_name` (Ubuntu: the
+    plain one and its -hwe-<version>); asked in one dpkg-query by the driver deploy."""
+    flavour = kernel_flavour(release)
+    if not flavour:
+        return []
+    out = [f"linux-image-{flavour}"]
+    if os_name.startswith("ubuntu-") and flavour in UBUNTU_HWE_FLAVOURS:
+        out.append(f"linux-image-{flavour}-hwe-{os_name.split('-', 1)[1]}")
+    return out
+
+
+def package_flavour(release: str | None, os_name: str, installed: dict[str, str | None]) -> str | None:
+    """The flavour the kernel packages follow: that of the installed -hwe image metapackage on
+    Ubuntu (as ubuntu-drivers reads it from the installed linux-image-* metapackage), else the
+    release string's."""
+    flavour = kernel_flavour(release)
+    for meta in reversed(image_metapackage_candidates(release, os_name)[1:]):
+        if installed.get(meta):
+            return meta.removeprefix("linux-image-")
+    return flavour
+
+
+def module_packages(prebuilt: str | None, dkms: str | None, release: str | None, flavour: str | None,
+                    abi_build: bool) -> tuple[list[str], bool]:
+    """(packages, prebuilt?) for a driver whose modules are packaged apart (Ubuntu), with
+    `ubuntu-drivers install --gpgpu` semantics: the prebuilt, signed modules' flavour metapackage
+    when a build for the running kernel's ABI exists (`abi_build`), else the DKMS package."""
+    if prebuilt and release and flavour and abi_build:
+        return [prebuilt.format(kernel=flavour), prebuilt.format(kernel=release)], True
+    return ([dkms] if dkms else []), False

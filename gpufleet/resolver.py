@@ -60,6 +60,11 @@ class Resolution:
     cudnn_packages: tuple[str, ...] = ()
     #: the PyTorch wheel (release, CUDA variant) that runs on every GPU with this driver, when asked for
     pytorch: PytorchChoice | None = None
+    #: kernel modules packaged apart from driver_packages (Ubuntu's distro drivers): the prebuilt,
+    #: signed package with "{kernel}" (`uname -r` or the kernel flavour), and the DKMS fallback;
+    #: which one a host gets depends on its kernel (gpufleet/kernels.py module_packages)
+    prebuilt_modules: str | None = None
+    dkms_modules: str | None = None
 
     @property
     def stack_versions(self) -> dict[str, str]:
@@ -78,6 +83,8 @@ class Resolution:
             "driver": f"R{self.driver_branch} {self.driver_version} ({self.flavour})",
             "driver_packages": " ".join(self.driver_packages)
             + (f" (locked by {self.pinning_package})" if self.pinning_package else ""),
+            **({"kernel_modules": f"{self.prebuilt_modules.format(kernel='<kernel>')} (prebuilt, signed), "
+                                  f"else {self.dkms_modules} (DKMS)"} if self.prebuilt_modules else {}),
             "cuda": (f"{self.cuda_version} ({self.cuda_package})"
                      + (f" at {self.cuda_release}" if self.cuda_release else "")) if self.cuda_version else NONE,
             "cudnn": (f"{self.cudnn_version} ({' '.join(self.cudnn_packages) or self.cudnn_package})"
@@ -489,6 +496,13 @@ def _resolve_on(
                 key="driver_version",
                 allowed=f"auto, {offer.driver_version}",
             )
+        if cuda != NONE and offer.cuda_version is None:
+            raise Incompatible(
+                f"{os_name}'s own CUDA toolkit has no verified driver floor in compat.yaml: a host CUDA "
+                "toolkit needs driver_source nvidia (NVIDIA's CUDA repository)",
+                key="cuda_version",
+                allowed="none",
+            )
         if cuda not in (NONE, offer.cuda_version):
             raise Incompatible(
                 f"{os_name} ships CUDA toolkit {offer.cuda_version} only, not {cuda}",
@@ -631,6 +645,8 @@ def _resolve_on(
         cudnn_release=cudnn_release,
         cudnn_packages=cudnn_packages,
         pytorch=pytorch,
+        prebuilt_modules=offer.prebuilt_modules.get(flavour) if offer is not None else None,
+        dkms_modules=offer.dkms_modules.get(flavour) if offer is not None else None,
     )
 
 

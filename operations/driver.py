@@ -19,7 +19,12 @@ from gpufleet.facts.driver import DebianArchiveSources
 from gpufleet.facts.packages import KeyringFingerprints
 from gpufleet.facts.packages import HeldPackages, PackageVersions
 
-_DEBIAN_ARCHIVE = re.compile(r"^(https?|file)://[^ ]*/debian(-security)?/?$")
+# Debian's archive (deb.debian.org/debian, security, mirrors) and Ubuntu's (archive/security.ubuntu.com/ubuntu,
+# ports.ubuntu.com/ubuntu-ports, cloud mirrors such as us-east-1.ec2.archive.ubuntu.com/ubuntu); not
+# Docker's repository and Launchpad PPAs, whose paths end the same way (download.docker.com/linux/debian,
+# ppa.launchpadcontent.net/OWNER/ppa/ubuntu)
+_DEBIAN_ARCHIVE = re.compile(
+    r"^(?!https?://ppa\.launchpad(content)?\.net/)(https?|file)://[^ ]*/(?<!/linux/)(debian(-security)?|ubuntu(-ports)?)/?$")
 
 
 def _sh(script: str) -> StringCommand:
@@ -71,9 +76,9 @@ def repo_key(url: str, fingerprint: str, keyring: str, member: str | None = None
 
 @operation()
 def archive_components(components: Sequence[str]):
-    """Add ``components`` to every Debian archive entry (deb.debian.org, security, mirrors) lacking them.
+    """Add ``components`` to every Debian or Ubuntu archive entry (mirrors, security) lacking them.
 
-    + components: e.g. ["contrib", "non-free", "non-free-firmware"]
+    + components: e.g. ["contrib", "non-free", "non-free-firmware"] (Debian), ["restricted"] (Ubuntu)
     """
     changes = []
     debian = [e for e in host.get_fact(DebianArchiveSources) if _DEBIAN_ARCHIVE.match(e.uri)]
@@ -82,10 +87,10 @@ def archive_components(components: Sequence[str]):
         if missing:
             changes.append((entry, missing))
     if not debian:
-        host.noop("no Debian archive entry found in the apt sources: nothing to extend")
+        host.noop("no Debian or Ubuntu archive entry found in the apt sources: nothing to extend")
         return
     if not changes:
-        host.noop(f"Debian archive entries already have {' '.join(components)}")
+        host.noop(f"the archive entries already have {' '.join(components)}")
         return
     for entry, missing in changes:
         # append after the last component, before any trailing comment

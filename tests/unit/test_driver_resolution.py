@@ -9,7 +9,7 @@ from gpufleet.errors import Incompatible
 from gpufleet.resolver import resolve
 
 DEBIAN12, DEBIAN13, UBUNTU = "debian-12", "debian-13", "ubuntu-24.04"
-T4, H100, B200, NVSWITCH = "0x1eb8", "0x2330", "0x2901", "0x22a3"
+T4, H100, B200, NVSWITCH, V100 = "0x1eb8", "0x2330", "0x2901", "0x22a3", "Tesla V100-PCIE-32GB"
 
 
 def wish(**overrides) -> dict:
@@ -60,12 +60,23 @@ def test_distro_debian13_is_r550():
     assert r.driver_version.startswith("550.") and set(r.package_versions.values()) == {r.driver_version}
 
 
-def test_ubuntu_distro_rows_stay_unverified():
-    # names are in the data, but the version is unconfirmed: the loader drops the row
-    assert UBUNTU not in compat_data().distro_offers
-    with pytest.raises(Incompatible) as info:
-        resolve([H100], wish(driver_source="distro", driver_branch="auto"), UBUNTU)
-    assert info.value.key == "driver_source"
+@pytest.mark.parametrize("release", ["ubuntu-22.04", "ubuntu-24.04"])
+def test_ubuntu_distro_is_the_580_server_series_as_ubuntu_drivers_gpgpu_installs_it(release):
+    # S35 (packages.ubuntu.com) and S36 (ubuntu-drivers --gpgpu): headless userspace without DKMS,
+    # nvidia-utils, the modules prebuilt per kernel or DKMS; all userspace at the archive's version
+    r = resolve([T4], wish(driver_source="distro", driver_branch="auto"), release)
+    assert (r.source, r.driver_branch, r.driver_version, r.flavour) == ("distro", "580", "580.173.02", "open")
+    assert r.driver_packages == ("nvidia-headless-no-dkms-580-server-open", "nvidia-utils-580-server")
+    assert dict(r.package_versions) == {p: "580.173.02" for p in r.driver_packages}
+    assert r.prebuilt_modules == "linux-modules-nvidia-580-server-open-{kernel}"
+    assert r.dkms_modules == "nvidia-dkms-580-server-open" and r.repo_os_dir is None
+    v100 = resolve([V100], wish(driver_source="distro", driver_branch="auto"), release)  # pre-Turing: proprietary
+    assert v100.driver_packages[0] == "nvidia-headless-no-dkms-580-server"
+    assert (v100.prebuilt_modules, v100.dkms_modules) == ("linux-modules-nvidia-580-server-{kernel}", "nvidia-dkms-580-server")
+    assert compat_data().distro_offers[release].components == ("restricted",)
+    with pytest.raises(Incompatible) as info:  # Ubuntu's own toolkit has no verified row: NVIDIA's repo for that
+        resolve([T4], wish(driver_source="distro", driver_branch="auto", cuda_version="12.4"), release)
+    assert info.value.key == "cuda_version" and info.value.allowed == "none"
 
 
 def test_dcgm_follows_the_cuda_major():

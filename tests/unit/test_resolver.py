@@ -204,7 +204,8 @@ def test_distro_refuses_what_the_os_cannot_provide():
     distro = wish(driver_source="distro", driver_branch="auto")
     assert refused([T4], distro | {"cuda_version": "12.4"}, ("debian", "12")).allowed == "none, 11.8"
     assert refused([T4], distro | {"driver_branch": "580"}, ("debian", "12")).key == "driver_branch"
-    assert refused([T4], distro, UBUNTU).key == "driver_source"
+    assert refused([T4], distro | {"cuda_version": "13.0"}, UBUNTU).key == "cuda_version"  # Ubuntu's toolkit: no row
+    assert refused([H100] * 8, distro, UBUNTU, nvswitch=True).key == "driver_source"  # no Fabric Manager
     assert refused([A100], distro | {"cuda_version": "11.8", "cudnn_version": "9.5.1"}, "debian-12").key == "cudnn_version"
     assert refused([H100] * 8, distro, "debian-12", nvswitch=True).key == "driver_source"
     # H200 first appears in R550: Debian 12's R535 cannot drive it, Debian 13's R550 can

@@ -62,7 +62,10 @@ BROKEN = [
     ("incompatible-cuda", {"driver_branch": "570"}, None, "cuda_version", "incompatible"),
     ("incompatible-cudnn", {"cuda_version": "12.8"}, None, "cudnn_version", "does not support compute capability 10.0 (NVIDIA B200)"),
     ("proprietary-blackwell", {"driver_flavour": "proprietary"}, None, "driver_flavour", "must use the open kernel modules"),
-    ("distro-on-hgx", {"driver_source": "distro"}, None, "driver_source", "ubuntu-24.04 has no distribution driver packages"),
+    ("distro-on-hgx", {"driver_source": "distro", "cuda_version": "none", "cudnn_version": "none"}, None, "driver_source",
+     "NVSwitch systems need Fabric Manager 580.173.02, which ubuntu-24.04 does not package"),
+    ("distro-cuda-on-ubuntu", {"driver_source": "distro"}, None, "cuda_version",
+     "ubuntu-24.04's own CUDA toolkit has no verified driver floor"),
     ("rdma-profile-without-rdma", {"tier": "hgx-cloud", "nccl_profile": "ib"}, None, "nccl_profile", "needs RDMA but validate_rdma is absent"),
 ]
 

@@ -1,0 +1,67 @@
+"""The apt repository lines gpufleet writes, in one place: the deploys write exactly these, and the
+plan view (deploys/plan.py) prints them per host before anything changes. Pure functions.
+
+- NVIDIA's CUDA repository: a flat `signed-by` source under `driver_repo_url`, one directory per
+  OS release (compat.yaml nvidia_repo.os_dirs: debian12, debian13, ubuntu2204, ubuntu2404);
+- Docker's repository: `<docker_repo_url>/<os id> <codename> stable` (debian bookworm/trixie,
+  ubuntu jammy/noble), as Docker's install guide writes it;
+- NVIDIA's container toolkit repository: one flat source for every Debian/Ubuntu release
+  (apt fills in `$(ARCH)`);
+- `driver_source: distro`: no repository of its own, the archive components the driver needs.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+CUDA_SOURCE = "/etc/apt/sources.list.d/gpufleet-cuda.list"
+DOCKER_KEYRING = "/etc/apt/keyrings/gpufleet-docker.gpg"
+DOCKER_LIST = "/etc/apt/sources.list.d/gpufleet-docker.list"
+TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
+# The toolkit's packages, all pinned to docker_toolkit_version (NVIDIA's install guide pins these four).
+TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
+                    "libnvidia-container-tools", "libnvidia-container1")
+
+
+def dpkg_arch(machine: str) -> str:
+    """`uname -m` -> the Debian architecture name Docker's source line wants."""
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
+def cuda_repo_base(repo_url: str, os_dir: str) -> str:
+    """The CUDA repository directory for one OS release, e.g. .../repos/ubuntu2404/x86_64."""
+    return f"{repo_url.rstrip('/')}/{os_dir}/x86_64"
+
+
+def cuda_sources_line(repo_url: str, os_dir: str, keyring: str) -> str:
+    return f"deb [signed-by={keyring}] {cuda_repo_base(repo_url, os_dir)}/ /\n"
+
+
+def docker_sources_line(repo_url: str, os_id: str, codename: str, arch: str, keyring: str = DOCKER_KEYRING) -> str:
+    """Docker's documented line: deb [arch=.. signed-by=..] <url>/<os id> <codename> stable."""
+    return f"deb [arch={arch} signed-by={keyring}] {repo_url.rstrip('/')}/{os_id} {codename} stable\n"
+
+
+def toolkit_sources_line(repo_url: str, keyring: str = TOOLKIT_KEYRING) -> str:
+    """NVIDIA's documented flat line; apt substitutes $(ARCH) itself."""
+    return f"deb [signed-by={keyring}] {repo_url.rstrip('/')}/stable/deb/$(ARCH) /\n"
+
+
+def repository_lines(settings: Any, res: Any, os_id: str | None, codename: str | None, arch: str,
+                     data: Any) -> list[tuple[str, str]]:
+    """(what, line) for every package source gpufleet sets up on a host with resolution `res`."""
+    out: list[tuple[str, str]] = []
+    if res is not None and res.source == "nvidia":
+        out.append((f"driver_repo ({CUDA_SOURCE})",
+                    cuda_sources_line(settings.driver_repo_url, res.repo_os_dir, data.nvidia_repo["keyring_path"]).strip()))
+    elif res is not None:
+        offer = data.distro_offers[res.os_release]
+        archive = "Ubuntu" if res.os_release.startswith("ubuntu") else "Debian"
+        out.append(("driver_repo", f"the {archive} archive" + (f" with {' '.join(offer.components)}" if offer.components else "")))
+    if settings.docker_source == "docker":
+        out.append((f"docker_repo ({DOCKER_LIST})",
+                    docker_sources_line(settings.docker_repo_url, os_id or "debian", codename or "", arch).strip()))
+    else:
+        out.append(("docker_repo", "the distribution's archive (docker.io)"))
+    out.append((f"toolkit_repo ({TOOLKIT_LIST})", toolkit_sources_line(settings.docker_toolkit_repo_url).strip()))
+    return out
