@@ -617,9 +617,12 @@ def _resolve_on(
         versions[fm_package] = version
 
     dcgm: tuple[str, ...] = ()
-    if _wish(wishes, "driver_dcgm", False):
+    # the DCGM exporter (monitoring_dcgm_exporter) needs the host engine: installed and held here, with the driver
+    if _wish(wishes, "driver_dcgm", False) or _wish(wishes, "monitoring_dcgm_exporter", False):
         if offer is not None:
-            raise Incompatible(f"{os_name} does not package DCGM", key="driver_dcgm", allowed="false, or driver_source nvidia")
+            key = "driver_dcgm" if _wish(wishes, "driver_dcgm", False) else "monitoring_dcgm_exporter"
+            raise Incompatible(f"{os_name} does not package DCGM (NVIDIA's CUDA repository does)", key=key,
+                               allowed="false, or driver_source nvidia")
         dcgm_cuda = major(cuda_version) if cuda_version else major(_branch_cuda(branch, data))
         dcgm = tuple(p.format(cuda_major=dcgm_cuda) for p in data.nvidia_repo["dcgm_packages"])
 

@@ -26,6 +26,7 @@ from pyinfra.facts.files import FileContents, Sha256File
 from gpufleet.facts.gpu import GpuState, GpuStateData
 from gpufleet.facts.docker import DaemonJson
 from gpufleet.facts.kernel import DriverState, DriverStateData
+from gpufleet.facts.monitoring import MetricsEndpoint
 from gpufleet.facts.packages import PackageVersions
 from gpufleet.facts.pytorch import TorchBuild
 from gpufleet.facts.nftables import TABLE, NftablesCapability
@@ -125,7 +126,7 @@ def stack_renames(wanted: dict[str, str], installed: dict[str, str | None]
     return out
 
 
-AREAS = ("base", "preflight", "driver", "docker", "tuning", "hardening", "probe", "pytorch")
+AREAS = ("base", "preflight", "driver", "docker", "tuning", "monitoring", "hardening", "probe", "pytorch")
 
 
 @dataclass(frozen=True)
@@ -592,6 +593,57 @@ def daemon_json_current(ctx: Context) -> Result:
                   "was left pending while GPU containers ran, or the file was changed)",
                   "run deploys/all.py once the GPU containers have stopped (or set "
                   "docker_restart_with_gpu_containers: always)")
+
+
+# --- monitoring -------------------------------------------------------------------------------
+
+def exporter_check_name(label: str) -> str:
+    return f"the {label} serves metrics"
+
+
+@check("monitoring")
+def exporters_serve_metrics(ctx: Context) -> list[Result]:
+    """Each exporter the tier turns on answers on the host with real metrics (curl on the host,
+    to the address it is bound to); the DCGM exporter with a GPU temperature for every GPU."""
+    from . import monitoring
+
+    found = monitoring.exporters(ctx.settings)
+    if not found:
+        return [Result("monitoring", "the tier's Prometheus exporters serve metrics", SKIP,
+                       "monitoring_node_exporter and monitoring_dcgm_exporter are false")]
+    results = []
+    for exporter in found:
+        name = exporter_check_name(exporter.label)
+        url = monitoring.local_url(ctx.settings, exporter)
+        fix = (f"systemctl status {exporter.service} and journalctl -u {exporter.service}; "
+               "deploys/monitoring.py installs and starts it")
+        dcgm = exporter.key == "monitoring_dcgm_exporter"
+        if dcgm and not (ctx.gpu.ok and ctx.gpu.gpus):
+            results.append(Result("monitoring", name, SKIP, f"nvidia-smi: {ctx.gpu.status} (DCGM needs a working driver)"))
+            continue
+        data = ctx.fact(MetricsEndpoint, url=url, family=exporter.family, sample=exporter.sample)
+        if data.status == "no-curl":
+            results.append(Result("monitoring", name, FAIL, "curl is not installed on the host",
+                                  "apt-get install curl (deploys/monitoring.py installs it)"))
+            continue
+        if data.status != "ok":
+            results.append(Result("monitoring", name, FAIL, f"{url}: {data.error}", fix))
+            continue
+        if not data.samples:
+            results.append(Result("monitoring", name, FAIL, f"{url} answered without any {exporter.family}* metric", fix))
+            continue
+        found_text = f"{url}: {data.samples} {exporter.family}* samples"
+        if dcgm:
+            want = sorted(str(g.index) for g in ctx.gpu.gpus)
+            have = sorted(set(data.label_values("gpu")))
+            if have != want:
+                results.append(Result("monitoring", name, FAIL, f"{found_text}, but {exporter.sample} for GPU "
+                                      f"{', '.join(have) or 'none'} of {', '.join(want)}",
+                                      f"systemctl status {monitoring.DCGM_SERVICE} {exporter.service}; dcgmi discovery -l"))
+                continue
+            found_text += f", {exporter.sample} for {len(want)} GPUs"
+        results.append(Result("monitoring", name, PASS, found_text))
+    return results
 
 
 # --- hardening --------------------------------------------------------------------------------

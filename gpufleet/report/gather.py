@@ -162,6 +162,7 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     row["firewall"] = summary("the host firewall is active")
     row["ssh_hardening"] = summary("sshd's effective configuration is hardened")
     row["marker"] = summary("the gpufleet marker matches the tier")
+    row["endpoints"] = endpoints(host, settings, by_name) if settings else []
     torch = by_name.get(PYTORCH_CHECK)
     row["pytorch"] = f"{'ok' if torch.status == 'pass' else torch.status}: {torch.message}" if torch else None
     row["validation"] = {
@@ -172,6 +173,20 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     }
     row["state"] = classify(row, results)
     return row
+
+
+def endpoints(host: Any, settings: Any, by_name: dict[str, Any]) -> list[dict[str, str]]:
+    """Each exporter the tier turns on: the URL Prometheus scrapes, and what the gate found there."""
+    from gpufleet import monitoring
+    from gpufleet.validation import exporter_check_name
+
+    address = str(host.data.get("ssh_hostname") or host.name)
+    out: list[dict[str, str]] = []
+    for exporter in monitoring.exporters(settings):
+        result = by_name.get(exporter_check_name(exporter.label))
+        out.append({"name": exporter.label, "url": monitoring.public_url(settings, exporter, address),
+                    "status": result.status if result else "unknown", "message": result.message if result else ""})
+    return out
 
 
 def classify(row: dict[str, Any], results: list[Any]) -> str:
