@@ -49,15 +49,16 @@ from gpufleet.facts.driver import GpuDeviceUsers
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.packages import AptCandidates
 from gpufleet.facts.kernel import DriverState
-from gpufleet.facts.packages import HeldPackages, PackageVersions
+from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages
 from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
 from gpufleet.failures import fail_host
 from gpufleet.hostfacts import driver_state, kernel_plan, resolution
 from gpufleet.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line
 from gpufleet.settings import host_settings
-from gpufleet.validation import is_exact, pending_message, stack_pending_message, upstream_of
-from gpufleet.operations.driver import archive_components, packages_at_versions, refresh_initramfs, repo_key
+from gpufleet.validation import (pending_message, stack_drift_message, stack_fact_packages,
+                                 stack_pending_message, stack_renames, stack_states)
+from gpufleet.operations.driver import archive_components, packages_at_versions, refresh_initramfs, repo_key, stack_recorded
 from gpufleet.operations.holds import held
 from gpufleet.operations.reboot import rebooted
 
@@ -78,8 +79,10 @@ _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefi
 NEEDS_REBOOT: dict[str, str] = {}
 # host name -> (installed, resolved) driver: all.py leaves these to tools/rollout.
 PENDING_UPGRADES: dict[str, tuple[str, str]] = {}
-# host name -> {"CUDA toolkit" | "cuDNN": (installed, resolved)}: all.py leaves these alone too.
+# host name -> {"CUDA toolkit" | "cuDNN": (installed, resolved)}: all.py leaves these to tools/rollout too.
 PENDING_STACK: dict[str, dict[str, tuple[str, str]]] = {}
+# host name -> {"CUDA toolkit" | "cuDNN": [what changed by hand]}: left as found, the gate FAILs them.
+STACK_DRIFT: dict[str, dict[str, list[str]]] = {}
 
 
 def pending_upgrade(settings, res, before) -> tuple[str, str] | None:
@@ -99,17 +102,30 @@ def stack_groups(res) -> dict[str, dict[str, str]]:
     return {what: group for what, group in groups.items() if group}
 
 
-def stack_pending(res, installed) -> dict[str, tuple[str, str]]:
+def stack_pending(res, installed, recorded=None) -> dict[str, tuple[str, str]]:
     """{"cuDNN": (installed, resolved)} for each of the CUDA toolkit and cuDNN that is installed at
-    another release than the resolved one: like the driver, changed only by a sanctioned upgrade
-    (a re-run of all.py must not swap the libraries under running jobs)."""
+    the release gpufleet installed (its record; or no record) while the inventory resolves to
+    another: like the driver, changed only by tools/rollout (a re-run of all.py must not swap the
+    libraries under running jobs). A package name that changes with the release (CUDA 13.0 ->
+    13.1, cuDNN for CUDA 12 -> 13) is pending too: ("old-package release", "new-package release")."""
     out = {}
     for what, group in stack_groups(res).items():
-        for package, version in group.items():
-            have = installed.get(package)
-            if have and not is_exact(have, version):
-                out[what] = (upstream_of(have), version)
+        for package, (state, have, _) in stack_states(group, installed, recorded or {}).items():
+            if state == "pending":
+                out[what] = (have, group[package])
                 break
+    out.update((what, (old, new)) for what, (_, old, new) in stack_renames(res.stack_versions, installed).items())
+    return out
+
+
+def stack_drift(res, installed, recorded) -> dict[str, list[str]]:
+    """{"cuDNN": [message, ...]} for packages installed at another release than the one gpufleet's
+    record says it installed: changed by hand, left as found (the validation gate FAILs them)."""
+    out: dict[str, list[str]] = {}
+    for what, group in stack_groups(res).items():
+        for package, (state, have, mine) in stack_states(group, installed, recorded).items():
+            if state == "drift":
+                out.setdefault(what, []).append(stack_drift_message(package, have or '?', mine or '?', group[package]))
     return out
 
 
@@ -123,7 +139,14 @@ def _report_at_exit() -> None:
         lines = "\n".join(f"    {name}: " + "; ".join(stack_pending_message(what, *v) for what, v in pending.items())
                           for name, pending in sorted(PENDING_STACK.items()))
         click.echo(f"\n--> gpufleet: {len(PENDING_STACK)} host(s) with a CUDA/cuDNN UPGRADE PENDING; deploys/all.py "
-                   f"changed neither (driver_upgrade_in_place: false):\n{lines}\n", err=True)
+                   f"changed neither (driver_upgrade_in_place: false). Roll it out with canary and batches: "
+                   f"tools/rollout INVENTORY\n{lines}\n", err=True)
+    if STACK_DRIFT:
+        lines = "\n".join(f"    {name}: " + "; ".join(m for messages in drift.values() for m in messages)
+                          for name, drift in sorted(STACK_DRIFT.items()))
+        click.echo(f"\n--> gpufleet: {len(STACK_DRIFT)} host(s) whose CUDA toolkit or cuDNN was CHANGED BY HAND; "
+                   f"deploys/all.py left it (the validation gate fails it). tools/rollout INVENTORY puts it back "
+                   f"at the resolved release:\n{lines}\n", err=True)
     if NEEDS_REBOOT:
         lines = "\n".join(f"    {name}: {why}" for name, why in sorted(NEEDS_REBOOT.items()))
         click.echo(f"\n--> gpufleet: {len(NEEDS_REBOOT)} host(s) NEED A REBOOT to load the installed NVIDIA "
@@ -243,13 +266,22 @@ def driver():
 
     pending = pending_upgrade(settings, res, before)
     stack = res.stack_versions
-    stack_moves = stack_pending(res, host.get_fact(PackageVersions, packages=sorted(stack))) if stack else {}
-    in_place = bool(pending or stack_moves) and settings.driver_upgrade_in_place
+    # installed releases and gpufleet's record of the ones it installed, in one remote command
+    found = host.get_fact(StackPackages, packages=stack_fact_packages(stack)) if stack else StackPackages.default()
+    stack_moves = stack_pending(res, found.installed, found.recorded)
+    drifted = stack_drift(res, found.installed, found.recorded)
+    in_place = bool(pending or stack_moves or drifted) and settings.driver_upgrade_in_place
     if stack_moves and not in_place:
         # The same rule as the driver: installed libraries change only by a sanctioned upgrade.
         PENDING_STACK[host.name] = stack_moves
         for what, versions in stack_moves.items():
             logger.warning(f"{host.print_prefix}{stack_pending_message(what, *versions)}")
+    if drifted and not in_place:
+        STACK_DRIFT[host.name] = drifted
+        for messages in drifted.values():
+            for message in messages:
+                logger.warning(f"{host.print_prefix}{message}; left as it is (tools/rollout puts it back)")
+    left = set() if in_place else set(stack_moves) | set(drifted)   # CUDA toolkit / cuDNN all.py keeps
     if pending and not in_place:
         # A provisioned host: its driver changes only through tools/rollout (issue 14). The rest
         # of this deploy still converges around the driver that is installed.
@@ -335,9 +367,9 @@ def driver():
         versions, old_pins = {}, []
         pinning = next((p for p, v in host.get_fact(PackageVersions, packages=[f"nvidia-driver-pinning-{pending[0]}"]).items()
                         if v), None)
-    # CUDA toolkit and cuDNN at their exact releases; one that is pending stays as it is (held)
+    # CUDA toolkit and cuDNN at their exact releases; one that is pending or drifted stays as it is (held)
     for what, group in stack_groups(res).items():
-        if in_place or what not in stack_moves:
+        if what not in left:
             versions.update(group)
     if in_place:
         # driver_upgrade_in_place (dev boxes): the gate's rules still hold, for this one host:
@@ -347,7 +379,9 @@ def driver():
         from gpufleet.operations.drain import gpus_idle
 
         moves = ([f"driver {pending[0]} -> {pending[1]}"] if pending else []) + [
-            f"{what} {old} -> {new}" for what, (old, new) in stack_moves.items()]
+            f"{what} {old} -> {new}" for what, (old, new) in stack_moves.items()] + [
+            f"{what} back to the resolved release (changed by hand)"
+            for what in drifted]
         manifest_and_snapshot(RolloutContext(target=res.driver_version))
         gpus_idle(name=f"Check that no process runs on the GPUs right before the driver changes "
                        f"({', '.join(moves)}, driver_upgrade_in_place)", wait_seconds=0)
@@ -356,22 +390,32 @@ def driver():
               if pending and not in_place else
               f"Install driver {res.driver_version} ({res.flavour})"
               + (f" with Fabric Manager {res.fabricmanager_version}" if res.fabricmanager_needed else ""))
-             + "".join(f", {what} {old} kept (pending {new})" if what in stack_moves and not in_place else ""
+             + "".join(f", {what} {old} kept (pending {new})" if what in left else ""
                        for what, (old, new) in stack_moves.items())
+             + "".join(f", {what} kept as changed by hand" for what in drifted if what in left)
              + (f", CUDA {res.cuda_release or res.cuda_version}"
-                if res.cuda_version and ("CUDA toolkit" not in stack_moves or in_place) else "")
+                if res.cuda_version and "CUDA toolkit" not in left else "")
              + (f", cuDNN {res.cudnn_release or res.cudnn_version}"
-                if res.cudnn_version and ("cuDNN" not in stack_moves or in_place) else "")
+                if res.cudnn_version and "cuDNN" not in left else "")
              + ": unhold, change and re-hold as one step",
         versions=versions, present=present, pinning=pinning,
         hold=settings.driver_hold, release=old_pins,
     )
+    if stack:
+        stack_recorded(name="Record the CUDA toolkit and cuDNN releases gpufleet installed "
+                            "(tells an inventory change from a hand change)",
+                       versions={p: v for what, group in stack_groups(res).items() if what not in left
+                                 for p, v in group.items()},
+                       packages=stack_fact_packages(stack))
     release = before.kernel_release or ""
     extra = [*CONTAINER_TOOLKIT, *((f"linux-image-{release}", f"linux-headers-{release}") if release else ())]
     installed_extra = [p for p, v in host.get_fact(PackageVersions, packages=extra).items() if v]
     # the prebuilt modules' flavour metapackage moves with the kernels (held below only with them)
     follows_kernels = kernel.modules[0] if kernel.prebuilt else None
-    managed = [*res.package_versions, *(p for p in present if p != follows_kernels), *stack,
+    # a renamed CUDA toolkit / cuDNN left pending: its new package is not installed, nor held
+    stack_held = [p for what, group in stack_groups(res).items()
+                  if not (what in left and what in stack_renames(stack, found.installed)) for p in group]
+    managed = [*res.package_versions, *(p for p in present if p != follows_kernels), *stack_held,
                *([pinning] if pinning else []), *installed_extra]
     held(
         name=("Hold" if settings.driver_hold else "Release") + " the driver, CUDA, cuDNN, container toolkit "

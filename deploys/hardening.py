@@ -59,6 +59,7 @@ from gpufleet.operations import nftables, ssh
 from gpufleet.operations.ssh import connecting_user
 
 from gpufleet.deploys.base import APT_CACHE_SECONDS, quiet_needrestart
+from gpufleet import monitoring
 from gpufleet.failures import fail_host
 from gpufleet.settings import host_settings
 from gpufleet.sshd_policy import BASELINE
@@ -236,6 +237,10 @@ def nftables_context(settings, ssh_ports: list[int]) -> dict:
     cidrs = list(settings.firewall_trusted_cidrs)  # normalised networks (gpufleet/schema.py)
     open_ports = [r for r in parse_open_ports(settings.firewall_open_ports)
                   if not (r["proto"] == "tcp" and r["port"] in {str(p) for p in ssh_ports})]
+    # the exporters' ports follow the monitoring_ keys (one source), for their listen address only
+    open_ports += [r for r in monitoring.firewall_rules(settings)
+                   if not any(o["proto"] == "tcp" and o["port"] == r["port"] for o in open_ports)
+                   and r["port"] not in {str(p) for p in ssh_ports}]
     return {"table": TABLE, "ssh_ports": ssh_ports or [22], "open_ports": open_ports,
             "trusted_cidrs": cidrs, "include_dir": None}
 

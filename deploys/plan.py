@@ -8,6 +8,10 @@ resolver picks for these GPUs on this OS, the kernel-module packages for the run
 (Ubuntu: prebuilt and signed, or DKMS), and every package source line the deploys write
 (gpufleet/repos.py: the same functions write them). `pyinfra ... deploys/all.py --dry` shows the
 operations themselves.
+
+Clocks: where nvidia-smi works, the pair each GPU gets, from its own supported-clocks list (the
+same plan deploys/tuning.py applies and the validation gate checks); before that, the compatibility
+catalogue's estimate, said to be one.
 """
 import click
 from pyinfra import host, state
@@ -20,6 +24,7 @@ from gpufleet.repos import TOOLKIT_PACKAGES, dpkg_arch, repository_lines
 from gpufleet.pytorch import mixed_gpus
 from gpufleet.rollout.snapshot import command_name
 from gpufleet.settings import host_settings, validate_inventory
+from gpufleet.tuning import Refusal, clocks_summary, host_clocks
 
 validate_inventory(state.inventory)
 settings = host_settings(host)
@@ -36,6 +41,19 @@ if mixed := mixed_gpus(hardware(host).models):
     lines.append(f"MIXED: {mixed}")
 for problem in tier_mismatches(host, settings):
     lines.append(f"MISMATCH ({settings.tier_mismatch}): {problem}")
+
+
+def host_clock_line() -> str | None:
+    """The host's own clock plan, when its nvidia-smi works (else None: the estimate stands)."""
+    try:
+        plans = host_clocks(host, settings.clock_policy)
+    except Refusal as refused:
+        return f"REFUSED: {refused}"
+    if not plans:
+        return None
+    return f"{clocks_summary(plans)} (the GPUs' own supported clocks)"
+
+
 res = None
 try:
     res = resolution(host, settings)
@@ -46,6 +64,8 @@ try:
             value = f"{' '.join(kernel.modules)} ({how}; kernel {kernel.release})" if kernel.modules else value
         if key == "notes":
             lines += [f"note: {note}" for note in value]
+        elif key == "clocks":
+            lines.append(f"clocks: {host_clock_line() or value}")
         else:
             lines.append(f"{key}: {value}")
     from gpufleet.deploys.driver import mok_certificate, preconditions  # the driver deploy's own first refusal

@@ -22,6 +22,8 @@ from gpufleet.facts.rollout import EtcFiles
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout import snapshot as snap
 from gpufleet.rollout.context import RolloutContext
+from gpufleet.validation import STACK_FAMILIES, STACK_GLOBS
+from gpufleet.operations.driver import stack_recorded
 from gpufleet.operations.driver_upgrade import package_change_settled, packages_at_versions
 from gpufleet.operations.snapshot import disk_snapshot_restored
 
@@ -58,6 +60,13 @@ def restore(ctx: RolloutContext) -> None:
     remove = mf.rollback_removals(doc, installed)
     packages_at_versions(name=f"Put back the package versions of manifest {doc['id']} (unhold, downgrade, hold)",
                          install=install, remove=remove, hold=list(doc["holds"]), downgrade=True)
+    # gpufleet's record says what it installed: the manifest's CUDA toolkit / cuDNN releases again
+    # (else the gate would take the rolled-back packages for a hand change)
+    stack = {p: release for p, v in doc["packages"].items()
+             if any(family.match(p) for _, family in STACK_FAMILIES) and (release := mf.upstream(v))}
+    if stack:
+        stack_recorded(name="Record the CUDA toolkit and cuDNN releases put back", versions=stack,
+                       packages=list(STACK_GLOBS))
     extra_holds = sorted({*host.get_fact(HeldPackages)} - set(doc["holds"]) - set(remove))
     if extra_holds:
         from gpufleet.operations.holds import held

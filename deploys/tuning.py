@@ -20,6 +20,10 @@ and every job, from a login shell or a service, starts with the right environmen
    (``tuning_pytorch_alloc_conf``) and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` for login shells
    (/etc/profile.d), system services (systemd DefaultEnvironment) and user services
    (environment.d). Every file names the tier it came from.
+4. CPU governor (``tuning_cpu_governor``): every CPU with cpufreq runs the tier's governor, kept
+   across reboots by /etc/tmpfiles.d/gpufleet-cpu-governor.conf (and gpufleet-cpu-governor.service
+   once the cpufreq drivers are loaded); a governor the host does not offer is refused at planning
+   time; a host without cpufreq (a container, many VMs) is left alone with a no-op saying so.
 
 Decisions use the host's state before this run (gpufleet.hostfacts): what this run installs
 (the daemon package, for one) is never assumed to be there already.
@@ -39,7 +43,7 @@ from gpufleet import tuning as t
 from gpufleet.failures import fail_host
 from gpufleet.settings import host_settings
 from gpufleet.tuning import TuningPlan, ac_deprecated_from, plan_tuning, policy_text
-from gpufleet.operations import gpu
+from gpufleet.operations import cpu, gpu
 
 #: Debian (non-free/contrib) and NVIDIA's CUDA repository both call the daemon's package this.
 PERSISTENCED_PACKAGE = "nvidia-persistenced"
@@ -49,6 +53,9 @@ CLOCKS_UNIT = "/etc/systemd/system/gpufleet-gpu-clocks.service"
 CLOCKS_ENV = "/etc/gpufleet/gpu-clocks.env"
 CLOCKS_SCRIPT = "/usr/local/sbin/gpufleet-gpu-clocks"
 SYSTEMD_ENV = "/etc/systemd/system.conf.d/gpufleet-gpu-env.conf"
+GOVERNOR_TMPFILES = "/etc/tmpfiles.d/gpufleet-cpu-governor.conf"
+GOVERNOR_SERVICE = "gpufleet-cpu-governor.service"
+GOVERNOR_UNIT = "/etc/systemd/system/gpufleet-cpu-governor.service"
 
 PROFILE_NAMES = {
     "/etc/nccl.conf": "Write NCCL's system-wide settings for the {profile} network profile",
@@ -139,6 +146,27 @@ def _clocks(settings: Any, plan: TuningPlan, env_file: Any) -> None:
                     running=True, enabled=True)
 
 
+def _governor(settings: Any, plan: TuningPlan) -> None:
+    setting = settings.tuning_cpu_governor
+    if setting == "unmanaged":
+        systemd.service(name="Stop setting the CPU governor at boot (tuning_cpu_governor: unmanaged)",
+                        service=GOVERNOR_SERVICE, running=None, enabled=False)
+        for path in (GOVERNOR_TMPFILES, GOVERNOR_UNIT):
+            files.file(name=f"Remove {path} (tuning_cpu_governor: unmanaged)", path=path, present=False)
+    elif plan.governor.governor:  # only where the host has cpufreq: nothing to persist elsewhere
+        context = dict(tier=settings.tier, governor=setting)
+        files.put(name=f"Keep the {setting} CPU governor across reboots (systemd-tmpfiles)",
+                  src=StringIO(t.render("etc/tmpfiles.d/gpufleet-cpu-governor.conf.j2", **context)),
+                  dest=GOVERNOR_TMPFILES, mode="644")
+        unit = files.put(name="Install the unit that sets the CPU governor once the cpufreq drivers are loaded",
+                         src=StringIO(t.render("etc/systemd/system/gpufleet-cpu-governor.service.j2", **context)),
+                         dest=GOVERNOR_UNIT, mode="644")
+        systemd.daemon_reload(name="Reload systemd so it sees the CPU governor unit", _if=unit.did_change)
+        systemd.service(name="Set the CPU governor at every boot", service=GOVERNOR_SERVICE,
+                        running=None, enabled=True)
+    cpu.governor(name=f"Run every CPU on the {setting} frequency governor", setting=setting)
+
+
 @deploy("GPU persistence, clocks and environment profiles")
 def tuning():
     settings = host_settings(host)
@@ -150,6 +178,7 @@ def tuning():
     _persistence(settings, plan)
     env_file = _profiles(settings, plan)
     _clocks(settings, plan, env_file)
+    _governor(settings, plan)
 
 
 # `pyinfra INVENTORY deploys/tuning.py`: this area on its own (deploys/standalone.py).

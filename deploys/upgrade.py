@@ -5,7 +5,8 @@ one left (after a reboot, after a wait):
     survey    read what the host has (GPUs, processes, driver, packages, holds, Slurm)
     drain     Slurm drain; wait for (or refuse on) running GPU processes; refresh the apt index
     snapshot  disk snapshot (lvm | btrfs | zfs | command) and the manifest, copied to the controller
-    upgrade   unhold -> install the target driver's exact versions -> hold again
+    upgrade   unhold -> install the target driver's exact versions, and the CUDA toolkit /
+              cuDNN packages at the releases the inventory resolves to -> hold again
     reboot    only when the loaded module is not the target (and driver_reboot allows it)
     tune      persistence and clocks back as recorded in the manifest (or, with --retune, the
               tier's tuning from deploys/tuning.py once issue 6 has landed)
@@ -24,14 +25,16 @@ from pyinfra.api import deploy
 
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.kernel import DriverState
-from gpufleet.facts.packages import HeldPackages, PackageVersions
+from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages
 from gpufleet.facts.rollout import AptVersions, EtcFiles, SlurmNode
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
 from gpufleet.rollout.snapshot import snapshot_name
 from gpufleet.settings import host_settings
+from gpufleet.validation import stack_fact_packages
 from gpufleet.operations.apt_index import index_refreshed
 from gpufleet.operations.drain import gpu_containers_stopped, gpus_idle, gpus_idle_now, slurm_node, slurm_node_drained
+from gpufleet.operations.driver import stack_recorded
 from gpufleet.operations.driver_upgrade import package_change_settled, packages_at_versions
 from gpufleet.operations.gpu_restore import gpu_settings_restored
 from gpufleet.operations.reboot import rebooted
@@ -138,7 +141,8 @@ def snapshot(ctx: RolloutContext) -> None:
 
     def build() -> str:
         doc = mf.build(host=name, ident=ident, created=created,
-                       reason=f"driver upgrade {driver.userspace_version} -> {ctx.target}",
+                       reason=f"driver upgrade {driver.userspace_version} -> {ctx.target}" + "".join(
+                           f", {change}" for change in mf.stack_changes(installed, ctx.stack.get(name, {}))),
                        packages=installed, holds=holds, etc_files=etc,
                        driver={"loaded": driver.module_version, "installed": driver.userspace_version,
                                "flavour": driver.module_flavour},
@@ -156,8 +160,10 @@ def snapshot(ctx: RolloutContext) -> None:
 @deploy("Upgrade the driver")
 def upgrade(ctx: RolloutContext) -> None:
     installed = host.get_fact(PackageVersions, packages=list(mf.PACKAGE_PATTERNS))
+    wanted = ctx.stack.get(host.name, {})
     names = sorted({n for n, v in installed.items() if v and mf.DRIVER_PACKAGE.match(n)}
-                   | {f"nvidia-driver-pinning-{ctx.target}"})
+                   | {f"nvidia-driver-pinning-{ctx.target}"} | set(mf.stack_moves(installed, wanted))
+                   | set(mf.renamed_packages(installed, wanted)[0]))
     available = host.get_fact(AptVersions, packages=names)
     holds = host.get_fact(HeldPackages)
     # what the manifest recorded as held is held again, even if an interrupted change released it
@@ -168,9 +174,33 @@ def upgrade(ctx: RolloutContext) -> None:
         ctx.refuse(host, f"driver {ctx.target} is not available from the configured repositories for: "
                          f"{', '.join(missing)}")
         return
+    stack_install, stack_remove, stack_missing = mf.stack_plan(installed, wanted, available)
+    if stack_missing:
+        ctx.refuse(host, "the configured repositories offer no " + ", ".join(stack_missing)
+                         + ": CUDA toolkit / cuDNN not moved")
+        return
+    present = [p for p in wanted if installed.get(p) or p in stack_install]
+    # a CUDA toolkit / cuDNN package replaced by its new name is not held again (nor, on a
+    # resume, one the manifest held that is gone)
+    hold = sorted(p for p in set(hold) - set(stack_remove)
+                  if installed.get(p) or p in stack_install or not mf._stack_family(p))
+    if host_settings(host).driver_hold:
+        hold = sorted(set(hold) | set(stack_install))   # what it moves is held; other holds as they were
     package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
-    packages_at_versions(name=f"Move the driver packages to {ctx.target} (unhold, install, hold again)",
-                         install=install, remove=remove, hold=hold)
+    settings = host_settings(host)
+    if stack_install and settings.rollout_require_idle and not ctx.force:
+        # libraries swapped under a running job break it: checked when it runs, right before
+        gpus_idle_now(name="Check that no process runs on the GPUs right before the CUDA toolkit / cuDNN change",
+                      wait_seconds=ctx.wait_idle)
+    what = [f"the driver packages to {ctx.target}"] if install else []
+    what += [f"{p} to {mf.upstream(v)}" for p, v in sorted(stack_install.items())]
+    what += [f"without {p}" for p in stack_remove]
+    packages_at_versions(name=f"Move {', '.join(what) or 'nothing'} (unhold, install, hold again)",
+                         install={**install, **stack_install}, remove=[*remove, *stack_remove], hold=hold,
+                         downgrade=bool(stack_install))   # an inventory may ask for an older release
+    if wanted:
+        stack_recorded(name="Record the CUDA toolkit and cuDNN releases gpufleet installed",
+                       versions={p: wanted[p] for p in present}, packages=stack_fact_packages(wanted))
 
 
 @deploy("Reboot into the new driver if needed")
@@ -210,11 +240,17 @@ def validate(ctx: RolloutContext) -> None:
     driver = host.get_fact(DriverState)
     gpus = host.get_fact(GpuState)
     holds = host.get_fact(HeldPackages)
-    problems = mf.validation_problems(ctx.target, driver, gpus, holds, ctx.manifests.get(host.name))
+    stack = ctx.stack.get(host.name, {})
+    found = host.get_fact(StackPackages, packages=stack_fact_packages(stack)) if stack else StackPackages.default()
+    problems = mf.validation_problems(ctx.target, driver, gpus, holds, ctx.manifests.get(host.name),
+                                      stack=stack, stack_installed=found.installed,
+                                      stack_held=host_settings(host).driver_hold)
     if problems:
         ctx.refuse(host, "validation failed: " + "; ".join(problems))
     else:
-        host.noop(f"driver {ctx.target} loaded, {len(gpus.gpus)} GPU(s) healthy, settings and holds as before")
+        exact = [f"{p} {v}" for p, v in sorted(stack.items()) if found.installed.get(p)]
+        host.noop(f"driver {ctx.target} loaded" + (f", {', '.join(exact)}" if exact else "")
+                  + f", {len(gpus.gpus)} GPU(s) healthy, settings and holds as before")
 
 
 @deploy("Put the host back in service")

@@ -33,6 +33,9 @@ class NetInterface(JsonMixin):
     # virtio device ('virtio2'), or None for software interfaces.
     device: str | None
     driver: str | None  # 'mlx5_core', 'virtio_net'; None for software interfaces
+    # /sys/class/net/X/speed in Mbit/s; None when the link is down or the driver does not say
+    # (virtio_net and most virtual interfaces report -1 or refuse the read)
+    speed_mbps: int | None = None
 
     @property
     def kind(self) -> str:
@@ -58,8 +61,8 @@ def net_command(sys_root: str = "/sys") -> str:
         '[ -e "$i" ] || continue; '
         'dev=; if [ -e "$i/device" ]; then dev=$(readlink "$i/device" 2>/dev/null); dev=${dev##*/}; fi; '
         'drv=; if [ -e "$i/device/driver" ]; then drv=$(readlink "$i/device/driver" 2>/dev/null); drv=${drv##*/}; fi; '
-        + read_files("$i", operstate="state", address="mac", mtu="mtu", type="type") +
-        'echo "name=${i##*/} operstate=$state mac=$mac mtu=$mtu type=$type device=$dev driver=$drv"; '
+        + read_files("$i", operstate="state", address="mac", mtu="mtu", type="type", speed="speed") +
+        'echo "name=${i##*/} operstate=$state mac=$mac mtu=$mtu type=$type device=$dev driver=$drv speed=$speed"; '
         "done; true",
         net=sys_root + "/class/net",
     )
@@ -71,6 +74,11 @@ def _opt_number(value: str, what: str, line: str) -> int | None:
     if not value.isdigit():
         raise fail(f"expected a number for {what}", line)
     return int(value)
+
+
+def _speed(value: str) -> int | None:
+    """Mbit/s, or None for -1 / empty / anything else (unknown speed is not a speed)."""
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def parse_net(lines: Sequence[str], include_all: bool = False) -> list[NetInterface]:
@@ -99,6 +107,7 @@ def parse_net(lines: Sequence[str], include_all: bool = False) -> list[NetInterf
                 type=_opt_number(fields.get("type", ""), "type", line),
                 device=fields.get("device") or None,
                 driver=fields.get("driver") or None,
+                speed_mbps=_speed(fields.get("speed", "")),
             )
         )
     return sorted(interfaces, key=lambda interface: interface.name)

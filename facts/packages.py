@@ -227,3 +227,55 @@ class AptCandidates(FactBase[dict[str, "str | None"]]):
                 raise fail("expected 'package candidate'", line)
             result[parts[0]] = None if parts[1] == "(none)" else parts[1]
         return result
+
+
+#: gpufleet's record of the CUDA toolkit and cuDNN releases it installed (0600 in a 0700 folder,
+#: root's): what tells an inventory change (pending) from a package changed by hand (drift).
+STACK_RECORD_DIR = "/var/lib/gpufleet/installed"
+STACK_RECORD = STACK_RECORD_DIR + "/stack"
+_RECORD_LINE = re.compile(r"^([a-z0-9][a-z0-9+.\-]*) ([0-9][A-Za-z0-9.+~]*)$")
+
+
+@dataclass(frozen=True)
+class StackPackagesData(JsonMixin):
+    installed: dict  # package -> installed Debian version, None when not installed
+    recorded: dict   # package -> the upstream release gpufleet installed it at (its record)
+    record_found: bool = False
+
+
+class StackPackages(FactBase[StackPackagesData]):
+    """
+    The installed versions of the CUDA toolkit and cuDNN packages (one dpkg-query call, as
+    PackageVersions) and, in the same command, gpufleet's record of the releases it installed
+    them at (STACK_RECORD, lines ``package release``):
+
+    .. code:: python
+
+        host.get_fact(StackPackages, packages=["libcudnn9-cuda-13"])
+        StackPackagesData(installed={"libcudnn9-cuda-13": "9.16.0.29-1"},
+                          recorded={"libcudnn9-cuda-13": "9.17.0.29"}, record_found=True)
+    """
+
+    @override
+    @staticmethod
+    def default() -> StackPackagesData:
+        return StackPackagesData({}, {})
+
+    @override
+    def command(self, packages: Sequence[str]) -> str:
+        return "; ".join([PackageVersions().command(packages), begin("record"),
+                          with_values('cat "$record" 2>/dev/null || true', record=STACK_RECORD)])
+
+    @override
+    def process(self, output: list[str]) -> StackPackagesData:
+        at = next((i for i, line in enumerate(output) if line.strip() == f"{MARK} begin record"), len(output))
+        installed = PackageVersions().process(output[:at])
+        recorded, found = {}, at < len(output)
+        for line in output[at + 1:]:
+            if not line.strip() or line.startswith("#"):
+                continue
+            match = _RECORD_LINE.match(line.strip())
+            if not match:
+                raise fail("expected 'package release' in gpufleet's record " + STACK_RECORD, line)
+            recorded[match.group(1)] = match.group(2)
+        return StackPackagesData(installed, recorded, found and bool(recorded))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, TypeVar
 
+from gpufleet.facts.cpu import CpuFreq, CpuFreqData
 from gpufleet.facts.gpu import GpuState, GpuStateData
 from gpufleet.facts.kernel import DriverState, DriverStateData
 from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
@@ -55,6 +56,10 @@ def resources(host: Any) -> SystemResourcesData:
 
 def interfaces(host: Any) -> list:
     return _cached(host, "interfaces", lambda: host.get_fact(NetworkInterfaces))
+
+
+def cpu_freq(host: Any) -> CpuFreqData:
+    return _cached(host, "cpu_freq", lambda: host.get_fact(CpuFreq))
 
 
 def rdma_devices(host: Any) -> list:

@@ -44,6 +44,8 @@ class Resolution:
     fabricmanager_version: str | None  # always == driver_version when needed
     fabric_extra_packages: tuple[str, ...]  # e.g. NVLink Subnet Manager on 4th-gen NVSwitch
     clock_method: str  # ac (nvidia-smi -ac) | lgc (-lgc/-lmc, R595+) | reset | none
+    #: per model: the pair clock_policy asks for. Under `max` it is only the catalogue's estimate
+    #: (None: no estimate): the host gets each GPU's own highest supported pair (gpufleet/tuning.py)
     application_clocks: Mapping[str, ClockPair | None] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     #: NVIDIA's version-locking package for this exact driver (nvidia source, R580+), else None
@@ -60,6 +62,8 @@ class Resolution:
     cudnn_packages: tuple[str, ...] = ()
     #: the PyTorch wheel (release, CUDA variant) that runs on every GPU with this driver, when asked for
     pytorch: PytorchChoice | None = None
+    #: clock_policy max: application_clocks are the catalogue's estimate, not what is applied
+    clocks_estimated: bool = False
     #: kernel modules packaged apart from driver_packages (Ubuntu's distro drivers): the prebuilt,
     #: signed package with "{kernel}" (`uname -r` or the kernel flavour), and the DKMS fallback;
     #: which one a host gets depends on its kernel (gpufleet/kernels.py module_packages)
@@ -97,12 +101,19 @@ class Resolution:
             ),
             "clocks": self.clock_method
             + "".join(
-                f"; {name} {pair.memory_mhz},{pair.graphics_mhz}" if pair else f"; {name} default"
+                f"; {name} {pair.memory_mhz},{pair.graphics_mhz}" if pair else f"; {name} {MAX_UNKNOWN}"
                 for name, pair in self.application_clocks.items()
-            ),
+            )
+            + (f" ({MAX_ESTIMATE})" if self.clocks_estimated and any(self.application_clocks.values()) else ""),
             "pytorch": self.pytorch.describe() if self.pytorch else NONE,
             "notes": list(self.notes),
         }
+
+
+#: clock_policy max has one meaning: each GPU's highest supported pair as its nvidia-smi reports
+#: it (what -ac / -lgc,-lmc can apply). The catalogue's pair only estimates it before a host is seen.
+MAX_ESTIMATE = "catalogue estimate; each GPU gets its own highest supported pair"
+MAX_UNKNOWN = "its own highest supported pair (no catalogue estimate)"
 
 
 def _count_names(names: Iterable[str]) -> list[str]:
@@ -382,7 +393,8 @@ def _clocks(models: Sequence[GpuModel], policy: Any, branch: str, data: CompatDa
         if policy == "max":
             pairs[model.name] = model.max_clocks
             if model.max_clocks is None:
-                notes.append(f"no verified max clocks for {model.name}; its clocks stay at default")
+                notes.append(f"no catalogue clocks for {model.name}: its highest supported pair is read from the "
+                             "GPU when tuning runs")
             continue
         wanted = ClockPair(int(policy["memory"]), int(policy["graphics"]))
         top = model.max_clocks
@@ -605,9 +617,12 @@ def _resolve_on(
         versions[fm_package] = version
 
     dcgm: tuple[str, ...] = ()
-    if _wish(wishes, "driver_dcgm", False):
+    # the DCGM exporter (monitoring_dcgm_exporter) needs the host engine: installed and held here, with the driver
+    if _wish(wishes, "driver_dcgm", False) or _wish(wishes, "monitoring_dcgm_exporter", False):
         if offer is not None:
-            raise Incompatible(f"{os_name} does not package DCGM", key="driver_dcgm", allowed="false, or driver_source nvidia")
+            key = "driver_dcgm" if _wish(wishes, "driver_dcgm", False) else "monitoring_dcgm_exporter"
+            raise Incompatible(f"{os_name} does not package DCGM (NVIDIA's CUDA repository does)", key=key,
+                               allowed="false, or driver_source nvidia")
         dcgm_cuda = major(cuda_version) if cuda_version else major(_branch_cuda(branch, data))
         dcgm = tuple(p.format(cuda_major=dcgm_cuda) for p in data.nvidia_repo["dcgm_packages"])
 
@@ -634,6 +649,7 @@ def _resolve_on(
         fabric_extra_packages=fabric_extra,
         clock_method=method,
         application_clocks=MappingProxyType(pairs),
+        clocks_estimated=_wish(wishes, "clock_policy", "default") == "max",
         notes=tuple(notes),
         pinning_package=pinning,
         package_versions=MappingProxyType(versions),

@@ -609,6 +609,22 @@ def _check_cidr(item: Any) -> str:
     return str(network)
 
 
+_LISTEN_ALLOWED = "all, or one IP address of the host such as 10.0.0.5, 127.0.0.1 or fd00::5"
+
+
+def _check_listen_address(value: Any) -> str:
+    _string(value, _LISTEN_ALLOWED)
+    if value == "all":
+        return value
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        raise BadValue(f"not an IP address: {show(value)}", _LISTEN_ALLOWED) from None
+    if address.is_unspecified or address.is_multicast:
+        raise BadValue(f"{show(value)} is not one address of the host (use all for every address)", _LISTEN_ALLOWED)
+    return str(address)
+
+
 def _check_gpu_model(item: Any) -> str:
     if not isinstance(item, str) or item not in model_names():
         raise BadValue(f"unknown GPU model {show(item)}", "nvidia-smi names from compat.yaml: " + ", ".join(model_names()))
@@ -754,6 +770,12 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "firewall_trusted_cidrs": _list(_check_cidr, _CIDRS_ALLOWED),
         "firewall_revert_after": _int(10, 3600),
         "hardening_sshd_revert_after": _int(10, 3600),
+        "monitoring_node_exporter": _bool(),
+        "monitoring_node_exporter_port": _int(1, 65535),
+        "monitoring_dcgm_exporter": _bool(),
+        "monitoring_dcgm_exporter_port": _int(1, 65535),
+        "monitoring_dcgm_exporter_version": _text(r"\d+\.\d+\.\d+", "a dcgm-exporter release such as 4.5.0 (any epoch and Debian revision)"),
+        "monitoring_listen_address": KeySpec(_check_listen_address, lambda: _LISTEN_ALLOWED),
         "rollout_batch_size": _int(1),
         "rollout_require_idle": _bool(),
         "rollout_lock_wait": _int(0, 86400),

@@ -96,6 +96,12 @@ class Settings:
     firewall_trusted_cidrs: tuple[str, ...]
     firewall_revert_after: int
     hardening_sshd_revert_after: int
+    monitoring_node_exporter: bool
+    monitoring_node_exporter_port: int
+    monitoring_dcgm_exporter: bool
+    monitoring_dcgm_exporter_port: int
+    monitoring_dcgm_exporter_version: str
+    monitoring_listen_address: str
     rollout_batch_size: int
     rollout_require_idle: bool
     rollout_lock_wait: int
@@ -273,6 +279,9 @@ def _settings_for(host: str, data: Mapping[str, Any]) -> tuple[Settings | None, 
     plan, plan_problems = _plan(host, values)
     if plan_problems:
         return None, plan_problems
+    problems += _monitoring_checks(host, values)  # after the plan: a driver_source refused there says more
+    if problems:
+        return None, problems
     return Settings(host=host, overridden=tuple(k for k in KEYS if k in ours), plan=plan, **values), []
 
 
@@ -292,6 +301,16 @@ def _cross_checks(host: str, values: Mapping[str, Any]) -> list[str]:
         problems.append(
             _line(host, "nccl_profile", f"profile {values['nccl_profile']} needs RDMA but validate_rdma is absent", "tcp, efa")
         )
+    return problems
+
+
+def _monitoring_checks(host: str, values: Mapping[str, Any]) -> list[str]:
+    """Two exporters cannot share a port (that DCGM needs NVIDIA's repository, the resolver says)."""
+    problems = []
+    if (values["monitoring_node_exporter"] and values["monitoring_dcgm_exporter"]
+            and values["monitoring_node_exporter_port"] == values["monitoring_dcgm_exporter_port"]):
+        problems.append(_line(host, "monitoring_dcgm_exporter_port", f"{values['monitoring_dcgm_exporter_port']} is "
+                              "also monitoring_node_exporter_port", "another port than the node exporter's"))
     return problems
 
 

@@ -256,6 +256,42 @@ def nccl_variables(profile: str, ifname: str | None, hca: str | None, rdma_prese
     return out
 
 
+# --- CPU frequency governor ----------------------------------------------------------------------
+
+CPU_GOVERNOR_FILE = "/sys/devices/system/cpu/{cpu}/cpufreq/scaling_governor"
+
+
+@dataclass(frozen=True)
+class GovernorPlan:
+    """tuning_cpu_governor on one host: the governor to set (None: leave the CPUs alone, and
+    why), and the CPUs not running it yet."""
+
+    governor: str | None
+    cpus: tuple[str, ...] = ()
+    reason: str = ""
+
+    @property
+    def files(self) -> list[str]:
+        return [CPU_GOVERNOR_FILE.format(cpu=cpu) for cpu in self.cpus]
+
+
+def plan_governor(setting: str, cpufreq: Any) -> GovernorPlan:
+    """From the CpuFreq fact: nothing without cpufreq (containers, many VMs) or when unmanaged;
+    a governor the host's cpufreq driver does not offer is refused (key, what it offers)."""
+    if setting == "unmanaged":
+        return GovernorPlan(None, reason="tuning_cpu_governor: unmanaged, the CPU governor is left alone")
+    if not cpufreq.present:
+        return GovernorPlan(None, reason=f"no cpufreq on this host (no /sys/devices/system/cpu/cpu*/cpufreq: a "
+                                         f"container, or a VM without frequency scaling): tuning_cpu_governor: "
+                                         f"{setting} does not apply")
+    if setting not in cpufreq.available:
+        offered = " | ".join(cpufreq.available) or "(none listed)"
+        raise Refusal("tuning_cpu_governor", f"this host's cpufreq driver offers no {setting} governor",
+                      f"{offered} | unmanaged")
+    todo = tuple(sorted((c for c, g in cpufreq.governors.items() if g != setting), key=lambda c: int(c[3:])))
+    return GovernorPlan(setting, todo)
+
+
 # --- environment --------------------------------------------------------------------------------
 
 
@@ -321,19 +357,43 @@ class TuningPlan:
     clocks: list[GpuClocks] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)  # rendered environment files by path
     threads: int = 1
+    governor: GovernorPlan = GovernorPlan(None)
+
+
+def host_clocks(host: Any, policy: Any) -> list[GpuClocks]:
+    """The clock plan of the host's GPUs from its nvidia-smi (empty when it does not work or the
+    policy is unmanaged): what the deploy applies, the gate checks and the plan view shows."""
+    from gpufleet.facts.gpu_tuning import locked_clocks
+
+    from .hostfacts import gpu_state
+
+    state = gpu_state(host)
+    if not (state.ok and state.gpus) or policy == "unmanaged":
+        return []
+    return plan_clocks(policy, state.gpus, state.supported_clocks, state.driver_version, locked_clocks(host),
+                       ac_deprecated_from())
+
+
+def clocks_summary(plans: Sequence[GpuClocks]) -> str:
+    """'-ac 1215,1410 on GPU 0, 1, 2, 3 (NVIDIA A100-SXM4-40GB)': one wording of the targets for
+    the plan view and the gate."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for c in plans:
+        index, _, rest = c.label.removeprefix("GPU ").partition(" ")
+        name = rest.rsplit(" (", 1)[0]
+        how = {AC: "-ac", LGC: "-lgc/-lmc"}.get(c.method, c.method)
+        target = f"{how} {c.target.mem},{c.target.gfx}" if c.target else "driver default"
+        groups.setdefault((target, name, c.method), []).append(index)
+    return "; ".join(f"{target} on GPU {', '.join(indices)} ({name})" for (target, name, _), indices in groups.items())
 
 
 def plan_tuning(host: Any, settings: Any) -> TuningPlan:
     """Everything the tuning deploy will do on this host, from its facts; raises Refusal."""
-    from gpufleet.facts.gpu_tuning import locked_clocks
-
-    from .hostfacts import gpu_state, hardware, interfaces, rdma_devices, resources
+    from .hostfacts import cpu_freq, gpu_state, hardware, interfaces, rdma_devices, resources
 
     state = gpu_state(host)
     plan = TuningPlan(nvidia_ok=state.ok and bool(state.gpus), nvidia_status=state.status)
-    if plan.nvidia_ok and settings.clock_policy != "unmanaged":
-        plan.clocks = plan_clocks(settings.clock_policy, state.gpus, state.supported_clocks,
-                                  state.driver_version, locked_clocks(host), ac_deprecated_from())
+    plan.clocks = host_clocks(host, settings.clock_policy)
 
     nics, rdma = interfaces(host), rdma_devices(host)
     ifname = socket_ifname(settings.tuning_nccl_socket_ifname, nics)
@@ -345,4 +405,5 @@ def plan_tuning(host: Any, settings: Any) -> TuningPlan:
     plan.threads = omp_threads(settings.tuning_omp_threads, resources(host).physical_cores, gpu_count)
     env = gpu_environment(plan.threads, settings.tuning_pytorch_alloc_conf)
     plan.files = render_profiles(settings.tier, settings.nccl_profile, nccl, env, bool(rdma), notes)
+    plan.governor = plan_governor(settings.tuning_cpu_governor, cpu_freq(host))
     return plan

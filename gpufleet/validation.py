@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -25,6 +26,7 @@ from pyinfra.facts.files import FileContents, Sha256File
 from gpufleet.facts.gpu import GpuState, GpuStateData
 from gpufleet.facts.docker import DaemonJson
 from gpufleet.facts.kernel import DriverState, DriverStateData
+from gpufleet.facts.monitoring import MetricsEndpoint
 from gpufleet.facts.packages import PackageVersions
 from gpufleet.facts.pytorch import TorchBuild
 from gpufleet.facts.nftables import TABLE, NftablesCapability
@@ -35,7 +37,7 @@ from . import dockerconf, perf
 from .errors import Incompatible
 from .sshd_policy import expected_sshd
 from .tiers import managed_marker
-from .tuning import Refusal, plan_tuning
+from .tuning import Refusal, clocks_summary, plan_tuning
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 STATUSES = (PASS, FAIL, WARN, SKIP)
@@ -50,9 +52,32 @@ def pending_message(installed: str, resolved: str) -> str:
 
 
 def stack_pending_message(what: str, installed: str, resolved: str) -> str:
-    """The one wording of a CUDA toolkit / cuDNN release all.py leaves alone (run output, gate, report)."""
-    return (f"{what} upgrade pending: {installed} -> {resolved} (deploys/all.py changes no installed CUDA "
-            "toolkit or cuDNN)")
+    """The one wording of a CUDA toolkit / cuDNN release the inventory moved and all.py leaves to
+    tools/rollout (run output, gate, report)."""
+    return f"{what} upgrade pending: {installed} -> {resolved}, run tools/rollout"
+
+
+def stack_drift_message(package: str, installed: str, recorded: str, resolved: str) -> str:
+    """The one wording of a CUDA toolkit / cuDNN package changed since gpufleet installed it."""
+    return (f"{package} {installed} (resolved {resolved}) was changed by hand: gpufleet installed "
+            f"{recorded}")
+
+
+def stack_states(wanted: dict[str, str], installed: dict[str, str | None], recorded: dict[str, str]
+                 ) -> dict[str, tuple[str, str, str | None]]:
+    """{package: (state, installed release, recorded release)} for the CUDA toolkit / cuDNN
+    packages of `wanted` (package -> resolved release) that are installed at another release:
+    "pending" when it is the release gpufleet installed (the inventory asks for another one),
+    "drift" when gpufleet's record says another one (someone changed the package). A package
+    gpufleet has no record of (installed before the record existed) counts as pending."""
+    out = {}
+    for package, want in sorted(wanted.items()):
+        have = installed.get(package)
+        if not have or is_exact(have, want):
+            continue
+        release, mine = upstream_of(have), recorded.get(package)
+        out[package] = ("pending" if mine in (None, release) else "drift", release, mine)
+    return out
 
 
 def upstream_of(debian_version: str) -> str:
@@ -65,7 +90,43 @@ def is_exact(debian_version: str | None, upstream: str) -> bool:
     return debian_version is not None and "-" in debian_version and upstream_of(debian_version) == upstream
 
 
-AREAS = ("base", "preflight", "driver", "docker", "tuning", "hardening", "probe", "pytorch")
+#: The CUDA toolkit and cuDNN package families whose names carry a release (CUDA 13.0 -> 13.1,
+#: cuDNN for CUDA 12 -> 13): another member installed is the same library at another release.
+STACK_FAMILIES = (("CUDA toolkit", re.compile(r"^cuda-toolkit-\d+-\d+$")),
+                  ("cuDNN", re.compile(r"^libcudnn\d+-(?:dev-|headers-)?cuda-\d+$")))
+#: dpkg-query globs that find every installed member of those families
+STACK_GLOBS = ("cuda-toolkit-[0-9]*", "libcudnn[0-9]*")
+
+
+def stack_fact_packages(wanted: dict[str, str]) -> list[str]:
+    """The StackPackages arguments for the resolved packages `wanted`: them and their families
+    (the same list everywhere, so that one remote command answers the deploy, the record and the gate)."""
+    return [*sorted(wanted), *STACK_GLOBS] if wanted else []
+
+
+def _main(packages: list[str]) -> str:
+    return next((p for p in sorted(packages) if "-dev-" not in p and "-headers-" not in p), sorted(packages)[0])
+
+
+def stack_renames(wanted: dict[str, str], installed: dict[str, str | None]
+                  ) -> dict[str, tuple[tuple[str, ...], str, str]]:
+    """{"cuDNN": (installed packages it replaces, "old-package release", "new-package release")}
+    for each of the CUDA toolkit and cuDNN whose resolved package is not installed while another
+    member of its family is: a pending upgrade (tools/rollout replaces it), not a second
+    install alongside."""
+    out = {}
+    for what, family in STACK_FAMILIES:
+        group = {p: v for p, v in wanted.items() if family.match(p)}
+        if not group or any(installed.get(p) for p in group):
+            continue
+        others = tuple(sorted(p for p, v in installed.items() if v and family.match(p) and p not in group))
+        if others:
+            old, new = _main(list(others)), _main(list(group))
+            out[what] = (others, f"{old} {upstream_of(installed[old] or '')}", f"{new} {group[new]}")
+    return out
+
+
+AREAS = ("base", "preflight", "driver", "docker", "tuning", "monitoring", "hardening", "probe", "pytorch")
 
 
 @dataclass(frozen=True)
@@ -219,6 +280,64 @@ def one_gpu_model(ctx: Context) -> Result:
                   "pin each job to one model as above, or put one GPU model per host")
 
 
+def _hardware_status(ctx: Context) -> str:
+    return FAIL if ctx.settings.tier_mismatch == "fail" else WARN
+
+
+#: interfaces that carry no data between hosts, whatever speed they report
+_NOT_DATA_NIC = ("lo", "docker", "veth", "br-", "virbr", "ifb", "dummy", "tun", "tap", "wg", "tailscale")
+
+
+def fastest_data_nic(interfaces: list[Any]) -> Any | None:
+    """The Ethernet / InfiniBand interface with the highest reported link speed (None: none says)."""
+    known = [i for i in interfaces if i.speed_mbps and i.kind in ("ethernet", "infiniband")
+             and not i.name.startswith(_NOT_DATA_NIC)]
+    return max(known, key=lambda i: (i.speed_mbps, i.name)) if known else None
+
+
+@check("preflight")
+def enough_ram(ctx: Context) -> Result:
+    """MemTotal counts in GB of 10^9 bytes: a host with N GiB installed shows a little over N GB
+    once firmware and kernel took their share, so the tier's round number holds."""
+    from .hostfacts import resources
+
+    name = "the host has the tier's minimum RAM"
+    minimum = ctx.settings.validate_min_ram_gb
+    if not minimum:
+        return Result("preflight", name, SKIP, "validate_min_ram_gb: 0")
+    kib = resources(ctx.host).memory_total_kib
+    if kib is None:
+        return Result("preflight", name, SKIP, "/proc/meminfo gave no MemTotal")
+    found = kib * 1024 / 1e9
+    if found >= minimum:
+        return Result("preflight", name, PASS, f"{found:.0f} GB (validate_min_ram_gb: {minimum})")
+    return Result("preflight", name, _hardware_status(ctx),
+                  f"{found:.1f} GB of RAM (MemTotal), tier {ctx.settings.tier} expects at least {minimum} GB "
+                  f"(validate_min_ram_gb; tier_mismatch: {ctx.settings.tier_mismatch})",
+                  "add RAM, move the host to a tier that fits it, or set validate_min_ram_gb for it")
+
+
+@check("preflight")
+def fast_enough_nic(ctx: Context) -> Result:
+    from .hostfacts import interfaces
+
+    name = "the fastest data NIC reaches the tier's minimum speed"
+    minimum = ctx.settings.validate_min_nic_gbps
+    if not minimum:
+        return Result("preflight", name, SKIP, "validate_min_nic_gbps: 0")
+    nic = fastest_data_nic(interfaces(ctx.host))
+    if nic is None:  # virtual NICs (virtio, many clouds') report -1: no speed is not a slow NIC
+        return Result("preflight", name, SKIP, f"no Ethernet or InfiniBand interface reports its link speed "
+                      f"(/sys/class/net/*/speed), so validate_min_nic_gbps: {minimum} cannot be checked")
+    gbps = nic.speed_mbps / 1000
+    if gbps >= minimum:
+        return Result("preflight", name, PASS, f"{nic.name} {gbps:g} Gbit/s (validate_min_nic_gbps: {minimum})")
+    return Result("preflight", name, _hardware_status(ctx),
+                  f"fastest data NIC {nic.name} runs at {gbps:g} Gbit/s, tier {ctx.settings.tier} expects at least "
+                  f"{minimum} Gbit/s (validate_min_nic_gbps; tier_mismatch: {ctx.settings.tier_mismatch})",
+                  "check the link (ethtool), move the host to a tier that fits it, or set validate_min_nic_gbps for it")
+
+
 # --- driver -----------------------------------------------------------------------------------
 
 @check("driver")
@@ -262,14 +381,18 @@ def driver_versions_agree(ctx: Context) -> Result:
     return Result("driver", name, FAIL, f"{found}, resolved {want}", FIX_DEPLOY)
 
 
-FIX_STACK = ("set driver_upgrade_in_place: true for the host and run deploys/all.py (it moves the packages "
-             "when the GPUs are idle, manifest first), or put the inventory back at the installed release")
+FIX_STACK_DRIFT = ("tools/rollout INVENTORY puts it back at the resolved release through the gate (GPUs idle, "
+                   "manifest first); deploys/all.py changes no installed CUDA toolkit or cuDNN")
 
 
 @check("driver")
 def cuda_cudnn_releases_exact(ctx: Context) -> Result:
     """The CUDA toolkit and cuDNN on the host are exactly the resolved releases: a presence check
-    would pass a cuDNN changed by hand or left behind by an inventory change."""
+    would pass a cuDNN changed by hand or left behind by an inventory change. gpufleet's record
+    of what it installed tells the two apart: an inventory change is a pending upgrade (as
+    for the driver: WARN, or FAIL with driver_upgrade_pending: fail), a hand change a FAIL."""
+    from gpufleet.facts.packages import StackPackages
+
     name = "the CUDA toolkit and cuDNN are the resolved releases"
     try:
         res = ctx.resolution()
@@ -278,15 +401,33 @@ def cuda_cudnn_releases_exact(ctx: Context) -> Result:
     wanted = res.stack_versions
     if not wanted:
         return Result("driver", name, SKIP, "the tier installs no host CUDA toolkit or cuDNN from NVIDIA's repository")
-    installed = ctx.fact(PackageVersions, packages=sorted(wanted))
-    missing = [p for p in sorted(wanted) if not installed.get(p)]
-    wrong = [f"{p} {upstream_of(installed[p])} (resolved {v})" for p, v in sorted(wanted.items())
-             if installed.get(p) and not is_exact(installed[p], v)]
-    if wrong:
-        return Result("driver", name, FAIL, "; ".join(wrong) + (f"; not installed: {', '.join(missing)}" if missing else ""),
-                      FIX_STACK)
+    found = ctx.fact(StackPackages, packages=stack_fact_packages(wanted))
+    installed = found.installed
+    renames = stack_renames(wanted, installed)
+    renamed = {p for what, family in STACK_FAMILIES if what in renames for p in wanted if family.match(p)}
+    missing = [p for p in sorted(wanted) if not installed.get(p) and p not in renamed]
+    states = stack_states(wanted, installed, found.recorded)
+    drift = [stack_drift_message(p, have, mine or "?", wanted[p])
+             for p, (state, have, mine) in states.items() if state == "drift"]
+    moves: dict[str, tuple[str, str]] = {}
+    for p, (state, have, _) in states.items():
+        if state == "pending":
+            what = "CUDA toolkit" if p == res.cuda_package else "cuDNN"
+            moves.setdefault(what, (have, wanted[p]))
+    moves.update((what, (old, new)) for what, (_, old, new) in renames.items())
+    pending = [stack_pending_message(what, *v) for what, v in moves.items()]
+    not_installed = f"not installed: {', '.join(missing)}" if missing else ""
+    if drift:
+        return Result("driver", name, FAIL, "; ".join([*drift, *pending] + ([not_installed] if missing else [])),
+                      FIX_STACK_DRIFT)
     if missing:
-        return Result("driver", name, FAIL, f"not installed: {', '.join(missing)}", FIX_DEPLOY)
+        return Result("driver", name, FAIL, "; ".join([*pending, not_installed]), FIX_DEPLOY)
+    if pending:
+        status = (FAIL if ctx.settings.driver_upgrade_pending == "fail" or ctx.settings.driver_upgrade_in_place
+                  else WARN)
+        fix = (FIX_DEPLOY + " (driver_upgrade_in_place: it moves the packages when the GPUs are idle, manifest first)"
+               if ctx.settings.driver_upgrade_in_place else FIX_ROLLOUT)
+        return Result("driver", name, status, "; ".join(pending), fix)
     shown = [f"CUDA {res.cuda_release}"] if res.cuda_release else []
     shown += [f"cuDNN {res.cudnn_release}"] if res.cudnn_release else []
     return Result("driver", name, PASS, ", ".join(shown))
@@ -369,7 +510,7 @@ def clocks_as_set(ctx: Context) -> Result:
            for c in plan.clocks if c.commands]
     if off:
         return Result("tuning", name, FAIL, "; ".join(off), "run deploys/all.py (tuning sets the clocks)")
-    return Result("tuning", name, PASS, f"{len(plan.clocks)} GPUs at policy {policy}")
+    return Result("tuning", name, PASS, f"{len(plan.clocks)} GPUs at policy {policy}: {clocks_summary(plan.clocks)}")
 
 
 @check("tuning")
@@ -387,6 +528,28 @@ def profiles_current(ctx: Context) -> Result:
             [f"changed {', '.join(stale)}"] if stale else [])
         return Result("tuning", name, FAIL, "; ".join(parts), FIX_DEPLOY)
     return Result("tuning", name, PASS)
+
+
+@check("tuning")
+def cpu_governor_as_set(ctx: Context) -> Result:
+    """The same plan as the deploy's: a CPU it would still write to is not on the tier's governor."""
+    from .hostfacts import cpu_freq
+    from .tuning import plan_governor
+
+    name = "every CPU runs the tier's frequency governor"
+    try:
+        plan = plan_governor(ctx.settings.tuning_cpu_governor, cpu_freq(ctx.host))
+    except Refusal as refused:
+        return Result("tuning", name, FAIL, str(refused), "set tuning_cpu_governor to one the host offers")
+    if plan.governor is None:
+        return Result("tuning", name, SKIP, plan.reason)
+    if plan.cpus:
+        now = cpu_freq(ctx.host).governors
+        found = sorted({now[c] or "unreadable" for c in plan.cpus})
+        return Result("tuning", name, FAIL, f"{len(plan.cpus)} CPU(s) ({', '.join(plan.cpus[:4])}"
+                      f"{', ...' if len(plan.cpus) > 4 else ''}) run {', '.join(found)}, not {plan.governor}",
+                      "run deploys/all.py (tuning sets the governor)")
+    return Result("tuning", name, PASS, f"{len(cpu_freq(ctx.host).governors)} CPUs on {plan.governor}")
 
 
 # --- docker -----------------------------------------------------------------------------------
@@ -430,6 +593,57 @@ def daemon_json_current(ctx: Context) -> Result:
                   "was left pending while GPU containers ran, or the file was changed)",
                   "run deploys/all.py once the GPU containers have stopped (or set "
                   "docker_restart_with_gpu_containers: always)")
+
+
+# --- monitoring -------------------------------------------------------------------------------
+
+def exporter_check_name(label: str) -> str:
+    return f"the {label} serves metrics"
+
+
+@check("monitoring")
+def exporters_serve_metrics(ctx: Context) -> list[Result]:
+    """Each exporter the tier turns on answers on the host with real metrics (curl on the host,
+    to the address it is bound to); the DCGM exporter with a GPU temperature for every GPU."""
+    from . import monitoring
+
+    found = monitoring.exporters(ctx.settings)
+    if not found:
+        return [Result("monitoring", "the tier's Prometheus exporters serve metrics", SKIP,
+                       "monitoring_node_exporter and monitoring_dcgm_exporter are false")]
+    results = []
+    for exporter in found:
+        name = exporter_check_name(exporter.label)
+        url = monitoring.local_url(ctx.settings, exporter)
+        fix = (f"systemctl status {exporter.service} and journalctl -u {exporter.service}; "
+               "deploys/monitoring.py installs and starts it")
+        dcgm = exporter.key == "monitoring_dcgm_exporter"
+        if dcgm and not (ctx.gpu.ok and ctx.gpu.gpus):
+            results.append(Result("monitoring", name, SKIP, f"nvidia-smi: {ctx.gpu.status} (DCGM needs a working driver)"))
+            continue
+        data = ctx.fact(MetricsEndpoint, url=url, family=exporter.family, sample=exporter.sample)
+        if data.status == "no-curl":
+            results.append(Result("monitoring", name, FAIL, "curl is not installed on the host",
+                                  "apt-get install curl (deploys/monitoring.py installs it)"))
+            continue
+        if data.status != "ok":
+            results.append(Result("monitoring", name, FAIL, f"{url}: {data.error}", fix))
+            continue
+        if not data.samples:
+            results.append(Result("monitoring", name, FAIL, f"{url} answered without any {exporter.family}* metric", fix))
+            continue
+        found_text = f"{url}: {data.samples} {exporter.family}* samples"
+        if dcgm:
+            want = sorted(str(g.index) for g in ctx.gpu.gpus)
+            have = sorted(set(data.label_values("gpu")))
+            if have != want:
+                results.append(Result("monitoring", name, FAIL, f"{found_text}, but {exporter.sample} for GPU "
+                                      f"{', '.join(have) or 'none'} of {', '.join(want)}",
+                                      f"systemctl status {monitoring.DCGM_SERVICE} {exporter.service}; dcgmi discovery -l"))
+                continue
+            found_text += f", {exporter.sample} for {len(want)} GPUs"
+        results.append(Result("monitoring", name, PASS, found_text))
+    return results
 
 
 # --- hardening --------------------------------------------------------------------------------

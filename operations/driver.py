@@ -5,6 +5,7 @@
 - ``packages_at_versions``: the one sanctioned way the driver stack changes: unhold, (lock the
   version with NVIDIA's pinning package), install exact versions, verify, re-hold.
 - ``refresh_initramfs``: update-initramfs where the host has it (containers often do not).
+- ``stack_recorded``: gpufleet's record of the CUDA toolkit / cuDNN releases it installed.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 
 from gpufleet.facts.driver import DebianArchiveSources
 from gpufleet.facts.packages import KeyringFingerprints
-from gpufleet.facts.packages import HeldPackages, PackageVersions
+from gpufleet.facts.packages import STACK_RECORD, STACK_RECORD_DIR, HeldPackages, PackageVersions, StackPackages
 
 # Debian's archive (deb.debian.org/debian, security, mirrors) and Ubuntu's (archive/security.ubuntu.com/ubuntu,
 # ports.ubuntu.com/ubuntu-ports, cloud mirrors such as us-east-1.ec2.archive.ubuntu.com/ubuntu); not
@@ -203,3 +204,43 @@ def refresh_initramfs():
         "else echo 'gpufleet: no update-initramfs or dracut on this host: nothing to refresh'; fi"
     )
 
+
+
+# $1 folder, $2 file, then one `package release` line per argument: written whole (a temporary
+# file renamed), 0600 in a 0700 folder.
+_RECORD_SCRIPT = r"""
+set -eu
+umask 077
+dir=$1 file=$2; shift 2
+install -d -m 700 "$dir"
+tmp=$(mktemp "$file.XXXXXX")
+printf '# Managed by gpufleet: the CUDA toolkit and cuDNN releases it installed. Do not edit.\n' > "$tmp"
+for line in "$@"; do printf '%s\n' "$line" >> "$tmp"; done
+chmod 600 "$tmp"
+mv -f "$tmp" "$file"
+"""
+_RECORD_WORD = re.compile(r"^[a-z0-9][a-z0-9+.\-]* [0-9][A-Za-z0-9.+~]*$")
+
+
+@operation()
+def stack_recorded(versions: Mapping[str, str], packages: Sequence[str]):
+    """Record that gpufleet installed ``versions`` (package -> upstream release) in its record
+    on the host, other packages' entries kept: what later tells a hand change (drift) from an
+    inventory change (a pending upgrade). Read with the StackPackages fact of ``packages`` (the
+    one the deploy asked already: no remote command of its own on a run that changes nothing).
+
+    + versions: the CUDA toolkit / cuDNN packages just put at these releases
+    + packages: the packages the StackPackages fact was asked about
+    """
+    found = host.get_fact(StackPackages, packages=list(packages))
+    wanted = {**found.recorded, **versions}
+    if wanted == found.recorded:
+        host.noop(f"{STACK_RECORD} records " + (", ".join(f"{p} {v}" for p, v in sorted(versions.items()))
+                                                 or "nothing new"))
+        return
+    lines = [f"{p} {v}" for p, v in sorted(wanted.items())]
+    for line in lines:
+        if not _RECORD_WORD.match(line):
+            raise ValueError(f"not a package and release: {line!r}")
+    yield StringCommand("sh", "-c", QuoteString(_RECORD_SCRIPT), "gpufleet-record",
+                        QuoteString(STACK_RECORD_DIR), QuoteString(STACK_RECORD), *(QuoteString(x) for x in lines))

@@ -100,6 +100,12 @@ SOURCES = {
     "cuda-later": "STAND-IN ONLY: cuda-toolkit-13-0 13.0.3-1 is a hypothetical later update (13.0 Update 2 is "
                   "the newest in compat-data.md 1b), there so that a test proves the pin, not apt's newest",
     "dcgm": "datacenter-gpu-manager-4-core=1:4.4.0-1 (public install scripts; epoch 1)",
+    "dcgm-exporter": "datacenter-gpu-manager-exporter 4.5.0-1 (NVIDIA CUDA repo rhel8 .rpm named in a public "
+                     "PKGBUILD, which depends on datacenter-gpu-manager-4-core>=4; the Debian revision and the "
+                     "absence of an epoch are assumed); unit nvidia-dcgm-exporter.service as in NVIDIA/dcgm-exporter "
+                     "packaging/config-files/systemd (Wants/After nvidia-dcgm.service, ExecStart /usr/bin/dcgm-exporter "
+                     "-f /etc/dcgm-exporter/default-counters.csv); DCGM_EXPORTER_LISTEN / DCGM_REMOTE_HOSTENGINE_INFO "
+                     "as in its pkg/cmd/app.go",
     "container": "NVIDIA Container Toolkit install guide: nvidia-container-toolkit, "
                  "nvidia-container-toolkit-base, libnvidia-container-tools, libnvidia-container1, "
                  "versions 1.17.8-1 / 1.18.0-1; flat repo .../libnvidia-container/stable/deb/$(ARCH) /",
@@ -120,6 +126,7 @@ CUDA_TOOLKITS = (("13-0", "13.0.1-1", "13.0"), ("13-0", "13.0.2-1", "13.0"), ("1
 CUDNN = (("13", "9.16.0.29-1"), ("13", "9.17.0.29-1"), ("13", "9.17.1.4-1"),
          ("12", "9.10.2.21-1"), ("12", "9.16.0.29-1"), ("12", "9.17.0.29-1"))
 DCGM = ("1:4.4.0-1",)
+DCGM_EXPORTERS = ("4.5.0-1",)
 CONTAINER_TOOLKITS = ("1.17.8-1", "1.18.0-1")
 
 # Packages whose version is pinned by nvidia-driver-pinning-* (the driver and everything built
@@ -240,6 +247,63 @@ row Inforom Pass
 echo "+---------------------------+------------------------------------------------+"
 case "$nvml$pm" in *Fail*) exit 226;; esac
 exit 0"""
+
+
+# Stand-in `dcgm-exporter` serving the GPU SIMULATOR's state in dcgm-exporter's text format
+# (Prometheus exposition: "# HELP", "# TYPE", then one line per GPU labelled gpu, UUID,
+# pci_bus_id, device, modelName, Hostname, as in NVIDIA's documented sample output). Each
+# request asks the simulator's nvidia-smi afresh. Like the real exporter pointed at a host engine
+# (DCGM_REMOTE_HOSTENGINE_INFO) it refuses to start unless nvidia-dcgm.service runs, and it
+# listens where DCGM_EXPORTER_LISTEN says (":9400" = every address).
+_DCGM_EXPORTER = f"#!/usr/bin/python3\n# dcgm-exporter: {STAND_IN_NOTE}\n# It serves the GPU simulator's values.\n" + r"""import http.server, os, socket, subprocess, sys
+FIELDS = (("temperature.gpu", "DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)."),
+          ("power.draw", "DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)."),
+          ("clocks.sm", "DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz)."),
+          ("clocks.mem", "DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz)."),
+          ("utilization.gpu", "DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
+          ("memory.used", "DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
+          ("memory.free", "DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)."))
+if subprocess.run(["systemctl", "is-active", "--quiet", "nvidia-dcgm.service"]).returncode:
+    sys.exit("dcgm-exporter (stand-in): cannot connect to the DCGM host engine at "
+             + os.environ.get("DCGM_REMOTE_HOSTENGINE_INFO", "localhost:5555"))
+def metrics():
+    query = "index,uuid,name,pci.bus_id," + ",".join(f for f, _, _ in FIELDS)
+    rows = subprocess.run(["nvidia-smi", "--query-gpu=" + query, "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True, timeout=20).stdout.splitlines()
+    gpus = [[c.strip() for c in row.split(",")] for row in rows if row.strip()]
+    out = []
+    for i, (_, name, text) in enumerate(FIELDS):
+        out += [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
+        for g in gpus:
+            value = g[4 + i] if len(g) > 4 + i else ""
+            try:
+                float(value)
+            except ValueError:
+                continue
+            labels = (f'gpu="{g[0]}",UUID="{g[1]}",pci_bus_id="{g[3]}",device="nvidia{g[0]}",'
+                      f'modelName="{g[2]}",Hostname="{socket.gethostname()}"')
+            out.append(f"{name}{{{labels}}} {value}")
+    return ("\n".join(out) + "\n").encode()
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path.split("?")[0] != "/metrics":
+            self.send_error(404)
+            return
+        body = metrics()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+host, _, port = os.environ.get("DCGM_EXPORTER_LISTEN", ":9400").rpartition(":")
+host = host.strip("[]")
+class Server(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+print(f"dcgm-exporter (gpufleet stand-in) listening on {host or '*'}:{port}", flush=True)
+Server((host, int(port)), Handler).serve_forever()
+"""
 
 
 def _unit(desc: str, exec_start: str, service_type: str = "simple") -> str:
@@ -364,6 +428,19 @@ def default_packages() -> list[Pkg]:
         for cm in ("12", "13"):
             pkgs.append(Pkg(f"datacenter-gpu-manager-4-cuda{cm}", ver, (f"datacenter-gpu-manager-4-core (= {ver})",),
                             description=f"DCGM CUDA {cm} support", source="dcgm"))
+    for ver in DCGM_EXPORTERS:
+        pkgs.append(Pkg("datacenter-gpu-manager-exporter", ver, ("datacenter-gpu-manager-4-core (>= 1:4.0.0)",), files=(  # python3: the GPU simulator's
+            ("/usr/bin/dcgm-exporter", _DCGM_EXPORTER, 0o755),
+            ("/etc/dcgm-exporter/default-counters.csv", f"# {STAND_IN_NOTE}\n"
+             + "".join(f"{name}, gauge, {text}\n" for name, text in (
+                 ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)."), ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)."),
+                 ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz)."))), 0o644),
+            ("/lib/systemd/system/nvidia-dcgm-exporter.service",
+             f"# {STAND_IN_NOTE}\n[Unit]\nDescription=NVIDIA DCGM-exporter service (gpufleet test stand-in)\n"
+             "Wants=nvidia-dcgm.service\nAfter=nvidia-dcgm.service\n\n[Service]\nUser=root\n"
+             "ExecStart=/usr/bin/dcgm-exporter -f /etc/dcgm-exporter/default-counters.csv\nRestart=on-abort\n\n"
+             "[Install]\nWantedBy=multi-user.target\n", 0o644),
+        ), description="NVIDIA DCGM exporter for Prometheus", source="dcgm-exporter"))
     for ver in CONTAINER_TOOLKITS:
         upstream = ver.rsplit("-", 1)[0]
         pkgs += [

@@ -51,6 +51,10 @@ def environment_data(host: Host, tier: str, repo=None) -> dict:
         # stand-in driver packages build no module.
         "driver_kernel_headers": "skip",
     }
+    if not host.netns:
+        # Hosts without a network namespace of their own share the machine's: each exporter
+        # listens on its host's own loopback address, as a real host's would on its own NIC.
+        data["monitoring_listen_address"] = host.address
     if repo is not None:
         data.update({
             "driver_repo_url": repo.cuda_repos_url,

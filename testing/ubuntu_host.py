@@ -34,7 +34,7 @@ from gpufleet.facts.driver import DebianArchiveSources, GpuDeviceUsers
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
-from gpufleet.facts.packages import AptCandidates, HeldPackages, KeyringFingerprints, PackageVersions
+from gpufleet.facts.packages import AptCandidates, HeldPackages, KeyringFingerprints, PackageVersions, StackPackages
 from gpufleet.facts.pci import NvidiaPciDevices, PciDevices
 from gpufleet.facts.system import OsRelease
 from gpufleet.gpus import model_for_name
@@ -141,6 +141,8 @@ class UbuntuHost:
             return AptCandidates().process([f"{p} {policy.get(p) or '(none)'}" for p in kwargs["packages"]])
         if cls is HeldPackages:
             return HeldPackages().process([])
+        if cls is StackPackages:  # a fresh host: no CUDA toolkit or cuDNN installed, no record of gpufleet's
+            return StackPackages.default()
         if cls is KeyringFingerprints:
             return KeyringFingerprints().process([])
         if cls is DebianArchiveSources:

@@ -162,6 +162,7 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     row["firewall"] = summary("the host firewall is active")
     row["ssh_hardening"] = summary("sshd's effective configuration is hardened")
     row["marker"] = summary("the gpufleet marker matches the tier")
+    row["endpoints"] = endpoints(host, settings, by_name) if settings else []
     torch = by_name.get(PYTORCH_CHECK)
     row["pytorch"] = f"{'ok' if torch.status == 'pass' else torch.status}: {torch.message}" if torch else None
     row["validation"] = {
@@ -172,6 +173,20 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     }
     row["state"] = classify(row, results)
     return row
+
+
+def endpoints(host: Any, settings: Any, by_name: dict[str, Any]) -> list[dict[str, str]]:
+    """Each exporter the tier turns on: the URL Prometheus scrapes, and what the gate found there."""
+    from gpufleet import monitoring
+    from gpufleet.validation import exporter_check_name
+
+    address = str(host.data.get("ssh_hostname") or host.name)
+    out: list[dict[str, str]] = []
+    for exporter in monitoring.exporters(settings):
+        result = by_name.get(exporter_check_name(exporter.label))
+        out.append({"name": exporter.label, "url": monitoring.public_url(settings, exporter, address),
+                    "status": result.status if result else "unknown", "message": result.message if result else ""})
+    return out
 
 
 def classify(row: dict[str, Any], results: list[Any]) -> str:
@@ -265,7 +280,8 @@ def gather(inventory_path: str | InventorySource, workers: int = 20, drift: bool
 
 
 def _pending(name: str) -> list[str]:
-    """Changes all.py leaves alone on this host (a driver, CUDA toolkit or cuDNN upgrade): drift all the same."""
+    """Changes all.py leaves alone on this host (a driver, CUDA toolkit or cuDNN upgrade, a CUDA
+    toolkit or cuDNN changed by hand): drift all the same, each for tools/rollout."""
     import sys
 
     from gpufleet.validation import pending_message, stack_pending_message
@@ -273,8 +289,10 @@ def _pending(name: str) -> list[str]:
     driver = sys.modules.get("gpufleet.deploys.driver")
     versions = getattr(driver, "PENDING_UPGRADES", {}).get(name) if driver else None
     stack = getattr(driver, "PENDING_STACK", {}).get(name) or {} if driver else {}
+    by_hand = getattr(driver, "STACK_DRIFT", {}).get(name) or {} if driver else {}
     return ([pending_message(*versions)] if versions else []) + [
-        stack_pending_message(what, *moves) for what, moves in stack.items()]
+        stack_pending_message(what, *moves) for what, moves in stack.items()] + [
+        message for messages in by_hand.values() for message in messages]
 
 
 def plan_drift(state: Any, hosts: list[Any], rows: dict[str, dict[str, Any]], deploy: str) -> None:

@@ -22,7 +22,8 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("driver", "Driver loaded / installed"), ("cuda", "CUDA"), ("cudnn", "cuDNN"),
     ("container_toolkit", "Container toolkit"), ("kernel", "Kernel"), ("held_packages", "Held packages"),
     ("reboot_pending", "Reboot pending"), ("persistence", "Persistence"), ("clocks", "Clocks"),
-    ("pytorch", "PyTorch"), ("firewall", "Firewall"), ("ssh_hardening", "SSH hardening"), ("drift", "Drift (all.py)"),
+    ("pytorch", "PyTorch"), ("firewall", "Firewall"), ("ssh_hardening", "SSH hardening"),
+    ("endpoints", "Metrics endpoints"), ("drift", "Drift (all.py)"),
     ("problems", "Problems"),
 )
 
@@ -47,6 +48,9 @@ def cell(row: dict[str, Any], key: str) -> str:
         return f"{loaded} / {installed}" + (" MISMATCH" if row.get("mismatch") else "")
     if key == "held_packages":
         return ", ".join(value or []) or "-"
+    if key == "endpoints":
+        return ", ".join(f"{e['name']} {e['url']}" + ("" if e["status"] == "pass" else f" ({e['status']})")
+                         for e in value or []) or "-"
     if key == "reboot_pending":
         return "yes" if value else "no"
     if key == "drift":

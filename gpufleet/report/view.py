@@ -21,7 +21,8 @@ COMPONENTS = (("driver", "Driver"), ("cuda", "CUDA"), ("cudnn", "cuDNN"), ("cont
 # (key, heading) of the HTML table, in order
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("host", "Host"), *COMPONENTS, ("tuning", "Persistence, clocks"), ("firewall", "Firewall"),
-    ("ssh_hardening", "SSH"), ("kernel", "Kernel, reboot"), ("drift", "Drift (all.py)"), ("problems", "Problems"),
+    ("ssh_hardening", "SSH"), ("endpoints", "Metrics"), ("kernel", "Kernel, reboot"), ("drift", "Drift (all.py)"),
+    ("problems", "Problems"),
 )
 
 STACK_CHECK = "the CUDA toolkit and cuDNN are the resolved releases"
@@ -144,6 +145,7 @@ def _cells(row: dict[str, Any]) -> dict[str, Cell]:
         check = next((c for c in _checks(row) if c["name"] == name), None)
         out[key] = _said(Cell(check["status"], check["status"], note=check["message"]) if check
                          else _from_summary(row.get(key)))
+    out["endpoints"] = _endpoints(row.get("endpoints") or [])
     kernel_check = next((c for c in _checks(row) if c["name"] == KERNEL_CHECK), None)
     status = kernel_check["status"] if kernel_check else "info"
     if row.get("reboot_pending") and status in ("pass", "skip", "info"):
@@ -156,6 +158,16 @@ def _cells(row: dict[str, Any]) -> dict[str, Cell]:
                          summary="why" if kernel_check and kernel_check["status"] == "skip" else "more")
     out["drift"] = _drift(row.get("drift"))
     return {key: out[key] for key, _ in COLUMNS if key != "host"}
+
+
+def _endpoints(endpoints: list[dict[str, str]]) -> Cell:
+    """The exporters the tier turns on (monitoring_*), each a link; judged by the gate's curl."""
+    if not endpoints:
+        return Cell("skip", "none", note="no exporter on")
+    statuses = [e["status"] if e["status"] in CELL_STATUSES else "info" for e in endpoints]
+    return Cell(worst(statuses), "\n".join(e["name"] for e in endpoints),
+                items=[{"status": s, "what": e["name"], "message": e.get("message", ""), "url": e["url"]}
+                       for s, e in zip(statuses, endpoints)])
 
 
 def cells(row: dict[str, Any]) -> dict[str, Cell]:

@@ -26,6 +26,9 @@ class RolloutContext:
     manifests: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> manifest (this rollout)
     manifest_paths: dict[str, str] = field(default_factory=dict)       # host -> controller copy
     notes: dict[str, list[str]] = field(default_factory=dict)
+    #: host -> the CUDA toolkit / cuDNN packages and the exact releases it resolves to: installed
+    #: ones that differ move with the driver (or alone), through the same steps
+    stack: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def refuse(self, host: Any, message: str, outcome: str | None = None) -> None:
         """Fail `host` for the rest of this phase, with the reason the runner reports."""

@@ -13,6 +13,8 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from gpufleet.validation import STACK_FAMILIES, is_exact, stack_renames
+
 if TYPE_CHECKING:
     from gpufleet.facts.gpu import GpuStateData
     from gpufleet.facts.kernel import DriverStateData
@@ -160,9 +162,21 @@ def upgrade_plan(installed: dict[str, Any], holds: list[str], available: dict[st
     return install, remove, sorted(hold), missing
 
 
-def validation_problems(target: str, driver: DriverStateData, gpus: GpuStateData, holds: list[str], manifest: dict[str, Any] | None) -> list[str]:
-    """What is wrong with an upgraded host (empty = healthy)."""
-    problems = []
+def validation_problems(target: str, driver: DriverStateData, gpus: GpuStateData, holds: list[str],
+                        manifest: dict[str, Any] | None, stack: dict[str, str] | None = None,
+                        stack_installed: dict[str, Any] | None = None, stack_held: bool = False) -> list[str]:
+    """What is wrong with an upgraded host (empty = healthy). `stack`: the CUDA toolkit / cuDNN
+    releases it must have; with `stack_held`, the ones the rollout moved (other than in the
+    manifest) must be held."""
+    installed = stack_installed or {}
+    problems = [f"{p} is {upstream(installed[p])}, not {want}" for p, want in sorted((stack or {}).items())
+                if installed.get(p) and not is_exact(installed[p], want)]
+    problems += [f"{new} is not installed; {old} still is" for _, old, new in stack_renames(stack or {}, installed).values()]
+    if stack_held and manifest:
+        moved = [p for p in (stack or {}) if installed.get(p) and manifest.get("packages", {}).get(p) != installed[p]]
+        loose = sorted(p for p in moved if p not in holds)
+        if loose:
+            problems.append(f"not held after the upgrade: {', '.join(loose)}")
     if driver.module_version != target:
         problems.append(f"loaded driver module is {driver.module_version}, not {target}")
     if driver.userspace_version != target:
@@ -186,10 +200,58 @@ def validation_problems(target: str, driver: DriverStateData, gpus: GpuStateData
                 problems.append(f"GPU {want['index']}: application clocks {list(gpu.app_clocks)}, "
                                 f"were {want['app_clocks']}")
         lost = sorted(set(manifest.get("holds", [])) - set(holds) - {p for p in manifest.get("holds", [])
-                                                                       if PINNING_PACKAGE.match(p)})
+                                                                       if PINNING_PACKAGE.match(p)}
+                      # a CUDA toolkit / cuDNN package the rollout replaced by its new name
+                      - {p for p in manifest.get("holds", []) if _stack_family(p) and stack_installed is not None
+                         and not installed.get(p)})
         if lost:
             problems.append(f"holds missing after the upgrade: {', '.join(lost)}")
     return problems
+
+
+def stack_moves(installed: dict[str, Any], wanted: dict[str, str]) -> dict[str, tuple[str | None, str]]:
+    """{package: (installed release, resolved release)} of the installed CUDA toolkit / cuDNN
+    packages that are not at their resolved release (an inventory change, or a hand change: the
+    rollout moves both). Packages not installed are left to deploys/all.py."""
+    return {p: (upstream(installed[p]), want) for p, want in sorted(wanted.items())
+            if installed.get(p) and not is_exact(installed[p], want)}
+
+
+def _stack_family(package: str) -> bool:
+    return any(family.match(package) for _, family in STACK_FAMILIES)
+
+
+def renamed_packages(installed: dict[str, Any], wanted: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """({new package: release}, [old packages]) where the resolved CUDA toolkit / cuDNN has
+    another package name than the installed one (CUDA 13.0 -> 13.1, cuDNN for CUDA 12 -> 13):
+    the rollout installs the new ones and removes the old ones in one apt transaction."""
+    renames = stack_renames(wanted, installed)
+    new = {p: v for what, family in STACK_FAMILIES if what in renames for p, v in wanted.items() if family.match(p)}
+    return new, sorted(p for old, _, _ in renames.values() for p in old)
+
+
+def stack_changes(installed: dict[str, Any], wanted: dict[str, str]) -> list[str]:
+    """What the rollout changes of the CUDA toolkit / cuDNN, one line each (plan, manifest reason)."""
+    return ([f"{p} {have} -> {want}" for p, (have, want) in stack_moves(installed, wanted).items()]
+            + [f"{old} -> {new} (replaces {', '.join(gone)})"
+               for gone, old, new in stack_renames(wanted, installed).values()])
+
+
+def stack_plan(installed: dict[str, Any], wanted: dict[str, str], available: dict[str, list[str]]
+               ) -> tuple[dict[str, str], list[str], list[str]]:
+    """(install {pkg: Debian version}, remove [pkg], missing ["pkg release"]) for moving the CUDA
+    toolkit / cuDNN packages to their resolved releases (and names)."""
+    install: dict[str, str] = {}
+    missing: list[str] = []
+    new, remove = renamed_packages(installed, wanted)
+    targets = {**{p: want for p, (_, want) in stack_moves(installed, wanted).items()}, **new}
+    for p, want in sorted(targets.items()):
+        versions = [v for v in available.get(p, []) if upstream(v) == want]
+        if versions:
+            install[p] = versions[0]
+        else:
+            missing.append(f"{p} {want}")
+    return install, remove, missing
 
 
 def load_manifest(path: str | Path) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Callable, TextIO
 
 from gpufleet.compat import compat_data
 
-from . import plan, targets
+from . import manifest as mf, plan, targets
 from gpufleet.inventory_source import InventorySource, SourceError
 
 from .context import RolloutContext
@@ -53,8 +53,10 @@ def survey_and_resolve(ctx: RolloutContext, override: str | None) -> None:
     found = targets.resolve_host(host, override)
     ctx.target = found.get("target") or override or ""
     steps.survey_host(ctx)
+    ctx.stack[host.name] = found.get("stack") or {}
     ctx.survey[host.name].update(target=found.get("target"), target_error=found.get("error"),
-                                 resolution=found.get("resolution"))
+                                 resolution=found.get("resolution"), stack=ctx.stack[host.name],
+                                 stack_moves=mf.stack_changes(ctx.survey[host.name]["packages"], ctx.stack[host.name]))
 
 
 def tune_and_cdi(ctx: RolloutContext) -> None:
@@ -199,14 +201,16 @@ class Runner:
                 notes[name] = f"driver_source is {info[name]['driver_source']}: not upgraded by tools/rollout"
                 continue
             target = info[name]["target"]
-            clash = state.retarget(name, target)
+            clash = state.retarget(name, target, info[name]["stack"])
             if clash:
                 self.say(f"error: {clash}")
                 return EXIT_USAGE
             rec = state.host(name)
             fresh = not rec.steps and rec.status in ("pending", "skipped", "busy")
-            if fresh and info[name]["installed"] == info[name]["loaded"] == target:
-                notes[name] = f"at {target} already: nothing to do"
+            if fresh and info[name]["installed"] == info[name]["loaded"] == target and not info[name]["stack_moves"]:
+                stack = ", ".join(f"{p} {v}" for p, v in sorted(info[name]["stack"].items())
+                                  if p in info[name]["packages"])
+                notes[name] = f"at {target} already{f' (and {stack})' if stack else ''}: nothing to do"
                 state.hosts.pop(name, None)   # not part of this rollout: no record
                 continue
             if fresh and not info[name]["installed"]:
@@ -444,7 +448,9 @@ class Runner:
                 status = "skip (--skip)" if n in self.opts.skip else rec.status
                 lines.append(f"  {b.name:<8} {n:<22} {frm:<26} {target:<11} {reboot:<28} {jobs:<22} "
                              f"{'manifest' + ('+' + s['snapshot'] if s['snapshot'] != 'none' else ''):<9} {status}")
-                moving = s["moving"]
+                if s["stack_moves"]:
+                    lines.append(f"  {'':<8}   CUDA/cuDNN: " + ", ".join(s["stack_moves"]))
+                moving = s["moving"] if s["installed"] != target or not s["stack_moves"] else []
                 if moving:
                     missing = [p for p in moving if not s["available"].get(p)]
                     lines.append(f"  {'':<8}   packages: {' '.join(moving)}"

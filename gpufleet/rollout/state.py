@@ -93,6 +93,7 @@ class HostRecord:
     manifest: str | None = None       # controller copy of the manifest taken for this rollout
     from_version: str | None = None
     target: str | None = None         # the driver this host is rolled out to (resolved per host)
+    stack: dict[str, str] | None = None  # the CUDA toolkit / cuDNN releases it is rolled out to
 
     def step_ok(self, step: str) -> bool:
         return bool(self.steps.get(step, {}).get("ok"))
@@ -113,6 +114,10 @@ class HostRecord:
         if self.status == "done":
             return []
         return [s for s in STEPS if not (s == "snapshot" and self.step_ok("snapshot"))]
+
+
+def _releases(stack: dict[str, str] | None) -> str:
+    return ", ".join(f"{p} {v}" for p, v in sorted((stack or {}).items())) or "none"
 
 
 class RolloutState:
@@ -182,18 +187,24 @@ class RolloutState:
         rec.status, rec.message = status, message
         self.save()
 
-    def retarget(self, name: str, target: str) -> str | None:
-        """Record `target` for the host; a host finished at another target starts afresh. Returns
-        why not, when the host is half-way to another target (finish or roll back first)."""
+    def retarget(self, name: str, target: str, stack: dict[str, str] | None = None) -> str | None:
+        """Record `target` (and the CUDA toolkit / cuDNN releases `stack`) for the host; a host
+        finished at another target starts afresh. Returns why not, when the host is half-way to
+        another target (finish or roll back first)."""
         rec = self.host(name)
-        if rec.target in (None, target):
+        if rec.target in (None, target) and (stack is None or rec.stack in (None, stack)):
             rec.target = target
+            rec.stack = stack if stack is not None else rec.stack
             return None
         if rec.changed and rec.status != "done":
-            return (f"{name} is half-way through a rollout to {rec.target} ({rec.status}: {rec.message}), "
-                    f"the inventory now says {target}: finish that one (tools/rollout --driver-version "
-                    f"{rec.target}) or roll the host back (tools/rollback) first")
-        self.hosts[name] = HostRecord(name, target=target)
+            if rec.target != target:
+                return (f"{name} is half-way through a rollout to {rec.target} ({rec.status}: {rec.message}), "
+                        f"the inventory now says {target}: finish that one (tools/rollout --driver-version "
+                        f"{rec.target}) or roll the host back (tools/rollback) first")
+            return (f"{name} is half-way through a rollout to CUDA/cuDNN {_releases(rec.stack)} ({rec.status}: "
+                    f"{rec.message}), the inventory now says {_releases(stack)}: put the inventory back and "
+                    "finish that one, or roll the host back (tools/rollback) first")
+        self.hosts[name] = HostRecord(name, target=target, stack=stack)
         return None
 
     def done(self, name: str) -> bool:

@@ -43,7 +43,7 @@ def resolve_host(host: Any, override: str | None) -> dict[str, Any]:
     if res.source != "nvidia":
         return {"error": ("driver_source", f"driver_source is {res.source}: tools/rollout upgrades drivers "
                                            "from NVIDIA's repository only", "nvidia")}
-    return {"target": res.driver_version, "resolution": res.describe()}
+    return {"target": res.driver_version, "resolution": res.describe(), "stack": res.stack_versions}
 
 
 def refusal_line(host: str, error: tuple[str, str, str], override: str | None) -> str:

@@ -8,15 +8,24 @@ apt's choice. Versions are read with dpkg-query on the host, never from gpufleet
 
 In order, on the same host (each run applied twice where it converges):
 1. `cuda_version: "13.0"`, `cudnn_version: "9.17"` -> cuda-toolkit-13-0 13.0.2, cuDNN runtime,
-   -dev and -headers 9.17.0.29, all held; the second run changes nothing; the gate passes it.
-2. cuDNN changed by hand (downgraded to 9.16.0.29): the driver deploy leaves it (pending, no
-   package change) and the validation gate FAILs the host with the fix.
+   -dev and -headers 9.17.0.29, all held, and gpufleet's record of them (0600 in a 0700 folder);
+   the second run changes nothing; the gate passes it.
+2. cuDNN changed by hand (downgraded to 9.16.0.29): the driver deploy leaves it (no package
+   change) and, as the record says gpufleet installed 9.17.0.29, the validation gate FAILs the
+   host with the fix (drift, not a pending upgrade); `tools/rollout`, the fix, puts it back.
 3. CUDA 12.8 with `cudnn_version: "9.10"` -> 12.8.1 and 9.10.2.21; then the inventory says
-   `cudnn_version: "9.17.0"`: reported as a pending upgrade, no package changes, the gate FAILs.
-4. The same with `driver_upgrade_in_place: true` (dev boxes): all.py moves cuDNN to 9.17.0.29,
-   manifest first and GPUs idle right before; the gate passes.
+   `cudnn_version: "9.17.0"`: a pending upgrade, no package changes, the gate WARNs naming
+   FROM -> TO and tools/rollout. `tools/rollout` then moves cuDNN to exactly 9.17.0.29 through
+   the gate (manifest first), held; a second rollout and a second run change nothing.
+4. `tools/rollback` puts 9.10.2.21 back from the rollout's manifest, and the record with it: the
+   gate calls the inventory's 9.17.0 pending again, not a hand change.
+5. `driver_upgrade_in_place: true` (dev boxes): all.py moves cuDNN to 9.17.0.29 itself, manifest
+   first and GPUs idle right before; the gate passes.
 """
 from __future__ import annotations
+
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +39,8 @@ RUNNER = "tests/e2e/deploys/driver_only.py"  # validate, preflight, then only th
 CUDNN13 = ("libcudnn9-cuda-13", "libcudnn9-dev-cuda-13", "libcudnn9-headers-cuda-13")
 CUDNN12 = ("libcudnn9-cuda-12", "libcudnn9-dev-cuda-12", "libcudnn9-headers-cuda-12")
 CHECK = "driver: the CUDA toolkit and cuDNN are the resolved releases"
+REPO = Path(__file__).resolve().parents[2]
+RECORD = "/var/lib/gpufleet/installed/stack"
 
 
 def sh(host, cmd: str) -> str:
@@ -56,6 +67,37 @@ def gate(inv, monkeypatch):
     there (no docker, no hardening); the tests read the CUDA/cuDNN check's own line."""
     monkeypatch.setenv("GPUFLEET_VALIDATE_PROBE", "0")
     return pyinfra(inv, "deploys/validate.py")
+
+
+def recorded(host) -> dict[str, str]:
+    """gpufleet's record on the host (package -> release), read as root."""
+    out = sh(host, f"cat {RECORD}")
+    return dict(line.split() for line in out.splitlines() if line and not line.startswith("#"))
+
+
+def rollout(inv: Path) -> subprocess.CompletedProcess:
+    """tools/rollout INVENTORY as an operator runs it (state and manifests next to the inventory)."""
+    proc = subprocess.run([str(REPO / "tools" / "rollout"), inv.name], cwd=inv.parent, capture_output=True,
+                          text=True, timeout=900)
+    print(proc.stdout, proc.stderr)
+    return proc
+
+
+def report_row(inv: Path, name: str) -> dict:
+    """The host's row of tools/fleet-report's JSON (facts, the validation checks, all.py's plan)."""
+    import json
+
+    out = inv.parent / f"report-{name}"
+    proc = subprocess.run([str(REPO / "tools" / "fleet-report"), str(inv), "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert (out / "fleet-report.json").exists(), proc.stdout + proc.stderr
+    (row,) = json.loads((out / "fleet-report.json").read_text())["hosts"]
+    return row
+
+
+def report_check(row: dict) -> dict:
+    (found,) = [c for c in row["validation"]["checks"] if c["name"] == CHECK.split(": ", 1)[1]]
+    return found
 
 
 def check_line(run) -> str:
@@ -102,6 +144,9 @@ def test_exact_cuda_and_cudnn_releases_installed_and_held(host, cuda13):
     got = installed(host, "cuda-toolkit-13-0", *CUDNN13)
     assert got == {"cuda-toolkit-13-0": "13.0.2-1", **{p: "9.17.0.29-1" for p in CUDNN13}}, got
     assert {"cuda-toolkit-13-0", *CUDNN13} <= holds(host)
+    # what gpufleet installed, recorded on the host: root's, 0600 in a 0700 folder
+    assert recorded(host) == {"cuda-toolkit-13-0": "13.0.2", **{p: "9.17.0.29" for p in CUDNN13}}
+    assert sh(host, f"stat -c '%a %U' {RECORD} $(dirname {RECORD})").split() == ["600", "root", "700", "root"]
 
 
 def test_second_run_changes_nothing(cuda13):
@@ -129,14 +174,16 @@ def test_cudnn_changed_by_hand_is_left_and_reported(host, by_hand):
     _, run = by_hand
     assert run.returncode == 0, run.output
     assert installed(host, *CUDNN13) == {p: "9.16.0.29-1" for p in CUDNN13}
-    assert "cuDNN upgrade pending: 9.16.0.29 -> 9.17.0.29" in run.output
-    assert "CUDA/cuDNN UPGRADE PENDING" in run.output
+    assert ("libcudnn9-cuda-13 9.16.0.29 (resolved 9.17.0.29) was changed by hand: gpufleet installed 9.17.0.29"
+            in run.output), run.output
+    assert "CHANGED BY HAND" in run.output and "upgrade pending" not in run.output
+    assert recorded(host)["libcudnn9-cuda-13"] == "9.17.0.29"   # the record keeps what gpufleet installed
     # nothing installed; apt's --allow-change-held-packages dropped the holds, which come back
     changed = changed_operations(run)
     assert all(op.endswith("Hold the driver, CUDA, cuDNN, container toolkit and running kernel packages")
                for op in changed), run.output
     assert set(CUDNN13) <= holds(host)
-    assert "cuDNN 9.16.0.29 kept (pending 9.17.0.29)" in run.output
+    assert "cuDNN kept as changed by hand" in run.output
 
 
 def test_gate_fails_a_cudnn_changed_by_hand(by_hand, monkeypatch):
@@ -144,39 +191,134 @@ def test_gate_fails_a_cudnn_changed_by_hand(by_hand, monkeypatch):
     run = gate(inv, monkeypatch)
     assert run.returncode != 0
     line = check_line(run)
-    assert "[FAIL]" in line and "libcudnn9-cuda-13 9.16.0.29 (resolved 9.17.0.29)" in line, line
-    assert "-> fix: " in line, line
+    assert "[FAIL]" in line and "libcudnn9-cuda-13 9.16.0.29 (resolved 9.17.0.29) was changed by hand" in line, line
+    assert "-> fix: tools/rollout INVENTORY puts it back" in line, line
+    # the fleet report tells it apart the same way: a failed check, listed as a hand change
+    row = report_row(inv, "by-hand")
+    check = report_check(row)
+    assert check["status"] == "fail" and "was changed by hand" in check["message"], check
+    assert any("libcudnn9-cuda-13 9.16.0.29 (resolved 9.17.0.29) was changed by hand" in p
+               for p in row["drift"]["pending"]), row["drift"]
 
 
 @pytest.fixture(scope="module")
-def inventory_change(host, aptrepo, runner, by_hand, tmp_path_factory):  # noqa: F811
+def put_back(host, by_hand):
+    inv, _ = by_hand
+    return inv, rollout(inv)
+
+
+def test_rollout_puts_a_hand_change_back_at_the_resolved_release(host, put_back, monkeypatch):
+    inv, run = put_back
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "libcudnn9-cuda-13 9.16.0.29 -> 9.17.0.29" in run.stdout, run.stdout
+    assert installed(host, *CUDNN13) == {p: "9.17.0.29-1" for p in CUDNN13}
+    assert set(CUDNN13) <= holds(host)
+    line = check_line(gate(inv, monkeypatch))
+    assert "[PASS]" in line and "CUDA 13.0.2, cuDNN 9.17.0.29" in line, line
+
+
+@pytest.fixture(scope="module")
+def inventory_change(host, aptrepo, runner, put_back, tmp_path_factory):  # noqa: F811
+    # CUDA 13.0 -> 12.8: new package names (cuda-toolkit-12-8, libcudnn9-*-cuda-12), pending
     inv = _inventory(host, aptrepo, tmp_path_factory, cuda_version="12.8", cudnn_version="9.10")
-    first, second = pyinfra(inv, runner), pyinfra(inv, runner)
-    before = installed(host, "cuda-toolkit-12-8", *CUDNN12)
+    first = pyinfra(inv, runner)
+    pending = installed(host, "cuda-toolkit-13-0", "cuda-toolkit-12-8", *CUDNN13, *CUDNN12)
+    replaced = rollout(inv)
+    second = pyinfra(inv, runner)
+    before = installed(host, "cuda-toolkit-13-0", "cuda-toolkit-12-8", *CUDNN13, *CUDNN12)
     moved = _inventory(host, aptrepo, tmp_path_factory, cuda_version="12.8", cudnn_version="9.17.0")
-    return first, second, before, moved, pyinfra(moved, runner)
+    return first, second, before, moved, pyinfra(moved, runner), pending, replaced
 
 
-def test_cuda12_exact_releases(host, inventory_change):
-    first, second, before, _, _ = inventory_change
+def test_a_changed_package_name_is_pending_then_replaced_by_the_rollout(host, inventory_change):
+    first, second, before, _, _, pending, replaced = inventory_change
     assert first.returncode == 0, first.output
+    assert ("CUDA toolkit upgrade pending: cuda-toolkit-13-0 13.0.2 -> cuda-toolkit-12-8 12.8.1, run tools/rollout"
+            in first.output), first.output
+    assert "cuDNN upgrade pending: libcudnn9-cuda-13 9.17.0.29 -> libcudnn9-cuda-12 9.10.2.21" in first.output
+    # not installed alongside: the host still has only the CUDA 13 packages
+    assert pending == {"cuda-toolkit-13-0": "13.0.2-1", **{p: "9.17.0.29-1" for p in CUDNN13}}, pending
+    assert replaced.returncode == 0, replaced.stdout + replaced.stderr
+    assert "libcudnn9-cuda-13 9.17.0.29 -> libcudnn9-cuda-12 9.10.2.21 (replaces " in replaced.stdout, replaced.stdout
     assert before == {"cuda-toolkit-12-8": "12.8.1-1", **{p: "9.10.2.21-1" for p in CUDNN12}}, before
+    assert {"cuda-toolkit-12-8", *CUDNN12} <= holds(host) and not set(CUDNN13) & holds(host)
     assert second.returncode == 0 and changed_operations(second) == [], second.output
 
 
 def test_changed_cudnn_version_is_pending_not_a_silent_drift(host, inventory_change, monkeypatch):
-    _, _, before, moved, run = inventory_change
+    _, _, before, moved, run, _, _ = inventory_change
+    before = {p: v for p, v in before.items() if p in ("cuda-toolkit-12-8", *CUDNN12)}
     assert run.returncode == 0, run.output
-    assert "cuDNN upgrade pending: 9.10.2.21 -> 9.17.0.29" in run.output
+    assert "cuDNN upgrade pending: 9.10.2.21 -> 9.17.0.29, run tools/rollout" in run.output
+    assert "CUDA/cuDNN UPGRADE PENDING" in run.output and "tools/rollout INVENTORY" in run.output
     assert not any("Install" in op for op in changed_operations(run)), run.output
     assert installed(host, "cuda-toolkit-12-8", *CUDNN12) == before  # no package changed
     assert set(CUDNN12) <= holds(host)
     line = check_line(gate(moved, monkeypatch))
-    assert "[FAIL]" in line and "libcudnn9-cuda-12 9.10.2.21 (resolved 9.17.0.29)" in line, line
+    assert "[WARN]" in line and "cuDNN upgrade pending: 9.10.2.21 -> 9.17.0.29, run tools/rollout" in line, line
+    assert "-> fix: tools/rollout INVENTORY" in line, line
+    row = report_row(moved, "pending")
+    check = report_check(row)
+    assert check["status"] == "warn" and "cuDNN upgrade pending: 9.10.2.21 -> 9.17.0.29" in check["message"], check
+    assert "cuDNN upgrade pending: 9.10.2.21 -> 9.17.0.29, run tools/rollout" in row["drift"]["pending"], row["drift"]
 
 
 @pytest.fixture(scope="module")
-def moved_in_place(host, aptrepo, runner, inventory_change, tmp_path_factory):  # noqa: F811
+def rolled_out(host, runner, inventory_change):
+    moved = inventory_change[3]
+    first = rollout(moved)
+    after = installed(host, "cuda-toolkit-12-8", *CUDNN12)
+    return moved, first, after, rollout(moved), pyinfra(moved, runner)
+
+
+def test_rollout_moves_cudnn_to_exactly_the_new_release_and_holds_it(host, rolled_out, monkeypatch):
+    moved, first, after, _, _ = rolled_out
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert after == {"cuda-toolkit-12-8": "12.8.1-1", **{p: "9.17.0.29-1" for p in CUDNN12}}, after
+    assert set(CUDNN12) <= holds(host)
+    assert "CUDA/cuDNN: " in first.stdout and "libcudnn9-cuda-12 9.10.2.21 -> 9.17.0.29" in first.stdout
+    # through the gate: the manifest (before the change) records the old release
+    manifests = sorted((moved.parent / ".gpufleet/manifests" / host.name).glob("*.json"))
+    assert manifests, first.stdout
+    import json
+
+    doc = json.loads(manifests[-1].read_text())
+    assert doc["packages"]["libcudnn9-cuda-12"] == "9.10.2.21-1" and "libcudnn9-cuda-12 9.10.2.21 -> 9.17.0.29" in doc["reason"]
+    assert recorded(host)["libcudnn9-cuda-12"] == "9.17.0.29"
+    line = check_line(gate(moved, monkeypatch))
+    assert "[PASS]" in line and "CUDA 12.8.1, cuDNN 9.17.0.29" in line, line
+
+
+def test_second_rollout_and_second_run_change_nothing(host, rolled_out):
+    _, _, after, again, run = rolled_out
+    assert again.returncode == 0, again.stdout + again.stderr
+    # the state file says done (or, once that rollout is forgotten, the survey finds nothing to do)
+    assert "done already, not redone" in again.stdout and "starting" not in again.stdout, again.stdout
+    assert run.returncode == 0 and changed_operations(run) == [], run.output
+    assert installed(host, "cuda-toolkit-12-8", *CUDNN12) == after
+
+
+@pytest.fixture(scope="module")
+def rolled_back(host, rolled_out):
+    moved = rolled_out[0]
+    proc = subprocess.run([str(REPO / "tools" / "rollback"), moved.name, host.name], cwd=moved.parent,
+                          capture_output=True, text=True, timeout=900)
+    print(proc.stdout, proc.stderr)
+    return moved, proc
+
+
+def test_rollback_puts_the_old_release_back_and_the_record_with_it(host, rolled_back, monkeypatch):
+    moved, proc = rolled_back
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert installed(host, *CUDNN12) == {p: "9.10.2.21-1" for p in CUDNN12}
+    assert recorded(host)["libcudnn9-cuda-12"] == "9.10.2.21"
+    # gpufleet put it there: the inventory's 9.17.0 is pending again, not a hand change
+    line = check_line(gate(moved, monkeypatch))
+    assert "[WARN]" in line and "cuDNN upgrade pending: 9.10.2.21 -> 9.17.0.29, run tools/rollout" in line, line
+
+
+@pytest.fixture(scope="module")
+def moved_in_place(host, aptrepo, runner, rolled_back, tmp_path_factory):  # noqa: F811
     # the dev-box path: driver_upgrade_in_place lets all.py move it, through the same gate
     inv = _inventory(host, aptrepo, tmp_path_factory, cuda_version="12.8", cudnn_version="9.17.0",
                      driver_upgrade_in_place=True)
@@ -192,5 +334,6 @@ def test_in_place_moves_cudnn_to_the_exact_release_through_the_gate(host, moved_
     assert ("right before the driver changes (cuDNN 9.10.2.21 -> 9.17.0.29, driver_upgrade_in_place)"
             in run.output), run.output
     assert again.returncode == 0 and changed_operations(again) == [], again.output
+    assert recorded(host)["libcudnn9-cuda-12"] == "9.17.0.29"
     line = check_line(gate(inv, monkeypatch))
     assert "[PASS]" in line and "CUDA 12.8.1, cuDNN 9.17.0.29" in line, line

@@ -94,7 +94,9 @@ def test_converged_firewall_survives_a_real_reboot_as_a_no_op(hostpool, aptrepo,
     host, = hostpool.get("firewall-private-gpu", 1, gpu=f"a100x4@{TEST_DRIVER}", private_network=True,
                          forward=(aptrepo.port,))
     inv = write_inventory(tmp_path / "inventory.py", [host], data={host.name: {
-        **environment_data(host, "research", aptrepo), "firewall_open_ports": ["9400/tcp"]}})
+        **environment_data(host, "research", aptrepo), "firewall_open_ports": ["9400/tcp"],
+        # the test's own listener holds 9400 (tests/e2e/test_monitoring.py covers the exporters)
+        "monitoring_node_exporter": False, "monitoring_dcgm_exporter": False}})
     start_listener(host)
     assert host_tcp_open(host, 8080) and host_tcp_open(host, 9400)  # nothing filters yet
 

@@ -240,3 +240,65 @@ def test_unsupported_pair_or_unsettable_gpu_fails_at_planning_and_changes_nothin
         assert set_commands(host) == []
         assert sh(host, "ls /etc/nccl.conf /etc/gpufleet /etc/systemd/system/gpufleet-gpu-clocks.service "
                         "2>/dev/null; true") == ""
+
+
+# --- one clock model; settings that depend on the host's hardware ----------------------------------
+
+
+def test_max_means_the_gpus_own_highest_pair_in_plan_deploy_and_gate(hostpool, tmp_path_factory):
+    """An A100 board whose supported-clocks list tops out at 1215,1395 (the simulator's list cut
+    on this host, as on a power-capped board) while the catalogue's A100-SXM4-40GB says 1410: the
+    plan view, the clocks applied and the gate all say 1395. The same runs show what the test
+    host's hardware makes of tuning_cpu_governor (a container has no cpufreq), validate_min_ram_gb
+    and validate_min_nic_gbps, against /proc and /sys read on the host."""
+    host = hostpool.get("tuning-capped", 1, release="bookworm", gpu="a100")[0]
+    sh(host, "sed -i 's/\"gfx_max\": 1410/\"gfx_max\": 1395/' /etc/gpusim/gpus.json")
+    top = sh(host, "nvidia-smi -q -d SUPPORTED_CLOCKS | grep -m1 -A1 'Memory' ; true")
+    assert "1395 MHz" in top and "1410" not in top, top
+    inv = write_inventory(tmp_path_factory.mktemp("capped") / "inventory.py", [host],
+                          data={host.name: {"tier": "research", "tier_mismatch": "warn",
+                                            "validate_os_release": "debian-12"}})
+    plan = pyinfra(inv, "deploys/plan.py")
+    assert plan.returncode == 0, plan.output
+    assert ("clocks: -ac 1215,1395 on GPU 0 (NVIDIA A100-SXM4-40GB) (the GPUs' own supported clocks)"
+            in plan.output), plan.output
+
+    run = pyinfra(inv, deploy_file(tmp_path_factory), "-v")  # -v: pyinfra prints the no-op messages
+    assert run.returncode == 0, run.output
+    assert [tuple(map(int, row[2:4])) for row in gpu_rows(host, APP)] == [(1215, 1395)]
+    assert [c.split(" nvidia-smi ")[1] for c in set_commands(host)] == ["-i 00000000:00:06.0 -ac 1215,1395"]
+    # tuning_cpu_governor: performance on a host without cpufreq: a no-op that says why, nothing written
+    assert sh(host, "ls -d /sys/devices/system/cpu/cpu*/cpufreq 2>/dev/null; true") == ""
+    assert "no cpufreq on this host (no /sys/devices/system/cpu/cpu*/cpufreq" in run.output, run.output
+    assert sh(host, "ls /etc/tmpfiles.d/gpufleet-cpu-governor.conf "
+                    "/etc/systemd/system/gpufleet-cpu-governor.service 2>/dev/null; true") == ""
+    again = pyinfra(inv, deploy_file(tmp_path_factory))
+    assert again.returncode == 0 and changed_operations(again) == [], again.output
+
+    gate = pyinfra(inv, "deploys/validate.py")
+    lines = [line.split(f"[{host.name}] ", 1)[1] for line in gate.output.splitlines() if f"[{host.name}] [" in line]
+    assert ("[PASS] tuning: GPU clocks are what the tier's clock policy sets: 1 GPUs at policy max: "
+            "-ac 1215,1395 on GPU 0 (NVIDIA A100-SXM4-40GB)") in lines, gate.output
+    assert any(line.startswith("[SKIP] tuning: every CPU runs the tier's frequency governor: no cpufreq on this host")
+               for line in lines), gate.output
+    # research asks for 256 GB of RAM and a 25 Gbit/s NIC; the test host has what the machine has
+    kib = int(sh(host, "grep MemTotal /proc/meminfo").split()[1])
+    ram = (f"[WARN] preflight: the host has the tier's minimum RAM: {kib * 1024 / 1e9:.1f} GB of RAM (MemTotal), "
+           "tier research expects at least 256 GB (validate_min_ram_gb; tier_mismatch: warn)")
+    assert kib * 1024 / 1e9 >= 256 or any(line.startswith(ram) for line in lines), (ram, gate.output)
+    speeds = {}
+    for line in sh(host, "cd /sys/class/net && for i in *; do echo $i $(cat $i/type) $(cat $i/speed 2>/dev/null); "
+                         "done").splitlines():
+        name, kind, *speed = line.split()
+        if kind in ("1", "32") and speed and speed[0].isdigit() and int(speed[0]) > 0 \
+                and not name.startswith(("lo", "docker", "veth", "br-", "virbr", "ifb", "dummy", "tun", "tap", "wg")):
+            speeds[name] = int(speed[0])
+    nic = [line for line in lines if "the fastest data NIC reaches the tier's minimum speed" in line]
+    assert len(nic) == 1, gate.output
+    if speeds:
+        best = max(speeds, key=lambda n: (speeds[n], n))
+        assert nic[0].startswith(f"[WARN] preflight: the fastest data NIC reaches the tier's minimum speed: fastest "
+                                 f"data NIC {best} runs at {speeds[best] / 1000:g} Gbit/s") or speeds[best] >= 25000, nic
+    else:
+        assert nic[0].startswith("[SKIP] preflight: the fastest data NIC reaches the tier's minimum speed: no Ethernet "
+                                 "or InfiniBand interface reports its link speed"), nic

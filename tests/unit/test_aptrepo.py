@@ -28,6 +28,7 @@ DOCUMENTED = {
     "libcudnn9-cuda-13", "libcudnn9-dev-cuda-13", "libcudnn9-headers-cuda-13",
     "libcudnn9-cuda-12", "libcudnn9-dev-cuda-12", "libcudnn9-headers-cuda-12",
     "datacenter-gpu-manager-4-core", "datacenter-gpu-manager-4-cuda12", "datacenter-gpu-manager-4-cuda13",
+    "datacenter-gpu-manager-exporter",
     "nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
     "libnvidia-container1",
 }

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpufleet.deploys.driver import stack_groups, stack_pending
+from gpufleet.deploys.driver import stack_drift, stack_groups, stack_pending
+from gpufleet.facts.packages import STACK_RECORD, StackPackages, StackPackagesData
 from gpufleet import validation as v
 from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
@@ -114,18 +115,36 @@ def test_pending_when_an_installed_release_differs_and_only_then():
     assert stack_pending(res, exact) == {}
     assert stack_pending(res, {}) == {}  # nothing installed: a first install, not an upgrade
     by_hand = {**exact, "libcudnn9-dev-cuda-13": "9.16.0.29-1"}
-    assert stack_pending(res, by_hand) == {"cuDNN": ("9.16.0.29", "9.17.0.29")}
+    assert stack_pending(res, by_hand) == {"cuDNN": ("9.16.0.29", "9.17.0.29")}  # no record: pending
     older_toolkit = {**exact, "cuda-toolkit-13-0": "13.0.1-1"}
     assert stack_pending(res, older_toolkit) == {"CUDA toolkit": ("13.0.1", "13.0.2")}
 
 
+def test_the_record_tells_an_inventory_change_from_a_hand_change():
+    res = _res()
+    older = {"cuda-toolkit-13-0": "13.0.2-1", **{p: "9.16.0.29-1" for p in res.cudnn_packages}}
+    # gpufleet installed 9.16.0.29, the inventory now resolves to 9.17.0.29: pending
+    recorded_old = {"cuda-toolkit-13-0": "13.0.2", **{p: "9.16.0.29" for p in res.cudnn_packages}}
+    assert stack_pending(res, older, recorded_old) == {"cuDNN": ("9.16.0.29", "9.17.0.29")}
+    assert stack_drift(res, older, recorded_old) == {}
+    # gpufleet installed 9.17.0.29, someone put 9.16.0.29 back: drift, not pending
+    recorded_new = {"cuda-toolkit-13-0": "13.0.2", **{p: "9.17.0.29" for p in res.cudnn_packages}}
+    assert stack_pending(res, older, recorded_new) == {}
+    drift = stack_drift(res, older, recorded_new)["cuDNN"]
+    assert len(drift) == 3 and drift[0] == ("libcudnn9-cuda-13 9.16.0.29 (resolved 9.17.0.29) was changed by hand: "
+                                            "gpufleet installed 9.17.0.29")
+
+
 class Ctx(v.Context):
-    def __init__(self, installed, res):
-        self.settings = SimpleNamespace()
-        self._installed, self._res = installed, res
+    def __init__(self, installed, res, recorded=None, **settings):
+        self.settings = SimpleNamespace(**{"driver_upgrade_pending": "report", "driver_upgrade_in_place": False,
+                                           **settings})
+        self._installed, self._res, self._recorded = installed, res, recorded or {}
 
     def fact(self, cls, **kwargs):
-        return {p: self._installed.get(p) for p in kwargs["packages"]}
+        # as dpkg-query answers the names and the family globs: every installed member too
+        names = {p: None for p in kwargs["packages"] if "*" not in p}
+        return StackPackagesData({**names, **self._installed}, self._recorded, bool(self._recorded))
 
     def resolution(self):
         return self._res
@@ -134,17 +153,65 @@ class Ctx(v.Context):
 def test_gate_fails_a_mismatch_with_its_fix_and_passes_exact_releases():
     res = _res()
     exact = {"cuda-toolkit-13-0": "13.0.2-1", **{p: "9.17.0.29-1" for p in res.cudnn_packages}}
-    ok = v.cuda_cudnn_releases_exact(Ctx(exact, res))
+    recorded = {p: v.upstream_of(ver) for p, ver in exact.items()}
+    ok = v.cuda_cudnn_releases_exact(Ctx(exact, res, recorded))
     assert ok.status == v.PASS and ok.message == "CUDA 13.0.2, cuDNN 9.17.0.29"
-    bad = v.cuda_cudnn_releases_exact(Ctx({**exact, "libcudnn9-cuda-13": "9.16.0.29-1"}, res))
-    assert bad.status == v.FAIL and "libcudnn9-cuda-13 9.16.0.29 (resolved 9.17.0.29)" in bad.message
-    assert bad.fix == v.FIX_STACK
-    newer = v.cuda_cudnn_releases_exact(Ctx({**exact, "cuda-toolkit-13-0": "13.0.3-1"}, res))
+    bad = v.cuda_cudnn_releases_exact(Ctx({**exact, "libcudnn9-cuda-13": "9.16.0.29-1"}, res, recorded))
+    assert bad.status == v.FAIL and "libcudnn9-cuda-13 9.16.0.29 (resolved 9.17.0.29) was changed by hand" in bad.message
+    assert bad.fix == v.FIX_STACK_DRIFT and "tools/rollout" in bad.fix
+    newer = v.cuda_cudnn_releases_exact(Ctx({**exact, "cuda-toolkit-13-0": "13.0.3-1"}, res, recorded))
     assert newer.status == v.FAIL and "cuda-toolkit-13-0 13.0.3 (resolved 13.0.2)" in newer.message
     missing = v.cuda_cudnn_releases_exact(Ctx({}, res))
     assert missing.status == v.FAIL and missing.fix == v.FIX_DEPLOY
     none = v.cuda_cudnn_releases_exact(Ctx({}, _res(cuda="none", cudnn="none")))
     assert none.status == v.SKIP
+
+
+def test_gate_warns_a_pending_upgrade_like_the_driver():
+    res = _res()
+    older = {"cuda-toolkit-13-0": "13.0.2-1", **{p: "9.16.0.29-1" for p in res.cudnn_packages}}
+    recorded = {p: v.upstream_of(ver) for p, ver in older.items()}
+    for args in ((older, res, recorded), (older, res)):   # recorded by gpufleet, or no record at all
+        warn = v.cuda_cudnn_releases_exact(Ctx(*args))
+        assert warn.status == v.WARN, warn
+        assert warn.message == "cuDNN upgrade pending: 9.16.0.29 -> 9.17.0.29, run tools/rollout"
+        assert warn.fix == v.FIX_ROLLOUT
+    fail = v.cuda_cudnn_releases_exact(Ctx(older, res, recorded, driver_upgrade_pending="fail"))
+    assert fail.status == v.FAIL and fail.fix == v.FIX_ROLLOUT
+    in_place = v.cuda_cudnn_releases_exact(Ctx(older, res, recorded, driver_upgrade_in_place=True))
+    assert in_place.status == v.FAIL and in_place.fix.startswith(v.FIX_DEPLOY)
+
+
+def test_a_changed_package_name_is_pending_not_a_second_install():
+    res = _res(cuda="12.8", cudnn="9.10")   # the host has CUDA 13.0 and cuDNN for CUDA 13
+    on_13 = {"cuda-toolkit-13-0": "13.0.2-1", **{p: "9.17.0.29-1" for p in _res().cudnn_packages}}
+    assert stack_pending(res, on_13) == {
+        "CUDA toolkit": ("cuda-toolkit-13-0 13.0.2", "cuda-toolkit-12-8 12.8.1"),
+        "cuDNN": ("libcudnn9-cuda-13 9.17.0.29", "libcudnn9-cuda-12 9.10.2.21")}
+    warn = v.cuda_cudnn_releases_exact(Ctx(on_13, res))
+    assert warn.status == v.WARN and warn.fix == v.FIX_ROLLOUT
+    assert warn.message == ("CUDA toolkit upgrade pending: cuda-toolkit-13-0 13.0.2 -> cuda-toolkit-12-8 12.8.1, run "
+                            "tools/rollout; cuDNN upgrade pending: libcudnn9-cuda-13 9.17.0.29 -> libcudnn9-cuda-12 "
+                            "9.10.2.21, run tools/rollout")
+    assert stack_pending(res, {}) == {}   # nothing of either family: a first install
+    assert v.stack_renames(res.stack_versions, {"cuda-toolkit-13-0-config-common": "13.0.96-1"}) == {}
+
+
+def test_stack_packages_fact_reads_versions_and_the_record():
+    fact = StackPackages()
+    command = fact.command(["libcudnn9-cuda-13", "cuda-toolkit-13-0"])
+    assert "dpkg-query" in command and STACK_RECORD in command
+    out = ["::gpufleet:: want libcudnn9-cuda-13 cuda-toolkit-13-0", "::gpufleet:: begin dpkg",
+           "libcudnn9-cuda-13 9.16.0.29-1 hi ", "::gpufleet:: begin record",
+           "# Managed by gpufleet: the CUDA toolkit and cuDNN releases it installed. Do not edit.",
+           "libcudnn9-cuda-13 9.17.0.29", "cuda-toolkit-13-0 13.0.2"]
+    data = fact.process(out)
+    assert data.installed == {"libcudnn9-cuda-13": "9.16.0.29-1", "cuda-toolkit-13-0": None}
+    assert data.recorded == {"libcudnn9-cuda-13": "9.17.0.29", "cuda-toolkit-13-0": "13.0.2"} and data.record_found
+    empty = fact.process(out[:4])
+    assert empty.recorded == {} and not empty.record_found
+    with pytest.raises(ValueError):
+        fact.process([*out[:4], "libcudnn9-cuda-13 $(reboot)"])
 
 
 def test_tools_compat_names_the_exact_releases(capsys):

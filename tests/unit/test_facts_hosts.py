@@ -178,6 +178,8 @@ def test_network_interfaces_exclude_plumbing(net_root):
     assert (ib0.kind, ib0.mtu, ib0.pci_slot, ib0.driver) == ("infiniband", 4092, "0000:3b:00.0", "mlx5_core")
     assert ib0.mac == "00:00:10:29:fe:80:00:00:00:00:00:00:b8:3f:d2:03:00:aa:bb:cc"
     assert bond0.virtual and bond0.device is None and bond0.driver is None
+    # link speed in Mbit/s; -1 (link down) and a missing file are "unknown", not a speed
+    assert {i.name: i.speed_mbps for i in interfaces} == {"bond0": None, "ens1f1": None, "eth0": 25000, "ib0": 200000}
     everything = parse_net(output, include_all=True)
     assert {i.name for i in everything} >= {"lo", "docker0", "veth1a2b3c4", "br-0123abcd4567", "virbr0"}
 

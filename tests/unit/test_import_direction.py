@@ -193,3 +193,10 @@ def test_the_check_fails_on_each_kind_of_upward_import(tmp_path):
         hits = [p for p in problems if p.startswith(f"{rel}:") and f"-> {imported} (" in p]
         assert hits, f"{rel} importing {imported} was not reported; got:\n" + "\n".join(problems)
     assert len(problems) == len(BROKEN), "\n".join(problems)  # and nothing else: the allowed ones stay allowed
+
+
+def test_a_folder_imported_by_its_package_name_keeps_its_layer():
+    assert layer_of("gpufleet.deploys.tuning")[0] == "deploys"
+    assert layer_of("gpufleet.facts.gpu")[0] == "facts"
+    assert arrow_problem("gpufleet.validation", "gpufleet.deploys.base")
+    assert arrow_problem("gpufleet.deploys.tuning", "gpufleet.tuning") is None

@@ -1,0 +1,201 @@
+"""The exporters' settings, listen addresses, firewall rules, the endpoint fact and the gate's
+check: pure parts, on settings from the real tiers and on the fact's real output shape."""
+from __future__ import annotations
+
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+from pyinfra.api import StringCommand
+
+from gpufleet.deploys.hardening import nftables_context, render
+from gpufleet.facts.monitoring import MetricsEndpoint, parse_metrics_endpoint
+from gpufleet import monitoring as m
+from gpufleet import validation as v
+from gpufleet.settings import validate_inventory
+from tests.unit.test_settings import inventory, problems_of
+
+
+def settings(**data):
+    from gpufleet.settings import host_settings
+
+    return host_settings(inventory({"tier": "research", **data}).get_host("gpu-a01"))
+
+
+def test_research_and_hgx_turn_both_exporters_on_and_dev_none():
+    s = settings()
+    assert [(e.label, e.port, e.service) for e in m.exporters(s)] == [
+        ("node exporter", 9100, "prometheus-node-exporter.service"),
+        ("DCGM exporter", 9400, "nvidia-dcgm-exporter.service")]
+    assert m.exporters(settings(tier="hgx")) and not m.exporters(settings(tier="dev"))
+    assert s.plan is not None and "datacenter-gpu-manager-4-core" in s.plan.dcgm_packages  # DCGM with the driver
+
+
+@pytest.mark.parametrize("listen,node,url,rule", [
+    ("all", ":9100", "http://127.0.0.1:9100/metrics", {"port": "9100", "proto": "tcp", "comment": "node exporter", "daddr": ""}),
+    ("10.0.0.5", "10.0.0.5:9100", "http://10.0.0.5:9100/metrics",
+     {"port": "9100", "proto": "tcp", "comment": "node exporter", "daddr": "10.0.0.5"}),
+    ("fd00::5", "[fd00::5]:9100", "http://[fd00::5]:9100/metrics",
+     {"port": "9100", "proto": "tcp", "comment": "node exporter", "daddr": "fd00::5"}),
+    ("127.0.0.1", "127.0.0.1:9100", "http://127.0.0.1:9100/metrics", None),
+])
+def test_listen_address_binds_the_exporters_and_the_firewall_alike(listen, node, url, rule):
+    s = settings(monitoring_listen_address=listen)
+    node_exporter = m.exporters(s)[0]
+    assert m.listen(s, 9100) == node
+    assert m.local_url(s, node_exporter) == url
+    assert f'ARGS="--web.listen-address={node}"' in m.node_exporter_defaults(s)
+    assert f"DCGM_EXPORTER_LISTEN={m.listen(s, 9400)}" in m.dcgm_exporter_dropin(s)
+    assert "DCGM_REMOTE_HOSTENGINE_INFO=localhost:5555" in m.dcgm_exporter_dropin(s)
+    assert m.firewall_rules(s)[:1] == ([rule] if rule else [])
+
+
+def test_the_firewall_opens_exactly_the_ports_of_the_exporters_that_are_on():
+    def table(**data):
+        return render("etc/nftables.conf.j2", **nftables_context(settings(**data), [22]))
+
+    text = table()
+    assert 'tcp dport 9100 accept comment "node exporter"' in text
+    assert 'tcp dport 9400 accept comment "DCGM exporter"' in text
+    text = table(monitoring_dcgm_exporter=False, monitoring_node_exporter_port=9101)
+    assert "dport 9101 accept" in text and "9400" not in text and "9100" not in text
+    text = table(monitoring_listen_address="10.0.0.5")
+    assert 'ip daddr 10.0.0.5 tcp dport 9100 accept comment "node exporter"' in text
+    text = table(monitoring_listen_address="fd00::5")
+    assert 'ip6 daddr fd00::5 tcp dport 9400 accept' in text
+    text = table(monitoring_listen_address="127.0.0.1")
+    assert "9100" not in text and "9400" not in text
+    # an operator who still lists the port keeps one rule, open to all
+    text = table(firewall_open_ports=["22/tcp", "9100/tcp"])
+    assert text.count("dport 9100 accept") == 1
+
+
+def test_nft_accepts_the_rendered_table_when_nft_is_here():
+    text = render("etc/nftables.conf.j2", **nftables_context(settings(monitoring_listen_address="10.0.0.5"), [22]))
+    try:
+        run = subprocess.run(["nft", "-c", "-f", "-"], input=text, capture_output=True, text=True, timeout=20)
+    except FileNotFoundError:
+        pytest.skip("nft is not installed here")
+    if "Operation not permitted" in run.stderr:
+        pytest.skip("nft -c needs CAP_NET_ADMIN here")
+    assert run.returncode == 0, run.stderr
+
+
+@pytest.mark.parametrize("data,key,fragment", [
+    ({"monitoring_listen_address": "eth0"}, "monitoring_listen_address", "not an IP address"),
+    ({"monitoring_listen_address": "0.0.0.0"}, "monitoring_listen_address", "use all for every address"),
+    ({"monitoring_node_exporter_port": 0}, "monitoring_node_exporter_port", "out of range"),
+    ({"monitoring_dcgm_exporter_version": "4.5"}, "monitoring_dcgm_exporter_version", "malformed"),
+    ({"monitoring_dcgm_exporter_port": 9100}, "monitoring_dcgm_exporter_port", "also monitoring_node_exporter_port"),
+    ({"tier": "dev", "monitoring_dcgm_exporter": True}, "monitoring_dcgm_exporter", "debian-12 does not package DCGM"),
+])
+def test_bad_monitoring_settings_stop_the_run_naming_the_key(data, key, fragment):
+    problems = problems_of(inventory({"tier": "research", **data}))
+    assert any(p.startswith(f"host gpu-a01: key '{key}': ") and fragment in p for p in problems), problems
+
+
+NODE_OK = ["::gpufleet:: rc 0", "::gpufleet:: begin error", "", "::gpufleet:: samples 812",
+           "::gpufleet:: begin sample", "node_boot_time_seconds 1.764e+09"]
+DCGM_OK = ["::gpufleet:: rc 0", "::gpufleet:: begin error", "", "::gpufleet:: samples 16", "::gpufleet:: begin sample",
+           'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-a",pci_bus_id="00000000:07:00.0",device="nvidia0",modelName="NVIDIA A100-SXM4-80GB",Hostname="h"} 31',
+           'DCGM_FI_DEV_GPU_TEMP{gpu="1",UUID="GPU-b",pci_bus_id="00000000:0F:00.0",device="nvidia1",modelName="NVIDIA A100-SXM4-80GB",Hostname="h"} 33']
+REFUSED = ["::gpufleet:: rc 7", "::gpufleet:: begin error",
+           "curl: (7) Failed to connect to 127.0.0.1 port 9400 after 0 ms: Couldn't connect to server",
+           "::gpufleet:: samples 0", "::gpufleet:: begin sample"]
+
+
+def test_endpoint_fact_parses_answers_refusals_and_no_curl():
+    node = parse_metrics_endpoint(NODE_OK)
+    assert (node.status, node.samples, node.lines) == ("ok", 812, ["node_boot_time_seconds 1.764e+09"])
+    assert parse_metrics_endpoint(DCGM_OK).label_values("gpu") == ["0", "1"]
+    refused = parse_metrics_endpoint(REFUSED)
+    assert refused.status == "error" and "Failed to connect" in refused.error
+    assert parse_metrics_endpoint(["::gpufleet:: no-curl"]).status == "no-curl"
+
+
+def test_endpoint_fact_takes_its_values_as_variables_and_refuses_odd_ones():
+    command = MetricsEndpoint().command(url="http://127.0.0.1:9100/metrics", family="node_", sample="node_boot_time_seconds")
+    assert isinstance(command, StringCommand)
+    assert "url=http://127.0.0.1:9100/metrics" in str(command.get_raw_value())
+    for url, family in (("http://x/$(reboot)", "node_"), ("file:///etc/shadow", "node_"),
+                        ("http://127.0.0.1:9100/metrics", "node_;rm")):
+        with pytest.raises(ValueError):
+            MetricsEndpoint().command(url=url, family=family, sample="node_boot_time_seconds")
+
+
+class FakeContext(v.Context):
+    def __init__(self, settings, answers, gpus=2, ok=True):
+        super().__init__(SimpleNamespace(), settings)
+        self.answers = answers
+        self._gpu = SimpleNamespace(ok=ok, status="ok" if ok else "no-nvidia-smi",
+                                    gpus=[SimpleNamespace(index=i) for i in range(gpus)])
+
+    @property
+    def gpu(self):
+        return self._gpu
+
+    def fact(self, cls, **kwargs):
+        assert cls is MetricsEndpoint
+        return parse_metrics_endpoint(self.answers[kwargs["url"]])
+
+
+def test_gate_passes_serving_exporters_and_fails_with_a_fix_otherwise():
+    s = settings()
+    node_url, dcgm_url = "http://127.0.0.1:9100/metrics", "http://127.0.0.1:9400/metrics"
+    ok = v.exporters_serve_metrics(FakeContext(s, {node_url: NODE_OK, dcgm_url: DCGM_OK}))
+    assert [(r.name, r.status) for r in ok] == [("the node exporter serves metrics", "pass"),
+                                                ("the DCGM exporter serves metrics", "pass")]
+    assert "DCGM_FI_DEV_GPU_TEMP for 2 GPUs" in ok[1].message
+    bad = v.exporters_serve_metrics(FakeContext(s, {node_url: REFUSED, dcgm_url: DCGM_OK}, gpus=3))
+    assert bad[0].status == "fail" and "Failed to connect" in bad[0].message
+    assert "systemctl status prometheus-node-exporter.service" in bad[0].fix
+    assert bad[1].status == "fail" and "for GPU 0, 1 of 0, 1, 2" in bad[1].message
+    no_gpu = v.exporters_serve_metrics(FakeContext(s, {node_url: NODE_OK}, ok=False))
+    assert [r.status for r in no_gpu] == ["pass", "skip"]
+    none = v.exporters_serve_metrics(FakeContext(settings(tier="dev"), {}))
+    assert [r.status for r in none] == ["skip"]
+
+
+def test_report_lists_each_exporters_endpoint_with_what_the_gate_found():
+    from gpufleet.report.gather import endpoints
+    from gpufleet.report.render import cell
+
+    host = SimpleNamespace(name="gpu-a01", data={"ssh_hostname": "10.1.2.3"})
+    by_name = {"the node exporter serves metrics": v.Result("monitoring", "the node exporter serves metrics", "pass"),
+               "the DCGM exporter serves metrics": v.Result("monitoring", "the DCGM exporter serves metrics", "fail", "refused")}
+    rows = endpoints(host, settings(), by_name)
+    assert rows == [
+        {"name": "node exporter", "url": "http://10.1.2.3:9100/metrics", "status": "pass", "message": ""},
+        {"name": "DCGM exporter", "url": "http://10.1.2.3:9400/metrics", "status": "fail", "message": "refused"}]
+    assert cell({"endpoints": rows}, "endpoints") == ("node exporter http://10.1.2.3:9100/metrics, "
+                                                       "DCGM exporter http://10.1.2.3:9400/metrics (fail)")
+
+
+def test_inventory_validation_still_accepts_every_shipped_tier():
+    for tier in ("dev", "research", "inference", "render", "hgx", "hgx-cloud"):
+        validate_inventory(inventory({"tier": tier}))
+
+
+def test_all_py_runs_monitoring_after_tuning_and_before_the_firewall():
+    from pathlib import Path
+
+    calls = [line.strip() for line in (Path(__file__).resolve().parents[2] / "deploys" / "all.py").read_text().splitlines()
+             if line.strip().endswith("()") and not line.startswith(("#", "from", "import"))]
+    order = [c for c in calls if c in ("tuning()", "monitoring()", "hardening()")]
+    assert order == ["tuning()", "monitoring()", "hardening()"], calls
+
+
+def test_html_report_links_each_endpoint_in_a_metrics_cell():
+    from gpufleet.report import render
+    from gpufleet.report.view import cells
+
+    rows = [{"name": "node exporter", "url": "http://10.1.2.3:9100/metrics", "status": "pass", "message": "812 samples"},
+            {"name": "DCGM exporter", "url": "http://10.1.2.3:9400/metrics", "status": "fail", "message": "refused"}]
+    cell = cells({"status": "ok", "endpoints": rows})["endpoints"]
+    assert cell.status == "fail" and [i["url"] for i in cell.items] == [r["url"] for r in rows]
+    assert cells({"status": "ok", "endpoints": []})["endpoints"].status == "skip"
+    doc = render.document([{"host": "gpu-a01", "address": "10.1.2.3", "status": "ok", "state": "changed", "tier": "research",
+                            "seconds": 1.0, "drift": None, "endpoints": rows}], "inv.py", 1.0)
+    page = render.html_page(doc)
+    assert '<a class="endpoint" href="http://10.1.2.3:9100/metrics" title="812 samples">node exporter</a>' in page
+    assert 'href="http://10.1.2.3:9400/metrics"' in page
