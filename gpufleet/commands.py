@@ -42,22 +42,22 @@ def deploy(argv: list[str] | None = None) -> int:
 def rollout() -> int:
     from gpufleet.rollout.cli import rollout_main
 
-    return rollout_main(sys.argv[1:])
+    return rollout_main(sys.argv[1:], prog="gpufleet-rollout")
 
 
 def rollback() -> int:
     from gpufleet.rollout.cli import rollback_main
 
-    return rollback_main(sys.argv[1:])
+    return rollback_main(sys.argv[1:], prog="gpufleet-rollback")
 
 
 def report() -> int:
     from gpufleet.report.cli import main
 
-    return main(sys.argv[1:])
+    return main(sys.argv[1:], prog="gpufleet-report")
 
 
 def compat() -> int:
     from gpufleet.compat_cli import main
 
-    return main(sys.argv[1:])
+    return main(sys.argv[1:], prog="gpufleet-compat")

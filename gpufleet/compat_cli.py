@@ -58,9 +58,9 @@ def _gpu(text: str) -> Any:
     return model
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(prog: str = "compat") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="compat",
+        prog=prog,
         description="What gpufleet would install for these GPUs on this OS (driver, CUDA, cuDNN, PyTorch "
                     "wheel), or why it refuses. Exit 0 fits, 3 refused, 2 bad arguments.")
     p.add_argument("--gpu", action="append", type=_gpu, metavar="NAME",
@@ -142,8 +142,8 @@ def render(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = parser()
+def main(argv: list[str] | None = None, prog: str = "compat") -> int:
+    p = parser(prog)
     args = p.parse_args(argv)
     if args.list_gpus:
         from .gpus import catalog

@@ -15,8 +15,8 @@ from pathlib import Path
 from gpufleet import inventory_source
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fleet-report", description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "fleet-report") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("inventory", help="pyinfra inventory file (as given to pyinfra)")
     parser.add_argument("--out", default="reports", help="directory for fleet-report.{json,md,html}")
     parser.add_argument("--workers", type=_workers, default=20, help="hosts gathered at once (default 20)")

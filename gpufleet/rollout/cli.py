@@ -78,8 +78,8 @@ def _source(parser: argparse.ArgumentParser, args: argparse.Namespace) -> invent
     return source
 
 
-def rollout_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="tools/rollout", description=(
+def rollout_main(argv: list[str] | None = None, prog: str = "tools/rollout") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=(
         "Rolling NVIDIA driver upgrade to what the inventory resolves for each host (as deploys/all.py "
         "does): canary first, then batches; drain, snapshot + manifest, unhold/upgrade/re-hold, reboot "
         "if needed, validate, undrain. Hosts there already are left alone. Re-run to resume."))
@@ -122,12 +122,12 @@ def rollout_main(argv: list[str] | None = None) -> int:
                    skip=args.skip, force=args.force, dry_run=args.dry_run, wait_idle=args.wait_idle,
                    stop_containers=args.stop_gpu_containers, manifests_dir=args.manifests,
                    reboot_timeout=args.reboot_timeout, retune=args.retune,
-                   command=" ".join(["tools/rollout", *(sys.argv[2:] if argv is None else argv)]))
+                   command=" ".join([prog, *(sys.argv[2:] if argv is None else argv)]))
     return Runner(opts).run()
 
 
-def rollback_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="tools/rollback", description=(
+def rollback_main(argv: list[str] | None = None, prog: str = "tools/rollback") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=(
         "Put hosts back to the package versions, holds and /etc files of a manifest taken before an upgrade."))
     p.add_argument("inventory", type=inventory_arg)
     p.add_argument("hosts", nargs="+", metavar="HOST")
