@@ -79,12 +79,21 @@ def test_dry_run_shows_batches_versions_reboots_and_gpu_jobs(fleet):
     assert not (work / ".gpufleet/manifests").exists()
 
 
-def test_canary_plus_two_batches(fleet, slurmctl):
+@pytest.fixture(scope="module")
+def rolled_out(fleet):
+    """The canary rollout of the whole fleet to rf.NEW, once per module: the rollback test needs
+    its manifests whether or not the canary test is selected (`-k rollback`)."""
     hosts, work = fleet
     t = time.monotonic()
     r = tool(work, "rollout", "fleet.py", "--driver-version", rf.NEW, "--canary", "1", "--batch-size", "3",
              "--max-unavailable", "3")
     TIMINGS["rollout_6_hosts_s"] = time.monotonic() - t
+    return r
+
+
+def test_canary_plus_two_batches(fleet, slurmctl, rolled_out):
+    hosts, work = fleet
+    r = rolled_out
     assert r.returncode == 0, r.stdout + r.stderr
     # the order of the batches, as printed while running
     starts = [line for line in r.stdout.splitlines() if "starting" in line]
@@ -139,8 +148,9 @@ def test_canary_plus_two_batches(fleet, slurmctl):
     assert [boots(h) for h in hosts] == before
 
 
-def test_rollback_one_host_restores_versions_and_holds(fleet):
+def test_rollback_one_host_restores_versions_and_holds(fleet, rolled_out):
     hosts, work = fleet
+    assert rolled_out.returncode == 0, rolled_out.stdout + rolled_out.stderr  # what there is to roll back
     h = hosts[0]
     rf.sh(h, "apt-mark unhold libcudnn9-cuda-13")   # drift since the manifest: must come back too
     r = tool(work, "rollback", "fleet.py", h.name, "--reboot")
