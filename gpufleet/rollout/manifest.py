@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from gpufleet.validation import STACK_FAMILIES, is_exact, stack_renames
+from gpufleet.validation import STACK_FAMILIES, is_exact, stack_renames, upstream_of
 
 if TYPE_CHECKING:
     from gpufleet.facts.gpu import GpuStateData
@@ -52,10 +52,8 @@ NOT_DRIVER = re.compile(r"^(libnvidia-container.*|nvidia-container-.*|nvidia-dri
 
 
 def upstream(version: str | None) -> str | None:
-    """'580.95.05-1' -> '580.95.05'; '1:4.4.0-1' -> '4.4.0'."""
-    if not version:
-        return None
-    return version.split(":", 1)[-1].rsplit("-", 1)[0]
+    """'580.95.05-1' -> '580.95.05'; '1:4.4.0-1' -> '4.4.0' (None for a package not installed)."""
+    return upstream_of(version) if version else None
 
 
 def driver_packages(installed: Mapping[str, str | None], driver_version: str) -> list[str]:
