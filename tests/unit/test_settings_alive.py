@@ -1,4 +1,7 @@
-"""Every key of gpufleet/data/tiers.yaml is read by code: a module of the product (gpufleet/,
+"""Every key of gpufleet/data/tiers.yaml is alive: read by code, and changing it changes what
+gpufleet does.
+
+1. Read by code: a module of the product (gpufleet/,
 deploys/, operations/, facts/) reads it as `settings.KEY`, `x["KEY"]`, `x.get("KEY")`,
 `getattr(x, "KEY")`, the resolver's `_wish(x, "KEY", default)`, or from a table of keys a loop
 walks (`for key, ... in (("KEY", ...), ...)`). The settings machinery, which handles every key
@@ -6,7 +9,17 @@ alike (the schema, the Settings dataclass's field list, the tiers loader, the do
 does not count, nor does a message that merely names the key.
 
 Computed from the source with ast, so a key added to tiers.yaml and forgotten by the code fails
-here (test_a_forgotten_key_is_found proves the check can fail)."""
+here (test_a_forgotten_key_is_found proves the check can fail).
+
+2. Changes behaviour: for every key, a host of a tier (simulated from recorded output,
+tests/unit/settings_observables.py) is planned with the key at its tier value and at another
+value its grammar accepts (enums and booleans: the other values, derived from the schema; the
+rest: ALTERNATIVE below, checked against the schema); something gpufleet produces must differ:
+the planning-time verdict on the inventory, the plan view (its lines echoing overrides left
+out), the commands pyinfra's operations yield for all.py's areas, what those areas print, the
+validation gate's verdicts, or the commands of tools/rollout's drain and snapshot steps. A key
+whose change changes none of them fails, named. test_a_dead_key_fails_naming_it proves this
+check can fail too."""
 from __future__ import annotations
 
 import ast
@@ -84,3 +97,229 @@ def test_a_forgotten_key_is_found(tmp_path):
     assert unread_keys(tmp_path, keys) == {"tuning_c"}
     (tmp_path / "gpufleet/loop.py").write_text("for key in ('tuning_c',):\n    print(settings[key])\n")
     assert unread_keys(tmp_path, keys) == set()
+
+
+# --- 2. changing a key changes behaviour -------------------------------------------------------
+
+from dataclasses import dataclass, field, replace  # noqa: E402
+from typing import Any  # noqa: E402
+
+from gpufleet.facts.gpu import GpuProcess  # noqa: E402
+from gpufleet.facts.rollout import SlurmNodeData  # noqa: E402
+from gpufleet.schema import KEYS as SCHEMA  # noqa: E402
+from gpufleet.tiers import tier_defaults  # noqa: E402
+from tests.unit import settings_observables as so  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A host of `tier` with inventory data `data` and facts `facts` (by fact class name)."""
+
+    tier: str
+    data: dict[str, Any] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def observed(self, change: dict[str, Any] | None = None) -> so.Observed:
+        host = so.host_of(self.tier, self.facts)
+        data = {"tier": self.tier, "validate_os_release": "ubuntu-24.04", "ssh_user": "root", **self.data,
+                **(change or {})}
+        return so.Observed(so.observe(host, data))
+
+    def value(self, key: str) -> Any:
+        return self.data.get(key, tier_defaults(self.tier)[key])
+
+
+def _busy_gpus() -> dict[str, Any]:
+    state = so.provisioned()["GpuState"]
+    job = GpuProcess(pid=4242, process_name="python3", used_memory_mib=1024, gpu_uuid=state.gpus[0].uuid)
+    return {**so.provisioned(), "GpuState": replace(state, processes=[job])}
+
+
+SCENARIOS = {
+    # the simulated HGX has no NVLink in its (driverless) topology: warn keeps every area planned
+    "hgx": Scenario("hgx", {"tier_mismatch": "warn"}),
+    # the same host with its driver working: two H200s as recorded
+    "hgx-provisioned": Scenario("hgx", {"tier_mismatch": "warn", "validate_gpu_count": [1, 8]}, so.provisioned()),
+    # the dcgm exporter also brings DCGM: without it, driver_dcgm alone decides
+    "hgx-no-exporter": Scenario("hgx", {"tier_mismatch": "warn", "monitoring_dcgm_exporter": False}),
+    # tools/rollout on a Slurm node running a GPU job, snapshots by LVM or by a command
+    "rollout": Scenario("hgx", {"tier_mismatch": "warn", "validate_gpu_count": [1, 8]},
+                        {**_busy_gpus(), "SlurmNode": lambda kwargs: SlurmNodeData(
+                            scontrol="/usr/bin/scontrol", node=kwargs.get("node") or "gpu01", state="mixed")}),
+    # tiers where other values are possible: A100s without DCGM's exporter; PCIe boards, no NVSwitch
+    "research": Scenario("research", {"tier_mismatch": "warn", "monitoring_dcgm_exporter": False}),
+    "render": Scenario("render", {"tier_mismatch": "warn"}),
+    "inference": Scenario("inference", {"tier_mismatch": "warn"}),
+    # the driver pinned below CUDA 13.0's toolkit driver (580.95.05) but in its family
+    "hgx-old-driver": Scenario("hgx", {"tier_mismatch": "warn", "driver_version": "580.82.07"}),
+    # a provisioned host (580.159.04) whose inventory now asks for another driver
+    "hgx-pending": Scenario("hgx", {"tier_mismatch": "warn", "validate_gpu_count": [1, 8],
+                                    "driver_version": "580.126.09"}, so.provisioned()),
+    "dev": Scenario("dev", {"tier_mismatch": "warn"}),
+    # Debian 12 ships R535 only: the tier's R580 is refused when the tier is planned there
+    "render-distro-debian": Scenario("render", {"tier_mismatch": "warn", "driver_source": "distro", "cuda_version": "none",
+                                                "validate_os_release": "debian-12"}),
+    "rollout-idle": Scenario("hgx", {"tier_mismatch": "warn", "validate_gpu_count": [1, 8]}, _busy_gpus()),
+    "rollout-lvm": Scenario("hgx", {"tier_mismatch": "warn", "rollout_snapshot": "lvm",
+                                    "rollout_snapshot_target": "vg0/root"}, so.provisioned()),
+    "rollout-command": Scenario("hgx", {"tier_mismatch": "warn", "rollout_snapshot": "command",
+                                        "rollout_snapshot_command": ["cloudctl", "snapshot", "{host}"]},
+                                so.provisioned()),
+}
+
+FINGERPRINT = "0123456789ABCDEF0123456789ABCDEF01234567"
+#: The other value of each key whose grammar is not a short list of words (enums and booleans
+#: take every other value their schema lists), and the scenario it is tried on (default hgx).
+ALTERNATIVE: dict[str, tuple[Any, str]] = {
+    "driver_branch": ("570", "inference"),
+    "driver_version": ("580.126.09", "hgx"),
+    "driver_repo_url": ("https://mirror.example.com/cuda/repos", "hgx"),
+    "driver_repo_keyring_url": ("https://mirror.example.com/cuda-keyring_1.1-1_all.deb", "hgx"),
+    "driver_repo_key_fingerprint": (FINGERPRINT, "hgx"),
+    "driver_module_signing_key": ("/var/lib/shim-signed/mok/MOK.priv", "hgx"),
+    "cuda_version": ("none", "render"),
+    "cudnn_version": ("none", "hgx"),
+    "pytorch_version": ("none", "hgx"),
+    "clock_policy": ("default", "hgx-provisioned"),
+    "nccl_profile": ("tcp", "hgx"),
+    "docker_shm_size": ("2g", "hgx"),
+    "docker_ulimits": ({"memlock": -1, "stack": 8388608}, "hgx"),
+    "docker_repo_url": ("https://mirror.example.com/docker", "hgx"),
+    "docker_repo_fingerprint": (FINGERPRINT, "hgx"),
+    "docker_toolkit_repo_url": ("https://mirror.example.com/libnvidia-container", "hgx"),
+    "docker_toolkit_repo_fingerprint": (FINGERPRINT, "hgx"),
+    "docker_toolkit_version": ("1.17.8-1", "hgx"),
+    "docker_smoke_image": ("none", "hgx"),
+    "tuning_omp_threads": (3, "hgx"),
+    "tuning_pytorch_alloc_conf": ("expandable_segments:False", "hgx"),
+    "tuning_nccl_socket_ifname": ("=eth0", "hgx"),
+    "tuning_nccl_ib_hca": ("=mlx5_1", "hgx"),
+    "hardening_allow_users": (["root"], "hgx"),
+    "hardening_allow_groups": (["sudo"], "hgx"),
+    "hardening_max_auth_tries": (4, "hgx"),
+    "hardening_login_grace_time": (60, "hgx"),
+    "hardening_extra_kex": ([], "hgx"),
+    "hardening_client_alive_interval": (120, "hgx"),
+    "hardening_max_startups": ("5:30:50", "hgx"),
+    "hardening_rsa_host_key_bits": (8192, "hgx"),
+    "hardening_moduli_min_bits": (4096, "hgx"),
+    "firewall_open_ports": (["22/tcp", "443/tcp"], "hgx"),
+    "firewall_trusted_cidrs": (["10.0.0.0/8"], "hgx"),
+    "firewall_revert_after": (120, "hgx"),
+    "hardening_sshd_revert_after": (120, "hgx"),
+    "monitoring_node_exporter_port": (9101, "hgx"),
+    "monitoring_dcgm_exporter_port": (9401, "hgx"),
+    "monitoring_dcgm_exporter_version": ("4.4.0", "hgx"),
+    "monitoring_listen_address": ("127.0.0.1", "hgx"),
+    "rollout_batch_size": (2, "hgx"),
+    "rollout_lock_wait": (30, "hgx"),
+    "rollout_snapshot_target": ("vg1/data", "rollout-lvm"),
+    "rollout_snapshot_size": ("20G", "rollout-lvm"),
+    "rollout_snapshot_command": (["cloudctl", "snapshot", "--name", "{snapshot}", "{host}"], "rollout-command"),
+    "rollout_slurm_node_name": ("gpu-node-7", "rollout"),
+    "rollout_drain_timeout": (60, "rollout"),
+    "validate_os_release": ("ubuntu-24.04", "render-distro-debian"),
+    "validate_gpu_models": (["NVIDIA H200"], "hgx"),
+    "validate_gpu_count": (4, "hgx"),
+    "validate_min_ram_gb": (4096, "hgx"),
+    "validate_min_nic_gbps": (400, "hgx"),
+    "extra_packages": (["nvtop"], "hgx"),
+}
+#: keys of an enum or a boolean tried on another scenario than hgx
+SCENARIO_OF = {
+    "driver_flavour": "research", "driver_source": "dev", "validate_rdma": "inference",
+    "cuda_driver_compat": "hgx-old-driver", "driver_upgrade_in_place": "hgx-pending",
+    "driver_upgrade_pending": "hgx-pending",
+    "driver_persistence": "hgx-provisioned", "driver_dcgm": "hgx-no-exporter",
+    "rollout_require_idle": "rollout-idle", "rollout_snapshot": "rollout-lvm",
+}
+#: Keys whose effect needs a live host, each with the e2e test that shows it (checked to name
+#: the key, and to exist).
+LIVE_ONLY: dict[str, str] = {
+    # decided at execution time, on processes found holding /dev/nvidia* right before the reboot
+    "driver_reboot_force": "tests/e2e/test_driver.py::test_busy_host_is_not_rebooted_unless_forced",
+    # decided at execution time, on the GPU containers running when daemon.json changed
+    "docker_restart_with_gpu_containers": "tests/e2e/test_docker_gpu.py::test_change_is_pending_while_the_gpu_job_runs",
+    # the dead-man timer's delay: only a login that fails after a ruleset is loaded shows it
+    "firewall_revert_after": "tests/e2e/test_firewall_private.py::"
+                             "test_ruleset_that_breaks_the_login_is_reverted_live_and_at_boot",
+    # compared with the host keys sshd reads, at execution, when this run verified the host by Ed25519
+    "hardening_rsa_host_key_bits": "tests/e2e/test_hardening.py::test_rsa_key_the_controller_verified_by_is_not_replaced",
+    # how long to wait for another run's lock: a second live run holding it
+    "rollout_lock_wait": "tests/e2e/test_gate.py::test_host_lock_dies_with_a_killed_run_and_is_reported_stale",
+}
+
+
+def alternatives(key: str, current: Any) -> list[Any]:
+    """Other values the key's grammar accepts: ALTERNATIVE's, or every other word of an enum."""
+    if key in ALTERNATIVE:
+        return [ALTERNATIVE[key][0]]
+    if isinstance(current, bool):
+        return [not current]
+    words = SCHEMA[key].allowed().split(" | ")
+    return [word for word in words if word != current] if len(words) > 1 else []
+
+
+def scenario_of(key: str) -> str:
+    return ALTERNATIVE[key][1] if key in ALTERNATIVE else SCENARIO_OF.get(key, "hgx")
+
+
+_REFERENCE: dict[str, so.Observed] = {}
+
+
+def effect(key: str) -> str | None:
+    """Which observable changes when `key` takes another valid value (None: none does)."""
+    name = scenario_of(key)
+    scenario = SCENARIOS[name]
+    reference = _REFERENCE.setdefault(name, scenario.observed())
+    current = scenario.value(key)
+    for value in alternatives(key, current):
+        SCHEMA[key].validate(value)  # BadValue: the table is wrong, not the product
+        changed = scenario.observed({key: value})
+        if changed["inventory"]:  # refused at planning time: not a value this host can take
+            continue
+        if (what := so.first_difference(reference, changed)) is not None:
+            return f"{what} ({key}: {value!r} instead of {current!r}, on {name})"
+    return None
+
+
+@pytest.mark.parametrize("key", sorted(KEYS - set(LIVE_ONLY)))
+def test_changing_the_key_changes_what_gpufleet_does(key):
+    assert alternatives(key, SCENARIOS[scenario_of(key)].value(key)), f"{key}: no other value to try (add it to ALTERNATIVE)"
+    assert effect(key) is not None, f"{key}: no observable changes when it changes (dead setting: implement or remove it)"
+
+
+def test_a_dead_key_fails_naming_it(monkeypatch):
+    """The check can fail: with the settings reader made to ignore docker_shm_size (every
+    reader then sees the tier's value, whatever the inventory says), nothing changes and the
+    test names the key."""
+    import gpufleet.settings as gs
+
+    real = gs._settings_for
+
+    def ignoring(host, data):
+        return real(host, {k: v for k, v in data.items() if k != "docker_shm_size"})
+
+    assert effect("docker_shm_size") is not None
+    monkeypatch.setattr(gs, "_settings_for", ignoring)
+    assert effect("docker_shm_size") is None
+    with pytest.raises(AssertionError, match="docker_shm_size: no observable changes"):
+        test_changing_the_key_changes_what_gpufleet_does("docker_shm_size")
+
+
+def test_every_key_has_a_way_to_be_shown_alive():
+    """A key added to tiers.yaml needs another value to try (enum, boolean or ALTERNATIVE) or a
+    live-only entry; the tables name no key tiers.yaml lacks."""
+    assert set(ALTERNATIVE) | set(SCENARIO_OF) | set(LIVE_ONLY) <= KEYS
+    assert all(alternatives(key, SCENARIOS[scenario_of(key)].value(key)) for key in KEYS - set(LIVE_ONLY))
+
+
+@pytest.mark.parametrize("key", sorted(LIVE_ONLY))
+def test_a_live_only_key_is_exercised_by_its_e2e_test(key):
+    """The e2e test named for a key exists and sets or names the key in its body."""
+    path, _, name = LIVE_ONLY[key].partition("::")
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+    [func] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    source = ast.get_source_segment((ROOT / path).read_text(encoding="utf-8"), func) or ""
+    assert key in source, f"{LIVE_ONLY[key]} does not exercise {key}"
+    assert len(LIVE_ONLY) <= 6, "keep the live-only list short: show the effect on canned facts instead"
