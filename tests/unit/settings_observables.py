@@ -8,14 +8,15 @@ stops at the first one that differs):
 
 - inventory: the problems planning-time validation reports for the host's data (gpufleet.settings);
 - plan: the plan view, deploys/plan.py, as pyinfra's CLI runs it, without its `override:` lines
-  (those only echo the inventory);
+  and the tier_mismatch word of its MISMATCH lines (those only echo the inventory);
 - deploy: every command pyinfra's real operations yield when deploys/all.py's areas are planned
   in its order (preflight .. hardening; a refused host gets nothing more), uploaded files with
   their content, random ids masked;
-- log: what the areas print (warnings, refusals);
+- log: what the areas print (warnings, refusals, no-op messages), and what all.py prints at exit (pending upgrades);
 - gate: the validation gate's verdict (area, check, status) on the same facts;
 - rollout: the commands tools/rollout's drain and snapshot steps (deploys/upgrade.py) yield, and
-  the batch size its runner takes from the survey step (gpufleet/rollout/plan.py).
+  the batch size its runner takes from the survey step (gpufleet/rollout/plan.py);
+- lock: the command all.py and tools/rollout send to take the host's lock (gpufleet/hostlock.py).
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ from testing.ubuntu_host import FIXTURES, REPO, UbuntuHost, canned, make_state, 
 
 #: all.py's areas before the gate, in its order
 AREAS = ("preflight", "base", "driver", "docker", "tuning", "monitoring", "hardening")
-OBSERVABLES = ("inventory", "plan", "deploy", "log", "gate", "rollout")
+OBSERVABLES = ("inventory", "plan", "deploy", "log", "gate", "rollout", "lock")
 NAME = "gpu01.example.internal"
 
 
@@ -85,6 +86,11 @@ def _recorded() -> dict[str, Any]:
         "CpuFreq": CpuFreqData(governors={f"cpu{n}": "schedutil" for n in range(4)},
                                available=["performance", "schedutil", "ondemand", "powersave"]),
     }
+
+
+def recorded_fact(cls: type, case: str) -> Any:
+    """What fact `cls` makes of the output recorded in its case tests/unit/facts/<module>.<cls>/<case>.json."""
+    return cls().process(_fact_case(f"{cls.__module__.split('.')[-1]}.{cls.__name__}/{case}.json"))
 
 
 def provisioned() -> dict[str, Any]:
@@ -193,16 +199,21 @@ def _plan(sim: SimulatedHost, data: dict[str, Any]) -> list[str]:
     out = io.StringIO()
     with canned({NAME: sim}), redirect_stderr(out), on_host(state, NAME):
         runpy.run_path(str(REPO / "deploys" / "plan.py"))
-    return [line for line in out.getvalue().splitlines() if not line.strip().startswith("override:")]
+    # left out: the overrides it lists and the tier_mismatch word it repeats (echoes of the inventory)
+    return [re.sub(r"^(\s*MISMATCH) \((warn|fail)\)", r"\1", line) for line in out.getvalue().splitlines()
+            if not line.strip().startswith("override:")]
 
 
 def _deploy(sim: SimulatedHost, data: dict[str, Any]) -> tuple[list[str], list[str]]:
     from gpufleet.failures import host_failed
 
     state = make_state({NAME: (sim, data)})
+    state.print_noop_info = True  # as `pyinfra -v`: what each operation found already done
     grab = _Grab()
     logger = logging.getLogger("pyinfra")
+    level = logger.level
     logger.addHandler(grab)
+    logger.setLevel(logging.INFO)
     try:
         with canned({NAME: sim}), on_host(state, NAME) as host:
             for area in AREAS:
@@ -215,7 +226,14 @@ def _deploy(sim: SimulatedHost, data: dict[str, Any]) -> tuple[list[str], list[s
             commands = _commands(state, host)
     finally:
         logger.removeHandler(grab)
-    return commands, grab.lines
+        logger.setLevel(level)
+    # what all.py prints at exit about this host (driver.py keeps it by host name until then):
+    # taken here, so one observation neither leaks into the next nor into pytest's exit
+    from gpufleet.deploys import driver
+
+    at_exit = [f"pending at exit: {driver.PENDING_UPGRADES.pop(NAME)}"] if NAME in driver.PENDING_UPGRADES else []
+    at_exit += [f"stack pending at exit: {driver.PENDING_STACK.pop(NAME)}"] if NAME in driver.PENDING_STACK else []
+    return commands, grab.lines + at_exit
 
 
 def _gate(sim: SimulatedHost, data: dict[str, Any]) -> list[str]:
@@ -247,6 +265,14 @@ def _rollout(sim: SimulatedHost, data: dict[str, Any]) -> list[str]:
         return [*_commands(state, host), *(f"refused: {why}" for why in ctx.reasons.values()), f"batch: {batch}"]
 
 
+def _lock(sim: SimulatedHost, data: dict[str, Any]) -> list[str]:
+    from gpufleet import hostlock
+
+    state = make_state({NAME: (sim, data)})
+    with canned({NAME: sim}), on_host(state, NAME) as host:
+        return [hostlock.hold_command(hostlock.lock_wait(host), "owner")]
+
+
 def observe(sim: SimulatedHost, data: dict[str, Any]) -> dict[str, Callable[[], Any]]:
     """The observables of one host with inventory data `data`, each computed when first asked."""
     cache: dict[str, Any] = {}
@@ -261,7 +287,7 @@ def observe(sim: SimulatedHost, data: dict[str, Any]) -> dict[str, Callable[[], 
 
     return {"inventory": lambda: _inventory(sim, data), "plan": valid(_plan),
             "deploy": valid(lambda s, d: deploy()[0]), "log": valid(lambda s, d: deploy()[1]),
-            "gate": valid(_gate), "rollout": valid(_rollout)}
+            "gate": valid(_gate), "rollout": valid(_rollout), "lock": valid(_lock)}
 
 
 @dataclass

@@ -104,7 +104,9 @@ def test_a_forgotten_key_is_found(tmp_path):
 from dataclasses import dataclass, field, replace  # noqa: E402
 from typing import Any  # noqa: E402
 
+from gpufleet.facts.docker import DockerEngine, DockerLive  # noqa: E402
 from gpufleet.facts.gpu import GpuProcess  # noqa: E402
+from gpufleet.facts.nftables import NftablesCapability  # noqa: E402
 from gpufleet.facts.rollout import SlurmNodeData  # noqa: E402
 from gpufleet.schema import KEYS as SCHEMA  # noqa: E402
 from gpufleet.tiers import tier_defaults  # noqa: E402
@@ -159,6 +161,15 @@ SCENARIOS = {
     # Debian 12 ships R535 only: the tier's R580 is refused when the tier is planned there
     "render-distro-debian": Scenario("render", {"tier_mismatch": "warn", "driver_source": "distro", "cuda_version": "none",
                                                 "validate_os_release": "debian-12"}),
+    # a driver change due while a process holds /dev/nvidia0, reboots allowed by the inventory
+    "hgx-busy": Scenario("hgx", {"tier_mismatch": "warn", "driver_reboot": "allowed"}, {"GpuDeviceUsers": [4242]}),
+    # Docker 26 running a GPU container with live-restore off, no daemon.json yet
+    "docker-gpu-job": Scenario("hgx", {"tier_mismatch": "warn"}, {
+        "DockerEngine": so.recorded_fact(DockerEngine, "docker_26_running"),
+        "DockerLive": so.recorded_fact(DockerLive, "docker-live-gpu-container")}),
+    # a host that can load nftables rules (not a container): the dead-man timer is armed
+    "hgx-nftables": Scenario("hgx", {"tier_mismatch": "warn"},
+                             {"NftablesCapability": so.recorded_fact(NftablesCapability, "no_namespace_check")}),
     "rollout-idle": Scenario("hgx", {"tier_mismatch": "warn", "validate_gpu_count": [1, 8]}, _busy_gpus()),
     "rollout-lvm": Scenario("hgx", {"tier_mismatch": "warn", "rollout_snapshot": "lvm",
                                     "rollout_snapshot_target": "vg0/root"}, so.provisioned()),
@@ -201,11 +212,11 @@ ALTERNATIVE: dict[str, tuple[Any, str]] = {
     "hardening_extra_kex": ([], "hgx"),
     "hardening_client_alive_interval": (120, "hgx"),
     "hardening_max_startups": ("5:30:50", "hgx"),
-    "hardening_rsa_host_key_bits": (8192, "hgx"),
+    "hardening_rsa_host_key_bits": (3072, "hgx"),  # the recorded host's RSA key: nothing to replace
     "hardening_moduli_min_bits": (4096, "hgx"),
     "firewall_open_ports": (["22/tcp", "443/tcp"], "hgx"),
     "firewall_trusted_cidrs": (["10.0.0.0/8"], "hgx"),
-    "firewall_revert_after": (120, "hgx"),
+    "firewall_revert_after": (120, "hgx-nftables"),
     "hardening_sshd_revert_after": (120, "hgx"),
     "monitoring_node_exporter_port": (9101, "hgx"),
     "monitoring_dcgm_exporter_port": (9401, "hgx"),
@@ -229,24 +240,10 @@ ALTERNATIVE: dict[str, tuple[Any, str]] = {
 SCENARIO_OF = {
     "driver_flavour": "research", "driver_source": "dev", "validate_rdma": "inference",
     "cuda_driver_compat": "hgx-old-driver", "driver_upgrade_in_place": "hgx-pending",
-    "driver_upgrade_pending": "hgx-pending",
+    "driver_upgrade_pending": "hgx-pending", "driver_reboot_force": "hgx-busy",
+    "docker_restart_with_gpu_containers": "docker-gpu-job",
     "driver_persistence": "hgx-provisioned", "driver_dcgm": "hgx-no-exporter",
     "rollout_require_idle": "rollout-idle", "rollout_snapshot": "rollout-lvm",
-}
-#: Keys whose effect needs a live host, each with the e2e test that shows it (checked to name
-#: the key, and to exist).
-LIVE_ONLY: dict[str, str] = {
-    # decided at execution time, on processes found holding /dev/nvidia* right before the reboot
-    "driver_reboot_force": "tests/e2e/test_driver.py::test_busy_host_is_not_rebooted_unless_forced",
-    # decided at execution time, on the GPU containers running when daemon.json changed
-    "docker_restart_with_gpu_containers": "tests/e2e/test_docker_gpu.py::test_change_is_pending_while_the_gpu_job_runs",
-    # the dead-man timer's delay: only a login that fails after a ruleset is loaded shows it
-    "firewall_revert_after": "tests/e2e/test_firewall_private.py::"
-                             "test_ruleset_that_breaks_the_login_is_reverted_live_and_at_boot",
-    # compared with the host keys sshd reads, at execution, when this run verified the host by Ed25519
-    "hardening_rsa_host_key_bits": "tests/e2e/test_hardening.py::test_rsa_key_the_controller_verified_by_is_not_replaced",
-    # how long to wait for another run's lock: a second live run holding it
-    "rollout_lock_wait": "tests/e2e/test_gate.py::test_host_lock_dies_with_a_killed_run_and_is_reported_stale",
 }
 
 
@@ -283,7 +280,15 @@ def effect(key: str) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("key", sorted(KEYS - set(LIVE_ONLY)))
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_observing_twice_gives_the_same_observables(scenario):
+    """Otherwise any key would seem alive: every observable of a scenario is the same on a
+    second observation (random ids and clock readings are masked)."""
+    reference = _REFERENCE.setdefault(scenario, SCENARIOS[scenario].observed())
+    assert so.first_difference(reference, SCENARIOS[scenario].observed()) is None
+
+
+@pytest.mark.parametrize("key", sorted(KEYS))
 def test_changing_the_key_changes_what_gpufleet_does(key):
     assert alternatives(key, SCENARIOS[scenario_of(key)].value(key)), f"{key}: no other value to try (add it to ALTERNATIVE)"
     assert effect(key) is not None, f"{key}: no observable changes when it changes (dead setting: implement or remove it)"
@@ -307,19 +312,20 @@ def test_a_dead_key_fails_naming_it(monkeypatch):
         test_changing_the_key_changes_what_gpufleet_does("docker_shm_size")
 
 
+def test_a_key_read_but_ignored_deep_in_the_code_fails_too(monkeypatch):
+    """Read (so check 1 passes) but without effect: the thread count computed as if
+    tuning_omp_threads were always auto. The key is found dead."""
+    import gpufleet.tuning as gt
+
+    assert effect("tuning_omp_threads") is not None
+    monkeypatch.setattr(gt, "omp_threads", lambda setting, cores, gpus: max(1, cores // max(1, gpus)))
+    assert effect("tuning_omp_threads") is None
+
+
 def test_every_key_has_a_way_to_be_shown_alive():
-    """A key added to tiers.yaml needs another value to try (enum, boolean or ALTERNATIVE) or a
-    live-only entry; the tables name no key tiers.yaml lacks."""
-    assert set(ALTERNATIVE) | set(SCENARIO_OF) | set(LIVE_ONLY) <= KEYS
-    assert all(alternatives(key, SCENARIOS[scenario_of(key)].value(key)) for key in KEYS - set(LIVE_ONLY))
+    """A key added to tiers.yaml needs another value to try (enum, boolean or ALTERNATIVE); the
+    tables name no key tiers.yaml lacks, and no scenario nobody uses."""
+    assert set(ALTERNATIVE) | set(SCENARIO_OF) <= KEYS
+    assert all(alternatives(key, SCENARIOS[scenario_of(key)].value(key)) for key in KEYS)
+    assert {scenario_of(key) for key in KEYS} == set(SCENARIOS)
 
-
-@pytest.mark.parametrize("key", sorted(LIVE_ONLY))
-def test_a_live_only_key_is_exercised_by_its_e2e_test(key):
-    """The e2e test named for a key exists and sets or names the key in its body."""
-    path, _, name = LIVE_ONLY[key].partition("::")
-    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
-    [func] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
-    source = ast.get_source_segment((ROOT / path).read_text(encoding="utf-8"), func) or ""
-    assert key in source, f"{LIVE_ONLY[key]} does not exercise {key}"
-    assert len(LIVE_ONLY) <= 6, "keep the live-only list short: show the effect on canned facts instead"
