@@ -1,8 +1,7 @@
 """Every key of gpufleet/data/tiers.yaml is alive: read by code, and changing it changes what
 gpufleet does.
 
-1. Read by code: a module of the product (gpufleet/,
-deploys/, operations/, facts/) reads it as `settings.KEY`, `x["KEY"]`, `x.get("KEY")`,
+1. Read by code: a module of the product (gpufleet/, deploys/, operations/, facts/) reads it as `settings.KEY`, `x["KEY"]`, `x.get("KEY")`,
 `getattr(x, "KEY")`, the resolver's `_wish(x, "KEY", default)`, or from a table of keys a loop
 walks (`for key, ... in (("KEY", ...), ...)`). The settings machinery, which handles every key
 alike (the schema, the Settings dataclass's field list, the tiers loader, the docs generator),
@@ -12,14 +11,19 @@ Computed from the source with ast, so a key added to tiers.yaml and forgotten by
 here (test_a_forgotten_key_is_found proves the check can fail).
 
 2. Changes behaviour: for every key, a host of a tier (simulated from recorded output,
-tests/unit/settings_observables.py) is planned with the key at its tier value and at another
-value its grammar accepts (enums and booleans: the other values, derived from the schema; the
-rest: ALTERNATIVE below, checked against the schema); something gpufleet produces must differ:
-the planning-time verdict on the inventory, the plan view (its lines echoing overrides left
-out), the commands pyinfra's operations yield for all.py's areas, what those areas print, the
-validation gate's verdicts, or the commands of tools/rollout's drain and snapshot steps. A key
-whose change changes none of them fails, named. test_a_dead_key_fails_naming_it proves this
-check can fail too."""
+tests/unit/settings_observables.py; SCENARIOS below: the tier, the inventory data and the
+facts that let the key matter, such as a busy GPU for driver_reboot_force) is planned with the
+key at its value and at another value its grammar accepts (enums and booleans: every other
+value, derived from the schema; the rest: ALTERNATIVE below, checked against the schema) that
+planning does not refuse. Something gpufleet produces must differ: the planning-time verdict
+on the inventory, the plan view (its lines echoing the inventory left out), the commands
+pyinfra's operations yield for all.py's areas, what those areas print (no-op messages too), the
+validation gate's verdicts, the commands of tools/rollout's drain and snapshot steps and its
+batch size, or the command that takes the host's lock. A key whose change changes none of them
+fails, named. No key is exempt (no live-only list): every effect shows on recorded facts.
+test_a_dead_key_fails_naming_it and test_a_key_read_but_ignored_deep_in_the_code_fails_too
+prove this check can fail; test_observing_twice_gives_the_same_observables that it cannot
+pass by noise."""
 from __future__ import annotations
 
 import ast
