@@ -61,12 +61,19 @@ def keywords(version: str) -> dict[str, str]:
 # --- facts on Ubuntu's output ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("release, codename, version", [("22.04", "jammy", (8, 9)), ("24.04", "noble", (9, 6))])
-def test_ubuntu_os_release_and_sshd_version(release, codename, version):
+@pytest.mark.parametrize("release, codename, version_file, version", [
+    ("22.04", "jammy", "ssh-V-22.04.txt", (8, 9)),     # jammy-updates, openssh 1:8.9p1-3ubuntu0.10
+    ("22.04", "jammy", "ssh-V-22.04-ga.txt", (8, 9)),  # jammy's release pocket, 1:8.9p1-3
+    ("24.04", "noble", "ssh-V-24.04.txt", (9, 6)),     # noble-updates, 1:9.6p1-3ubuntu13.4
+])
+def test_ubuntu_os_release_and_sshd_version(release, codename, version_file, version):
+    # recorded lines (SOURCES.md); SshdVersion falls back to `ssh -V` when sshd prints no OpenSSH_ line
     os_release = parse_os_release(lines(UBUNTU / f"os-release-{release}.txt"))
     assert (os_release.id, os_release.version_id, os_release.version_codename) == ("ubuntu", release, codename)
-    sshd = fs.parse_openssh_version(lines(UBUNTU / f"sshd-V-{release}.txt"))
-    assert sshd.version == version and sshd.portable == 1
+    recorded = lines(UBUNTU / version_file)
+    sshd = fs.parse_openssh_version(recorded)
+    assert sshd.version == version and sshd.portable == 1 and sshd.raw == recorded[0]
+    assert fs.SshdVersion().process(recorded) == sshd
     assert sshd.at_least(8, 5) and not sshd.at_least(9, 9)  # sntrup761 yes, ML-KEM no
     assert h.kex_algorithms(sshd, CLASSIC) == ["sntrup761x25519-sha512@openssh.com", "curve25519-sha256@libssh.org"]
 
@@ -140,7 +147,7 @@ def _ctx(version, extra_kex, allow_users=("root",), allow_groups=("gpu",)):
 
 @pytest.mark.parametrize("version, release", [("8.9p1", "22.04"), ("9.6p1", "24.04")])
 def test_rendered_dropin_is_accepted_by_ubuntus_openssh(version, release):
-    sshd = fs.parse_openssh_version(lines(UBUNTU / f"sshd-V-{release}.txt"))
+    sshd = fs.parse_openssh_version(lines(UBUNTU / f"ssh-V-{release}.txt"))
     text = _rendered(sshd)
     table = keywords(version)
     families = {"kexalgorithms": "kex", "ciphers": "cipher", "macs": "mac", "hostkeyalgorithms": "HostKeyAlgorithms"}
@@ -168,7 +175,7 @@ def test_rendered_dropin_is_accepted_by_ubuntus_openssh(version, release):
 
 
 def test_an_algorithm_the_host_lacks_is_refused_at_planning():
-    jammy = fs.parse_openssh_version(lines(UBUNTU / "sshd-V-22.04.txt"))
+    jammy = fs.parse_openssh_version(lines(UBUNTU / "ssh-V-22.04.txt"))
     [problem] = sshd_support.rejected_algorithms(jammy, {"kex": ["mlkem768x25519-sha256", "curve25519-sha256"]})
     assert problem == ("KexAlgorithms: mlkem768x25519-sha256 (OpenSSH 9.9 and later); "
                        "this host's sshd is OpenSSH 8.9p1")
@@ -227,7 +234,7 @@ def plan(monkeypatch, canned: dict, host_data: dict | None = None):
 
 
 def test_hardening_on_ubuntu_2404_with_ssh_socket_plans_the_socket_aware_path(monkeypatch):
-    canned = _canned(UBUNTU / "systemctl-show-ssh-24.04-socket.txt", UBUNTU / "sshd-V-24.04.txt")
+    canned = _canned(UBUNTU / "systemctl-show-ssh-24.04-socket.txt", UBUNTU / "ssh-V-24.04.txt")
     _, _, ops = plan(monkeypatch, canned)
     names = [name for name, _ in ops]
     [restart] = [(n, c) for n, c in ops if n.startswith("Restart a running socket-activated sshd")]
@@ -256,7 +263,7 @@ def test_hardening_on_ubuntu_2404_with_ssh_socket_plans_the_socket_aware_path(mo
 
 
 def test_the_firewall_opens_the_port_ssh_socket_listens_on(monkeypatch):
-    canned = _canned(UBUNTU / "systemctl-show-ssh-24.04-socket-idle-port-2222.txt", UBUNTU / "sshd-V-24.04.txt")
+    canned = _canned(UBUNTU / "systemctl-show-ssh-24.04-socket-idle-port-2222.txt", UBUNTU / "ssh-V-24.04.txt")
     seen = {}
     real = h.nftables_context
     monkeypatch.setattr(h, "nftables_context", lambda settings, ports: seen.setdefault("ports", ports) and real(settings, ports))
@@ -266,7 +273,7 @@ def test_the_firewall_opens_the_port_ssh_socket_listens_on(monkeypatch):
 
 
 def test_plain_daemon_keeps_the_reload(monkeypatch):
-    canned = _canned(UBUNTU / "systemctl-show-ssh-22.04.txt", UBUNTU / "sshd-V-22.04.txt", needrestart=False)
+    canned = _canned(UBUNTU / "systemctl-show-ssh-22.04.txt", UBUNTU / "ssh-V-22.04.txt", needrestart=False)
     _, _, ops = plan(monkeypatch, canned)
     names = [n for n, _ in ops]
     assert "Reload sshd so that new logins get the hardened configuration" in names
@@ -275,7 +282,7 @@ def test_plain_daemon_keeps_the_reload(monkeypatch):
 
 
 def test_ubuntu_2204_refuses_a_kex_its_openssh_lacks_before_any_change(monkeypatch, caplog):
-    canned = _canned(UBUNTU / "systemctl-show-ssh-22.04.txt", UBUNTU / "sshd-V-22.04.txt")
+    canned = _canned(UBUNTU / "systemctl-show-ssh-22.04.txt", UBUNTU / "ssh-V-22.04.txt")
     with caplog.at_level(logging.ERROR, logger="pyinfra"), pytest.raises(Exception, match="No hosts remaining"):
         plan(monkeypatch, canned, {"hardening_extra_kex": ["mlkem768x25519-sha256", "curve25519-sha256@libssh.org"]})
     message = " ".join(r.getMessage() for r in caplog.records)
