@@ -43,6 +43,17 @@ def test_driver_state_reads_the_running_kernel_and_secure_boot():
     assert noble.userspace_version is None and not noble.module_loaded
 
 
+def test_secure_boot_on_recorded_two_line_mokutil_output():
+    # mokutil --sb-state as recorded in setup mode (two lines; SOURCES.md): DriverState's command
+    # joins its lines (tr '\n' ' '), the first decides
+    recorded_lines = (RECORDED / "mokutil-sb-state-setup-mode.txt").read_text().splitlines()
+    assert recorded_lines == ["SecureBoot disabled", "Platform is in Setup Mode"]
+    out = [f"mokutil={' '.join(recorded_lines)} " if ln.startswith("mokutil=") else ln
+           for ln in UbuntuHost("22.04", []).driver_state_output()]  # a host recorded with Secure Boot on
+    assert "mokutil=SecureBoot disabled Platform is in Setup Mode " in out
+    assert DriverState().process(out).secure_boot == "disabled"
+
+
 def test_installed_image_metapackage_and_the_flavour_kernel_packages_follow():
     # 22.04 on the HWE kernel: the release string says "generic", the installed metapackage -hwe-22.04
     candidates = image_metapackage_candidates("6.8.0-90-generic", "ubuntu-22.04")
@@ -120,6 +131,18 @@ def test_apt_candidates_on_a_recorded_noble_host(tmp_path):
     assert all(got[m] for m in modules)
     assert module_packages("linux-modules-nvidia-595-open-{kernel}", "nvidia-dkms-595-open", kernel, "generic",
                            bool(got["gpufleet-not-in-this-recording"])) == (["nvidia-dkms-595-open"], False)
+
+
+def test_apt_candidate_on_a_recorded_jammy_host_with_an_older_version_installed(tmp_path):
+    # Ubuntu 22.04, nvidia-driver-515 from restricted: installed (***) from -security, the
+    # candidate a newer -updates build; the candidate is what the fact reports
+    policy = RECORDED / "jammy-fileserver-apt-cache-policy.txt"
+    out = subprocess.run(["sh", "-c", AptCandidates().command(["nvidia-driver-515"])], capture_output=True, text=True,
+                         check=True, env=_apt_cache_stub(tmp_path, policy)).stdout
+    assert AptCandidates().process(out.splitlines()) == {
+        "nvidia-driver-515": "515.76+really.515.65.01-0ubuntu0.22.04.1"}
+    assert apt_cache_policy(policy.read_text().splitlines()) == {
+        "nvidia-driver-515": "515.76+really.515.65.01-0ubuntu0.22.04.1"}
 
 
 def test_ubuntu_archive_sources_one_line_and_deb822():
