@@ -71,9 +71,9 @@ UBUNTU_SSH = FIXTURES / "ubuntu" / "ssh"
 
 def _recorded() -> dict[str, Any]:
     return {
-        "SshdVersion": fs.parse_openssh_version(_lines(UBUNTU_SSH / "sshd-V-24.04.txt")),
+        "SshdVersion": fs.parse_openssh_version(_lines(UBUNTU_SSH / "ssh-V-24.04.txt")),
         "SshdActivation": fs.parse_sshd_activation(_lines(UBUNTU_SSH / "systemctl-show-ssh-24.04-socket.txt")),
-        "SshdEffectiveConfig": fs.parse_sshd_t(_lines(SSH / "sshd-T-bookworm-debian-default.txt")),
+        "SshdEffectiveConfig": fs.parse_sshd_t(_lines(UBUNTU_SSH / "sshd-T-24.04.txt")),
         "AuthorizedKeys": fs.parse_authorized_keys(_lines(SSH / "authorized-keys-trixie-root.txt")),
         "SmallModuli": fs.parse_moduli_counts(_lines(SSH / "moduli-trixie-debian-default.txt")),
         "SshdFiles": sf.parse_sshd_files(_lines(SSH / "sshd-files-trixie-debian-default.txt")),
