@@ -62,8 +62,8 @@ def run_alone(name: str, file: str) -> None:
 
         preflight()
     if not host_failed(host):
-        if area not in READ_ONLY:
-            # every area but the gate may run apt (the driver, docker, tuning, monitoring...):
+        if area not in READ_ONLY and area != "preflight":
+            # every area but the checks may run apt (the driver, docker, tuning, monitoring...):
             # needrestart (Ubuntu 22.04+) is told never to prompt nor restart first, as base
             # and hardening do in all.py; planned once per host, a no-op once the file is right
             from gpufleet.deploys.base import quiet_needrestart

@@ -159,6 +159,9 @@ def test_standalone_driver_deploy_quiets_needrestart_before_any_apt(monkeypatch)
     assert sum("needrestart" in n for n, _ in ops) == 1  # planned once
 
 
-def test_standalone_without_needrestart_writes_nothing_and_the_gate_never_writes(monkeypatch):
+def test_standalone_without_needrestart_writes_nothing_and_the_checks_never_write(monkeypatch):
     assert not any("needrestart" in n for n, _ in standalone_run("driver", monkeypatch, needrestart=False))
     assert not any("needrestart" in n for n, _ in standalone_run("validate", monkeypatch))
+    assert not any("needrestart" in n for n, _ in standalone_run("preflight", monkeypatch))
+    # an area that runs apt and is run alone writes it too (the same hook for every deploy file)
+    assert any("needrestart" in n for n, c in standalone_run("docker", monkeypatch) if c)
