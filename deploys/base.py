@@ -6,13 +6,13 @@ file saying that gpufleet manages it and from which tier, so anyone logged in ca
 Settings: gpufleet/data/tiers.yaml (`extra_packages`).
 """
 from io import StringIO
-from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.files import Directory
 from pyinfra.operations import apt, files, systemd
 
+from gpufleet.hostcontext import host_context
 from gpufleet.settings import host_settings
 from gpufleet.tiers import managed_marker
 
@@ -43,10 +43,10 @@ def quiet_needrestart() -> None:
     anything, on hosts that have it (/etc/needrestart); elsewhere nothing to do. Planned once
     per host and run (the first area that asks: base in all.py, standalone.py before any area
     run alone), so that no apt-using area runs apt before the file is there."""
-    me: Any = host  # pyinfra's proxy to the current host: the flag lands on the host itself
-    if getattr(me, "_gpufleet_needrestart_planned", False):
+    context = host_context(host)
+    if context.needrestart_planned:
         return
-    me._gpufleet_needrestart_planned = True
+    context.needrestart_planned = True
     if host.get_fact(Directory, path="/etc/needrestart"):
         files.put(
             name="Let needrestart list services to restart after apt, never restart them or wait for an answer",
