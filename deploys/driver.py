@@ -52,7 +52,7 @@ from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages
 from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
-from gpufleet.failures import fail_host
+from gpufleet.failures import fail_host, real_host
 from gpufleet.hostfacts import driver_state, kernel_plan, resolution
 from gpufleet.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line
 from gpufleet.settings import host_settings
@@ -250,7 +250,7 @@ def _verify_after_reboot(h) -> None:
 @deploy("NVIDIA driver, CUDA and cuDNN")
 def driver():
     settings = host_settings(host)
-    me = host._get_module()  # the concrete host, for callbacks that run at execution time
+    me = real_host(host)  # the concrete host, for callbacks that run at execution time
     try:
         res = resolution(host, settings)
     except Incompatible as refused:
