@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 from functools import lru_cache
+from types import FrameType
 from typing import Any
 
 import pyinfra
@@ -28,7 +29,7 @@ _installed = False
 def operation_order_from_stack(state: Any) -> list[int]:
     """pyinfra.api.util.get_operation_order_from_stack, reading frames instead of source."""
     frames = []
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         frames.append(frame)
         frame = frame.f_back
