@@ -46,6 +46,7 @@ from pyinfra.api.host import Host
 
 from gpufleet.facts._common import with_values
 from gpufleet import factbatch, private, pyinfra_private
+from gpufleet.hostcontext import fleet_context, host_context
 
 PLAN_DIR = Path(".gpufleet/factplans")
 PLAN_FORMAT = 2
@@ -97,7 +98,7 @@ def _key(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> tuple | N
         question = json.dumps([_fact_path(cls), list(args or []), kwargs], sort_keys=True)
     except (TypeError, ValueError):
         return _pyinfra_key(state, host, cls, args, kwargs)
-    executors = host.__dict__.setdefault("_gpufleet_executors", {})
+    executors = host_context(host).executors
     if context in executors and question in _FACT_ARGUMENTS:
         return (_fact_path(cls), _FACT_ARGUMENTS[question], executors[context])
     key = _pyinfra_key(state, host, cls, args, kwargs)
@@ -123,15 +124,12 @@ def _pyinfra_key(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> t
 
 
 def _memo(host: Host) -> dict:
-    memo = getattr(host, "_gpufleet_fact_memo", None)
-    if memo is None:
-        memo = host._gpufleet_fact_memo = {}
-    return memo
+    return host_context(host).fact_memo
 
 
 def forget(host: Host) -> None:
     """Something ran on the host: no remembered fact may be trusted any more."""
-    memo = getattr(host, "_gpufleet_fact_memo", None)
+    memo = host_context(host).fact_memo
     if memo:
         memo.clear()
 
@@ -143,7 +141,7 @@ def _plan_file(host: Host) -> Path:
 def _record(host: Host, cls: type, fact_kwargs_json: str, executor_json: str) -> None:
     """Remember (fact, arguments) for the next run's prefetch: only when asked with the host's
     default executor arguments, which are never written (they may hold a password)."""
-    if executor_json != host.__dict__.get("_gpufleet_default_executor_json"):
+    if executor_json != host_context(host).default_executor_json:
         return  # sudo/su/env variants of one operation: pyinfra asks those itself
     if getattr(cls, "gpufleet_no_prefetch", False):
         return  # a probe (GPU load, importing torch): asked only when a run means to
@@ -360,21 +358,21 @@ def prefetch_script(entries: list[tuple]) -> Script:
 
 def _prefetch(state: Any, host: Host) -> None:
     """Run last run's facts for `host` in one command and seed the memo with their answers."""
-    host._gpufleet_prefetched = True
+    host_context(host).prefetched = True
     entries = _plan_entries(state, host)
     if len(entries) < 2:
         return
     script = prefetch_script(entries)
-    host._gpufleet_in_fact = getattr(host, "_gpufleet_in_fact", 0) + 1
+    host_context(host).in_fact += 1
     try:
         # With the executor arguments pyinfra gives a fact (sudo and its password included):
         # the answers stand for facts asked with them.
         status, output = host.run_shell_command(StringCommand(script.text()), print_output=False,
-                                                print_input=False, **host._gpufleet_default_executor)
+                                                print_input=False, **(host_context(host).default_executor or {}))
     except Exception:
         return
     finally:
-        host._gpufleet_in_fact -= 1
+        host_context(host).in_fact -= 1
     if status:
         _memo(host).update(script.answers(output.stdout_lines))
 
@@ -390,28 +388,28 @@ def prefetch_all(state: Any) -> None:
     if "pyinfra.api.facts._get_fact" not in pyinfra_private.patched():
         return  # pyinfra's own fact path: nothing to prefetch with
     state = ctx_state.get() if ctx_state.isset() else state  # the object, not pyinfra's proxy
-    if getattr(state, "_gpufleet_prefetch_all", False):
+    if fleet_context(state).prefetch_all_sent:
         return
-    state._gpufleet_prefetch_all = True
+    fleet_context(state).prefetch_all_sent = True
 
     def run(host: Host) -> None:
         with ctx_state.use(state), ctx_host.use(host):
             _prefetch(state, host)
 
     for host in state.inventory.get_active_hosts():
-        if host.connected and pyinfra_private.connector_verified(host) and not getattr(host, "_gpufleet_prefetched", False):
-            host._gpufleet_prefetched = True
-            host._gpufleet_prefetch = gevent.spawn(run, host)
+        if host.connected and pyinfra_private.connector_verified(host) and not host_context(host).prefetched:
+            host_context(host).prefetched = True
+            host_context(host).prefetch = gevent.spawn(run, host)
     gevent.sleep(0)  # let each greenlet send its command before the caller goes on
 
 
 def _default_executor_json(state: Any, host: Host) -> str:
     """The executor arguments a fact gets when nothing around it sets any (inventory data and
     config), as the memo key spells them; worked out once per host, kept in memory only."""
-    known = host.__dict__.get("_gpufleet_default_executor_json")
+    known = host_context(host).default_executor_json
     if known is None:
-        host._gpufleet_default_executor = _default_executor(state, host)
-        known = host._gpufleet_default_executor_json = json.dumps(host._gpufleet_default_executor, sort_keys=True)
+        host_context(host).default_executor = _default_executor(state, host)
+        known = host_context(host).default_executor_json = json.dumps(host_context(host).default_executor, sort_keys=True)
     return known
 
 
@@ -485,29 +483,29 @@ def install() -> None:
             return original_get_fact(state, host, cls, args, kwargs, ensure_hosts, apply_failed_hosts)
         key = _key(state, host, cls, args, kwargs)
         if key is not None:
-            started = getattr(host, "_gpufleet_prefetch", None)
+            started = host_context(host).prefetch
             if started is not None:
                 started.join()  # prefetch_all() sent it earlier: wait for its answers
-                host._gpufleet_prefetch = None
-            elif not getattr(host, "_gpufleet_prefetched", False) and host.connected:
+                host_context(host).prefetch = None
+            elif not host_context(host).prefetched and host.connected:
                 _prefetch(state, host)
-            if "_gpufleet_default_executor_json" not in host.__dict__:
+            if host_context(host).default_executor_json is None:
                 _default_executor_json(state, host)
             _record(host, cls, key[1], key[2])
             memo = _memo(host)
             if key in memo:
                 return memo[key]
-        host._gpufleet_in_fact = getattr(host, "_gpufleet_in_fact", 0) + 1
+        host_context(host).in_fact += 1
         try:
             data = original_get_fact(state, host, cls, args, kwargs, ensure_hosts, apply_failed_hosts)
         finally:
-            host._gpufleet_in_fact -= 1
+            host_context(host).in_fact -= 1
         if key is not None and host not in state.failed_hosts:
             _memo(host)[key] = data
         return data
 
     def run_shell_command(self, *args, **kwargs):
-        if not getattr(self, "_gpufleet_in_fact", 0):
+        if not host_context(self).in_fact:
             forget(self)
         return original_run(self, *args, **kwargs)
 

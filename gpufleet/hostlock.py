@@ -29,6 +29,8 @@ from typing import Any
 
 from pyinfra.api.command import QuoteString, StringCommand
 
+from gpufleet.hostcontext import host_context
+
 LOCK_DIR = "/run/lock/gpufleet"
 EXIT_HELD = 75
 
@@ -257,7 +259,8 @@ def install() -> None:
     original_disconnect = Host.disconnect
 
     def ensure(host: Host) -> None:
-        if getattr(host, "_gpufleet_lock_in_fact", 0) or getattr(host, "_gpufleet_in_fact", 0):
+        context = host_context(host)
+        if context.lock_in_fact or context.in_fact:
             return
         if host.executing_op_hash is None:
             return
@@ -287,11 +290,12 @@ def install() -> None:
         return original_put(self, *args, **kwargs)
 
     def _get_fact(state, host, *args, **kwargs):
-        host._gpufleet_lock_in_fact = getattr(host, "_gpufleet_lock_in_fact", 0) + 1
+        context = host_context(host)
+        context.lock_in_fact += 1
         try:
             return original_get_fact(state, host, *args, **kwargs)
         finally:
-            host._gpufleet_lock_in_fact -= 1
+            context.lock_in_fact -= 1
 
     def disconnect(self, *args, **kwargs):
         # told to release while the connection is still there: the owner record goes with it

@@ -363,7 +363,7 @@ class TuningPlan:
 def host_clocks(host: Any, policy: Any) -> list[GpuClocks]:
     """The clock plan of the host's GPUs from its nvidia-smi (empty when it does not work or the
     policy is unmanaged): what the deploy applies, the gate checks and the plan view shows."""
-    from gpufleet.facts.gpu_tuning import locked_clocks
+    from .hostfacts import locked_clocks
 
     from .hostfacts import gpu_state
 

@@ -35,6 +35,7 @@ from gpufleet.facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitAc
 
 from . import dockerconf, perf
 from .errors import Incompatible
+from .hostcontext import host_context
 from .sshd_policy import expected_sshd
 from .tiers import managed_marker
 from .tuning import Refusal, clocks_summary, plan_tuning
@@ -154,12 +155,13 @@ class Result:
 def fresh_host_facts(host: Any) -> Iterator[None]:
     """gpufleet.hostfacts caches planning-time facts on the host; the gate must see the host
     as it is now, so run with an empty cache and put the planning cache back afterwards."""
-    saved = getattr(host, "_gpufleet_facts", None)
-    host._gpufleet_facts = {}
+    context = host_context(host)
+    saved = context.facts
+    context.facts = {}
     try:
         yield
     finally:
-        host._gpufleet_facts = saved if saved is not None else {}
+        context.facts = saved
 
 
 class Context:
