@@ -84,9 +84,12 @@ def answers(hostpool, tmp_path_factory):
     host = hostpool.get("pyinfra-private", 1)[0]
     plans = tmp_path_factory.mktemp("plans")
     _ask("off", host, tmp_path_factory.mktemp("unused"))  # every file read once: atimes settle
-    return {"off": _ask("off", host, tmp_path_factory.mktemp("unused")),
-            "memo": _ask("on", host, plans),  # no plan yet: the memo alone; writes the plan
-            "prefetch": _ask("on", host, plans)}
+    got = {"off": _ask("off", host, tmp_path_factory.mktemp("unused")),
+           "memo": _ask("on", host, plans),  # no plan yet: the memo alone; writes the plan
+           "prefetch": _ask("on", host, plans)}
+    print("remote commands for the same facts asked twice:",
+          ", ".join(f"{mode} {answers['commands']}" for mode, answers in got.items()))
+    return got
 
 
 def test_the_patches_are_off_on_an_unknown_release_and_on_here(answers):
