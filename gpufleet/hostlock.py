@@ -80,6 +80,17 @@ def hold_command(wait: int, owner: str) -> str:
                          QuoteString(owner)).get_raw_value()
 
 
+def lock_wait(host: Any) -> int:
+    """Seconds a run waits for another run's lock on `host`: its rollout_lock_wait (0 when its
+    settings cannot be read: planning has refused the host already)."""
+    from gpufleet.settings import host_settings
+
+    try:
+        return int(host_settings(host).rollout_lock_wait)
+    except Exception:
+        return 0
+
+
 @dataclass
 class Lock:
     host: str
@@ -200,13 +211,7 @@ class FleetLocks:
             if h not in state.activated_hosts or getattr(h.connector, "client", None) is None:
                 refused[h.name] = "could not connect to take the gpufleet lock"
                 continue
-            seconds = wait
-            if seconds is None:
-                from gpufleet.settings import host_settings
-                try:
-                    seconds = host_settings(h).rollout_lock_wait
-                except Exception:
-                    seconds = 0
+            seconds = lock_wait(h) if wait is None else wait
             try:
                 taken[h.name] = acquire(h, seconds, self.owner, shared=False)
             except HostLocked as exc:
@@ -267,14 +272,8 @@ def install() -> None:
         mine = HELD.get(host.name)
         if mine is not None and mine.on(host):
             return
-        from gpufleet.settings import host_settings
-
         try:
-            wait = host_settings(host).rollout_lock_wait
-        except Exception:
-            wait = 0
-        try:
-            lock = acquire(host, wait)
+            lock = acquire(host, lock_wait(host))
         except HostLocked as exc:
             logger.error(f"{host.print_prefix}gpufleet: {exc}")
             raise
