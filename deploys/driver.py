@@ -53,7 +53,7 @@ from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages
 from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
-from gpufleet.failures import fail_host
+from gpufleet.failures import fail_host, real_host
 from gpufleet.hostfacts import driver_state, kernel_plan, os_name, resolution
 from gpufleet.kernels import kernel_metapackages
 from gpufleet.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line
@@ -252,7 +252,7 @@ def _verify_after_reboot(h) -> None:
 @deploy("NVIDIA driver, CUDA and cuDNN")
 def driver():
     settings = host_settings(host)
-    me = host._get_module()  # the concrete host, for callbacks that run at execution time
+    me = real_host(host)  # the concrete host, for callbacks that run at execution time
     try:
         res = resolution(host, settings)
     except Incompatible as refused:

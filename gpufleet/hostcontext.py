@@ -23,8 +23,12 @@ if TYPE_CHECKING:
 def real_object(obj: Any) -> Any:
     """The object behind one of pyinfra's context proxies (`pyinfra.host`, `pyinfra.state`,
     `pyinfra.inventory`); any other object as it is."""
-    get = getattr(type(obj), "_get_module", None)
-    return get(obj) if get else obj
+    from pyinfra.context import ctx_host, ctx_inventory, ctx_state
+
+    for ctx in (ctx_host, ctx_state, ctx_inventory):
+        if obj is ctx.context:
+            return ctx.get()
+    return obj
 
 
 @dataclass

@@ -299,8 +299,9 @@ def plan_drift(state: Any, hosts: list[Any], rows: dict[str, dict[str, Any]], de
     """Plan `deploy` (deploys/all.py) for each host and record the operations that would change."""
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra.context import ctx_config, ctx_host
-    from pyinfra_cli.util import exec_file
 
+    from gpufleet import pyinfra_private
+    from gpufleet.pyinfra_private import exec_file
     from gevent.pool import Pool
 
     path = str(PACKAGE / deploy)
@@ -336,7 +337,7 @@ def plan_drift(state: Any, hosts: list[Any], rows: dict[str, dict[str, Any]], de
             if op_hash not in state.ops[host]:
                 continue
             op_data = state.get_op_data_for_host(host, op_hash)
-            if op_data.operation_meta._maybe_is_change:
+            if pyinfra_private.planned_change(op_data.operation_meta):
                 # As `pyinfra --dry` does: an op behind `_if` (e.g. reload when a file changed)
                 # only runs if an earlier one changes something, so it is not drift by itself.
                 target = conditional if op_data.global_arguments.get("_if") else names
