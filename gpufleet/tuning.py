@@ -428,8 +428,7 @@ def host_applied_clocks(host: Any, policy: Any) -> tuple[str, list[AppliedClocks
         plans = host_clocks(host, policy)
     except Refusal as error:
         plans, refused = [], str(error)
-    # the lock records matter on locked-clock drivers only (no extra command elsewhere)
-    locked = locked_clocks(host) if method == LGC else {}
+    locked = locked_clocks(host) if method == LGC else {}  # host_clocks asked already (answered from memory)
     return method, applied_clocks(state.gpus, method, locked, plans), refused
 
 
