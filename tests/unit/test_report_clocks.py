@@ -155,6 +155,14 @@ def test_locked_clock_driver_shows_the_recorded_locks_against_the_plan(locks, te
                for line in cell.details)
 
 
+def test_default_policy_on_an_application_clock_driver_is_the_gpus_default_pair():
+    # the recording's application clocks are its default application clocks (3201,1980)
+    clocks = column(FakeHost(recorded_580()), "default")
+    assert [(g["applied"], g["planned"], g["at_plan"]) for g in clocks["gpus"]] == [("3201,1980", "default", True)] * 2
+    assert clocks_text(clocks) == "application 3201,1980 = planned default"
+    assert gate(recorded_580(), [], "default").status == PASS
+
+
 def test_default_policy_on_a_locked_clock_driver_wants_no_lock():
     output = as_r595(recorded_580())
     assert clocks_text(column(FakeHost(output), "default")) == "locked none = planned default"
