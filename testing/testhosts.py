@@ -625,7 +625,10 @@ def supervise(hdir: Path) -> int:
         child = subprocess.Popen(nspawn, stdin=subprocess.DEVNULL)
         rc = child.wait()
         boots = hdir / "boots"
-        boots.write_text(str(int(boots.read_text()) + 1 if boots.exists() else 1))
+        # replaced in one step: a reader (reboot(), tests) never sees it empty, half-written
+        partial = hdir / "boots.partial"
+        partial.write_text(str(int(boots.read_text()) + 1 if boots.exists() else 1))
+        partial.replace(boots)
         if stopping or rc != NSPAWN_REBOOT_EXIT:
             return rc
         print(f"testhosts: {name} rebooting", flush=True)
