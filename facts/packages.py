@@ -6,6 +6,7 @@ results rather than failing.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from collections.abc import Iterable, Sequence
@@ -241,6 +242,42 @@ class StackPackagesData(JsonMixin):
     installed: dict  # package -> installed Debian version, None when not installed
     recorded: dict   # package -> the upstream release gpufleet installed it at (its record)
     record_found: bool = False
+    # The installed components of each requested cuda-toolkit-X-Y: its dpkg Depends closure of
+    # packages named *-X-Y, component -> [installed Debian version, the version the toolkit
+    # release asks for (its >= lower bound), held (true/false)]
+    components: dict = dataclasses.field(default_factory=dict)
+
+
+# The names a toolkit's -X-Y components start with (apt's install list of cuda-toolkit-12-8:
+# cuda-nvcc-12-8, libcublas-12-8, libnpp-12-8, gds-tools-12-8 ..., NVIDIA/nvidia-container-toolkit#883)
+_COMPONENT_PREFIXES = ("cuda-", "lib", "gds-")
+_TOOLKIT = re.compile(r"^cuda-toolkit-(\d+-\d+)$")
+_DEPENDS_ITEM = re.compile(r"^([a-z0-9][a-z0-9+.\-]*)(?::[a-z0-9]+)?\s*(?:\(\s*(<<|<=|=|>=|>>)\s*([^)\s]+)\s*\))?$")
+
+
+def toolkit_components(entries: dict[str, tuple[str, str, str]], metas: Iterable[str]) -> dict[str, list]:
+    """The components of each installed toolkit meta package in ``metas`` (``entries``: package ->
+    (version, status, Depends) of the installed *-X-Y packages): every package reached through
+    Depends whose name ends in the toolkit's -X-Y and that is asked for with >= (alternatives are
+    not followed), with its installed version, that lower bound and whether it is held."""
+    out: dict[str, list] = {}
+    for meta in metas:
+        match = _TOOLKIT.match(meta)
+        if not match or meta not in entries:
+            continue
+        suffix = "-" + match.group(1)
+        queue = [meta]
+        while queue:
+            depends = entries.get(queue.pop(0), ("", "", ""))[2]
+            for item in (part.strip() for part in depends.split(",")):
+                dep = _DEPENDS_ITEM.match(item)
+                if not dep or not dep.group(1).endswith(suffix) or dep.group(2) != ">=" or dep.group(1) in out:
+                    continue
+                name = dep.group(1)
+                version, status, _ = entries.get(name, ("", "", ""))
+                out[name] = [version or None, dep.group(3), status.startswith("h")]
+                queue.append(name)
+    return out
 
 
 class StackPackages(FactBase[StackPackagesData]):
@@ -263,19 +300,37 @@ class StackPackages(FactBase[StackPackagesData]):
 
     @override
     def command(self, packages: Sequence[str]) -> str:
-        return "; ".join([PackageVersions().command(packages), begin("record"),
-                          with_values('cat "$record" 2>/dev/null || true', record=STACK_RECORD)])
+        parts = [PackageVersions().command(packages), begin("record"),
+                 with_values('cat "$record" 2>/dev/null || true', record=STACK_RECORD)]
+        suffixes = sorted({m.group(1) for m in map(_TOOLKIT.match, packages) if m})
+        if suffixes:
+            # the installed packages of each toolkit's -X-Y with their Depends: process() walks them
+            parts += [begin("components"), " ".join([
+                "if command -v dpkg-query >/dev/null 2>&1; then dpkg-query -W",
+                "-f=" + shlex.quote(r"${Package}\t${Version}\t${db:Status-Abbrev}\t${Depends}\n"),
+                quoted_package_names([f"{prefix}*-{s}" for s in suffixes for prefix in _COMPONENT_PREFIXES],
+                                     globs=True), "2>/dev/null || true; fi"])]
+        return "; ".join(parts)
 
     @override
     def process(self, output: list[str]) -> StackPackagesData:
         at = next((i for i, line in enumerate(output) if line.strip() == f"{MARK} begin record"), len(output))
+        end = next((i for i, line in enumerate(output) if line.strip() == f"{MARK} begin components"), len(output))
+        entries: dict[str, tuple[str, str, str]] = {}
+        for line in output[end + 1:]:
+            fields = line.split("\t") + [""]   # no Depends: the line may end at the status
+            if len(fields) not in (4, 5) or not _PACKAGE_NAME.match(fields[0]):
+                raise fail("expected 'package<TAB>version<TAB>status<TAB>depends' from dpkg-query", line)
+            if len(fields[2].strip()) >= 2 and fields[2].strip()[1] in "iWt":
+                entries[fields[0]] = (fields[1], fields[2].strip(), fields[3])
         installed = PackageVersions().process(output[:at])
         recorded, found = {}, at < len(output)
-        for line in output[at + 1:]:
+        for line in output[at + 1:end]:
             if not line.strip() or line.startswith("#"):
                 continue
             match = _RECORD_LINE.match(line.strip())
             if not match:
                 raise fail("expected 'package release' in gpufleet's record " + STACK_RECORD, line)
             recorded[match.group(1)] = match.group(2)
-        return StackPackagesData(installed, recorded, found and bool(recorded))
+        return StackPackagesData(installed, recorded, found and bool(recorded),
+                                 toolkit_components(entries, sorted(entries)))

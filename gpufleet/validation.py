@@ -81,6 +81,19 @@ def stack_states(wanted: dict[str, str], installed: dict[str, str | None], recor
     return out
 
 
+def component_drift(components: dict[str, list], wanted: dict[str, str], installed: dict[str, str | None]
+                    ) -> list[str]:
+    """Messages for the CUDA toolkit's components (StackPackages.components: package -> [installed,
+    the version the toolkit release asks for, held]) at another version than their release names,
+    counted only while the toolkit meta package itself is the resolved release (else it is its own
+    pending upgrade or drift): moved by hand or by `apt upgrade` past the holds."""
+    if not any(p.startswith("cuda-toolkit-") and is_exact(installed.get(p), v) for p, v in wanted.items()):
+        return []
+    return [f"{name} {upstream_of(have)} (the CUDA toolkit release ships {shipped}) was changed by hand"
+            for name, (have, shipped, _) in sorted(components.items())
+            if have and have != shipped and upstream_of(have) != shipped]
+
+
 def upstream_of(debian_version: str) -> str:
     """'1:9.17.0.29-1' -> '9.17.0.29': the whole upstream part (no epoch, no Debian revision)."""
     return debian_version.split(":", 1)[-1].rsplit("-", 1)[0]
@@ -418,6 +431,7 @@ def cuda_cudnn_releases_exact(ctx: Context) -> Result:
             moves.setdefault(what, (have, wanted[p]))
     moves.update((what, (old, new)) for what, (_, old, new) in renames.items())
     pending = [stack_pending_message(what, *v) for what, v in moves.items()]
+    drift += component_drift(found.components, wanted, installed)
     not_installed = f"not installed: {', '.join(missing)}" if missing else ""
     if drift:
         return Result("driver", name, FAIL, "; ".join([*drift, *pending] + ([not_installed] if missing else [])),
