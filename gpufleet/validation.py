@@ -91,7 +91,7 @@ def component_drift(components: dict[str, list], wanted: dict[str, str], install
         return []
     return [f"{name} {upstream_of(have)} (the CUDA toolkit release ships {shipped}) was changed by hand"
             for name, (have, shipped, _) in sorted(components.items())
-            if have and have != shipped and upstream_of(have) != shipped]
+            if have and shipped and have != shipped and upstream_of(have) != shipped]
 
 
 def upstream_of(debian_version: str) -> str:
@@ -400,6 +400,11 @@ FIX_STACK_DRIFT = ("tools/rollout INVENTORY puts it back at the resolved release
                    "manifest first); deploys/all.py changes no installed CUDA toolkit or cuDNN")
 
 
+FIX_COMPONENT_DRIFT = ("put each back at the version its CUDA toolkit release ships: apt-get install --allow-downgrades "
+                       "--allow-change-held-packages PACKAGE=VERSION (apt-cache madison PACKAGE), then apt-mark hold "
+                       "PACKAGE; tools/rollout moves the components with a toolkit release")
+
+
 @check("driver")
 def cuda_cudnn_releases_exact(ctx: Context) -> Result:
     """The CUDA toolkit and cuDNN on the host are exactly the resolved releases: a presence check
@@ -431,11 +436,12 @@ def cuda_cudnn_releases_exact(ctx: Context) -> Result:
             moves.setdefault(what, (have, wanted[p]))
     moves.update((what, (old, new)) for what, (_, old, new) in renames.items())
     pending = [stack_pending_message(what, *v) for what, v in moves.items()]
-    drift += component_drift(found.components, wanted, installed)
+    components = component_drift(found.components, wanted, installed)
     not_installed = f"not installed: {', '.join(missing)}" if missing else ""
-    if drift:
-        return Result("driver", name, FAIL, "; ".join([*drift, *pending] + ([not_installed] if missing else [])),
-                      FIX_STACK_DRIFT)
+    if drift or components:
+        fix = FIX_STACK_DRIFT if drift else FIX_COMPONENT_DRIFT
+        return Result("driver", name, FAIL, "; ".join([*drift, *components, *pending]
+                                                      + ([not_installed] if missing else [])), fix)
     if missing:
         return Result("driver", name, FAIL, "; ".join([*pending, not_installed]), FIX_DEPLOY)
     if pending:

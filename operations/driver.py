@@ -114,7 +114,7 @@ _PACKAGES_SCRIPT = r"""
 set -u
 nl='
 '
-unhold= rehold= pinning= triples= present= comps= s=0
+unhold= rehold= pinning= triples= present= comps= loose= s=0
 for a in "$@"; do
   if [ "$a" = -- ]; then s=$((s + 1)); continue; fi
   case $s in
@@ -151,9 +151,13 @@ rc=0
     while [ -n "$queue" ]; do
       item=${queue%%"$nl"*}; queue=${queue#*"$nl"}
       for dep in $(apt-cache show "$item" 2>/dev/null | sed -n '/^$/q; s/^Depends: //p' | tr ',' '\n' \
-                   | sed -n "s/^ *\([a-z0-9][a-z0-9.+-]*$suffix\) *(>= *\([^) ]*\)).*/\1 \2/p"); do
+                   | sed -n -e "s/^ *\([a-z0-9][a-z0-9.+-]*$suffix\) *(>= *\([^) ]*\)).*/\1 \2/p" \
+                            -e "s/^ *\([a-z0-9][a-z0-9.+-]*$suffix\) *$/\1/p"); do
         name=${dep%% *} bound=${dep#* }
-        case "$nl$comps" in *"$nl$name="*) continue;; esac
+        case "$nl$comps$nl$loose" in *"$nl$name="*|*"$nl$name$nl"*) continue;; esac
+        if [ "$bound" = "$dep" ]; then   # asked for without a version: held as apt installs it
+          loose="$loose$name$nl"; printf '%s %s\n' "$name" "${t%%=*}" >> "$held_file"; continue
+        fi
         v=$(apt-cache madison "$name" | awk -F'|' -v b="$bound" '{gsub(/ /,"",$2); u=$2; sub(/^[0-9]+:/,"",u)
               if (u == b) {print $2; exit}; sub(/-[^-]*$/,"",u); if (u == b) {print $2; exit}}')
         if [ -z "$v" ]; then
@@ -166,7 +170,7 @@ rc=0
       done
     done
   done
-  for c in $comps; do apt-mark unhold "${c%%=*}" >/dev/null 2>&1 || true; done
+  for c in $comps $loose; do apt-mark unhold "${c%%=*}" >/dev/null 2>&1 || true; done
   [ -z "$pinning" ] || apt install "$pinning"
   apt install --no-install-recommends --allow-downgrades $args $comps $present
   set -- $triples
