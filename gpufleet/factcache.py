@@ -40,12 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import logger
-from pyinfra.api import facts as pyinfra_facts
+from pyinfra.api import FactBase
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.host import Host
 
 from gpufleet.facts._common import with_values
-from gpufleet import factbatch, private
+from gpufleet import factbatch, private, pyinfra_private
 from gpufleet.hostcontext import fleet_context, host_context
 
 PLAN_DIR = Path(".gpufleet/factplans")
@@ -89,7 +89,7 @@ def _key(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> tuple | N
     arguments looked up below (inventory data and config being fixed for the run), per host;
     the fact's own arguments only on the fact and what it was asked, for everyone."""
     kwargs = kwargs or {}
-    connector = pyinfra_facts.CONNECTOR_ARGUMENT_KEYS
+    connector = pyinfra_private.connector_argument_keys()
     try:
         context = json.dumps([{k: v for k, v in (source or {}).items() if k in connector} for source in (
             kwargs, host.current_deploy_kwargs, host.current_op_global_arguments,
@@ -111,9 +111,9 @@ _FACT_ARGUMENTS: dict[str, str] = {}
 
 
 def _pyinfra_key(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> tuple | None:
-    fact_kwargs, global_kwargs = pyinfra_facts._handle_fact_kwargs(state, host, cls, args, kwargs)
+    fact_kwargs, global_kwargs = pyinfra_private.handle_fact_kwargs(state, host, cls, args, kwargs)
     fact_kwargs = {k: v for k, v in fact_kwargs.items() if k != "self"}  # getcallargs includes it
-    executor = {k: v for k, v in global_kwargs.items() if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}
+    executor = {k: v for k, v in global_kwargs.items() if k in pyinfra_private.connector_argument_keys()}
     try:
         # Only plain JSON arguments: the key must say exactly what was asked (a repr'd object
         # could stand for another value and hand one question another's answer).
@@ -233,7 +233,7 @@ def _load_class(path: str) -> type | None:
             obj = getattr(obj, part)
     except (ImportError, AttributeError):
         return None
-    if not isinstance(obj, type) or not issubclass(obj, pyinfra_facts.FactBase) or _fact_path(obj) != path:
+    if not isinstance(obj, type) or not issubclass(obj, FactBase) or _fact_path(obj) != path:
         return None
     return obj
 
@@ -242,12 +242,12 @@ def _command_text(fact: Any, fact_kwargs: dict) -> str | None:
     """The exact shell text pyinfra would run for this fact (requires_command guard included).
     Some facts keep their arguments on the instance for process() (pyinfra's hash facts do):
     the same instance must then process the output."""
-    command = pyinfra_facts._make_command(fact.command, dict(fact_kwargs))
-    requires = pyinfra_facts._make_command(fact.requires_command, dict(fact_kwargs))
+    command = pyinfra_private.make_command(fact.command, dict(fact_kwargs))
+    requires = pyinfra_private.make_command(fact.requires_command, dict(fact_kwargs))
     if requires:
         command = StringCommand("if", "command", "-v", requires, ">/dev/null", "2>&1;", "then", "(",
                                 command, ");", "else", "echo",
-                                QuoteString(pyinfra_facts._MISSING_COMMAND_MARKER), ";", "fi")
+                                QuoteString(pyinfra_private.missing_command_marker()), ";", "fi")
     if isinstance(command, StringCommand):
         return command.get_raw_value()
     return command if isinstance(command, str) else None
@@ -320,7 +320,7 @@ class Script:
         found: dict[tuple, Any] = {}
         for i, (cls, fact_kwargs_json, executor_json, fact, _) in enumerate(self.single):
             out = sections.get(i)
-            if out is None or rcs.get(i) != 0 or out == [pyinfra_facts._MISSING_COMMAND_MARKER]:
+            if out is None or rcs.get(i) != 0 or out == [pyinfra_private.missing_command_marker()]:
                 continue
             try:
                 found[(_fact_path(cls), fact_kwargs_json, executor_json)] = fact.process(out) if out else fact.default()
@@ -385,6 +385,8 @@ def prefetch_all(state: Any) -> None:
     import gevent
     from pyinfra.context import ctx_host, ctx_state
 
+    if "pyinfra.api.facts._get_fact" not in pyinfra_private.patched():
+        return  # pyinfra's own fact path: nothing to prefetch with
     state = ctx_state.get() if ctx_state.isset() else state  # the object, not pyinfra's proxy
     if fleet_context(state).prefetch_all_sent:
         return
@@ -395,7 +397,7 @@ def prefetch_all(state: Any) -> None:
             _prefetch(state, host)
 
     for host in state.inventory.get_active_hosts():
-        if host.connected and not host_context(host).prefetched:
+        if host.connected and pyinfra_private.connector_verified(host) and not host_context(host).prefetched:
             host_context(host).prefetched = True
             host_context(host).prefetch = gevent.spawn(run, host)
     gevent.sleep(0)  # let each greenlet send its command before the caller goes on
@@ -412,15 +414,15 @@ def _default_executor_json(state: Any, host: Host) -> str:
 
 
 def _default_executor(state: Any, host: Host) -> dict:
-    _, global_kwargs = pyinfra_facts._handle_fact_kwargs(state, host, _Probe, [], {})
+    _, global_kwargs = pyinfra_private.handle_fact_kwargs(state, host, _Probe, [], {})
     try:
         return json.loads(json.dumps({k: v for k, v in global_kwargs.items()
-                                      if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}, sort_keys=True))
+                                      if k in pyinfra_private.connector_argument_keys()}, sort_keys=True))
     except (TypeError, ValueError):
         return {}
 
 
-class _Probe(pyinfra_facts.FactBase):
+class _Probe(FactBase):
     def command(self) -> str:
         return "true"
 
@@ -470,11 +472,15 @@ def install() -> None:
     from gpufleet import speedups
 
     speedups.install()
-    original_get_fact = pyinfra_facts._get_fact
+    if not pyinfra_private.usable():
+        return  # pyinfra's own fact path: the same answers (pyinfra_private warned why, once)
+    original_get_fact = pyinfra_private.fact_loader()
     original_run = Host.run_shell_command
     original_put = Host.put_file
 
     def _get_fact(state, host, cls, args=None, kwargs=None, ensure_hosts=None, apply_failed_hosts=True):
+        if not pyinfra_private.connector_verified(host):  # a host met after install(): pyinfra's path
+            return original_get_fact(state, host, cls, args, kwargs, ensure_hosts, apply_failed_hosts)
         key = _key(state, host, cls, args, kwargs)
         if key is not None:
             started = host_context(host).prefetch
@@ -507,7 +513,5 @@ def install() -> None:
         forget(self)
         return original_put(self, *args, **kwargs)
 
-    pyinfra_facts._get_fact = _get_fact
-    Host.run_shell_command = run_shell_command
-    Host.put_file = put_file
-    atexit.register(_save_plans)
+    if pyinfra_private.patch_fact_loading(_get_fact, run_shell_command, put_file):
+        atexit.register(_save_plans)

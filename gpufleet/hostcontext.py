@@ -23,8 +23,12 @@ if TYPE_CHECKING:
 def real_object(obj: Any) -> Any:
     """The object behind one of pyinfra's context proxies (`pyinfra.host`, `pyinfra.state`,
     `pyinfra.inventory`); any other object as it is."""
-    get = getattr(type(obj), "_get_module", None)
-    return get(obj) if get else obj
+    from pyinfra.context import ctx_host, ctx_inventory, ctx_state
+
+    for ctx in (ctx_host, ctx_state, ctx_inventory):
+        if obj is ctx.context:
+            return ctx.get()
+    return obj
 
 
 @dataclass
@@ -59,6 +63,9 @@ class HostContext:
     in_fact: int = 0
     #: the same depth as counted by gpufleet.hostlock (installed separately from factcache)
     lock_in_fact: int = 0
+    #: deploys.base.quiet_needrestart was planned for this host in this run (base in all.py,
+    #: or standalone.py before an area run alone): once is enough, before the first apt
+    needrestart_planned: bool = False
 
 
 @dataclass

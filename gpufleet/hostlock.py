@@ -254,12 +254,13 @@ def install() -> None:
         return
     _installed = True
     from pyinfra import logger
-    from pyinfra.api import facts as pyinfra_facts
     from pyinfra.api.host import Host
+
+    from gpufleet import pyinfra_private
 
     original_run = Host.run_shell_command
     original_put = Host.put_file
-    original_get_fact = pyinfra_facts._get_fact
+    original_get_fact = pyinfra_private.fact_loader()
     original_disconnect = Host.disconnect
 
     def ensure(host: Host) -> None:
@@ -302,7 +303,4 @@ def install() -> None:
             release(self.name)
         return original_disconnect(self, *args, **kwargs)
 
-    Host.run_shell_command = run_shell_command
-    Host.disconnect = disconnect
-    Host.put_file = put_file
-    pyinfra_facts._get_fact = _get_fact
+    pyinfra_private.patch_for_locking(_get_fact, run_shell_command, put_file, disconnect)

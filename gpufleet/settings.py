@@ -452,9 +452,9 @@ def _cli_inventory_file() -> Path | None:
     if Path(sys.argv[0]).name != "pyinfra":
         return None
     try:  # parse the command line as pyinfra did (pyinfra keeps no note of the file)
-        from pyinfra_cli.cli import cli
+        from gpufleet import pyinfra_private
 
-        name = cli.make_context("pyinfra", sys.argv[1:], resilient_parsing=True).params.get("inventory")
+        name = pyinfra_private.cli_params(sys.argv[1:]).get("inventory")
     except Exception:
         return None
     path = Path(name) if isinstance(name, str) else None

@@ -14,7 +14,8 @@ from gpufleet.facts.driver import DebianArchiveSources, SourceEntry
 from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.packages import AptCandidates, PackageVersions
 from gpufleet.facts.system import OsRelease
-from gpufleet.kernels import image_metapackage_candidates, kernel_flavour, module_packages, package_flavour
+from gpufleet.kernels import (image_metapackage_candidates, kernel_flavour, kernel_metapackages, module_packages,
+                              package_flavour)
 from gpufleet.operations.driver import _DEBIAN_ARCHIVE
 from testing.ubuntu_host import MARK, UBUNTU, UbuntuHost, apt_cache_policy, recorded
 
@@ -60,7 +61,10 @@ def test_installed_image_metapackage_and_the_flavour_kernel_packages_follow():
     assert candidates == ["linux-image-generic", "linux-image-generic-hwe-22.04"]
     installed = PackageVersions().process([f"{MARK} want {' '.join(candidates)}", f"{MARK} begin dpkg",
                                            *recorded("22.04", "dpkg-query-linux-image.txt")])
-    assert installed == {"linux-image-generic": None, "linux-image-generic-hwe-22.04": "6.8.0-90.91~22.04.1"}
+    assert installed == {"linux-image-generic": None, "linux-image-generic-hwe-22.04": "6.8.0-90.91~22.04.1",
+                         # the glob's other matches: the server metapackage and its headers one
+                         "linux-generic-hwe-22.04": "6.8.0-90.91~22.04.1",
+                         "linux-headers-generic-hwe-22.04": "6.8.0-90.91~22.04.1"}
     assert kernel_flavour("6.8.0-90-generic") == "generic"
     assert package_flavour("6.8.0-90-generic", "ubuntu-22.04", installed) == "generic-hwe-22.04"
     # 24.04 on its GA kernel: plain generic
@@ -192,3 +196,12 @@ def test_mok_certificate_follows_each_layout():
     assert mok_certificate("/root/signing") == "/root/signing.pub"
     conf = dkms_signing_conf("/var/lib/shim-signed/mok/MOK.priv")
     assert "mok_certificate=/var/lib/shim-signed/mok/MOK.der\n" in conf
+
+
+def test_kernel_flavour_metapackages_held_with_prebuilt_modules():
+    # what brings new kernels: the plain flavour's and its HWE one's server, image and headers metapackages
+    assert kernel_metapackages("6.8.0-90-generic", "ubuntu-22.04") == [
+        "linux-generic", "linux-image-generic", "linux-headers-generic",
+        "linux-generic-hwe-22.04", "linux-image-generic-hwe-22.04", "linux-headers-generic-hwe-22.04"]
+    assert kernel_metapackages("6.8.0-1015-aws", "ubuntu-24.04") == ["linux-aws", "linux-image-aws", "linux-headers-aws"]
+    assert kernel_metapackages("6.18.44-fc-v1045", "ubuntu-24.04") == []  # a custom kernel: nothing brings it
