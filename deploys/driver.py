@@ -58,7 +58,7 @@ from gpufleet.hostfacts import driver_state, kernel_plan, os_name, resolution
 from gpufleet.kernels import kernel_metapackages
 from gpufleet.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line
 from gpufleet.settings import host_settings
-from gpufleet.validation import (pending_message, stack_drift_message, stack_fact_packages,
+from gpufleet.validation import (component_drift, pending_message, stack_drift_message, stack_fact_packages,
                                  stack_pending_message, stack_renames, stack_states)
 from gpufleet.operations.driver import archive_components, packages_at_versions, refresh_initramfs, repo_key, stack_recorded
 from gpufleet.operations.holds import held
@@ -272,6 +272,9 @@ def driver():
     found = host.get_fact(StackPackages, packages=stack_fact_packages(stack)) if stack else StackPackages.default()
     stack_moves = stack_pending(res, found.installed, found.recorded)
     drifted = stack_drift(res, found.installed, found.recorded)
+    moved_components = component_drift(found.components, stack, found.installed)
+    if moved_components:
+        drifted.setdefault("CUDA toolkit", []).extend(moved_components)
     in_place = bool(pending or stack_moves or drifted) and settings.driver_upgrade_in_place
     if stack_moves and not in_place:
         # The same rule as the driver: installed libraries change only by a sanctioned upgrade.
@@ -423,7 +426,11 @@ def driver():
     # a renamed CUDA toolkit / cuDNN left pending: its new package is not installed, nor held
     stack_held = [p for what, group in stack_groups(res).items()
                   if not (what in left and what in stack_renames(stack, found.installed)) for p in group]
-    managed = [*res.package_versions, *present, *stack_held, *([pinning] if pinning else []), *installed_extra]
+    # the toolkit's components are held with it (the install unit holds them; this puts back a
+    # hold someone released)
+    components = sorted(found.components) if res.cuda_package in stack_held else []
+    managed = [*res.package_versions, *present, *stack_held, *components, *([pinning] if pinning else []),
+               *installed_extra]
     held(
         name=("Hold" if settings.driver_hold else "Release") + " the driver, CUDA, cuDNN, container toolkit "
              "and running kernel packages"

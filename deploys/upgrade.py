@@ -26,7 +26,7 @@ from pyinfra.api import deploy
 
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.kernel import DriverState
-from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages
+from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages, ToolkitRelease
 from gpufleet.facts.rollout import AptVersions, EtcFiles, SlurmNode
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
@@ -198,6 +198,15 @@ def upgrade(ctx: RolloutContext) -> None:
         return
     install.update(prebuilt_install)
     stack_install, stack_remove, stack_missing = mf.stack_plan(installed, wanted, available)
+    # a toolkit moves with its components at the versions its release names (apt alone would
+    # bring the newest ones its >= dependencies allow)
+    for meta, version in sorted(stack_install.items()):
+        if meta.startswith("cuda-toolkit-"):
+            for component, at in host.get_fact(ToolkitRelease, package=meta, version=version).items():
+                if at:
+                    stack_install[component] = at
+                else:
+                    stack_missing.append(f"{component} (named by {meta} {mf.upstream(version)})")
     if stack_missing:
         ctx.refuse(host, "the configured repositories offer no " + ", ".join(stack_missing)
                          + ": CUDA toolkit / cuDNN not moved")

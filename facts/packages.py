@@ -6,6 +6,7 @@ results rather than failing.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from collections.abc import Iterable, Sequence
@@ -241,6 +242,44 @@ class StackPackagesData(JsonMixin):
     installed: dict  # package -> installed Debian version, None when not installed
     recorded: dict   # package -> the upstream release gpufleet installed it at (its record)
     record_found: bool = False
+    # The installed components of each requested cuda-toolkit-X-Y: its dpkg Depends closure of
+    # packages named *-X-Y, component -> [installed Debian version, the version the toolkit
+    # release asks for (its >= lower bound; None when asked for without one), held (true/false)]
+    components: dict = dataclasses.field(default_factory=dict)
+
+
+# The names a toolkit's -X-Y components start with (apt's install list of cuda-toolkit-12-8:
+# cuda-nvcc-12-8, libcublas-12-8, libnpp-12-8, gds-tools-12-8 ..., NVIDIA/nvidia-container-toolkit#883)
+_COMPONENT_PREFIXES = ("cuda-", "lib", "gds-")
+_TOOLKIT = re.compile(r"^cuda-toolkit-(\d+-\d+)$")
+_DEPENDS_ITEM = re.compile(r"^([a-z0-9][a-z0-9+.\-]*)(?::[a-z0-9]+)?\s*(?:\(\s*(<<|<=|=|>=|>>)\s*([^)\s]+)\s*\))?$")
+
+
+def toolkit_components(entries: dict[str, tuple[str, str, str]], metas: Iterable[str]) -> dict[str, list]:
+    """The components of each installed toolkit meta package in ``metas`` (``entries``: package ->
+    (version, status, Depends) of the installed *-X-Y packages): every package reached through
+    Depends whose name ends in the toolkit's -X-Y, asked for with >= or with no version
+    (alternatives are not followed), with its installed version, that lower bound (None: none) and
+    whether it is held."""
+    out: dict[str, list] = {}
+    for meta in metas:
+        match = _TOOLKIT.match(meta)
+        if not match or meta not in entries:
+            continue
+        suffix = "-" + match.group(1)
+        queue = [meta]
+        while queue:
+            depends = entries.get(queue.pop(0), ("", "", ""))[2]
+            for item in (part.strip() for part in depends.split(",")):
+                dep = _DEPENDS_ITEM.match(item)
+                if (not dep or not dep.group(1).endswith(suffix) or dep.group(2) not in (None, ">=")
+                        or dep.group(1) in out):
+                    continue
+                name = dep.group(1)
+                version, status, _ = entries.get(name, ("", "", ""))
+                out[name] = [version or None, dep.group(3), status.startswith("h")]
+                queue.append(name)
+    return out
 
 
 class StackPackages(FactBase[StackPackagesData]):
@@ -263,19 +302,102 @@ class StackPackages(FactBase[StackPackagesData]):
 
     @override
     def command(self, packages: Sequence[str]) -> str:
-        return "; ".join([PackageVersions().command(packages), begin("record"),
-                          with_values('cat "$record" 2>/dev/null || true', record=STACK_RECORD)])
+        parts = [PackageVersions().command(packages), begin("record"),
+                 with_values('cat "$record" 2>/dev/null || true', record=STACK_RECORD)]
+        suffixes = sorted({m.group(1) for m in map(_TOOLKIT.match, packages) if m})
+        if suffixes:
+            # the installed packages of each toolkit's -X-Y with their Depends: process() walks them
+            parts += [begin("components"), " ".join([
+                "if command -v dpkg-query >/dev/null 2>&1; then dpkg-query -W",
+                "-f=" + shlex.quote(r"${Package}\t${Version}\t${db:Status-Abbrev}\t${Depends}\n"),
+                quoted_package_names([f"{prefix}*-{s}" for s in suffixes for prefix in _COMPONENT_PREFIXES],
+                                     globs=True), "2>/dev/null || true; fi"])]
+        return "; ".join(parts)
 
     @override
     def process(self, output: list[str]) -> StackPackagesData:
         at = next((i for i, line in enumerate(output) if line.strip() == f"{MARK} begin record"), len(output))
+        end = next((i for i, line in enumerate(output) if line.strip() == f"{MARK} begin components"), len(output))
+        entries: dict[str, tuple[str, str, str]] = {}
+        for line in output[end + 1:]:
+            fields = line.split("\t") + [""]   # no Depends: the line may end at the status
+            if len(fields) not in (4, 5) or not _PACKAGE_NAME.match(fields[0]):
+                raise fail("expected 'package<TAB>version<TAB>status<TAB>depends' from dpkg-query", line)
+            if len(fields[2].strip()) >= 2 and fields[2].strip()[1] in "iWt":
+                entries[fields[0]] = (fields[1], fields[2].strip(), fields[3])
         installed = PackageVersions().process(output[:at])
         recorded, found = {}, at < len(output)
-        for line in output[at + 1:]:
+        for line in output[at + 1:end]:
             if not line.strip() or line.startswith("#"):
                 continue
             match = _RECORD_LINE.match(line.strip())
             if not match:
                 raise fail("expected 'package release' in gpufleet's record " + STACK_RECORD, line)
             recorded[match.group(1)] = match.group(2)
-        return StackPackagesData(installed, recorded, found and bool(recorded))
+        return StackPackagesData(installed, recorded, found and bool(recorded),
+                                 toolkit_components(entries, sorted(entries)))
+
+
+# $1 a cuda-toolkit-X-Y package, $2 its exact Debian version: walks the package index's Depends
+# from it and prints "component version" for each package named *-X-Y asked for with >=, at the
+# version offered whose upstream part (or whole version) is that lower bound ("component ?BOUND"
+# when the sources offer none). The same walk as the driver deploy's install unit.
+_TOOLKIT_RELEASE_SCRIPT = r"""
+nl='
+'
+suffix=-${1#cuda-toolkit-}; queue="$1=$2$nl"; seen=
+IFS=$nl; set -f
+command -v apt-cache >/dev/null 2>&1 || exit 0
+while [ -n "$queue" ]; do
+  item=${queue%%"$nl"*}; queue=${queue#*"$nl"}
+  for dep in $(apt-cache show "$item" 2>/dev/null | sed -n '/^$/q; s/^Depends: //p' | tr ',' '\n' \
+               | sed -n "s/^ *\([a-z0-9][a-z0-9.+-]*$suffix\) *(>= *\([^) ]*\)).*/\1 \2/p"); do
+    name=${dep%% *} bound=${dep#* }
+    case "$nl$seen" in *"$nl$name$nl"*) continue;; esac
+    seen="$seen$name$nl"
+    v=$(apt-cache madison "$name" | awk -F'|' -v b="$bound" '{gsub(/ /,"",$2); u=$2; sub(/^[0-9]+:/,"",u)
+          if (u == b) {print $2; exit}; sub(/-[^-]*$/,"",u); if (u == b) {print $2; exit}}')
+    echo "$name ${v:-?$bound}"
+    [ -z "$v" ] || queue="$queue$name=$v$nl"
+  done
+done
+"""
+_RELEASE_LINE = re.compile(r"^([a-z0-9][a-z0-9+.\-]*) (\??[0-9][A-Za-z0-9.+~:\-]*)$")
+
+
+class ToolkitRelease(FactBase[dict[str, "str | None"]]):
+    """
+    The components a CUDA toolkit release names, from the package index: the meta package's
+    Depends (followed down) on packages named like it (-X-Y), each at the version the release asks
+    for with >= (NVIDIA's meta packages name their components so, and apt alone would bring the
+    newest); None for one the sources do not offer:
+
+    .. code:: python
+
+        host.get_fact(ToolkitRelease, package="cuda-toolkit-13-0", version="13.0.2-1")
+        {"cuda-compiler-13-0": "13.0.2-1", "cuda-nvcc-13-0": "13.0.88-1"}
+    """
+
+    @override
+    @staticmethod
+    def default() -> dict[str, str | None]:
+        return {}
+
+    @override
+    def command(self, package: str, version: str) -> str:
+        if not _TOOLKIT.match(package) or not re.fullmatch(r"(\d+:)?[0-9][A-Za-z0-9.+~\-]*", version):
+            raise ValueError(f"not a CUDA toolkit meta package at a version: {package!r} {version!r}")
+        return " ".join(["sh -c", shlex.quote(_TOOLKIT_RELEASE_SCRIPT), "gpufleet-toolkit-release",
+                         shlex.quote(package), shlex.quote(version)])
+
+    @override
+    def process(self, output: list[str]) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for line in output:
+            if not line.strip():
+                continue
+            match = _RELEASE_LINE.match(line.strip())
+            if not match:
+                raise fail("expected 'component version' from the toolkit release walk", line)
+            out[match.group(1)] = None if match.group(2).startswith("?") else match.group(2)
+        return out

@@ -81,6 +81,19 @@ def stack_states(wanted: dict[str, str], installed: dict[str, str | None], recor
     return out
 
 
+def component_drift(components: dict[str, list], wanted: dict[str, str], installed: dict[str, str | None]
+                    ) -> list[str]:
+    """Messages for the CUDA toolkit's components (StackPackages.components: package -> [installed,
+    the version the toolkit release asks for, held]) at another version than their release names,
+    counted only while the toolkit meta package itself is the resolved release (else it is its own
+    pending upgrade or drift): moved by hand or by `apt upgrade` past the holds."""
+    if not any(p.startswith("cuda-toolkit-") and is_exact(installed.get(p), v) for p, v in wanted.items()):
+        return []
+    return [f"{name} {upstream_of(have)} (the CUDA toolkit release ships {shipped}) was changed by hand"
+            for name, (have, shipped, _) in sorted(components.items())
+            if have and shipped and have != shipped and upstream_of(have) != shipped]
+
+
 def upstream_of(debian_version: str) -> str:
     """'1:9.17.0.29-1' -> '9.17.0.29': the whole upstream part (no epoch, no Debian revision)."""
     return debian_version.split(":", 1)[-1].rsplit("-", 1)[0]
@@ -387,6 +400,11 @@ FIX_STACK_DRIFT = ("tools/rollout INVENTORY puts it back at the resolved release
                    "manifest first); deploys/all.py changes no installed CUDA toolkit or cuDNN")
 
 
+FIX_COMPONENT_DRIFT = ("put each back at the version its CUDA toolkit release ships: apt-get install --allow-downgrades "
+                       "--allow-change-held-packages PACKAGE=VERSION (apt-cache madison PACKAGE), then apt-mark hold "
+                       "PACKAGE; tools/rollout moves the components with a toolkit release")
+
+
 @check("driver")
 def cuda_cudnn_releases_exact(ctx: Context) -> Result:
     """The CUDA toolkit and cuDNN on the host are exactly the resolved releases: a presence check
@@ -418,10 +436,12 @@ def cuda_cudnn_releases_exact(ctx: Context) -> Result:
             moves.setdefault(what, (have, wanted[p]))
     moves.update((what, (old, new)) for what, (_, old, new) in renames.items())
     pending = [stack_pending_message(what, *v) for what, v in moves.items()]
+    components = component_drift(found.components, wanted, installed)
     not_installed = f"not installed: {', '.join(missing)}" if missing else ""
-    if drift:
-        return Result("driver", name, FAIL, "; ".join([*drift, *pending] + ([not_installed] if missing else [])),
-                      FIX_STACK_DRIFT)
+    if drift or components:
+        fix = FIX_STACK_DRIFT if drift else FIX_COMPONENT_DRIFT
+        return Result("driver", name, FAIL, "; ".join([*drift, *components, *pending]
+                                                      + ([not_installed] if missing else [])), fix)
     if missing:
         return Result("driver", name, FAIL, "; ".join([*pending, not_installed]), FIX_DEPLOY)
     if pending:

@@ -114,7 +114,7 @@ _PACKAGES_SCRIPT = r"""
 set -u
 nl='
 '
-unhold= rehold= pinning= triples= present= s=0
+unhold= rehold= pinning= triples= present= comps= loose= s=0
 for a in "$@"; do
   if [ "$a" = -- ]; then s=$((s + 1)); continue; fi
   case $s in
@@ -123,6 +123,7 @@ for a in "$@"; do
   esac
 done
 set -f; IFS=$nl
+held_file=$(mktemp); trap 'rm -f "$held_file"' EXIT
 apt() { apt-get -y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "$@"; }
 [ -z "$unhold" ] || apt-mark unhold $unhold >/dev/null
 rc=0
@@ -141,8 +142,37 @@ rc=0
     fi
     args="$args$pkg=$v$nl"
   done
+  # A CUDA toolkit meta package asks for its components with >= only, so apt would bring the
+  # newest ones: each component of its closure whose name ends in the toolkit's -X-Y comes at the
+  # version the release names (its lower bound), released first and held with the meta package.
+  for t in $args; do
+    case ${t%%=*} in cuda-toolkit-[0-9]*-[0-9]*) ;; *) continue;; esac
+    suffix=${t%%=*}; suffix=-${suffix#cuda-toolkit-}; queue=$t$nl
+    while [ -n "$queue" ]; do
+      item=${queue%%"$nl"*}; queue=${queue#*"$nl"}
+      for dep in $(apt-cache show "$item" 2>/dev/null | sed -n '/^$/q; s/^Depends: //p' | tr ',' '\n' \
+                   | sed -n -e "s/^ *\([a-z0-9][a-z0-9.+-]*$suffix\) *(>= *\([^) ]*\)).*/\1 \2/p" \
+                            -e "s/^ *\([a-z0-9][a-z0-9.+-]*$suffix\) *$/\1/p"); do
+        name=${dep%% *} bound=${dep#* }
+        case "$nl$comps$nl$loose" in *"$nl$name="*|*"$nl$name$nl"*) continue;; esac
+        if [ "$bound" = "$dep" ]; then   # asked for without a version: held as apt installs it
+          loose="$loose$name$nl"; printf '%s %s\n' "$name" "${t%%=*}" >> "$held_file"; continue
+        fi
+        v=$(apt-cache madison "$name" | awk -F'|' -v b="$bound" '{gsub(/ /,"",$2); u=$2; sub(/^[0-9]+:/,"",u)
+              if (u == b) {print $2; exit}; sub(/-[^-]*$/,"",u); if (u == b) {print $2; exit}}')
+        if [ -z "$v" ]; then
+          printf 'gpufleet: %s needs %s %s, which the package sources do not offer; nothing was changed\n' \
+            "$item" "$name" "$bound" >&2
+          exit 3
+        fi
+        comps="$comps$name=$v$nl"; queue="$queue$name=$v$nl"
+        printf '%s %s\n' "$name" "${t%%=*}" >> "$held_file"
+      done
+    done
+  done
+  for c in $comps $loose; do apt-mark unhold "${c%%=*}" >/dev/null 2>&1 || true; done
   [ -z "$pinning" ] || apt install "$pinning"
-  apt install --no-install-recommends --allow-downgrades $args $present
+  apt install --no-install-recommends --allow-downgrades $args $comps $present
   set -- $triples
   while [ $# -ge 3 ]; do
     pkg=$1 version=$2 re=$3; shift 3
@@ -150,7 +180,15 @@ rc=0
       { printf 'gpufleet: %s is not at %s after the install
 ' "$pkg" "$version" >&2; exit 4; }
   done
+  for c in $comps; do
+    [ "$(dpkg-query -W -f='${Version}' "${c%%=*}" 2>/dev/null)" = "${c#*=}" ] ||
+      { printf 'gpufleet: %s is not at %s after the install\n' "${c%%=*}" "${c#*=}" >&2; exit 4; }
+  done
 ) || rc=$?
+# a toolkit's components are held with it
+while IFS=" " read -r c meta; do
+  case "$nl$rehold" in *"$nl$meta$nl"*) rehold="$rehold$c$nl";; esac
+done < "$held_file"
 for p in $rehold; do
   if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q ' installed$'; then apt-mark hold "$p" >/dev/null; fi
 done

@@ -97,6 +97,11 @@ SOURCES = {
     "cudnn": "libcudnn9-cuda-13 / libcudnn9-dev-cuda-13 / libcudnn9-headers-cuda-13 = 9.16.0.29-1 and "
              "9.17.0.29-1, libcudnn9-cuda-12 = 9.10.2.21-1 (public install scripts); nvidia-cudnn-cu12/-cu13 "
              "9.16.0.29, 9.17.0.29, 9.17.1.4 and 9.10.2.21 on PyPI (compat.yaml S34)",
+    "nvcc": "cuda-nvcc 12.8.61 (CUDA 12.8.0), 12.8.93 (12.8.1), 13.0.88 (13.0.2): the nvidia channel's "
+            "cuda-nvcc-tools labels cuda-12.8.0/12.8.1/13.0.2; 13.0.88 is also the crt of 13.0 Update 1 (its "
+            "release notes, table 1); 13.0.96 (with the hypothetical 13.0.3) is a STAND-IN; cuda-compiler-X-Y "
+            "as the intermediate meta package named in apt's install list of cuda-toolkit-12-8 "
+            "(NVIDIA/nvidia-container-toolkit#883)",
     "cuda-later": "STAND-IN ONLY: cuda-toolkit-13-0 13.0.3-1 is a hypothetical later update (13.0 Update 2 is "
                   "the newest in compat-data.md 1b), there so that a test proves the pin, not apt's newest",
     "dcgm": "datacenter-gpu-manager-4-core=1:4.4.0-1 (public install scripts; epoch 1)",
@@ -121,6 +126,12 @@ DRIVERS = ("580.95.05", "580.126.09")
 # the resolved release is the one installed, not apt's newest.
 CUDA_TOOLKITS = (("13-0", "13.0.1-1", "13.0"), ("13-0", "13.0.2-1", "13.0"), ("13-0", "13.0.3-1", "13.0"),
                  ("12-8", "12.8.0-1", "12.8"), ("12-8", "12.8.1-1", "12.8"))
+# The toolkit's components are versioned on their own (CUDA 11+; release notes "CUDA Toolkit Major
+# Components"), and NVIDIA's meta packages ask for them with >= only: cuda-toolkit-X-Y depends on
+# cuda-compiler-X-Y (>= its own release), which depends on cuda-nvcc-X-Y (>= the nvcc of that
+# release). Toolkit package version -> the cuda-nvcc-X-Y version it shipped with (source "nvcc").
+CUDA_NVCC = {"13.0.1-1": "13.0.88-1", "13.0.2-1": "13.0.88-1", "13.0.3-1": "13.0.96-1",
+             "12.8.0-1": "12.8.61-1", "12.8.1-1": "12.8.93-1"}
 # (cuda major, cuDNN package version): 9.17.0 resolves to 9.17.0.29 (9.16 older, 9.17.1 newer);
 # for CUDA 12, 9.10.2 -> 9.10.2.21 with newer ones to move to
 CUDNN = (("13", "9.16.0.29-1"), ("13", "9.17.0.29-1"), ("13", "9.17.1.4-1"),
@@ -393,6 +404,7 @@ def default_packages() -> list[Pkg]:
         major = mm.split("-")[0]
         root = f"/usr/local/cuda-{rel}"
         upstream = ver.rsplit("-", 1)[0]
+        nvcc = CUDA_NVCC[ver]
         pkgs += [
             Pkg("cuda-toolkit-config-common", "13.0.96-1" if major == "13" else "12.8.90-1",
                 description="Common config package for CUDA Toolkit", source="stand-in"),
@@ -400,13 +412,15 @@ def default_packages() -> list[Pkg]:
                 source="stand-in"),
             Pkg(f"cuda-toolkit-{mm}-config-common", ver, description=f"Common config package for CUDA Toolkit {rel}",
                 source="stand-in"),
-            Pkg(f"cuda-nvcc-{mm}", ver, (f"cuda-toolkit-{mm}-config-common",), files=(
+            Pkg(f"cuda-nvcc-{mm}", nvcc, (f"cuda-toolkit-{mm}-config-common",), files=(
                 (f"{root}/bin/nvcc", _script("nvcc", f'echo "nvcc: NVIDIA (R) Cuda compiler driver (gpufleet stand-in)"\n'
-                 f'echo "Cuda compilation tools, release {rel}, V{upstream}"'), 0o755),
-            ), description=f"CUDA nvcc {rel}", source="stand-in"),
+                 f'echo "Cuda compilation tools, release {rel}, V{nvcc.rsplit("-", 1)[0]}"'), 0o755),
+            ), description=f"CUDA nvcc {rel}", source="nvcc"),
+            Pkg(f"cuda-compiler-{mm}", ver, (f"cuda-nvcc-{mm} (>= {nvcc.rsplit('-', 1)[0]})",),
+                description=f"CUDA compiler {rel} meta-package", source="nvcc"),
             Pkg(f"cuda-toolkit-{mm}", ver,
                 ("cuda-toolkit-config-common", f"cuda-toolkit-{major}-config-common",
-                 f"cuda-toolkit-{mm}-config-common", f"cuda-nvcc-{mm} (>= {ver})"),
+                 f"cuda-toolkit-{mm}-config-common", f"cuda-compiler-{mm} (>= {upstream})"),
                 description=f"CUDA Toolkit {rel} meta-package",
                 source="cuda-later" if ver == "13.0.3-1" else "cuda"),
         ]

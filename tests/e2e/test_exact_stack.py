@@ -38,6 +38,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
 RUNNER = "tests/e2e/deploys/driver_only.py"  # validate, preflight, then only the driver deploy
 CUDNN13 = ("libcudnn9-cuda-13", "libcudnn9-dev-cuda-13", "libcudnn9-headers-cuda-13")
 CUDNN12 = ("libcudnn9-cuda-12", "libcudnn9-dev-cuda-12", "libcudnn9-headers-cuda-12")
+# the toolkit's components at the versions its release names (the meta packages ask with >= only)
+COMPONENTS13 = {"cuda-compiler-13-0": "13.0.2-1", "cuda-nvcc-13-0": "13.0.88-1"}
+COMPONENTS12 = {"cuda-compiler-12-8": "12.8.1-1", "cuda-nvcc-12-8": "12.8.93-1"}
 CHECK = "driver: the CUDA toolkit and cuDNN are the resolved releases"
 REPO = Path(__file__).resolve().parents[2]
 RECORD = "/var/lib/gpufleet/installed/stack"
@@ -136,6 +139,8 @@ def test_the_repository_offers_older_and_newer_releases(host, cuda13):
     offered = sh(host, "apt-cache madison cuda-toolkit-13-0 libcudnn9-cuda-13")
     for version in ("13.0.1-1", "13.0.2-1", "13.0.3-1", "9.16.0.29-1", "9.17.0.29-1", "9.17.1.4-1"):
         assert version in offered, offered
+    # and a newer nvcc than the one 13.0.2 ships, which its meta packages' >= would let apt take
+    assert "13.0.96-1" in sh(host, "apt-cache madison cuda-nvcc-13-0")
 
 
 def test_exact_cuda_and_cudnn_releases_installed_and_held(host, cuda13):
@@ -144,6 +149,9 @@ def test_exact_cuda_and_cudnn_releases_installed_and_held(host, cuda13):
     got = installed(host, "cuda-toolkit-13-0", *CUDNN13)
     assert got == {"cuda-toolkit-13-0": "13.0.2-1", **{p: "9.17.0.29-1" for p in CUDNN13}}, got
     assert {"cuda-toolkit-13-0", *CUDNN13} <= holds(host)
+    # its components too: exactly what 13.0.2 names (not the newer 13.0.96 nvcc), held with it
+    assert installed(host, *COMPONENTS13) == COMPONENTS13
+    assert set(COMPONENTS13) <= holds(host)
     # what gpufleet installed, recorded on the host: root's, 0600 in a 0700 folder
     assert recorded(host) == {"cuda-toolkit-13-0": "13.0.2", **{p: "9.17.0.29" for p in CUDNN13}}
     assert sh(host, f"stat -c '%a %U' {RECORD} $(dirname {RECORD})").split() == ["600", "root", "700", "root"]
@@ -159,6 +167,42 @@ def test_gate_passes_the_exact_releases(cuda13, monkeypatch):
     inv, _, _ = cuda13
     line = check_line(gate(inv, monkeypatch))
     assert "[PASS]" in line and "CUDA 13.0.2, cuDNN 9.17.0.29" in line, line
+
+
+def test_apt_upgrade_moves_no_toolkit_component(host, cuda13):
+    """What unattended-upgrades or an operator's `apt upgrade` does: the held toolkit, its held
+    components and cuDNN stay where the release put them. apt reads only the CUDA repository's
+    index here (where every newer CUDA package comes from), so that Debian's own updates do not
+    make the test slow."""
+    exact = {"cuda-toolkit-13-0": "13.0.2-1", **COMPONENTS13, **{p: "9.17.0.29-1" for p in CUDNN13}}
+    apt = ("d=$(mktemp -d) && cp /etc/apt/sources.list.d/gpufleet-cuda.list \"$d\" && DEBIAN_FRONTEND=noninteractive "
+           "apt-get -o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts=\"$d\" ")
+    # the premise: apt's candidate for the component is the newer point release
+    assert "Candidate: 13.0.96-1" in sh(host, "apt-cache policy cuda-nvcc-13-0")
+    simulated = sh(host, apt + "-s upgrade")
+    assert not [line for line in simulated.splitlines() if line.startswith("Inst ") and line.split()[1] in exact], simulated
+    sh(host, apt + "upgrade -y -q >/dev/null")
+    assert installed(host, *exact) == exact
+    assert set(exact) <= holds(host)
+
+
+@pytest.fixture
+def nvcc_by_hand(host, cuda13):
+    """cuda-nvcc-13-0 moved by hand to the newer point release (past its hold); put back after."""
+    apt = "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades --allow-change-held-packages "
+    sh(host, apt + "cuda-nvcc-13-0=13.0.96-1 >/dev/null")
+    yield cuda13[0]
+    sh(host, apt + "cuda-nvcc-13-0=13.0.88-1 >/dev/null && apt-mark hold cuda-nvcc-13-0")
+
+
+def test_gate_fails_a_toolkit_component_changed_by_hand(host, nvcc_by_hand, monkeypatch):
+    assert installed(host, "cuda-nvcc-13-0") == {"cuda-nvcc-13-0": "13.0.96-1"}   # the premise
+    run = gate(nvcc_by_hand, monkeypatch)
+    assert run.returncode != 0
+    line = check_line(run)
+    assert "[FAIL]" in line and "cuda-nvcc-13-0 13.0.96 (the CUDA toolkit release ships 13.0.88) was changed by hand" \
+        in line, line
+    assert "-> fix: put each back at the version its CUDA toolkit release ships" in line, line
 
 
 @pytest.fixture(scope="module")
@@ -242,6 +286,9 @@ def test_a_changed_package_name_is_pending_then_replaced_by_the_rollout(host, in
     assert "libcudnn9-cuda-13 9.17.0.29 -> libcudnn9-cuda-12 9.10.2.21 (replaces " in replaced.stdout, replaced.stdout
     assert before == {"cuda-toolkit-12-8": "12.8.1-1", **{p: "9.10.2.21-1" for p in CUDNN12}}, before
     assert {"cuda-toolkit-12-8", *CUDNN12} <= holds(host) and not set(CUDNN13) & holds(host)
+    # the rollout to the next toolkit release moved its components with it, exact and held
+    assert installed(host, *COMPONENTS12) == COMPONENTS12
+    assert set(COMPONENTS12) <= holds(host)
     assert second.returncode == 0 and changed_operations(second) == [], second.output
 
 

@@ -23,6 +23,7 @@ DOCUMENTED = {
     "nvidia-kernel-support", "nvidia-fabricmanager", "nvidia-driver-pinning-580",
     "nvidia-driver-pinning-580.95.05", "nvidia-driver-pinning-580.126.09",
     "cuda-toolkit-13-0", "cuda-toolkit-12-8", "cuda-nvcc-13-0", "cuda-nvcc-12-8",
+    "cuda-compiler-13-0", "cuda-compiler-12-8",
     "cuda-toolkit-config-common", "cuda-toolkit-13-config-common", "cuda-toolkit-12-config-common",
     "cuda-toolkit-13-0-config-common", "cuda-toolkit-12-8-config-common",
     "libcudnn9-cuda-13", "libcudnn9-dev-cuda-13", "libcudnn9-headers-cuda-13",
@@ -52,6 +53,17 @@ def _parse(rel: str) -> tuple[str, str | None, str | None]:
 def test_names_are_the_documented_real_ones():
     names = {p.name for p in PKGS}
     assert names == DOCUMENTED, (names - DOCUMENTED, DOCUMENTED - names)
+
+
+def test_toolkit_components_are_versioned_on_their_own_and_asked_for_with_ge():
+    """The trap the deploy must close: cuda-toolkit-13-0 13.0.2 asks (through cuda-compiler-13-0)
+    for cuda-nvcc-13-0 >= 13.0.88 while the repository offers a newer nvcc (13.0.3's 13.0.96)."""
+    (meta,) = _by("cuda-toolkit-13-0", "13.0.2-1")
+    assert "cuda-compiler-13-0 (>= 13.0.2)" in meta.depends
+    (compiler,) = _by("cuda-compiler-13-0", "13.0.2-1")
+    assert compiler.depends == ("cuda-nvcc-13-0 (>= 13.0.88)",)
+    assert {p.version for p in _by("cuda-nvcc-13-0")} == {"13.0.88-1", "13.0.96-1"}
+    assert {p.version for p in _by("cuda-nvcc-12-8")} == {"12.8.61-1", "12.8.93-1"}
 
 
 def test_every_package_version_pair_is_unique_and_well_formed():
