@@ -43,7 +43,7 @@ from gpufleet.facts.docker import DaemonJson
 from gpufleet.facts.packages import AptCandidates
 from gpufleet.facts.packages import PackageVersions
 from gpufleet import dockerconf
-from gpufleet.failures import fail_host
+from gpufleet.failures import refuse
 from gpufleet.hostfacts import gpu_state, os_release
 from gpufleet.repos import (DOCKER_KEYRING, DOCKER_LIST, TOOLKIT_KEYRING, TOOLKIT_LIST, TOOLKIT_PACKAGES,  # noqa: F401
                             docker_sources_line, dpkg_arch, toolkit_sources_line)
@@ -83,9 +83,10 @@ def docker():
     try:
         dockerconf.parse(current.raw if current.exists else None)
     except dockerconf.MalformedDaemonJson as exc:
-        fail_host(host, "docker daemon.json",
-                  f"{dockerconf.DAEMON_JSON} is malformed: {exc}. gpufleet merges into it and will not "
-                  "guess: fix or remove the file, then re-run (it was left untouched)")
+        refuse(host, "docker daemon.json",
+               f"{dockerconf.DAEMON_JSON} is malformed: {exc}. gpufleet merges into it and will not "
+               "guess (it was left untouched)",
+               "fix or remove the file, then re-run")
         return
     engine = ENGINE[settings.docker_source]
     installed = host.get_fact(PackageVersions,
@@ -93,9 +94,9 @@ def docker():
                                         "nvidia-container-toolkit"])
     other = [p for p in engine["conflicts"] if installed.get(p)]
     if other:
-        fail_host(host, "docker_source",
-                  f"docker_source is {settings.docker_source} but {', '.join(other)} (the other engine) is "
-                  "installed; remove it (or set docker_source to match) and re-run")
+        refuse(host, "docker_source",
+               f"docker_source is {settings.docker_source} but {', '.join(other)} (the other engine) is installed",
+               "remove it (or set docker_source to match) and re-run")
         return
 
     # -- package sources ------------------------------------------------------------------------

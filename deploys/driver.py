@@ -39,7 +39,6 @@ import click
 import jinja2
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, python, systemd
 from pyinfra.operations.util import any_changed
@@ -53,7 +52,7 @@ from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages
 from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
-from gpufleet.failures import fail_host, real_host
+from gpufleet.failures import fail, real_host, refuse
 from gpufleet.hostfacts import driver_state, kernel_plan, os_name, resolution
 from gpufleet.kernels import kernel_metapackages
 from gpufleet.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line
@@ -182,29 +181,32 @@ def dkms_signing_conf(key: str) -> str:
             "mok_certificate=" + shlex.quote(mok_certificate(key)) + "\n")
 
 
-def preconditions(settings, res, state, h, prebuilt: bool = False) -> tuple[str, str] | None:
-    """(key, message) of the first reason not to touch this host, from facts read before the run.
+def preconditions(settings, res, state, h, prebuilt: bool = False) -> tuple[str, str, str] | None:
+    """(key, reason, fix) of the first reason not to touch this host, from facts read before the run.
     `prebuilt`: the kernel modules come prebuilt and signed by the distribution (Ubuntu's
     linux-modules-nvidia-*): Secure Boot loads them without a MOK and DKMS needs no headers."""
     key = settings.driver_module_signing_key
     if key != "none" and (not _PLAIN_PATH.fullmatch(key) or "/../" in f"{key}/"):
         return ("driver_module_signing_key",
-                f"{key!r} is not a plain absolute path (DKMS's configuration is a shell file); allowed: none, "
-                "or an absolute path of letters, digits and . _ + - without '..'")
+                f"{key!r} is not a plain absolute path (DKMS's configuration is a shell file)",
+                "set it to none, or to an absolute path of letters, digits and . _ + - without '..'")
     if state.secure_boot == "enabled" and not prebuilt:
         key = settings.driver_module_signing_key
         if key == "none":
             return ("driver_module_signing_key",
                     "Secure Boot is enabled and no module signing key is configured: the nvidia module DKMS "
-                    "builds would be refused by the kernel. Enroll a MOK (mokutil --import) and set "
-                    "driver_module_signing_key to its private key on the host, or disable Secure Boot")
+                    "builds would be refused by the kernel",
+                    "enroll a MOK (mokutil --import) and set driver_module_signing_key to its private key on "
+                    "the host, or disable Secure Boot")
         if not h.get_fact(File, path=key):
             return ("driver_module_signing_key",
-                    f"Secure Boot is enabled and the module signing key {key} does not exist on the host")
+                    f"Secure Boot is enabled and the module signing key {key} does not exist on the host",
+                    "put the enrolled MOK's private key there, or point driver_module_signing_key at it")
         if not h.get_fact(File, path=mok_certificate(key)):
             return ("driver_module_signing_key",
                     f"Secure Boot is enabled and the certificate of the module signing key, {mok_certificate(key)}, "
-                    "does not exist on the host (DKMS signs with the key and embeds that certificate)")
+                    "does not exist on the host (DKMS signs with the key and embeds that certificate)",
+                    f"put the enrolled MOK's certificate at {mok_certificate(key)}")
     if settings.driver_kernel_headers == "require" and not state.kernel_headers and not prebuilt:
         release = state.kernel_release or "?"
         package = f"linux-headers-{release}"
@@ -212,7 +214,8 @@ def preconditions(settings, res, state, h, prebuilt: bool = False) -> tuple[str,
             return ("driver_kernel_headers",
                     f"no kernel headers for the running kernel {release}: /lib/modules/{release}/build is "
                     f"missing and the package sources offer no {package}, so DKMS cannot build the nvidia "
-                    "module. Install the headers or boot a kernel that has them (or set "
+                    "module",
+                    "install the headers or boot a kernel that has them (or set "
                     "driver_kernel_headers: skip where modules come prebuilt)")
     return None
 
@@ -243,10 +246,14 @@ def _report(h, policy: str) -> None:
         logger.warning(f"{h.print_prefix}NEEDS A REBOOT: {why}; not rebooted ({policy})")
 
 
-def _verify_after_reboot(h) -> None:
+def _verify_after_reboot(state, host, h) -> bool:
+    """Executing (python.call): fail the host when the reboot did not load the installed driver."""
     why = _mismatch(h)
     if why:
-        raise OperationError(f"still after the reboot: {why}")
+        return fail(h, "driver", f"still after the reboot: {why}",
+                    "look at the boot's kernel log (dmesg | grep -i nvidia): the module may not have built "
+                    "(DKMS) or loaded (Secure Boot); fix that and re-run").execute(state, host, {})
+    return True
 
 
 @deploy("NVIDIA driver, CUDA and cuDNN")
@@ -256,14 +263,19 @@ def driver():
     try:
         res = resolution(host, settings)
     except Incompatible as refused:
-        allowed = f"; allowed: {refused.allowed}" if refused.allowed else ""
-        fail_host(host, refused.key or "driver", f"{refused.reason}{allowed}")
+        if refused.allowed:
+            fix = f"set {refused.key or 'the driver settings'} to what this host allows: {refused.allowed}"
+        elif refused.key:
+            fix = f"change {refused.key} (tools/compat shows what fits this host's GPUs)"
+        else:
+            fix = "leave this host out of the driver deploy, or give it a GPU gpufleet supports (tools/compat)"
+        refuse(host, refused.key or "driver", refused.reason, fix)
         return
     before = driver_state(host)
     kernel = kernel_plan(host, res)
     problem = preconditions(settings, res, before, host, prebuilt=kernel.prebuilt)
     if problem:
-        fail_host(host, *problem)
+        refuse(host, *problem)
         return
 
     pending = pending_upgrade(settings, res, before)

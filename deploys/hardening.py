@@ -50,7 +50,6 @@ from pathlib import Path
 import jinja2
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, files, systemd
 
 from gpufleet.facts.nftables import TABLE, NftablesCapability
@@ -60,7 +59,7 @@ from gpufleet.operations.ssh import connecting_user
 
 from gpufleet.deploys.base import APT_CACHE_SECONDS, quiet_needrestart
 from gpufleet import monitoring
-from gpufleet.failures import fail_host
+from gpufleet.failures import refuse
 from gpufleet.settings import host_settings
 from gpufleet.sshd_policy import BASELINE
 from gpufleet.sshd_support import available, rejected_algorithms
@@ -151,16 +150,16 @@ def parse_open_ports(items) -> list[dict]:
         text = str(item).strip() if isinstance(item, (int, str)) and not isinstance(item, bool) else ""
         match = _PORT.match(text)
         if not match:
-            raise DeployError(f"firewall_open_ports: bad port {item!r} (use 9400, '9400/udp', "
-                              "'6817-6819' or {port, proto, comment})")
+            raise ValueError(f"firewall_open_ports: bad port {item!r} (use 9400, '9400/udp', "
+                             "'6817-6819' or {port, proto, comment})")
         low, high = int(match[1]), int(match[2] or match[1])
         if not (1 <= low <= high <= 65535):
-            raise DeployError(f"firewall_open_ports: port out of range in {item!r}")
+            raise ValueError(f"firewall_open_ports: port out of range in {item!r}")
         proto = proto or match[3] or "tcp"
         if proto not in ("tcp", "udp"):
-            raise DeployError(f"firewall_open_ports: protocol must be tcp or udp, not {proto!r}")
+            raise ValueError(f"firewall_open_ports: protocol must be tcp or udp, not {proto!r}")
         if '"' in comment:
-            raise DeployError(f"firewall_open_ports: no double quotes in comments ({comment!r})")
+            raise ValueError(f"firewall_open_ports: no double quotes in comments ({comment!r})")
         rule = {"port": str(low) if low == high else f"{low}-{high}", "proto": proto, "comment": comment}
         if rule not in rules and not any(r["port"] == rule["port"] and r["proto"] == proto for r in rules):
             rules.append(rule)
@@ -254,19 +253,22 @@ def hardening():
     # and gpufleet can log in afresh only as pyinfra's ssh connector does.
     refusal = ssh.login_proof_refusal(host)
     if refusal:
-        fail_host(host, "connector", refusal)
+        refuse(host, "connector", refusal.removesuffix(" Run this deploy over SSH."),  # said as the fix
+               "run this deploy over SSH (pyinfra's ssh connector)")
         return
     version = host.get_fact(SshdVersion)
     if version is None:
-        raise DeployError(f"{host.name}: OpenSSH server not found (sshd -V); nothing to harden")
+        refuse(host, "hardening", "OpenSSH server not found (sshd -V); nothing to harden",
+               "install openssh-server on the host, or leave it out of the hardening deploy")
+        return
     ctx = sshd_context(settings, version, HOST_KEY_FILES)
     # Never write an algorithm this sshd does not have (Ubuntu 22.04's OpenSSH 8.9 has no
     # mlkem768x25519-sha256): refused here, before anything changes, not by sshd -t later.
     rejected = rejected_algorithms(version, {"kex": ctx["kex"], "cipher": ctx["ciphers"],
                                              "mac": ctx["macs"], "HostKeyAlgorithms": ctx["host_key_algorithms"]})
     if rejected:
-        fail_host(host, "hardening_extra_kex", "; ".join(rejected) + ". Allowed on this host: "
-                  + ", ".join(available(version, "kex")))
+        refuse(host, "hardening_extra_kex", "; ".join(rejected),
+               "use only what this host's sshd offers: " + ", ".join(available(version, "kex")))
         return
     activation = host.get_fact(SshdActivation)
 
@@ -355,7 +357,12 @@ def hardening():
     # 3. Firewall.
     if settings.firewall_enabled:
         ssh_ports = sorted({*host.get_fact(SshdEffectiveConfig).ports, *activation.ports})
-        context = nftables_context(settings, ssh_ports)
+        try:
+            context = nftables_context(settings, ssh_ports)
+        except ValueError as bad:  # the settings grammar lets none through: never guess a port
+            refuse(host, "firewall_open_ports", str(bad).removeprefix("firewall_open_ports: "), "list ports as 9400, '9400/udp', '6817-6819' or "
+                   "{port, proto, comment}")
+            return
         rules = render("etc/nftables.conf.j2", **context)
         can_load = host.get_fact(NftablesCapability).can_load
         if not can_load:

@@ -80,7 +80,7 @@ try:
         headers = [f"linux-headers-{kernel.release}", *([kernel.headers_metapackage] if kernel.headers_metapackage else [])]
         lines.append(f"kernel_headers: {' '.join(headers)} (DKMS builds the module for this kernel and the ones that follow)")
     if refusal := preconditions(settings, res, state_before, host, prebuilt=kernel.prebuilt):
-        lines.append(f"REFUSED (driver): {refusal[1]} (key {refusal[0]})")
+        lines.append(f"REFUSED (driver): {refusal[1]}. Fix: {refusal[2]} (key {refusal[0]})")
 except Incompatible as refused:
     lines.append(f"REFUSED: {refused.reason}" + (f" (key {refused.key})" if refused.key else ""))
 release = os_release(host)

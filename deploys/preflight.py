@@ -8,7 +8,7 @@ only this host) before anything on it changes.
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
-from gpufleet.failures import fail_host
+from gpufleet.failures import refuse
 from gpufleet.hostfacts import hardware, tier_mismatches
 from gpufleet.settings import host_settings
 
@@ -21,7 +21,8 @@ def preflight():
         return
     summary = f"found {hardware(host).summary}; " + "; ".join(problems)
     if settings.tier_mismatch == "fail":
-        fail_host(host, "tier", f"hardware does not match tier {settings.tier}: {summary}")
+        refuse(host, "tier", f"hardware does not match tier {settings.tier}: {summary}",
+               "give the host the tier its hardware is (tier), or set tier_mismatch: warn to go on anyway")
     else:
         logger.warning(f"{host.print_prefix}hardware does not match tier {settings.tier}: {summary} "
                        "(tier_mismatch: warn)")

@@ -51,7 +51,7 @@ def restore(ctx: RolloutContext) -> None:
     processes = host.get_fact(GpuState).processes
     if processes and not ctx.force:
         running = ", ".join(f"{p.pid} {p.process_name}" for p in processes)
-        ctx.refuse(host, f"busy: GPU processes running ({running}); drain the host first or use --force",
+        ctx.refuse(host, f"busy: GPU processes running ({running})", "drain the host first or use --force",
                    outcome="busy")
         return
     installed = installed_packages()   # with the kernel metapackages prebuilt modules follow
@@ -82,12 +82,13 @@ def restore_disk(ctx: RolloutContext, ident: str) -> None:
     disk = doc.get("disk_snapshot")
     if not disk or disk.get("error"):
         ctx.refuse(host, f"manifest {doc['id']} records no disk snapshot"
-                         + (f" ({disk['error']})" if disk and disk.get("error") else " (rollout_snapshot was none)"))
+                         + (f" ({disk['error']})" if disk and disk.get("error") else " (rollout_snapshot was none)"),
+                   "roll back the packages without --disk-snapshot", area="rollout_snapshot")
         return
     try:
         commands = snap.host_restore(disk, ident)
     except snap.SnapshotError as exc:
-        ctx.refuse(host, f"{exc}; restore it by hand: {disk.get('restore')}")
+        ctx.refuse(host, str(exc), f"restore it by hand: {disk.get('restore')}", area="rollout_snapshot")
         return
     disk_snapshot_restored(name=f"Put {commands[1][2]} back to the {disk['provider']} snapshot {disk['name']} "
                                 f"(the current one is kept as {commands[1][3]})",

@@ -40,7 +40,7 @@ from pyinfra.operations import apt, files, systemd
 
 from gpufleet.facts.gpu_tuning import LOCKED_CLOCKS_DIR
 from gpufleet import tuning as t
-from gpufleet.failures import fail_host
+from gpufleet.failures import refuse
 from gpufleet.settings import host_settings
 from gpufleet.tuning import TuningPlan, ac_deprecated_from, plan_tuning, policy_text
 from gpufleet.operations import cpu, gpu
@@ -173,7 +173,7 @@ def tuning():
     try:
         plan = plan_tuning(host, settings)
     except t.Refusal as refusal:
-        fail_host(host, refusal.key, f"{refusal.problem}; allowed: {refusal.allowed}")
+        refuse(host, refusal.key, refusal.problem, f"set {refusal.key} to what this host allows: {refusal.allowed}")
         return
     _persistence(settings, plan)
     env_file = _profiles(settings, plan)

@@ -101,14 +101,16 @@ def drain(ctx: RolloutContext) -> None:
     node = settings.rollout_slurm_node_name
     slurm = host.get_fact(SlurmNode, node=node)
     if slurm.scontrol and slurm.error:
-        ctx.refuse(host, f"Slurm node {slurm.node}: {slurm.error}; not upgraded "
-                         "(set rollout_slurm_node_name if the node has another name)")
+        ctx.refuse(host, f"Slurm node {slurm.node}: {slurm.error}; not upgraded",
+                   "set rollout_slurm_node_name if the node has another name in Slurm",
+                   area="rollout_slurm_node_name")
         return
     # on a Slurm node the GPU processes are (mostly) its jobs: the drain waits for them below
     if processes and settings.rollout_require_idle and not ctx.force and ctx.wait_idle <= 0 and not slurm.scontrol:
         running = ", ".join(f"{p.pid} {p.process_name}" for p in processes)
-        ctx.refuse(host, f"busy: {len(processes)} GPU process(es) running ({running}); "
-                         "not upgraded (wait with --wait-idle, or --force)", outcome="busy")
+        ctx.refuse(host, f"busy: {len(processes)} GPU process(es) running ({running}); not upgraded",
+                   "let them finish and re-run, wait for them with --wait-idle SECONDS, or upgrade anyway "
+                   "with --force", outcome="busy")
         return
     slurm_node(name=f"Drain the Slurm node for the driver upgrade to {ctx.target}", drained=True,
                reason=f"gpufleet driver upgrade to {ctx.target}", node=node)
@@ -187,7 +189,9 @@ def upgrade(ctx: RolloutContext) -> None:
     install, remove, hold, missing = mf.upgrade_plan(installed, holds, available, ctx.target)
     if missing:
         ctx.refuse(host, f"driver {ctx.target} is not available from the configured repositories for: "
-                         f"{', '.join(missing)}")
+                         f"{', '.join(missing)}",
+                   "add a package source that has this release (driver_source), or roll out one they offer "
+                   "(--driver-version)", area="driver_version")
         return
     # Ubuntu's prebuilt modules move with the driver, and the kernels with their flavour
     # metapackage (held together by deploys/driver.py): in the same apt transaction
@@ -209,7 +213,9 @@ def upgrade(ctx: RolloutContext) -> None:
                     stack_missing.append(f"{component} (named by {meta} {mf.upstream(version)})")
     if stack_missing:
         ctx.refuse(host, "the configured repositories offer no " + ", ".join(stack_missing)
-                         + ": CUDA toolkit / cuDNN not moved")
+                         + ": CUDA toolkit / cuDNN not moved",
+                   "add a package source with those releases, or set cuda_version / cudnn_version to "
+                   "releases the sources offer", area="cuda_version")
         return
     present = [p for p in wanted if installed.get(p) or p in stack_install]
     # a CUDA toolkit / cuDNN package replaced by its new name is not held again (nor, on a
@@ -244,8 +250,9 @@ def reboot(ctx: RolloutContext) -> None:
         host.noop(f"driver {ctx.target} is loaded: no reboot needed")
         return
     if settings.driver_reboot == "never":
-        ctx.refuse(host, f"driver {ctx.target} installed, {loaded} still loaded, and driver_reboot is never: "
-                         "reboot the host by hand, then re-run the rollout", outcome="reboot-pending")
+        ctx.refuse(host, f"driver {ctx.target} installed, {loaded} still loaded, and driver_reboot is never",
+                   "reboot the host by hand, then re-run the rollout", outcome="reboot-pending",
+                   area="driver_reboot")
         return
     # the idle check runs again in the very command that starts the reboot (drain to reboot is
     # minutes of package work; a job started meanwhile must not be killed)
@@ -279,7 +286,9 @@ def validate(ctx: RolloutContext) -> None:
                                       stack=stack, stack_installed=found.installed,
                                       stack_held=host_settings(host).driver_hold)
     if problems:
-        ctx.refuse(host, "validation failed: " + "; ".join(problems))
+        ctx.refuse(host, "validation failed: " + "; ".join(problems),
+                   "fix what it names and re-run the rollout, or put the host back with "
+                   "tools/rollback INVENTORY HOST --reboot", area="validation")
     else:
         exact = [f"{p} {v}" for p, v in sorted(stack.items()) if found.installed.get(p)]
         host.noop(f"driver {ctx.target} loaded" + (f", {', '.join(exact)}" if exact else "")

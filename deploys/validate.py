@@ -25,8 +25,9 @@ from __future__ import annotations
 import os
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, deploy, operation
+from pyinfra.api import deploy, operation
 
+from gpufleet.failures import fail
 from gpufleet.settings import host_settings
 from gpufleet.validation import FAIL, WARN, failures, run_checks
 
@@ -43,11 +44,6 @@ def _changed_this_run(host) -> bool:
     """Did an operation of this run already change the host? (the gate runs last)"""
     return any(op.operation_meta.is_complete() and op.operation_meta.did_change()
                for op in host.state.ops[host].values())
-
-
-def _refuse(state, host, summary: str) -> bool:
-    logger.error(f"{host.print_prefix}validation failed: {summary}")
-    return False
 
 
 @operation()
@@ -67,9 +63,10 @@ def gate(probe: bool = True, probe_only_if_changed: bool = False):
         log(f"{host.print_prefix}{result.line()}")
     failed = failures(results)
     if failed:
-        summary = "; ".join(f"{r.name}: {r.message} (fix: {r.fix})" if r.fix else f"{r.name}: {r.message}"
-                            for r in failed)
-        yield FunctionCommand(_refuse, (summary,), {})
+        summary = "; ".join(f"{r.name}: {r.message}" for r in failed)
+        fixes = "; ".join(f"{r.name}: {r.fix}" for r in failed if r.fix)
+        yield fail(host, "validation", f"{len(failed)} check(s) failed: {summary}",
+                   fixes or "bring the host back to what its tier says (deploys/all.py), then validate again")
 
 
 @deploy("Validate")

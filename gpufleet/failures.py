@@ -1,10 +1,23 @@
-"""Stop one host, not the fleet: a host that must not be changed is failed at planning time,
-so none of its operations run, while the other hosts carry on."""
+"""Stop one host, not the fleet, in one of two ways, each saying host, area, reason and fix:
+
+- `refuse(host, area, reason, fix)` at planning time: what the host is (its facts, its
+  settings) rules it out, so none of its operations run; the other hosts carry on.
+      [gpu-a01] refused (driver_kernel_headers): no kernel headers for ... Fix: install ...
+- `fail(host, area, reason, fix)` at execution time: a command, yielded by an operation (or
+  returned by a callback that is already executing), that fails the host when its turn comes
+  (what was found only then: the validation gate, a race since planning, a lock-out check).
+      [gpu-a01] failed (validation): ... Fix: ...
+
+`area` is the setting to change where there is one (`docker_source`), else the part of gpufleet
+that stopped the host (`rollout`, `validation`). A bad inventory is not one host's stop: it
+stops the whole run before planning (gpufleet.errors.InventoryError, one line per problem).
+"""
 from __future__ import annotations
 
 from typing import Any
 
 from pyinfra import logger
+from pyinfra.api.command import FunctionCommand
 
 
 def real_host(host: Any) -> Any:
@@ -15,11 +28,31 @@ def real_host(host: Any) -> Any:
     return ctx_host.get() if host is ctx_host.context else host
 
 
-def fail_host(host: Any, key: str, message: str) -> None:
-    """Fail `host` with a message naming the host and the setting involved."""
+def stop_line(name: str, how: str, area: str, reason: str, fix: str) -> str:
+    """'[name] refused (area): reason. Fix: fix' (`how`: refused or failed): one wording for
+    every stop, whoever prints it."""
+    reason, fix = reason.strip().rstrip("."), fix.strip().rstrip(".")
+    return f"[{name}] {how} ({area}): {reason}. Fix: {fix}"
+
+
+def refuse(host: Any, area: str, reason: str, fix: str) -> None:
+    """Fail `host` at planning time: none of its operations run, the other hosts carry on."""
     host = real_host(host)
-    logger.error(f"{host.print_prefix}gpufleet refuses to change this host: {key}: {message}")
+    logger.error(stop_line(host.name, "refused", area, reason, fix))
     host.state.fail_hosts({host})
+
+
+def fail(host: Any, area: str, reason: str, fix: str) -> FunctionCommand:
+    """A command that fails `host` at execution time with the same four parts: yield it from an
+    operation (`yield fail(host, ...)`); a python callback that is already executing returns
+    `fail(...).execute(state, host, {})`. Runs nothing on the host."""
+    line = stop_line(real_host(host).name, "failed", area, reason, fix)
+    return FunctionCommand(_fail_now, (line,), {})
+
+
+def _fail_now(state: Any, host: Any, line: str) -> bool:
+    logger.error(line)
+    return False  # pyinfra: the operation failed, so the host stops here
 
 
 def host_failed(host: Any) -> bool:

@@ -29,6 +29,7 @@ from typing import Any
 
 from pyinfra.api.command import QuoteString, StringCommand
 
+from gpufleet.failures import stop_line
 from gpufleet.hostcontext import host_context
 
 LOCK_DIR = "/run/lock/gpufleet"
@@ -55,7 +56,12 @@ if [ "$line" = release ]; then rm -f "$d/owner"; fi
 
 
 class HostLocked(OSError):
-    """Another run holds the host (an OSError: pyinfra fails the operation and the host with it)."""
+    """Another run holds the host (an OSError: pyinfra fails the operation and the host with it).
+    Its text is the reason, then the fix (also kept apart for gpufleet.failures' wording)."""
+
+    def __init__(self, reason: str, fix: str = "re-run once the host answers over SSH"):
+        super().__init__(f"{reason}; {fix}")
+        self.reason, self.fix = reason, fix
 
 
 def owner_record(command: str | None = None) -> str:
@@ -143,7 +149,8 @@ def acquire(host: Any, wait: int = 0, owner: str | None = None, shared: bool = T
     HostLocked naming the holder when another run keeps it longer than `wait` seconds."""
     client = getattr(host.connector, "client", None)
     if client is None or client.get_transport() is None:
-        raise HostLocked(f"{host.name}: no SSH connection to take the gpufleet lock on")
+        raise HostLocked(f"{host.name}: no SSH connection to take the gpufleet lock on",
+                         "run over SSH (pyinfra's ssh connector): the lock is taken over it")
     channel = client.get_transport().open_session()
     channel.exec_command(hold_command(wait, owner or owner_record()))
     out = channel.makefile("r")
@@ -157,10 +164,11 @@ def acquire(host: Any, wait: int = 0, owner: str | None = None, shared: bool = T
         code = channel.recv_exit_status()
         channel.close()
         if code == EXIT_HELD and lines[:1] == ["HELD"]:
-            raise HostLocked(f"{host.name} is locked by another gpufleet run: {describe(chr(10).join(lines[1:]))}; "
+            raise HostLocked(f"{host.name} is locked by another gpufleet run: {describe(chr(10).join(lines[1:]))}",
                              "wait for it to finish (or set rollout_lock_wait), then re-run")
         raise HostLocked(f"{host.name}: could not take the gpufleet lock {LOCK_DIR}/host.lock "
-                         f"(exit {code}): {' '.join(lines)[:300]}")
+                         f"(exit {code}): {' '.join(lines)[:300]}",
+                         f"check {LOCK_DIR} on the host (a full /run, a foreign file there), then re-run")
     stale = next((ln[len("STALE "):] for ln in lines if ln.startswith("STALE ")), None)
     lock = Lock(host.name, channel, stale, shared)
     HELD[host.name] = lock
@@ -275,7 +283,9 @@ def install() -> None:
         try:
             lock = acquire(host, lock_wait(host))
         except HostLocked as exc:
-            logger.error(f"{host.print_prefix}gpufleet: {exc}")
+            # fails the command, so the operation and the host (an OSError to pyinfra), in
+            # gpufleet.failures' words
+            logger.error(stop_line(host.name, "failed", "rollout_lock_wait", exc.reason, exc.fix))
             raise
         if lock.stale:
             logger.warning(f"{host.print_prefix}gpufleet: {stale_message(host.name, lock.stale)}")

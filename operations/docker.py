@@ -13,7 +13,7 @@ from io import StringIO
 from typing import Sequence
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, OperationError, QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
 from gpufleet.operations import as_op
@@ -23,6 +23,7 @@ from gpufleet.facts.docker import DaemonJson, DockerEngine, DockerLive, DockerLi
 from gpufleet.facts.packages import KeyringFingerprints
 from gpufleet.facts.gpu import GpuState
 from gpufleet import dockerconf
+from gpufleet.failures import fail
 
 
 @operation()
@@ -80,8 +81,10 @@ def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEM
     try:
         existing = dockerconf.parse(current.raw if current.exists else None)
     except dockerconf.MalformedDaemonJson as exc:
-        # The deploy fails the host at planning time; this is the race where it broke since.
-        raise OperationError(f"{path} is malformed ({exc}); left untouched") from None
+        # The deploy refuses the host at planning time; this is the race where it broke since.
+        yield fail(host, "docker daemon.json", f"{path} is malformed ({exc}); left untouched",
+                   "fix or remove the file, then re-run")
+        return
     merged = dockerconf.merge(existing, defaults)
     write = dockerconf.needs_write(existing, merged)
     # Nothing asked of dockerd on a no-op run (restart_for is empty once the toolkit is there).
@@ -219,5 +222,6 @@ def _smoke_run(state, host, image: str, uuids: list[str]) -> bool:
         return True
     why = (f"exit status non-zero: {errors[-1] if errors else 'no output'}" if not ok else
            f"the container does not see {', '.join(missing)}" if missing else "the container listed no GPU")
-    logger.error(f"{host.print_prefix}GPU smoke test FAILED: {why}")
-    return False
+    return fail(host, "docker", f"GPU smoke test FAILED: {why}",
+                "check the NVIDIA container toolkit and the driver on the host (docker run --gpus all "
+                f"{image} nvidia-smi -L by hand), then re-run").execute(state, host, {})

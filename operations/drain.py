@@ -7,7 +7,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.rollout import SLURM_REASON_TAG, GpuContainers, SlurmNode
-from gpufleet.failures import fail_host
+from gpufleet.failures import refuse
 
 
 @operation()
@@ -28,8 +28,8 @@ def slurm_node(drained: bool = True, reason: str = "gpufleet maintenance", node:
         return
     if info.error:
         if drained:
-            fail_host(host, "rollout_slurm_node_name", f"cannot drain Slurm node {info.node}: {info.error} "
-                      "(set rollout_slurm_node_name if the node has another name)")
+            refuse(host, "rollout_slurm_node_name", f"cannot drain Slurm node {info.node}: {info.error}",
+                   "set rollout_slurm_node_name if the node has another name in Slurm")
         else:
             host.noop(f"Slurm node {info.node}: state unknown ({info.error}): not resumed")
         return

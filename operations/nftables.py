@@ -29,7 +29,8 @@ from pyinfra.operations import files
 from gpufleet.operations import as_op
 
 from gpufleet.facts.nftables import APPLIED_RECORD, TABLE, NftablesCapability
-from gpufleet.operations.ssh import _fail, fresh_login
+from gpufleet.failures import fail
+from gpufleet.operations.ssh import fresh_login
 
 REVERT_FILE = "/run/gpufleet/nftables.revert"
 REVERT_UNIT = "gpufleet-nft-revert"
@@ -142,11 +143,12 @@ def ruleset(dest: str, content: str):
     state = host.get_fact(NftablesCapability)
     # While planning, nft may not be installed yet (an earlier operation installs it).
     if not state.can_check and (state.nft_installed or host.state.is_executing):
-        yield FunctionCommand(_fail, (
-            f"cannot check the ruleset for {dest}: nft is missing, or this host can neither "
-            "load rules nor create a private namespace (unshare -rn) to check them in; "
-            "nothing was written",
-        ), {})
+        yield fail(host, "firewall_enabled",
+                   f"cannot check the ruleset for {dest}: nft is missing, or this host can neither "
+                   "load rules nor create a private namespace (unshare -rn) to check them in; "
+                   "nothing was written",
+                   "install nftables, or run where the host can load rules (CAP_NET_ADMIN) or unshare -rn; "
+                   "or set firewall_enabled: false")
         return
     staged = f"{dest}.gpufleet-new"
     yield from files.put._inner(src=StringIO(content), dest=staged, mode="600")
@@ -175,15 +177,15 @@ def _confirm_or_revert(state, host, boot_conf: str) -> bool:
         QuoteString(REVERT_FILE), QuoteString(REVERT_UNIT), QuoteString(CANDIDATE),
         QuoteString(BOOT_CANDIDATE),
     ))
-    host.log_styled(
-        f"a fresh SSH login failed with the new firewall rules ({error}); "
-        + ("the previous rules were restored" if reverted else
-           "restoring the previous rules over this session failed too: the timer "
-           f"{REVERT_UNIT}.timer restores them automatically")
-        + f"; {boot_conf} and nftables.service were not changed, the next boot loads what it did before.",
-        fg="red", log_func=logger.error,
-    )
-    return False
+    return fail(host, "firewall",
+                f"a fresh SSH login failed with the new firewall rules ({error}); "
+                + ("the previous rules were restored" if reverted else
+                   "restoring the previous rules over this session failed too: the timer "
+                   f"{REVERT_UNIT}.timer restores them automatically")
+                + f"; {boot_conf} and nftables.service were not changed, the next boot loads what it did before",
+                "make sure the rules let your SSH login through (the sshd port in use, "
+                "firewall_trusted_cidrs, firewall_open_ports) and run again",
+                ).execute(state, host, {})
 
 
 @operation()

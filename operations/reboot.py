@@ -6,6 +6,7 @@ import uuid
 
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
+from gpufleet.failures import fail
 from gpufleet.operations import as_op
 
 from gpufleet.operations.drain import GPU_WORK
@@ -37,7 +38,8 @@ def _wait_for_reboot(state, host, nonce: str, timeout: float, delay: float) -> b
                 return True
             host.disconnect()
         time.sleep(1)
-    return False
+    return fail(host, "reboot", f"the host did not come back within {timeout:g} s of the reboot",
+                "look at its console (did it boot? is sshd up?); once it is back, re-run").execute(state, host, {})
 
 
 @operation(is_idempotent=False)

@@ -9,6 +9,7 @@ from typing import Any, Callable
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from gpufleet import private
+from gpufleet.failures import fail
 from gpufleet.rollout import snapshot as snap
 
 # $@: tar's arguments. The archive holds /etc files (keyrings, daemon.json): created 0600.
@@ -50,8 +51,9 @@ def _run_controller_command(state, host, template, variables, record) -> bool:
         record.update(snap.run_command(template, variables))
     except snap.SnapshotError as exc:
         record["error"] = str(exc)
-        host.log(f"snapshot failed: {exc}")
-        return False
+        return fail(host, "rollout_snapshot", f"snapshot failed: {exc}",
+                    "make rollout_snapshot_command work for this host (run it by hand), or set "
+                    "rollout_snapshot: none").execute(state, host, {})
     return True
 
 
@@ -80,7 +82,10 @@ def etc_archived(tarball: str, paths: list[str]):
 
 
 def _put_manifest(state, host, dest: str, build: Callable[[], str]) -> bool:
-    return host.put_file(io.BytesIO(build().encode()), dest)
+    if host.put_file(io.BytesIO(build().encode()), dest):
+        return True
+    return fail(host, "rollout", f"could not write the manifest {dest} on the host",
+                "make room or fix permissions under its folder, then re-run the rollout").execute(state, host, {})
 
 
 @operation(is_idempotent=False)
@@ -96,7 +101,8 @@ def _fetch(state, host, pairs) -> bool:
     for remote, local in pairs:
         data = io.BytesIO()
         if not host.get_file(remote, data):
-            return False
+            return fail(host, "rollout", f"could not copy {remote} from the host to the controller",
+                        "check that it exists and is readable on the host, then re-run").execute(state, host, {})
         private.write(local, data.getvalue())  # 0600 in 0700 directories
     return True
 

@@ -26,6 +26,7 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files, systemd
 
+from gpufleet.failures import fail
 from gpufleet.operations import as_op
 
 from gpufleet.facts.ssh import (
@@ -140,11 +141,6 @@ def connecting_user() -> str | None:
 
 # ------------------------------------------------------------------------------------------
 
-def _fail(state, host, message: str) -> bool:
-    host.log_styled(message, fg="red", log_func=logger.error)
-    return False
-
-
 @operation(is_idempotent=True)
 def require_authorized_keys(users: list[str], groups: list[str] | None = None):
     """
@@ -165,12 +161,10 @@ def require_authorized_keys(users: list[str], groups: list[str] | None = None):
     if not missing:
         host.noop(f"every user who must still log in has an authorized key: {', '.join(wanted)}")
         return
-    message = (
-        "gpufleet refuses to disable SSH passwords: these users have no authorized key and "
-        f"would be locked out: {'; '.join(missing)}. Nothing was changed. Add a key "
-        "(or set hardening_password_auth: true) and run again."
-    )
-    yield FunctionCommand(_fail, (message,), {})
+    yield fail(host, "hardening_password_auth",
+               "SSH passwords would be turned off, and these users have no authorized key and would be locked "
+               f"out: {'; '.join(missing)}; nothing was changed",
+               "add a key for each (or set hardening_password_auth: true) and run again")
 
 
 @operation()
@@ -308,16 +302,16 @@ def _verify_or_restore(state, host, dest: str, backup: str) -> bool:
         QuoteString(dest), QuoteString(backup), QuoteString(PENDING), QuoteString(REVERT_UNIT),
     ))
     again = fresh_login(host) if restored else "restore command failed"
-    return _fail(state, host, (
+    return fail(host, "hardening", (
         f"gpufleet did not keep the hardened sshd configuration: a new SSH login as "
         f"{connecting_user()} failed with it ({error}). "
-        + ("The previous configuration was restored and sshd reloaded; new logins work again. "
+        + ("The previous configuration was restored and sshd reloaded; new logins work again"
            if again is None else
-           f"Restoring the previous configuration did not bring logins back ({again}): "
-           f"check {dest} on the console. ")
-        + "Adjust the hardening_* settings (e.g. hardening_extra_kex for clients without "
-        "post-quantum key exchange, hardening_allow_users) and run again."
-    ))
+           f"Restoring the previous configuration did not bring logins back ({again})")
+    ), ("" if again is None else f"check {dest} on the console; then ")
+        + "adjust the hardening_* settings (e.g. hardening_extra_kex for clients without "
+        "post-quantum key exchange, hardening_allow_users) and run again",
+    ).execute(state, host, {})
 
 
 @operation(is_idempotent=False)
@@ -387,10 +381,11 @@ def expect_effective(expected: dict[str, str]):
     if not diffs:
         host.noop(f"sshd -T reports all {len(expected)} hardened settings")
         return
-    yield FunctionCommand(_fail, (
-        "sshd's effective configuration (sshd -T) is not the hardened one, something read "
-        "before gpufleet's drop-in wins: " + "; ".join(diffs),
-    ), {})
+    yield fail(host, "hardening",
+               "sshd's effective configuration (sshd -T) is not the hardened one, something read "
+               "before gpufleet's drop-in wins: " + "; ".join(diffs),
+               "remove or change that setting (a drop-in read before gpufleet's, or a line before the "
+               "Include in sshd_config) and run again")
 
 
 @operation()
@@ -404,10 +399,9 @@ def prune_moduli(min_bits: int = 3072, path: str = "/etc/ssh/moduli"):
         host.noop(f"{path} has no moduli below {min_bits} bits")
         return
     if moduli.small == moduli.total:
-        yield FunctionCommand(_fail, (
-            f"every modulus in {path} is below {min_bits} bits: refusing to empty it "
-            "(regenerate it with ssh-keygen -M generate)",
-        ), {})
+        yield fail(host, "hardening_moduli_min_bits",
+                   f"every modulus in {path} is below {min_bits} bits: refusing to empty it",
+                   "regenerate it with ssh-keygen -M generate, or lower hardening_moduli_min_bits")
         return
     yield StringCommand(
         "sh", "-c", QuoteString(

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
+from gpufleet.failures import fail
 from gpufleet.operations import as_op
 from gpufleet.operations.notice import say as _say
 
@@ -153,14 +154,15 @@ def _generate(state, host, todo: list) -> bool:
         ))
         lines = [line for line in output.stdout_lines if line.startswith("::gpufleet-new-key::")]
         if not ok or not lines:
-            host.log_styled(f"generating the {key_type} host key {path} failed: "
-                            + " ".join(output.stderr_lines), fg="red", log_func=logger.error)
-            return False
+            return fail(host, "hardening", f"generating the {key_type} host key {path} failed: "
+                        + " ".join(output.stderr_lines), "look at ssh-keygen's message above on the host and "
+                        "run again (the previous key is in place)").execute(state, host, {})
         try:
             _type, new_bits, fingerprint = describe_public_key(lines[0].removeprefix("::gpufleet-new-key::"))
         except SshFactError as exc:
-            host.log_styled(f"the new host key {path} is unreadable: {exc}", fg="red", log_func=logger.error)
-            return False
+            return fail(host, "hardening", f"the new host key {path} is unreadable: {exc}",
+                        f"check {path} on the host (its previous key is in {backup_path(path)}) and run again",
+                        ).execute(state, host, {})
         if why == "missing":
             logger.warning(f"{host.print_prefix}generated the missing {key_type} host key {path}: "
                            f"{new_bits} bits, {fingerprint}")
@@ -172,10 +174,10 @@ def _generate(state, host, todo: list) -> bool:
                 "pinned the old RSA key will report a changed host identification: check the new "
                 "fingerprint, then `ssh-keygen -R HOST` and `ssh-keyscan -t rsa HOST`. Clients using the "
                 f"Ed25519 key (this run did) are not affected. The old key is kept in {backup_path(path)}.")
-    return _reload_and_prove(host, replaced)
+    return _reload_and_prove(state, host, replaced)
 
 
-def _reload_and_prove(host, replaced: list[str]) -> bool:
+def _reload_and_prove(state, host, replaced: list[str]) -> bool:
     """sshd reads its host keys at start and reload: reload (restart a running
     socket-activated one; an idle one reads them at the next login), then log in afresh; if
     that fails, put the replaced keys back."""
@@ -190,12 +192,11 @@ def _reload_and_prove(host, replaced: list[str]) -> bool:
         as_op.run(host, StringCommand(
             "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_RESTORE_KEY_SCRIPT), "gpufleet-host-key-restore",
             QuoteString(path), QuoteString(backup_path(path))))
-    host.log_styled(
-        f"gpufleet did not keep the new host keys: a new SSH login failed with them ({error}); "
-        + ("the previous RSA key was put back and sshd reloaded" if replaced else "nothing was replaced")
-        + ". Set hardening_rsa_host_key_bits to the key's size to leave it alone.",
-        fg="red", log_func=logger.error)
-    return False
+    return fail(host, "hardening_rsa_host_key_bits",
+                f"gpufleet did not keep the new host keys: a new SSH login failed with them ({error}); "
+                + ("the previous RSA key was put back and sshd reloaded" if replaced else "nothing was replaced"),
+                "set hardening_rsa_host_key_bits to the key's size to leave it alone",
+                ).execute(state, host, {})
 
 
 @operation()

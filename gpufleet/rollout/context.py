@@ -30,15 +30,16 @@ class RolloutContext:
     #: ones that differ move with the driver (or alone), through the same steps
     stack: dict[str, dict[str, str]] = field(default_factory=dict)
 
-    def refuse(self, host: Any, message: str, outcome: str | None = None) -> None:
-        """Fail `host` for the rest of this phase, with the reason the runner reports."""
-        from gpufleet.failures import fail_host
+    def refuse(self, host: Any, reason: str, fix: str, outcome: str | None = None, area: str = "rollout") -> None:
+        """Refuse `host` for the rest of this phase (gpufleet.failures.refuse), with the reason and
+        fix the runner reports."""
+        from gpufleet.failures import refuse
 
         host = real_host(host)
-        self.reasons[host.name] = message
+        self.reasons[host.name] = f"{reason.strip().rstrip('.')}. Fix: {fix}"
         if outcome:
             self.outcomes[host.name] = outcome
-        fail_host(host, "rollout", message)
+        refuse(host, area, reason, fix)
 
     def note(self, host: Any, message: str) -> None:
         self.notes.setdefault(host.name, []).append(message)

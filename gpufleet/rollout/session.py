@@ -24,6 +24,7 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operations import run_ops
 from pyinfra.api.state import BaseStateCallback
 from gpufleet import inventory_source
+from gpufleet.failures import refuse
 
 from .context import real_host
 
@@ -100,8 +101,11 @@ def run_step(inventory_path: str, names: list[str], func: Callable[..., None], *
                     raise
                 except Exception as exc:  # a bug or a bad fact fails this host, not the rollout
                     real = real_host(current_host)
-                    reasons[real.name] = f"{type(exc).__name__}: {exc}"
-                    state.fail_hosts({real})
+                    reason = f"{type(exc).__name__}: {exc}"
+                    fix = ("an error planning this host (a bug, or a fact the host answered unexpectedly): "
+                           "run with -v for the traceback, fix the host or report it, and re-run")
+                    reasons[real.name] = f"{reason}. Fix: {fix}"
+                    refuse(real, "rollout", reason, fix)
 
             add_deploy(state, guarded, *args)
             run_ops(state)

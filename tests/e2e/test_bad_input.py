@@ -214,8 +214,9 @@ def test_top_level_data_pyinfra_would_ignore(host, tmp_path):
 def test_malformed_daemon_json_stops_the_host_unchanged(host, tmp_path):
     run = pyinfra(_inventory(host, tmp_path, {}), "deploys/all.py")
     assert run.returncode != 0
-    _one_line(run.output, f"[{host.name}] gpufleet refuses to change this host: docker daemon.json: ",
+    _one_line(run.output, f"[{host.name}] refused (docker daemon.json): ",
               "/etc/docker/daemon.json is malformed: invalid JSON at line 3")
+    _one_line(run.output, f"[{host.name}] refused (docker daemon.json): ", "Fix: fix or remove the file, then re-run")
     assert "--> Beginning operation run" not in run.output
     assert testhosts.ssh(host, "cat /etc/docker/daemon.json").stdout == MALFORMED_DAEMON_JSON
     assert _changed(host) == []

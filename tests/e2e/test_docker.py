@@ -169,7 +169,7 @@ def test_smoke_test_says_why_it_did_not_run(fleet):
 def test_malformed_daemon_json_stops_only_that_host_and_stays_byte_identical(fleet):
     first, bad = fleet["first"], fleet["bad"]
     assert first.returncode != 0
-    assert (f"[{bad.name}] gpufleet refuses to change this host: docker daemon.json: /etc/docker/daemon.json "
+    assert (f"[{bad.name}] refused (docker daemon.json): /etc/docker/daemon.json "
             "is malformed: invalid JSON at line 3") in first.output, first.output[-3000:]
     assert sh(bad, "sha256sum /etc/docker/daemon.json") == fleet["bad_sha"]
     assert sh(bad, "dpkg-query -W -f='${db:Status-Abbrev}' docker.io 2>/dev/null || true").strip() in ("", "un")

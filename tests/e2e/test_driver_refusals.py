@@ -79,13 +79,15 @@ def test_secure_boot_on_without_a_signing_key(host, tmp_path):
         run = _refused(host, tmp_path, {"driver_kernel_headers": "skip"})
     finally:
         stand_in.unlink()
-    assert (f"[{host.name}] gpufleet refuses to change this host: driver_module_signing_key: "
-            "Secure Boot is enabled and no module signing key is configured") in run.output
+    assert (f"[{host.name}] refused (driver_module_signing_key): "
+            "Secure Boot is enabled and no module signing key is configured: the nvidia module DKMS builds would "
+            "be refused by the kernel. Fix: enroll a MOK (mokutil --import) and set driver_module_signing_key") \
+        in run.output
 
 
 def test_no_kernel_headers_for_the_running_kernel(host, tmp_path):
     release = testhosts.ssh(host, "uname -r").stdout.strip()
     run = _refused(host, tmp_path, {})  # driver_kernel_headers: require (the default)
-    assert (f"[{host.name}] gpufleet refuses to change this host: driver_kernel_headers: no kernel headers "
+    assert (f"[{host.name}] refused (driver_kernel_headers): no kernel headers "
             f"for the running kernel {release}: /lib/modules/{release}/build is missing and the package "
             f"sources offer no linux-headers-{release}") in run.output

@@ -160,7 +160,7 @@ def test_ruleset_that_breaks_the_login_is_reverted_live_and_at_boot(hosts, tmp_p
     testhosts.ssh(host, "printf 'Port 2222\\n' > /etc/ssh/sshd_config.d/01-moved.conf")
     broken = pyinfra(inv, DEPLOY, netns=host.netns)
     assert broken.returncode != 0, broken.output
-    assert f"[{host.name}] a fresh SSH login failed with the new firewall rules" in broken.output
+    assert f"[{host.name}] failed (firewall): a fresh SSH login failed with the new firewall rules" in broken.output
     assert "the previous rules were restored" in broken.output
     assert gpufleet_table(host) == table  # live: as before
     assert boot_state(host) == boot  # boot configuration: as before

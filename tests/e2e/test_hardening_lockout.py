@@ -86,8 +86,10 @@ def test_sshd_configuration_unchanged_and_host_reachable(lockout, case):
 def test_deploy_user_without_key_is_refused_before_any_change(lockout):
     hosts, run, _, _ = lockout
     host = hosts["nokey"]
-    assert (f"[{host.name}] gpufleet refuses to disable SSH passwords: these users have no "
-            "authorized key and would be locked out: bob (no key in /home/bob/.ssh/authorized_keys") in run.output
+    assert (f"[{host.name}] failed (hardening_password_auth): SSH passwords would be turned off, and these users "
+            "have no authorized key and would be locked out: bob (no key in /home/bob/.ssh/authorized_keys") in run.output
+    assert ("nothing was changed. Fix: add a key for each (or set hardening_password_auth: true) and run again"
+            in run.output)
     # refused first: not even the packages of the hardening deploy were installed
     assert not remote(host).package("nftables").is_installed
 
@@ -105,9 +107,10 @@ def test_failed_login_after_reload_restores_previous_config(lockout, case):
     host = hosts[case]
     prefix = f"[{host.name}] "
     assert prefix + "a fresh SSH login failed after the sshd reload" in run.output
-    assert prefix + "gpufleet did not keep the hardened sshd configuration: a new SSH login as root " \
-                    "failed with it" in run.output
-    assert "The previous configuration was restored and sshd reloaded; new logins work again." in run.output
+    assert prefix + "failed (hardening): gpufleet did not keep the hardened sshd configuration: a new SSH " \
+                    "login as root failed with it" in run.output
+    assert "The previous configuration was restored and sshd reloaded; new logins work again. Fix: adjust the " \
+           "hardening_* settings" in run.output
     if case == "pq_only":
         assert prefix + "a fresh SSH login failed after the sshd reload (IncompatiblePeer: " \
                         "Incompatible ssh peer (no acceptable kex algorithm))" in run.output

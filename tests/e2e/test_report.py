@@ -152,10 +152,12 @@ def test_validate_fails_a_changed_host_and_names_what_changed(fleet):
            "tier research, the inventory says dev" in run.output
     assert f"[{package.name}] [FAIL] base: the tier's diagnostics packages are installed: not installed: tmux" \
            in run.output
-    assert f"[{marker.name}] validation failed:" in run.output
+    stop = [line for line in run.output.splitlines() if f"[{marker.name}] failed (validation): " in line]
+    assert len(stop) == 1 and "the gpufleet marker matches the tier: /etc/gpufleet/managed says tier research" \
+        in stop[0] and ". Fix: " in stop[0], stop
     for host in fleet["roles"]["provisioned"]:
         assert f"[{host.name}] [FAIL]" not in run.output
-        assert f"[{host.name}] validation failed" not in run.output
+        assert f"[{host.name}] failed (validation)" not in run.output
     # read-only: nothing changed on any host, the probe was skipped with its reason
     assert run.changed == 0, run.output
     assert "skipped: PyTorch not installed" in run.output

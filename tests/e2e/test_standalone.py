@@ -49,7 +49,9 @@ def test_driver_alone_refuses_a_host_without_a_gpu_and_changes_nothing(alone):
     host, runs = alone
     run = runs["driver"]
     assert run.returncode != 0, run.output
-    assert f"[{host.name}] gpufleet refuses to change this host" in run.output, run.output[-3000:]
+    assert (f"[{host.name}] refused (driver): no supported NVIDIA GPU found on the host (no NVIDIA GPU). "
+            "Fix: leave this host out of the driver deploy, or give it a GPU gpufleet supports") in run.output, \
+        run.output[-3000:]
     assert runs["driver-newer"].strip() == "", runs["driver-newer"]
 
 

@@ -98,7 +98,8 @@ def test_tier_mismatch_fail_refuses_only_that_host(tiered, tmp_path, aptrepo):  
     inv = write_inventory(tmp_path / "inv.py", [research, hgx], data=data)
     run = pyinfra(inv, "deploys/all.py")
     assert run.returncode != 0
-    assert f"[{hgx.name}] gpufleet refuses to change this host: tier: hardware does not match tier hgx" in run.output
+    assert f"[{hgx.name}] refused (tier): hardware does not match tier hgx" in run.output
+    assert "Fix: give the host the tier its hardware is (tier), or set tier_mismatch: warn" in run.output
     assert hgx.written_files() == before, "the refused host was changed"
     # the other host of the same run converged, validation gate included
     assert testhosts.ssh(research, "cat /etc/gpufleet/managed").stdout.endswith("tier: research\n")

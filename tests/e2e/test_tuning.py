@@ -265,13 +265,14 @@ def test_unsupported_pair_or_unsettable_gpu_fails_at_planning_and_changes_nothin
     before = {h.name: (sh(h, snapshot), sh(h, "dpkg -l | md5sum")) for h in (h200, t4)}
     run = pyinfra(inv, deploy_file(tmp_path_factory))
     assert run.returncode != 0
-    assert (f"[{h200.name}] gpufleet refuses to change this host: clock_policy: clock pair memory 1234 MHz, "
-            "graphics 999 MHz is not supported by GPU 0 NVIDIA H200 (00000000:00:06.0); allowed: memory 3201 with "
+    assert (f"[{h200.name}] refused (clock_policy): clock pair memory 1234 MHz, graphics 999 MHz is not "
+            "supported by GPU 0 NVIDIA H200 (00000000:00:06.0). Fix: set clock_policy to what this host allows: "
+            "memory 3201 with "
             "graphics 1980..345 (step 15); memory 2201 with graphics 1980..345 (step 15); or max | default | "
             "unmanaged") in run.output, run.output
-    assert (f"[{t4.name}] gpufleet refuses to change this host: clock_policy: GPU 0 Tesla T4 (00000000:00:06.0) "
+    assert (f"[{t4.name}] refused (clock_policy): GPU 0 Tesla T4 (00000000:00:06.0) "
             "(compute capability 7.5) has no settable clock pair on driver 595.45.04") in run.output, run.output
-    assert "allowed: default | unmanaged" in run.output
+    assert "Fix: set clock_policy to what this host allows: default | unmanaged" in run.output
     assert changed_operations(run) == []
     for host in (h200, t4):
         assert (sh(host, snapshot), sh(host, "dpkg -l | md5sum")) == before[host.name], host.name

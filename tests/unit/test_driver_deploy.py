@@ -62,11 +62,11 @@ def settings(**kw):
 
 def test_preconditions_secure_boot_needs_a_key():
     state = DriverStateData(secure_boot="enabled", kernel_headers=True, kernel_release="6.1.0-26-amd64")
-    key, msg = preconditions(settings(), None, state, FakeHost({}))
-    assert key == "driver_module_signing_key" and "Secure Boot is enabled" in msg
+    key, msg, fix = preconditions(settings(), None, state, FakeHost({}))
+    assert key == "driver_module_signing_key" and "Secure Boot is enabled" in msg and "mokutil --import" in fix
     host = FakeHost({"File": lambda path: None})
-    key, msg = preconditions(settings(driver_module_signing_key="/var/lib/dkms/mok.key"), None, state, host)
-    assert "does not exist" in msg
+    key, msg, fix = preconditions(settings(driver_module_signing_key="/var/lib/dkms/mok.key"), None, state, host)
+    assert "does not exist" in msg and "private key" in fix
     host = FakeHost({"File": lambda path: {"size": 1}})
     assert preconditions(settings(driver_module_signing_key="/var/lib/dkms/mok.key"), None, state, host) is None
 
@@ -74,8 +74,9 @@ def test_preconditions_secure_boot_needs_a_key():
 def test_preconditions_kernel_headers():
     state = DriverStateData(secure_boot="disabled", kernel_headers=False, kernel_release="6.1.0-26-amd64")
     none = FakeHost({"AptCandidates": lambda packages: {p: None for p in packages}})
-    key, msg = preconditions(settings(), None, state, none)
+    key, msg, fix = preconditions(settings(), None, state, none)
     assert key == "driver_kernel_headers" and "linux-headers-6.1.0-26-amd64" in msg
+    assert fix.startswith("install the headers")
     offered = FakeHost({"AptCandidates": lambda packages: {p: "6.1.112-1" for p in packages}})
     assert preconditions(settings(), None, state, offered) is None  # the deploy installs them
     assert preconditions(settings(driver_kernel_headers="skip"), None, state, none) is None
@@ -88,8 +89,9 @@ BAD_KEYS = ['/root/mok".key', "/root/$(touch /tmp/x).key", "/root/`id`.key", "/r
 def test_preconditions_refuse_a_signing_key_that_is_not_a_plain_path():
     state = DriverStateData(secure_boot="disabled", kernel_headers=True, kernel_release="6.1.0-26-amd64")
     for bad in BAD_KEYS:
-        key, msg = preconditions(settings(driver_module_signing_key=bad), None, state, FakeHost({}))
+        key, msg, fix = preconditions(settings(driver_module_signing_key=bad), None, state, FakeHost({}))
         assert key == "driver_module_signing_key" and "not a plain absolute path" in msg, bad
+        assert fix.startswith("set it to none"), bad
 
 
 def test_dkms_signing_conf_reads_back_exactly_in_bash(tmp_path):

@@ -26,5 +26,6 @@ def test_hardening_plans_nothing_without_a_login_proof(name, kind, caplog):
         add_deploy(state, hardening, host=host)
     assert host in state.failed_hosts
     assert not state.get_op_order(), "no operation may be planned on such a host"
-    assert any(f"the {kind} connector" in r.getMessage() and "connector:" in r.getMessage()
+    assert any(f"the {kind} connector" in r.getMessage() and f"[{name}] refused (connector): " in r.getMessage()
+               and "Fix: run this deploy over SSH" in r.getMessage()
                for r in caplog.records)

@@ -75,7 +75,7 @@ def test_parse_open_ports():
         {"port": "8000-8002", "proto": "tcp", "comment": "Triton"},
     ]
     for bad in ["99999", "22/sctp", "10-5", True, None, {"port": 1, "comment": 'a"b'}]:
-        with pytest.raises(h.DeployError, match="firewall_open_ports"):
+        with pytest.raises(ValueError, match="firewall_open_ports"):
             h.parse_open_ports([bad])
 
 

@@ -64,7 +64,8 @@ MODULES = {
 HEADERS = {"22.04": "kernel_headers: linux-headers-6.8.0-90-generic linux-headers-generic-hwe-22.04",
            "24.04": "kernel_headers: linux-headers-6.8.0-60-generic linux-headers-generic"}
 SB_REFUSAL = ("REFUSED (driver): Secure Boot is enabled and no module signing key is configured: the nvidia "
-              "module DKMS builds would be refused by the kernel.")
+              "module DKMS builds would be refused by the kernel. Fix: enroll a MOK (mokutil --import) and set "
+              "driver_module_signing_key to its private key on the host")
 
 
 def simulated(tier: str, release: str, **extra) -> UbuntuHost:

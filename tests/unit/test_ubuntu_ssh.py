@@ -329,8 +329,9 @@ def test_ubuntu_2204_refuses_a_kex_its_openssh_lacks_before_any_change(monkeypat
     with caplog.at_level(logging.ERROR, logger="pyinfra"), pytest.raises(Exception, match="No hosts remaining"):
         plan(monkeypatch, canned, {"hardening_extra_kex": ["mlkem768x25519-sha256", "curve25519-sha256@libssh.org"]})
     message = " ".join(r.getMessage() for r in caplog.records)
-    assert "hardening_extra_kex: KexAlgorithms: mlkem768x25519-sha256 (OpenSSH 9.9 and later)" in message
+    assert "refused (hardening_extra_kex): KexAlgorithms: mlkem768x25519-sha256 (OpenSSH 9.9 and later)" in message
     assert "OpenSSH 8.9p1" in message
+    assert "Fix: use only what this host's sshd offers: " in message and "curve25519-sha256" in message
 
 
 def test_needrestart_never_restarts_nor_asks():
