@@ -198,7 +198,9 @@ def upgrade(ctx: RolloutContext) -> None:
     prebuilt_install, prebuilt_missing = mf.prebuilt_plan(installed, available) if install else ({}, [])
     if prebuilt_missing:
         ctx.refuse(host, "the configured sources offer no " + ", ".join(prebuilt_missing)
-                         + f": the prebuilt NVIDIA modules and the kernels move together; driver {ctx.target} not installed")
+                         + f": the prebuilt NVIDIA modules and the kernels move together; driver {ctx.target} not installed",
+                   "wait until Ubuntu's archive publishes the modules for this driver and kernel (linux-restricted-modules), "
+                   "or roll out a driver it offers them for (--driver-version)", area="driver_version")
         return
     install.update(prebuilt_install)
     stack_install, stack_remove, stack_missing = mf.stack_plan(installed, wanted, available)
