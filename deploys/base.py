@@ -12,6 +12,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import Directory
 from pyinfra.operations import apt, files, systemd
 
+from gpufleet.hostcontext import host_context
 from gpufleet.settings import host_settings
 from gpufleet.tiers import managed_marker
 
@@ -39,7 +40,13 @@ NEEDRESTART_TEXT = (
 
 def quiet_needrestart() -> None:
     """Before the first apt install of an area: needrestart never prompts nor restarts
-    anything, on hosts that have it (/etc/needrestart); elsewhere nothing to do."""
+    anything, on hosts that have it (/etc/needrestart); elsewhere nothing to do. Planned once
+    per host and run (the first area that asks: base in all.py, standalone.py before any area
+    run alone), so that no apt-using area runs apt before the file is there."""
+    context = host_context(host)
+    if context.needrestart_planned:
+        return
+    context.needrestart_planned = True
     if host.get_fact(Directory, path="/etc/needrestart"):
         files.put(
             name="Let needrestart list services to restart after apt, never restart them or wait for an answer",

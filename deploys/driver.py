@@ -16,8 +16,9 @@ lives here). Then, in order:
 4. **One sanctioned step** changes the stack: unhold, NVIDIA's version-locking package, exact
    versions (driver and Fabric Manager move together in one apt transaction), verify, re-hold.
    Held afterwards: driver, Fabric Manager, CUDA, cuDNN, DCGM, the container toolkit and the
-   running kernel's packages; unattended-upgrades blacklists the GPU packages (the same file
-   and list as deploys/hardening.py).
+   running kernel's packages (with Ubuntu's prebuilt modules also the modules' and the kernels'
+   flavour metapackages: kernels move with their modules, through tools/rollout);
+   unattended-upgrades blacklists the GPU packages (the same file and list as deploys/hardening.py).
 5. **Reboot** when the loaded kernel module differs from the installed driver (driver/library
    mismatch), by `driver_reboot`: never -> reported at the end of the run; if-idle -> only
    without GPU processes (as found before the run: nvidia-smi's, and any process holding a
@@ -52,8 +53,9 @@ from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages
 from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
-from gpufleet.failures import fail_host
-from gpufleet.hostfacts import driver_state, kernel_plan, resolution
+from gpufleet.failures import fail_host, real_host
+from gpufleet.hostfacts import driver_state, kernel_plan, os_name, resolution
+from gpufleet.kernels import kernel_metapackages
 from gpufleet.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line
 from gpufleet.settings import host_settings
 from gpufleet.validation import (pending_message, stack_drift_message, stack_fact_packages,
@@ -250,7 +252,7 @@ def _verify_after_reboot(h) -> None:
 @deploy("NVIDIA driver, CUDA and cuDNN")
 def driver():
     settings = host_settings(host)
-    me = host._get_module()  # the concrete host, for callbacks that run at execution time
+    me = real_host(host)  # the concrete host, for callbacks that run at execution time
     try:
         res = resolution(host, settings)
     except Incompatible as refused:
@@ -408,18 +410,25 @@ def driver():
                                  for p, v in group.items()},
                        packages=stack_fact_packages(stack))
     release = before.kernel_release or ""
-    extra = [*CONTAINER_TOOLKIT, *((f"linux-image-{release}", f"linux-headers-{release}") if release else ())]
+    # Prebuilt modules exist only for the kernels Canonical built them for: a kernel that
+    # unattended-upgrades installs alone (it blacklists the module packages, not the kernels)
+    # boots without an nvidia module. The kernel flavour metapackages that are installed
+    # (linux-generic, linux-image-generic, linux-headers-generic, or the -hwe-NN.04 ones) are held
+    # with the driver and the modules' flavour metapackage: kernels and their modules move
+    # together, and only through tools/rollout.
+    kernel_metas = kernel_metapackages(release, os_name(host)) if kernel.prebuilt else []
+    extra = [*CONTAINER_TOOLKIT, *((f"linux-image-{release}", f"linux-headers-{release}") if release else ()),
+             *kernel_metas]
     installed_extra = [p for p, v in host.get_fact(PackageVersions, packages=extra).items() if v]
-    # the prebuilt modules' flavour metapackage moves with the kernels (held below only with them)
-    follows_kernels = kernel.modules[0] if kernel.prebuilt else None
     # a renamed CUDA toolkit / cuDNN left pending: its new package is not installed, nor held
     stack_held = [p for what, group in stack_groups(res).items()
                   if not (what in left and what in stack_renames(stack, found.installed)) for p in group]
-    managed = [*res.package_versions, *(p for p in present if p != follows_kernels), *stack_held,
-               *([pinning] if pinning else []), *installed_extra]
+    managed = [*res.package_versions, *present, *stack_held, *([pinning] if pinning else []), *installed_extra]
     held(
         name=("Hold" if settings.driver_hold else "Release") + " the driver, CUDA, cuDNN, container toolkit "
-             "and running kernel packages",
+             "and running kernel packages"
+             + (", with the prebuilt modules' and kernels' flavour metapackages (kernels move only through "
+                "tools/rollout)" if kernel.prebuilt else ""),
         packages=managed, present=settings.driver_hold,
     )
     image_meta = kernel.image_metapackage
@@ -428,9 +437,6 @@ def driver():
         # without headers again.
         held(name=f"Hold {headers_meta} as {image_meta} is held: new kernels and their headers move together",
              packages=[headers_meta])
-    if follows_kernels and image_meta in held_now and settings.driver_hold:
-        held(name=f"Hold {follows_kernels} as {image_meta} is held: new kernels and their NVIDIA modules move together",
-             packages=[follows_kernels])
     if settings.hardening_unattended_upgrades:
         # The same file, template and list as deploys/hardening.py: whichever runs first writes it.
         files.put(

@@ -17,7 +17,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, deploy, operation
 
 from gpufleet.facts.gpu import GpuState
-from gpufleet.facts.packages import HeldPackages, PackageVersions
+from gpufleet.facts.packages import HeldPackages
 from gpufleet.facts.rollout import EtcFiles
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout import snapshot as snap
@@ -26,6 +26,7 @@ from gpufleet.validation import STACK_FAMILIES, STACK_GLOBS
 from gpufleet.operations.driver import stack_recorded
 from gpufleet.operations.driver_upgrade import package_change_settled, packages_at_versions
 from gpufleet.operations.snapshot import disk_snapshot_restored
+from gpufleet.deploys.upgrade import installed_packages
 
 
 @operation()
@@ -53,7 +54,7 @@ def restore(ctx: RolloutContext) -> None:
         ctx.refuse(host, f"busy: GPU processes running ({running}); drain the host first or use --force",
                    outcome="busy")
         return
-    installed = host.get_fact(PackageVersions, packages=list(mf.PACKAGE_PATTERNS))
+    installed = installed_packages()   # with the kernel metapackages prebuilt modules follow
     package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
     todo = mf.rollback_installs(doc, installed)
     install = dict(spec.split("=", 1) for spec in todo)

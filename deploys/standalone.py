@@ -9,7 +9,9 @@ hardware is checked against its tier (deploys/preflight.py: a mismatch warns, or
 `tier_mismatch: fail` refuses the host), and then the area alone, with all.py's fact cache and
 host lock. What an area needs from an earlier one it checks itself at planning time (the driver
 refuses a host without a supported GPU, tuning leaves clocks alone until nvidia-smi works).
-The validation gate changes nothing, so it runs without the preflight and the lock.
+The validation gate changes nothing, so it runs without the preflight and the lock. Before
+any other area, needrestart (where installed: Ubuntu 22.04+) is told never to prompt nor
+restart services during apt (deploys/base.py quiet_needrestart), as all.py's base does first.
 
 pyinfra executes a deploy file with exec(), once per host, as a module with no `__name__` of
 its own: the area's function is called from the imported module `gpufleet.deploys.<area>`, the same
@@ -60,4 +62,11 @@ def run_alone(name: str, file: str) -> None:
 
         preflight()
     if not host_failed(host):
+        if area not in READ_ONLY and area != "preflight":
+            # every area but the checks may run apt (the driver, docker, tuning, monitoring...):
+            # needrestart (Ubuntu 22.04+) is told never to prompt nor restart first, as base
+            # and hardening do in all.py; planned once per host, a no-op once the file is right
+            from gpufleet.deploys.base import quiet_needrestart
+
+            quiet_needrestart()
         getattr(module, area)()

@@ -6,7 +6,8 @@ one left (after a reboot, after a wait):
     drain     Slurm drain; wait for (or refuse on) running GPU processes; refresh the apt index
     snapshot  disk snapshot (lvm | btrfs | zfs | command) and the manifest, copied to the controller
     upgrade   unhold -> install the target driver's exact versions, and the CUDA toolkit /
-              cuDNN packages at the releases the inventory resolves to -> hold again
+              cuDNN packages at the releases the inventory resolves to -> hold again (Ubuntu's
+              prebuilt modules with the driver, and the kernels they follow with them)
     reboot    only when the loaded module is not the target (and driver_reboot allows it)
     tune      persistence and clocks back as recorded in the manifest (or, with --retune, the
               tier's tuning from deploys/tuning.py once issue 6 has landed)
@@ -40,6 +41,18 @@ from gpufleet.operations.gpu_restore import gpu_settings_restored
 from gpufleet.operations.reboot import rebooted
 from gpufleet.operations.snapshot import (controller_snapshot_taken, copied_to_controller, disk_snapshot_taken,
                                  etc_archived, manifest_written)
+
+
+def installed_packages() -> dict:
+    """The host's driver, CUDA, cuDNN, toolkit and prebuilt module packages (manifest patterns),
+    and, where Ubuntu's prebuilt modules are installed, the kernel flavour metapackages that move
+    with them (held with them by deploys/driver.py; recorded in the manifest, put back by rollback)."""
+    installed = host.get_fact(PackageVersions, packages=list(mf.PACKAGE_PATTERNS))
+    metas = mf.kernel_metapackages(installed)
+    if metas:
+        more = host.get_fact(PackageVersions, packages=metas)
+        installed = {**installed, **more}
+    return installed
 
 
 def _gpu_record(state) -> list[dict]:
@@ -119,7 +132,7 @@ def snapshot(ctx: RolloutContext) -> None:
     ident = mf.manifest_id(created)
     gpus = host.get_fact(GpuState)
     driver = host.get_fact(DriverState)
-    installed = host.get_fact(PackageVersions, packages=list(mf.PACKAGE_PATTERNS))
+    installed = installed_packages()
     holds = host.get_fact(HeldPackages)
     etc = host.get_fact(EtcFiles, patterns=list(mf.ETC_FILES))
     disk: dict = {}
@@ -159,11 +172,13 @@ def snapshot(ctx: RolloutContext) -> None:
 
 @deploy("Upgrade the driver")
 def upgrade(ctx: RolloutContext) -> None:
-    installed = host.get_fact(PackageVersions, packages=list(mf.PACKAGE_PATTERNS))
+    installed = installed_packages()
     wanted = ctx.stack.get(host.name, {})
     names = sorted({n for n, v in installed.items() if v and mf.DRIVER_PACKAGE.match(n)}
                    | {f"nvidia-driver-pinning-{ctx.target}"} | set(mf.stack_moves(installed, wanted))
-                   | set(mf.renamed_packages(installed, wanted)[0]))
+                   | set(mf.renamed_packages(installed, wanted)[0])
+                   | {n for n, v in installed.items() if v and mf.MODULES_PACKAGE.match(n)}
+                   | set(mf.kernel_metapackages(installed)))
     available = host.get_fact(AptVersions, packages=names)
     holds = host.get_fact(HeldPackages)
     # what the manifest recorded as held is held again, even if an interrupted change released it
@@ -174,6 +189,14 @@ def upgrade(ctx: RolloutContext) -> None:
         ctx.refuse(host, f"driver {ctx.target} is not available from the configured repositories for: "
                          f"{', '.join(missing)}")
         return
+    # Ubuntu's prebuilt modules move with the driver, and the kernels with their flavour
+    # metapackage (held together by deploys/driver.py): in the same apt transaction
+    prebuilt_install, prebuilt_missing = mf.prebuilt_plan(installed, available) if install else ({}, [])
+    if prebuilt_missing:
+        ctx.refuse(host, "the configured sources offer no " + ", ".join(prebuilt_missing)
+                         + f": the prebuilt NVIDIA modules and the kernels move together; driver {ctx.target} not installed")
+        return
+    install.update(prebuilt_install)
     stack_install, stack_remove, stack_missing = mf.stack_plan(installed, wanted, available)
     if stack_missing:
         ctx.refuse(host, "the configured repositories offer no " + ", ".join(stack_missing)
@@ -193,6 +216,7 @@ def upgrade(ctx: RolloutContext) -> None:
         gpus_idle_now(name="Check that no process runs on the GPUs right before the CUDA toolkit / cuDNN change",
                       wait_seconds=ctx.wait_idle)
     what = [f"the driver packages to {ctx.target}"] if install else []
+    what += [f"{p} to {v}" for p, v in sorted(prebuilt_install.items())]
     what += [f"{p} to {mf.upstream(v)}" for p, v in sorted(stack_install.items())]
     what += [f"without {p}" for p in stack_remove]
     packages_at_versions(name=f"Move {', '.join(what) or 'nothing'} (unhold, install, hold again)",

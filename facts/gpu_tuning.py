@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
 
 from pyinfra.api import FactBase
 from typing_extensions import override
@@ -58,13 +57,3 @@ class LockedClocks(FactBase[dict[str, str]]):
     @override
     def process(self, output: list[str]) -> dict[str, str]:
         return parse_locked_clocks(output)
-
-
-def locked_clocks(host: Any) -> dict[str, str]:
-    """LockedClocks, read once per run (the state before this run)."""
-    cache = getattr(host, "_gpufleet_facts", None)
-    if cache is None:
-        cache = host._gpufleet_facts = {}
-    if "locked_clocks" not in cache:
-        cache["locked_clocks"] = host.get_fact(LockedClocks)
-    return cache["locked_clocks"]

@@ -74,6 +74,20 @@ def parser(prog: str = "compat") -> argparse.ArgumentParser:
     return p
 
 
+def module_packages(prebuilt: str | None, dkms: str | None, os_release: str) -> dict[str, Any]:
+    """A distribution driver's kernel modules (Ubuntu): the prebuilt, signed flavour metapackage
+    per kernel flavour (the GA `generic` kernel and the release's HWE one, S35 in compat.yaml),
+    the build for one kernel ABI (`<uname -r>`), and the DKMS package where no build exists."""
+    out: dict[str, Any] = {"prebuilt": None, "prebuilt_kernel": None, "dkms": dkms}
+    if prebuilt:
+        flavours = ["generic"]
+        if os_release.startswith("ubuntu-"):
+            flavours.append(f"generic-hwe-{os_release.split('-', 1)[1]}")
+        out["prebuilt"] = {flavour: prebuilt.format(kernel=flavour) for flavour in flavours}
+        out["prebuilt_kernel"] = prebuilt.format(kernel="<uname -r>")
+    return out
+
+
 def answer(gpus: list[Any], os_release: str, wishes: dict[str, Any]) -> dict[str, Any]:
     """The resolver's answer as a plain dict (the --json object)."""
     from .errors import Incompatible
@@ -96,6 +110,8 @@ def answer(gpus: list[Any], os_release: str, wishes: dict[str, Any]) -> dict[str
         return out
     out["driver"] = {"source": r.source, "branch": r.driver_branch, "version": r.driver_version,
                      "flavour": r.flavour, "packages": list(r.driver_packages)}
+    if r.prebuilt_modules or r.dkms_modules:
+        out["driver"]["modules"] = module_packages(r.prebuilt_modules, r.dkms_modules, os_release)
     if r.cuda_version:
         out["cuda"] = {"version": r.cuda_version, "package": r.cuda_package, "release": r.cuda_release}
     if r.cudnn_version:
@@ -125,6 +141,14 @@ def render(out: dict[str, Any]) -> str:
     else:
         d = out["driver"]
         lines.append(f"driver:  R{d['branch']} {d['version']} ({d['flavour']}, {d['source']}): {' '.join(d['packages'])}")
+        m = d.get("modules")
+        if m and m["prebuilt"]:
+            lines.append("modules: prebuilt, signed (Secure Boot without a MOK), per kernel flavour: "
+                         + ", ".join(f"{package} ({flavour})" for flavour, package in m["prebuilt"].items())
+                         + f", with {m['prebuilt_kernel']} where the archive has a build for the running kernel"
+                         + (f"; else {m['dkms']} (DKMS)" if m["dkms"] else ""))
+        elif m and m["dkms"]:
+            lines.append(f"modules: {m['dkms']} (DKMS)")
         c, n, p = out["cuda"], out["cudnn"], out["pytorch"]
 
         def at(x: dict[str, Any]) -> str:  # the exact release installed and held (None: the distribution's)

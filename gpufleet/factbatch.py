@@ -24,12 +24,14 @@ from typing import Any
 from pyinfra.facts import files as pyinfra_files
 from pyinfra.facts import systemd as pyinfra_systemd
 
+from gpufleet import pyinfra_private
 from gpufleet.facts._common import with_values
 
 _PATH = "::gpufleet-path::"
 _MISSING = "::gpufleet-missing::"
-# pyinfra's own format, taken from its command: "stat -c '<format>'"
-_STAT_FORMAT = shlex.split(pyinfra_files.LINUX_STAT_COMMAND)[2]
+# pyinfra's own format, taken from its command: "stat -c '<format>'" (none: no stat batch; the
+# prefetch runs only where pyinfra_private says this release has it)
+_STAT_FORMAT = (shlex.split(pyinfra_private.linux_stat_command()) + ["", "", ""])[2]
 _HASH_TOOLS = {pyinfra_files.Sha1File: "sha1sum", pyinfra_files.Sha256File: "sha256sum"}
 _HASH_TOOLS_BY_NAME = {tool: tool for tool in _HASH_TOOLS.values()}
 
@@ -49,7 +51,7 @@ def family(cls: type, kwargs: dict) -> str | None:
             or any(c in path for c in "\n\\"):
         return None  # relative, ~ and odd paths: left to pyinfra's own command
     if cls in (pyinfra_files.File, pyinfra_files.Directory):
-        return "stat"
+        return "stat" if _STAT_FORMAT else None
     return _HASH_TOOLS.get(cls)
 
 

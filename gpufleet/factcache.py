@@ -43,12 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import logger
-from pyinfra.api import facts as pyinfra_facts
+from pyinfra.api import FactBase
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.host import Host
 
 from gpufleet.facts._common import with_values
-from gpufleet import factbatch, private
+from gpufleet import factbatch, private, pyinfra_private
+from gpufleet.hostcontext import fleet_context, host_context
 
 PLAN_DIR = Path(".gpufleet/factplans")
 PLAN_FORMAT = 2
@@ -91,7 +92,7 @@ def _key(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> tuple | N
     arguments looked up below (inventory data and config being fixed for the run), per host;
     the fact's own arguments only on the fact and what it was asked, for everyone."""
     kwargs = kwargs or {}
-    connector = pyinfra_facts.CONNECTOR_ARGUMENT_KEYS
+    connector = pyinfra_private.connector_argument_keys()
     try:
         context = json.dumps([{k: v for k, v in (source or {}).items() if k in connector} for source in (
             kwargs, host.current_deploy_kwargs, host.current_op_global_arguments,
@@ -100,7 +101,7 @@ def _key(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> tuple | N
         question = json.dumps([_fact_path(cls), list(args or []), kwargs], sort_keys=True)
     except (TypeError, ValueError):
         return _pyinfra_key(state, host, cls, args, kwargs)
-    executors = host.__dict__.setdefault("_gpufleet_executors", {})
+    executors = host_context(host).executors
     if context in executors and question in _FACT_ARGUMENTS:
         return (_fact_path(cls), _FACT_ARGUMENTS[question], executors[context])
     key = _pyinfra_key(state, host, cls, args, kwargs)
@@ -113,9 +114,9 @@ _FACT_ARGUMENTS: dict[str, str] = {}
 
 
 def _pyinfra_key(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> tuple | None:
-    fact_kwargs, global_kwargs = pyinfra_facts._handle_fact_kwargs(state, host, cls, args, kwargs)
+    fact_kwargs, global_kwargs = pyinfra_private.handle_fact_kwargs(state, host, cls, args, kwargs)
     fact_kwargs = {k: v for k, v in fact_kwargs.items() if k != "self"}  # getcallargs includes it
-    executor = {k: v for k, v in global_kwargs.items() if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}
+    executor = {k: v for k, v in global_kwargs.items() if k in pyinfra_private.connector_argument_keys()}
     try:
         # Only plain JSON arguments: the key must say exactly what was asked (a repr'd object
         # could stand for another value and hand one question another's answer).
@@ -126,15 +127,12 @@ def _pyinfra_key(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> t
 
 
 def _memo(host: Host) -> dict:
-    memo = getattr(host, "_gpufleet_fact_memo", None)
-    if memo is None:
-        memo = host._gpufleet_fact_memo = {}
-    return memo
+    return host_context(host).fact_memo
 
 
 def forget(host: Host) -> None:
     """Something ran on the host: no remembered fact may be trusted any more."""
-    memo = getattr(host, "_gpufleet_fact_memo", None)
+    memo = host_context(host).fact_memo
     if memo:
         memo.clear()
 
@@ -146,7 +144,7 @@ def _plan_file(host: Host) -> Path:
 def _record(host: Host, cls: type, fact_kwargs_json: str, executor_json: str) -> None:
     """Remember (fact, arguments) for the next run's prefetch: only when asked with the host's
     default executor arguments, which are never written (they may hold a password)."""
-    if executor_json != host.__dict__.get("_gpufleet_default_executor_json"):
+    if executor_json != host_context(host).default_executor_json:
         return  # sudo/su/env variants of one operation: pyinfra asks those itself
     if getattr(cls, "gpufleet_no_prefetch", False):
         return  # a probe (GPU load, importing torch): asked only when a run means to
@@ -170,14 +168,14 @@ def _record_upload(host: Host, args: tuple, kwargs: dict) -> None:
     it with the others, not in a command of its own per file. Only for an upload made with the
     host's default privileges, as _record."""
     dest = args[1] if len(args) > 1 else kwargs.get("remote_filename")
-    default = host.__dict__.get("_gpufleet_default_executor")
+    default = host_context(host).default_executor
     if not isinstance(dest, str) or default is None:
         return
     if any(kwargs.get(key) != default.get(key) for key in _PRIVILEGE_KEYS if kwargs.get(key) or default.get(key)):
         return
     from pyinfra.facts.files import Sha1File
 
-    _record(host, Sha1File, json.dumps({"path": dest}, sort_keys=True), host._gpufleet_default_executor_json)
+    _record(host, Sha1File, json.dumps({"path": dest}, sort_keys=True), host_context(host).default_executor_json or "")
 
 
 def _save_plans() -> None:
@@ -257,7 +255,7 @@ def _load_class(path: str) -> type | None:
             obj = getattr(obj, part)
     except (ImportError, AttributeError):
         return None
-    if not isinstance(obj, type) or not issubclass(obj, pyinfra_facts.FactBase) or _fact_path(obj) != path:
+    if not isinstance(obj, type) or not issubclass(obj, FactBase) or _fact_path(obj) != path:
         return None
     return obj
 
@@ -266,12 +264,12 @@ def _command_text(fact: Any, fact_kwargs: dict) -> str | None:
     """The exact shell text pyinfra would run for this fact (requires_command guard included).
     Some facts keep their arguments on the instance for process() (pyinfra's hash facts do):
     the same instance must then process the output."""
-    command = pyinfra_facts._make_command(fact.command, dict(fact_kwargs))
-    requires = pyinfra_facts._make_command(fact.requires_command, dict(fact_kwargs))
+    command = pyinfra_private.make_command(fact.command, dict(fact_kwargs))
+    requires = pyinfra_private.make_command(fact.requires_command, dict(fact_kwargs))
     if requires:
         command = StringCommand("if", "command", "-v", requires, ">/dev/null", "2>&1;", "then", "(",
                                 command, ");", "else", "echo",
-                                QuoteString(pyinfra_facts._MISSING_COMMAND_MARKER), ";", "fi")
+                                QuoteString(pyinfra_private.missing_command_marker()), ";", "fi")
     if isinstance(command, StringCommand):
         return command.get_raw_value()
     return command if isinstance(command, str) else None
@@ -285,7 +283,7 @@ def _plan_entries(state: Any, host: Host) -> list[tuple]:
     if not plan_file.exists():
         return []
     entries = []
-    deploy_run = getattr(state, "_gpufleet_deploy_run", False)
+    deploy_run = fleet_context(state).deploy_run
     for path, fact_kwargs_json in read_plan(plan_file, host.name):
         cls = _load_class(path)
         if cls is None or getattr(cls, "shell_executable", None) or getattr(cls, "gpufleet_no_prefetch", False):
@@ -347,7 +345,7 @@ class Script:
         found: dict[tuple, Any] = {}
         for i, (cls, fact_kwargs_json, executor_json, fact, _) in enumerate(self.single):
             out = sections.get(i)
-            if out is None or rcs.get(i) != 0 or out == [pyinfra_facts._MISSING_COMMAND_MARKER]:
+            if out is None or rcs.get(i) != 0 or out == [pyinfra_private.missing_command_marker()]:
                 continue
             try:
                 found[(_fact_path(cls), fact_kwargs_json, executor_json)] = fact.process(out) if out else fact.default()
@@ -385,21 +383,21 @@ def prefetch_script(entries: list[tuple]) -> Script:
 
 def _prefetch(state: Any, host: Host) -> None:
     """Run last run's facts for `host` in one command and seed the memo with their answers."""
-    host._gpufleet_prefetched = True
+    host_context(host).prefetched = True
     entries = _plan_entries(state, host)
     if len(entries) < 2:
         return
     script = prefetch_script(entries)
-    host._gpufleet_in_fact = getattr(host, "_gpufleet_in_fact", 0) + 1
+    host_context(host).in_fact += 1
     try:
         # With the executor arguments pyinfra gives a fact (sudo and its password included):
         # the answers stand for facts asked with them.
         status, output = host.run_shell_command(StringCommand(script.text()), print_output=False,
-                                                print_input=False, **host._gpufleet_default_executor)
+                                                print_input=False, **(host_context(host).default_executor or {}))
     except Exception:
         return
     finally:
-        host._gpufleet_in_fact -= 1
+        host_context(host).in_fact -= 1
     if status:
         _memo(host).update(script.answers(output.stdout_lines))
 
@@ -413,43 +411,45 @@ def prefetch_all(state: Any) -> None:
     import gevent
     from pyinfra.context import ctx_host, ctx_state
 
+    if "pyinfra.api.facts._get_fact" not in pyinfra_private.patched():
+        return  # pyinfra's own fact path: nothing to prefetch with
     state = ctx_state.get() if ctx_state.isset() else state  # the object, not pyinfra's proxy
-    if getattr(state, "_gpufleet_prefetch_all", False):
+    if fleet_context(state).prefetch_all_sent:
         return
-    state._gpufleet_prefetch_all = True
-    state._gpufleet_deploy_run = True
+    fleet_context(state).prefetch_all_sent = True
+    fleet_context(state).deploy_run = True
 
     def run(host: Host) -> None:
         with ctx_state.use(state), ctx_host.use(host):
             _prefetch(state, host)
 
     for host in state.inventory.get_active_hosts():
-        if host.connected and not getattr(host, "_gpufleet_prefetched", False):
-            host._gpufleet_prefetched = True
-            host._gpufleet_prefetch = gevent.spawn(run, host)
+        if host.connected and pyinfra_private.connector_verified(host) and not host_context(host).prefetched:
+            host_context(host).prefetched = True
+            host_context(host).prefetch = gevent.spawn(run, host)
     gevent.sleep(0)  # let each greenlet send its command before the caller goes on
 
 
 def _default_executor_json(state: Any, host: Host) -> str:
     """The executor arguments a fact gets when nothing around it sets any (inventory data and
     config), as the memo key spells them; worked out once per host, kept in memory only."""
-    known = host.__dict__.get("_gpufleet_default_executor_json")
+    known = host_context(host).default_executor_json
     if known is None:
-        host._gpufleet_default_executor = _default_executor(state, host)
-        known = host._gpufleet_default_executor_json = json.dumps(host._gpufleet_default_executor, sort_keys=True)
+        host_context(host).default_executor = _default_executor(state, host)
+        known = host_context(host).default_executor_json = json.dumps(host_context(host).default_executor, sort_keys=True)
     return known
 
 
 def _default_executor(state: Any, host: Host) -> dict:
-    _, global_kwargs = pyinfra_facts._handle_fact_kwargs(state, host, _Probe, [], {})
+    _, global_kwargs = pyinfra_private.handle_fact_kwargs(state, host, _Probe, [], {})
     try:
         return json.loads(json.dumps({k: v for k, v in global_kwargs.items()
-                                      if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}, sort_keys=True))
+                                      if k in pyinfra_private.connector_argument_keys()}, sort_keys=True))
     except (TypeError, ValueError):
         return {}
 
 
-class _Probe(pyinfra_facts.FactBase):
+class _Probe(FactBase):
     def command(self) -> str:
         return "true"
 
@@ -499,36 +499,40 @@ def install() -> None:
     from gpufleet import speedups
 
     speedups.install()
-    original_get_fact = pyinfra_facts._get_fact
+    if not pyinfra_private.usable():
+        return  # pyinfra's own fact path: the same answers (pyinfra_private warned why, once)
+    original_get_fact = pyinfra_private.fact_loader()
     original_run = Host.run_shell_command
     original_put = Host.put_file
 
     def _get_fact(state, host, cls, args=None, kwargs=None, ensure_hosts=None, apply_failed_hosts=True):
+        if not pyinfra_private.connector_verified(host):  # a host met after install(): pyinfra's path
+            return original_get_fact(state, host, cls, args, kwargs, ensure_hosts, apply_failed_hosts)
         key = _key(state, host, cls, args, kwargs)
         if key is not None:
-            started = getattr(host, "_gpufleet_prefetch", None)
+            started = host_context(host).prefetch
             if started is not None:
                 started.join()  # prefetch_all() sent it earlier: wait for its answers
-                host._gpufleet_prefetch = None
-            elif not getattr(host, "_gpufleet_prefetched", False) and host.connected:
+                host_context(host).prefetch = None
+            elif not host_context(host).prefetched and host.connected:
                 _prefetch(state, host)
-            if "_gpufleet_default_executor_json" not in host.__dict__:
+            if host_context(host).default_executor_json is None:
                 _default_executor_json(state, host)
             _record(host, cls, key[1], key[2])
             memo = _memo(host)
             if key in memo:
                 return memo[key]
-        host._gpufleet_in_fact = getattr(host, "_gpufleet_in_fact", 0) + 1
+        host_context(host).in_fact += 1
         try:
             data = original_get_fact(state, host, cls, args, kwargs, ensure_hosts, apply_failed_hosts)
         finally:
-            host._gpufleet_in_fact -= 1
+            host_context(host).in_fact -= 1
         if key is not None and host not in state.failed_hosts:
             _memo(host)[key] = data
         return data
 
     def run_shell_command(self, *args, **kwargs):
-        if not getattr(self, "_gpufleet_in_fact", 0):
+        if not host_context(self).in_fact:
             forget(self)
         return original_run(self, *args, **kwargs)
 
@@ -537,7 +541,5 @@ def install() -> None:
         _record_upload(self, args, kwargs)
         return original_put(self, *args, **kwargs)
 
-    pyinfra_facts._get_fact = _get_fact
-    Host.run_shell_command = run_shell_command
-    Host.put_file = put_file
-    atexit.register(_save_plans)
+    if pyinfra_private.patch_fact_loading(_get_fact, run_shell_command, put_file):
+        atexit.register(_save_plans)

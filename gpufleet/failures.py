@@ -10,8 +10,9 @@ from pyinfra import logger
 def real_host(host: Any) -> Any:
     """The Host behind pyinfra's `host` context proxy (the proxy follows whichever host is
     current, so it must never be stored)."""
-    get = getattr(type(host), "_get_module", None)
-    return get(host) if get else host
+    from pyinfra.context import ctx_host
+
+    return ctx_host.get() if host is ctx_host.context else host
 
 
 def fail_host(host: Any, key: str, message: str) -> None:

@@ -1,7 +1,7 @@
 """What a host really has, read once per run and shared by every deploy.
 
 pyinfra 3 re-runs a fact on every ``host.get_fact``; deploys ask the same questions (which GPUs?
-which driver?), so the answers are kept on the host object for the rest of the planning phase.
+which driver?), so the answers are kept in the host's context (gpufleet.hostcontext) for the rest of the planning phase.
 That is also the planning rule: these are the host's state *before* this run, never what the
 run itself will change.
 """
@@ -12,6 +12,7 @@ from typing import Any, Callable, TypeVar
 
 from gpufleet.facts.cpu import CpuFreq, CpuFreqData
 from gpufleet.facts.gpu import GpuState, GpuStateData
+from gpufleet.facts.gpu_tuning import LockedClocks
 from gpufleet.facts.kernel import DriverState, DriverStateData
 from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
 from gpufleet.facts.packages import AptCandidates, PackageVersions
@@ -19,6 +20,7 @@ from gpufleet.facts.pci import PciDevices
 from gpufleet.facts.system import OsRelease, OsReleaseData, SystemResources, SystemResourcesData
 
 from .errors import Incompatible
+from .hostcontext import host_context
 from .gpus import GpuModel, is_nvswitch_pci, model_for_pci
 from .kernels import image_metapackage_candidates, kernel_flavour, module_packages, package_flavour
 from .resolver import Resolution, check_tier_hardware, resolve
@@ -27,10 +29,7 @@ T = TypeVar("T")
 
 
 def _cached(host: Any, key: str, make: Callable[[], T]) -> T:
-    # getattr/setattr (not __dict__): `pyinfra.host` is a proxy to the current host.
-    cache = getattr(host, "_gpufleet_facts", None)
-    if cache is None:
-        cache = host._gpufleet_facts = {}
+    cache = host_context(host).facts
     if key not in cache:
         cache[key] = make()
     return cache[key]
@@ -64,6 +63,11 @@ def cpu_freq(host: Any) -> CpuFreqData:
 
 def rdma_devices(host: Any) -> list:
     return _cached(host, "rdma", lambda: host.get_fact(RdmaDevices))
+
+
+def locked_clocks(host: Any) -> dict[str, str]:
+    """The clock locks gpufleet recorded since boot (LockedClocks): the state before this run."""
+    return _cached(host, "locked_clocks", lambda: host.get_fact(LockedClocks))
 
 
 def os_name(host: Any) -> str:

@@ -29,6 +29,8 @@ from typing import Any
 
 from pyinfra.api.command import QuoteString, StringCommand
 
+from gpufleet.hostcontext import host_context
+
 LOCK_DIR = "/run/lock/gpufleet"
 EXIT_HELD = 75
 
@@ -76,6 +78,17 @@ def describe(record: str) -> str:
 def hold_command(wait: int, owner: str) -> str:
     return StringCommand("sh", "-c", QuoteString(HOLD_SCRIPT), "gpufleet-lock", QuoteString(str(int(wait))),
                          QuoteString(owner)).get_raw_value()
+
+
+def lock_wait(host: Any) -> int:
+    """Seconds a run waits for another run's lock on `host`: its rollout_lock_wait (0 when its
+    settings cannot be read: planning has refused the host already)."""
+    from gpufleet.settings import host_settings
+
+    try:
+        return int(host_settings(host).rollout_lock_wait)
+    except Exception:
+        return 0
 
 
 @dataclass
@@ -198,13 +211,7 @@ class FleetLocks:
             if h not in state.activated_hosts or getattr(h.connector, "client", None) is None:
                 refused[h.name] = "could not connect to take the gpufleet lock"
                 continue
-            seconds = wait
-            if seconds is None:
-                from gpufleet.settings import host_settings
-                try:
-                    seconds = host_settings(h).rollout_lock_wait
-                except Exception:
-                    seconds = 0
+            seconds = lock_wait(h) if wait is None else wait
             try:
                 taken[h.name] = acquire(h, seconds, self.owner, shared=False)
             except HostLocked as exc:
@@ -247,30 +254,26 @@ def install() -> None:
         return
     _installed = True
     from pyinfra import logger
-    from pyinfra.api import facts as pyinfra_facts
     from pyinfra.api.host import Host
+
+    from gpufleet import pyinfra_private
 
     original_run = Host.run_shell_command
     original_put = Host.put_file
-    original_get_fact = pyinfra_facts._get_fact
+    original_get_fact = pyinfra_private.fact_loader()
     original_disconnect = Host.disconnect
 
     def ensure(host: Host) -> None:
-        if getattr(host, "_gpufleet_lock_in_fact", 0) or getattr(host, "_gpufleet_in_fact", 0):
+        context = host_context(host)
+        if context.lock_in_fact or context.in_fact:
             return
         if host.executing_op_hash is None:
             return
         mine = HELD.get(host.name)
         if mine is not None and mine.on(host):
             return
-        from gpufleet.settings import host_settings
-
         try:
-            wait = host_settings(host).rollout_lock_wait
-        except Exception:
-            wait = 0
-        try:
-            lock = acquire(host, wait)
+            lock = acquire(host, lock_wait(host))
         except HostLocked as exc:
             logger.error(f"{host.print_prefix}gpufleet: {exc}")
             raise
@@ -286,11 +289,12 @@ def install() -> None:
         return original_put(self, *args, **kwargs)
 
     def _get_fact(state, host, *args, **kwargs):
-        host._gpufleet_lock_in_fact = getattr(host, "_gpufleet_lock_in_fact", 0) + 1
+        context = host_context(host)
+        context.lock_in_fact += 1
         try:
             return original_get_fact(state, host, *args, **kwargs)
         finally:
-            host._gpufleet_lock_in_fact -= 1
+            context.lock_in_fact -= 1
 
     def disconnect(self, *args, **kwargs):
         # told to release while the connection is still there: the owner record goes with it
@@ -299,7 +303,4 @@ def install() -> None:
             release(self.name)
         return original_disconnect(self, *args, **kwargs)
 
-    Host.run_shell_command = run_shell_command
-    Host.disconnect = disconnect
-    Host.put_file = put_file
-    pyinfra_facts._get_fact = _get_fact
+    pyinfra_private.patch_for_locking(_get_fact, run_shell_command, put_file, disconnect)

@@ -3,15 +3,22 @@ pyinfra command line takes it: `--limit` (host names, fnmatch patterns or group 
 `--data key=value` (pyinfra's value parsing: true/false, integers, JSON, else text), the
 `config.py` pyinfra reads (the current directory's; else the one beside the inventory) and the
 `group_data/` folders pyinfra_cli.inventory.make_inventory reads (current directory's and the
-inventory's). pyinfra_cli's own functions do the work, so the semantics are pyinfra's.
+inventory's). The inventory and config file are loaded by pyinfra_cli's own functions (through
+gpufleet/pyinfra_private.py: no public API loads them); --data values and --limit patterns
+follow pyinfra's documented rules with its public Inventory API. tests/unit/test_inventory_source.py
+compares the result with what the `pyinfra` command itself loads (`debug-inventory`).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import dataclass, field
+from fnmatch import fnmatch
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from gpufleet import pyinfra_private
 
 
 class SourceError(ValueError):
@@ -33,12 +40,36 @@ def add_arguments(parser: argparse.ArgumentParser, limit: bool = True) -> None:
 
 def data_arg(text: str) -> tuple[str, Any]:
     """argparse type of --data: KEY=VALUE, the value parsed as `pyinfra --data` parses it."""
-    from pyinfra_cli.util import parse_cli_arg
-
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key.strip(), parse_cli_arg(value)
+    return key.strip(), cli_value(value)
+
+
+def cli_value(text: str) -> Any:
+    """A --data value as pyinfra's command line reads it: false/true (any case), an integer,
+    JSON, else the text itself."""
+    if text.lower() in ("false", "true"):
+        return text.lower() == "true"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def pattern_matches(inventory: Any, pattern: str) -> list[Any]:
+    """The hosts a --limit pattern selects, as `pyinfra --limit` selects them: a group's hosts
+    if a group has that name, else the hosts whose name matches it (fnmatch)."""
+    from pyinfra.api.exceptions import NoGroupError
+
+    try:
+        return list(inventory.get_group(pattern))
+    except NoGroupError:
+        return [host for host in inventory if fnmatch(host.name, pattern)]
 
 
 @dataclass
@@ -74,24 +105,21 @@ class InventorySource:
         """The whole inventory, as `pyinfra INVENTORY ... --data ...` loads it."""
         from pyinfra.api import State
         from pyinfra.context import ctx_state
-        from pyinfra_cli.inventory import make_inventory
 
         with ctx_state.use(State()):
             try:
-                return make_inventory(self.path, cwd=self.cwd, override_data=dict(self.data) or None)
+                return pyinfra_private.make_inventory(self.path, cwd=self.cwd, override_data=dict(self.data) or None)
             except Exception as exc:  # noqa: BLE001 - a broken inventory or group_data file
                 raise SourceError(f"inventory {self.path}: {_why(exc)}") from None
 
     def hosts(self, inventory: Any) -> list[Any]:
         """The hosts --limit selects (all without it), in inventory order; a pattern that
         matches nothing is an error (pyinfra only warns, and the run would quietly do less)."""
-        from pyinfra_cli.cli import _get_inventory_pattern_matches
-
         if not self.limit:
             return list(inventory)
         chosen: set[Any] = set()
         for pattern in self.limit:
-            found = _quietly(_get_inventory_pattern_matches, inventory, [pattern], "--limit")
+            found = pattern_matches(inventory, pattern)
             if not found:
                 groups = ", ".join(sorted(g for g in inventory.groups if g != "all")) or "none"
                 raise SourceError(f"--limit {pattern!r}: no group or host of {self.path} matches "
@@ -108,28 +136,14 @@ class InventorySource:
             if self.config_file:
                 from pyinfra.api import State
                 from pyinfra.context import ctx_config, ctx_state
-                from pyinfra_cli.util import exec_file
 
                 with ctx_state.use(State()), ctx_config.use(config):
                     try:
-                        exec_file(self.config_file)
+                        pyinfra_private.exec_file(self.config_file)
                     except Exception as exc:  # noqa: BLE001 - any error in the operator's file
                         raise SourceError(f"config file {self.config_file}: {_why(exc)}") from None
             self._config = config
         return self._config.copy()
-
-
-def _quietly(func: Callable[..., Any], *args: Any) -> Any:
-    """`func(*args)` without pyinfra's warning lines (the caller reports what matters)."""
-    import logging
-
-    log = logging.getLogger("pyinfra")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        return func(*args)
-    finally:
-        log.setLevel(level)
 
 
 def _why(exc: BaseException) -> str:

@@ -98,3 +98,12 @@ def module_packages(prebuilt: str | None, dkms: str | None, release: str | None,
     if prebuilt and release and flavour and abi_build:
         return [prebuilt.format(kernel=flavour), prebuilt.format(kernel=release)], True
     return ([dkms] if dkms else []), False
+
+
+def kernel_metapackages(release: str | None, os_name: str) -> list[str]:
+    """The Ubuntu metapackages through which kernels of this flavour arrive: linux-<flavour>,
+    linux-image-<flavour> and linux-headers-<flavour>, for the plain flavour and its -hwe one.
+    With prebuilt NVIDIA modules they are held with the driver: a kernel they brought in would
+    boot without a module build unless the modules' flavour metapackage moved with it."""
+    return [f"linux{part}-{image.removeprefix('linux-image-')}"
+            for image in image_metapackage_candidates(release, os_name) for part in ("", "-image", "-headers")]

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping
 
 from .compat import compat_data
 from .errors import Incompatible, InventoryError
+from .hostcontext import fleet_context, host_context
 from .gpus import model_for_name
 from .resolver import Resolution, resolve
 from .schema import KEYS, BadValue, show, text_problem
@@ -391,7 +392,7 @@ def host_settings(host: Any) -> Settings:
     Computed once per host and run: every deploy asks, and the inventory does not change
     while a run is planned."""
     data = explicit_data(host)
-    cached: tuple[dict[str, Any], Settings] | None = getattr(host, "_gpufleet_settings", None)
+    cached = host_context(host).settings
     if cached is not None and cached[0] == data:
         return cached[1]
     problems = _group_problems(host)
@@ -400,7 +401,7 @@ def host_settings(host: Any) -> Settings:
     if problems:
         raise InventoryError(problems)
     assert settings is not None
-    host._gpufleet_settings = (data, settings)
+    host_context(host).settings = (data, settings)
     return settings
 
 
@@ -415,7 +416,7 @@ def validate_inventory(inventory: Any, source: Path | str | None = None, hosts: 
 
     Once per inventory and run: deploys/all.py asks for every host it plans, and validating
     all N hosts N times made planning quadratic in the fleet size."""
-    problems = getattr(inventory, "_gpufleet_problems", None)
+    problems = fleet_context(inventory).problems
     if problems is None:
         problems = _file_problems(source if source is not None else _cli_inventory_file(), inventory)
         if not len(inventory):
@@ -426,9 +427,9 @@ def validate_inventory(inventory: Any, source: Path | str | None = None, hosts: 
             settings, more = _settings_for(host.name, data)
             found += more
             if settings is not None and not found:
-                host._gpufleet_settings = (data, settings)  # host_settings() answers from it
+                host_context(host).settings = (data, settings)  # host_settings() answers from it
             problems += found
-        inventory._gpufleet_problems = problems
+        fleet_context(inventory).problems = problems
     if problems:
         raise InventoryError(problems)
 
@@ -451,9 +452,9 @@ def _cli_inventory_file() -> Path | None:
     if Path(sys.argv[0]).name != "pyinfra":
         return None
     try:  # parse the command line as pyinfra did (pyinfra keeps no note of the file)
-        from pyinfra_cli.cli import cli
+        from gpufleet import pyinfra_private
 
-        name = cli.make_context("pyinfra", sys.argv[1:], resilient_parsing=True).params.get("inventory")
+        name = pyinfra_private.cli_params(sys.argv[1:]).get("inventory")
     except Exception:
         return None
     path = Path(name) if isinstance(name, str) else None

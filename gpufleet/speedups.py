@@ -9,31 +9,27 @@ no-op run of deploys/all.py (bench/fleet.py), where they took over half the cont
   and every fact (1.2 s); the class never changes during a run, so it is computed once.
 
 Both return exactly what the originals return (tests/unit/test_speedups.py compares them);
-install() swaps them in where pyinfra looks them up.
+install() swaps them in where pyinfra looks them up, through gpufleet/pyinfra_private.py (only on
+a pyinfra release and connectors they were verified with).
 """
 from __future__ import annotations
 
-import importlib
 import sys
 from functools import lru_cache
+from types import FrameType
 from typing import Any
 
 import pyinfra
 
-# By module path: `from pyinfra.api import operation` is the decorator, not its module.
-pyinfra_arguments = importlib.import_module("pyinfra.api.arguments")
-pyinfra_facts = importlib.import_module("pyinfra.api.facts")
-pyinfra_operation = importlib.import_module("pyinfra.api.operation")
-pyinfra_util = importlib.import_module("pyinfra.api.util")
+from gpufleet import pyinfra_private
 
-_original_all_global_arguments = pyinfra_arguments.all_global_arguments
 _installed = False
 
 
 def operation_order_from_stack(state: Any) -> list[int]:
     """pyinfra.api.util.get_operation_order_from_stack, reading frames instead of source."""
     frames = []
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         frames.append(frame)
         frame = frame.f_back
@@ -47,10 +43,11 @@ def operation_order_from_stack(state: Any) -> list[int]:
                   if frame.f_code.co_filename == state.current_deploy_filename), len(frames))
 
     line_numbers = []
+    install_dir = pyinfra_private.pyinfra_install_dir()
     if pyinfra.is_cli:
         line_numbers.append(state.current_op_file_number)
     for frame in frames[i:]:
-        if frame.f_code.co_filename.startswith(pyinfra_util.PYINFRA_INSTALL_DIR):
+        if frame.f_code.co_filename.startswith(install_dir):
             continue
         line_numbers.append(frame.f_lineno)
     return line_numbers
@@ -58,7 +55,7 @@ def operation_order_from_stack(state: Any) -> list[int]:
 
 @lru_cache(maxsize=1)
 def _global_arguments() -> tuple[tuple[str, type], ...]:
-    return tuple(_original_all_global_arguments())
+    return tuple(pyinfra_private.original_all_global_arguments()())
 
 
 def all_global_arguments() -> list[tuple[str, type]]:
@@ -66,9 +63,8 @@ def all_global_arguments() -> list[tuple[str, type]]:
     return list(_global_arguments())
 
 
-# pyinfra releases whose two functions these were compared with (tests/unit/test_speedups.py);
-# on any other release pyinfra keeps its own, slower but certainly right for it.
-VERIFIED_PYINFRA = ("3.10.",)
+# The releases these were compared with: pyinfra_private.VERIFIED_PYINFRA (one gate for all).
+VERIFIED_PYINFRA = pyinfra_private.VERIFIED_PYINFRA
 
 
 def install() -> None:
@@ -76,10 +72,4 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    from importlib.metadata import version
-
-    if not version("pyinfra").startswith(VERIFIED_PYINFRA):
-        return
-    pyinfra_operation.get_operation_order_from_stack = operation_order_from_stack
-    pyinfra_arguments.all_global_arguments = all_global_arguments
-    pyinfra_facts.all_global_arguments = all_global_arguments
+    pyinfra_private.patch_planning(operation_order_from_stack, all_global_arguments)

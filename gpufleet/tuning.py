@@ -363,7 +363,7 @@ class TuningPlan:
 def host_clocks(host: Any, policy: Any) -> list[GpuClocks]:
     """The clock plan of the host's GPUs from its nvidia-smi (empty when it does not work or the
     policy is unmanaged): what the deploy applies, the gate checks and the plan view shows."""
-    from gpufleet.facts.gpu_tuning import locked_clocks
+    from .hostfacts import locked_clocks
 
     from .hostfacts import gpu_state
 
@@ -372,6 +372,64 @@ def host_clocks(host: Any, policy: Any) -> list[GpuClocks]:
         return []
     return plan_clocks(policy, state.gpus, state.supported_clocks, state.driver_version, locked_clocks(host),
                        ac_deprecated_from())
+
+
+#: how the report names the driver's clock method
+METHOD_NAMES = {AC: "application", LGC: "locked"}
+
+
+@dataclass(frozen=True)
+class AppliedClocks:
+    """One GPU's clocks in the plan's model, as the fleet report shows them: the pair in effect
+    by the method the driver uses (application clocks as nvidia-smi reads them; locked clocks as
+    gpufleet recorded them, since nvidia-smi cannot read locks back) beside the plan's target."""
+
+    index: int
+    name: str
+    bus_id: str
+    method: str  # AC | LGC
+    applied: ClockPair | None  # None: not locked (LGC), not reported (AC)
+    planned: ClockPair | None  # None: the driver default, or no plan (managed False)
+    managed: bool  # the host has a clock plan (policy not unmanaged, not refused)
+    at_plan: bool | None  # the gate's test: no command left to run; None without a plan
+
+
+def _record_pair(record: str | None) -> ClockPair | None:
+    mem, _, gfx = (record or "").partition(",")
+    return ClockPair(int(mem), int(gfx)) if mem.isdigit() and gfx.isdigit() else None
+
+
+def applied_clocks(gpus: Sequence[GpuInfo], method: str, locked: Mapping[str, str],
+                   plans: Sequence[GpuClocks]) -> list[AppliedClocks]:
+    """Per GPU: applied pair, planned pair, and whether the GPU is at its plan, which is exactly
+    the validation gate's test (the plan has no command left for it)."""
+    by_bus = {p.bus_id: p for p in plans}
+    out = []
+    for gpu in gpus:
+        applied = gpu.app_clocks if method == AC else _record_pair(locked.get(gpu.bus_id))
+        plan = by_bus.get(gpu.bus_id)
+        out.append(AppliedClocks(gpu.index, gpu.name, gpu.bus_id, method, applied, plan.target if plan else None,
+                                 plan is not None, not plan.commands if plan else None))
+    return out
+
+
+def host_applied_clocks(host: Any, policy: Any) -> tuple[str, list[AppliedClocks], str | None] | None:
+    """(method, per-GPU applied and planned pairs, refusal or None) from the host's nvidia-smi and
+    gpufleet's lock records, with the plan the deploy applies and the gate checks (host_clocks);
+    None when nvidia-smi does not work."""
+    from .hostfacts import gpu_state, locked_clocks
+
+    state = gpu_state(host)
+    if not (state.ok and state.gpus):
+        return None
+    method = clock_method(state.driver_version, ac_deprecated_from())
+    refused = None
+    try:
+        plans = host_clocks(host, policy)
+    except Refusal as error:
+        plans, refused = [], str(error)
+    locked = locked_clocks(host) if method == LGC else {}  # host_clocks asked already (answered from memory)
+    return method, applied_clocks(state.gpus, method, locked, plans), refused
 
 
 def clocks_summary(plans: Sequence[GpuClocks]) -> str:

@@ -36,6 +36,7 @@ from gpufleet.facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitAc
 
 from . import dockerconf, perf
 from .errors import Incompatible
+from .hostcontext import host_context
 from .sshd_policy import expected_sshd
 from .tiers import managed_marker
 from .tuning import Refusal, clocks_summary, plan_tuning
@@ -155,12 +156,13 @@ class Result:
 def fresh_host_facts(host: Any) -> Iterator[None]:
     """gpufleet.hostfacts caches planning-time facts on the host; the gate must see the host
     as it is now, so run with an empty cache and put the planning cache back afterwards."""
-    saved = getattr(host, "_gpufleet_facts", None)
-    host._gpufleet_facts = {}
+    context = host_context(host)
+    saved = context.facts
+    context.facts = {}
     try:
         yield
     finally:
-        host._gpufleet_facts = saved if saved is not None else {}
+        context.facts = saved
 
 
 class Context:
@@ -440,7 +442,8 @@ def cuda_cudnn_releases_exact(ctx: Context) -> Result:
 @check("driver")
 def kernels_have_the_module(ctx: Context) -> Result:
     """A kernel installed after the driver (unattended upgrades) boots without GPUs unless DKMS
-    built the module for it, which needs that kernel's headers (linux-headers-<flavour>)."""
+    built the module for it, which needs that kernel's headers (linux-headers-<flavour>), or,
+    with Ubuntu's prebuilt modules, unless their package for that kernel came with it."""
     from .kernels import headers_metapackage
 
     name = "every installed kernel has the nvidia module"
@@ -453,6 +456,15 @@ def kernels_have_the_module(ctx: Context) -> Result:
                if not has and not (release == drv.kernel_release and drv.module_loaded)]
     if not missing:
         return Result("driver", name, PASS, f"{len(drv.installed_kernels)} kernel(s)")
+    prebuilt = sorted(n for n, e in drv.packages.items() if n.startswith("linux-modules-nvidia-") and e.installed)
+    if prebuilt:
+        # Ubuntu's prebuilt modules: no DKMS builds them for a kernel that came alone (held with
+        # the driver by deploys/driver.py, so one installed by hand or before the holds)
+        return Result("driver", name, WARN, f"no prebuilt nvidia module for {', '.join(missing)}: booting "
+                      f"{'it' if len(missing) == 1 else 'one'} leaves the GPUs without a driver",
+                      "kernels move with their prebuilt modules only through tools/rollout INVENTORY (it moves "
+                      "the held kernel and linux-modules-nvidia-* flavour metapackages together); install "
+                      "linux-modules-nvidia-<series>-RELEASE for each, or remove that kernel")
     meta = sorted({m for m in map(headers_metapackage, missing) if m})
     how = (f"install {' '.join(meta)} (deploys/all.py does, for the running kernel's flavour), then "
            "`dkms autoinstall -k RELEASE` for each" if meta else "install their headers, then `dkms autoinstall -k RELEASE`")

@@ -13,9 +13,9 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from gpufleet.hostfacts import gpu_state
+from gpufleet.hostfacts import gpu_state, locked_clocks
 from gpufleet.tuning import plan_clocks
-from gpufleet.facts.gpu_tuning import LOCKED_CLOCKS_DIR, locked_clocks
+from gpufleet.facts.gpu_tuning import LOCKED_CLOCKS_DIR
 
 NVIDIA_SMI = "nvidia-smi"
 

@@ -195,34 +195,74 @@ def sshd_dropin(dest: str, content: str, revert_after: int = 60):
     )
 
 
-def login_proof_refusal(host) -> str | None:
-    """Why no fresh-login proof can be had for `host` (None: it can). gpufleet knows how to log
-    in afresh only as pyinfra's SSH connector does; over @local, @docker, @chroot, @dockerssh
-    and the like there is nothing it could re-login with, so sshd and firewall changes, which
-    need the proof, are refused there rather than taken as proven."""
+#: pyinfra connectors (entry-point names) whose commands never pass through an sshd: a change to
+#: sshd or the firewall cannot cut gpufleet's own connection there, so there is no login to prove.
+NO_SSHD_CONNECTORS = ("local", "docker", "podman", "chroot")
+
+
+def connector_kind(host) -> str:
+    """`@name` of the host's connector, as pyinfra registers it (its `pyinfra.connectors`
+    entry points), else the class's module path (a third-party connector)."""
+    from gpufleet.pyinfra_private import connector_name
+
+    name = connector_name(host)
+    return name if "." in name else "@" + name
+
+
+def login_proof(host) -> tuple[str, str]:
+    """How a fresh login is proven on `host`: ("ssh", "") by logging in afresh as pyinfra's ssh
+    connector does (also the hosts @vagrant and @terraform list: they are reached over SSH);
+    ("nothing", why) when the connector never goes through sshd (NO_SSHD_CONNECTORS), named;
+    ("refused", why) for any other connector (@dockerssh, @podmanssh, a third-party one):
+    gpufleet cannot tell which sshd its commands go through, so it proves nothing there and
+    says so, never "nothing to prove"."""
     from pyinfra.connectors.ssh import SSHConnector
 
-    connector = host.connector
-    if isinstance(connector, SSHConnector):
+    if issubclass(host.connector_cls, SSHConnector):
+        return "ssh", ""
+    kind = connector_kind(host)
+    if kind.removeprefix("@") in NO_SSHD_CONNECTORS:
+        return "nothing", (f"nothing to prove on {host.name}: the {kind} connector does not go through "
+                           "sshd, so no sshd or firewall change can cut this connection")
+    return "refused", (f"refused on {host.name}: it is reached through the {kind} connector, and gpufleet "
+                       "can prove that a fresh login still works only over SSH (pyinfra's ssh connector, "
+                       "also used by @vagrant and @terraform hosts); sshd and firewall changes are kept "
+                       "only with that proof. Allowed connector: ssh. Run this deploy over SSH.")
+
+
+def login_proof_refusal(host) -> str | None:
+    """Why sshd and firewall changes are refused on `host` at planning (None: they are not).
+    The hardening deploy changes sshd only where a fresh SSH login can prove the change: over
+    @local, @docker, @chroot there is nothing to prove for gpufleet's own connection, but
+    nothing would prove that the hosts' SSH users can still log in either, so those are
+    refused too, by name."""
+    how, why = login_proof(host)
+    if how == "ssh":
         return None
-    kind = "@" + type(connector).__name__.removesuffix("Connector").lower()
-    return (f"refused on {host.name}: it is reached through the {kind} connector, and gpufleet can "
-            "prove that a fresh login still works only over SSH (pyinfra's ssh connector); sshd "
-            "and firewall changes are kept only with that proof. Run this deploy over SSH.")
+    if how == "nothing":
+        return (f"refused on {host.name}: the {connector_kind(host)} connector does not go through sshd, so "
+                "no fresh login can prove that SSH users can still log in after an sshd or firewall change; "
+                "gpufleet makes those changes only on hosts it reaches over SSH. Allowed connector: ssh. "
+                "Run this deploy over SSH.")
+    return why
 
 
 def fresh_login(host, attempts: int = 5, delay: float = 1.0) -> str | None:
     """
     Open a *new* SSH session exactly as pyinfra does (its paramiko client and this host's
     connection data: user, key, port, paramiko options) and run `true`.
-    Returns None on success, else why it failed. Fails closed: a host not reached over SSH
-    has no proof (login_proof_refusal), never "nothing to prove".
+    Returns None on success, else why it failed. Fails safe (login_proof): over a connector
+    that never goes through sshd there is nothing to prove, and it is said by name; over any
+    other connector that is not SSH the answer is a refusal, never "nothing to prove".
     """
     from pyinfra.connectors.sshuserclient import SSHClient
 
-    refusal = login_proof_refusal(host)
-    if refusal is not None:
-        return refusal
+    how, why = login_proof(host)
+    if how == "nothing":
+        logger.info(f"{host.print_prefix}{why}")
+        return None
+    if how == "refused":
+        return why
     connector = host.connector
     error = "no attempt made"
     for attempt in range(attempts):

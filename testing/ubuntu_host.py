@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import fnmatch
 import re
 import subprocess
 import tempfile
@@ -36,6 +37,7 @@ from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
 from gpufleet.facts.packages import AptCandidates, HeldPackages, KeyringFingerprints, PackageVersions, StackPackages
 from gpufleet.facts.pci import NvidiaPciDevices, PciDevices
+from gpufleet.facts.rollout import AptVersions, PackageChange
 from gpufleet.facts.system import OsRelease
 from gpufleet.gpus import model_for_name
 
@@ -95,6 +97,16 @@ class UbuntuHost:
     nvswitches: int = 0
     rdma: bool = False
     files: Mapping[str, bool] = field(default_factory=dict)  # path -> exists (the File fact)
+    needrestart: bool = True  # /etc/needrestart exists: Ubuntu 22.04+ servers ship needrestart
+    # a host deploys/all.py provisioned with Ubuntu's own driver at an earlier SRU, its prebuilt
+    # modules and kernel flavour metapackages held (22.04/provisioned/: installed packages, what
+    # apt offers now); what tools/rollout and tools/rollback plan on
+    provisioned: bool = False
+
+    def _dpkg_lines(self) -> list[str]:
+        if self.provisioned:
+            return recorded(self.release, "provisioned/dpkg-query.txt")
+        return recorded(self.release, "dpkg-query-linux-image.txt")
 
     def _pci(self) -> list[str]:
         lines = []
@@ -132,15 +144,21 @@ class UbuntuHost:
             return RdmaDevices().process(lines)
         if cls is NetworkInterfaces:
             return NetworkInterfaces().process([])
-        if cls is PackageVersions:
+        if cls is PackageVersions:  # dpkg-query -W PATTERN...: names and globs
             wanted = list(kwargs["packages"])
-            installed = [ln for ln in recorded(self.release, "dpkg-query-linux-image.txt") if ln.split()[0] in wanted]
-            return PackageVersions().process([f"{MARK} want {' '.join(wanted)}", f"{MARK} begin dpkg", *installed])
+            installed = [ln for ln in self._dpkg_lines() if any(fnmatch.fnmatchcase(ln.split()[0], w) for w in wanted)]
+            names = [w for w in wanted if not set("*?[") & set(w)]
+            return PackageVersions().process([f"{MARK} want {' '.join(names)}", f"{MARK} begin dpkg", *installed])
+        if cls is AptVersions and self.provisioned:  # apt-cache madison PKG...
+            lines = recorded(self.release, "provisioned/apt-cache-madison.txt")
+            return AptVersions().process([ln for ln in lines if ln.split("|")[0].strip() in kwargs["packages"]])
+        if cls is PackageChange:  # no package change ever ran, dpkg --audit clean
+            return PackageChange().process(["LoadState=not-found", "SubState=dead", "Result=success", "ExecMainStatus=0"])
         if cls is AptCandidates:
             policy = apt_cache_policy(recorded(self.release, "apt-cache-policy.txt"))
             return AptCandidates().process([f"{p} {policy.get(p) or '(none)'}" for p in kwargs["packages"]])
-        if cls is HeldPackages:
-            return HeldPackages().process([])
+        if cls is HeldPackages:  # dpkg-query's Status-Want "hold" (status "h?")
+            return HeldPackages().process([ln.split()[0] for ln in self._dpkg_lines() if ln.split()[-1].startswith("h")])
         if cls is StackPackages:  # a fresh host: no CUDA toolkit or cuDNN installed, no record of gpufleet's
             return StackPackages.default()
         if cls is KeyringFingerprints:
@@ -159,6 +177,8 @@ class UbuntuHost:
             return "/tmp"
         if name == "Date":
             return datetime.datetime(2026, 11, 30, 12, 0, 0)
+        if name == "Directory" and kwargs.get("path") == "/etc/needrestart" and self.needrestart:
+            return {"mode": 755, "user": "root", "group": "root"}
         if name == "File" and self.files.get(kwargs["path"]):
             return {"size": 1, "mode": 600, "user": "root", "group": "root"}
         if cls.__module__.startswith("pyinfra.") and name in _PYINFRA_EMPTY:

@@ -98,6 +98,8 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     from gpufleet.settings import host_settings
     from gpufleet.validation import FAIL, PYTORCH_CHECK, Context, fresh_host_facts, run_checks
 
+    from .view import clocks_text
+
     row: dict[str, Any] = {"status": "ok"}
     try:
         settings = host_settings(host)
@@ -120,6 +122,8 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
                                  - set(REPORT_PACKAGES)) if res is not None else []
         pkgs = host.get_fact(PackageVersions, packages=[*REPORT_PACKAGES, *driver_packages])
         held = host.get_fact(HeldPackages)
+        # the same facts (answered from memory) as the gate's clock check
+        clocks = clock_column(host, settings, gpu.driver_version) if gpu.ok and gpu.gpus else None
     row["tier"] = settings.tier if settings else (host.data.get("tier") or None)
     models: dict[str, int] = {}
     for g in gpu.gpus:
@@ -142,11 +146,10 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     if gpu.ok and gpu.gpus:
         off = [str(g.index) for g in gpu.gpus if g.persistence is not True]
         row["persistence"] = f"off on GPU {', '.join(off)}" if off else "on"
-        pairs = sorted({f"{g.app_clocks.mem},{g.app_clocks.gfx}" for g in gpu.gpus if g.app_clocks})
-        row["clocks"] = " / ".join(pairs) or None
     else:
         row["persistence"] = None
-        row["clocks"] = None
+    row["gpu_clocks"] = clocks
+    row["clocks"] = clocks_text(clocks) if clocks else None
 
     # the PyTorch build is read even without --probe: importing torch loads no GPU
     results = run_checks(host, settings, probe=probe, torch_probe=True) if settings else []
@@ -173,6 +176,28 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     }
     row["state"] = classify(row, results)
     return row
+
+
+def clock_column(host: Any, settings: Any, driver: str | None) -> dict[str, Any] | None:
+    """The clocks gpufleet applied on each GPU (application or locked clocks, whichever the
+    host's driver uses) beside the pair the tuning plan wants: the plan the deploy applies, the
+    plan view shows and the gate checks (gpufleet.tuning). No settings: the applied pairs only."""
+    from gpufleet.tuning import METHOD_NAMES, host_applied_clocks, policy_text
+
+    policy = settings.clock_policy if settings is not None else "unmanaged"
+    found = host_applied_clocks(host, policy)
+    if found is None:
+        return None
+    method, gpus, refused = found
+
+    def pair(p: Any) -> str | None:
+        return f"{p.mem},{p.gfx}" if p else None
+
+    return {"method": METHOD_NAMES[method], "driver": driver,
+            "policy": policy_text(policy) if settings is not None else None, "refused": refused,
+            "gpus": [{"index": g.index, "model": g.name, "bus_id": g.bus_id, "applied": pair(g.applied),
+                      "planned": (pair(g.planned) or "default") if g.managed else None, "at_plan": g.at_plan}
+                     for g in gpus]}
 
 
 def endpoints(host: Any, settings: Any, by_name: dict[str, Any]) -> list[dict[str, str]]:
@@ -299,8 +324,9 @@ def plan_drift(state: Any, hosts: list[Any], rows: dict[str, dict[str, Any]], de
     """Plan `deploy` (deploys/all.py) for each host and record the operations that would change."""
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra.context import ctx_config, ctx_host
-    from pyinfra_cli.util import exec_file
 
+    from gpufleet import pyinfra_private
+    from gpufleet.pyinfra_private import exec_file
     from gevent.pool import Pool
 
     path = str(PACKAGE / deploy)
@@ -336,7 +362,7 @@ def plan_drift(state: Any, hosts: list[Any], rows: dict[str, dict[str, Any]], de
             if op_hash not in state.ops[host]:
                 continue
             op_data = state.get_op_data_for_host(host, op_hash)
-            if op_data.operation_meta._maybe_is_change:
+            if pyinfra_private.planned_change(op_data.operation_meta):
                 # As `pyinfra --dry` does: an op behind `_if` (e.g. reload when a file changed)
                 # only runs if an earlier one changes something, so it is not drift by itself.
                 target = conditional if op_data.global_arguments.get("_if") else names

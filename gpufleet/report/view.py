@@ -39,6 +39,7 @@ class Cell:
     note: str = ""  # a second, smaller line
     resolved: str | None = None  # the version the host's tier resolves, shown beside the installed one
     differs: bool = False  # installed (or loaded) != resolved
+    compared: str = "resolved"  # what `resolved` is: the resolved version, or the planned clock pair
     details: list[str] = field(default_factory=list)  # folded away under <details>
     summary: str = ""  # the <summary> line of the details
     items: list[dict[str, str]] = field(default_factory=list)  # problems: status, what, message, fix
@@ -135,12 +136,7 @@ def _cells(row: dict[str, Any]) -> dict[str, Cell]:
         return {key: out.get(key, Cell("none", "")) for key, _ in COLUMNS if key != "host"}
     for key, _ in COMPONENTS:
         out[key] = _component(row, key)
-    tuning = [c for c in _checks(row) if c["area"] == "tuning"]
-    parts = [f"persistence {row['persistence']}" if row.get("persistence") else "",
-             f"clocks {row['clocks']}" if row.get("clocks") else ""]
-    out["tuning"] = Cell(worst([c["status"] for c in tuning], empty="info"), "\n".join(p for p in parts if p) or "-",
-                         details=[f"{SYMBOLS[c['status']] or '-'} {_check_line(c)}" for c in tuning],
-                         summary=f"{len(tuning)} checks" if tuning else "")
+    out["tuning"] = _tuning(row)
     for key, name in CHECK_OF.items():
         check = next((c for c in _checks(row) if c["name"] == name), None)
         out[key] = _said(Cell(check["status"], check["status"], note=check["message"]) if check
@@ -158,6 +154,62 @@ def _cells(row: dict[str, Any]) -> dict[str, Cell]:
                          summary="why" if kernel_check and kernel_check["status"] == "skip" else "more")
     out["drift"] = _drift(row.get("drift"))
     return {key: out[key] for key, _ in COLUMNS if key != "host"}
+
+
+def clocks_text(clocks: dict[str, Any]) -> str:
+    """The clocks column in one line: 'locked 1215,1410 = planned', 'application 3201,1980 ≠
+    planned 3201,1785', per group of GPUs when they differ ('... on GPU 0, 1; ...')."""
+    groups: dict[tuple[Any, Any, Any], list[str]] = {}
+    for g in clocks["gpus"]:
+        groups.setdefault((g["applied"], g["planned"], g["at_plan"]), []).append(str(g["index"]))
+    parts = []
+    for (applied, planned, at_plan), indices in groups.items():
+        text = applied or ("none" if clocks["method"] == "locked" else "not reported")
+        if at_plan is not None:
+            text += (" = planned" + (" default" if planned == "default" else "")) if at_plan else f" ≠ planned {planned}"
+        parts.append(text + (f" on GPU {', '.join(indices)}" if len(groups) > 1 else ""))
+    if clocks.get("refused"):
+        parts[-1] += "; the tuning plan refuses this host"
+    elif all(g["at_plan"] is None for g in clocks["gpus"]):
+        parts[-1] += " (clock_policy: unmanaged)" if clocks.get("policy") else " (no clock plan)"
+    return f"{clocks['method']} " + "; ".join(parts)
+
+
+_METHOD_NOTES = {"application": "application clocks (nvidia-smi -ac), as nvidia-smi reads them",
+                 "locked": "locked clocks (nvidia-smi -lgc/-lmc; application clocks are deprecated on this "
+                           "driver), as gpufleet recorded them in /run/gpufleet/gpu-clocks since boot"}
+
+
+def _tuning(row: dict[str, Any]) -> Cell:
+    """Persistence, then the clocks gpufleet applied, labelled by method, with the planned pair
+    beside them (`= planned` / `≠ planned ...`): a GPU off its plan fails the cell, as the gate."""
+    tuning = [c for c in _checks(row) if c["area"] == "tuning"]
+    checks = [f"{SYMBOLS[c['status']] or '-'} {_check_line(c)}" for c in tuning]
+    clocks = row.get("gpu_clocks")
+    persistence = f"persistence {row['persistence']}" if row.get("persistence") else ""
+    if not clocks:  # no GPU answering, or an older report: the text as gathered
+        parts = [persistence, f"clocks {row['clocks']}" if row.get("clocks") else ""]
+        return Cell(worst([c["status"] for c in tuning], empty="info"), "\n".join(p for p in parts if p) or "-",
+                    details=checks, summary=f"{len(tuning)} checks" if tuning else "")
+    gpus = clocks["gpus"]
+    applied = sorted({g["applied"] or ("none" if clocks["method"] == "locked" else "not reported") for g in gpus})
+    managed = [g for g in gpus if g["at_plan"] is not None]
+    off = [g for g in managed if not g["at_plan"]]
+    planned = sorted({g["planned"] for g in (off or managed)})
+    cell = Cell(worst([c["status"] for c in tuning], empty="info"),
+                "\n".join(p for p in (persistence, f"{clocks['method']} clocks {' / '.join(applied)}") if p),
+                resolved=" / ".join(planned) or None, differs=bool(off), compared="planned",
+                details=[f"GPU {g['index']} {g['model']} ({g['bus_id']}): {clocks['method']} "
+                         f"{g['applied'] or 'none'}" + (f", planned {g['planned']}" if g["planned"] else "")
+                         for g in gpus] + [_METHOD_NOTES[clocks["method"]] + f" (driver {clocks.get('driver') or '?'})"]
+                + checks, summary=f"{len(gpus)} GPUs, {len(tuning)} checks")
+    if off:
+        cell.status = "fail"
+    if clocks.get("refused"):
+        cell.status, cell.note = "fail", f"planning refused: {clocks['refused']}"
+    elif not managed:
+        cell.note = "clock_policy: unmanaged" if clocks.get("policy") else "no clock plan (the inventory fails)"
+    return cell
 
 
 def _endpoints(endpoints: list[dict[str, str]]) -> Cell:

@@ -46,8 +46,6 @@ class RolloutContext:
 
 def real_host(host: Any) -> Any:
     """The Host object behind pyinfra's `host` context proxy (sets of hosts must hold the real one)."""
-    from pyinfra.context import ContextObject
+    from pyinfra.context import ctx_host
 
-    if isinstance(host, ContextObject):
-        return host._get_module()
-    return host
+    return ctx_host.get() if host is ctx_host.context else host

@@ -27,6 +27,7 @@ FORMAT = 1
 PACKAGE_PATTERNS = (
     "nvidia-*", "cuda-*", "libcuda*", "libnvidia-*", "libcudnn*", "libnccl*",
     "datacenter-gpu-manager*", "libxnvctrl*", "xserver-xorg-video-nvidia*", "firmware-nvidia-*",
+    "linux-modules-nvidia-*",   # Ubuntu's prebuilt modules: per kernel ABI and per kernel flavour
 )
 
 #: /etc (and keyring) files recorded and archived. Shell globs, expanded on the host.
@@ -45,7 +46,10 @@ DRIVER_PACKAGE = re.compile(
     r"^(nvidia-open|cuda-drivers(-\d+)?|nvidia-driver(-cuda|-libs|-bin)?|nvidia-kernel-(open-)?dkms|"
     r"nvidia-kernel-support|nvidia-kernel-common(-\d+)?|nvidia-smi|nvidia-persistenced|nvidia-fabricmanager(-\d+)?|"
     r"nvidia-modprobe|nvidia-settings|nvidia-xconfig|libcuda1|libnvidia-[a-z0-9-]+|nvidia-vulkan-icd|"
-    r"nvidia-egl-icd|nvidia-opencl-icd|nvidia-suspend-common|nvidia-alternative|nvlsm)$")
+    r"nvidia-egl-icd|nvidia-opencl-icd|nvidia-suspend-common|nvidia-alternative|nvlsm|"
+    # Ubuntu's own series (nvidia-graphics-drivers-580-server): nvidia-utils-580-server, ...
+    r"nvidia-(?:utils|compute-utils|kernel-common|kernel-source|dkms|headless|headless-no-dkms|driver)"
+    r"-\d+(?:-server)?(?:-open)?)$")
 PINNING_PACKAGE = re.compile(r"^nvidia-driver-pinning-(\d+\.\d+(\.\d+)?)$")
 #: NVIDIA's packages that never follow the driver version although their names look like it
 NOT_DRIVER = re.compile(r"^(libnvidia-container.*|nvidia-container-.*|nvidia-driver-pinning.*|libnvidia-nscq.*)$")
@@ -69,6 +73,50 @@ def version_pinning_package(installed: Mapping[str, str | None]) -> str | None:
         if ver and PINNING_PACKAGE.match(name):
             return name
     return None
+
+
+# Ubuntu's prebuilt, signed modules (linux-restricted-modules): one package per kernel ABI
+# (linux-modules-nvidia-580-server-open-6.8.0-90-generic, versioned as that kernel, not as the
+# driver) and a metapackage per kernel flavour (...-generic-hwe-22.04) that brings the build for
+# each new kernel of that flavour. Their versions never carry the driver's: each moves to the
+# build the archive offers, which is built against the archive's driver (the validation after
+# the reboot checks that the loaded module is the target).
+MODULES_PACKAGE = re.compile(r"^linux-modules-nvidia-\d+(?:-server)?(?:-open)?-(?P<kernel>[a-z0-9.+~-]+)$")
+_KERNEL_ABI = re.compile(r"^\d+\.\d+\.\d+-\d+-")
+
+
+def kernel_metapackages(installed: Mapping[str, str | None]) -> list[str]:
+    """linux-<flavour>, linux-image-<flavour>, linux-headers-<flavour> for the flavour of each
+    installed prebuilt modules metapackage: the kernels that move with those modules (held with
+    them by deploys/driver.py). Asked of the host as exact names (PackageVersions)."""
+    flavours = sorted({m["kernel"] for name, ver in installed.items()
+                       if ver and (m := MODULES_PACKAGE.match(name)) and not _KERNEL_ABI.match(m["kernel"])})
+    return [f"linux{part}-{flavour}" for flavour in flavours for part in ("", "-image", "-headers")]
+
+
+def prebuilt_plan(installed: Mapping[str, str | None], available: Mapping[str, list[str]]
+                  ) -> tuple[dict[str, str], list[str]]:
+    """(install {pkg: version}, missing) for Ubuntu's prebuilt modules moving with the driver, in
+    the same apt transaction: each installed module package and each kernel flavour metapackage
+    of theirs (kernel_metapackages; give them in `installed`) to the newest version the archive
+    offers. Kernels and their prebuilt modules move together or not at all: a flavour
+    metapackage (modules or kernel) the sources do not offer is `missing` and the rollout refuses
+    the host. An older kernel's build the archive no longer offers is left as it is: the
+    modules' flavour metapackage brings the build for the newest kernel, the one the reboot boots."""
+    metas = set(kernel_metapackages(installed))
+    install: dict[str, str] = {}
+    missing: list[str] = []
+    for name, ver in sorted(installed.items()):
+        match = MODULES_PACKAGE.match(name)
+        if not ver or not (match or name in metas):
+            continue
+        offered = available.get(name, [])
+        if not offered:
+            if not (match and _KERNEL_ABI.match(match["kernel"])):
+                missing.append(name)
+        elif offered[0] != ver:
+            install[name] = offered[0]
+    return install, missing
 
 
 def manifest_id(now: float) -> str:

@@ -50,9 +50,12 @@ def survey_and_resolve(ctx: RolloutContext, override: str | None) -> None:
 
     from gpufleet.deploys import upgrade as steps
 
+    from gpufleet.hostfacts import os_name
+
     found = targets.resolve_host(host, override)
     ctx.target = found.get("target") or override or ""
     steps.survey_host(ctx)
+    ctx.survey[host.name]["os"] = os_name(host)
     ctx.stack[host.name] = found.get("stack") or {}
     ctx.survey[host.name].update(target=found.get("target"), target_error=found.get("error"),
                                  resolution=found.get("resolution"), stack=ctx.stack[host.name],
@@ -181,7 +184,7 @@ class Runner:
         # every host's target, from the inventory (or the override through the same resolver):
         # one that does not fit stops the rollout here, before any host is touched
         refused = [targets.refusal_line(n, info[n]["target_error"], opts.target) for n in hosts
-                   if n not in unreachable and info[n]["driver_source"] == "nvidia" and info[n].get("target_error")]
+                   if n not in unreachable and targets.rollable(info[n]) and info[n].get("target_error")]
         if refused:
             for line in refused:
                 self.say(f"error: {line}")
@@ -197,7 +200,7 @@ class Runner:
             if name in unreachable:
                 notes[name] = f"not surveyed: {unreachable[name]}"
                 continue
-            if info[name]["driver_source"] != "nvidia":
+            if not targets.rollable(info[name]):
                 notes[name] = f"driver_source is {info[name]['driver_source']}: not upgraded by tools/rollout"
                 continue
             target = info[name]["target"]

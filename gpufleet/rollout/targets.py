@@ -26,6 +26,18 @@ def wishes(settings: Any, override: str | None) -> Any:
     return dataclasses.replace(settings, driver_version=override, driver_branch=branch_of(override))
 
 
+def rollable_source(source: str, os_release: str) -> bool:
+    """Whether tools/rollout moves this host's driver: NVIDIA's repository's, or Ubuntu's own
+    (`distro` on Ubuntu: the 580-server series with its prebuilt modules, and the kernels they
+    follow). Debian's own driver is left to the Debian archive."""
+    return source == "nvidia" or (source == "distro" and os_release.startswith("ubuntu-"))
+
+
+def rollable(survey: dict[str, Any]) -> bool:
+    """A surveyed host (runner.survey_and_resolve) whose driver source tools/rollout moves."""
+    return rollable_source(survey["driver_source"], survey.get("os") or "")
+
+
 def resolve_host(host: Any, override: str | None) -> dict[str, Any]:
     """{"target", "resolution"} or {"error": (key, reason, allowed)} for `host` (facts: PCI, nvidia-smi, OS)."""
     from gpufleet.hostfacts import hardware, os_name
@@ -40,9 +52,9 @@ def resolve_host(host: Any, override: str | None) -> dict[str, Any]:
         res = resolve(list(hw.models), wishes(settings, override), os_name(host), nvswitch=hw.nvswitch)
     except Incompatible as refused:
         return {"error": (refused.key or "driver_version", refused.reason, refused.allowed or "")}
-    if res.source != "nvidia":
+    if res.source != "nvidia" and not rollable_source(res.source, os_name(host)):
         return {"error": ("driver_source", f"driver_source is {res.source}: tools/rollout upgrades drivers "
-                                           "from NVIDIA's repository only", "nvidia")}
+                                           "from NVIDIA's repository, or Ubuntu's own", "nvidia")}
     return {"target": res.driver_version, "resolution": res.describe(), "stack": res.stack_versions}
 
 

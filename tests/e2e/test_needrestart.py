@@ -14,7 +14,10 @@ Proves:
 - after the hardening deploy (whose own `apt-get install` of nftables and unattended-upgrades
   runs needrestart through the real hook), the service was not restarted although needrestart
   ran, in list mode 'l' (gpufleet's conf.d file is read after the stand-in's); a second run
-  changes nothing.
+  changes nothing;
+- an area run on its own (`pyinfra INV deploys/monitoring.py`, through deploys/standalone.py)
+  on a host whose gpufleet needrestart file is gone writes it again before its apt step; a
+  second standalone run changes nothing.
 """
 from __future__ import annotations
 
@@ -87,3 +90,39 @@ def test_second_run_changes_nothing(needrestart_host):
     second = needrestart_host["second"]
     assert second.returncode == 0, second.output
     assert changed_operations(second) == [], second.output
+
+
+@pytest.fixture(scope="module")
+def standalone_run(needrestart_host, tmp_path_factory):
+    host = needrestart_host["host"]
+    testhosts.ssh(host, f"rm -f /etc/needrestart/conf.d/50-gpufleet.conf /run/gpufleet-needrestart-modes; {OUTDATE}")
+    before = victim_pid(host)
+    # the node exporter: a real apt install from Debian's archive, so needrestart's hook runs (bound to
+    # the host's own loopback address: test hosts share the network namespace)
+    inv = write_inventory(tmp_path_factory.mktemp("needrestart-alone") / "inventory.py", [host],
+                          data={host.name: {"tier": "dev", "validate_os_release": OS_RELEASE[host.release],
+                                            "tier_mismatch": "warn", "monitoring_node_exporter": True,
+                                            "monitoring_listen_address": host.address}})
+    first = pyinfra(inv, "deploys/monitoring.py")
+    after = victim_pid(host)
+    conf = testhosts.ssh(host, "cat /etc/needrestart/conf.d/50-gpufleet.conf", check=False).stdout
+    modes = testhosts.ssh(host, "cat /run/gpufleet-needrestart-modes", check=False).stdout.split()
+    return {"first": first, "conf": conf, "pids": (before, after), "modes": modes,
+            "second": pyinfra(inv, "deploys/monitoring.py")}
+
+
+def test_an_area_run_alone_writes_the_needrestart_file_before_its_apt(standalone_run):
+    first = standalone_run["first"]
+    assert first.returncode == 0, first.output
+    assert "$nrconf{restart} = 'l';" in standalone_run["conf"]
+    changed = changed_operations(first)
+    assert any("needrestart" in row for row in changed), first.output
+    out = first.output
+    run = out[out.index("--> Beginning operation run"):]   # operations in the order they ran
+    assert (run.index("Let needrestart list services to restart after apt")
+            < run.index("Install Debian's Prometheus node exporter")), out
+    before, after = standalone_run["pids"]
+    assert before and before == after, "needrestart restarted the service during the standalone area's apt run"
+    assert standalone_run["modes"] and set(standalone_run["modes"]) == {"l"}, standalone_run["modes"]
+    second = standalone_run["second"]
+    assert second.returncode == 0 and changed_operations(second) == [], second.output

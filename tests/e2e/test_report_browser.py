@@ -80,3 +80,22 @@ def test_statuses_differ_by_colour_and_by_symbol(rendered):
     assert len(set(backgrounds.values())) == 5, backgrounds
     assert len(set(colours.values())) == 5, colours
     assert len(set(symbols.values())) == 5 and "" not in symbols.values(), symbols
+
+
+def test_the_clocks_cell_shows_applied_beside_planned(tmp_path):
+    """The clocks column of rows built from the recorded H200 output (tests/unit/test_report_clocks.py):
+    application clocks at their plan, locked clocks off it, as the browser shows them."""
+    from gpufleet.report.render import document
+    from tests.unit.test_report_clocks import BUS, FakeHost, _row, as_r595, column, recorded_580
+
+    rows = [_row("app-at-plan", column(FakeHost(recorded_580()), "max")),
+            _row("locked-off-plan", column(FakeHost(as_r595(recorded_580()), [f"{BUS[0]} 3201,1785"]), "max"))]
+    page = tmp_path / "fleet-report.html"
+    page.write_text(html_page(json.loads(json.dumps(document(rows, "inventory.py", 1.0)))))
+    _, dom = chromium.render(page, tmp_path, browser=chromium.require())
+    by = {r.host: r for r in chromium.parse_report(dom).rows}
+    assert by["locked-off-plan"].host == chromium.parse_report(dom).rows[0].host  # the failing host first
+    assert by["locked-off-plan"].cells["tuning"] == "fail"
+    assert "locked clocks 3201,1785 / none ≠ planned 3201,1980" in by["locked-off-plan"].text["tuning"]
+    assert by["app-at-plan"].cells["tuning"] == "info"
+    assert "application clocks 3201,1980 = planned" in by["app-at-plan"].text["tuning"]

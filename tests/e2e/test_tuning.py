@@ -15,6 +15,8 @@ repositories the test hosts only get from the aptrepo fixture, and are tested on
 """
 from __future__ import annotations
 
+import json
+import subprocess
 import textwrap
 import time
 
@@ -22,7 +24,7 @@ import pytest
 
 from testing import testhosts
 from testing.inventory import write_inventory
-from tests.e2e.pyinfra_cli import changed_operations, pyinfra
+from tests.e2e.pyinfra_cli import REPO, changed_operations, pyinfra
 from tests.e2e.remote import remote
 
 pytestmark = pytest.mark.e2e
@@ -31,6 +33,7 @@ LOG = "/run/gpusim/commands.log"
 QUERY = "nvidia-smi --query-gpu=pci.bus_id,persistence_mode,{} --format=csv,noheader,nounits"
 APP = "clocks.applications.memory,clocks.applications.graphics"
 CURRENT = "clocks.current.memory,clocks.current.graphics"
+CLOCK_CHECK = "GPU clocks are what the tier's clock policy sets"
 
 # (pool key, simulator spec, inventory data, clock pair every GPU must end at, how: app or locked clocks)
 HGX = {"tier": "hgx", "tier_mismatch": "warn", "tuning_nccl_socket_ifname": "auto"}
@@ -132,6 +135,41 @@ def test_clocks_at_the_tiers_pair_and_unit_enabled(converged):
     assert [c.split(" nvidia-smi ")[1] for c in locked] == [
         "-i 00000000:00:06.0 -lgc 1410,1410", "-i 00000000:00:06.0 -lmc 1215,1215",
         "-i 00000000:00:07.0 -lgc 1410,1410", "-i 00000000:00:07.0 -lmc 1215,1215"]
+
+
+def _fleet_report(inv, out, *args: str) -> dict:
+    proc = subprocess.run([str(REPO / "tools/fleet-report"), str(inv), "--out", str(out), "--no-drift", "--quiet",
+                           *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    return {r["host"]: r for r in json.loads((out / "fleet-report.json").read_text())["hosts"]}
+
+
+def test_the_fleet_report_shows_the_applied_pair_beside_the_planned_one(converged, tmp_path):
+    """tools/fleet-report on the converged fleet: application clocks read back from nvidia-smi
+    (R580 hosts), locked clocks from gpufleet's records (the R595 host), each = planned; then the
+    inventory asks for another pair (--data) and the same clocks are ≠ planned, as the gate says."""
+    hosts, started = converged["hosts"], time.monotonic()
+    rows = _fleet_report(converged["inv"], tmp_path / "at-plan")
+    for key, _, _, (mem, gfx), how in FLEET:
+        row = rows[hosts[key].name]
+        method = "locked" if how == "locked" else "application"
+        label = f"{method} {mem},{gfx} = planned" + (" default" if key == "t4" else "")
+        assert (row["gpu_clocks"]["method"], row["clocks"]) == (method, label), (key, row["gpu_clocks"])
+        clock_check = [c for c in row["validation"]["checks"] if c["name"] == CLOCK_CHECK]
+        assert [c["status"] for c in clock_check] == ["pass"], (key, clock_check)
+    asked = '{"memory": 1215, "graphics": 1395}'
+    names = [hosts["a100x4"].name, hosts["a100x2-r595"].name]
+    rows = _fleet_report(converged["inv"], tmp_path / "other-pair", "--limit", names[0], "--limit", names[1],
+                         "--data", f"clock_policy={asked}")
+    assert sorted(rows) == sorted(names)
+    for name, method in zip(names, ("application", "locked")):
+        row = rows[name]
+        assert row["clocks"] == f"{method} 1215,1410 ≠ planned 1215,1395", row["gpu_clocks"]
+        assert {(g["applied"], g["planned"], g["at_plan"]) for g in row["gpu_clocks"]["gpus"]} == {
+            ("1215,1410", "1215,1395", False)}
+        clock_check = [c for c in row["validation"]["checks"] if c["name"] == CLOCK_CHECK]
+        assert [c["status"] for c in clock_check] == ["fail"] and "wants 1215,1395" in clock_check[0]["message"]
+    print(f"\ntwo fleet reports: {time.monotonic() - started:.1f} s")
 
 
 def test_environment_for_login_shells_services_and_nccl(converged):

@@ -297,6 +297,7 @@ def test_a_deploy_runs_prefetch_leaves_out_the_gates_end_of_run_facts(local, mon
     a deploy run (prefetch_all) never uses a prefetched answer, the fleet report does."""
     from gpufleet.facts.monitoring import MetricsEndpoint
     from gpufleet.facts.validation import UnitActive
+    from gpufleet.hostcontext import fleet_context
 
     assert MetricsEndpoint.gpufleet_end_of_run
     monkeypatch.setattr(UnitActive, "gpufleet_end_of_run", True, raising=False)
@@ -309,7 +310,7 @@ def test_a_deploy_runs_prefetch_leaves_out_the_gates_end_of_run_facts(local, mon
     def planned(deploy_run):
         state, host, _ = local()
         if deploy_run:
-            state._gpufleet_deploy_run = True  # what prefetch_all marks
+            fleet_context(state).deploy_run = True  # what prefetch_all marks
         factcache._default_executor_json(state, host)
         return [entry[0].__name__ for entry in factcache._plan_entries(state, host)]
 

@@ -98,3 +98,50 @@ def test_validate_inventory_checks_only_the_limited_hosts(tmp_path, monkeypatch)
     inventory = src.load()
     with pytest.raises(InventoryError, match="host x1"):
         validate_inventory(inventory, hosts=[inventory.get_host("b1"), inventory.get_host("x1")])
+
+
+# Compared with pyinfra's own answers: the `pyinfra` command's `debug-inventory`, and the
+# command line's own --data and --limit functions (pyinfra_cli), which gpufleet does not call.
+
+def test_the_loaded_inventory_is_what_the_pyinfra_command_loads(tmp_path, monkeypatch):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "gpu_a.py").write_text('driver_reboot = "never"\n')
+    (tmp_path / "group_data" / "all.py").write_text("rollout_lock_wait = 5\n")
+    data = ["docker_ulimits={\"memlock\": -1}", "x=TRUE", "y=07", "z=a=b", "w=[1, \"two\"]"]
+    src = _source(tmp_path, monkeypatch, *[a for d in data for a in ("--data", d)])
+    ours = [{"name": h.name, "groups": list(h.groups), "data": h.data.dict()} for h in src.load()]
+    pyinfra_cmd = Path(sys.executable).with_name("pyinfra")
+    done = subprocess.run([str(pyinfra_cmd), "inv/fleet.py", *[a for d in data for a in ("--data", d)],
+                           "--json", "debug-inventory"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    theirs = json.loads(done.stdout)
+    assert json.loads(json.dumps(ours)) == theirs
+    assert theirs[0]["data"]["driver_reboot"] == "never" and theirs[0]["data"]["x"] is True  # it was read
+
+
+@pytest.mark.parametrize("value", ["true", "False", "TRUE", "0", "07", "-3", " 5", "1.5", "1e3", "null", "[1, 2]",
+                                   "{\"a\": 1}", "\"quoted\"", "text", "", "a=b", "NaN", "0x10", "1_000"])
+def test_data_values_are_parsed_as_the_pyinfra_command_line_parses_them(value):
+    import json
+
+    from pyinfra_cli.util import parse_cli_arg
+
+    from gpufleet.inventory_source import cli_value
+
+    ours, theirs = cli_value(value), parse_cli_arg(value)
+    assert (type(ours), json.dumps(ours)) == (type(theirs), json.dumps(theirs))
+
+
+@pytest.mark.parametrize("pattern", ["gpu_a", "fleet", "all", "a*", "b1", "?1", "[ab]2", "nothing", "gpu_*"])
+def test_limit_patterns_match_as_the_pyinfra_command_line_matches_them(tmp_path, monkeypatch, pattern):
+    from pyinfra_cli.cli import _get_inventory_pattern_matches
+
+    from gpufleet.inventory_source import pattern_matches
+
+    inventory = _source(tmp_path, monkeypatch).load()
+    assert set(pattern_matches(inventory, pattern)) == set(_get_inventory_pattern_matches(inventory, [pattern], "--limit"))

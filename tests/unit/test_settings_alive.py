@@ -1,12 +1,29 @@
-"""Every key of gpufleet/data/tiers.yaml is read by code: a module of the product (gpufleet/,
-deploys/, operations/, facts/) reads it as `settings.KEY`, `x["KEY"]`, `x.get("KEY")`,
+"""Every key of gpufleet/data/tiers.yaml is alive: read by code, and changing it changes what
+gpufleet does.
+
+1. Read by code: a module of the product (gpufleet/, deploys/, operations/, facts/) reads it as `settings.KEY`, `x["KEY"]`, `x.get("KEY")`,
 `getattr(x, "KEY")`, the resolver's `_wish(x, "KEY", default)`, or from a table of keys a loop
 walks (`for key, ... in (("KEY", ...), ...)`). The settings machinery, which handles every key
 alike (the schema, the Settings dataclass's field list, the tiers loader, the docs generator),
 does not count, nor does a message that merely names the key.
 
 Computed from the source with ast, so a key added to tiers.yaml and forgotten by the code fails
-here (test_a_forgotten_key_is_found proves the check can fail)."""
+here (test_a_forgotten_key_is_found proves the check can fail).
+
+2. Changes behaviour: for every key, a host of a tier (simulated from recorded output,
+tests/unit/settings_observables.py; SCENARIOS below: the tier, the inventory data and the
+facts that let the key matter, such as a busy GPU for driver_reboot_force) is planned with the
+key at its value and at another value its grammar accepts (enums and booleans: every other
+value, derived from the schema; the rest: ALTERNATIVE below, checked against the schema) that
+planning does not refuse. Something gpufleet produces must differ: the planning-time verdict
+on the inventory, the plan view (its lines echoing the inventory left out), the commands
+pyinfra's operations yield for all.py's areas, what those areas print (no-op messages too), the
+validation gate's verdicts, the commands of tools/rollout's drain and snapshot steps and its
+batch size, or the command that takes the host's lock. A key whose change changes none of them
+fails, named. No key is exempt (no live-only list): every effect shows on recorded facts.
+test_a_dead_key_fails_naming_it and test_a_key_read_but_ignored_deep_in_the_code_fails_too
+prove this check can fail; test_observing_twice_gives_the_same_observables that it cannot
+pass by noise."""
 from __future__ import annotations
 
 import ast
@@ -84,3 +101,235 @@ def test_a_forgotten_key_is_found(tmp_path):
     assert unread_keys(tmp_path, keys) == {"tuning_c"}
     (tmp_path / "gpufleet/loop.py").write_text("for key in ('tuning_c',):\n    print(settings[key])\n")
     assert unread_keys(tmp_path, keys) == set()
+
+
+# --- 2. changing a key changes behaviour -------------------------------------------------------
+
+from dataclasses import dataclass, field, replace  # noqa: E402
+from typing import Any  # noqa: E402
+
+from gpufleet.facts.docker import DockerEngine, DockerLive  # noqa: E402
+from gpufleet.facts.gpu import GpuProcess  # noqa: E402
+from gpufleet.facts.nftables import NftablesCapability  # noqa: E402
+from gpufleet.facts.rollout import SlurmNodeData  # noqa: E402
+from gpufleet.schema import KEYS as SCHEMA  # noqa: E402
+from gpufleet.tiers import tier_defaults  # noqa: E402
+from tests.unit import settings_observables as so  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A host of `tier` with inventory data `data` and facts `facts` (by fact class name)."""
+
+    tier: str
+    data: dict[str, Any] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def observed(self, change: dict[str, Any] | None = None) -> so.Observed:
+        host = so.host_of(self.tier, self.facts)
+        data = {"tier": self.tier, "validate_os_release": "ubuntu-24.04", "ssh_user": "root", **self.data,
+                **(change or {})}
+        return so.Observed(so.observe(host, data))
+
+    def value(self, key: str) -> Any:
+        return self.data.get(key, tier_defaults(self.tier)[key])
+
+
+def _busy_gpus() -> dict[str, Any]:
+    state = so.provisioned()["GpuState"]
+    job = GpuProcess(pid=4242, process_name="python3", used_memory_mib=1024, gpu_uuid=state.gpus[0].uuid)
+    return {**so.provisioned(), "GpuState": replace(state, processes=[job])}
+
+
+SCENARIOS = {
+    # the simulated HGX has no NVLink in its (driverless) topology: warn keeps every area planned
+    "hgx": Scenario("hgx", {"tier_mismatch": "warn"}),
+    # the same host with its driver working: two H200s as recorded
+    "hgx-provisioned": Scenario("hgx", {"tier_mismatch": "warn", "validate_gpu_count": [1, 8]}, so.provisioned()),
+    # the dcgm exporter also brings DCGM: without it, driver_dcgm alone decides
+    "hgx-no-exporter": Scenario("hgx", {"tier_mismatch": "warn", "monitoring_dcgm_exporter": False}),
+    # tools/rollout on a Slurm node running a GPU job, snapshots by LVM or by a command
+    "rollout": Scenario("hgx", {"tier_mismatch": "warn", "validate_gpu_count": [1, 8]},
+                        {**_busy_gpus(), "SlurmNode": lambda kwargs: SlurmNodeData(
+                            scontrol="/usr/bin/scontrol", node=kwargs.get("node") or "gpu01", state="mixed")}),
+    # tiers where other values are possible: A100s without DCGM's exporter; PCIe boards, no NVSwitch
+    "research": Scenario("research", {"tier_mismatch": "warn", "monitoring_dcgm_exporter": False}),
+    "render": Scenario("render", {"tier_mismatch": "warn"}),
+    "inference": Scenario("inference", {"tier_mismatch": "warn"}),
+    # the driver pinned below CUDA 13.0's toolkit driver (580.95.05) but in its family
+    "hgx-old-driver": Scenario("hgx", {"tier_mismatch": "warn", "driver_version": "580.82.07"}),
+    # a provisioned host (580.159.04) whose inventory now asks for another driver
+    "hgx-pending": Scenario("hgx", {"tier_mismatch": "warn", "validate_gpu_count": [1, 8],
+                                    "driver_version": "580.126.09"}, so.provisioned()),
+    "dev": Scenario("dev", {"tier_mismatch": "warn"}),
+    # Debian 12 ships R535 only: the tier's R580 is refused when the tier is planned there
+    "render-distro-debian": Scenario("render", {"tier_mismatch": "warn", "driver_source": "distro", "cuda_version": "none",
+                                                "validate_os_release": "debian-12"}),
+    # a driver change due while a process holds /dev/nvidia0, reboots allowed by the inventory
+    "hgx-busy": Scenario("hgx", {"tier_mismatch": "warn", "driver_reboot": "allowed"}, {"GpuDeviceUsers": [4242]}),
+    # Docker 26 running a GPU container with live-restore off, no daemon.json yet
+    "docker-gpu-job": Scenario("hgx", {"tier_mismatch": "warn"}, {
+        "DockerEngine": so.recorded_fact(DockerEngine, "docker_26_running"),
+        "DockerLive": so.recorded_fact(DockerLive, "docker-live-gpu-container")}),
+    # a host that can load nftables rules (not a container): the dead-man timer is armed
+    "hgx-nftables": Scenario("hgx", {"tier_mismatch": "warn"},
+                             {"NftablesCapability": so.recorded_fact(NftablesCapability, "no_namespace_check")}),
+    "rollout-idle": Scenario("hgx", {"tier_mismatch": "warn", "validate_gpu_count": [1, 8]}, _busy_gpus()),
+    "rollout-lvm": Scenario("hgx", {"tier_mismatch": "warn", "rollout_snapshot": "lvm",
+                                    "rollout_snapshot_target": "vg0/root"}, so.provisioned()),
+    "rollout-command": Scenario("hgx", {"tier_mismatch": "warn", "rollout_snapshot": "command",
+                                        "rollout_snapshot_command": ["cloudctl", "snapshot", "{host}"]},
+                                so.provisioned()),
+}
+
+FINGERPRINT = "0123456789ABCDEF0123456789ABCDEF01234567"
+#: The other value of each key whose grammar is not a short list of words (enums and booleans
+#: take every other value their schema lists), and the scenario it is tried on (default hgx).
+ALTERNATIVE: dict[str, tuple[Any, str]] = {
+    "driver_branch": ("570", "inference"),
+    "driver_version": ("580.126.09", "hgx"),
+    "driver_repo_url": ("https://mirror.example.com/cuda/repos", "hgx"),
+    "driver_repo_keyring_url": ("https://mirror.example.com/cuda-keyring_1.1-1_all.deb", "hgx"),
+    "driver_repo_key_fingerprint": (FINGERPRINT, "hgx"),
+    "driver_module_signing_key": ("/var/lib/shim-signed/mok/MOK.priv", "hgx"),
+    "cuda_version": ("none", "render"),
+    "cudnn_version": ("none", "hgx"),
+    "pytorch_version": ("none", "hgx"),
+    "clock_policy": ("default", "hgx-provisioned"),
+    "nccl_profile": ("tcp", "hgx"),
+    "docker_shm_size": ("2g", "hgx"),
+    "docker_ulimits": ({"memlock": -1, "stack": 8388608}, "hgx"),
+    "docker_repo_url": ("https://mirror.example.com/docker", "hgx"),
+    "docker_repo_fingerprint": (FINGERPRINT, "hgx"),
+    "docker_toolkit_repo_url": ("https://mirror.example.com/libnvidia-container", "hgx"),
+    "docker_toolkit_repo_fingerprint": (FINGERPRINT, "hgx"),
+    "docker_toolkit_version": ("1.17.8-1", "hgx"),
+    "docker_smoke_image": ("none", "hgx"),
+    "tuning_omp_threads": (3, "hgx"),
+    "tuning_pytorch_alloc_conf": ("expandable_segments:False", "hgx"),
+    "tuning_nccl_socket_ifname": ("=eth0", "hgx"),
+    "tuning_nccl_ib_hca": ("=mlx5_1", "hgx"),
+    "hardening_allow_users": (["root"], "hgx"),
+    "hardening_allow_groups": (["sudo"], "hgx"),
+    "hardening_max_auth_tries": (4, "hgx"),
+    "hardening_login_grace_time": (60, "hgx"),
+    "hardening_extra_kex": ([], "hgx"),
+    "hardening_client_alive_interval": (120, "hgx"),
+    "hardening_max_startups": ("5:30:50", "hgx"),
+    "hardening_rsa_host_key_bits": (3072, "hgx"),  # the recorded host's RSA key: nothing to replace
+    "hardening_moduli_min_bits": (4096, "hgx"),
+    "firewall_open_ports": (["22/tcp", "443/tcp"], "hgx"),
+    "firewall_trusted_cidrs": (["10.0.0.0/8"], "hgx"),
+    "firewall_revert_after": (120, "hgx-nftables"),
+    "hardening_sshd_revert_after": (120, "hgx"),
+    "monitoring_node_exporter_port": (9101, "hgx"),
+    "monitoring_dcgm_exporter_port": (9401, "hgx"),
+    "monitoring_dcgm_exporter_version": ("4.4.0", "hgx"),
+    "monitoring_listen_address": ("127.0.0.1", "hgx"),
+    "rollout_batch_size": (2, "hgx"),
+    "rollout_lock_wait": (30, "hgx"),
+    "rollout_snapshot_target": ("vg1/data", "rollout-lvm"),
+    "rollout_snapshot_size": ("20G", "rollout-lvm"),
+    "rollout_snapshot_command": (["cloudctl", "snapshot", "--name", "{snapshot}", "{host}"], "rollout-command"),
+    "rollout_slurm_node_name": ("gpu-node-7", "rollout"),
+    "rollout_drain_timeout": (60, "rollout"),
+    "validate_os_release": ("ubuntu-24.04", "render-distro-debian"),
+    "validate_gpu_models": (["NVIDIA H200"], "hgx"),
+    "validate_gpu_count": (4, "hgx"),
+    "validate_min_ram_gb": (4096, "hgx"),
+    "validate_min_nic_gbps": (400, "hgx"),
+    "extra_packages": (["nvtop"], "hgx"),
+}
+#: keys of an enum or a boolean tried on another scenario than hgx
+SCENARIO_OF = {
+    "driver_flavour": "research", "driver_source": "dev", "validate_rdma": "inference",
+    "cuda_driver_compat": "hgx-old-driver", "driver_upgrade_in_place": "hgx-pending",
+    "driver_upgrade_pending": "hgx-pending", "driver_reboot_force": "hgx-busy",
+    "docker_restart_with_gpu_containers": "docker-gpu-job",
+    "driver_persistence": "hgx-provisioned", "driver_dcgm": "hgx-no-exporter",
+    "rollout_require_idle": "rollout-idle", "rollout_snapshot": "rollout-lvm",
+}
+
+
+def alternatives(key: str, current: Any) -> list[Any]:
+    """Other values the key's grammar accepts: ALTERNATIVE's, or every other word of an enum."""
+    if key in ALTERNATIVE:
+        return [ALTERNATIVE[key][0]]
+    if isinstance(current, bool):
+        return [not current]
+    words = SCHEMA[key].allowed().split(" | ")
+    return [word for word in words if word != current] if len(words) > 1 else []
+
+
+def scenario_of(key: str) -> str:
+    return ALTERNATIVE[key][1] if key in ALTERNATIVE else SCENARIO_OF.get(key, "hgx")
+
+
+_REFERENCE: dict[str, so.Observed] = {}
+
+
+def effect(key: str) -> str | None:
+    """Which observable changes when `key` takes another valid value (None: none does)."""
+    name = scenario_of(key)
+    scenario = SCENARIOS[name]
+    reference = _REFERENCE.setdefault(name, scenario.observed())
+    current = scenario.value(key)
+    for value in alternatives(key, current):
+        SCHEMA[key].validate(value)  # BadValue: the table is wrong, not the product
+        changed = scenario.observed({key: value})
+        if changed["inventory"]:  # refused at planning time: not a value this host can take
+            continue
+        if (what := so.first_difference(reference, changed)) is not None:
+            return f"{what} ({key}: {value!r} instead of {current!r}, on {name})"
+    return None
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_observing_twice_gives_the_same_observables(scenario):
+    """Otherwise any key would seem alive: every observable of a scenario is the same on a
+    second observation (random ids and clock readings are masked)."""
+    reference = _REFERENCE.setdefault(scenario, SCENARIOS[scenario].observed())
+    assert so.first_difference(reference, SCENARIOS[scenario].observed()) is None
+
+
+@pytest.mark.parametrize("key", sorted(KEYS))
+def test_changing_the_key_changes_what_gpufleet_does(key):
+    assert alternatives(key, SCENARIOS[scenario_of(key)].value(key)), f"{key}: no other value to try (add it to ALTERNATIVE)"
+    assert effect(key) is not None, f"{key}: no observable changes when it changes (dead setting: implement or remove it)"
+
+
+def test_a_dead_key_fails_naming_it(monkeypatch):
+    """The check can fail: with the settings reader made to ignore docker_shm_size (every
+    reader then sees the tier's value, whatever the inventory says), nothing changes and the
+    test names the key."""
+    import gpufleet.settings as gs
+
+    real = gs._settings_for
+
+    def ignoring(host, data):
+        return real(host, {k: v for k, v in data.items() if k != "docker_shm_size"})
+
+    assert effect("docker_shm_size") is not None
+    monkeypatch.setattr(gs, "_settings_for", ignoring)
+    assert effect("docker_shm_size") is None
+    with pytest.raises(AssertionError, match="docker_shm_size: no observable changes"):
+        test_changing_the_key_changes_what_gpufleet_does("docker_shm_size")
+
+
+def test_a_key_read_but_ignored_deep_in_the_code_fails_too(monkeypatch):
+    """Read (so check 1 passes) but without effect: the thread count computed as if
+    tuning_omp_threads were always auto. The key is found dead."""
+    import gpufleet.tuning as gt
+
+    assert effect("tuning_omp_threads") is not None
+    monkeypatch.setattr(gt, "omp_threads", lambda setting, cores, gpus: max(1, cores // max(1, gpus)))
+    assert effect("tuning_omp_threads") is None
+
+
+def test_every_key_has_a_way_to_be_shown_alive():
+    """A key added to tiers.yaml needs another value to try (enum, boolean or ALTERNATIVE); the
+    tables name no key tiers.yaml lacks, and no scenario nobody uses."""
+    assert set(ALTERNATIVE) | set(SCENARIO_OF) <= KEYS
+    assert all(alternatives(key, SCENARIOS[scenario_of(key)].value(key)) for key in KEYS)
+    assert {scenario_of(key) for key in KEYS} == set(SCENARIOS)
+

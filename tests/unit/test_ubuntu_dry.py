@@ -72,14 +72,23 @@ def test_dry_run_repositories_and_packages(tier, release):
         if release == "22.04":  # prebuilt, signed modules for the running HWE kernel: no DKMS, no headers
             assert args.endswith("-- linux-modules-nvidia-580-server-open-generic-hwe-22.04 "
                                  "linux-modules-nvidia-580-server-open-6.8.0-90-generic")
-            assert "linux-headers" not in text and "nvidia-dkms" not in text and "mok_certificate" not in text
+            assert "nvidia-dkms" not in text and "mok_certificate" not in text
+            assert not re.search(r"install [^\n]*linux-headers", text)  # no headers installed
             assert "linux-modules-nvidia-580-server-open-6.8.0-90-generic" in hold
-            assert "linux-modules-nvidia-580-server-open-generic-hwe-22.04" not in hold  # moves with the kernels
+            # kernels and their prebuilt modules move together or not at all: the modules' flavour
+            # metapackage and the installed kernel flavour metapackages are held with the driver
+            # (an unattended kernel upgrade would otherwise boot without an nvidia module)
+            for meta in ("linux-modules-nvidia-580-server-open-generic-hwe-22.04", "linux-generic-hwe-22.04",
+                         "linux-image-generic-hwe-22.04", "linux-headers-generic-hwe-22.04"):
+                assert meta in hold, meta
+            assert "linux-image-generic" not in hold and "linux-generic" not in hold  # not installed there
             # the one-line sources.list: every archive entry without restricted gets it, in place
             for line in (4, 5, 6, 7, 10, 11):
                 assert f"sed -i '{line}s/^\\([^#]*[^#[:space:]]\\)/\\1 restricted/' /etc/apt/sources.list" in text
         else:  # no prebuilt build for 6.8.0-60: DKMS, and its headers
             assert args.endswith("-- nvidia-dkms-580-server-open")
+            # DKMS builds the module for each new kernel: its kernel metapackages are not held
+            assert not {"linux-generic", "linux-image-generic"} & set(hold), hold
             assert f"install --no-install-recommends linux-headers-{kernel}" in text
             assert f"install --no-install-recommends {HEADERS_META[release]}" in text
             for line in (4, 10):  # deb822: the Components: line of each stanza
@@ -112,3 +121,47 @@ def test_dry_run_repositories_and_packages(tier, release):
             f"gpufleet-docker.gpg] https://download.docker.com/linux/ubuntu {codename} stable\n") in text
     assert "https://download.docker.com/linux/ubuntu/gpg 9DC858229FC7DD38854AE2D88D81803C0EBFCD88" in text
     assert "install --no-install-recommends docker-ce docker-ce-cli containerd.io" in text
+
+
+def standalone_run(area: str, monkeypatch, needrestart: bool = True) -> list[tuple[str, list[str]]]:
+    """What `pyinfra INVENTORY deploys/<area>.py` plans on a fresh simulated Ubuntu 22.04 dev host:
+    deploys/standalone.py's run_alone as pyinfra's exec of that file reaches it."""
+    from gpufleet import factcache, hostlock
+    from gpufleet.deploys.standalone import run_alone
+    from testing.ubuntu_host import REPO
+
+    # the fact cache and host lock patch pyinfra for the whole process: not in a unit test
+    for module, attr in ((factcache, "install"), (hostlock, "install"), (factcache, "prefetch_all")):
+        monkeypatch.setattr(module, attr, lambda *a: None)
+    host = UbuntuHost("22.04", [tier_defaults("dev")["validate_gpu_models"][0]], needrestart=needrestart)
+    name = f"{area}-alone"
+    state = make_state({name: (host, {"tier": "dev", "validate_os_release": "ubuntu-22.04"})})
+    path = REPO / "deploys" / f"{area}.py"
+    with canned({name: host}):
+        with on_host(state, name) as h:
+            state.current_exec_filename = str(path)
+            run_alone("<pyinfra exec>", str(path))
+            return planned_operations(state, h)
+
+
+def test_standalone_driver_deploy_quiets_needrestart_before_any_apt(monkeypatch):
+    ops = standalone_run("driver", monkeypatch)
+    acting = [(n, c) for n, c in ops if c]
+    first_name, first = acting[0]
+    # the first command of the run writes needrestart's conf.d file (never prompt, never restart)
+    assert "needrestart" in first_name, acting[:3]
+    [upload] = [c for c in first if c.startswith("upload ")]
+    assert upload.startswith("upload /etc/needrestart/conf.d/50-gpufleet.conf\n")
+    assert "$nrconf{restart} = 'l';" in upload
+    runs_apt = re.compile(r"(^|[;&|(] *|DEBIAN_FRONTEND=\S+ )apt(-get)? |gpufleet-packages")
+    apt = [i for i, (_, c) in enumerate(acting) if any(runs_apt.search(x) for x in c)]
+    assert apt and apt[0] > 0, "the driver deploy runs apt"
+    assert sum("needrestart" in n for n, _ in ops) == 1  # planned once
+
+
+def test_standalone_without_needrestart_writes_nothing_and_the_checks_never_write(monkeypatch):
+    assert not any("needrestart" in n for n, _ in standalone_run("driver", monkeypatch, needrestart=False))
+    assert not any("needrestart" in n for n, _ in standalone_run("validate", monkeypatch))
+    assert not any("needrestart" in n for n, _ in standalone_run("preflight", monkeypatch))
+    # an area that runs apt and is run alone writes it too (the same hook for every deploy file)
+    assert any("needrestart" in n for n, c in standalone_run("docker", monkeypatch) if c)

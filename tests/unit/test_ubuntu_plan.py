@@ -165,3 +165,29 @@ def test_the_plan_runs_no_command_and_asks_only_recorded_facts():
                 runpy.run_path(str(REPO / "deploys" / "plan.py"))
     assert "AptCandidates[('packages', ['linux-modules-nvidia-580-server-open-6.8.0-60-generic'])]" in asked
     assert "PackageVersions[('packages', ['linux-image-generic', 'linux-image-generic-hwe-24.04'])]" in asked
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("flavour", ["open", "proprietary"])
+def test_compat_shows_the_prebuilt_modules_per_kernel_flavour(release, flavour):
+    """tools/compat for Ubuntu's own driver names the prebuilt, signed module packages per kernel
+    flavour (S35: -generic and -generic-hwe-NN.04), the build per kernel ABI, and the DKMS fallback."""
+    from gpufleet.compat_cli import OPTIONS, answer, render
+    from gpufleet.gpus import model_for_name
+
+    wishes = {key: default for key, (_, default) in OPTIONS.items()} | {
+        "driver_source": "distro", "driver_flavour": flavour}
+    out = answer([model_for_name("Tesla T4")], f"ubuntu-{release}", wishes)
+    series = "580-server-open" if flavour == "open" else "580-server"
+    assert out["driver"]["modules"] == {
+        "prebuilt": {"generic": f"linux-modules-nvidia-{series}-generic",
+                     f"generic-hwe-{release}": f"linux-modules-nvidia-{series}-generic-hwe-{release}"},
+        "prebuilt_kernel": f"linux-modules-nvidia-{series}-<uname -r>",
+        "dkms": f"nvidia-dkms-{series}"}
+    text = render(out)
+    assert (f"modules: prebuilt, signed (Secure Boot without a MOK), per kernel flavour: linux-modules-nvidia-{series}-generic "
+            f"(generic), linux-modules-nvidia-{series}-generic-hwe-{release} (generic-hwe-{release})") in text
+    assert f"else nvidia-dkms-{series} (DKMS)" in text
+    # NVIDIA's repository: its DKMS packages are the driver's own; no modules line
+    nvidia = answer([model_for_name("Tesla T4")], f"ubuntu-{release}", wishes | {"driver_source": "nvidia"})
+    assert "modules" not in nvidia["driver"] and "modules:" not in render(nvidia)

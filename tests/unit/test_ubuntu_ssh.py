@@ -1,15 +1,16 @@
 """Unit: SSH hardening on Ubuntu 22.04 and 24.04, proven on output from public sources
 (tests/fixtures/ubuntu/ssh/SOURCES.md) since no Ubuntu host can be built here:
 
-- the facts read Ubuntu's os-release, sshd version lines and `systemctl show ssh.socket
-  ssh.service` (socket-activated 24.04, idle socket on another port, 22.04's plain daemon),
-  and the same command recorded on a Debian 13 test host switched to ssh.socket;
+- the facts read Ubuntu's os-release and OpenSSH version lines (recorded), `sshd -T` recorded on
+  Ubuntu 24.04 with ssh.socket listening, and `systemctl show ssh.socket ssh.service`
+  (constructed for Ubuntu: socket-activated 24.04, idle socket on another port, 22.04's plain
+  daemon; recorded on a Debian 13 test host switched to ssh.socket);
 - the first release of every algorithm gpufleet writes agrees with the `ssh -Q` lists of
   OpenSSH 8.9p1, 9.2p1, 9.6p1, 9.9p1 and 10.0p2 (derived from openssh-portable at those tags);
 - every keyword and algorithm of the rendered drop-in is accepted by 8.9p1 (Ubuntu 22.04) and
   9.6p1 (24.04), every key the deploy checks in `sshd -T` is one those sshd print, and an
   algorithm 8.9 lacks (mlkem768x25519-sha256) is refused at planning time;
-- the hardening deploy, planned by pyinfra on canned Ubuntu 24.04 facts with ssh.socket active,
+- the hardening deploy, planned by pyinfra on Ubuntu 24.04 facts (the recorded `sshd -T`) with ssh.socket active,
   takes the socket-aware path (restart of a running ssh.service, never SIGHUP, ssh.socket and
   its ports left alone, the firewall opening the socket's port) and quiets needrestart.
 """
@@ -61,12 +62,19 @@ def keywords(version: str) -> dict[str, str]:
 # --- facts on Ubuntu's output ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("release, codename, version", [("22.04", "jammy", (8, 9)), ("24.04", "noble", (9, 6))])
-def test_ubuntu_os_release_and_sshd_version(release, codename, version):
+@pytest.mark.parametrize("release, codename, version_file, version", [
+    ("22.04", "jammy", "ssh-V-22.04.txt", (8, 9)),     # jammy-updates, openssh 1:8.9p1-3ubuntu0.10
+    ("22.04", "jammy", "ssh-V-22.04-ga.txt", (8, 9)),  # jammy's release pocket, 1:8.9p1-3
+    ("24.04", "noble", "ssh-V-24.04.txt", (9, 6)),     # noble-updates, 1:9.6p1-3ubuntu13.4
+])
+def test_ubuntu_os_release_and_sshd_version(release, codename, version_file, version):
+    # recorded lines (SOURCES.md); SshdVersion falls back to `ssh -V` when sshd prints no OpenSSH_ line
     os_release = parse_os_release(lines(UBUNTU / f"os-release-{release}.txt"))
     assert (os_release.id, os_release.version_id, os_release.version_codename) == ("ubuntu", release, codename)
-    sshd = fs.parse_openssh_version(lines(UBUNTU / f"sshd-V-{release}.txt"))
-    assert sshd.version == version and sshd.portable == 1
+    recorded = lines(UBUNTU / version_file)
+    sshd = fs.parse_openssh_version(recorded)
+    assert sshd.version == version and sshd.portable == 1 and sshd.raw == recorded[0]
+    assert fs.SshdVersion().process(recorded) == sshd
     assert sshd.at_least(8, 5) and not sshd.at_least(9, 9)  # sntrup761 yes, ML-KEM no
     assert h.kex_algorithms(sshd, CLASSIC) == ["sntrup761x25519-sha512@openssh.com", "curve25519-sha256@libssh.org"]
 
@@ -100,6 +108,44 @@ def test_activation_recorded_on_debian_13():
     assert fs.parse_sshd_activation([]) == fs.SshdActivationData()  # no systemd: a plain daemon
     with pytest.raises(fs.SshFactError):
         fs.parse_sshd_activation(["ActiveState=active", "", "Id=ssh.service"])
+
+
+# Keywords Debian's packaging (hence Ubuntu's) adds to what `sshd -T` prints: debian-banner.patch
+# and the GSSAPI key-exchange patch (gssapi.patch); upstream's dump_config() prints none of them
+DISTRIBUTION_PRINTED = {"debianbanner", "gssapikeyexchange", "gssapistorecredentialsonrekey", "gssapikexalgorithms",
+                        "gssapistrictacceptorcheck"}
+# what dump_config() prints only when set (empty lists print nothing)
+PRINTED_WHEN_SET = {"allowusers", "denyusers", "allowgroups", "denygroups", "hostcertificate", "setenv", "logverbose"}
+
+
+def test_sshd_t_recorded_on_ubuntu_2404():
+    """`sshd -T` of an Ubuntu 24.04.4 host whose port 22 is held by systemd (ssh.socket) and
+    sshd (SOURCES.md): what the fact reads there, and that it is the 9.6p1 source's keyword list
+    plus Debian's patches."""
+    recorded = lines(SSHD_T["24.04"])
+    config = fs.parse_sshd_t(recorded)
+    assert config.ports == [22] and config.get_list("port") == ["22"]
+    assert config.get_list("listenaddress") == ["[::]:22", "0.0.0.0:22"]
+    assert config.get_list("hostkey") == ["/etc/ssh/ssh_host_rsa_key", "/etc/ssh/ssh_host_ecdsa_key",
+                                          "/etc/ssh/ssh_host_ed25519_key"]
+    assert config.get_list("subsystem") == ["sftp /usr/lib/openssh/sftp-server"]  # its trailing blank dropped
+    assert (config.get("usepam"), config.get("kbdinteractiveauthentication"), config.get("debianbanner")) == (
+        "yes", "no", "yes")
+    assert config.algorithms("kexalgorithms")[0] == "sntrup761x25519-sha512@openssh.com"
+    assert "mlkem768x25519-sha256" not in config.algorithms("kexalgorithms")
+    families = {"kexalgorithms": "kex", "ciphers": "cipher", "macs": "mac", "hostkeyalgorithms": "HostKeyAlgorithms",
+                "pubkeyacceptedalgorithms": "HostKeyAlgorithms", "casignaturealgorithms": "HostKeyAlgorithms"}
+    for key, family in families.items():
+        assert set(config.algorithms(key)) <= ssh_q("9.6p1", family), key
+    printed = {line.split(" ", 1)[0] for line in recorded}
+    derived = set(lines(UBUNTU / "openssh-9.6p1-sshd-T-keywords.txt"))
+    assert printed - derived == DISTRIBUTION_PRINTED
+    assert derived - printed == PRINTED_WHEN_SET
+    # every key the hardening deploy checks after its change is one this sshd prints, here or,
+    # for AllowUsers/AllowGroups the drop-in sets, once set
+    sshd = fs.parse_openssh_version(lines(UBUNTU / "ssh-V-24.04.txt"))
+    expected = set(h.expected_effective(_ctx(sshd, CLASSIC)))
+    assert expected - printed == {"allowusers", "allowgroups"} and expected <= printed | PRINTED_WHEN_SET
 
 
 # --- what each OpenSSH release accepts ------------------------------------------------------
@@ -140,7 +186,7 @@ def _ctx(version, extra_kex, allow_users=("root",), allow_groups=("gpu",)):
 
 @pytest.mark.parametrize("version, release", [("8.9p1", "22.04"), ("9.6p1", "24.04")])
 def test_rendered_dropin_is_accepted_by_ubuntus_openssh(version, release):
-    sshd = fs.parse_openssh_version(lines(UBUNTU / f"sshd-V-{release}.txt"))
+    sshd = fs.parse_openssh_version(lines(UBUNTU / f"ssh-V-{release}.txt"))
     text = _rendered(sshd)
     table = keywords(version)
     families = {"kexalgorithms": "kex", "ciphers": "cipher", "macs": "mac", "hostkeyalgorithms": "HostKeyAlgorithms"}
@@ -168,7 +214,7 @@ def test_rendered_dropin_is_accepted_by_ubuntus_openssh(version, release):
 
 
 def test_an_algorithm_the_host_lacks_is_refused_at_planning():
-    jammy = fs.parse_openssh_version(lines(UBUNTU / "sshd-V-22.04.txt"))
+    jammy = fs.parse_openssh_version(lines(UBUNTU / "ssh-V-22.04.txt"))
     [problem] = sshd_support.rejected_algorithms(jammy, {"kex": ["mlkem768x25519-sha256", "curve25519-sha256"]})
     assert problem == ("KexAlgorithms: mlkem768x25519-sha256 (OpenSSH 9.9 and later); "
                        "this host's sshd is OpenSSH 8.9p1")
@@ -180,13 +226,16 @@ def test_an_algorithm_the_host_lacks_is_refused_at_planning():
 # --- the deploy, planned by pyinfra on canned Ubuntu 24.04 facts -------------------------------
 
 
-def _canned(activation_file: Path, version_file: Path, needrestart: bool = True) -> dict:
+# `sshd -T` recorded on Ubuntu 24.04.4 with ssh.socket listening (SOURCES.md); for 22.04 no full
+# public recording was found: the Debian 12 recording of the same packaging stands in there
+SSHD_T = {"24.04": UBUNTU / "sshd-T-24.04.txt", "22.04": FIXTURES / "ssh" / "sshd-T-bookworm-debian-default.txt"}
+
+
+def _canned(activation_file: Path, version_file: Path, needrestart: bool = True, sshd_t: Path = SSHD_T["24.04"]) -> dict:
     return {
         "SshdVersion": fs.parse_openssh_version(lines(version_file)),
         "SshdActivation": fs.parse_sshd_activation(lines(activation_file)),
-        # Ubuntu's full `sshd -T` is not in a public source we could cite: the Debian 12
-        # recording of the same packaging stands in (only its port matters when planning)
-        "SshdEffectiveConfig": fs.parse_sshd_t(lines(FIXTURES / "ssh" / "sshd-T-bookworm-debian-default.txt")),
+        "SshdEffectiveConfig": fs.parse_sshd_t(lines(sshd_t)),
         "AuthorizedKeys": fs.parse_authorized_keys(lines(FIXTURES / "ssh" / "authorized-keys-trixie-root.txt")),
         "SmallModuli": fs.parse_moduli_counts(lines(FIXTURES / "ssh" / "moduli-trixie-debian-default.txt")),
         "SshdFiles": sf.parse_sshd_files(lines(FIXTURES / "ssh" / "sshd-files-trixie-debian-default.txt")),
@@ -227,7 +276,7 @@ def plan(monkeypatch, canned: dict, host_data: dict | None = None):
 
 
 def test_hardening_on_ubuntu_2404_with_ssh_socket_plans_the_socket_aware_path(monkeypatch):
-    canned = _canned(UBUNTU / "systemctl-show-ssh-24.04-socket.txt", UBUNTU / "sshd-V-24.04.txt")
+    canned = _canned(UBUNTU / "systemctl-show-ssh-24.04-socket.txt", UBUNTU / "ssh-V-24.04.txt")
     _, _, ops = plan(monkeypatch, canned)
     names = [name for name, _ in ops]
     [restart] = [(n, c) for n, c in ops if n.startswith("Restart a running socket-activated sshd")]
@@ -256,7 +305,7 @@ def test_hardening_on_ubuntu_2404_with_ssh_socket_plans_the_socket_aware_path(mo
 
 
 def test_the_firewall_opens_the_port_ssh_socket_listens_on(monkeypatch):
-    canned = _canned(UBUNTU / "systemctl-show-ssh-24.04-socket-idle-port-2222.txt", UBUNTU / "sshd-V-24.04.txt")
+    canned = _canned(UBUNTU / "systemctl-show-ssh-24.04-socket-idle-port-2222.txt", UBUNTU / "ssh-V-24.04.txt")
     seen = {}
     real = h.nftables_context
     monkeypatch.setattr(h, "nftables_context", lambda settings, ports: seen.setdefault("ports", ports) and real(settings, ports))
@@ -266,7 +315,8 @@ def test_the_firewall_opens_the_port_ssh_socket_listens_on(monkeypatch):
 
 
 def test_plain_daemon_keeps_the_reload(monkeypatch):
-    canned = _canned(UBUNTU / "systemctl-show-ssh-22.04.txt", UBUNTU / "sshd-V-22.04.txt", needrestart=False)
+    canned = _canned(UBUNTU / "systemctl-show-ssh-22.04.txt", UBUNTU / "ssh-V-22.04.txt", needrestart=False,
+                     sshd_t=SSHD_T["22.04"])
     _, _, ops = plan(monkeypatch, canned)
     names = [n for n, _ in ops]
     assert "Reload sshd so that new logins get the hardened configuration" in names
@@ -275,7 +325,7 @@ def test_plain_daemon_keeps_the_reload(monkeypatch):
 
 
 def test_ubuntu_2204_refuses_a_kex_its_openssh_lacks_before_any_change(monkeypatch, caplog):
-    canned = _canned(UBUNTU / "systemctl-show-ssh-22.04.txt", UBUNTU / "sshd-V-22.04.txt")
+    canned = _canned(UBUNTU / "systemctl-show-ssh-22.04.txt", UBUNTU / "ssh-V-22.04.txt", sshd_t=SSHD_T["22.04"])
     with caplog.at_level(logging.ERROR, logger="pyinfra"), pytest.raises(Exception, match="No hosts remaining"):
         plan(monkeypatch, canned, {"hardening_extra_kex": ["mlkem768x25519-sha256", "curve25519-sha256@libssh.org"]})
     message = " ".join(r.getMessage() for r in caplog.records)

@@ -64,3 +64,23 @@ def test_kernel_installed_later_without_the_module_warns():
     assert kernels_have_the_module(loaded).status == "pass"
     assert kernels_have_the_module(_ctx(installed_kernels={"6.1.0-28-amd64": False})).status == "skip"  # no driver
     assert kernels_have_the_module(_ctx(userspace_version="580.126.09")).status == "skip"  # container
+
+
+def test_kernel_without_its_prebuilt_module_warns_and_names_the_rollout():
+    from gpufleet.facts.packages import DpkgEntry
+    from gpufleet.validation import kernels_have_the_module
+
+    module = "linux-modules-nvidia-580-server-open-6.8.0-90-generic"
+    # Ubuntu 22.04, prebuilt modules for 6.8.0-90; a 6.8.0-94 kernel came in without its build
+    later = _ctx(userspace_version="580.173.02", kernel_release="6.8.0-90-generic", module_version="580.173.02",
+                 loaded_modules={"nvidia": "580.173.02"},
+                 packages={module: DpkgEntry(module, "6.8.0-90.91~22.04.1+1", "hi")},
+                 installed_kernels={"6.8.0-90-generic": True, "6.8.0-94-generic": False})
+    result = kernels_have_the_module(later)
+    assert result.status == "warn"
+    assert result.message.startswith("no prebuilt nvidia module for 6.8.0-94-generic")
+    assert "tools/rollout" in result.fix and "linux-headers" not in result.fix  # no DKMS to feed headers to
+    both = _ctx(userspace_version="580.173.02", kernel_release="6.8.0-90-generic",
+                packages={module: DpkgEntry(module, "6.8.0-90.91~22.04.1+1", "hi")},
+                installed_kernels={"6.8.0-90-generic": True})
+    assert kernels_have_the_module(both).status == "pass"

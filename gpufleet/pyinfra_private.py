@@ -1,0 +1,282 @@
+"""The one place gpufleet touches pyinfra names that are not its documented API.
+
+gpufleet's planning speed-ups (gpufleet/speedups.py) and its fact memo and prefetch
+(gpufleet/factcache.py, gpufleet/factbatch.py) need a few of pyinfra's private functions and
+replace some of them process-wide. Everything private goes through here, behind one gate:
+
+- the pyinfra release must be one the patches were compared with (VERIFIED_PYINFRA), and
+  every private name they use must still be there;
+- every host must be reached through a connector they were checked with (VERIFIED_CONNECTORS,
+  by pyinfra's own `pyinfra.connectors` entry points: ssh, which @vagrant and @terraform hosts
+  use too, and @local, which the unit tests use).
+
+Otherwise nothing is patched (or, for a host met after installation, its facts take pyinfra's
+own path) and gpufleet runs on pyinfra's plain public path: the same answers, one remote
+command per fact. One warning says so, once. The tests that compare the patched answers with
+pyinfra's own are tests/unit/test_pyinfra_private.py, tests/unit/test_speedups.py,
+tests/unit/test_factcache.py and tests/e2e/test_pyinfra_private.py; docs/upstream-proposal.md
+lists what is used here and what we would ask pyinfra for instead.
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from functools import lru_cache
+from importlib.metadata import entry_points, version
+from typing import Any
+
+from pyinfra import logger
+from pyinfra.api.host import Host
+
+#: pyinfra releases the patches were compared with (the tests named above); any other release
+#: runs pyinfra's own code.
+VERIFIED_PYINFRA: tuple[str, ...] = ("3.10.",)
+#: names of pyinfra's `pyinfra.connectors` entry points the fact memo and prefetch were
+#: checked with (the connector class must be exactly that entry point's class).
+VERIFIED_CONNECTORS: tuple[str, ...] = ("ssh", "local")
+
+# Every private name used, by module path (`from pyinfra.api import operation` is the
+# decorator, not its module). available() is False unless all of them are present.
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "pyinfra.api.facts": ("_get_fact", "_handle_fact_kwargs", "_make_command",
+                          "_MISSING_COMMAND_MARKER", "all_global_arguments"),
+    "pyinfra.api.arguments": ("all_global_arguments", "CONNECTOR_ARGUMENT_KEYS"),
+    "pyinfra.api.operation": ("get_operation_order_from_stack",),
+    "pyinfra.api.util": ("get_operation_order_from_stack", "PYINFRA_INSTALL_DIR"),
+    "pyinfra.facts.files": ("LINUX_STAT_COMMAND",),
+}
+
+_warned: set[str] = set()
+_installed: list[str] = []  # what was patched, in order
+
+
+def pyinfra_version() -> str:
+    return version("pyinfra")
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(message)
+
+
+def _module(path: str) -> Any:
+    return importlib.import_module(path)
+
+
+def _get(path: str, name: str, default: Any = None) -> Any:
+    return getattr(_module(path), name, default)
+
+
+def missing_names() -> list[str]:
+    """The private names of REQUIRED this pyinfra no longer has."""
+    return [f"{path}.{name}" for path, names in REQUIRED.items() for name in names
+            if not hasattr(_module(path), name)]
+
+
+def available() -> bool:
+    """Whether this pyinfra release may be patched: verified, with every name still there."""
+    found = pyinfra_version()
+    if not found.startswith(VERIFIED_PYINFRA):
+        _warn_once("release", f"gpufleet: pyinfra {found} is not a release gpufleet's speed-ups were verified "
+                              f"against ({', '.join(v + '*' for v in VERIFIED_PYINFRA)}): they stay off and "
+                              "pyinfra's own code runs (the same answers, one command per fact)")
+        return False
+    missing = missing_names()
+    if missing:
+        _warn_once("names", f"gpufleet: pyinfra {found} lacks {', '.join(missing)}: gpufleet's speed-ups "
+                            "stay off and pyinfra's own code runs")
+        return False
+    return True
+
+
+@lru_cache(maxsize=1)
+def verified_connector_classes() -> tuple[type, ...]:
+    """The classes pyinfra registers for VERIFIED_CONNECTORS (its public entry points)."""
+    return tuple(ep.load() for ep in entry_points(group="pyinfra.connectors")
+                 if ep.name in VERIFIED_CONNECTORS)
+
+
+def connector_name(host: Host) -> str:
+    """The entry-point name of the host's connector (`@docker`...), else its class path."""
+    cls = host.connector_cls
+    for ep in entry_points(group="pyinfra.connectors"):
+        if ep.value == f"{cls.__module__}:{cls.__qualname__}":
+            return ep.name
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+_verified_by_class: dict[type, bool] = {}
+
+
+def connector_verified(host: Host) -> bool:
+    """Whether the host's connector is one the fact memo and prefetch were checked with;
+    warns once per connector when not."""
+    cls = host.connector_cls
+    ok = _verified_by_class.get(cls)
+    if ok is None:
+        ok = _verified_by_class[cls] = cls in verified_connector_classes()
+        if not ok:
+            _warn_once(f"connector:{cls.__module__}.{cls.__qualname__}",
+                       f"gpufleet: {host.name} is reached through the {connector_name(host)} connector, which "
+                       f"gpufleet's fact speed-ups were not verified with ({', '.join(VERIFIED_CONNECTORS)}): "
+                       "its facts take pyinfra's own path (the same answers, one command per fact)")
+    return ok
+
+
+def usable() -> bool:
+    """available(), and every host of the running pyinfra state (if any) on a verified
+    connector: the gate every patch goes through."""
+    if not available():
+        return False
+    from pyinfra.context import ctx_state
+
+    if ctx_state.isset():
+        state = ctx_state.get()
+        inventory = getattr(state, "inventory", None)
+        if inventory is not None and not all([connector_verified(host) for host in inventory]):
+            return False
+    return True
+
+
+def installed() -> bool:
+    """Whether any pyinfra function is replaced in this process."""
+    return bool(_installed)
+
+
+def patched() -> tuple[str, ...]:
+    return tuple(_installed)
+
+
+# -- private names, read (only ever called once available() said yes) ------------------------
+
+def handle_fact_kwargs(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """pyinfra.api.facts._handle_fact_kwargs: (the fact's arguments, the global arguments)."""
+    result: tuple[dict[str, Any], dict[str, Any]] = _get("pyinfra.api.facts", "_handle_fact_kwargs")(
+        state, host, cls, args, kwargs)
+    return result
+
+
+def make_command(command_attribute: Any, host_args: dict[str, Any]) -> Any:
+    """pyinfra.api.facts._make_command: a fact's command (or requires_command) for its arguments."""
+    return _get("pyinfra.api.facts", "_make_command")(command_attribute, host_args)
+
+
+def missing_command_marker() -> str:
+    return str(_get("pyinfra.api.facts", "_MISSING_COMMAND_MARKER", "##PYINFRA_NOCMD##"))
+
+
+@lru_cache(maxsize=1)
+def connector_argument_keys() -> frozenset[str]:
+    """The global arguments pyinfra hands a fact's connector (sudo, su, env...)."""
+    return frozenset(_get("pyinfra.api.arguments", "CONNECTOR_ARGUMENT_KEYS", ()))
+
+
+def linux_stat_command() -> str:
+    """pyinfra's `stat` command for its file facts ("" where it has none)."""
+    return str(_get("pyinfra.facts.files", "LINUX_STAT_COMMAND", ""))
+
+
+@lru_cache(maxsize=1)
+def pyinfra_install_dir() -> str:
+    return str(_get("pyinfra.api.util", "PYINFRA_INSTALL_DIR", ""))
+
+
+def original_all_global_arguments() -> Callable[[], list[tuple[str, type]]]:
+    """pyinfra.api.arguments.all_global_arguments as pyinfra defined it (before any patch)."""
+    fn: Callable[[], list[tuple[str, type]]] = _ORIGINALS.get(
+        "all_global_arguments", _get("pyinfra.api.arguments", "all_global_arguments"))
+    return fn
+
+
+def planned_change(operation_meta: Any) -> bool:
+    """Whether planning found that an operation would change its host, as `pyinfra --dry`
+    prints it (OperationMeta._maybe_is_change; the public will_change would run the
+    operation's commands generator again, in whatever context is current). On a release
+    without it: True (reported as drift, never hidden)."""
+    return bool(getattr(operation_meta, "_maybe_is_change", True))
+
+
+# -- patches (each one only through the gate) ----------------------------------------------
+
+_ORIGINALS: dict[str, Any] = {}
+
+
+def _replace(path: str, name: str, new: Any, key: str) -> None:
+    module = _module(path)
+    _ORIGINALS.setdefault(key, getattr(module, name))
+    setattr(module, name, new)
+    _installed.append(f"{path}.{name}")
+
+
+def patch_planning(operation_order: Callable[[Any], list[int]],
+                   global_arguments: Callable[[], list[tuple[str, type]]]) -> bool:
+    """Put gpufleet/speedups.py's two functions where pyinfra looks them up."""
+    if not usable():
+        return False
+    _ORIGINALS.setdefault("all_global_arguments", _get("pyinfra.api.arguments", "all_global_arguments"))
+    _replace("pyinfra.api.operation", "get_operation_order_from_stack", operation_order, "order")
+    _replace("pyinfra.api.arguments", "all_global_arguments", global_arguments, "all_global_arguments")
+    _replace("pyinfra.api.facts", "all_global_arguments", global_arguments, "facts.all_global_arguments")
+    return True
+
+
+def fact_loader() -> Callable[..., Any]:
+    """pyinfra.api.facts._get_fact as it is now (pyinfra's, or a wrapper installed earlier)."""
+    fn: Callable[..., Any] = _get("pyinfra.api.facts", "_get_fact")
+    return fn
+
+
+def patch_fact_loading(get_fact: Callable[..., Any], run_shell_command: Callable[..., Any],
+                       put_file: Callable[..., Any]) -> bool:
+    """Put gpufleet/factcache.py's fact loading in place of pyinfra.api.facts._get_fact, and
+    its wrappers of Host.run_shell_command and Host.put_file (which forget the memo)."""
+    if not usable():
+        return False
+    _replace("pyinfra.api.facts", "_get_fact", get_fact, "_get_fact")
+    for name, new in (("run_shell_command", run_shell_command), ("put_file", put_file)):
+        _ORIGINALS.setdefault(f"Host.{name}", getattr(Host, name))
+        setattr(Host, name, new)
+        _installed.append(f"pyinfra.api.host.Host.{name}")
+    return True
+
+
+def patch_for_locking(get_fact: Callable[..., Any], run_shell_command: Callable[..., Any],
+                      put_file: Callable[..., Any], disconnect: Callable[..., Any]) -> None:
+    """gpufleet/hostlock.py's wrappers, which take a host's lock before its first change. Not
+    a speed-up but a safety, so not behind the gate: on any release. Its wrappers only count
+    and delegate (*args, **kwargs); the fact loader is wrapped only where pyinfra still has
+    it (without it, a fact during execution takes the lock a little early: still one run at a
+    time)."""
+    for name, new in (("run_shell_command", run_shell_command), ("put_file", put_file),
+                      ("disconnect", disconnect)):
+        setattr(Host, name, new)
+        _installed.append(f"pyinfra.api.host.Host.{name}")
+    if hasattr(_module("pyinfra.api.facts"), "_get_fact"):
+        _replace("pyinfra.api.facts", "_get_fact", get_fact, "lock._get_fact")
+
+
+# -- pyinfra_cli: how the `pyinfra` command loads an inventory and a config file -------------
+# No public API does this; gpufleet's tools must read an inventory exactly as the command
+# line does (tests/unit/test_inventory_source.py compares them with `pyinfra ... debug-inventory`).
+
+def make_inventory(path: str, cwd: str, override_data: dict[str, Any] | None) -> Any:
+    from pyinfra_cli.inventory import make_inventory as cli_make_inventory
+
+    return cli_make_inventory(path, cwd=cwd, override_data=override_data)
+
+
+def exec_file(path: str) -> None:
+    """Run a config or deploy file as the `pyinfra` command runs it (its error wrapping, its
+    note of the file being run)."""
+    from pyinfra_cli.util import exec_file as cli_exec_file
+
+    cli_exec_file(path)
+
+
+def cli_params(argv: list[str]) -> dict[str, Any]:
+    """The `pyinfra` command line's parameters for `argv`, parsed by pyinfra's own command."""
+    from pyinfra_cli.cli import cli
+
+    params: dict[str, Any] = cli.make_context("pyinfra", argv, resilient_parsing=True).params
+    return params
