@@ -32,7 +32,7 @@ _WHOLE = "s=$(date +%s%N); sh -c {script} >/dev/null 2>&1; e=$(date +%s%N); echo
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("host")
-    ap.add_argument("--pool", default="bench-fleet")
+    ap.add_argument("--pool", default=os.environ.get("GPUFLEET_BENCH_POOL", "bench-fleet"))
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     host = next(h for h in testhosts.list_hosts(args.pool) if h.name == args.host)

@@ -34,9 +34,10 @@ sys.path.insert(0, str(REPO))
 from testing import aptrepo, testhosts  # noqa: E402
 from testing.inventory import TEST_DRIVER, environment_data, write_inventory  # noqa: E402
 
-POOL = "bench-fleet"
+# GPUFLEET_BENCH_POOL: another pool (and its own kept state), so that two people can bench at once
+POOL = os.environ.get("GPUFLEET_BENCH_POOL", "bench-fleet")
 TIMED = REPO / "bench" / "timed_pyinfra.py"
-KEPT = Path("/var/lib/gpufleet-bench")
+KEPT = Path("/var/lib/gpufleet-bench") / ("" if POOL == "bench-fleet" else POOL)
 # Operations that install, upgrade or index packages: the "package installation" share of a run
 PACKAGE_OP = re.compile(r"\bInstall (driver|the NVIDIA container|the Docker engine|the tier's diagnostics|gpg|the headers|nftables|the NVIDIA persistence)|apt package index|package (index|sources)", re.I)
 COMMAND_RE = re.compile(r"Running command on (\S+?):")
@@ -54,7 +55,7 @@ def hosts_cpu_s(hosts: list) -> float | None:
     return total / 1e6 if seen else None
 
 
-def run_pyinfra(inventory: Path, debug: bool, hosts: list) -> dict:
+def run_pyinfra(inventory: Path, debug: bool, hosts: list, log: Path | None = None) -> dict:
     cpu_before = hosts_cpu_s(hosts)
     with tempfile.TemporaryDirectory() as tmp:
         timings_path = Path(tmp) / "timings.json"
@@ -67,6 +68,8 @@ def run_pyinfra(inventory: Path, debug: bool, hosts: list) -> dict:
             wall = time.monotonic() - t0
             out.seek(0)
             text = out.read()
+        if log:
+            log.write_text(text)
         timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
     rc = os.waitstatus_to_exitcode(status)
     per_host = collections.Counter(m[1] for m in COMMAND_RE.finditer(text))
@@ -112,6 +115,8 @@ def main() -> int:
     ap.add_argument("--reuse", action="store_true",
                     help="re-run only the no-op runs on the hosts a --keep run left up")
     ap.add_argument("--down", action="store_true", help="stop what a --keep run left up, and exit")
+    ap.add_argument("--logs", metavar="DIR", help="write each run's pyinfra output to DIR (the counted runs' "
+                    "--debug output says which commands each host ran)")
     args = ap.parse_args()
 
     if args.down:
@@ -141,8 +146,12 @@ def main() -> int:
             KEPT.mkdir(parents=True, exist_ok=True)
             aptrepo.save(repo, KEPT / f"repo-{args.hosts}.json")
             state_file(args.hosts).write_text(json.dumps({"inventory": str(inv), "work": str(work)}))
+        logs = Path(args.logs) if args.logs else None
+        if logs:
+            logs.mkdir(parents=True, exist_ok=True)
         for label, debug in runs:
-            r = run_pyinfra(inv, debug, hosts)
+            log = logs / (re.sub(r"\W+", "-", label).strip("-") + ".log") if logs else None
+            r = run_pyinfra(inv, debug, hosts, log)
             counts = list(r["commands"].values()) if debug else []
             rows.append({
                 "run": label, "hosts": args.hosts, "release": args.release, "gpu": args.gpu or "-",

@@ -17,7 +17,11 @@ exits non-zero naming the host and what changed. The checks live in gpufleet/val
 GPUFLEET_VALIDATE_PROBE: 0 leaves out the DCGM and performance probes; by default they run when
 this file runs on its own, and at the end of all.py only on hosts the run changed (a no-op re-run
 of a whole fleet must not load every GPU for seconds); `always` runs them at the end of all.py
-too. GPUFLEET_VALIDATE_PROBE_DEVICE=cpu runs the performance probe's small CPU variant instead
+too. The exporters are scraped likewise: always when this file runs on its own, at the end of
+all.py only on hosts the run changed (or with `always`); on the others the gate checks that
+systemd reports each exporter running (deploys/monitoring.py read that this run) and says why it
+did not scrape (each scrape made the exporter collect everything: about 70 ms of the host's CPU a
+no-op, a fifth of all it spent; bench/fleet.py). GPUFLEET_VALIDATE_PROBE_DEVICE=cpu runs the performance probe's small CPU variant instead
 (PyTorch without a CUDA device: the test hosts).
 """
 from __future__ import annotations
@@ -53,11 +57,14 @@ def gate(probe: bool = True, probe_only_if_changed: bool = False):
         # Planning: the host has not been changed yet, so there is nothing to judge.
         return
     settings = host_settings(host)
-    skip = "probes turned off"
-    if probe and probe_only_if_changed and not _changed_this_run(host):
-        probe, skip = False, ("probes skipped: this run changed nothing on the host "
-                              "(GPUFLEET_VALIDATE_PROBE=always runs them on every run)")
-    results = run_checks(host, settings, probe=probe, probe_skip=skip)
+    skip, scrape_skip = "probes turned off", ""
+    if probe_only_if_changed and not _changed_this_run(host):
+        scrape_skip = ("this run changed nothing on the host (deploys/validate.py, the fleet report and "
+                       "GPUFLEET_VALIDATE_PROBE=always scrape)")
+        if probe:
+            probe, skip = False, ("probes skipped: this run changed nothing on the host "
+                                  "(GPUFLEET_VALIDATE_PROBE=always runs them on every run)")
+    results = run_checks(host, settings, probe=probe, probe_skip=skip, scrape_skip=scrape_skip)
     for result in results:
         log = logger.error if result.status == FAIL else logger.warning if result.status == WARN else logger.info
         log(f"{host.print_prefix}{result.line()}")

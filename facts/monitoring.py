@@ -73,6 +73,10 @@ class MetricsEndpoint(FactBase[MetricsEndpointData]):
                             lines=['DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-..."} 34'])
     """
 
+    # Asked by the validation gate at the end of a run only: a deploy run's prefetch leaves it
+    # out (its answer would never be used there), the fleet report's keeps it (gpufleet/factcache.py).
+    gpufleet_end_of_run = True
+
     @override
     @staticmethod
     def default() -> MetricsEndpointData:

@@ -22,7 +22,10 @@ see bench/fleet.py). Two mechanisms, both exact:
   read: a fact not on the allow-list (gpufleet's own facts, pyinfra's in PYINFRA_FACTS) or an
   argument that is not plain is ignored with a warning and never run (under --dry too).
   pyinfra's many file and unit facts share one process per family (gpufleet/factbatch.py), and
-  the answers come back as one compressed line.
+  the answers come back as one compressed line. A deploy run's prefetch leaves out the facts
+  only the validation gate's end-of-run checks ask (`gpufleet_end_of_run`, the exporters'
+  scrape): a re-run that changes nothing does not ask them, one that changes the host asks them
+  fresh after its changes; the fleet report's prefetch keeps them (it asks them every time).
 
 Installed by deploys/all.py (and the other entry points) with `install()`; deploys/all.py also
 calls `prefetch_all()` first thing, so every host works on its answers while the controller
@@ -154,6 +157,25 @@ def _record(host: Host, cls: type, fact_kwargs_json: str, executor_json: str) ->
 
 
 _ALLOWED: dict[tuple[str, str], bool] = {}
+#: the executor arguments that decide which user reads a file (the others cannot change a checksum)
+_PRIVILEGE_KEYS = ("_sudo", "_sudo_user", "_su_user", "_doas", "_doas_user", "_dzdo", "_dzdo_user")
+
+
+def _record_upload(host: Host, args: tuple, kwargs: dict) -> None:
+    """A file uploaded in this run is compared by its SHA-1 in the next one (pyinfra's files.put
+    and files.template ask Sha1File once the file exists; this run asked only File, which said
+    it did not): put that question in the plan, so that the first re-run after a converge asks
+    it with the others, not in a command of its own per file. Only for an upload made with the
+    host's default privileges, as _record."""
+    dest = args[1] if len(args) > 1 else kwargs.get("remote_filename")
+    default = host_context(host).default_executor
+    if not isinstance(dest, str) or default is None:
+        return
+    if any(kwargs.get(key) != default.get(key) for key in _PRIVILEGE_KEYS if kwargs.get(key) or default.get(key)):
+        return
+    from pyinfra.facts.files import Sha1File
+
+    _record(host, Sha1File, json.dumps({"path": dest}, sort_keys=True), host_context(host).default_executor_json or "")
 
 
 def _save_plans() -> None:
@@ -261,10 +283,13 @@ def _plan_entries(state: Any, host: Host) -> list[tuple]:
     if not plan_file.exists():
         return []
     entries = []
+    deploy_run = fleet_context(state).deploy_run
     for path, fact_kwargs_json in read_plan(plan_file, host.name):
         cls = _load_class(path)
         if cls is None or getattr(cls, "shell_executable", None) or getattr(cls, "gpufleet_no_prefetch", False):
             continue
+        if deploy_run and getattr(cls, "gpufleet_end_of_run", False):
+            continue  # its answer would never be used (see the module's docstring)
         fact = cls()
         try:
             text = _command_text(fact, json.loads(fact_kwargs_json))
@@ -381,7 +406,8 @@ def prefetch_all(state: Any) -> None:
     """Send every connected host its prefetch now, each in its own greenlet, so the hosts work
     on their answers while the controller is still importing and planning (the first host's
     planning would otherwise send the first one about a second into a run). A host's first
-    fact waits for its answers. Call once, at the top of a deploy file, after install()."""
+    fact waits for its answers. Call once, at the top of a deploy file, after install(): it
+    marks the run as a deploy run (the gate's end-of-run facts are not prefetched)."""
     import gevent
     from pyinfra.context import ctx_host, ctx_state
 
@@ -391,6 +417,7 @@ def prefetch_all(state: Any) -> None:
     if fleet_context(state).prefetch_all_sent:
         return
     fleet_context(state).prefetch_all_sent = True
+    fleet_context(state).deploy_run = True
 
     def run(host: Host) -> None:
         with ctx_state.use(state), ctx_host.use(host):
@@ -511,6 +538,7 @@ def install() -> None:
 
     def put_file(self, *args, **kwargs):
         forget(self)
+        _record_upload(self, args, kwargs)
         return original_put(self, *args, **kwargs)
 
     if pyinfra_private.patch_fact_loading(_get_fact, run_shell_command, put_file):

@@ -77,6 +77,8 @@ class FleetContext:
     problems: list[str] | None = None
     #: factcache.prefetch_all() already sent every host its prefetch
     prefetch_all_sent: bool = False
+    #: a deploy run (prefetch_all() called): its prefetch leaves out the gate's end-of-run facts
+    deploy_run: bool = False
 
 
 _HOSTS: weakref.WeakKeyDictionary[Any, HostContext] = weakref.WeakKeyDictionary()

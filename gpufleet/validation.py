@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from pyinfra.facts.files import FileContents, Sha256File
+from pyinfra.facts.systemd import SystemdStatus
 
 from gpufleet.facts.gpu import GpuState, GpuStateData
 from gpufleet.facts.docker import DaemonJson
@@ -181,7 +182,7 @@ class Context:
     """What a check may read: the host, its settings, facts (each asked once per run)."""
 
     def __init__(self, host: Any, settings: Any, probe: bool = True, probe_skip: str = "probes turned off",
-                 torch_probe: bool | None = None):
+                 torch_probe: bool | None = None, scrape_skip: str = ""):
         self.host = host
         self.settings = settings
         self.probe = probe
@@ -189,6 +190,9 @@ class Context:
         # reading the host's PyTorch build (imports torch there: seconds of CPU, no GPU load);
         # with the probes unless said otherwise (the fleet report always reads it)
         self.torch_probe = probe if torch_probe is None else torch_probe
+        # why the exporters are not scraped on this run ("": they are); all.py's no-op re-run
+        # leaves them alone: each scrape costs the host what a tenth of its whole no-op costs
+        self.scrape_skip = scrape_skip
         self._facts: dict[Any, Any] = {}
 
     def fact(self, cls: Any, **kwargs: Any) -> Any:
@@ -653,6 +657,9 @@ def exporters_serve_metrics(ctx: Context) -> list[Result]:
         if dcgm and not (ctx.gpu.ok and ctx.gpu.gpus):
             results.append(Result("monitoring", name, SKIP, f"nvidia-smi: {ctx.gpu.status} (DCGM needs a working driver)"))
             continue
+        if ctx.scrape_skip:
+            results.append(_exporter_not_scraped(ctx, exporter, name, fix))
+            continue
         data = ctx.fact(MetricsEndpoint, url=url, family=exporter.family, sample=exporter.sample)
         if data.status == "no-curl":
             results.append(Result("monitoring", name, FAIL, "curl is not installed on the host",
@@ -676,6 +683,16 @@ def exporters_serve_metrics(ctx: Context) -> list[Result]:
             found_text += f", {exporter.sample} for {len(want)} GPUs"
         results.append(Result("monitoring", name, PASS, found_text))
     return results
+
+
+def _exporter_not_scraped(ctx: Context, exporter: Any, name: str, fix: str) -> Result:
+    """A run that does not scrape (all.py's re-run that changed nothing): systemd must still
+    report the exporter running. On that run deploys/monitoring.py read this very fact (a
+    stopped exporter would have been started, and the run then scrapes), so it costs no command."""
+    running = ctx.fact(SystemdStatus, services=[exporter.service]).get(exporter.service)
+    if not running:
+        return Result("monitoring", name, FAIL, f"{exporter.service} is not running (systemd)", fix)
+    return Result("monitoring", name, SKIP, f"not scraped: {ctx.scrape_skip}; systemd reports {exporter.service} running")
 
 
 # --- hardening --------------------------------------------------------------------------------
@@ -850,10 +867,12 @@ def pytorch_build_runs_here(ctx: Context) -> Result:
 # --- running ----------------------------------------------------------------------------------
 
 def run_checks(host: Any, settings: Any, probe: bool = True, probe_skip: str = "probes turned off",
-               torch_probe: bool | None = None) -> list[Result]:
+               torch_probe: bool | None = None, scrape_skip: str = "") -> list[Result]:
     """Every check against the host as it is now. A check that raises becomes a failed result
-    naming the error, so one broken check never hides the others."""
-    ctx = Context(host, settings, probe=probe, probe_skip=probe_skip, torch_probe=torch_probe)
+    naming the error, so one broken check never hides the others. `scrape_skip`, when given,
+    says why the exporters are not scraped (their units are checked instead)."""
+    ctx = Context(host, settings, probe=probe, probe_skip=probe_skip, torch_probe=torch_probe,
+                  scrape_skip=scrape_skip)
     results: list[Result] = []
     with fresh_host_facts(host):
         for area, func in CHECKS:

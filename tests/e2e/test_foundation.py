@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
 
 
 @pytest.fixture(scope="module")
-def fleet(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
+def fleet_inventory(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
     research = hostpool.get("foundation-research", 1, gpu=f"a100x4@{TEST_DRIVER}")[0]
     hgx = hostpool.get("foundation-hgx", 1, release="trixie", gpu=f"h200x2@{TEST_DRIVER}")[0]
     # 8 x H100 on NVSwitch: the Fabric Manager path (version = driver) in the same run
@@ -34,7 +34,12 @@ def fleet(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
                         "tuning_nccl_socket_ifname": "auto"},
     }
     hosts = [research, hgx, nvswitch]
-    inv = write_inventory(tmp_path_factory.mktemp("inv") / "inventory.py", hosts, data=data)
+    return hosts, write_inventory(tmp_path_factory.mktemp("inv") / "inventory.py", hosts, data=data)
+
+
+@pytest.fixture(scope="module")
+def fleet(fleet_inventory):
+    hosts, inv = fleet_inventory
     first = pyinfra(inv)
     second = pyinfra(inv)
     return hosts, first, second
@@ -105,3 +110,40 @@ def test_hosts_are_what_the_deploy_says(fleet):
 def test_placeholders_are_gone(fleet):
     _, first, _ = fleet
     assert "Not implemented yet" not in first.output
+
+
+EXPORTERS = (("node exporter", "prometheus-node-exporter.service"), ("DCGM exporter", "nvidia-dcgm-exporter.service"))
+
+
+def test_exporters_are_scraped_after_a_change_and_not_on_a_no_op(fleet):
+    """The converge's gate asked each endpoint; the no-op re-run did not (each scrape made the
+    exporter collect everything: a fifth of a no-op host's CPU), said why, and checked that
+    systemd reports each exporter running."""
+    hosts, first, second = fleet
+    for host in hosts:
+        for label, unit in EXPORTERS:
+            assert f"[{host.name}] [PASS] monitoring: the {label} serves metrics: http://" in first.output, first.output
+            assert (f"[{host.name}] [SKIP] monitoring: the {label} serves metrics: not scraped: this run changed "
+                    "nothing on the host") in second.output, second.output
+            assert f"systemd reports {unit} running" in second.output
+    assert second.output.count("not scraped: this run changed nothing on the host") == len(EXPORTERS) * len(hosts)
+
+
+def test_a_stopped_exporter_is_started_by_the_next_run_and_scraped(fleet, fleet_inventory):
+    """Last (it changes the research host): an exporter stopped behind gpufleet's back makes
+    the next all.py run a changing one on that host, whose gate then scrapes it again."""
+    hosts, inv = fleet_inventory
+    research, others = hosts[0], hosts[1:]
+    node = remote(research).service("prometheus-node-exporter")
+    remote(research).run("systemctl stop prometheus-node-exporter.service")
+    assert not node.is_running
+    third = pyinfra(inv)
+    assert third.returncode == 0, third.output[-6000:]
+    changed = changed_operations(third)
+    assert len(changed) == 1 and "Run the node exporter now and at every boot" in changed[0], third.output[-6000:]
+    assert node.is_running
+    out = third.output
+    assert f"[{research.name}] [PASS] monitoring: the node exporter serves metrics: http://" in out, out[-6000:]
+    assert f"[{research.name}] [PASS] monitoring: the DCGM exporter serves metrics: http://" in out, out[-6000:]
+    for host in others:  # changed nothing there: not scraped
+        assert f"[{host.name}] [SKIP] monitoring: the node exporter serves metrics: not scraped" in out, out[-6000:]

@@ -260,3 +260,73 @@ def test_probes_are_never_in_a_later_runs_prefetch(local, monkeypatch):
     assert "gpufleet.facts.validation.UnitActive" in planned_after_asking()  # the control: recorded normally
     monkeypatch.setattr(UnitActive, "gpufleet_no_prefetch", True, raising=False)
     assert planned_after_asking() == ["pyinfra.facts.server.Arch"]
+
+
+def test_a_file_uploaded_in_a_run_is_checked_in_the_next_runs_prefetch(local, tmp_path):
+    """files.put asks only File for a file it creates; the next run asks Sha1File of it. That
+    question is in the plan, so the first re-run after a converge sends no command per file."""
+    import io
+
+    path = str(tmp_path / "uploaded.conf")
+    state, host, calls = local()
+    assert get_fact(state, host, File, kwargs={"path": path}) is None  # what files.put asks first
+    host.put_file(io.BytesIO(b"managed\n"), path)
+    get_fact(state, host, Arch)
+    factcache._save_plans()
+
+    state, host, calls = local()  # the re-run: files.put compares checksums now
+    assert get_fact(state, host, Sha1File, kwargs={"path": path}) == "e1fa417ad9e9880d4c50b3c10306395a4861a8a5"
+    assert get_fact(state, host, Arch) == os.uname().machine
+    assert len(calls) == 1 and "gpufleet-prefetch" in str(calls[0])
+
+
+def test_an_upload_with_other_privileges_is_not_planned(local, tmp_path):
+    import io
+
+    state, host, _ = local()
+    get_fact(state, host, Arch)
+    factcache._record_upload(host, (io.BytesIO(b"x\n"), str(tmp_path / "as-sudo")), {"_sudo": True})
+    factcache._record_upload(host, (io.BytesIO(b"x\n"), str(tmp_path / "as-is")), {"_sudo": False})
+    planned = [kwargs for _, kwargs in factcache._plans_seen[host.name]]
+    assert not any("as-sudo" in kwargs for kwargs in planned)
+    assert any("as-is" in kwargs for kwargs in planned)  # the control
+
+
+def test_a_deploy_runs_prefetch_leaves_out_the_gates_end_of_run_facts(local, monkeypatch):
+    """The exporters' scrape (MetricsEndpoint) is asked by the gate at the end of a run only:
+    a deploy run (prefetch_all) never uses a prefetched answer, the fleet report does."""
+    from gpufleet.facts.monitoring import MetricsEndpoint
+    from gpufleet.facts.validation import UnitActive
+    from gpufleet.hostcontext import fleet_context
+
+    assert MetricsEndpoint.gpufleet_end_of_run
+    monkeypatch.setattr(UnitActive, "gpufleet_end_of_run", True, raising=False)
+    state, host, _ = local()
+    get_fact(state, host, UnitActive, kwargs={"unit": "gpufleet-none.service"})
+    get_fact(state, host, Arch)
+    get_fact(state, host, File, kwargs={"path": "/nonexistent-gpufleet"})
+    factcache._save_plans()
+
+    def planned(deploy_run):
+        state, host, _ = local()
+        if deploy_run:
+            fleet_context(state).deploy_run = True  # what prefetch_all marks
+        factcache._default_executor_json(state, host)
+        return [entry[0].__name__ for entry in factcache._plan_entries(state, host)]
+
+    assert sorted(planned(deploy_run=False)) == ["Arch", "File", "UnitActive"]  # the report's prefetch
+    assert sorted(planned(deploy_run=True)) == ["Arch", "File"]
+
+
+def test_the_gates_unit_question_is_the_one_systemd_service_asked(local):
+    """On a re-run that changed nothing the gate reads each exporter's unit state instead of
+    scraping it: with the arguments pyinfra's systemd.service asks, so it is answered from memory."""
+    from pyinfra.facts.systemd import SystemdStatus
+
+    state, host, _ = local()
+    unit = ["prometheus-node-exporter.service"]
+    asked_by_the_deploy = factcache._key(state, host, SystemdStatus, [], {
+        "user_mode": False, "machine": None, "user_name": None, "services": unit})
+    asked_by_the_gate = factcache._key(state, host, SystemdStatus, [], {"services": unit})
+    assert asked_by_the_gate == asked_by_the_deploy is not None
+    assert asked_by_the_gate != factcache._key(state, host, SystemdStatus, [], {"services": ["other.service"]})

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 from pyinfra.api import StringCommand
+from pyinfra.facts.systemd import SystemdStatus
 
 from gpufleet.deploys.hardening import nftables_context, render
 from gpufleet.facts.monitoring import MetricsEndpoint, parse_metrics_endpoint
@@ -124,9 +125,11 @@ def test_endpoint_fact_takes_its_values_as_variables_and_refuses_odd_ones():
 
 
 class FakeContext(v.Context):
-    def __init__(self, settings, answers, gpus=2, ok=True):
-        super().__init__(SimpleNamespace(), settings)
+    def __init__(self, settings, answers, gpus=2, ok=True, scrape_skip="", units=None):
+        super().__init__(SimpleNamespace(), settings, scrape_skip=scrape_skip)
         self.answers = answers
+        self.units = units or {}  # systemd's answer: unit -> running
+        self.asked = []
         self._gpu = SimpleNamespace(ok=ok, status="ok" if ok else "no-nvidia-smi",
                                     gpus=[SimpleNamespace(index=i) for i in range(gpus)])
 
@@ -135,6 +138,9 @@ class FakeContext(v.Context):
         return self._gpu
 
     def fact(self, cls, **kwargs):
+        self.asked.append(cls.__name__)
+        if cls is SystemdStatus:
+            return {unit: self.units[unit] for unit in kwargs["services"] if unit in self.units}
         assert cls is MetricsEndpoint
         return parse_metrics_endpoint(self.answers[kwargs["url"]])
 
@@ -154,6 +160,32 @@ def test_gate_passes_serving_exporters_and_fails_with_a_fix_otherwise():
     assert [r.status for r in no_gpu] == ["pass", "skip"]
     none = v.exporters_serve_metrics(FakeContext(settings(tier="dev"), {}))
     assert [r.status for r in none] == ["skip"]
+
+
+def test_a_run_that_changed_nothing_scrapes_no_exporter_but_fails_one_that_is_not_running():
+    """all.py's no-op re-run: no scrape (each made the exporter collect everything), a SKIP
+    saying why, systemd's word that each exporter runs; a stopped one still fails the gate."""
+    s = settings()
+    why = "this run changed nothing on the host"
+    node, dcgm = "prometheus-node-exporter.service", "nvidia-dcgm-exporter.service"
+    running = FakeContext(s, {}, scrape_skip=why, units={node: True, dcgm: True})
+    results = v.exporters_serve_metrics(running)
+    assert [(r.name, r.status, r.message) for r in results] == [
+        ("the node exporter serves metrics", "skip", f"not scraped: {why}; systemd reports {node} running"),
+        ("the DCGM exporter serves metrics", "skip", f"not scraped: {why}; systemd reports {dcgm} running")]
+    assert running.asked == ["SystemdStatus", "SystemdStatus"]  # no MetricsEndpoint: nothing scraped
+    stopped = v.exporters_serve_metrics(FakeContext(s, {}, scrape_skip=why, units={node: True, dcgm: False}))
+    assert [r.status for r in stopped] == ["skip", "fail"]
+    assert stopped[1].message == f"{dcgm} is not running (systemd)"
+    assert f"systemctl status {dcgm}" in stopped[1].fix
+    unknown = v.exporters_serve_metrics(FakeContext(s, {}, scrape_skip=why, units={}))  # systemd said nothing
+    assert [r.status for r in unknown] == ["fail", "fail"]
+    no_gpu = v.exporters_serve_metrics(FakeContext(s, {}, ok=False, scrape_skip=why, units={node: True}))
+    assert [r.status for r in no_gpu] == ["skip", "skip"] and "nvidia-smi" in no_gpu[1].message
+    # the same context without the reason scrapes: the control
+    scraped = FakeContext(s, {"http://127.0.0.1:9100/metrics": NODE_OK, "http://127.0.0.1:9400/metrics": DCGM_OK})
+    assert [r.status for r in v.exporters_serve_metrics(scraped)] == ["pass", "pass"]
+    assert scraped.asked == ["MetricsEndpoint", "MetricsEndpoint"]
 
 
 def test_report_lists_each_exporters_endpoint_with_what_the_gate_found():
