@@ -19,13 +19,7 @@ from typing import Any
 from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
 
-
-def real_host(host: Any) -> Any:
-    """The Host behind pyinfra's `host` context proxy (the proxy follows whichever host is
-    current, so it must never be stored)."""
-    from pyinfra.context import ctx_host
-
-    return ctx_host.get() if host is ctx_host.context else host
+from gpufleet.hostcontext import real_object as real_host  # the Host behind pyinfra's proxy
 
 
 def stop_line(name: str, how: str, area: str, reason: str, fix: str) -> str:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.hostcontext import real_object as real_host  # sets of hosts must hold the real one
+
 
 @dataclass
 class RolloutContext:
@@ -43,10 +45,3 @@ class RolloutContext:
 
     def note(self, host: Any, message: str) -> None:
         self.notes.setdefault(host.name, []).append(message)
-
-
-def real_host(host: Any) -> Any:
-    """The Host object behind pyinfra's `host` context proxy (sets of hosts must hold the real one)."""
-    from pyinfra.context import ctx_host
-
-    return ctx_host.get() if host is ctx_host.context else host
