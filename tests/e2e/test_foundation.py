@@ -8,8 +8,12 @@ checks the hosts' real state over SSH, independently of gpufleet's own output.
 """
 from __future__ import annotations
 
+import json
+import shlex
+
 import pytest
 
+from gpufleet.facts import validation
 from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
 from testing.inventory import TEST_DRIVER, environment_data, write_inventory
 from tests.e2e.pyinfra_cli import changed_operations, pyinfra
@@ -127,6 +131,31 @@ def test_exporters_are_scraped_after_a_change_and_not_on_a_no_op(fleet):
                     "nothing on the host") in second.output, second.output
             assert f"systemd reports {unit} running" in second.output
     assert second.output.count("not scraped: this run changed nothing on the host") == len(EXPORTERS) * len(hosts)
+
+
+def test_gate_reads_dockerd_runtimes_from_its_socket_as_the_cli_prints_them(fleet):
+    """ContainerGpus asks dockerd's /info on its socket with curl (the monitoring step installed
+    it) instead of starting the docker CLI; where curl is missing it asks the CLI. Each path is
+    forced by shadowing the other's tool with a failing stub, on the real dockerd."""
+    hosts, _, _ = fleet
+    research = hosts[0]
+    script = shlex.quote(validation._CONTAINER_SCRIPT)
+    run = remote(research).run
+    run("mkdir -p /tmp/no-docker-cli /tmp/no-curl && for t in /tmp/no-docker-cli/docker /tmp/no-curl/curl; do "
+        "printf '#!/bin/sh\\nexit 1\\n' > $t; chmod +x $t; done")
+    try:
+        socket = run(f"PATH=/tmp/no-docker-cli:$PATH sh -c {script}").stdout.splitlines()
+        cli = run(f"PATH=/tmp/no-curl:$PATH sh -c {script}").stdout.splitlines()
+    finally:
+        run("rm -rf /tmp/no-docker-cli /tmp/no-curl")
+    assert any(line.startswith("info={") for line in socket), socket
+    assert not any(line.startswith("info=") for line in cli), cli
+    by_socket, by_cli = validation.parse_container_gpus(socket), validation.parse_container_gpus(cli)
+    assert by_socket.nvidia_runtime and by_cli.nvidia_runtime
+    assert by_socket == by_cli
+    printed = json.loads(run("docker info --format '{{json .Runtimes}}'").stdout)
+    info = next(line for line in socket if line.startswith("info="))
+    assert json.loads(info[len("info="):])["Runtimes"] == printed
 
 
 def test_a_stopped_exporter_is_started_by_the_next_run_and_scraped(fleet, fleet_inventory):
