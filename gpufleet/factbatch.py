@@ -36,7 +36,7 @@ _HASH_TOOLS = {pyinfra_files.Sha1File: "sha1sum", pyinfra_files.Sha256File: "sha
 _HASH_TOOLS_BY_NAME = {tool: tool for tool in _HASH_TOOLS.values()}
 
 
-def family(cls: type, kwargs: dict) -> str | None:
+def family(cls: type, kwargs: dict[str, Any]) -> str | None:
     """The batch a fact asked with these arguments can join, or None to run it on its own."""
     if cls in (pyinfra_systemd.SystemdStatus, pyinfra_systemd.SystemdEnabled):
         services = kwargs.get("services")
@@ -55,7 +55,7 @@ def family(cls: type, kwargs: dict) -> str | None:
     return _HASH_TOOLS.get(cls)
 
 
-def keys(name: str, kwargs: dict) -> list[str]:
+def keys(name: str, kwargs: dict[str, Any]) -> list[str]:
     """What one fact of family `name` asks about: its path, or its units."""
     if name == "systemctl":
         services = kwargs["services"]

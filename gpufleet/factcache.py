@@ -76,14 +76,14 @@ _RC = "::gpufleet-rc::"
 _PACKED = "::gpufleet-gzip-base64::"
 _PACK_CHECK = "command -v gzip >/dev/null 2>&1 && command -v base64 >/dev/null 2>&1"
 _installed = False
-_plans_seen: dict[str, list] = {}
+_plans_seen: dict[str, list[Any]] = {}
 
 
 def _fact_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _key(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> tuple | None:
+def _key(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> tuple[Any, ...] | None:
     """(fact class path, its arguments as JSON, its executor arguments as JSON), or None.
 
     pyinfra's own way there (_handle_fact_kwargs) walks every global argument through the host's
@@ -113,7 +113,7 @@ def _key(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> tuple | N
 _FACT_ARGUMENTS: dict[str, str] = {}
 
 
-def _pyinfra_key(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> tuple | None:
+def _pyinfra_key(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> tuple[Any, ...] | None:
     fact_kwargs, global_kwargs = pyinfra_private.handle_fact_kwargs(state, host, cls, args, kwargs)
     fact_kwargs = {k: v for k, v in fact_kwargs.items() if k != "self"}  # getcallargs includes it
     executor = {k: v for k, v in global_kwargs.items() if k in pyinfra_private.connector_argument_keys()}
@@ -126,7 +126,7 @@ def _pyinfra_key(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> t
         return None
 
 
-def _memo(host: Host) -> dict:
+def _memo(host: Host) -> dict[Any, Any]:
     return host_context(host).fact_memo
 
 
@@ -161,7 +161,7 @@ _ALLOWED: dict[tuple[str, str], bool] = {}
 _PRIVILEGE_KEYS = ("_sudo", "_sudo_user", "_su_user", "_doas", "_doas_user", "_dzdo", "_dzdo_user")
 
 
-def _record_upload(host: Host, args: tuple, kwargs: dict) -> None:
+def _record_upload(host: Host, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """A file uploaded in this run is compared by its SHA-1 in the next one (pyinfra's files.put
     and files.template ask Sha1File once the file exists; this run asked only File, which said
     it did not): put that question in the plan, so that the first re-run after a converge asks
@@ -260,7 +260,7 @@ def _load_class(path: str) -> type | None:
     return obj
 
 
-def _command_text(fact: Any, fact_kwargs: dict) -> str | None:
+def _command_text(fact: Any, fact_kwargs: dict[str, Any]) -> str | None:
     """The exact shell text pyinfra would run for this fact (requires_command guard included).
     Some facts keep their arguments on the instance for process() (pyinfra's hash facts do):
     the same instance must then process the output."""
@@ -275,7 +275,7 @@ def _command_text(fact: Any, fact_kwargs: dict) -> str | None:
     return command if isinstance(command, str) else None
 
 
-def _plan_entries(state: Any, host: Host) -> list[tuple]:
+def _plan_entries(state: Any, host: Host) -> list[tuple[Any, ...]]:
     """Last run's facts for `host` that can be prefetched: (class, arguments JSON, executor
     JSON, fact instance, shell text) each."""
     executor_json = _default_executor_json(state, host)
@@ -305,8 +305,8 @@ class Script:
     """One remote script asking many facts: section i of its output answers texts[i]; the
     single facts come first, then one section per batch family (gpufleet/factbatch.py)."""
 
-    single: list[tuple] = field(default_factory=list)
-    batches: dict[str, list[tuple]] = field(default_factory=dict)  # family -> [(entry, keys)]
+    single: list[tuple[Any, ...]] = field(default_factory=list)
+    batches: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)  # family -> [(entry, keys)]
     batch_keys: dict[str, list[str]] = field(default_factory=dict)  # family -> all its keys
 
     def text(self) -> str:
@@ -323,7 +323,7 @@ class Script:
                            "echo; else printf '%s\\n' \"$o\"; fi",
                            gf_mark=_MARK, gf_rc=_RC, gf_packed=_PACKED, gf_i=0)
 
-    def answers(self, lines: list[str]) -> dict[tuple, Any]:
+    def answers(self, lines: list[str]) -> dict[tuple[Any, ...], Any]:
         """Memo key -> answer, for every fact the output answers (the rest: pyinfra's way)."""
         if lines and lines[0] == _PACKED:
             try:
@@ -342,7 +342,7 @@ class Script:
                 current = None
             elif current is not None:
                 sections[current].append(line)
-        found: dict[tuple, Any] = {}
+        found: dict[tuple[Any, ...], Any] = {}
         for i, (cls, fact_kwargs_json, executor_json, fact, _) in enumerate(self.single):
             out = sections.get(i)
             if out is None or rcs.get(i) != 0 or out == [pyinfra_private.missing_command_marker()]:
@@ -365,7 +365,7 @@ class Script:
         return found
 
 
-def prefetch_script(entries: list[tuple]) -> Script:
+def prefetch_script(entries: list[tuple[Any, ...]]) -> Script:
     """The script for `entries` (see _plan_entries): facts of one batch family share one
     stat / sha1sum / systemctl run, the others run one after another."""
     script = Script()
@@ -440,16 +440,18 @@ def _default_executor_json(state: Any, host: Host) -> str:
     return known
 
 
-def _default_executor(state: Any, host: Host) -> dict:
+def _default_executor(state: Any, host: Host) -> dict[str, Any]:
     _, global_kwargs = pyinfra_private.handle_fact_kwargs(state, host, _Probe, [], {})
     try:
-        return json.loads(json.dumps({k: v for k, v in global_kwargs.items()
-                                      if k in pyinfra_private.connector_argument_keys()}, sort_keys=True))
+        known: dict[str, Any] = json.loads(json.dumps({k: v for k, v in global_kwargs.items()
+                                                       if k in pyinfra_private.connector_argument_keys()},
+                                                      sort_keys=True))
+        return known
     except (TypeError, ValueError):
         return {}
 
 
-class _Probe(FactBase):
+class _Probe(FactBase[None]):
     def command(self) -> str:
         return "true"
 
@@ -505,7 +507,8 @@ def install() -> None:
     original_run = Host.run_shell_command
     original_put = Host.put_file
 
-    def _get_fact(state, host, cls, args=None, kwargs=None, ensure_hosts=None, apply_failed_hosts=True):
+    def _get_fact(state: Any, host: Host, cls: Any, args: Any = None, kwargs: Any = None, ensure_hosts: Any = None,
+                  apply_failed_hosts: bool = True) -> Any:
         if not pyinfra_private.connector_verified(host):  # a host met after install(): pyinfra's path
             return original_get_fact(state, host, cls, args, kwargs, ensure_hosts, apply_failed_hosts)
         key = _key(state, host, cls, args, kwargs)
@@ -531,12 +534,12 @@ def install() -> None:
             _memo(host)[key] = data
         return data
 
-    def run_shell_command(self, *args, **kwargs):
+    def run_shell_command(self: Host, *args: Any, **kwargs: Any) -> Any:
         if not host_context(self).in_fact:
             forget(self)
         return original_run(self, *args, **kwargs)
 
-    def put_file(self, *args, **kwargs):
+    def put_file(self: Host, *args: Any, **kwargs: Any) -> Any:
         forget(self)
         _record_upload(self, args, kwargs)
         return original_put(self, *args, **kwargs)

@@ -8,13 +8,15 @@ run itself will change.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, TypeVar, cast
+
+from pyinfra.api.host import Host
 
 from gpufleet.facts.cpu import CpuFreq, CpuFreqData
 from gpufleet.facts.gpu import GpuState, GpuStateData
 from gpufleet.facts.gpu_tuning import LockedClocks
 from gpufleet.facts.kernel import DriverState, DriverStateData
-from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
+from gpufleet.facts.network import NetInterface, NetworkInterfaces, RdmaDevice, RdmaDevices
 from gpufleet.facts.packages import AptCandidates, PackageVersions
 from gpufleet.facts.pci import PciDevices
 from gpufleet.facts.system import OsRelease, OsReleaseData, SystemResources, SystemResourcesData
@@ -28,49 +30,49 @@ from .resolver import Resolution, check_tier_hardware, resolve
 T = TypeVar("T")
 
 
-def _cached(host: Any, key: str, make: Callable[[], T]) -> T:
+def _cached(host: Host, key: str, make: Callable[[], T]) -> T:
     cache = host_context(host).facts
     if key not in cache:
         cache[key] = make()
-    return cache[key]
+    return cast(T, cache[key])
 
 
-def gpu_state(host: Any) -> GpuStateData:
+def gpu_state(host: Host) -> GpuStateData:
     """nvidia-smi's view (one remote command for GPUs, clocks, topology), without the compute
     processes: ask GpuState() itself where they matter (deploys/driver.py gpu_work)."""
     return _cached(host, "gpu_state", lambda: host.get_fact(GpuState, processes=False))
 
 
-def driver_state(host: Any) -> DriverStateData:
+def driver_state(host: Host) -> DriverStateData:
     return _cached(host, "driver_state", lambda: host.get_fact(DriverState))
 
 
-def os_release(host: Any) -> OsReleaseData:
+def os_release(host: Host) -> OsReleaseData:
     return _cached(host, "os_release", lambda: host.get_fact(OsRelease))
 
 
-def resources(host: Any) -> SystemResourcesData:
+def resources(host: Host) -> SystemResourcesData:
     return _cached(host, "resources", lambda: host.get_fact(SystemResources))
 
 
-def interfaces(host: Any) -> list:
+def interfaces(host: Host) -> list[NetInterface]:
     return _cached(host, "interfaces", lambda: host.get_fact(NetworkInterfaces))
 
 
-def cpu_freq(host: Any) -> CpuFreqData:
+def cpu_freq(host: Host) -> CpuFreqData:
     return _cached(host, "cpu_freq", lambda: host.get_fact(CpuFreq))
 
 
-def rdma_devices(host: Any) -> list:
+def rdma_devices(host: Host) -> list[RdmaDevice]:
     return _cached(host, "rdma", lambda: host.get_fact(RdmaDevices))
 
 
-def locked_clocks(host: Any) -> dict[str, str]:
+def locked_clocks(host: Host) -> dict[str, str]:
     """The clock locks gpufleet recorded since boot (LockedClocks): the state before this run."""
     return _cached(host, "locked_clocks", lambda: host.get_fact(LockedClocks))
 
 
-def os_name(host: Any) -> str:
+def os_name(host: Host) -> str:
     """The OS as compat.yaml names it, e.g. ``debian-12``."""
     rel = os_release(host)
     return f"{rel.id}-{rel.version_id}"
@@ -102,7 +104,7 @@ class Hardware:
         return ", ".join(parts) + (f" ({', '.join(extras)})" if extras else "")
 
 
-def hardware(host: Any) -> Hardware:
+def hardware(host: Host) -> Hardware:
     def make() -> Hardware:
         pci = host.get_fact(PciDevices)
         gpus = [d for d in pci if d.kind == "gpu"]
@@ -125,7 +127,7 @@ def hardware(host: Any) -> Hardware:
     return _cached(host, "hardware", make)
 
 
-def resolution(host: Any, settings: Any) -> Resolution:
+def resolution(host: Host, settings: Any) -> Resolution:
     """What to install on this host: the tier's wishes resolved against the GPUs it really has.
 
     Raises Incompatible (with the reason and the key to change) when nothing fits."""
@@ -138,7 +140,7 @@ def resolution(host: Any, settings: Any) -> Resolution:
     return _cached(host, "resolution", make)
 
 
-def tier_mismatches(host: Any, settings: Any) -> list[str]:
+def tier_mismatches(host: Host, settings: Any) -> list[str]:
     hw = hardware(host)
     return check_tier_hardware(settings, [*hw.models, *hw.unknown_pci_ids], hw.nvswitch, hw.rdma,
                                nvlink=hw.nvlink)
@@ -162,7 +164,7 @@ class KernelPlan:
         return f"linux-image-{self.flavour}" if self.flavour else None
 
 
-def kernel_plan(host: Any, res: Resolution) -> KernelPlan:
+def kernel_plan(host: Host, res: Resolution) -> KernelPlan:
     """The running kernel's flavour as its packages follow it (Ubuntu: the installed -hwe image
     metapackage), and for a driver whose modules are packaged apart the modules to install:
     prebuilt and signed where the sources have a build for this kernel's ABI (`ubuntu-drivers
@@ -177,8 +179,8 @@ def kernel_plan(host: Any, res: Resolution) -> KernelPlan:
         if not (res.prebuilt_modules or res.dkms_modules):
             return KernelPlan(release, flavour)
         abi = res.prebuilt_modules.format(kernel=release) if res.prebuilt_modules and release else None
-        abi_build = bool(abi) and (abi in state.packages
-                                   or bool(host.get_fact(AptCandidates, packages=[abi]).get(abi)))
+        abi_build = bool(abi and (abi in state.packages
+                                  or host.get_fact(AptCandidates, packages=[abi]).get(abi)))
         modules, prebuilt = module_packages(res.prebuilt_modules, res.dkms_modules, release, flavour, abi_build)
         return KernelPlan(release, flavour, tuple(modules), prebuilt)
 

@@ -290,15 +290,15 @@ def install() -> None:
         if lock.stale:
             logger.warning(f"{host.print_prefix}gpufleet: {stale_message(host.name, lock.stale)}")
 
-    def run_shell_command(self, *args, **kwargs):
+    def run_shell_command(self: Host, *args: Any, **kwargs: Any) -> Any:
         ensure(self)
         return original_run(self, *args, **kwargs)
 
-    def put_file(self, *args, **kwargs):
+    def put_file(self: Host, *args: Any, **kwargs: Any) -> Any:
         ensure(self)
         return original_put(self, *args, **kwargs)
 
-    def _get_fact(state, host, *args, **kwargs):
+    def _get_fact(state: Any, host: Host, *args: Any, **kwargs: Any) -> Any:
         context = host_context(host)
         context.lock_in_fact += 1
         try:
@@ -306,7 +306,7 @@ def install() -> None:
         finally:
             context.lock_in_fact -= 1
 
-    def disconnect(self, *args, **kwargs):
+    def disconnect(self: Host, *args: Any, **kwargs: Any) -> Any:
         # told to release while the connection is still there: the owner record goes with it
         lock = HELD.get(self.name)
         if lock is not None and lock.shared:

@@ -11,17 +11,19 @@ turns them into TFLOP/s and GB/s (gpufleet/perf.py), so no arithmetic lives here
     --copy-mib M        bytes per device-memory copy
     --allreduce-mib M   bytes per rank for the all-reduce (2+ CUDA devices)
 """
+from __future__ import annotations  # the host's python3 may be older than the controller's
+
 import argparse
 import json
 import sys
 import time
 
 
-def emit(**record):
+def emit(**record: object) -> None:
     print(json.dumps(record, sort_keys=True), flush=True)
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="gpufleet-perf-probe")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--size", type=int, default=8192)
@@ -45,6 +47,7 @@ def main(argv):
             emit(metric=metric, status="skipped", reason="no CUDA device")
         return 0
 
+    devices: list[tuple[str, int | None]]
     if args.device == "cpu":
         devices = [("cpu", None)]
         dtype = torch.bfloat16
@@ -52,7 +55,7 @@ def main(argv):
         devices = [(f"cuda:{i}", i) for i in range(count)]
         dtype = torch.bfloat16
 
-    def sync(dev):
+    def sync(dev: str) -> None:
         if dev != "cpu":
             torch.cuda.synchronize(dev)
 

@@ -19,7 +19,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 from pyinfra.facts.files import FileContents, Sha256File
 from pyinfra.facts.systemd import SystemdStatus
@@ -82,7 +82,7 @@ def stack_states(wanted: dict[str, str], installed: dict[str, str | None], recor
     return out
 
 
-def component_drift(components: dict[str, list], wanted: dict[str, str], installed: dict[str, str | None]
+def component_drift(components: dict[str, list[Any]], wanted: dict[str, str], installed: dict[str, str | None]
                     ) -> list[str]:
     """Messages for the CUDA toolkit's components (StackPackages.components: package -> [installed,
     the version the toolkit release asks for, held]) at another version than their release names,
@@ -203,11 +203,11 @@ class Context:
 
     @property
     def gpu(self) -> GpuStateData:
-        return self.fact(GpuState, processes=False)  # no check looks at processes
+        return cast(GpuStateData, self.fact(GpuState, processes=False))  # no check looks at processes
 
     @property
     def driver(self) -> DriverStateData:
-        return self.fact(DriverState)
+        return cast(DriverStateData, self.fact(DriverState))
 
     def hardware(self) -> Any:
         from .hostfacts import hardware

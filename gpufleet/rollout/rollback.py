@@ -5,7 +5,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Any, Callable, TextIO
 
 from gpufleet.inventory_source import InventorySource
 
@@ -63,7 +63,7 @@ def rollback(inventory: str | InventorySource, hosts: list[str], manifest: Path 
     for target, names in by_target.items():
         ctx = RolloutContext(target=target, manifests_dir=manifests_dir, force=force)
         ctx.manifests.update({h: docs[h] for h in names})
-        plan = [("restore", steps.restore)]
+        plan: list[tuple[str, Callable[..., Any]]] = [("restore", steps.restore)]
         if from_disk:
             plan.append(("disk snapshot", steps.restore_disk))
         if reboot:

@@ -8,7 +8,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from gpufleet.compat import compat_data
 
@@ -18,6 +18,9 @@ from gpufleet.inventory_source import InventorySource, SourceError
 from .context import RolloutContext
 from .manifest import load_manifest
 from .state import CHANGING_STEPS, STEPS, RolloutState, StateLock, StateError
+
+if TYPE_CHECKING:  # session imports pyinfra's CLI (gevent): only when a step runs
+    from .session import StepResult
 
 EXIT_DONE, EXIT_STOPPED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
@@ -77,7 +80,7 @@ def hostlock_stale(name: str, record: str) -> str:
     return stale_message(name, record)
 
 
-def check_settings(source, names: list[str]) -> list[str]:
+def check_settings(source: InventorySource | str, names: list[str]) -> list[str]:
     """The inventory problems of the hosts `names` (gpufleet/settings.py), one line each; a
     broken host this run does not touch (outside --limit) is not its business."""
     from gpufleet.errors import InventoryError
@@ -335,7 +338,7 @@ class Runner:
                 ctx.manifests[name] = load_manifest(rec.manifest)
         todo = {name: state.host(name).steps_to_run() for name in wave}
         active = list(wave)
-        funcs: dict[str, Callable] = {"drain": steps.drain, "snapshot": steps.snapshot, "upgrade": steps.upgrade,
+        funcs: dict[str, Callable[..., Any]] = {"drain": steps.drain, "snapshot": steps.snapshot, "upgrade": steps.upgrade,
                                       "reboot": steps.reboot, "tune": tune_and_cdi, "validate": steps.validate,
                                       "undrain": steps.undrain}
         give_back: list[str] = []
@@ -389,7 +392,9 @@ class Runner:
         """Hosts done / in flight / failed of this rollout, and the time left at this run's pace
         (the wall time of its waves so far per host they settled)."""
         status = {n: self.state.host(n).status for n in names if n in self.state.hosts}
-        count = lambda *wanted: sum(1 for n, v in status.items() if v in wanted and n not in in_flight)  # noqa: E731
+        def count(*wanted: str) -> int:
+            return sum(1 for n, v in status.items() if v in wanted and n not in in_flight)
+
         flying = len(in_flight) + count("in-progress")
         waiting = count("pending")
         line = f"progress: {count('done')}/{len(status)} done, {flying} in flight, {count('failed')} failed"
@@ -399,7 +404,7 @@ class Runner:
             line += f", about {round(left / 60)} min left" if left >= 90 else f", about {round(left)} s left"
         return line
 
-    def run_per_target(self, names: list[str], func: Callable):
+    def run_per_target(self, names: list[str], func: Callable[..., Any]) -> StepResult:
         """One step on `names`, one pyinfra run per target driver (hosts of one inventory may
         resolve to different drivers); the results merged."""
         from .session import StepResult, run_step

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import pyinfra_cli  # noqa: F401  (gevent monkey-patching, as the CLI does, before pyinfra.api)
 from pyinfra import host as current_host
 from pyinfra.api import State
+from pyinfra.api.host import Host
 from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.api.exceptions import PyinfraError
@@ -39,20 +40,23 @@ class StepResult:
 
 
 class _Errors(BaseStateCallback):
-    def __init__(self):
+    def __init__(self) -> None:
         self.ops: dict[str, str] = {}
 
-    def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):
+    # pyinfra declares its hooks static but calls them on the handler object: an instance method
+    # keeps this run's errors on this handler
+    def operation_host_error(self, state: State, host: Host, op_hash: Any,  # type: ignore[override]
+                             retry_count: int = 0, max_retries: int = 0) -> None:
         names = state.get_op_meta(op_hash).names
         self.ops[host.name] = ", ".join(sorted(names))
 
 
 class _Collect(logging.Handler):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.lines: list[str] = []
 
-    def emit(self, record):
+    def emit(self, record: logging.LogRecord) -> None:
         try:
             self.lines.append(_ANSI.sub("", record.getMessage()))
         except Exception:  # a log line we cannot format is not worth failing a rollout for
@@ -65,7 +69,7 @@ def load_inventory(inventory_path: inventory_source.InventorySource | str) -> An
     return inventory_source.load_inventory(inventory_path)
 
 
-def inventory_hosts(inventory_path) -> list[str]:
+def inventory_hosts(inventory_path: inventory_source.InventorySource | str) -> list[str]:
     """Host names of the inventory (those its --limit selects), in inventory order."""
     return inventory_source.limited_names(inventory_path)
 

@@ -1,6 +1,6 @@
 """Lint is part of the test command (README, .ci/run): `ruff check` and `mypy` over the project,
-with the configuration in pyproject.toml (mypy strict on the core, gpufleet/, except the modules
-that file lists; plain on gpufleet.facts, .operations and .deploys). The last two tests show the configuration can fail: a file with the faults it
+with the configuration in pyproject.toml (mypy strict on every module of the core, gpufleet/;
+plain on gpufleet.facts, .operations and .deploys). The last two tests show the configuration can fail: a file with the faults it
 is meant to catch, checked under the same settings."""
 from __future__ import annotations
 
