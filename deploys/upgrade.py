@@ -45,13 +45,14 @@ from gpufleet.operations.snapshot import (controller_snapshot_taken, copied_to_c
 
 def installed_packages() -> dict:
     """The host's driver, CUDA, cuDNN, toolkit and prebuilt module packages (manifest patterns),
-    and, where Ubuntu's prebuilt modules are installed, the kernel flavour metapackages that move
-    with them (held with them by deploys/driver.py; recorded in the manifest, put back by rollback)."""
+    the CUDA toolkit's own -X-Y libraries (held at its release by deploys/driver.py), and, where
+    Ubuntu's prebuilt modules are installed, the kernel flavour metapackages that move with them
+    (held with them by deploys/driver.py). All recorded in the manifest, put back by rollback."""
     installed = host.get_fact(PackageVersions, packages=list(mf.PACKAGE_PATTERNS))
-    metas = mf.kernel_metapackages(installed)
-    if metas:
-        more = host.get_fact(PackageVersions, packages=metas)
-        installed = {**installed, **more}
+    more = mf.toolkit_component_patterns(installed) + mf.kernel_metapackages(installed)
+    if more:
+        found = host.get_fact(PackageVersions, packages=more)
+        installed = {**installed, **found}
     return installed
 
 

@@ -250,8 +250,8 @@ class StackPackagesData(JsonMixin):
 
 # The names a toolkit's -X-Y components start with (apt's install list of cuda-toolkit-12-8:
 # cuda-nvcc-12-8, libcublas-12-8, libnpp-12-8, gds-tools-12-8 ..., NVIDIA/nvidia-container-toolkit#883)
-_COMPONENT_PREFIXES = ("cuda-", "lib", "gds-")
-_TOOLKIT = re.compile(r"^cuda-toolkit-(\d+-\d+)$")
+COMPONENT_PREFIXES = ("cuda-", "lib", "gds-")
+TOOLKIT = re.compile(r"^cuda-toolkit-(\d+-\d+)$")
 _DEPENDS_ITEM = re.compile(r"^([a-z0-9][a-z0-9+.\-]*)(?::[a-z0-9]+)?\s*(?:\(\s*(<<|<=|=|>=|>>)\s*([^)\s]+)\s*\))?$")
 
 
@@ -263,7 +263,7 @@ def toolkit_components(entries: dict[str, tuple[str, str, str]], metas: Iterable
     whether it is held."""
     out: dict[str, list] = {}
     for meta in metas:
-        match = _TOOLKIT.match(meta)
+        match = TOOLKIT.match(meta)
         if not match or meta not in entries:
             continue
         suffix = "-" + match.group(1)
@@ -304,13 +304,13 @@ class StackPackages(FactBase[StackPackagesData]):
     def command(self, packages: Sequence[str]) -> str:
         parts = [PackageVersions().command(packages), begin("record"),
                  with_values('cat "$record" 2>/dev/null || true', record=STACK_RECORD)]
-        suffixes = sorted({m.group(1) for m in map(_TOOLKIT.match, packages) if m})
+        suffixes = sorted({m.group(1) for m in map(TOOLKIT.match, packages) if m})
         if suffixes:
             # the installed packages of each toolkit's -X-Y with their Depends: process() walks them
             parts += [begin("components"), " ".join([
                 "if command -v dpkg-query >/dev/null 2>&1; then dpkg-query -W",
                 "-f=" + shlex.quote(r"${Package}\t${Version}\t${db:Status-Abbrev}\t${Depends}\n"),
-                quoted_package_names([f"{prefix}*-{s}" for s in suffixes for prefix in _COMPONENT_PREFIXES],
+                quoted_package_names([f"{prefix}*-{s}" for s in suffixes for prefix in COMPONENT_PREFIXES],
                                      globs=True), "2>/dev/null || true; fi"])]
         return "; ".join(parts)
 
@@ -385,7 +385,7 @@ class ToolkitRelease(FactBase[dict[str, "str | None"]]):
 
     @override
     def command(self, package: str, version: str) -> str:
-        if not _TOOLKIT.match(package) or not re.fullmatch(r"(\d+:)?[0-9][A-Za-z0-9.+~\-]*", version):
+        if not TOOLKIT.match(package) or not re.fullmatch(r"(\d+:)?[0-9][A-Za-z0-9.+~\-]*", version):
             raise ValueError(f"not a CUDA toolkit meta package at a version: {package!r} {version!r}")
         return " ".join(["sh -c", shlex.quote(_TOOLKIT_RELEASE_SCRIPT), "gpufleet-toolkit-release",
                          shlex.quote(package), shlex.quote(version)])

@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from gpufleet.facts.packages import COMPONENT_PREFIXES, TOOLKIT
 from gpufleet.validation import STACK_FAMILIES, is_exact, stack_renames, upstream_of
 
 if TYPE_CHECKING:
@@ -92,6 +93,15 @@ def kernel_metapackages(installed: Mapping[str, str | None]) -> list[str]:
     flavours = sorted({m["kernel"] for name, ver in installed.items()
                        if ver and (m := MODULES_PACKAGE.match(name)) and not _KERNEL_ABI.match(m["kernel"])})
     return [f"linux{part}-{flavour}" for flavour in flavours for part in ("", "-image", "-headers")]
+
+
+def toolkit_component_patterns(installed: Mapping[str, str | None]) -> list[str]:
+    """dpkg-query globs for the components of each installed cuda-toolkit-X-Y that PACKAGE_PATTERNS
+    does not reach: its -X-Y libraries and GPUDirect Storage tools (libcublas-13-0, libnpp-13-0,
+    gds-tools-13-0 ...; the cuda-*-X-Y ones are in "cuda-*"). deploys/driver.py installs and holds
+    them at the release's versions, so the manifest records them and rollback puts them back."""
+    suffixes = sorted({m.group(1) for name, ver in installed.items() if ver and (m := TOOLKIT.match(name))})
+    return [f"{prefix}*-{suffix}" for suffix in suffixes for prefix in COMPONENT_PREFIXES if prefix != "cuda-"]
 
 
 def prebuilt_plan(installed: Mapping[str, str | None], available: Mapping[str, list[str]]
