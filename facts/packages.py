@@ -252,6 +252,14 @@ class StackPackagesData(JsonMixin):
 # cuda-nvcc-12-8, libcublas-12-8, libnpp-12-8, gds-tools-12-8 ..., NVIDIA/nvidia-container-toolkit#883)
 COMPONENT_PREFIXES = ("cuda-", "lib", "gds-")
 TOOLKIT = re.compile(r"^cuda-toolkit-(\d+-\d+)$")
+
+
+def component_globs(suffixes: Iterable[str], prefixes: Iterable[str] = COMPONENT_PREFIXES) -> list[str]:
+    """dpkg-query globs for the -X-Y components of the toolkits with these suffixes ("13-0")."""
+    wanted = tuple(prefixes)
+    return [f"{prefix}*-{suffix}" for suffix in suffixes for prefix in wanted]
+
+
 _DEPENDS_ITEM = re.compile(r"^([a-z0-9][a-z0-9+.\-]*)(?::[a-z0-9]+)?\s*(?:\(\s*(<<|<=|=|>=|>>)\s*([^)\s]+)\s*\))?$")
 
 
@@ -310,8 +318,7 @@ class StackPackages(FactBase[StackPackagesData]):
             parts += [begin("components"), " ".join([
                 "if command -v dpkg-query >/dev/null 2>&1; then dpkg-query -W",
                 "-f=" + shlex.quote(r"${Package}\t${Version}\t${db:Status-Abbrev}\t${Depends}\n"),
-                quoted_package_names([f"{prefix}*-{s}" for s in suffixes for prefix in COMPONENT_PREFIXES],
-                                     globs=True), "2>/dev/null || true; fi"])]
+                quoted_package_names(component_globs(suffixes), globs=True), "2>/dev/null || true; fi"])]
         return "; ".join(parts)
 
     @override

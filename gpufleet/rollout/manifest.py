@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from gpufleet.facts.packages import COMPONENT_PREFIXES, TOOLKIT
+from gpufleet.facts.packages import COMPONENT_PREFIXES, TOOLKIT, component_globs
 from gpufleet.validation import STACK_FAMILIES, is_exact, stack_renames, upstream_of
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def toolkit_component_patterns(installed: Mapping[str, str | None]) -> list[str]
     gds-tools-13-0 ...; the cuda-*-X-Y ones are in "cuda-*"). deploys/driver.py installs and holds
     them at the release's versions, so the manifest records them and rollback puts them back."""
     suffixes = sorted({m.group(1) for name, ver in installed.items() if ver and (m := TOOLKIT.match(name))})
-    return [f"{prefix}*-{suffix}" for suffix in suffixes for prefix in COMPONENT_PREFIXES if prefix != "cuda-"]
+    return component_globs(suffixes, [prefix for prefix in COMPONENT_PREFIXES if prefix != "cuda-"])
 
 
 def prebuilt_plan(installed: Mapping[str, str | None], available: Mapping[str, list[str]]

@@ -338,9 +338,9 @@ class Runner:
                 ctx.manifests[name] = load_manifest(rec.manifest)
         todo = {name: state.host(name).steps_to_run() for name in wave}
         active = list(wave)
-        funcs: dict[str, Callable[..., Any]] = {"drain": steps.drain, "snapshot": steps.snapshot, "upgrade": steps.upgrade,
-                                      "reboot": steps.reboot, "tune": tune_and_cdi, "validate": steps.validate,
-                                      "undrain": steps.undrain}
+        funcs: dict[str, Callable[..., Any]] = {
+            "drain": steps.drain, "snapshot": steps.snapshot, "upgrade": steps.upgrade, "reboot": steps.reboot,
+            "tune": tune_and_cdi, "validate": steps.validate, "undrain": steps.undrain}
         give_back: list[str] = []
         for step in STEPS:
             names = [n for n in active if step in todo[n]]
