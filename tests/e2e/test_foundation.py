@@ -144,8 +144,8 @@ def test_gate_reads_dockerd_runtimes_from_its_socket_as_the_cli_prints_them(flee
     run("mkdir -p /tmp/no-docker-cli /tmp/no-curl && for t in /tmp/no-docker-cli/docker /tmp/no-curl/curl; do "
         "printf '#!/bin/sh\\nexit 1\\n' > $t; chmod +x $t; done")
     try:
-        socket = run(f"PATH=/tmp/no-docker-cli:$PATH sh -c {script}").stdout.splitlines()
-        cli = run(f"PATH=/tmp/no-curl:$PATH sh -c {script}").stdout.splitlines()
+        socket = run("PATH=/tmp/no-docker-cli:$PATH sh -c " + script).stdout.splitlines()
+        cli = run("PATH=/tmp/no-curl:$PATH sh -c " + script).stdout.splitlines()
     finally:
         run("rm -rf /tmp/no-docker-cli /tmp/no-curl")
     assert any(line.startswith("info={") for line in socket), socket
