@@ -21,9 +21,10 @@ lives here). Then, in order:
    unattended-upgrades blacklists the GPU packages (the same file and list as deploys/hardening.py).
 5. **Reboot** when the loaded kernel module differs from the installed driver (driver/library
    mismatch), by `driver_reboot`: never -> reported at the end of the run; if-idle -> only
-   without GPU processes (as found before the run: nvidia-smi's, and any process holding a
-   /dev/nvidiaN open); allowed -> reboot and wait, but with GPU processes only when
-   `driver_reboot_force` is true. A host not rebooted is reported at the end of the run.
+   without GPU processes (nvidia-smi's, and any process holding a /dev/nvidiaN open: as found
+   before the run, and again in the very command that reboots: a job started meanwhile makes the
+   host "busy, pending", not rebooted); allowed -> reboot and wait, but with GPU processes only
+   when `driver_reboot_force` is true. A host not rebooted is reported at the end of the run.
 6. **CUDA environment**: /etc/profile.d/gpufleet-cuda.sh puts the toolkit on PATH and the
    library path.
 """
@@ -60,6 +61,7 @@ from gpufleet.settings import host_settings
 from gpufleet.validation import (component_drift, pending_message, stack_drift_message, stack_fact_packages,
                                  stack_pending_message, stack_renames, stack_states)
 from gpufleet.operations.driver import archive_components, packages_at_versions, refresh_initramfs, repo_key, stack_recorded
+from gpufleet.operations.driver_upgrade import package_change_settled
 from gpufleet.operations.holds import held
 from gpufleet.operations.reboot import rebooted
 
@@ -82,6 +84,8 @@ NEEDS_REBOOT: dict[str, str] = {}
 PENDING_UPGRADES: dict[str, tuple[str, str]] = {}
 # host name -> {"CUDA toolkit" | "cuDNN": (installed, resolved)}: all.py leaves these to tools/rollout too.
 PENDING_STACK: dict[str, dict[str, tuple[str, str]]] = {}
+# hosts whose reboot found GPU work right before it (started after planning): not rebooted.
+BUSY_AT_REBOOT: set[str] = set()
 # host name -> {"CUDA toolkit" | "cuDNN": [what changed by hand]}: left as found, the gate FAILs them.
 STACK_DRIFT: dict[str, dict[str, list[str]]] = {}
 
@@ -246,6 +250,18 @@ def _report(h, policy: str) -> None:
         logger.warning(f"{h.print_prefix}NEEDS A REBOOT: {why}; not rebooted ({policy})")
 
 
+def _busy_now(policy: str):
+    """rebooted()'s if_busy: GPU work found in the command that would reboot (it started after
+    this run's planning): not rebooted, reported with the hosts that need a reboot; not a failure."""
+    def busy(h, running: str) -> bool:
+        why = _mismatch(h) or "the loaded NVIDIA module differs from the installed driver"
+        BUSY_AT_REBOOT.add(h.name)
+        NEEDS_REBOOT[h.name] = f"{why}; BUSY, PENDING: not rebooted (driver_reboot: {policy}, GPU work started after planning: {running})"
+        logger.warning(f"{h.print_prefix}BUSY, PENDING: not rebooted: GPU work started after planning: {running}")
+        return True
+    return busy
+
+
 def _verify_after_reboot(state, host, h) -> bool:
     """Executing (python.call): fail the host when the reboot did not load the installed driver."""
     why = _mismatch(h)
@@ -308,6 +324,9 @@ def driver():
 
     data = compat_data()
     repo = data.nvidia_repo
+    # as the rollout: a package change an earlier (dead) session started finishes, and what an
+    # interrupted one left half done is repaired (dpkg --configure -a), before apt is asked anything
+    package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
     apt.update(name="Refresh the apt package index if it is older than a day", cache_time=APT_CACHE_SECONDS)
 
     # 1. Package sources ------------------------------------------------------------------------
@@ -393,15 +412,14 @@ def driver():
         # the manifest (and the disk snapshot rollout_snapshot names) first, idle right before.
         from gpufleet.deploys.upgrade import snapshot as manifest_and_snapshot
         from gpufleet.rollout.context import RolloutContext
-        from gpufleet.operations.drain import gpus_idle
 
         moves = ([f"driver {pending[0]} -> {pending[1]}"] if pending else []) + [
             f"{what} {old} -> {new}" for what, (old, new) in stack_moves.items()] + [
             f"{what} back to the resolved release (changed by hand)"
             for what in drifted]
         manifest_and_snapshot(RolloutContext(target=res.driver_version))
-        gpus_idle(name=f"Check that no process runs on the GPUs right before the driver changes "
-                       f"({', '.join(moves)}, driver_upgrade_in_place)", wait_seconds=0)
+        # GPU work is checked in the command that starts the change (packages_at_versions'
+        # require_idle: a job started after planning is seen): busy -> nothing changes, the host fails
     install = packages_at_versions(
         name=(f"Install CUDA and cuDNN around the installed driver {pending[0]} ({pending_message(*pending)})"
               if pending and not in_place else
@@ -414,9 +432,11 @@ def driver():
                 if res.cuda_version and "CUDA toolkit" not in left else "")
              + (f", cuDNN {res.cudnn_release or res.cudnn_version}"
                 if res.cudnn_version and "cuDNN" not in left else "")
-             + ": unhold, change and re-hold as one step",
+             + ": unhold, change and re-hold as one step"
+             + (f" (in place: {', '.join(moves)}; the GPUs checked idle right before, in the same command)"
+                if in_place else ""),
         versions=versions, present=present, pinning=pinning,
-        hold=settings.driver_hold, release=old_pins,
+        hold=settings.driver_hold, release=old_pins, require_idle=in_place,
     )
     if stack:
         stack_recorded(name="Record the CUDA toolkit and cuDNN releases gpufleet installed "
@@ -493,15 +513,19 @@ def driver():
     else:
         policy = None  # idle, or allowed + forced
     if policy is None:
+        forced = settings.driver_reboot == "allowed" and settings.driver_reboot_force
         rebooted(
-            name="Reboot to load the installed NVIDIA driver, if the loaded module differs from it",
+            name="Reboot to load the installed NVIDIA driver, if the loaded module differs from it"
+                 + ("" if forced else " (GPUs checked idle in the same command)"),
             reason="gpufleet driver: load the installed NVIDIA kernel module", timeout=REBOOT_TIMEOUT,
+            # idle at planning is not idle now: a job started since makes the host busy, pending
+            require_idle=not forced, if_busy=_busy_now(settings.driver_reboot),
             _if=lambda: _mismatch(me) is not None,
         )
         python.call(
             name="Check that the loaded NVIDIA module is the installed driver after the reboot",
             function=_verify_after_reboot, h=me,
-            _if=lambda: _mismatch(me) is not None,
+            _if=lambda: me.name not in BUSY_AT_REBOOT and _mismatch(me) is not None,
         )
     else:
         python.call(

@@ -229,17 +229,21 @@ def upgrade(ctx: RolloutContext) -> None:
         hold = sorted(set(hold) | set(stack_install))   # what it moves is held; other holds as they were
     package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
     settings = host_settings(host)
-    if stack_install and settings.rollout_require_idle and not ctx.force:
-        # libraries swapped under a running job break it: checked when it runs, right before
-        gpus_idle_now(name="Check that no process runs on the GPUs right before the CUDA toolkit / cuDNN change",
+    # a driver or libraries swapped under a running job break it: GPU work is checked in the very
+    # command that starts the change (a job started since the drain makes the host busy, pending)
+    idle = bool(install or stack_install) and settings.rollout_require_idle and not ctx.force
+    if idle and ctx.wait_idle > 0:
+        gpus_idle_now(name="Wait for running GPU processes to finish before the package change",
                       wait_seconds=ctx.wait_idle)
     what = [f"the driver packages to {ctx.target}"] if install else []
     what += [f"{p} to {v}" for p, v in sorted(prebuilt_install.items())]
     what += [f"{p} to {mf.upstream(v)}" for p, v in sorted(stack_install.items())]
     what += [f"without {p}" for p in stack_remove]
-    packages_at_versions(name=f"Move {', '.join(what) or 'nothing'} (unhold, install, hold again)",
+    packages_at_versions(name=f"Move {', '.join(what) or 'nothing'} (unhold, install, hold again"
+                              + ("; the GPUs checked idle right before, in the same command)" if idle else ")"),
                          install={**install, **stack_install}, remove=[*remove, *stack_remove], hold=hold,
-                         downgrade=bool(stack_install))   # an inventory may ask for an older release
+                         downgrade=bool(stack_install),   # an inventory may ask for an older release
+                         require_idle=idle)
     if wanted:
         stack_recorded(name="Record the CUDA toolkit and cuDNN releases gpufleet installed",
                        versions={p: wanted[p] for p in present}, packages=stack_fact_packages(wanted))

@@ -2,6 +2,8 @@
 waiting for running GPU processes, stopping GPU containers."""
 from __future__ import annotations
 
+import re
+
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
@@ -109,6 +111,27 @@ GPU_WORK = (
     "&& echo \"${p#/proc/}\"; done); "
     "apps=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null) || apps="
 )
+#: exit status of a command refused because GPU work runs (EX_TEMPFAIL: not a failure, try later)
+BUSY_EXIT = 75
+#: how such a refusal's line starts: the rollout tells "busy, pending" from a failure by it
+BUSY_MARK = "gpufleet: BUSY:"
+_REFUSED = re.compile(r"^not [a-z ]+$")
+
+
+def idle_check(refused: str) -> str:
+    """Fixed shell text that ends its command with BUSY_EXIT and a BUSY_MARK line when GPU work
+    runs (GPU_WORK), else goes on. Put first in the very command that reboots or swaps packages,
+    the check belongs to the action: a job started after planning is seen, not killed.
+
+    + refused: what the refusal says was not done ("not rebooting"): fixed text of the caller
+    """
+    if not _REFUSED.match(refused):
+        raise ValueError(f"not a fixed 'not ...' phrase: {refused!r}")
+    return (GPU_WORK + "; if [ -n \"$pids$apps\" ]; then echo \"" + BUSY_MARK + " GPU work is running, " + refused
+            + ": ${apps:+$apps }${pids:+processes holding /dev/nvidia*: $pids}\" | tr '\\n' ' ' >&2; echo >&2; "
+            "exit " + str(BUSY_EXIT) + "; fi")
+
+
 # $1 seconds to wait, $2 seconds between checks
 _IDLE_LOOP = (
     "end=$(( $(date +%s) + $1 )); while :; do " + GPU_WORK + "; "

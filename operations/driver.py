@@ -3,7 +3,8 @@
 - ``repo_key``: trust a repository signing key, for one source only, after checking its fingerprint.
 - ``archive_components``: enable archive components (contrib, non-free...) on Debian's own entries.
 - ``packages_at_versions``: the one sanctioned way the driver stack changes: unhold, (lock the
-  version with NVIDIA's pinning package), install exact versions, verify, re-hold.
+  version with NVIDIA's pinning package), install exact versions, verify, re-hold; as the
+  rollout's transient unit (operations/driver_upgrade.py).
 - ``refresh_initramfs``: update-initramfs where the host has it (containers often do not).
 - ``stack_recorded``: gpufleet's record of the CUDA toolkit / cuDNN releases it installed.
 """
@@ -19,6 +20,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from gpufleet.facts.driver import DebianArchiveSources
 from gpufleet.facts.packages import KeyringFingerprints
 from gpufleet.facts.packages import STACK_RECORD, STACK_RECORD_DIR, HeldPackages, PackageVersions, StackPackages
+from gpufleet.operations.driver_upgrade import SCRIPT_DIR, package_change_command
 
 # Debian's archive (deb.debian.org/debian, security, mirrors) and Ubuntu's (archive/security.ubuntu.com/ubuntu,
 # ports.ubuntu.com/ubuntu-ports, cloud mirrors such as us-east-1.ec2.archive.ubuntu.com/ubuntu); not
@@ -194,6 +196,21 @@ for p in $rehold; do
 done
 exit $rc
 """
+# The file the unit runs: its output to the unit's log (read back on failure), dpkg repaired first.
+PACKAGES_UNIT_SCRIPT = r"""#!/bin/sh
+# gpufleet: the sanctioned driver stack change of deploys/driver.py (operations/driver.py), run as
+# the transient unit gpufleet-package-change.service so that it survives the SSH session.
+umask 077
+mkdir -p /var/log/gpufleet
+exec >>/var/log/gpufleet/package-change.log 2>&1
+echo "=== $(date -u +%FT%TZ) packages at versions: $*"
+# a change interrupted earlier (unit killed, host rebooted) left dpkg half done: finish it first
+DEBIAN_FRONTEND=noninteractive dpkg --configure -a
+""" + _PACKAGES_SCRIPT
+PACKAGES_SCRIPT_PATH = SCRIPT_DIR + "/packages-at-versions"
+# $1 path, $2 text: the script written whole (0700 in a 0700 folder) by a command of the operation,
+# with its privileges (sudo), no upload staged in /tmp
+_WRITE_SCRIPT = 'umask 077; install -d -m 700 "${1%/*}" && printf %s "$2" > "$1.tmp" && chmod 700 "$1.tmp" && mv -f "$1.tmp" "$1"'
 
 
 @operation()
@@ -203,6 +220,7 @@ def packages_at_versions(
     pinning: str | None = None,
     hold: bool = True,
     release: Sequence[str] = (),
+    require_idle: bool = False,
 ):
     """Bring ``versions`` (package -> upstream version) and ``present`` packages in as one step.
 
@@ -214,6 +232,12 @@ def packages_at_versions(
     + pinning: NVIDIA's version-locking package, installed first (replaces another one)
     + hold: hold everything managed here afterwards
     + release: further held packages that this change may have to move (e.g. an old pinning package)
+    + require_idle: refuse (busy: drain.BUSY_EXIT) when GPU work runs, checked in the very command
+      that starts the change (packages swapped under a running job break it)
+
+    It runs as a transient systemd unit that survives the SSH session, the way the rollout's does
+    (driver_upgrade.package_change_command): an earlier interrupted change is finished first
+    (dpkg --configure -a), the result is read back, a failure reported with the log's last lines.
     """
     names = [*versions, *present, *([pinning] if pinning else [])]
     installed = host.get_fact(PackageVersions, packages=names)
@@ -227,9 +251,10 @@ def packages_at_versions(
     unhold = sorted(held & ({*names} | set(release)))
     rehold = sorted({*names, *(set(unhold) if hold else ())}) if hold else sorted(unhold)
     triples = [part for pkg, version in versions.items() for part in (pkg, version, _version_regex(version))]
-    yield StringCommand("sh", "-c", QuoteString(_PACKAGES_SCRIPT), "gpufleet-packages",
-                        *(QuoteString(a) for a in [*unhold, "--", *rehold, "--", pinning or "", "--",
-                                                   *triples, "--", *present]))
+    yield StringCommand("sh", "-c", QuoteString(_WRITE_SCRIPT), "gpufleet-script", QuoteString(PACKAGES_SCRIPT_PATH),
+                        QuoteString(PACKAGES_UNIT_SCRIPT))
+    yield package_change_command([*unhold, "--", *rehold, "--", pinning or "", "--", *triples, "--", *present],
+                                 script=PACKAGES_SCRIPT_PATH, require_idle=require_idle)
 
 
 @operation()

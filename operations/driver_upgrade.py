@@ -16,6 +16,7 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from gpufleet.facts.packages import HeldPackages, PackageVersions
 from gpufleet.facts.rollout import PackageChange
+from gpufleet.operations.drain import idle_check
 
 UNIT = "gpufleet-package-change.service"
 SCRIPT_DIR = "/var/lib/gpufleet/libexec"
@@ -62,23 +63,31 @@ echo "=== $(date -u +%FT%TZ) exit $rc"
 exit $rc
 """
 
-# Runs in the SSH session: waits for a change an earlier session started, starts this one as a
-# transient unit, polls it to its end and reads its result back (the log tail on failure).
-_RUN = (
-    "u=" + UNIT + "; "
-    "running() { case $(systemctl show -p SubState --value $u 2>/dev/null) in "
-    "start*|running|reload|auto-restart) return 0;; esac; return 1; }; "
-    "while running; do sleep 1; done; "
-    "systemctl stop $u 2>/dev/null; systemctl reset-failed $u 2>/dev/null; "
-    "systemd-run --quiet --unit=$u --description='gpufleet driver package change' "
-    "-p RemainAfterExit=yes -p Type=exec " + SCRIPT + " \"$@\" || exit 1; "
-    "sleep 0.2; while running; do sleep 1; done; "
-    "result=$(systemctl show -p Result --value $u); status=$(systemctl show -p ExecMainStatus --value $u); "
-    "if [ \"$result\" != success ]; then tail -n 15 " + LOG + " >&2; "
-    "echo \"gpufleet: the package change ($u) ended: $result, exit status $status (its log: " + LOG + ")\" >&2; "
-    "exit 1; fi; "
-    "echo \"gpufleet: the package change ($u) finished: exit status $status\""
-)
+# Runs in the SSH session: $1 the script the unit runs, then its arguments. Waits for a change an
+# earlier session started, (with a gate: checks that no GPU work runs, in this same command),
+# starts this one as a transient unit, polls it to its end and reads its result back (the log
+# tail on failure). deploys/driver.py's first install runs through it too (operations/driver.py).
+def _runner(gate: str = "") -> str:
+    return (
+        "u=" + UNIT + "; script=$1; shift; "
+        "running() { case $(systemctl show -p SubState --value $u 2>/dev/null) in "
+        "start*|running|reload|auto-restart) return 0;; esac; return 1; }; "
+        "while running; do sleep 1; done; " + gate +
+        "systemctl stop $u 2>/dev/null; systemctl reset-failed $u 2>/dev/null; "
+        "systemd-run --quiet --unit=$u --description='gpufleet package change' "
+        "-p RemainAfterExit=yes -p Type=exec \"$script\" \"$@\" || exit 1; "
+        "sleep 0.2; while running; do sleep 1; done; "
+        "result=$(systemctl show -p Result --value $u); status=$(systemctl show -p ExecMainStatus --value $u); "
+        "if [ \"$result\" != success ]; then tail -n 15 " + LOG + " >&2; "
+        "echo \"gpufleet: the package change ($u) ended: $result, exit status $status (its log: " + LOG + ")\" >&2; "
+        "exit 1; fi; "
+        "echo \"gpufleet: the package change ($u) finished: exit status $status\""
+    )
+
+
+_RUN = _runner()
+# a driver package swapped under a running job breaks it: checked right before the unit starts
+_RUN_IF_IDLE = _runner(idle_check("not changing the driver packages") + "; ")
 
 
 def change_arguments(install: dict[str, str], remove: list[str], unhold: list[str], hold: list[str],
@@ -97,13 +106,16 @@ def _put_script(state, host) -> bool:
     return host.put_file(io.BytesIO(PACKAGE_CHANGE_SCRIPT.encode()), SCRIPT)
 
 
-def package_change_command(args: list[str]) -> StringCommand:
-    return StringCommand("sh", "-c", QuoteString(_RUN), "gpufleet-package-change", *(QuoteString(a) for a in args))
+def package_change_command(args: list[str], script: str = SCRIPT, require_idle: bool = False) -> StringCommand:
+    """The command that runs `script` with `args` as the transient unit; `require_idle`: refused
+    (drain.BUSY_EXIT, a drain.BUSY_MARK line) when GPU work runs right before it would start."""
+    return StringCommand("sh", "-c", QuoteString(_RUN_IF_IDLE if require_idle else _RUN), "gpufleet-package-change",
+                         QuoteString(script), *(QuoteString(a) for a in args))
 
 
 @operation()
 def packages_at_versions(install: dict[str, str], remove: list[str] | None = None, hold: list[str] | None = None,
-                         downgrade: bool = False):
+                         downgrade: bool = False, require_idle: bool = False):
     """Put packages at exact versions the sanctioned way: unhold, `apt-get install pkg=ver`, hold,
     as a transient systemd unit on the host (see the module docstring).
 
@@ -111,6 +123,7 @@ def packages_at_versions(install: dict[str, str], remove: list[str] | None = Non
     + remove: packages to remove in the same apt transaction (e.g. the old pinning package)
     + hold: the packages held afterwards (re-held even when apt fails, so nothing is left loose)
     + downgrade: allow going to older versions (rollback)
+    + require_idle: refuse (busy) when GPU work runs, checked in the command that starts the change
     """
     remove = list(remove or [])
     hold = sorted(set(hold or []))
@@ -130,7 +143,7 @@ def packages_at_versions(install: dict[str, str], remove: list[str] | None = Non
     yield StringCommand("install", "-d", "-m", "700", SCRIPT_DIR)
     yield FunctionCommand(_put_script, (), {})
     yield StringCommand("chmod", "700", SCRIPT)
-    yield package_change_command(args)
+    yield package_change_command(args, require_idle=require_idle)
 
 
 @operation()

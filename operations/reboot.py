@@ -3,20 +3,19 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any, Callable
 
+from pyinfra import logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from gpufleet.failures import fail
 from gpufleet.operations import as_op
 
-from gpufleet.operations.drain import GPU_WORK
+from gpufleet.operations.drain import BUSY_MARK, idle_check
 
 # Right before the reboot, in the same command: no process holds a GPU device node, and nvidia-smi
 # (when it can answer: not during a driver/library mismatch) lists no compute process.
-IDLE_CHECK = (
-    GPU_WORK + "; if [ -n \"$pids$apps\" ]; then echo \"gpufleet: GPU work is running, not rebooting:"
-    " ${apps:+$apps }${pids:+processes holding /dev/nvidia*: $pids}\" | tr '\\n' ' ' >&2; echo >&2; exit 75; fi"
-)
+IDLE_CHECK = idle_check("not rebooting")
 
 # /run is a tmpfs on every systemd host: a marker written there is gone after a real reboot.
 # (Uptime and boot_id do not change when a container reboots; this works for both.)
@@ -42,22 +41,46 @@ def _wait_for_reboot(state, host, nonce: str, timeout: float, delay: float) -> b
                 "look at its console (did it boot? is sshd up?); once it is back, re-run").execute(state, host, {})
 
 
+# $1 the marker's nonce, $2 the journal line: the marker, the reason and the reboot in one command
+_REBOOT = ('echo "$1" > ' + MARKER + '; [ -z "$2" ] || logger -t gpufleet -- "$2"; '
+           "( sleep 1 && systemctl reboot ) </dev/null >/dev/null 2>&1 &")
+_REBOOT_IF_IDLE = IDLE_CHECK + "; " + _REBOOT
+
+
+def _reboot_if_idle(state, host, nonce: str, note: str, timeout: float, delay: float, if_busy) -> bool:
+    """Executing: the idle check and the reboot as one command; busy -> `if_busy(host, message)`
+    says whether the operation still succeeds (nothing rebooted either way)."""
+    ok, out = as_op.run(host, StringCommand("sh", "-c", QuoteString(_REBOOT_IF_IDLE), "reboot-if-idle",
+                                            QuoteString(nonce), QuoteString(note)))
+    lines = [line.line for line in out] if out else []
+    busy = next((line for line in lines if line.startswith(BUSY_MARK)), None)
+    if busy:
+        return bool(if_busy(host, busy[len(BUSY_MARK):].strip()))
+    if not ok:
+        for line in lines:
+            host.log_styled(line, fg="red", log_func=logger.error)
+        return False
+    return _wait_for_reboot(state, host, nonce, timeout, delay)
+
+
 @operation(is_idempotent=False)
-def rebooted(reason: str = "", timeout: int = 600, delay: int = 2, require_idle: bool = False):
+def rebooted(reason: str = "", timeout: int = 600, delay: int = 2, require_idle: bool = False,
+             if_busy: Callable[[Any, str], bool] | None = None):
     """Reboot now and wait for the host to come back (checked with a marker in /run).
 
     + reason: logged in the journal before the reboot
     + timeout: seconds to wait for the host to be back
     + delay: seconds before the first reconnection attempt
     + require_idle: check for GPU work in the command that starts the reboot, and refuse if any runs
+      (the command fails with a BUSY_MARK line, exit BUSY_EXIT)
+    + if_busy: with require_idle, instead of failing: called as if_busy(host, what runs) when GPU
+      work runs; its result is the operation's (True: reported, not a failure; not rebooted)
     """
     nonce = uuid.uuid4().hex
-    if require_idle:
-        yield StringCommand("sh", "-c", QuoteString(IDLE_CHECK + '; echo "$1" > ' + MARKER), "reboot-if-idle",
-                            QuoteString(nonce))
-    else:
-        yield StringCommand("echo", QuoteString(nonce), ">", MARKER)
-    if reason:
-        yield StringCommand("logger", "-t", "gpufleet", QuoteString(f"reboot: {reason}"))
-    yield StringCommand("( sleep 1 && systemctl reboot ) </dev/null >/dev/null 2>&1 &")
+    note = f"reboot: {reason}" if reason else ""
+    if require_idle and if_busy is not None:
+        yield FunctionCommand(_reboot_if_idle, (nonce, note, timeout, delay, if_busy), {})
+        return
+    yield StringCommand("sh", "-c", QuoteString(_REBOOT_IF_IDLE if require_idle else _REBOOT),
+                        "reboot-if-idle" if require_idle else "reboot", QuoteString(nonce), QuoteString(note))
     yield FunctionCommand(_wait_for_reboot, (nonce, timeout, delay), {})

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from gpufleet.compat import compat_data
+from gpufleet.operations.drain import BUSY_MARK
 
 from . import manifest as mf, plan, targets
 from gpufleet.inventory_source import InventorySource, SourceError
@@ -369,8 +370,16 @@ class Runner:
             for n, why in result.failed.items():
                 outcome = ctx.outcomes.pop(n, None)
                 ctx.reasons.pop(n, None)
-                if outcome == "busy" or (step == "drain" and ("Wait for running GPU processes" in why
-                                                             or "Wait for the Slurm jobs" in why)):
+                if BUSY_MARK in why and step in ("upgrade", "reboot"):
+                    # GPU work found in the very command that would swap the packages or reboot (a
+                    # job started after the drain): nothing was done; tried again on the next run
+                    done = "packages not changed" if step == "upgrade" else "upgraded, not rebooted"
+                    state.finish(n, step, False, f"busy, pending ({done}): GPU work started after planning: "
+                                                 f"{why}. Re-run once it has ended", status="busy")
+                    if step == "upgrade":
+                        give_back.append(n)   # nothing changed: back in service
+                elif outcome == "busy" or (step == "drain" and ("Wait for running GPU processes" in why
+                                                               or "Wait for the Slurm jobs" in why)):
                     state.finish(n, step, False, why, status="busy")
                     give_back.append(n)
                 elif outcome == "reboot-pending":

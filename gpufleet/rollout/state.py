@@ -4,7 +4,8 @@ One file per rollout (`--state`, default `.gpufleet/rollouts/<inventory>.json`),
 atomically after every step of every host. A host is:
 
     pending         not started (or nothing changed yet)
-    busy            refused: GPU processes were running (not a failure; tried again next run)
+    busy            refused: GPU processes were running, at the drain or found right before the
+                    package change or the reboot (not a failure; tried again next run)
     skipped         named with --skip on the last run
     in-progress     a step started and has not finished (the run was killed)
     failed          a step failed (message says which and why)
@@ -108,6 +109,8 @@ class HostRecord:
         """Out of service: drained and not given back (counts against max_unavailable)."""
         if self.status in ("reboot-pending", "in-progress"):
             return True
+        if self.status == "busy" and self.step_ok("upgrade"):
+            return True   # upgraded, its reboot refused by a GPU job: drained until it reboots
         return self.status == "failed" and self.changed
 
     def steps_to_run(self) -> list[str]:

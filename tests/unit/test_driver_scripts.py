@@ -108,3 +108,21 @@ def _fingerprint_check(tmp_path, home):
     proc = run(_REPO_KEY_SCRIPT, [f"file://{key}", "", fpr, str(tmp_path / "k.gpg")], {"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "k.gpg").read_bytes()[:1] != b"-"  # dearmored
+
+
+def test_unit_script_repairs_dpkg_first_and_logs_to_the_units_log(stubs, tmp_path):
+    """The file the package change unit runs: dpkg --configure -a before anything else, all of
+    its output in the log the runner reads back on failure."""
+    from gpufleet.operations.driver import PACKAGES_UNIT_SCRIPT
+
+    env, log = stubs
+    dpkg = Path(env["PATH"].split(":")[0]) / "dpkg"
+    dpkg.write_text('#!/bin/sh\nprintf "%s\\n" "dpkg $*" >> "$LOG"\n')
+    dpkg.chmod(0o755)
+    script = PACKAGES_UNIT_SCRIPT.replace("/var/log/gpufleet", str(tmp_path / "logs"))
+    args = ["nvidia-open", "--", "nvidia-open", "--", "", "--", "nvidia-open", "580.95.05", _version_regex("580.95.05"), "--"]
+    proc = run(script, args, env)
+    assert proc.returncode == 0 and proc.stdout == proc.stderr == ""
+    lines = log.read_text().splitlines()
+    assert lines[0] == "dpkg --configure -a" and lines[1] == "apt-mark unhold nvidia-open"
+    assert "=== " in (tmp_path / "logs/package-change.log").read_text()

@@ -39,6 +39,7 @@ import inspect
 import json
 import logging
 import shlex
+import sys
 import types
 import typing
 import uuid
@@ -181,13 +182,21 @@ def _build(tp: Any, value: Any) -> Any:
 
 
 def _scripts(module: types.ModuleType) -> dict[str, str]:
-    """Quoted long script constants of an operation's module -> their <module.NAME> placeholder."""
-    name = module.__name__.split(".")[-1]
-    found = {}
-    for attr, value in vars(module).items():
-        if isinstance(value, str) and ("\n" in value or len(value) > 80):
-            found[shlex.quote(value)] = f"<{name}.{attr}>"
-            found[value] = f"<{name}.{attr}>"
+    """Quoted long script constants of an operation's module, and of the operations modules it
+    imports (a shared mechanism: operations/driver.py runs driver_upgrade's), -> their
+    <module.NAME> placeholder (the module's own win)."""
+    found: dict[str, str] = {}
+    imported = [m for m in vars(module).values() if isinstance(m, types.ModuleType)]
+    sources = {getattr(v, "__module__", None) for v in vars(module).values() if callable(v)}
+    others = [sys.modules[n] for n in sorted(sources) if n and n.startswith("gpufleet.operations.") and n in sys.modules]
+    for source in [*imported, *others, module]:
+        if source is not module and not source.__name__.startswith("gpufleet.operations."):
+            continue
+        name = source.__name__.split(".")[-1]
+        for attr, value in vars(source).items():
+            if isinstance(value, str) and ("\n" in value or len(value) > 80):
+                found[shlex.quote(value)] = f"<{name}.{attr}>"
+                found[value] = f"<{name}.{attr}>"
     return found
 
 

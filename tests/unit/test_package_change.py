@@ -6,6 +6,8 @@ import pytest
 
 from gpufleet.facts.rollout import PackageChange
 from gpufleet.operations import driver_upgrade as du
+from gpufleet.operations import driver, reboot
+from gpufleet.operations.drain import BUSY_EXIT, BUSY_MARK, idle_check
 from gpufleet.operations.reboot import IDLE_CHECK
 
 pytestmark = pytest.mark.unit
@@ -23,7 +25,8 @@ def test_arguments_are_tagged_words_and_refuse_shell_syntax():
 
 def test_values_reach_the_host_as_arguments_of_fixed_text():
     cmd = du.package_change_command(["install=nvidia-open=580.126.09-1"]).get_raw_value()
-    assert cmd.startswith("sh -c '") and cmd.endswith("gpufleet-package-change install=nvidia-open=580.126.09-1")
+    assert cmd.startswith("sh -c '") and cmd.endswith(
+        "gpufleet-package-change /var/lib/gpufleet/libexec/package-change install=nvidia-open=580.126.09-1")
     assert "580" not in du._RUN and "580" not in du.PACKAGE_CHANGE_SCRIPT
 
 
@@ -35,7 +38,8 @@ def test_script_refuses_unexpected_words_itself(tmp_path):
     assert "refused argument" in (tmp_path / "package-change.log").read_text()
 
 
-@pytest.mark.parametrize("shell", [du._RUN, du.PACKAGE_CHANGE_SCRIPT, IDLE_CHECK])
+@pytest.mark.parametrize("shell", [du._RUN, du._RUN_IF_IDLE, du.PACKAGE_CHANGE_SCRIPT, IDLE_CHECK,
+                                   reboot._REBOOT, reboot._REBOOT_IF_IDLE, driver.PACKAGES_UNIT_SCRIPT])
 def test_shell_text_parses(shell):
     assert subprocess.run(["sh", "-n", "-c", shell]).returncode == 0
 
@@ -56,3 +60,69 @@ def test_fact_failed_unit_clean_dpkg():
 def test_fact_never_run():
     data = PackageChange().process(["LoadState=not-found", "SubState=dead", "Result=success", "ExecMainStatus=0"])
     assert not data.running and data.result is None and data.status is None
+
+
+# --- idle right before: the check is part of the command that acts ------------------------------
+
+# stand-ins on PATH that record their argv; nvidia-smi lists $GPU_APPS as compute processes
+STUBS = {
+    "nvidia-smi": 'printf "%s\\n" "nvidia-smi $*" >> "$LOG"; [ -z "$GPU_APPS" ] || echo "$GPU_APPS"',
+    "systemctl": 'printf "%s\\n" "systemctl $*" >> "$LOG"; case "$*" in *SubState*) echo exited;; '
+                 '*Result*) echo success;; *ExecMainStatus*) echo 0;; esac',
+    "systemd-run": 'printf "%s\\n" "systemd-run $*" >> "$LOG"',
+    "logger": 'printf "%s\\n" "logger $*" >> "$LOG"',
+    "sleep": 'exit 0',
+}
+
+
+@pytest.fixture
+def stubs(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in STUBS.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body + "\n")
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "log"
+    log.write_text("")
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log)}, log
+
+
+def sh(text: str, args: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-c", text, "test", *args], env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_gate_refuses_the_package_change_when_a_job_started_no_unit_started(stubs):
+    env, log = stubs
+    r = sh(du._RUN_IF_IDLE, [du.SCRIPT, "install=nvidia-open=580.126.09-1"], {**env, "GPU_APPS": "4242, python3"})
+    assert r.returncode == BUSY_EXIT, r.stderr
+    assert r.stderr.startswith(BUSY_MARK + " GPU work is running, not changing the driver packages: 4242, python3")
+    assert "systemd-run" not in log.read_text()          # refused before the unit, nothing changed
+
+
+def test_gate_lets_an_idle_host_start_the_unit_with_its_script_and_arguments(stubs):
+    env, log = stubs
+    r = sh(du._RUN_IF_IDLE, [driver.PACKAGES_SCRIPT_PATH, "--", "nvidia-open", "--", ""], {**env, "GPU_APPS": ""})
+    assert r.returncode == 0, r.stderr
+    assert "finished: exit status 0" in r.stdout
+    [run] = [line for line in log.read_text().splitlines() if line.startswith("systemd-run")]
+    assert run.endswith(f"-p Type=exec {driver.PACKAGES_SCRIPT_PATH} -- nvidia-open -- ")
+    # the check ran first: nvidia-smi asked before the unit
+    lines = log.read_text().splitlines()
+    assert lines.index(next(x for x in lines if x.startswith("nvidia-smi"))) < lines.index(run)
+
+
+def test_reboot_refused_in_its_own_command_when_busy(stubs, tmp_path):
+    env, log = stubs
+    marker = tmp_path / "marker"
+    text = reboot._REBOOT_IF_IDLE.replace(reboot.MARKER, str(marker))
+    r = sh(text, ["nonce", "reboot: test"], {**env, "GPU_APPS": "77, train.py"})
+    assert r.returncode == BUSY_EXIT and r.stderr.startswith(BUSY_MARK + " GPU work is running, not rebooting: 77")
+    assert not marker.exists() and "systemctl" not in log.read_text() and "logger" not in log.read_text()
+    r = sh(text, ["nonce", "reboot: test"], {**env, "GPU_APPS": ""})
+    assert r.returncode == 0 and marker.read_text() == "nonce\n"
+    assert "logger -t gpufleet -- reboot: test" in log.read_text()
+
+
+def test_idle_check_takes_only_fixed_phrases():
+    with pytest.raises(ValueError):
+        idle_check("not rebooting; reboot")

@@ -44,8 +44,9 @@ def dry_run(tier: str, release: str) -> str:
 
 
 def packages_args(text: str) -> str:
-    """The gpufleet-packages script's argument words (after the script), one string."""
-    m = re.search(r"' gpufleet-packages (.*)", text)
+    """The packages-at-versions script's argument words (after the script, which the package
+    change unit runs), one string."""
+    m = re.search(r"' gpufleet-package-change /var/lib/gpufleet/libexec/packages-at-versions (.*)", text)
     assert m, text
     return m[1]
 
@@ -153,7 +154,7 @@ def test_standalone_driver_deploy_quiets_needrestart_before_any_apt(monkeypatch)
     [upload] = [c for c in first if c.startswith("upload ")]
     assert upload.startswith("upload /etc/needrestart/conf.d/50-gpufleet.conf\n")
     assert "$nrconf{restart} = 'l';" in upload
-    runs_apt = re.compile(r"(^|[;&|(] *|DEBIAN_FRONTEND=\S+ )apt(-get)? |gpufleet-packages")
+    runs_apt = re.compile(r"(^|[;&|(] *|DEBIAN_FRONTEND=\S+ )apt(-get)? |gpufleet-package-change")
     apt = [i for i, (_, c) in enumerate(acting) if any(runs_apt.search(x) for x in c)]
     assert apt and apt[0] > 0, "the driver deploy runs apt"
     assert sum("needrestart" in n for n, _ in ops) == 1  # planned once
