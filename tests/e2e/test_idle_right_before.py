@@ -20,6 +20,7 @@ import pytest
 from testing import testhosts
 from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
 from testing.inventory import write_inventory
+from tests.e2e import rollout_fleet as rf
 from tests.e2e.pyinfra_cli import PYINFRA, REPO, changed_operations, pyinfra
 from tests.e2e.test_driver import OLD, RUNNER, _nvidia_data, loaded_module, sh, upstream, versions
 
@@ -95,3 +96,71 @@ def test_job_after_planning_stops_the_reboot_rerun_reboots_interrupted_dpkg_repa
     print(f"\n[timing] install + busy refusal {t1 - t0:.1f} s; re-run with reboot {t2 - t1:.1f} s; "
           f"dpkg repair {t3 - t2:.1f} s; no-op run {time.monotonic() - t3:.1f} s")
     testhosts.ssh(host, "true")
+
+
+# --- tools/rollout: a job started after the drain --------------------------------------------------
+
+def rollout_starting_a_job_after(work, host, marker: str, start) -> tuple[int, str]:
+    """tools/rollout on `host`; `start()` runs as soon as its output shows `marker`."""
+    proc = subprocess.Popen([str(REPO / "tools/rollout"), f"{host.name}.py", "--driver-version", rf.NEW],
+                            cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    head, started = [], False
+    for line in proc.stdout:
+        head.append(line)
+        if marker in line:
+            start()
+            started = True
+            break
+    rest, _ = proc.communicate(timeout=900)
+    out = "".join(head) + rest
+    print(out)
+    assert started, out
+    return proc.returncode, out
+
+
+def test_rollout_job_after_planning_refuses_the_swap_then_the_reboot_busy_pending(hostpool, aptrepo, tmp_path):  # noqa: F811
+    import json
+
+    (h,) = hostpool.get("idle-right-before-rollout", 1, release="bookworm", gpu=rf.GPU)
+    t0 = time.monotonic()
+    rf.prepare_all([h], aptrepo)
+    rf.inventory(tmp_path / f"{h.name}.py", [h], aptrepo)
+    status = lambda: json.loads((tmp_path / ".gpufleet/rollouts" / f"{h.name}.json").read_text())["hosts"][h.name]  # noqa: E731
+    before = boots(h)
+    t1 = time.monotonic()
+    # 1. a simulated GPU process from right after the drain: the package swap is refused
+    rc, out = rollout_starting_a_job_after(tmp_path, h, f"{h.name}: drain ok", lambda: rf.sh(
+        h, "gpusimctl add-process --gpu 0 --pid 4242 --name python3 --used-mib 2048"))
+    t2 = time.monotonic()
+    assert rc == 3, out
+    assert "upgrade BUSY" in out and "GPU work is running, not changing the driver packages: 4242, python3" in out
+    assert status()["status"] == "busy" and "packages not changed" in status()["message"]
+    assert rf.version(h, "nvidia-open") == f"ii {rf.OLD_DEB}" and rf.loaded(h) == rf.OLD and boots(h) == before
+    rf.sh(h, "gpusimctl remove-process --pid 4242")
+
+    # 2. a job started right after the package change (by a test-only apt hook on the host, inside
+    # the unit, once the swap's idle check has passed): the reboot is refused, the host pending
+    rf.sh(h, "[ -e /dev/nvidia0 ] || touch /dev/nvidia0; touch /run/test-start-job; "
+             "printf '#!/bin/sh\\n[ -e /run/test-start-job ] || exit 0\\nrm -f /run/test-start-job\\n"
+             "systemd-run --unit=gpu-job --quiet sh -c \"exec sleep 600 3</dev/nvidia0\"\\n' > /usr/local/sbin/test-start-job; "
+             "chmod 755 /usr/local/sbin/test-start-job; "
+             "echo 'DPkg::Post-Invoke { \"/usr/local/sbin/test-start-job\"; };' > /etc/apt/apt.conf.d/99gpufleet-test-job")
+    rc, out = rollout_starting_a_job_after(tmp_path, h, "surveying", lambda: None)
+    t3 = time.monotonic()
+    jobs = [rf.sh(h, "systemctl show -p MainPID --value gpu-job").stdout.strip()]
+    assert rc == 3, out
+    assert "reboot BUSY" in out and "GPU work is running, not rebooting" in out
+    assert status()["status"] == "busy" and "upgraded, not rebooted" in status()["message"]
+    assert rf.version(h, "nvidia-open") == f"ii {rf.NEW_DEB}" and rf.loaded(h) == rf.OLD and boots(h) == before
+
+    # 3. the job ends: the re-run reboots and finishes
+    assert jobs[0] not in ("", "0") and f"/dev/nvidia*: {jobs[0]}" in out
+    rf.sh(h, "systemctl stop gpu-job; rm -f /etc/apt/apt.conf.d/99gpufleet-test-job")
+    r = subprocess.run([str(REPO / "tools/rollout"), f"{h.name}.py", "--driver-version", rf.NEW], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=900)
+    print(r.stdout, r.stderr)
+    assert r.returncode == 0, r.stdout
+    assert status()["status"] == "done" and rf.loaded(h) == rf.NEW and boots(h) > before
+    print(f"\n[timing] rollout host prepared {t1 - t0:.1f} s; swap refused {t2 - t1:.1f} s; reboot refused "
+          f"{t3 - t2:.1f} s; re-run {time.monotonic() - t3:.1f} s")
