@@ -378,7 +378,7 @@ def test_in_place_moves_cudnn_to_the_exact_release_through_the_gate(host, moved_
     assert installed(host, "cuda-toolkit-12-8", *CUDNN12) == {"cuda-toolkit-12-8": "12.8.1-1",
                                                                **{p: "9.17.0.29-1" for p in CUDNN12}}
     assert set(CUDNN12) <= holds(host)
-    assert ("right before the driver changes (cuDNN 9.10.2.21 -> 9.17.0.29, driver_upgrade_in_place)"
+    assert ("(in place: cuDNN 9.10.2.21 -> 9.17.0.29; the GPUs checked idle right before, in the same command)"
             in run.output), run.output
     assert again.returncode == 0 and changed_operations(again) == [], again.output
     assert recorded(host)["libcudnn9-cuda-12"] == "9.17.0.29"
