@@ -11,6 +11,16 @@ from testing import testhosts
 POOL = os.environ.get("GPUFLEET_TESTHOSTS_POOL", "pytest")
 
 
+def pytest_configure(config) -> None:
+    # the tools ask before changing hosts when stdin is a terminal (tools/rollout): a suite
+    # started from a shell would wait at every question, so the tools it starts get no terminal,
+    # as in CI (a test that wants one gives them a pseudo-terminal of its own)
+    if os.isatty(0) and not config.getoption("usepdb", False):
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+
+
 class HostPool:
     """Session-wide pool of test hosts, brought up on first use and torn down at the end."""
 

@@ -3,7 +3,8 @@
 
 Gathers facts from every host of a pyinfra inventory in parallel (progress on stderr), prints
 the fleet table, and writes fleet-report.{json,md,html} to --out (default: reports/). Exit code
-0 when every host was reached and passes validation, 1 otherwise, 2 on usage errors.
+0 when every host was reached and passes validation, 1 otherwise (each host not reached or not
+read named on stderr), 2 on usage errors (an inventory with no host among them).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 from gpufleet import inventory_source
+from gpufleet.failures import stop_line
 
 
 def main(argv: list[str] | None = None, prog: str = "fleet-report") -> int:
@@ -35,6 +37,8 @@ def main(argv: list[str] | None = None, prog: str = "fleet-report") -> int:
         count = len(source.hosts(source.load()))
     except inventory_source.SourceError as exc:
         parser.error(str(exc))
+    if not count:
+        parser.error(f"the inventory {args.inventory} has no hosts: nothing to report")
 
     import logging
 
@@ -50,7 +54,17 @@ def main(argv: list[str] | None = None, prog: str = "fleet-report") -> int:
     print(terminal(doc))
     paths = write_all(doc, Path(args.out))
     print("written: " + ", ".join(str(p) for p in paths.values()))
-    healthy = all(r["state"] == "provisioned" for r in rows)
+    lost = [r for r in rows if r["status"] in ("unreachable", "error")]
+    for r in lost:
+        print(stop_line(r["host"], "failed", "report",
+                        f"{'not reached' if r['status'] == 'unreachable' else 'not read'}: {r.get('error') or '?'}",
+                        "bring the host back (or correct its ssh_* data in the inventory) and re-run"
+                        if r["status"] == "unreachable" else "run with the host alone (--limit) to see why"),
+              file=sys.stderr)
+    if lost:
+        print(f"fleet-report: {len(lost)} of {len(rows)} host(s) not reported: "
+              f"{', '.join(r['host'] for r in lost)}", file=sys.stderr)
+    healthy = bool(rows) and all(r["state"] == "provisioned" for r in rows)
     return 0 if healthy else 1
 
 

@@ -106,6 +106,11 @@ def rollout_main(argv: list[str] | None = None, prog: str = "tools/rollout") -> 
                    help="after the reboot apply the tier's tuning (deploys/tuning.py) instead of restoring the "
                         "persistence mode and clocks recorded in the manifest")
     p.add_argument("--dry-run", action="store_true", help="show batches, versions, reboots and GPU jobs; change nothing")
+    p.add_argument("-y", "--yes", action="store_true",
+                   help="do not ask before draining (asked only when stdin is a terminal)")
+    p.add_argument("--heartbeat", type=count_arg(0, 3600), default=30, metavar="SECONDS",
+                   help="during a wave, a progress line with the time elapsed and left every SECONDS "
+                        "(default 30; 0: none)")
     p.add_argument("-v", "--verbose", action="store_true", help="show pyinfra's operation log")
     inventory_source.add_arguments(p)
     args = p.parse_args(argv)
@@ -122,6 +127,7 @@ def rollout_main(argv: list[str] | None = None, prog: str = "tools/rollout") -> 
                    skip=args.skip, force=args.force, dry_run=args.dry_run, wait_idle=args.wait_idle,
                    stop_containers=args.stop_gpu_containers, manifests_dir=args.manifests,
                    reboot_timeout=args.reboot_timeout, retune=args.retune,
+                   assume_yes=args.yes, heartbeat=args.heartbeat,
                    command=" ".join([prog, *(sys.argv[2:] if argv is None else argv)]))
     return Runner(opts).run()
 

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from gpufleet.failures import stop_line
 from gpufleet.inventory_source import InventorySource
 
 from .context import RolloutContext
@@ -54,8 +55,15 @@ def rollback(inventory: str | InventorySource, hosts: list[str], manifest: Path 
                   f"{disk.get('restore')}", file=out)
         else:
             print("  no disk snapshot was configured (rollout_snapshot: none): packages and /etc files only", file=out)
+    failed: dict[str, str] = {}   # host -> step: why
     if dry_run:
-        return 0
+        # read nothing, change nothing: only whether each host answers, so that a dry run does
+        # not promise a rollback the real one could not reach
+        result = run_step(inventory, list(docs), _answers, reasons={})
+        for h in result.ok:
+            print(f"  {h}: reachable", file=out, flush=True)
+        failed.update({h: f"dry run: {why}" for h, why in result.failed.items()})
+        return _named(failed, out, dry_run=True)
     code = 0
     by_target: dict[str, list[str]] = {}
     for h, doc in docs.items():
@@ -78,9 +86,28 @@ def rollback(inventory: str | InventorySource, hosts: list[str], manifest: Path 
             for h, why in result.failed.items():
                 print(f"  {h}: {step} FAILED: {why}", file=out, flush=True)
                 active.remove(h)
+                failed[h] = f"{step}: {why}"
                 code = 1
         if not reboot:
             for h in active:
                 print(f"  {h}: packages restored; reboot it to load driver {target} (or use --reboot)", file=out)
     print(f"rollback: {time.monotonic() - t0:.1f}s wall", file=out)
-    return code
+    return _named(failed, out) or code
+
+
+def _answers() -> None:
+    """The dry run's step: connecting is the whole test."""
+
+
+def _named(failed: dict[str, str], out: TextIO, dry_run: bool = False) -> int:
+    """1 when a host failed or was not reached, each named; else 0."""
+    for h, why in failed.items():
+        print(stop_line(h, "failed", "rollback", why,
+                        "bring the host back (or correct its ssh_* data in the inventory) and re-run "
+                        "tools/rollback for it" if "could not connect" in why
+                        else "see the step's output above (-v for pyinfra's log), fix the host and re-run "
+                             "tools/rollback for it"), file=out, flush=True)
+    if failed:
+        print(f"FAILED: {len(failed)} host(s) {'a rollback could not reach' if dry_run else 'not rolled back'}: "
+              f"{', '.join(failed)}", file=out, flush=True)
+    return 1 if failed else 0

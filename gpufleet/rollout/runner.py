@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,9 @@ from typing import TYPE_CHECKING, Any, Callable, TextIO
 from gpufleet.compat import compat_data
 from gpufleet.operations.drain import BUSY_MARK
 
-from . import manifest as mf, plan, targets
+from gpufleet.failures import stop_line
+
+from . import manifest as mf, plan, progress as prog, targets
 from gpufleet.inventory_source import InventorySource, SourceError
 
 from .context import RolloutContext
@@ -44,6 +47,8 @@ class Options:
     manifests_dir: Path = Path(".gpufleet/manifests")
     reboot_timeout: int = 600
     retune: bool = False
+    assume_yes: bool = False       # -y: no question before draining
+    heartbeat: float = 30          # seconds between a wave's progress lines (0: none)
     command: str = "tools/rollout"   # as the operator typed it: named to a second run by the locks
 
 
@@ -103,9 +108,14 @@ def default_state_path(inventory: str) -> Path:
 
 
 class Runner:
-    def __init__(self, opts: Options, out: TextIO = sys.stdout):
+    def __init__(self, opts: Options, out: TextIO = sys.stdout, stdin: TextIO | None = None):
         self.opts = opts
         self.out = out
+        self.stdin = stdin if stdin is not None else sys.stdin
+        self.unreachable: dict[str, str] = {}   # host -> why the survey did not reach it
+        self.waves_total = 0
+        self.wave_no = 0
+        self.wave_seconds: list[float] = []
         self.t0 = time.monotonic()
         self.eligible: list[str] = []       # this run's hosts, for the progress lines
         self.waved: set[str] = set()        # hosts a wave of this run started
@@ -184,6 +194,7 @@ class Runner:
         survey = run_step(opts.inventory, hosts, survey_and_resolve, self.ctx, opts.target, reasons=self.ctx.reasons)
         info = self.ctx.survey
         unreachable = dict(survey.failed)
+        self.unreachable = unreachable
 
         # every host's target, from the inventory (or the override through the same resolver):
         # one that does not fit stops the rollout here, before any host is touched
@@ -256,18 +267,26 @@ class Runner:
             for n in b.hosts:
                 state.host(n).batch = b.index
                 state.host(n).from_version = state.host(n).from_version or info[n]["installed"]
-        if not opts.dry_run:
-            state.runs.append({"started": time.time(), "options": {
-                "canary": opts.canary, "batch_size": size, "max_unavailable": max_unavailable,
-                "max_fail": max_fail, "skip": opts.skip, "force": opts.force}})
-            state.save()
-
         self.print_plan(batches, notes, size, max_unavailable, max_fail)
         if opts.dry_run:
-            return EXIT_DONE
+            return self.print_unreachable(EXIT_DONE)
+
+        wanted = [n for b in batches for n in b.hosts if state.host(n).status != "done" and n not in opts.skip]
+        # asked after the plan, before anything changes (the state file included)
+        question = (f"Drain and upgrade {len(wanted)} host(s) as planned above"
+                    + (f" ({len(self.unreachable)} unreachable host(s) left out)" if self.unreachable else "")
+                    + "? (-y skips this question)")
+        if wanted and not prog.confirmed(question, opts.assume_yes, self.stdin, self.out):
+            self.say("not confirmed: nothing changed")
+            return self.print_unreachable(EXIT_STOPPED)
+        state.runs.append({"started": time.time(), "options": {
+            "canary": opts.canary, "batch_size": size, "max_unavailable": max_unavailable,
+            "max_fail": max_fail, "skip": opts.skip, "force": opts.force}})
+        state.save()
+        self.waves_total = prog.planned_waves([len([n for n in b.hosts if n in wanted]) for b in batches],
+                                              max_unavailable)
 
         # one run at a time on a host: lock every host this rollout may change, before any is
-        wanted = [n for b in batches for n in b.hosts if state.host(n).status != "done" and n not in opts.skip]
         taken, refused = self.locks.take(wanted)
         for n, lock in taken.items():
             if lock.stale:
@@ -279,7 +298,7 @@ class Runner:
             self.say(f"STOPPED: {stopped}")
             state.runs[-1].update(finished=time.time(), exit=EXIT_STOPPED, stopped=stopped)
             state.save()
-            return EXIT_STOPPED
+            return self.print_unreachable(EXIT_STOPPED)
 
         stopped: str | None = None
         for batch in batches:
@@ -329,10 +348,39 @@ class Runner:
     def run_wave(self, batch: plan.Batch, wave: list[str]) -> None:
         from gpufleet.deploys import upgrade as steps
 
-        state, ctx = self.state, self.ctx
         self.waves_started = self.waves_started or time.monotonic()
         self.waved.update(wave)
+        self.wave_no += 1
         self.say(f"[{batch.name}] starting {', '.join(wave)}; {self.progress(self.eligible, in_flight=wave)}")
+        started = time.monotonic()
+        stop = threading.Event()
+        beat = threading.Thread(target=self._heartbeat, args=(started, stop), daemon=True)
+        if self.opts.heartbeat > 0:
+            beat.start()
+        try:
+            self._run_wave(batch, wave, steps)
+        finally:
+            stop.set()
+            if beat.is_alive():
+                beat.join(timeout=5)
+            self.wave_seconds.append(time.monotonic() - started)
+
+    def heartbeat(self, wave_started: float) -> str:
+        now = time.monotonic()
+        done = sum(1 for n in self.eligible if n in self.state.hosts and self.state.host(n).status == "done")
+        waves = max(self.waves_total, self.wave_no)
+        left = prog.estimate_left(self.wave_seconds, self.wave_no, waves, now - wave_started)
+        return prog.heartbeat_line(self.wave_no, waves, done, len(self.eligible),
+                                   now - (self.waves_started or wave_started), left)
+
+    def _heartbeat(self, wave_started: float, stop: threading.Event) -> None:
+        # a thread, or a greenlet once pyinfra's CLI module has patched threading (session.py):
+        # either way it runs while the wave's pyinfra run waits on its hosts
+        while not stop.wait(self.opts.heartbeat):
+            self.say(self.heartbeat(wave_started))
+
+    def _run_wave(self, batch: plan.Batch, wave: list[str], steps: Any) -> None:
+        state, ctx = self.state, self.ctx
         for name in wave:
             rec = state.host(name)
             if rec.manifest and Path(rec.manifest).exists():
@@ -505,7 +553,20 @@ class Runner:
         print("  " + ", ".join(f"{k}: {v}" for k, v in sorted(state.summary().items())), file=self.out, flush=True)
         self.print_inventory_lines(eligible)
         if stopped:
-            return EXIT_STOPPED
+            return self.print_unreachable(EXIT_STOPPED)
         if all(state.host(n).status in ("done", "skipped") for n in eligible):
-            return EXIT_DONE
-        return EXIT_INCOMPLETE
+            return self.print_unreachable(EXIT_DONE)
+        return self.print_unreachable(EXIT_INCOMPLETE)
+
+    def print_unreachable(self, code: int) -> int:
+        """Name every host the survey did not reach; a run that left one out is not done."""
+        if not self.unreachable:
+            return code
+        for n, why in self.unreachable.items():
+            print(stop_line(n, "failed", "rollout", f"not surveyed, left out of this run: {why}",
+                            "bring the host back (or correct its ssh_* data in the inventory) and re-run "
+                            "tools/rollout, which resumes; or leave it out with --limit"),
+                  file=self.out, flush=True)
+        print(f"INCOMPLETE: {len(self.unreachable)} host(s) not reached: {', '.join(self.unreachable)}",
+              file=self.out, flush=True)
+        return EXIT_INCOMPLETE if code == EXIT_DONE else code

@@ -128,7 +128,7 @@ def run_step(inventory_path: str, names: list[str], func: Callable[..., None], *
             if h.name in reasons:
                 why = reasons[h.name]
             elif h not in state.activated_hosts:
-                why = "could not connect"
+                why = "could not connect" + _connect_error(collect.lines, h.name)
             elif h.name in errors.ops:
                 why = f"operation failed: {errors.ops[h.name]}" + _tail(collect.lines, h.name)
             else:
@@ -139,6 +139,15 @@ def run_step(inventory_path: str, names: list[str], func: Callable[..., None], *
             meta = state.get_meta_for_host(h)
             result.changed[h.name] = getattr(meta, "ops_change", 0)
     return result
+
+
+def _connect_error(lines: list[str], name: str) -> str:
+    """pyinfra's own words on why it could not connect ('Could not connect (... port 22 on ...)')."""
+    for line in lines:
+        text = line.split("] ", 1)[-1].strip() if f"[{name}]" in line else ""
+        if "connect" in text.lower():
+            return f" ({text.split('(', 1)[1]}" if text.startswith("Could not connect (") else f": {text}"
+    return ""
 
 
 def _tail(lines: list[str], name: str, count: int = 3) -> str:

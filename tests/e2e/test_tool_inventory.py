@@ -10,6 +10,8 @@ on 3 real test hosts (GPUs SIMULATED by testing/gpusim, a test double):
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -159,3 +161,115 @@ def test_config_py_beside_the_inventory_is_honoured(fleet):
     r, journal = journal_during([a], lambda: tool(work, "fleet-report", "ops/inventory.py", "--out", "out-ops2",
                                                   "--no-drift", "--config", "empty.py"))
     assert logins(journal[a.name]) >= 1 and sudo_lines(journal[a.name]) == [], journal[a.name][-3000:]
+
+
+# --- honest exit codes (issue 26): a host not reached is named and the run is not a success ---------
+
+GHOST = "gf-tools-ghost"
+FAKE_NVML = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05"
+
+
+@pytest.fixture(scope="module")
+def with_ghost(fleet):
+    """Host c with an installed driver as the survey reads it (a simulated NVML library file of
+    580.95.05, a test double like the GPUs), so --driver-version plans it; and an inventory entry
+    on an address of the pool's /24 where nothing listens."""
+    a, b, c = fleet["hosts"]
+    work = fleet["work"]
+    testhosts.ssh(c, f"touch {FAKE_NVML}")
+    net = c.address.rsplit(".", 1)[0]
+    ghost = {**c.pyinfra_data(), "ssh_hostname": f"{net}.251", **_data(c)}
+    (work / "ghost").mkdir()
+    inv = write_inventory(work / "ghost" / "inventory.py", [c], data={c.name: _data(c, driver_source="nvidia")})
+    inv.write_text(inv.read_text() + f"\nghosts = [({GHOST!r}, {ghost!r})]\n")
+    only_c = write_inventory(work / "ghost" / "one.py", [c], data={c.name: _data(c, driver_source="nvidia")})
+    yield {"inventory": "ghost/inventory.py", "one": "ghost/one.py", "c": c, "work": work,
+           "paths": (inv, only_c)}
+    testhosts.ssh(c, f"rm -f {FAKE_NVML}")
+
+
+def test_rollout_dry_run_with_an_unreachable_host_exits_non_zero_naming_it(with_ghost):
+    work, c = with_ghost["work"], with_ghost["c"]
+    r = tool(work, "rollout", with_ghost["inventory"], "--dry-run", "--driver-version", "580.126.09")
+    assert r.returncode == 3, r.stdout + r.stderr
+    # the reachable host is planned as usual ...
+    assert re.search(rf"canary\s+{re.escape(c.name)}\s+\S+/580\.95\.05\s+580\.126\.09", r.stdout), r.stdout
+    # ... and the unreachable one named, in the project's words, with what to do
+    assert re.search(rf"^\[{GHOST}\] failed \(rollout\): not surveyed, left out of this run: could not connect "
+                     r"\(.*Unable to connect to port 22 on .*\.251\)\. Fix: ", r.stdout, re.M), r.stdout
+    assert f"INCOMPLETE: 1 host(s) not reached: {GHOST}" in r.stdout
+    # the same with only the unreachable host left: not an empty success either
+    r = tool(work, "rollout", with_ghost["inventory"], "--dry-run", "--limit", GHOST)
+    assert r.returncode == 3 and f"[{GHOST}] failed (rollout)" in r.stdout, r.stdout + r.stderr
+
+
+def test_fleet_report_with_an_unreachable_host_exits_non_zero_naming_it(with_ghost):
+    work, c = with_ghost["work"], with_ghost["c"]
+    r = tool(work, "fleet-report", with_ghost["inventory"], "--out", "out-ghost", "--no-drift")
+    assert r.returncode == 1, r.stdout + r.stderr
+    rows = {row["host"]: row for row in json.loads((work / "out-ghost" / "fleet-report.json").read_text())["hosts"]}
+    assert rows[c.name]["status"] == "ok" and rows[c.name]["kernel"], rows[c.name]   # still reported
+    assert rows[GHOST]["status"] == "unreachable", rows[GHOST]
+    assert re.search(rf"^\[{GHOST}\] failed \(report\): not reached: Could not connect .*\. Fix: ", r.stderr, re.M), r.stderr
+    assert f"fleet-report: 1 of 2 host(s) not reported: {GHOST}" in r.stderr
+
+
+def _manifest(work: Path, name: str) -> Path:
+    """A manifest as tools/rollout's snapshot step writes one (the fields tools/rollback reads)."""
+    path = work / ".gpufleet" / "manifests" / name / "20261202T100000Z.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"reason": "before driver 580.126.09", "created": time.time(),
+                                "driver": {"installed": "580.95.05", "loaded": "580.95.05"},
+                                "packages": {"nvidia-open": "580.95.05-1"}, "holds": ["nvidia-open"],
+                                "etc_files": {}}))
+    return path
+
+
+def test_rollback_with_an_unreachable_host_exits_non_zero_naming_it(with_ghost):
+    work, c = with_ghost["work"], with_ghost["c"]
+    _manifest(work, c.name)
+    _manifest(work, GHOST)
+    dry = tool(work, "rollback", with_ghost["inventory"], c.name, GHOST, "--dry-run")
+    assert dry.returncode == 1, dry.stdout + dry.stderr
+    assert f"  {c.name}: reachable" in dry.stdout
+    assert re.search(rf"^\[{GHOST}\] failed \(rollback\): dry run: could not connect \(.*\)\. Fix: ", dry.stdout, re.M)
+    assert f"FAILED: 1 host(s) a rollback could not reach: {GHOST}" in dry.stdout
+    real = tool(work, "rollback", with_ghost["inventory"], GHOST)
+    assert real.returncode == 1, real.stdout + real.stderr
+    assert re.search(rf"^\[{GHOST}\] failed \(rollback\): restore: could not connect", real.stdout, re.M), real.stdout
+    assert f"FAILED: 1 host(s) not rolled back: {GHOST}" in real.stdout
+
+
+def tool_on_a_terminal(work: Path, name: str, *args: str, answer: bytes) -> subprocess.CompletedProcess:
+    """The tool with a pseudo-terminal as stdin (an operator at a shell), `answer` typed ahead."""
+    controller, terminal = os.openpty()
+    try:
+        os.write(controller, answer)
+        proc = subprocess.run([str(REPO / "tools" / name), *args], cwd=work, stdin=terminal, capture_output=True,
+                              text=True, timeout=600)
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    print(proc.stdout, proc.stderr)
+    return proc
+
+
+def test_rollout_asks_before_draining_and_no_changes_nothing(with_ghost):
+    work, c = with_ghost["work"], with_ghost["c"]
+    args = (with_ghost["one"], "--driver-version", "580.126.09", "--state", "ghost/one-state.json")
+    marker = "/run/gpufleet-test-before-question"
+    testhosts.ssh(c, f"touch {marker}")
+    time.sleep(1.1)
+    r = tool_on_a_terminal(work, "rollout", *args, answer=b"n\n")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Drain and upgrade 1 host(s) as planned above? (-y skips this question) [y/N]" in r.stdout
+    assert "not confirmed: nothing changed" in r.stdout
+    assert r.stdout.index(f"canary   {c.name}") < r.stdout.index("[y/N]")   # the plan first
+    # nothing changed: no state file on the controller, nothing drained, locked or written on the host
+    assert not (work / "ghost" / "one-state.json").exists()
+    changed = testhosts.ssh(c, f"find /etc /var/lib/gpufleet /var/lib/dpkg /var/lib/apt /usr -newer {marker} "
+                               "-type f 2>/dev/null; true").stdout
+    assert changed.strip() == "", changed
+    # the rollout locks a host (gpufleet/hostlock.py) before its first change: never taken
+    assert testhosts.ssh(c, "ls -A /run/lock/gpufleet 2>/dev/null; true").stdout.strip() == ""
+    # (-y and a stdin that is no terminal go on without asking: tests/unit/test_rollout_progress.py)
