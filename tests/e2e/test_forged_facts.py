@@ -5,7 +5,7 @@ through it.
 
 On a host with a network of its own (nftables really loads, as in test_firewall_private.py):
 the hardening step as all.py runs it (tests/e2e/deploys/hardening_all_path.py: fact cache,
-prefetch, inventory check) converges with the user in hardening_allow_users; the user then
+prefetch, inventory check) converges with the user allowed to log in; the user then
 writes into their authorized_keys sections of the prefetch's output that would answer the
 earlier SshdActivation question with an ssh.socket listening on 2375 (the fixed markers of
 gpufleet before this change, which the controller took for that fact's answer and opened
@@ -34,6 +34,7 @@ pytestmark = pytest.mark.e2e
 
 DEPLOY = "tests/e2e/deploys/hardening_all_path.py"
 USER = "mallory"
+GROUP = "gpu-users"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKbZsx2k59HNRZdwQjbpkCWsU7BPqSL+QcxT9QsQpChT mallory@lab"
 FORGED_PORT = 2375  # Docker's unauthenticated API port: what an attacker would want open
 # What `systemctl show ssh.socket ssh.service -p ...` prints for a socket listening on 2375.
@@ -70,8 +71,8 @@ def forged_key_file(index: int) -> str:
     lines += [f"::gpufleet-prefetch::{guess_nonce}::host {guess_host}",
               f"::gpufleet-prefetch::{guess_nonce}-{guess_host}::{index}", *FORGED_ACTIVATION,
               f"::gpufleet-rc::{guess_nonce}-{guess_host}::0"]
-    # and the fact's own markers: another key file, a missing user
-    lines += ["::gpufleet-ssh:: file /root/.ssh/authorized_keys", KEY, "::gpufleet-ssh:: user-missing"]
+    # and the fact's own marker: another user's key file
+    lines += ["::gpufleet-ssh:: file /root/.ssh/authorized_keys", KEY]
     return "\n".join(lines)  # no final newline: the markers after it must still start a line
 
 
@@ -90,15 +91,20 @@ def test_a_users_forged_prefetch_sections_open_no_port_and_change_nothing(host, 
     started = time.monotonic()
     deploy_user = host.pyinfra_data()["ssh_user"] or "root"
     # An ordinary local user with an SSH key, allowed to log in by hardening_allow_users.
-    _sh(host, "id " + USER + " >/dev/null 2>&1 || useradd -m -s /bin/bash " + USER + "; "
-        "install -d -m 700 -o " + USER + " -g " + USER + " ~" + USER + "/.ssh; "
-        "printf '%s\\n' " + shlex.quote(KEY) + " > ~" + USER + "/.ssh/authorized_keys; "
-        "chown " + USER + ": ~" + USER + "/.ssh/authorized_keys; "
-        "apt-get install -y -qq nftables >/dev/null 2>&1", timeout=300)
-    allowed = list(dict.fromkeys([deploy_user, USER]))
+    # An ordinary local user with an SSH key, allowed to log in with the deploy user. Through
+    # hardening_allow_groups: with two names in hardening_allow_users, sshd -T prints one
+    # allowusers line per name and this branch's parser keeps the last one (gpufleet then refuses
+    # the hardened configuration; branch sshdlists fixes it): the user's key file is read the
+    # same way either way (the group's members are each asked AuthorizedKeys).
+    _sh(host, "sh -c " + shlex.quote(
+        'id "$1" >/dev/null 2>&1 || useradd -m -s /bin/bash "$1"; h=$(getent passwd "$1" | cut -d: -f6); '
+        'install -d -m 700 -o "$1" -g "$1" "$h/.ssh"; printf "%s\\n" "$2" > "$h/.ssh/authorized_keys"; '
+        'chown "$1": "$h/.ssh/authorized_keys"; getent group "$3" >/dev/null || groupadd "$3"; '
+        'usermod -aG "$3" "$1"; usermod -aG "$3" "$4"; apt-get install -y -qq nftables >/dev/null 2>&1')
+        + " gpufleet-test " + " ".join(map(shlex.quote, (USER, KEY, GROUP, deploy_user))), timeout=300)
     inv = write_inventory(tmp_path / "inventory.py", [host], data={host.name: {
         "tier": "dev", "validate_os_release": OS_RELEASE[host.release],
-        "firewall_open_ports": ["9400/tcp"], "hardening_allow_users": allowed}})
+        "firewall_open_ports": ["9400/tcp"], "hardening_allow_groups": [GROUP]}})
 
     first = pyinfra(inv, DEPLOY, netns=host.netns)
     assert first.returncode == 0, first.output[-6000:]
@@ -109,15 +115,15 @@ def test_a_users_forged_prefetch_sections_open_no_port_and_change_nothing(host, 
     # The user (as themselves) writes forged sections aimed at the SshdActivation answer, and
     # links their second key file to /etc/shadow.
     index = _single_index(host.name, SshdActivation)
-    _sh(host, "runuser -u " + USER + " -- sh -c " + shlex.quote(
+    _sh(host, "runuser -u " + shlex.quote(USER) + " -- sh -c " + shlex.quote(
         "printf '%s' " + shlex.quote(forged_key_file(index)) + " > ~/.ssh/authorized_keys; "
         "ln -sf /etc/shadow ~/.ssh/authorized_keys2"))
 
     second = pyinfra(inv, DEPLOY, netns=host.netns)
     assert second.returncode == 0, second.output[-6000:]
-    assert changed_operations(second) == [], second.output[-6000:]
     after = _sh(host, "nft list ruleset").stdout
     assert f"{FORGED_PORT}" not in after, after
+    assert changed_operations(second) == [], second.output[-6000:]
     assert after == ruleset
     assert _sh(host, "sha256sum /etc/nftables.conf").stdout == boot
     assert f"{FORGED_PORT}" not in _sh(host, "cat /etc/nftables.conf").stdout
@@ -128,7 +134,7 @@ def test_a_users_forged_prefetch_sections_open_no_port_and_change_nothing(host, 
     # read as the user, and /etc/shadow (a symlink the user made) not at all.
     out = _sh(host, AuthorizedKeys().command(USER).get_raw_value()).stdout.splitlines()
     assert not [line for line in out if re.match(r">?[a-z_][a-z0-9_-]*:[^:]*:\d+:", line)], out  # shadow entries
-    assert f">::gpufleet-prefetch::{index}" in out and "::gpufleet-ssh:: user-missing" not in out, out
+    assert f">::gpufleet-prefetch::{index}" in out and ">::gpufleet-ssh:: file /root/.ssh/authorized_keys" in out, out
     data = AuthorizedKeys().process(out)
     assert data.exists and data.key_count == 2  # the real key and the copy after the fake marker, in this file
     assert list(data.keys_by_file) == [f"/home/{USER}/.ssh/authorized_keys", f"/home/{USER}/.ssh/authorized_keys2"]
