@@ -43,6 +43,7 @@ Story of a host, part 5 (last, so that it cannot cut off the steps before it):
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from io import StringIO
 from pathlib import Path
@@ -50,6 +51,7 @@ from pathlib import Path
 import jinja2
 from pyinfra import host
 from pyinfra.api import deploy
+from pyinfra.facts.files import Sha256File
 from pyinfra.operations import apt, files, systemd
 
 from gpufleet.facts.nftables import TABLE, NftablesCapability
@@ -58,7 +60,7 @@ from gpufleet.operations import nftables, ssh
 from gpufleet.operations.ssh import connecting_user
 
 from gpufleet.deploys.base import APT_CACHE_SECONDS, quiet_needrestart
-from gpufleet import monitoring
+from gpufleet import factcache, monitoring
 from gpufleet.failures import refuse
 from gpufleet.settings import host_settings
 from gpufleet.sshd_policy import BASELINE
@@ -356,15 +358,20 @@ def hardening():
 
     # 3. Firewall.
     if settings.firewall_enabled:
-        ssh_ports = sorted({*host.get_fact(SshdEffectiveConfig).ports, *activation.ports})
-        try:
-            context = nftables_context(settings, ssh_ports)
-        except ValueError as bad:  # the settings grammar lets none through: never guess a port
-            refuse(host, "firewall_open_ports", str(bad).removeprefix("firewall_open_ports: "), "list ports as 9400, '9400/udp', '6817-6819' or "
-                   "{port, proto, comment}")
+        built = _firewall_rules(settings, host.get_fact(SshdEffectiveConfig).ports, activation.ports)
+        if built is None:
             return
-        rules = render("etc/nftables.conf.j2", **context)
         can_load = host.get_fact(NftablesCapability).can_load
+        if not _firewall_in_place(*built[1:], can_load):
+            # What a change opens is decided on sshd's facts read now, each with its own
+            # command, never on an answer of the run's one-command prefetch, whose output holds
+            # files other local users write (their authorized_keys): a no-op run costs nothing.
+            with factcache.fresh(host):
+                built = _firewall_rules(settings, host.get_fact(SshdEffectiveConfig).ports,
+                                        host.get_fact(SshdActivation).ports)
+            if built is None:
+                return
+        _, rules, boot_rules = built
         if not can_load:
             nftables.ruleset(
                 name=f"Write the firewall ruleset to {NFTABLES_CONF}, if nft -c accepts it",
@@ -387,7 +394,7 @@ def hardening():
                  f"only then save it to {NFTABLES_CONF} for every boot",
             path=NFTABLES_CONF,
             content=rules,
-            boot_content=render("etc/nftables.conf.j2", **{**context, "include_dir": nftables.OPERATOR_DIR}),
+            boot_content=boot_rules,
             revert_after=settings.firewall_revert_after,
         )
 
@@ -404,6 +411,26 @@ def hardening():
 
 def _as_file(text: str) -> StringIO:
     return StringIO(text)
+
+
+def _firewall_rules(settings, sshd_ports: list[int], socket_ports: list[int]) -> tuple[dict, str, str] | None:
+    """(template context, the ruleset, the ruleset for boot), or None: refused."""
+    try:
+        context = nftables_context(settings, sorted({*sshd_ports, *socket_ports}))
+    except ValueError as bad:  # the settings grammar lets none through: never guess a port
+        refuse(host, "firewall_open_ports", str(bad).removeprefix("firewall_open_ports: "), "list ports as 9400, '9400/udp', '6817-6819' or "
+               "{port, proto, comment}")
+        return None
+    return (context, render("etc/nftables.conf.j2", **context),
+            render("etc/nftables.conf.j2", **{**context, "include_dir": nftables.OPERATOR_DIR}))
+
+
+def _firewall_in_place(rules: str, boot_rules: str, can_load: bool) -> bool:
+    """These rules are the ones the host has: loaded and saved for boot where it can load
+    them, else written to NFTABLES_CONF (the checks nftables.apply and nftables.ruleset make)."""
+    if can_load:
+        return host.get_fact(NftablesCapability).converged(hashlib.sha256(boot_rules.encode()).hexdigest())
+    return host.get_fact(Sha256File, path=NFTABLES_CONF) == hashlib.sha256(rules.encode()).hexdigest()
 
 
 # `pyinfra INVENTORY deploys/hardening.py`: this area on its own (deploys/standalone.py).

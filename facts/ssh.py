@@ -348,13 +348,20 @@ _KEY_LINE = re.compile(rf"(?:^|\s){_KEY_TYPE}\s+AAAA[0-9A-Za-z+/]+=*(?:\s|$)")
 
 # Resolves the user's AuthorizedKeysFile (sshd -T -C applies Match blocks for that user),
 # expands %h %u %%, and prints every file under a marker. $1 = user name.
+# Each file is read as that user, as sshd reads it (a key file symlinked to /etc/shadow shows
+# nothing), regular files only, at most 1 MiB and 10 s (a FIFO swapped in blocks nothing), and
+# every line of it comes out behind ">": nothing the user wrote can start a line of this
+# output (a marker here or one of the prefetch's, gpufleet/factcache.py).
 _AUTHORIZED_KEYS_SCRIPT = r"""
 M='::gpufleet-ssh::'
 u=$1
 echo "$M user $u"
 ent=$(getent passwd "$u") || { echo "$M user-missing"; exit 0; }
-home=$(printf '%s\n' "$ent" | cut -d: -f6)
+IFS=: read -r _ _ uid gid _ home _ <<EOF
+$ent
+EOF
 echo "$M home $home"
+me=$(id -u)
 conf=$(sshd -T -C "user=$u,host=localhost,addr=127.0.0.1" 2>/dev/null)
 files=$(printf '%s\n' "$conf" | sed -n 's/^authorizedkeysfile //p')
 command=$(printf '%s\n' "$conf" | sed -n 's/^authorizedkeyscommand //p')
@@ -365,7 +372,12 @@ for f in $files; do
   p=$(printf '%s' "$f" | sed -e "s#%h#$home#g" -e "s#%u#$u#g" -e 's#%%#%#g')
   case "$p" in /*) ;; *) p="$home/$p" ;; esac
   echo "$M file $p"
-  [ -r "$p" ] && cat "$p"
+  [ -f "$p" ] || continue
+  if [ "$me" = 0 ] && [ "$uid" != 0 ]; then
+    timeout 10 setpriv --reuid="$uid" --regid="$gid" --init-groups head -c 1048576 -- "$p" 2>/dev/null
+  elif [ "$me" = "$uid" ] || [ "$me" = 0 ]; then
+    timeout 10 head -c 1048576 -- "$p" 2>/dev/null
+  fi | awk '{ print ">" $0 }'
 done
 true
 """
@@ -416,9 +428,11 @@ def parse_authorized_keys(lines: Sequence[str]) -> AuthorizedKeysData:
             else:
                 raise SshFactError(f"unexpected marker: {line!r}")
             continue
+        if not line.startswith(">"):
+            raise SshFactError(f"unexpected line in authorized keys output: {line!r}")
         if current is None:
             raise SshFactError(f"authorized keys output before any file marker: {line!r}")
-        files[current].append(line)
+        files[current].append(line[1:])
     return AuthorizedKeysData(
         user=user, home=home, command=command,
         keys_by_file={path: count_keys(content) for path, content in files.items()},

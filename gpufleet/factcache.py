@@ -19,8 +19,10 @@ see bench/fleet.py). Two mechanisms, both exact:
   password would be one): only facts asked with the host's default executor arguments are
   recorded, and the prefetch runs with those, taken from the inventory at run time. The file
   is 0600 in a 0700 directory, and since it names commands the hosts run, it is checked when
-  read: a fact not on the allow-list (gpufleet's own facts, pyinfra's in PYINFRA_FACTS) or an
-  argument that is not plain is ignored with a warning and never run (under --dry too).
+  read: a fact not on the allow-list (gpufleet's own facts, pyinfra's in PYINFRA_ARGUMENTS) or an
+  argument not of a shape that fact's grammar lists is ignored with a warning and never run
+  (under --dry too). The answers come back in sections framed by markers no fact output can
+  forge (Script), checked strictly: anything else drops every answer.
   pyinfra's many file and unit facts share one process per family (gpufleet/factbatch.py), and
   the answers come back as one compressed line. A deploy run's prefetch leaves out the facts
   only the validation gate's end-of-run checks ask (`gpufleet_end_of_run`, the exporters'
@@ -38,6 +40,9 @@ import base64
 import gzip
 import json
 import re
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,27 +58,85 @@ from gpufleet.hostcontext import fleet_context, host_context
 
 PLAN_DIR = Path(".gpufleet/factplans")
 PLAN_FORMAT = 2
-#: pyinfra's own facts the prefetch may ask: the ones gpufleet's operations and the pyinfra
-#: operations they call ask on a run of deploys/all.py. Nothing that runs a command it is given.
-PYINFRA_FACTS = frozenset({
-    "pyinfra.facts.files.File", "pyinfra.facts.files.Directory", "pyinfra.facts.files.Link",
-    "pyinfra.facts.files.Sha1File", "pyinfra.facts.files.Sha256File", "pyinfra.facts.files.Md5File",
-    "pyinfra.facts.files.FileContents", "pyinfra.facts.files.FindInFile",
-    "pyinfra.facts.systemd.SystemdStatus", "pyinfra.facts.systemd.SystemdEnabled",
-    "pyinfra.facts.deb.DebPackages", "pyinfra.facts.deb.DebPackage", "pyinfra.facts.deb.DebArch",
-    "pyinfra.facts.apt.AptSources", "pyinfra.facts.server.Arch", "pyinfra.facts.server.Os",
-    "pyinfra.facts.server.Date",
-})
 _OWN_FACT = re.compile(r"gpufleet\.facts\.[a-z][a-z0-9_]*\.[A-Z][A-Za-z0-9]*")
-# A plain argument: what paths, unit, user, group and package names are made of (no quote,
-# `$`, backtick, `;`, `|`, `&`, redirection, brace, backslash or control character).
-_PLAIN_TEXT = re.compile(r"[A-Za-z0-9_.,:/@+=*~%^!?#\[\] -]{0,1024}")
+# A word: what paths, unit, user, group and package names are made of (no blank, quote, `$`,
+# backtick, `;`, `|`, `&`, redirection, brace, backslash or control character), never starting
+# with `-` (an option to the tool it is given to).
+_WORD = re.compile(r"[A-Za-z0-9_.,:/@+=*~%^!?#\[\]][A-Za-z0-9_.,:/@+=*~%^!?#\[\]-]{0,1023}")
 # FindInFile's pattern (files.line): a regular expression, which pyinfra quotes as one word
 # unless interpolate_variables (then it is pasted into double quotes: never prefetched).
 _REGEX_TEXT = re.compile(r"[A-Za-z0-9_.,:/@+=*~%^!?#\[\] ()|{}$\\-]{0,1024}")
+_UNIT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,255}")
+_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.:~-]{0,255}")
+
+
+def _is_word(value: Any) -> bool:
+    return isinstance(value, str) and _WORD.fullmatch(value) is not None
+
+
+def _is_path(value: Any) -> bool:
+    return _is_word(value) and value.startswith("/")
+
+
+def _is_units(value: Any) -> bool:
+    names = [value] if isinstance(value, str) else value
+    return isinstance(names, list) and 0 < len(names) <= 256 and all(
+        isinstance(n, str) and _UNIT.fullmatch(n) is not None for n in names)
+
+
+def _is_pattern(value: Any) -> bool:
+    return isinstance(value, str) and _REGEX_TEXT.fullmatch(value) is not None
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _is_false(value: Any) -> bool:
+    return value is False
+
+
+def _is_none(value: Any) -> bool:
+    return value is None
+
+
+def _is_package(value: Any) -> bool:
+    return isinstance(value, str) and _PACKAGE.fullmatch(value) is not None
+
+
+_FILE = {"path": _is_path}
+_SYSTEMD = {"services": _is_units, "user_mode": _is_false, "machine": _is_none, "user_name": _is_none}
+#: pyinfra's own facts the prefetch may ask, each with the arguments it may be asked with: the
+#: ones gpufleet's operations and the pyinfra operations they call ask on a run of
+#: deploys/all.py, in the shapes they ask them. pyinfra pastes some arguments into the command
+#: unquoted (systemd's machine and user_name: `--machine={machine}`), so a plan entry is run
+#: only when every argument it names is listed here for its fact and has the listed shape.
+#: Nothing that runs a command it is given.
+PYINFRA_ARGUMENTS: dict[str, dict[str, Any]] = {
+    "pyinfra.facts.files.File": _FILE, "pyinfra.facts.files.Directory": _FILE, "pyinfra.facts.files.Link": _FILE,
+    "pyinfra.facts.files.Sha1File": _FILE, "pyinfra.facts.files.Sha256File": _FILE,
+    "pyinfra.facts.files.Md5File": _FILE, "pyinfra.facts.files.FileContents": _FILE,
+    "pyinfra.facts.files.FindInFile": {"path": _is_path, "pattern": _is_pattern,
+                                       "interpolate_variables": _is_false, "extended_regex": _is_bool},
+    "pyinfra.facts.systemd.SystemdStatus": _SYSTEMD, "pyinfra.facts.systemd.SystemdEnabled": _SYSTEMD,
+    "pyinfra.facts.deb.DebPackages": {}, "pyinfra.facts.deb.DebPackage": {"package": _is_package},
+    "pyinfra.facts.deb.DebArch": {}, "pyinfra.facts.apt.AptSources": {}, "pyinfra.facts.server.Arch": {},
+    "pyinfra.facts.server.Os": {}, "pyinfra.facts.server.Date": {},
+}
+PYINFRA_FACTS = frozenset(PYINFRA_ARGUMENTS)
+# gpufleet's own facts quote or check every argument themselves; a plan entry may name only
+# the parameters of the fact's command(), each of the type it declares.
+_OWN_TYPES: dict[str, Any] = {
+    "str": lambda v: v == "" or _is_word(v), "bool": _is_bool, "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "Sequence[str]": lambda v: _is_word(v) or (isinstance(v, list) and len(v) <= 256 and all(map(_is_word, v))),
+}
 _MARK = "::gpufleet-prefetch::"
 _RC = "::gpufleet-rc::"
 _PACKED = "::gpufleet-gzip-base64::"
+_HOST_NONCE = re.compile(r"[0-9a-f]{32}")
+# A line of fact output starting like a marker: whatever follows, a forgery (or a fact printing
+# gpufleet's own output), never an answer.
+_LOOKALIKE = ("::gpufleet-prefetch", "::gpufleet-rc", _PACKED)
 _PACK_CHECK = "command -v gzip >/dev/null 2>&1 && command -v base64 >/dev/null 2>&1"
 _installed = False
 _plans_seen: dict[str, list[Any]] = {}
@@ -137,6 +200,19 @@ def forget(host: Host) -> None:
         memo.clear()
 
 
+@contextmanager
+def fresh(host: Host) -> Iterator[None]:
+    """Facts asked inside are read from the host now, each with its own command, never
+    answered from memory or from the prefetch (their answers then replace the remembered
+    ones): for decisions a forged answer must never shape, such as the ports the firewall
+    opens."""
+    host_context(host).fresh += 1
+    try:
+        yield
+    finally:
+        host_context(host).fresh -= 1
+
+
 def _plan_file(host: Host) -> Path:
     return PLAN_DIR / f"{re.sub(r'[^A-Za-z0-9._-]', '_', host.name)}.json"
 
@@ -187,34 +263,53 @@ def _save_plans() -> None:
             pass  # the plan is only a hint for the next run
 
 
-def _plain(value: Any, depth: int = 0) -> bool:
-    if value is None or isinstance(value, (bool, int)):
-        return True
-    if isinstance(value, str):
-        return _PLAIN_TEXT.fullmatch(value) is not None
-    if isinstance(value, list) and depth < 2 and len(value) <= 256:
-        return all(_plain(item, depth + 1) for item in value)
-    return False
+def _own_arguments(path: str) -> dict[str, Any] | None:
+    """{parameter: check} of a gpufleet fact's command(), from its signature (None: no such
+    fact, or a parameter of a type no plan entry may give)."""
+    if path not in _OWN_ARGUMENTS:
+        import inspect
+
+        cls = _load_class(path)
+        grammar: dict[str, Any] | None = None
+        if cls is not None:
+            try:
+                params = list(inspect.signature(cls.command).parameters.values())[1:]  # self
+            except (TypeError, ValueError):
+                params = []
+            grammar = {}
+            for param in params:
+                annotation = param.annotation if isinstance(param.annotation, str) else getattr(
+                    param.annotation, "__name__", "")
+                check = _OWN_TYPES.get(annotation)
+                if check is None or param.kind not in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
+                    grammar = None
+                    break
+                grammar[param.name] = check
+        _OWN_ARGUMENTS[path] = grammar
+    return _OWN_ARGUMENTS[path]
+
+
+_OWN_ARGUMENTS: dict[str, dict[str, Any] | None] = {}
 
 
 def allowed(path: Any, fact_kwargs_json: Any) -> bool:
-    """Whether a plan entry may be run: an allowed fact with plain arguments only."""
+    """Whether a plan entry may be run: an allowed fact asked with arguments of the shapes its
+    grammar lists (PYINFRA_ARGUMENTS; for gpufleet's own facts, their command()'s signature)."""
     if not isinstance(path, str) or not isinstance(fact_kwargs_json, str):
         return False
-    if path not in PYINFRA_FACTS and not _OWN_FACT.fullmatch(path):
+    if path in PYINFRA_ARGUMENTS:
+        grammar: dict[str, Any] | None = PYINFRA_ARGUMENTS[path]
+    elif _OWN_FACT.fullmatch(path):
+        grammar = _own_arguments(path)
+    else:
         return False
     try:
         kwargs = json.loads(fact_kwargs_json)
     except ValueError:
         return False
-    if not isinstance(kwargs, dict):
+    if grammar is None or not isinstance(kwargs, dict):
         return False
-    if path == "pyinfra.facts.files.FindInFile":
-        pattern = kwargs.pop("pattern", None)
-        if kwargs.get("interpolate_variables") or not isinstance(pattern, str) or not _REGEX_TEXT.fullmatch(pattern):
-            return False
-    return all(
-        isinstance(k, str) and k.isidentifier() and not k.startswith("_") and _plain(v) for k, v in kwargs.items())
+    return all(isinstance(k, str) and k in grammar and grammar[k](v) for k, v in kwargs.items())
 
 
 def read_plan(path: Path, name: str = "") -> list[tuple[str, str]]:
@@ -239,7 +334,7 @@ def read_plan(path: Path, name: str = "") -> list[tuple[str, str]]:
             refused += 1
     if refused:
         logger.warning(f"{name or path}: ignored {refused} entr{'y' if refused == 1 else 'ies'} of the fact plan {path}: "
-                       "not gpufleet's facts with plain arguments; they are not run")
+                       "not a fact gpufleet asks, or not with arguments of the shapes it asks; they are not run")
     return entries
 
 
@@ -303,58 +398,108 @@ def _plan_entries(state: Any, host: Host) -> list[tuple[Any, ...]]:
 @dataclass
 class Script:
     """One remote script asking many facts: section i of its output answers texts[i]; the
-    single facts come first, then one section per batch family (gpufleet/factbatch.py)."""
+    single facts come first, then one section per batch family (gpufleet/factbatch.py).
+
+    Fact output can hold text another local user wrote (a file they own, a unit they named),
+    so the sections are framed by markers no such text can carry: each holds a nonce drawn
+    here (`secrets`) and one drawn on the host from /dev/urandom into a shell variable of the
+    script, which is never on a command line (ps shows the controller's nonce to every local
+    user while the script runs; the host's is not in any process's arguments or environment).
+    A marker that repeats, comes out of order, or a line shaped like one that is not the
+    expected marker, drops every answer: the facts are then asked the normal way, one command
+    each, and the run says why (see answers())."""
 
     single: list[tuple[Any, ...]] = field(default_factory=list)
     batches: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)  # family -> [(entry, keys)]
     batch_keys: dict[str, list[str]] = field(default_factory=dict)  # family -> all its keys
+    nonce: str = field(default_factory=lambda: secrets.token_hex(8))
+    #: why answers() dropped every answer (None: it did not)
+    refused: str | None = None
+
+    def _texts(self) -> list[str]:
+        return [text for *_, text in self.single] + [
+            factbatch.command(name, keys) for name, keys in self.batch_keys.items()]
 
     def text(self) -> str:
-        texts = [text for *_, text in self.single] + [
-            factbatch.command(name, keys) for name, keys in self.batch_keys.items()]
-        # Section i: its marker and number, the fact's own shell text, its exit status.
-        body = "".join("echo \"$gf_mark$gf_i\"; ( " + text + " ) 2>/dev/null; echo \"$gf_rc$?\"; gf_i=$((gf_i + 1))\n"
-                       for text in texts)
+        # Section i: its marker and number, the fact's own shell text, a newline (so that the
+        # status marker starts a line even after output without a final newline; answers()
+        # takes it off again), its exit status.
+        body = "".join("echo \"$gf_m$gf_i\"; ( " + text + " ) 2>/dev/null; gf_s=$?; echo; echo \"$gf_r$gf_s\"; "
+                       "gf_i=$((gf_i + 1))\n" for text in self._texts())
         # The answers come back as one gzip+base64 line where the host has both tools: a
         # thousand lines trickling out as the facts run cost the controller an SSH packet (and
         # its MAC) and a readline each, the largest controller cost of a no-op run (py-spy).
-        return with_values("o=$(\n" + body + ")\n"
+        return with_values("gf_h=$(od -An -N16 -tx8 /dev/urandom 2>/dev/null) && set -- $gf_h && gf_h=$1$2\n"
+                           "gf_m=$gf_mark$gf_h::; gf_r=$gf_rc$gf_h::\n"
+                           "o=$(\necho \"$gf_head$gf_h\"\n" + body + ")\n"
                            "if " + _PACK_CHECK + "; then echo \"$gf_packed\"; printf '%s\\n' \"$o\" | gzip -1c | base64 -w0; "
                            "echo; else printf '%s\\n' \"$o\"; fi",
-                           gf_mark=_MARK, gf_rc=_RC, gf_packed=_PACKED, gf_i=0)
+                           gf_head=_MARK + self.nonce + "::host ", gf_mark=_MARK + self.nonce + "-",
+                           gf_rc=_RC + self.nonce + "-", gf_packed=_PACKED, gf_i=0)
+
+    def sections(self, lines: list[str]) -> list[tuple[list[str], int]] | None:
+        """[(output lines, exit status)] per section, or None (and `refused` says why) unless
+        the output is exactly: the header with the host's nonce, then every section in order,
+        each its marker, its lines, its status."""
+        head = _MARK + self.nonce + "::host "
+        if not lines or not lines[0].startswith(head) or not _HOST_NONCE.fullmatch(lines[0][len(head):]):
+            self.refused = "its output did not start with the script's header and the host's nonce"
+            return None
+        host_nonce = lines[0][len(head):]
+        mark, rc = f"{_MARK}{self.nonce}-{host_nonce}::", f"{_RC}{self.nonce}-{host_nonce}::"
+        found: list[tuple[list[str], int]] = []
+        current: list[str] | None = None
+        for line in lines[1:]:
+            if line.startswith(mark):
+                if current is not None or line != mark + str(len(found)):
+                    self.refused = f"a section marker repeated or out of order (section {len(found)} expected)"
+                    return None
+                current = []
+            elif line.startswith(rc):
+                if current is None or not line[len(rc):].isdigit():
+                    self.refused = f"a status marker outside its section (after section {len(found) - 1})"
+                    return None
+                if current and current[-1] == "":
+                    current.pop()  # the newline the script adds before the status
+                found.append((current, int(line[len(rc):])))
+                current = None
+            elif line.startswith(_LOOKALIKE):
+                self.refused = (f"the output of section {len(found)} holds a line shaped like the prefetch's markers "
+                                "(text a local user wrote, trying to forge other facts' answers?)")
+                return None
+            elif current is None:
+                self.refused = f"output outside any section (after section {len(found) - 1})"
+                return None
+            else:
+                current.append(line)
+        if current is not None or len(found) != len(self._texts()):
+            self.refused = f"{len(found)} of {len(self._texts())} sections came back"
+            return None
+        return found
 
     def answers(self, lines: list[str]) -> dict[tuple[Any, ...], Any]:
-        """Memo key -> answer, for every fact the output answers (the rest: pyinfra's way)."""
+        """Memo key -> answer, for every fact the output answers (the rest: pyinfra's way);
+        none when the output is not exactly what the script prints (see sections())."""
         if lines and lines[0] == _PACKED:
             try:
                 lines = gzip.decompress(base64.b64decode("".join(lines[1:]))).decode("utf-8", "replace").splitlines()
             except (ValueError, OSError, EOFError):
                 return {}
-        sections: dict[int, list[str]] = {}
-        rcs: dict[int, int] = {}
-        current = None
-        for line in lines:
-            if line.startswith(_MARK) and line[len(_MARK):].isdigit():
-                current = int(line[len(_MARK):])
-                sections[current] = []
-            elif line.startswith(_RC) and current is not None:
-                rcs[current] = int(line[len(_RC):] or 1)
-                current = None
-            elif current is not None:
-                sections[current].append(line)
+        framed = self.sections(lines)
+        if framed is None:
+            return {}
         found: dict[tuple[Any, ...], Any] = {}
-        for i, (cls, fact_kwargs_json, executor_json, fact, _) in enumerate(self.single):
-            out = sections.get(i)
-            if out is None or rcs.get(i) != 0 or out == [pyinfra_private.missing_command_marker()]:
+        for (cls, fact_kwargs_json, executor_json, fact, _), (out, status) in zip(self.single, framed):
+            if status != 0 or out == [pyinfra_private.missing_command_marker()]:
                 continue
             try:
                 found[(_fact_path(cls), fact_kwargs_json, executor_json)] = fact.process(out) if out else fact.default()
             except Exception:
                 continue  # let pyinfra's own path report the problem
-        for i, name in enumerate(self.batch_keys, start=len(self.single)):
-            if i not in sections or rcs.get(i) != 0:
+        for name, (out, status) in zip(self.batch_keys, framed[len(self.single):]):
+            if status != 0:
                 continue
-            missing, outputs = factbatch.split(name, self.batch_keys[name], sections[i])
+            missing, outputs = factbatch.split(name, self.batch_keys[name], out)
             for (cls, fact_kwargs_json, executor_json, fact, _), keys in self.batches[name]:
                 try:
                     known, data = factbatch.answer(fact, keys, missing, outputs)
@@ -399,7 +544,11 @@ def _prefetch(state: Any, host: Host) -> None:
     finally:
         host_context(host).in_fact -= 1
     if status:
-        _memo(host).update(script.answers(output.stdout_lines))
+        answers = script.answers(output.stdout_lines)
+        if script.refused:
+            logger.warning(f"{host.name}: every prefetched fact answer dropped, the facts are asked one by one: "
+                           f"{script.refused}")
+        _memo(host).update(answers)
 
 
 def prefetch_all(state: Any) -> None:
@@ -523,7 +672,7 @@ def install() -> None:
                 _default_executor_json(state, host)
             _record(host, cls, key[1], key[2])
             memo = _memo(host)
-            if key in memo:
+            if key in memo and not host_context(host).fresh:
                 return memo[key]
         host_context(host).in_fact += 1
         try:

@@ -61,6 +61,8 @@ class HostContext:
     #: depth of fact calls under way on this host (factcache): their commands read, they do
     #: not change the host, so they neither clear the memo nor take the host lock
     in_fact: int = 0
+    #: factcache.fresh() under way on this host: facts are read from it, not from the memo
+    fresh: int = 0
     #: the same depth as counted by gpufleet.hostlock (installed separately from factcache)
     lock_in_fact: int = 0
     #: deploys.base.quiet_needrestart was planned for this host in this run (base in all.py,

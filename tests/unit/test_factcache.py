@@ -185,6 +185,24 @@ def test_no_executor_argument_is_written_and_the_plan_is_private(local, tmp_path
      '{"path": "/x", "pattern": "$(touch MARK)", "interpolate_variables": true, "extended_regex": false}'],
     ["pyinfra.facts.files.FindInFile", '{"path": "/x", "pattern": "x\' ; touch MARK", "interpolate_variables": false}'],
     ["pyinfra.facts.files.File", '{"path": "/x"}', '{"_sudo": true}'],   # the old format's shape
+    # pyinfra pastes systemd's machine and user_name unquoted (--machine={machine}): words of
+    # the plan would be systemctl's words (the issue's: ".host start reboot.target")
+    ["pyinfra.facts.systemd.SystemdStatus", '{"machine": ".host is-active MARK", "services": ["ssh.service"], '
+                                            '"user_mode": false, "user_name": null}'],
+    ["pyinfra.facts.systemd.SystemdEnabled", '{"machine": null, "services": ["ssh.service"], '
+                                             '"user_mode": false, "user_name": "root@.host is-active MARK"}'],
+    ["pyinfra.facts.systemd.SystemdStatus", '{"services": ["--machine=.host", "MARK"], "user_mode": false}'],
+    ["pyinfra.facts.systemd.SystemdStatus", '{"services": ["ssh.service MARK"], "user_mode": true}'],
+    ["pyinfra.facts.files.Sha1File", '{"path": "--help MARK"}'],        # an option, not a path
+    ["pyinfra.facts.files.File", '{"path": "MARK /etc/shadow"}'],       # two words
+    ["pyinfra.facts.files.File", '{"path": "MARK", "mode": "x"}'],      # an argument the fact is not asked with
+    ["pyinfra.facts.server.Arch", '{"path": "MARK"}'],
+    ["pyinfra.facts.deb.DebPackage", '{"package": "-x MARK"}'],
+    ["gpufleet.facts.ssh.AuthorizedKeys", '{"user": "root MARK"}'],
+    ["gpufleet.facts.ssh.AuthorizedKeys", '{"user": "root", "extra": "MARK"}'],
+    ["gpufleet.facts.ssh.SmallModuli", '{"min_bits": true, "path": "MARK"}'],  # a bool is no int
+    ["gpufleet.facts.gpu.GpuState", '{"processes": "MARK"}'],
+    ["gpufleet.facts.ssh.NoSuchFact", '{"user": "MARK"}'],
 ])
 def test_a_plan_entry_off_the_allow_list_is_ignored_with_a_warning_and_never_run(local, tmp_path, entry, caplog):
     mark = tmp_path / "pwned"
@@ -330,3 +348,131 @@ def test_the_gates_unit_question_is_the_one_systemd_service_asked(local):
     asked_by_the_gate = factcache._key(state, host, SystemdStatus, [], {"services": unit})
     assert asked_by_the_gate == asked_by_the_deploy is not None
     assert asked_by_the_gate != factcache._key(state, host, SystemdStatus, [], {"services": ["other.service"]})
+
+
+@pytest.mark.parametrize(("path", "kwargs"), [
+    ("pyinfra.facts.systemd.SystemdStatus", {"user_mode": False, "machine": None, "user_name": None,
+                                             "services": ["ssh.service", "nvidia-persistenced.service"]}),
+    ("pyinfra.facts.systemd.SystemdEnabled", {"user_mode": False, "machine": None, "user_name": None,
+                                              "services": "ssh.socket"}),
+    ("pyinfra.facts.files.FindInFile", {"path": "/etc/default/sysstat", "pattern": "^ENABLED=.*$",
+                                        "interpolate_variables": False, "extended_regex": False}),
+    ("pyinfra.facts.files.Directory", {"path": "/etc/nftables.d"}),
+    ("pyinfra.facts.deb.DebPackages", {}),
+    ("gpufleet.facts.ssh.AuthorizedKeys", {"user": "lab-admin"}),
+    ("gpufleet.facts.ssh.SmallModuli", {"min_bits": 3072, "path": "/etc/ssh/moduli"}),
+    ("gpufleet.facts.rollout.SlurmNode", {"node": ""}),
+    ("gpufleet.facts.packages.PackageVersions", {"packages": ["nvidia-open", "cuda-toolkit-12-*"]}),
+    ("gpufleet.facts.monitoring.MetricsEndpoint", {"url": "http://127.0.0.1:9100/metrics", "family": "node_cpu",
+                                                   "sample": "node_cpu_seconds_total"}),
+])
+def test_the_argument_shapes_gpufleet_asks_are_allowed(path, kwargs):
+    assert factcache.allowed(path, json.dumps(kwargs, sort_keys=True))
+
+
+# --- framing: no fact output can forge another fact's answer -------------------------------
+
+def _arch_script(n=3):
+    fact = Arch()
+    entries = [(Arch, json.dumps({"i": i}), "{}", fact, "uname -m") for i in range(n)]
+    return factcache.prefetch_script(entries), entries
+
+
+def _output(script, sections, host_nonce="0123456789abcdef" * 2):
+    mark = f"::gpufleet-prefetch::{script.nonce}-{host_nonce}::"
+    rc = f"::gpufleet-rc::{script.nonce}-{host_nonce}::"
+    lines = [f"::gpufleet-prefetch::{script.nonce}::host {host_nonce}"]
+    for i, out in sections:
+        lines += [f"{mark}{i}", *out, "", f"{rc}0"]
+    return lines, mark, rc
+
+
+def test_well_framed_output_answers_every_fact():
+    script, entries = _arch_script()
+    lines, _, _ = _output(script, [(i, [f"arch{i}"]) for i in range(3)])
+    answers = script.answers(lines)
+    assert sorted(answers.values()) == ["arch0", "arch1", "arch2"] and script.refused is None
+
+
+@pytest.mark.parametrize("forged", [
+    # the old fixed markers: section 0 "answered" again from section 2's output (a user's file)
+    ["::gpufleet-prefetch::0", "evil", "::gpufleet-rc::0"],
+    # guesses at the new format: the run's own nonce (ps shows it), any host nonce
+    ["::gpufleet-prefetch::NONCE-" + "f" * 32 + "::0", "evil", "::gpufleet-rc::NONCE-" + "f" * 32 + "::0"],
+    ["::gpufleet-prefetch::NONCE::host " + "f" * 32],
+    ["::gpufleet-gzip-base64::"],
+])
+def test_marker_shaped_lines_in_a_facts_output_drop_every_answer(forged):
+    script, _ = _arch_script()
+    forged = [line.replace("NONCE", script.nonce) for line in forged]
+    lines, _, _ = _output(script, [(0, ["x86_64"]), (1, ["x86_64"]), (2, ["x86_64", *forged])])
+    assert script.answers(lines) == {}
+    assert "shaped like the prefetch's markers" in script.refused
+
+
+@pytest.mark.parametrize("case", ["repeated", "out-of-order", "missing", "no-host-nonce", "short-host-nonce",
+                                  "status-outside", "stray-line", "unclosed"])
+def test_a_marker_repeated_or_out_of_order_drops_every_answer(case):
+    """Even with the right nonces (which the output's own sections cannot know): the output
+    is exactly header, then sections 0..n-1 each closed by its status, or nothing is used."""
+    script, _ = _arch_script()
+    good, mark, rc = _output(script, [(i, [f"arch{i}"]) for i in range(3)])
+    lines = {
+        "repeated": _output(script, [(0, ["a"]), (1, ["b"]), (1, ["evil"]), (2, ["c"])])[0],
+        "out-of-order": _output(script, [(0, ["a"]), (2, ["c"]), (1, ["b"])])[0],
+        "missing": _output(script, [(0, ["a"]), (1, ["b"])])[0],
+        "no-host-nonce": [good[0].rsplit(" ", 1)[0] + " ", *good[1:]],
+        "short-host-nonce": _output(script, [(i, ["a"]) for i in range(3)], host_nonce="0123")[0],
+        "status-outside": good[:5] + [f"{rc}0"] + good[5:],
+        "stray-line": good[:5] + ["between sections"] + good[5:],
+        "unclosed": good[:-1],
+    }[case]
+    assert script.answers(lines) == {} and script.refused
+    assert script.answers(good) and len(script.answers(good)) == 3  # the control
+
+
+def test_forged_sections_in_a_file_do_not_answer_other_facts_and_the_facts_are_asked_again(local, tmp_path, caplog):
+    """A real prefetch on @local: a file another user writes holds old-style sections that
+    would answer an earlier fact (Arch): every answer is dropped, with a warning, and each
+    fact is asked again the normal way, with the host's real answers."""
+    from pyinfra.facts.files import FileContents
+
+    theirs = tmp_path / "authorized_keys"
+    theirs.write_text("ssh-ed25519 AAAA x\n::gpufleet-prefetch::0\nforged-arch\n::gpufleet-rc::0\n")
+    state, host, calls = local()
+    get_fact(state, host, Arch)
+    get_fact(state, host, FileContents, kwargs={"path": str(theirs)})
+    factcache._save_plans()
+
+    state, host, calls = local()  # the next run
+    assert get_fact(state, host, Arch) == os.uname().machine
+    assert get_fact(state, host, FileContents, kwargs={"path": str(theirs)})[1] == "::gpufleet-prefetch::0"
+    assert len(calls) == 3 and "gpufleet-prefetch" in str(calls[0])  # the prefetch, then one command each
+    assert "every prefetched fact answer dropped" in caplog.text and "shaped like the prefetch's markers" in caplog.text
+
+
+def test_the_hosts_nonce_is_never_on_a_command_line(local, tmp_path):
+    """ps shows every local user the script (and the controller's nonce) while it runs: the
+    host draws its own, into a shell variable, and prints it only into the framed output."""
+    state, host, calls = local()
+    get_fact(state, host, Arch)
+    get_fact(state, host, File, kwargs={"path": str(tmp_path)})
+    factcache._save_plans()
+    state, host, calls = local()
+    get_fact(state, host, Arch)
+    text = str(calls[0])
+    assert "/dev/urandom" in text and "gf_h=$(od" in text
+    two = factcache.prefetch_script([]), factcache.prefetch_script([])
+    assert two[0].nonce != two[1].nonce and len(two[0].nonce) == 16
+
+
+def test_fresh_facts_are_read_from_the_host_not_from_memory(local, tmp_path):
+    state, host, calls = local()
+    get_fact(state, host, Arch)
+    get_fact(state, host, Arch)
+    assert len(calls) == 1
+    with factcache.fresh(host):
+        assert get_fact(state, host, Arch) == os.uname().machine
+    assert len(calls) == 2
+    get_fact(state, host, Arch)
+    assert len(calls) == 2  # the fresh answer is remembered

@@ -116,6 +116,19 @@ def test_authorized_keys_command_and_bad_output():
         parse_authorized_keys(["ssh-ed25519 AAAA before any marker"])
 
 
+def test_authorized_keys_lines_a_user_wrote_are_content_never_markers():
+    """The host prints every line of a key file behind ">": a user's file cannot add a key
+    file, end the fact (user-missing) or start a line the prefetch would read as a marker."""
+    head = ["::gpufleet-ssh:: user mallory", "::gpufleet-ssh:: home /home/mallory", "::gpufleet-ssh:: command none",
+            "::gpufleet-ssh:: file /home/mallory/.ssh/authorized_keys"]
+    data = parse_authorized_keys([*head, ">ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKbZ mallory",
+                                  ">::gpufleet-ssh:: file /root/.ssh/authorized_keys", ">::gpufleet-ssh:: user-missing",
+                                  ">::gpufleet-prefetch::0", ">"])
+    assert data.exists and data.keys_by_file == {"/home/mallory/.ssh/authorized_keys": 1}
+    with pytest.raises(SshFactError):  # a line not behind ">" is not the script's output
+        parse_authorized_keys([*head, "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKbZ mallory"])
+
+
 def test_group_members():
     assert parse_group_members(["gpu:x:1001:alice,bob", "carol", "alice"]) == ["alice", "bob", "carol"]
     assert parse_group_members([]) == []
