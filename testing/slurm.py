@@ -64,7 +64,7 @@ def config(ctl, nodes, names: dict[str, str] | None = None) -> str:
         "SlurmUser=root", "SlurmdUser=root", "MpiDefault=none",
         "StateSaveLocation=/var/lib/slurm/slurmctld", "SlurmdSpoolDir=/var/lib/slurm/slurmd",
         "ReturnToService=2", "SlurmctldTimeout=30", "SlurmdTimeout=60", "MinJobAge=3600",
-        "RebootProgram=/sbin/reboot", "ResumeTimeout=600",
+        "RebootProgram=/sbin/reboot", "ResumeTimeout=300",
         "SlurmctldLogFile=/var/log/slurm/slurmctld.log", "SlurmdLogFile=/var/log/slurm/slurmd.log",
     ]
     for i, node in enumerate(nodes):
@@ -111,7 +111,7 @@ def uptime_shim() -> bytes:
         return Path(out).read_bytes()
 
 
-def wait_idle(ctl, count: int, timeout: float = 120) -> None:
+def wait_idle(ctl, count: int, timeout: float = 300) -> None:
     """Until the `count` nodes are idle (after a setup, after the nodes rebooted)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -129,7 +129,7 @@ def node_state(ctl, name: str) -> tuple[str, str]:
     return state, ("" if reason == "none" else reason)
 
 
-def settled_state(ctl, name: str, timeout: float = 60) -> tuple[str, str]:
+def settled_state(ctl, name: str, timeout: float = 180) -> tuple[str, str]:
     """node_state once slurmctld hears from the node's slurmd again: a trailing '*' (not
     responding, e.g. a ping lost while the machine is loaded) clears at its next ping."""
     deadline = time.monotonic() + timeout

@@ -16,7 +16,10 @@ int sysinfo(struct sysinfo *info) {
         int n = fscanf(f, "%*d %*s %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &start);
         fclose(f);
         long tick = sysconf(_SC_CLK_TCK);
-        if (n == 1 && tick > 0 && (unsigned long long)info->uptime > start / tick + 2) info->uptime -= (long)(start / tick) + 2;  /* a boot within the second of the request still counts */
+        if (n == 1 && tick > 0 && (unsigned long long)info->uptime >= start / tick) {
+            long up = info->uptime - (long)(start / tick);
+            info->uptime = up > 2 ? up - 2 : 0;  /* slurmd starts within 2 s of a boot, too */
+        }
     }
     return 0;
 }

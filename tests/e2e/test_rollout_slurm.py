@@ -77,7 +77,7 @@ def test_running_job_delays_upgrade_admin_drain_is_kept(cluster):
     job = rf.sh(ctl, f"cd /root && sbatch --parsable -w {names[busy.name]} --wrap '"
                      "gpusimctl add-process --gpu 0 --pid $$ --name train.py --used-mib 1000; sleep 25; "
                      "gpusimctl remove-process --pid $$; date +%s.%N > /root/job-ended'").stdout.strip()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while rf.sh(ctl, f"squeue -h -j {job} -o %T").stdout.strip() != "RUNNING":
         assert time.monotonic() < deadline, "the job did not start"
         time.sleep(0.5)
