@@ -8,11 +8,12 @@ one left (after a reboot, after a wait):
     upgrade   unhold -> install the target driver's exact versions, and the CUDA toolkit /
               cuDNN packages at the releases the inventory resolves to -> hold again (Ubuntu's
               prebuilt modules with the driver, and the kernels they follow with them)
-    reboot    only when the loaded module is not the target (and driver_reboot allows it)
+    reboot    only when the loaded module is not the target (and driver_reboot allows it); by
+              gpufleet, or by Slurm (rollout_slurm_reboot: slurm), the node left DOWN until undrain
     tune      persistence and clocks back as recorded in the manifest (or, with --retune, the
               tier's tuning from deploys/tuning.py once issue 6 has landed)
     validate  loaded module = installed = target, nvidia-smi healthy, GPUs and settings as before
-    undrain   Slurm resume
+    undrain   Slurm: the node's driver feature (gpufleet_driver_<version>), then resume
 
 Every step reads the host's real state first and changes only what differs, so a re-run after
 a failure picks up where it stopped.
@@ -34,11 +35,12 @@ from gpufleet.rollout.snapshot import snapshot_name
 from gpufleet.settings import host_settings
 from gpufleet.validation import stack_fact_packages
 from gpufleet.operations.apt_index import index_refreshed
-from gpufleet.operations.drain import gpu_containers_stopped, gpus_idle, gpus_idle_now, slurm_node, slurm_node_drained
+from gpufleet.operations.drain import (gpu_containers_stopped, gpus_idle, gpus_idle_now, slurm_driver_feature, slurm_node,
+                                       slurm_node_drained)
 from gpufleet.operations.driver import stack_recorded
 from gpufleet.operations.driver_upgrade import package_change_settled, packages_at_versions
 from gpufleet.operations.gpu_restore import gpu_settings_restored
-from gpufleet.operations.reboot import rebooted
+from gpufleet.operations.reboot import rebooted, slurm_rebooted
 from gpufleet.operations.snapshot import (controller_snapshot_taken, copied_to_controller, disk_snapshot_taken,
                                  etc_archived, manifest_written)
 
@@ -263,6 +265,17 @@ def reboot(ctx: RolloutContext) -> None:
         return
     # the idle check runs again in the very command that starts the reboot (drain to reboot is
     # minutes of package work; a job started meanwhile must not be killed)
+    if settings.rollout_slurm_reboot == "slurm":
+        slurm = host.get_fact(SlurmNode, node=settings.rollout_slurm_node_name)
+        if not slurm.scontrol or slurm.error:
+            ctx.refuse(host, f"rollout_slurm_reboot is slurm, but Slurm node {slurm.node} cannot be asked: "
+                             f"{slurm.error or 'no scontrol on the host'}",
+                       "set rollout_slurm_reboot: gpufleet for hosts outside Slurm", area="rollout_slurm_reboot")
+            return
+        slurm_rebooted(name=f"Let Slurm reboot node {slurm.node} to load driver {ctx.target} (loaded: {loaded})",
+                       node=slurm.node, reason=f"gpufleet driver upgrade to {ctx.target}", timeout=ctx.reboot_timeout,
+                       require_idle=settings.rollout_require_idle and not ctx.force)
+        return
     rebooted(name=f"Reboot to load driver {ctx.target} (loaded: {loaded})",
              reason=f"gpufleet driver upgrade to {ctx.target}", timeout=ctx.reboot_timeout,
              require_idle=settings.rollout_require_idle and not ctx.force)
@@ -304,5 +317,9 @@ def validate(ctx: RolloutContext) -> None:
 
 @deploy("Put the host back in service")
 def undrain(ctx: RolloutContext) -> None:
+    node = host_settings(host).rollout_slurm_node_name
+    # the loaded driver, not the target: a host given back unchanged keeps its true label
+    slurm_driver_feature(name="Label the Slurm node with its driver (feature gpufleet_driver_<version>)",
+                         version=host.get_fact(DriverState).module_version or "", node=node)
     slurm_node(name="Resume the Slurm node (only if gpufleet drained it)", drained=False,
-               node=host_settings(host).rollout_slurm_node_name)
+               node=node)

@@ -27,6 +27,8 @@ class SlurmNodeData(JsonMixin):
     state: str | None = None  # sinfo's long state: idle, mixed, allocated, draining, drained, down*...; None = unknown
     reason: str = ""          # the drain/down reason Slurm shows (sinfo -R)
     error: str = ""           # why the state could not be read (slurmctld unreachable, node unknown)
+    available_features: tuple[str, ...] = ()   # scontrol show node: AvailableFeatures
+    active_features: tuple[str, ...] = ()      # ActiveFeatures
 
     @property
     def drain_set(self) -> bool:
@@ -58,11 +60,15 @@ class SlurmNode(FactBase[SlurmNodeData]):
                 "out=$(sinfo -h -N -n \"$n\" -o '%T|%E' 2>&1); rc=$?; "
                 "if [ $rc -ne 0 ]; then echo \"error $out\" | head -1; "
                 "elif [ -z \"$out\" ]; then echo \"error node $n is not in the Slurm cluster\"; "
-                "else echo \"$out\" | head -1 | sed 's/^/state /'; fi; fi", node=node)
+                "else echo \"$out\" | head -1 | sed 's/^/state /'; "
+                "scontrol show node -o \"$n\" 2>/dev/null | tr ' ' '\\n' | sed -n 's/^\\(Available\\|Active\\)Features=/features \\1 /p'; "
+                "fi; fi", node=node)
 
     @override
     def process(self, output: list[str]) -> SlurmNodeData:
         node, scontrol, state, reason, error = "", None, None, "", ""
+        available: tuple[str, ...] = ()
+        active: tuple[str, ...] = ()
         for line in output:
             key, _, value = line.strip().partition(" ")
             if key == "node":
@@ -74,7 +80,14 @@ class SlurmNode(FactBase[SlurmNodeData]):
                 reason = "" if reason == "none" else reason
             elif key == "error":
                 error = value
-        return SlurmNodeData(scontrol, node, state, reason, error)
+            elif key == "features":
+                kind, _, names = value.partition(" ")
+                found = tuple(f for f in names.split(",") if f and f != "(null)")
+                if kind == "Available":
+                    available = found
+                elif kind == "Active":
+                    active = found
+        return SlurmNodeData(scontrol, node, state, reason, error, available, active)
 
 
 class EtcFiles(FactBase[dict[str, str]]):

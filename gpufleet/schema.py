@@ -785,6 +785,7 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "rollout_snapshot_command": _list(_check_argv_word, _SNAPSHOT_COMMAND_ALLOWED, unique=False),
         "rollout_slurm_node_name": _text(r"|[A-Za-z0-9][A-Za-z0-9._\-]*", "empty (the short host name), or a Slurm node name"),
         "rollout_drain_timeout": _int(0, 7 * 86400),
+        "rollout_slurm_reboot": _enum("gpufleet", "slurm"),
         "validate_os_release": KeySpec(_check_os, _os_allowed),
         "validate_gpu_models": _list(_check_gpu_model, "list of nvidia-smi names from compat.yaml"),
         "validate_gpu_count": KeySpec(_check_gpu_count, lambda: f"an integer from 1 to {MAX_GPUS}, or [min, max]"),

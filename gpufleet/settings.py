@@ -112,6 +112,7 @@ class Settings:
     rollout_snapshot_command: tuple[str, ...]
     rollout_slurm_node_name: str
     rollout_drain_timeout: int
+    rollout_slurm_reboot: str
     validate_os_release: str
     validate_gpu_models: tuple[str, ...]
     validate_gpu_count: tuple[int, int]

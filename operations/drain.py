@@ -38,16 +38,60 @@ def slurm_node(drained: bool = True, reason: str = "gpufleet maintenance", node:
     if drained and info.drain_set:
         host.noop(f"Slurm node {info.node} is drained already ({info.state}: {info.reason or 'no reason'})")
         return
-    if not drained and not info.drain_set:
+    # DOWN after `scontrol reboot ASAP nextstate=DOWN` (rollout_slurm_reboot: slurm): resumed
+    # like a drain, once gpufleet validated the node
+    down = bool(info.state and info.state.startswith("down"))
+    if not drained and not info.drain_set and not down:
         host.noop(f"Slurm node {info.node} is not drained ({info.state})")
         return
     if not drained and not info.ours:
-        host.noop(f"Slurm node {info.node} was drained by someone else ({info.reason or 'no reason'}): "
-                  "left drained")
+        how = "drained" if info.drain_set else "down"
+        host.noop(f"Slurm node {info.node} was {'drained' if info.drain_set else 'set down'} by someone else "
+                  f"({info.reason or 'no reason'}): left {how}")
         return
     args = [QuoteString(info.scontrol), "update", QuoteString(f"nodename={info.node}")]
     args += [QuoteString("state=drain"), QuoteString(f"reason={reason}")] if drained else [QuoteString("state=resume")]
     yield StringCommand(*args)
+
+
+DRIVER_FEATURE = "gpufleet_driver_"
+
+
+def driver_feature(version: str) -> str:
+    """The Slurm node feature naming the loaded driver, e.g. gpufleet_driver_580.126.09 (Slurm
+    22.05 takes dots in feature names and in --constraint: checked on the e2e cluster)."""
+    return DRIVER_FEATURE + version
+
+
+@operation()
+def slurm_driver_feature(version: str, node: str = ""):
+    """Give the Slurm node the feature naming its loaded driver (and drop an older one), keeping
+    its other features, so that `--constraint=gpufleet_driver_<version>` keeps a multi-node job
+    on nodes of one driver.
+
+    + version: the loaded driver version; empty = no driver loaded: the feature is only dropped
+    + node: the Slurm node name (default: the host's short host name)
+    Set with `scontrol update availablefeatures=... activefeatures=...`: slurmctld keeps it until
+    a restart or `scontrol reconfigure` rereads slurm.conf's Feature= for the node.
+    """
+    if version and not re.fullmatch(r"[0-9][0-9.]*", version):
+        raise ValueError(f"not a driver version: {version!r}")
+    info = host.get_fact(SlurmNode, node=node)
+    if not info.scontrol or info.error:
+        host.noop("no Slurm node to label")
+        return
+    wanted = [driver_feature(version)] if version else []
+
+    def relabel(features: tuple[str, ...]) -> list[str]:
+        return [f for f in features if not f.startswith(DRIVER_FEATURE)] + wanted
+
+    available, active = relabel(info.available_features), relabel(info.active_features)
+    if available == list(info.available_features) and active == list(info.active_features):
+        host.noop(f"Slurm node {info.node} has the feature {wanted[0] if wanted else '(none)'}")
+        return
+    yield StringCommand(QuoteString(info.scontrol), "update", QuoteString(f"nodename={info.node}"),
+                        QuoteString(f"availablefeatures={','.join(available)}"),
+                        QuoteString(f"activefeatures={','.join(active)}"))
 
 
 # Polls sinfo until the node's state is drained (no job left); $1 node, $2 timeout in seconds.

@@ -84,3 +84,42 @@ def rebooted(reason: str = "", timeout: int = 600, delay: int = 2, require_idle:
     yield StringCommand("sh", "-c", QuoteString(_REBOOT_IF_IDLE if require_idle else _REBOOT),
                         "reboot-if-idle" if require_idle else "reboot", QuoteString(nonce), QuoteString(note))
     yield FunctionCommand(_wait_for_reboot, (nonce, timeout, delay), {})
+
+
+# $1 node, $2 reason, $3 the marker's nonce. nextstate=DOWN, not RESUME: Slurm would put the node
+# back in service as soon as its slurmd registers, before gpufleet validated the new driver
+# (Slurm 22.05 knows only RESUME and DOWN); ASAP drains it, so no job starts before the reboot.
+_SLURM_REBOOT = 'echo "$3" > ' + MARKER + '; scontrol reboot ASAP nextstate=DOWN reason="$2" "$1"'
+
+# $1 node, $2 seconds: until slurmctld has seen the node's slurmd register after the reboot
+# (DOWN, its reason ending in "reboot complete"); "reboot timed out" (ResumeTimeout) fails.
+_WAIT_REGISTERED = (
+    'end=$(( $(date +%s) + $2 )); while :; do s=$(sinfo -h -N -n "$1" -o "%T|%E" | head -1); '
+    'case $s in "down|"*"reboot complete"*) echo "Slurm node $1 registered after its reboot: $s"; exit 0;; '
+    '*"reboot timed out"*) echo "Slurm node $1: $s (ResumeTimeout in slurm.conf)" >&2; exit 1;; esac; '
+    'if [ "$(date +%s)" -ge $end ]; then echo "Slurm node $1 is $s $2 s after its reboot: its slurmd did not '
+    'register with slurmctld" >&2; exit 1; fi; sleep 2; done'
+)
+
+
+@operation(is_idempotent=False)
+def slurm_rebooted(node: str, reason: str, timeout: int = 600, delay: int = 2, require_idle: bool = False):
+    """Let Slurm reboot the node (`scontrol reboot ASAP nextstate=DOWN`, through slurm.conf's
+    RebootProgram) and wait until the host is back (marker in /run gone) and its slurmd has
+    registered; the node stays DOWN for gpufleet to validate and resume (drain.slurm_node).
+
+    + node: the Slurm node name
+    + reason: the node's reason while it reboots; starts with "gpufleet" so that the resume finds it ours
+    + timeout: seconds for the reboot, and again for the registration
+    + require_idle: refuse if GPU work runs, checked in the command that asks for the reboot
+    """
+    if not reason.startswith("gpufleet"):
+        raise ValueError(f"a gpufleet reboot reason starts with 'gpufleet': {reason!r}")
+    nonce = uuid.uuid4().hex
+    script = (IDLE_CHECK + "; " if require_idle else "") + _SLURM_REBOOT
+    yield StringCommand("logger", "-t", "gpufleet", QuoteString(f"reboot by Slurm: {reason}"))
+    yield StringCommand("sh", "-c", QuoteString(script), "slurm-reboot", QuoteString(node), QuoteString(reason),
+                        QuoteString(nonce))
+    yield FunctionCommand(_wait_for_reboot, (nonce, timeout, delay), {})
+    yield StringCommand("sh", "-c", QuoteString(_WAIT_REGISTERED), "wait-registered", QuoteString(node),
+                        str(int(timeout)))

@@ -7,12 +7,21 @@ from the controller's address so that clusters (in one pool or several) do not c
 cluster uses proctrack/linuxproc and task/none (plain process tracking: enough for jobs such as
 `sbatch --wrap 'sleep 20'`). The Slurm node name of a host is its host name unless `names`
 maps it to another one (NodeName=<name> NodeHostname=<host>), as a site's naming may differ.
+
+`scontrol reboot` works for real (RebootProgram=/sbin/reboot: the container reboots). slurmctld
+counts a node as rebooted when its slurmd reports an uptime younger than the reboot request, and
+a container sees the machine's uptime; so slurmd runs with testing/slurm_uptime.c preloaded,
+which makes sysinfo() count from the container's boot, as on a real machine.
 """
 from __future__ import annotations
 
+import base64
 import shlex
+import subprocess
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from testing import testhosts
 
@@ -55,6 +64,7 @@ def config(ctl, nodes, names: dict[str, str] | None = None) -> str:
         "SlurmUser=root", "SlurmdUser=root", "MpiDefault=none",
         "StateSaveLocation=/var/lib/slurm/slurmctld", "SlurmdSpoolDir=/var/lib/slurm/slurmd",
         "ReturnToService=2", "SlurmctldTimeout=30", "SlurmdTimeout=60", "MinJobAge=3600",
+        "RebootProgram=/sbin/reboot", "ResumeTimeout=300",
         "SlurmctldLogFile=/var/log/slurm/slurmctld.log", "SlurmdLogFile=/var/log/slurm/slurmd.log",
     ]
     for i, node in enumerate(nodes):
@@ -78,13 +88,30 @@ def setup(ctl, nodes, names: dict[str, str] | None = None, timeout: float = 120)
                   f"printf %s {shlex.quote(conf)} > /etc/slurm/slurm.conf && "
                   "mkdir -p /var/log/slurm /var/lib/slurm/slurmctld /var/lib/slurm/slurmd && "
                   "systemctl restart munge")
+    shim = base64.b64encode(uptime_shim()).decode()
+    for node in nodes:
+        _sh(node, f"echo {shim} | base64 -d > {SHIM} && mkdir -p /etc/systemd/system/slurmd.service.d && "
+                  f"printf '[Service]\\nEnvironment=LD_PRELOAD={SHIM}\\n' "
+                  "> /etc/systemd/system/slurmd.service.d/gpufleet-test-uptime.conf && systemctl daemon-reload")
     _sh(ctl, "systemctl enable slurmctld >/dev/null 2>&1; systemctl restart slurmctld")
     for node in nodes:
         _sh(node, "systemctl enable slurmd >/dev/null 2>&1; systemctl restart slurmd")
     wait_idle(ctl, len(nodes), timeout)
 
 
-def wait_idle(ctl, count: int, timeout: float = 120) -> None:
+SHIM = "/usr/local/lib/gpufleet-test-uptime.so"
+
+
+def uptime_shim() -> bytes:
+    """testing/slurm_uptime.c built with the machine's compiler (it needs only glibc 2.7)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/uptime.so"
+        subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", out, str(Path(__file__).with_name("slurm_uptime.c"))],
+                       check=True, capture_output=True)
+        return Path(out).read_bytes()
+
+
+def wait_idle(ctl, count: int, timeout: float = 300) -> None:
     """Until the `count` nodes are idle (after a setup, after the nodes rebooted)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -102,7 +129,7 @@ def node_state(ctl, name: str) -> tuple[str, str]:
     return state, ("" if reason == "none" else reason)
 
 
-def settled_state(ctl, name: str, timeout: float = 60) -> tuple[str, str]:
+def settled_state(ctl, name: str, timeout: float = 180) -> tuple[str, str]:
     """node_state once slurmctld hears from the node's slurmd again: a trailing '*' (not
     responding, e.g. a ping lost while the machine is loaded) clears at its next ping."""
     deadline = time.monotonic() + timeout

@@ -7,11 +7,15 @@ GPU hosts, munge; testing/slurm.py).
 - a node an admin drained before the rollout is upgraded (it is out of service) but stays
   drained, with the admin's reason, after it;
 - the inventory host maps to its Slurm node name (rollout_slurm_node_name), which differs from
-  the host name for one node.
+  the host name for one node;
+- that node is rebooted by Slurm (rollout_slurm_reboot: slurm: `scontrol reboot ASAP
+  nextstate=DOWN`, a real reboot of the test host), stays DOWN until gpufleet's validation has
+  passed, and then gets back in service; every node carries the feature gpufleet_driver_<driver>.
 """
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import time
 from datetime import datetime, timezone
@@ -39,7 +43,8 @@ def cluster(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
     slurm.wait_idle(ctl, len(nodes))
     work = tmp_path_factory.mktemp("slurm")
     rf.inventory(work / "slurm.py", nodes, aptrepo,
-                 extra={nodes[0].name: {"rollout_slurm_node_name": names[nodes[0].name]}})
+                 extra={nodes[0].name: {"rollout_slurm_node_name": names[nodes[0].name],
+                                        "rollout_slurm_reboot": "slurm"}})
     return ctl, nodes, names, work
 
 
@@ -48,14 +53,31 @@ def first_change(host) -> float:
     return datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
 
 
+def ctl_log_time(ctl, pattern: str) -> float:
+    """The time of the last slurmctld.log line matching `pattern` (grep -E)."""
+    line = rf.sh(ctl, f"grep -E {shlex.quote(pattern)} /var/log/slurm/slurmctld.log | tail -1").stdout
+    assert line.startswith("["), f"slurmctld.log has no line matching {pattern!r}"
+    return datetime.strptime(line[1:20], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+
+
+def features(ctl, node: str) -> set[str]:
+    out = rf.sh(ctl, f"scontrol show node -o {shlex.quote(node)}").stdout
+    found = dict(w.split("=", 1) for w in out.split() if w.startswith(("AvailableFeatures=", "ActiveFeatures=")))
+    assert found["AvailableFeatures"] == found["ActiveFeatures"], found
+    return set(found["AvailableFeatures"].split(",")) - {"(null)"}
+
+
 def test_running_job_delays_upgrade_admin_drain_is_kept(cluster):
     ctl, (busy, admin), names, work = cluster
+    boot_id = rf.sh(busy, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    # a feature of the site's own: the driver label is added next to it, not instead
+    rf.sh(ctl, f"scontrol update nodename={names[busy.name]} availablefeatures=site_a activefeatures=site_a")
     rf.sh(ctl, f"scontrol update nodename={names[admin.name]} state=drain reason='{ADMIN_REASON}'")
     # a GPU job: the simulator lists it on the node's GPU while it runs
     job = rf.sh(ctl, f"cd /root && sbatch --parsable -w {names[busy.name]} --wrap '"
                      "gpusimctl add-process --gpu 0 --pid $$ --name train.py --used-mib 1000; sleep 25; "
                      "gpusimctl remove-process --pid $$; date +%s.%N > /root/job-ended'").stdout.strip()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while rf.sh(ctl, f"squeue -h -j {job} -o %T").stdout.strip() != "RUNNING":
         assert time.monotonic() < deadline, "the job did not start"
         time.sleep(0.5)
@@ -63,7 +85,7 @@ def test_running_job_delays_upgrade_admin_drain_is_kept(cluster):
     assert "train.py" in rf.sh(busy, "nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader").stdout
 
     r = subprocess.run([str(REPO / "tools/rollout"), "slurm.py", "--driver-version", rf.NEW, "--canary", "1",
-                        "--batch-size", "1"], cwd=work, capture_output=True, text=True, timeout=900)
+                        "--batch-size", "1"], cwd=work, capture_output=True, text=True, timeout=1800)
     print(r.stdout, r.stderr)
     assert r.returncode == 0, r.stdout + r.stderr
     st = json.loads((work / ".gpufleet/rollouts/slurm.json").read_text())["hosts"]
@@ -83,6 +105,27 @@ def test_running_job_delays_upgrade_admin_drain_is_kept(cluster):
     assert slurm.settled_state(ctl, names[busy.name]) == ("idle", "")
     # the admin's drain and reason survive the rollout
     assert slurm.settled_state(ctl, names[admin.name]) == ("drained", ADMIN_REASON)
+
+    # Slurm rebooted the busy node (the test host really rebooted), and only gpufleet resumed it,
+    # after its validation: slurmctld saw it register (DOWN) before validate started and set it
+    # IDLE only after validate had passed (log times in whole seconds)
+    node = names[busy.name]
+    assert rf.sh(busy, "cat /proc/sys/kernel/random/boot_id").stdout.strip() != boot_id
+    steps = st[busy.name]["steps"]
+    queued = ctl_log_time(ctl, f"reboot request queued for nodes {node}$")
+    registered = ctl_log_time(ctl, f"node {node} returned to service")
+    resumed = ctl_log_time(ctl, f"update_node: node {node} state set to IDLE")
+    print(f"reboot queued {queued:.0f}, registered {registered:.0f}, validate {steps['validate']['started']:.1f}"
+          f"-{steps['validate']['finished']:.1f}, resumed {resumed:.0f}")
+    assert steps["reboot"]["started"] - 1 <= queued <= registered <= steps["validate"]["started"] + 1
+    assert resumed >= int(steps["validate"]["finished"]), "the node was resumed before gpufleet validated it"
+    # each node is labelled with its driver; the site's own feature stays
+    assert features(ctl, node) == {"site_a", f"gpufleet_driver_{rf.NEW}"}
+    assert features(ctl, names[admin.name]) == {f"gpufleet_driver_{rf.NEW}"}
+    # a job can ask for it (dots and all)
+    job = rf.sh(ctl, f"cd /root && sbatch --parsable --constraint=gpufleet_driver_{rf.NEW} --wrap true").stdout.strip()
+    assert rf.sh(ctl, f"scontrol show job {job}").stdout.count(f"Features=gpufleet_driver_{rf.NEW}") == 1
+    rf.sh(ctl, f"scancel {job}")
 
 
 def test_unknown_slurm_node_name_stops_the_host_before_any_change(cluster, aptrepo):  # noqa: F811

@@ -14,7 +14,7 @@ stops at the first one that differs):
   their content, random ids masked;
 - log: what the areas print (warnings, refusals, no-op messages), and what all.py prints at exit (pending upgrades);
 - gate: the validation gate's verdict (area, check, status) on the same facts;
-- rollout: the commands tools/rollout's drain and snapshot steps (deploys/upgrade.py) yield, and
+- rollout: the commands tools/rollout's drain, snapshot and reboot steps (deploys/upgrade.py) yield, and
   the batch size its runner takes from the survey step (gpufleet/rollout/plan.py);
 - lock: the command all.py and tools/rollout send to take the host's lock (gpufleet/hostlock.py).
 """
@@ -255,7 +255,7 @@ def _rollout(sim: SimulatedHost, data: dict[str, Any]) -> list[str]:
     ctx = RolloutContext(target="580.159.04")
     with canned({NAME: sim}), on_host(state, NAME) as host:
         upgrade.survey_host(ctx)
-        for step in (upgrade.drain, upgrade.snapshot):
+        for step in (upgrade.drain, upgrade.snapshot, upgrade.reboot):
             try:
                 step(ctx)
             except PyinfraError:

@@ -313,7 +313,7 @@ def test_every_operation_module_has_cases() -> None:
 
 #: operations that always yield commands (is_idempotent=False: no no-op case exists)
 ALWAYS_CHANGES = {
-    "apt_index.index_refreshed", "drain.gpus_idle_now", "reboot.rebooted",
+    "apt_index.index_refreshed", "drain.gpus_idle_now", "reboot.rebooted", "reboot.slurm_rebooted",
     "snapshot.disk_snapshot_taken", "snapshot.disk_snapshot_restored", "snapshot.controller_snapshot_taken",
     "snapshot.etc_archived", "snapshot.manifest_written", "snapshot.copied_to_controller",
     "ssh.verify_login_or_restore", "driver.refresh_initramfs",
