@@ -51,6 +51,9 @@ def environment_data(host: Host, tier: str, repo=None) -> dict:
         # stand-in driver packages build no module.
         "driver_kernel_headers": "skip",
     }
+    if host.ssh_user != "root":
+        # The operator's shape: the deploy logs in as a sudo user, so root's login goes.
+        data["hardening_permit_root_login"] = "no"
     if not host.netns:
         # Hosts without a network namespace of their own share the machine's: each exporter
         # listens on its host's own loopback address, as a real host's would on its own NIC.

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+import shlex
 import signal
 import socket
 import subprocess
@@ -39,7 +40,14 @@ RELEASES = ("bookworm", "trixie")
 CGROUP_HIERARCHIES = (Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified"))
 NSPAWN_RUNTIME = Path("/run/systemd/nspawn")
 NSPAWN_RUNTIME_MARK = STATE_ROOT / ".nspawn-runtime-mounted"
-SSH_USER = "root"
+# The operator's shape: hosts are reached as an unprivileged user with passwordless sudo, as
+# inventories/cloud.py does; `up(..., ssh_user="root")` keeps root's login for the tests that
+# prove both work. LAB_USER is a second user a research host allows to log in; LOCAL_USER an
+# ordinary shell account (a student's) for the tests of what a local user can do to a run.
+SSH_USER = "gpufleet"
+LAB_USER = "lab-admin"
+LOCAL_USER = "student"
+TEST_USERS = (SSH_USER, LAB_USER, LOCAL_USER)
 # nspawn exits with 133 when the container asked for a reboot (systemctl reboot).
 NSPAWN_REBOOT_EXIT = 133
 
@@ -49,7 +57,7 @@ BASE_PACKAGES = (
     "openssh-server", "python3", "sudo", "systemd", "systemd-sysv", "dbus", "iproute2",
     "ca-certificates", "gnupg", "kmod", "procps", "apt-utils",
 )
-BASE_RECIPE_VERSION = 1
+BASE_RECIPE_VERSION = 2
 
 # What runc needs to start a container inside a host (`up(..., containers=True)`), measured on
 # this kind of machine (hybrid cgroups, systemd-nspawn 252), one failure after the other:
@@ -153,6 +161,11 @@ def _configure_base(root: Path, release: str) -> None:
         (root / "etc/systemd/system" / unit).unlink(missing_ok=True)
         (root / "etc/systemd/system" / unit).symlink_to("/dev/null")
     (root / "etc/machine-id").write_text("")  # each boot gets its own transient machine id
+    for user in TEST_USERS:
+        run(chroot + ["useradd", "--create-home", "--shell", "/bin/bash", user])
+    sudoers = root / "etc/sudoers.d" / SSH_USER
+    sudoers.write_text(f"# the deploy user of gpufleet's test hosts\n{SSH_USER} ALL=(ALL) NOPASSWD:ALL\n")
+    sudoers.chmod(0o440)
 
 
 @contextlib.contextmanager
@@ -221,14 +234,17 @@ class Host:
         return ["ip", "netns", "exec", self.netns] if self.netns else []
 
     def pyinfra_data(self) -> dict:
-        """Host data a pyinfra inventory needs to reach this host."""
-        return {
+        """Host data a pyinfra inventory needs to reach this host (through sudo unless root)."""
+        data = {
             "ssh_hostname": self.address,
             "ssh_user": self.ssh_user,
             "ssh_key": self.ssh_key,
             "ssh_known_hosts_file": "/dev/null",
             "ssh_strict_host_key_checking": "no",
         }
+        if self.ssh_user != "root":
+            data["_sudo"] = True
+        return data
 
 
 def _host_from_meta(meta: Path) -> Host:
@@ -302,8 +318,11 @@ def _alive(pid: int) -> bool:
 
 def up(count: int, release: str = "bookworm", gpu: str | None = None, pool: str = DEFAULT_POOL,
        names: list[str] | None = None, timeout: float = 120, private_network: bool = False,
-       forward: list[int] | tuple[int, ...] = (), containers: bool = False) -> list[Host]:
+       forward: list[int] | tuple[int, ...] = (), containers: bool = False,
+       ssh_user: str = SSH_USER) -> list[Host]:
     """Boot `count` new hosts in `pool` and wait until systemd reports them running.
+
+    `ssh_user`: who tests and deploys log in as (SSH_USER, through sudo; or "root").
 
     `private_network`: each host in a network namespace of its own (CAP_NET_ADMIN there, so
     nftables loads for real), joined by veth to the pool's client namespace (see
@@ -337,11 +356,12 @@ def up(count: int, release: str = "bookworm", gpu: str | None = None, pool: str 
         taken.add(last)
         if private_network:
             hosts.append(Host(name=name, address=f"{PRIVATE_NET_PREFIX}.{net}.{last}", release=release,
-                              gpu=gpu, pool=pool, ssh_key=str(key), netns=_client_netns(pool),
-                              forward=[int(p) for p in forward], containers=containers))
+                              gpu=gpu, pool=pool, ssh_key=str(key), ssh_user=ssh_user,
+                              netns=_client_netns(pool), forward=[int(p) for p in forward],
+                              containers=containers))
         else:
             hosts.append(Host(name=name, address=f"127.0.{net}.{last}", release=release, gpu=gpu,
-                              pool=pool, ssh_key=str(key)))
+                              pool=pool, ssh_key=str(key), ssh_user=ssh_user))
     for host in hosts:
         _boot(host, base)
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(hosts)))) as ex:
@@ -571,13 +591,30 @@ def _boot(host: Host, base: Path) -> None:
     (hdir / "meta.json").write_text(json.dumps(host.as_dict(), indent=1))
 
 
+def _passwd_ids(root: Path) -> dict[str, tuple[int, int, str]]:
+    """user -> (uid, gid, home) from the host's own /etc/passwd (its ids, not the machine's)."""
+    ids = {}
+    for line in (root / "etc/passwd").read_text().splitlines():
+        f = line.split(":")
+        if len(f) >= 6:
+            ids[f[0]] = (int(f[2]), int(f[3]), f[5])
+    return ids
+
+
 def _personalise(host: Host) -> None:
     root = host.root
-    ssh_dir = root / "root/.ssh"
-    ssh_dir.mkdir(mode=0o700, exist_ok=True)
-    auth = ssh_dir / "authorized_keys"
-    auth.write_text(Path(host.ssh_key + ".pub").read_text())
-    auth.chmod(0o600)
+    key = Path(host.ssh_key + ".pub").read_text()
+    ids = _passwd_ids(root)
+    # The test key logs every test user in (hardening's AllowUsers decides who may).
+    for user in ("root", *TEST_USERS):
+        uid, gid, home = ids[user]
+        ssh_dir = root / home.lstrip("/") / ".ssh"
+        ssh_dir.mkdir(mode=0o700, exist_ok=True)
+        auth = ssh_dir / "authorized_keys"
+        auth.write_text(key)
+        auth.chmod(0o600)
+        for path in (ssh_dir, auth):
+            os.chown(path, uid, gid)
     (root / "etc/hostname").write_text(host.name + "\n")
     hosts = f"127.0.0.1 localhost\n{host.address} {host.name}\n"
     if host.netns:  # the archive through the launcher's relays (see _relays)
@@ -657,13 +694,24 @@ def wait_ready(host: Host, timeout: float = 120) -> None:
     raise TimeoutError(f"{host.name}: systemd state {state!r} after {timeout} s")
 
 
-def ssh(host: Host, command: str, check: bool = True, timeout: float = 60, user: str | None = None) -> subprocess.CompletedProcess:
-    """Run `command` on `host` through the real OpenSSH client."""
+def as_root(host: Host, command: str) -> str:
+    """`command` as the shell text that runs it as root once logged in as the host's SSH user:
+    through sudo (in root's home, as a root login would be) unless that user is root."""
+    if host.ssh_user == "root":
+        return command
+    return "sudo -n -H -- sh -c " + shlex.quote("cd /root || exit 125\n" + command)
+
+
+def ssh(host: Host, command: str, check: bool = True, timeout: float = 60, user: str | None = None,
+        input: str | None = None) -> subprocess.CompletedProcess:
+    """Run `command` on `host` through the real OpenSSH client: as root (logged in as the host's
+    SSH user, through sudo where that is not root), or logged in and run as `user`."""
+    remote = command if user else as_root(host, command)
     return run([
         *host.command_prefix(), "ssh", "-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
         "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5", "-i", host.ssh_key,
-        f"{user or host.ssh_user}@{host.address}", command,
-    ], check=check, capture_output=True, text=True, timeout=timeout)
+        f"{user or host.ssh_user}@{host.address}", remote,
+    ], check=check, capture_output=True, text=True, timeout=timeout, input=input)
 
 
 def reboot(host: Host, timeout: float = 120, console: bool = False) -> None:
@@ -819,6 +867,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="with --private-network: a port of the machine's 127.0.0.1 the hosts reach on theirs")
     p_up.add_argument("--containers", action="store_true",
                       help="with --private-network: boot so that Docker can start containers inside")
+    p_up.add_argument("--ssh-user", default=SSH_USER,
+                      help="who logs in: %(default)s (passwordless sudo, the operator's shape) or root")
     p_list = sub.add_parser("list", help="running hosts")
     p_list.add_argument("--json", action="store_true")
     p_list.add_argument("--all", action="store_true", help="every pool")
@@ -841,7 +891,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "up":
         t0 = time.monotonic()
         hosts = up(args.count, args.release, args.gpu, args.pool, private_network=args.private_network,
-                   forward=args.forward, containers=args.containers)
+                   forward=args.forward, containers=args.containers, ssh_user=args.ssh_user)
         log(f"{len(hosts)} host(s) up in {time.monotonic() - t0:.1f} s")
         _print_hosts(hosts, as_json=False)
     elif args.cmd == "list":

@@ -29,15 +29,16 @@ class HostPool:
         self._by_key: dict[tuple, list[testhosts.Host]] = {}
 
     def get(self, key: str, count: int = 1, release: str = "bookworm", gpu: str | None = None,
-            private_network: bool = False, forward: tuple[int, ...] = (), containers: bool = False
-            ) -> list[testhosts.Host]:
+            private_network: bool = False, forward: tuple[int, ...] = (), containers: bool = False,
+            ssh_user: str = testhosts.SSH_USER) -> list[testhosts.Host]:
         """`count` hosts reserved for `key`, shared by the tests that ask for the same key;
-        `containers` (with `private_network`): hosts where Docker can start containers."""
-        k = (key, count, release, gpu, private_network, tuple(forward), containers)
+        `containers` (with `private_network`): hosts where Docker can start containers;
+        `ssh_user`: the sudo user of the operator's shape (default) or "root"."""
+        k = (key, count, release, gpu, private_network, tuple(forward), containers, ssh_user)
         if k not in self._by_key:
             self._by_key[k] = testhosts.up(count, release=release, gpu=gpu, pool=self.pool,
                                            private_network=private_network, forward=forward,
-                                           containers=containers)
+                                           containers=containers, ssh_user=ssh_user)
         return self._by_key[k]
 
     def down(self) -> None:

@@ -73,7 +73,9 @@ def loaded_module(host: testhosts.Host) -> str:
 @pytest.fixture(scope="module", params=["bookworm", "trixie"])
 def distro_runs(request, hostpool, runner, tmp_path_factory):
     release = request.param
-    (host,) = hostpool.get(f"driver-distro-{release}", 1, release=release, gpu="t4")
+    # trixie's host is reached as root, bookworm's as the sudo user: both shapes install the driver
+    (host,) = hostpool.get(f"driver-distro-{release}", 1, release=release, gpu="t4",
+                           ssh_user="root" if release == "trixie" else testhosts.SSH_USER)
     # Start from what a minimal install has: the Debian archive with `main` only, in the
     # release's default format (bookworm: sources.list; trixie: deb822 debian.sources).
     if release == "bookworm":

@@ -88,17 +88,24 @@ def sighups(host) -> int:
 DEPLOY = "tests/e2e/deploys/hardening_only.py"
 
 
+# The sudo user's host turns root's login off, as a fleet reached that way does; root's host
+# keeps it, with keys only (the tier's default).
+ROOT_LOGIN = {False: {"hardening_permit_root_login": "no"}, True: {}}
+
+
 @pytest.fixture(scope="module")
 def fleet(hostpool, tmp_path_factory):
     hosts = hostpool.get("hardening-bookworm", 1, release="bookworm")
-    hosts += hostpool.get("hardening-trixie", 1, release="trixie")
+    # the bookworm host is reached as the sudo user (root's login goes), trixie's as root (keys only)
+    hosts += hostpool.get("hardening-trixie", 1, release="trixie", ssh_user="root")
     before = {}
     for host in hosts:
         testhosts.ssh(host, f"printf 'PasswordAuthentication yes\\n' > {CLOUD_INIT}")
         before[host.name] = {"audit": audit_notes(ssh_audit(host.address)), "sshd_t": sshd_t(host),
                              "devsec": devsec_state(host)}
     inv = write_inventory(tmp_path_factory.mktemp("inv") / "inventory.py", hosts,
-                          data={h.name: {"tier": "dev", "firewall_open_ports": OPEN_PORTS} for h in hosts})
+                          data={h.name: {"tier": "dev", "firewall_open_ports": OPEN_PORTS,
+                                         **ROOT_LOGIN[h.ssh_user == "root"]} for h in hosts})
     t0 = time.monotonic()
     first = pyinfra(inv, DEPLOY)
     t1 = time.monotonic()
@@ -153,7 +160,11 @@ def test_effective_config_wins_over_cloud_init(fleet, index):
     assert before["passwordauthentication"] == ["yes"]
     assert after["passwordauthentication"] == ["no"]
     assert after["kbdinteractiveauthentication"] == ["no"]
-    assert after["permitrootlogin"] == ["without-password"]  # = prohibit-password
+    # = prohibit-password where the deploy logs in as root; off where it logs in through sudo
+    assert after["permitrootlogin"] == (["without-password"] if host.ssh_user == "root" else ["no"])
+    root_login = testhosts.ssh(host, "id -u", user="root", check=False)
+    assert (root_login.returncode, root_login.stdout) == ((0, "0\n") if host.ssh_user == "root" else (255, "")), \
+        root_login
     assert after["maxauthtries"] == ["3"] and after["logingracetime"] == ["30"]
     assert after["x11forwarding"] == ["no"] and after["allowtcpforwarding"] == ["no"]
     assert after["listenaddress"] == [f"{host.address}:22"]  # harness's 00-listen.conf kept

@@ -89,7 +89,7 @@ def socket_hosts(hostpool, tmp_path_factory):
     session = subprocess.Popen([
         *good.command_prefix(), "ssh", "-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
         "-o", "UserKnownHostsFile=/dev/null", "-i", good.ssh_key, f"{good.ssh_user}@{good.address}",
-        "sleep 600 & echo $! > /run/gpufleet-test-session.pid; wait"],
+        "sleep 600 & echo $! > /tmp/gpufleet-test-session.pid; wait"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.5)
     data = {good.name: {}, pq_only.name: {"hardening_extra_kex": []}}

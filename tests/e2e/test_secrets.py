@@ -16,6 +16,7 @@ import subprocess
 
 import pytest
 
+from testing import testhosts
 from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
 from testing.inventory import TEST_DRIVER, environment_data, write_inventory
 from tests.e2e.pyinfra_cli import REPO, changed_operations, pyinfra
@@ -28,10 +29,7 @@ PLACEHOLDER = "@@sudo-password@@"
 
 
 def _ssh_root(host, command: str, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([
-        "ssh", "-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-        "-i", host.ssh_key, f"root@{host.address}", command,
-    ], input=stdin, capture_output=True, text=True, timeout=120, check=True)
+    return testhosts.ssh(host, command, timeout=120, input=stdin)
 
 
 @pytest.fixture(scope="module")

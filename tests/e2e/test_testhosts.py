@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -45,11 +46,13 @@ def test_cli_up_list_down(clean_pool):
     for h in listed:
         assert set(h) >= {"name", "address", "release", "gpu", "ssh_user", "ssh_key"}
         assert h["address"].startswith("127.")
+        # the operator's shape: an unprivileged login user with passwordless sudo
+        assert h["ssh_user"] == testhosts.SSH_USER != "root"
         res = subprocess.run(["ssh", "-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
                               "-o", "UserKnownHostsFile=/dev/null", "-i", h["ssh_key"],
-                              f"{h['ssh_user']}@{h['address']}", "hostname; cat /proc/1/comm"],
+                              f"{h['ssh_user']}@{h['address']}", "hostname; cat /proc/1/comm; id -u; sudo -n id -u"],
                              capture_output=True, text=True, timeout=30)
-        assert res.stdout.split() == [h["name"], "systemd"]
+        assert res.stdout.split() == [h["name"], "systemd", "1000", "0"], res.stdout + res.stderr
     plain = _tool("list").stdout.splitlines()
     assert plain[0].split("\t") == [f"gf-{POOL}-1", listed[0]["address"], "bookworm", "-"]
     down = _tool("down")
@@ -96,8 +99,9 @@ def test_private_network_hosts_live_in_namespaces_only(clean_pool):
         # not reachable from the machine's own network, only from the client namespace
         assert subprocess.run([*login, "true"], capture_output=True, timeout=30).returncode != 0
         res = subprocess.run(["ip", "netns", "exec", h["netns"], *login,
-                              "hostname; ip -br addr show host0; apt-get install -y -qq nftables >/dev/null "
-                              "&& nft add table inet operator && nft list tables"],
+                              "hostname; ip -br addr show host0; sudo -n sh -c "
+                              + shlex.quote("apt-get install -y -qq nftables >/dev/null "
+                                            "&& nft add table inet operator && nft list tables")],
                              capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr
         name, addr_line, *tables = res.stdout.splitlines()
