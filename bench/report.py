@@ -35,7 +35,7 @@ def main() -> int:
     ap.add_argument("--release", default="bookworm", choices=testhosts.RELEASES)
     # root by default: the figures in the README were measured so; the operator's shape
     # (testhosts.SSH_USER, through sudo) adds sudo's cost to every command
-    ap.add_argument("--ssh-user", default="root", help="who logs in (root, or %s: through sudo)" % testhosts.SSH_USER)
+    ap.add_argument("--ssh-user", default="root", help=f"who logs in (root, or {testhosts.SSH_USER}: through sudo)")
     ap.add_argument("--gpu", default=None, help="simulated GPUs per host (test double); default none")
     ap.add_argument("--tier", default="research")
     ap.add_argument("--no-drift", action="store_true", help="pass --no-drift to the report")

@@ -8,15 +8,15 @@ text is built from them.
 """
 from __future__ import annotations
 
-import io
 import re
 
 from pyinfra import host
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api import QuoteString, StringCommand, operation
 
 from gpufleet.facts.packages import HeldPackages, PackageVersions
 from gpufleet.facts.rollout import PackageChange
 from gpufleet.operations.drain import idle_check
+from gpufleet.operations.remote_files import write_command
 
 UNIT = "gpufleet-package-change.service"
 SCRIPT_DIR = "/var/lib/gpufleet/libexec"
@@ -102,10 +102,6 @@ def change_arguments(install: dict[str, str], remove: list[str], unhold: list[st
     return args
 
 
-def _put_script(state, host) -> bool:
-    return host.put_file(io.BytesIO(PACKAGE_CHANGE_SCRIPT.encode()), SCRIPT)
-
-
 def package_change_command(args: list[str], script: str = SCRIPT, require_idle: bool = False) -> StringCommand:
     """The command that runs `script` with `args` as the transient unit; `require_idle`: refused
     (drain.BUSY_EXIT, a drain.BUSY_MARK line) when GPU work runs right before it would start."""
@@ -141,8 +137,7 @@ def packages_at_versions(install: dict[str, str], remove: list[str] | None = Non
     release = sorted(held & (set(todo) | set(gone) | set(hold)))
     args = change_arguments(todo, sorted(gone), release, hold, downgrade)
     yield StringCommand("install", "-d", "-m", "700", SCRIPT_DIR)
-    yield FunctionCommand(_put_script, (), {})
-    yield StringCommand("chmod", "700", SCRIPT)
+    yield write_command(SCRIPT, PACKAGE_CHANGE_SCRIPT, mode="700")
     yield package_change_command(args, require_idle=require_idle)
 
 

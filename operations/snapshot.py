@@ -2,7 +2,6 @@
 controller), the /etc archive, the manifest on the host, and its copy on the controller."""
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any, Callable
 
@@ -10,6 +9,7 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from gpufleet import private
 from gpufleet.failures import fail
+from gpufleet.operations.remote_files import Fetch, LazyWrite
 from gpufleet.rollout import snapshot as snap
 
 # $@: tar's arguments. The archive holds /etc files (keyrings, daemon.json): created 0600.
@@ -81,11 +81,6 @@ def etc_archived(tarball: str, paths: list[str]):
         yield StringCommand(*tar, "-czf", QuoteString(tarball), "-T", "/dev/null")
 
 
-def _put_manifest(state, host, dest: str, build: Callable[[], str]) -> bool:
-    if host.put_file(io.BytesIO(build().encode()), dest):
-        return True
-    return fail(host, "rollout", f"could not write the manifest {dest} on the host",
-                "make room or fix permissions under its folder, then re-run the rollout").execute(state, host, {})
 
 
 @operation(is_idempotent=False)
@@ -93,21 +88,20 @@ def manifest_written(dest: str, build: Callable[[], str]):
     """Write the manifest JSON on the host (built when it runs, after the disk snapshot), 0600
     in a 0700 directory."""
     yield StringCommand("install", "-d", "-m", "700", QuoteString(str(Path(dest).parent)))
-    yield FunctionCommand(_put_manifest, (dest, build), {})
-    yield StringCommand("chmod", "600", QuoteString(dest))
+    yield LazyWrite(dest, build, on_error=lambda state, host: fail(
+        host, "rollout", f"could not write the manifest {dest} on the host",
+        "make room or fix permissions under its folder, then re-run the rollout").execute(state, host, {}))
 
 
-def _fetch(state, host, pairs) -> bool:
-    for remote, local in pairs:
-        data = io.BytesIO()
-        if not host.get_file(remote, data):
-            return fail(host, "rollout", f"could not copy {remote} from the host to the controller",
-                        "check that it exists and is readable on the host, then re-run").execute(state, host, {})
-        private.write(local, data.getvalue())  # 0600 in 0700 directories
-    return True
+def _cannot_copy(remote: str):
+    return lambda state, host: fail(
+        host, "rollout", f"could not copy {remote} from the host to the controller",
+        "check that it exists and is readable on the host, then re-run").execute(state, host, {})
 
 
 @operation(is_idempotent=False)
 def copied_to_controller(pairs: list[tuple[str, str]]):
-    """Copy files from the host to the controller: [(remote path, local path), ...]."""
-    yield FunctionCommand(_fetch, (pairs,), {})
+    """Copy files from the host to the controller: [(remote path, local path), ...], read with
+    the operation's privileges, written 0600 in 0700 directories."""
+    for remote, local in pairs:
+        yield Fetch(remote, lambda data, local=local: private.write(local, data), _cannot_copy(remote))

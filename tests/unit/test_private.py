@@ -53,16 +53,23 @@ def test_a_file_others_can_write_is_not_private(tmp_path):
 
 
 def test_manifest_and_archive_copies_on_the_controller_are_private(tmp_path):
-    from gpufleet.operations.snapshot import _fetch
+    import base64
+    import types
 
-    class FakeHost:  # get_file as pyinfra's connectors do it: into a file object
-        def get_file(self, remote, local):
-            local.write(b"secret /etc of " + remote.encode())
-            return True
+    from gpufleet.operations.remote_files import Fetch
 
+    class FakeHost:  # the host's answer to the read command: one base64 line, as base64 -w0 prints
+        def run_shell_command(self, command, **kwargs):
+            remote = command.bits[-1].obj
+            line = base64.b64encode(b"secret /etc of " + remote.encode()).decode()
+            return True, types.SimpleNamespace(stdout_lines=[line])
+
+    state = types.SimpleNamespace(print_input=False)
     pairs = [("/var/lib/gpufleet/manifests/1.json", str(tmp_path / ".gpufleet/manifests/h1/1.json")),
              ("/var/lib/gpufleet/manifests/1.etc.tar.gz", str(tmp_path / ".gpufleet/manifests/h1/1.etc.tar.gz"))]
-    assert _fetch(None, FakeHost(), pairs)
+    for remote, local in pairs:
+        fetch = Fetch(remote, lambda data, local=local: private.write(local, data), lambda state, host: False)
+        assert fetch.execute(state, FakeHost(), {})
     for _, local in pairs:
         assert mode(local) == 0o600 and open(local, "rb").read().startswith(b"secret /etc of /var/lib")
     assert mode(tmp_path / ".gpufleet/manifests/h1") == 0o700 and mode(tmp_path / ".gpufleet") == 0o700
