@@ -108,7 +108,7 @@ def test_failed_login_after_reload_restores_previous_config(lockout, case):
     prefix = f"[{host.name}] "
     assert prefix + "a fresh SSH login failed after the sshd reload" in run.output
     assert prefix + "failed (hardening): gpufleet did not keep the hardened sshd configuration: a new SSH " \
-                    "login as root failed with it" in run.output
+                    f"login as {host.ssh_user} failed with it" in run.output
     assert "The previous configuration was restored and sshd reloaded; new logins work again. Fix: adjust the " \
            "hardening_* settings" in run.output
     if case == "pq_only":

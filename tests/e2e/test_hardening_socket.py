@@ -197,6 +197,6 @@ def test_boot_revert_restores_before_ssh_socket_listens(socket_hosts):
     assert testhosts.ssh(host, "test -e /var/lib/gpufleet/sshd.pending", check=False).returncode != 0
     assert "maxauthtries 3" in testhosts.ssh(host, "sshd -T").stdout
     order = testhosts.ssh(host, "journalctl -b -o cat --no-pager | grep -n -E "
-                                "'Finished gpufleet-sshd-revert-at-boot|Listening on ssh.socket'").stdout
+                                "'^(Finished gpufleet-sshd-revert-at-boot|Listening on ssh.socket)'").stdout
     lines = order.splitlines()
     assert len(lines) == 2 and "gpufleet" in lines[0] and "ssh.socket" in lines[1], order
