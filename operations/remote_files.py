@@ -61,7 +61,7 @@ class Fetch(PyinfraCommand):
     """Read a file of the host with the operation's privileges and give its bytes to `sink`
     (called on the controller); `on_error(state, host)` when it cannot be read."""
 
-    def __init__(self, src: str, sink: Callable[[bytes], None], on_error: Callable[[Any, Any], Any]):
+    def __init__(self, src: str, sink: Callable[[bytes], object], on_error: Callable[[Any, Any], Any]):
         super().__init__()
         self.src, self.sink, self.on_error = src, sink, on_error
 

@@ -2,6 +2,7 @@
 controller), the /etc archive, the manifest on the host, and its copy on the controller."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Callable
 
@@ -104,4 +105,4 @@ def copied_to_controller(pairs: list[tuple[str, str]]):
     """Copy files from the host to the controller: [(remote path, local path), ...], read with
     the operation's privileges, written 0600 in 0700 directories."""
     for remote, local in pairs:
-        yield Fetch(remote, lambda data, local=local: private.write(local, data), _cannot_copy(remote))
+        yield Fetch(remote, functools.partial(private.write, local), _cannot_copy(remote))

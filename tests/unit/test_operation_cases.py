@@ -52,6 +52,8 @@ from pyinfra.api import Config, FileUploadCommand, FunctionCommand, StringComman
 from pyinfra.api.util import get_kwargs_str
 from pyinfra.context import ctx_host, ctx_state
 
+from gpufleet.operations.remote_files import Fetch, LazyWrite
+
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,6 +218,10 @@ def _render(command: Any, scripts: dict[str, str]) -> Any:
         plain = json.loads(json.dumps([list(command.args), command.kwargs],
                                       default=lambda o: f"<{getattr(o, '__name__', type(o).__name__)}>"))
         return [command.function.__name__, *plain]
+    if isinstance(command, LazyWrite):  # its content as built when it runs
+        return ["write", command.dest, command.mode, command.build()]
+    if isinstance(command, Fetch):
+        return ["fetch", command.src]
     raise AssertionError(f"not a command: {command!r}")
 
 
