@@ -142,7 +142,7 @@ def test_config_py_beside_the_inventory_is_honoured(fleet):
     ops = work / "ops"
     ops.mkdir()
     # sudo from config.py alone: no _sudo in the host's data (the harness's default shape has it)
-    write_inventory(ops / "inventory.py", [a], data={a.name: _data(a, ssh_user=OPS_USER, _sudo=False)})
+    write_inventory(ops / "inventory.py", [a], data={a.name: _data(a, ssh_user=OPS_USER, _sudo=None)})
     (ops / "config.py").write_text("from pyinfra import config\n\nconfig.SUDO = True\n")
     assert not (work / "config.py").exists()   # the tools run in `work`: only the inventory's folder has one
 
