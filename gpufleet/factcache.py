@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import atexit
 import base64
-import gzip
 import json
 import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,9 +74,23 @@ _REGEX_TEXT = re.compile(r"[A-Za-z0-9_.,:/@+=*~%^!?#\[\] ()|{}$\\-]{0,1024}")
 _MARK = "::gpufleet-prefetch::"
 _RC = "::gpufleet-rc::"
 _PACKED = "::gpufleet-gzip-base64::"
+#: The most a host's packed answers may inflate to (issue 27): far above what a host's facts
+#: say; a host that sends more (a gzip bomb) has its facts asked pyinfra's way instead.
+MAX_ANSWERS = 32 * 1024 * 1024
 _PACK_CHECK = "command -v gzip >/dev/null 2>&1 && command -v base64 >/dev/null 2>&1"
 _installed = False
 _plans_seen: dict[str, list[Any]] = {}
+
+
+def gunzip_capped(data: bytes, limit: int = MAX_ANSWERS) -> bytes:
+    """gzip.decompress that stops at `limit` bytes: ValueError beyond it (host output)."""
+    inflater = zlib.decompressobj(wbits=31)   # gzip framing
+    out = inflater.decompress(data, limit)
+    if inflater.unconsumed_tail or len(out) >= limit and inflater.decompress(b"", 1):
+        raise ValueError(f"packed fact answers inflate beyond {limit} bytes")
+    if not inflater.eof:
+        raise EOFError("truncated packed fact answers")
+    return out
 
 
 def _fact_path(cls: type) -> str:
@@ -222,10 +236,10 @@ def read_plan(path: Path, name: str = "") -> list[tuple[str, str]]:
     ignored with a warning: a file others can write, an old format (which held executor
     arguments; rewritten at the end of this run), an entry not on the allow-list."""
     try:
-        if not private.is_private(path):
-            logger.warning(f"{name or path}: ignoring the fact plan {path}: another user may write it")
-            return []
-        doc = json.loads(path.read_text())
+        doc = json.loads(private.read(path))   # checked and read on one descriptor
+    except private.UnsafePath as exc:
+        logger.warning(f"{name or path}: ignoring the fact plan: {exc}")
+        return []
     except (OSError, ValueError):
         return []
     if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT or not isinstance(doc.get("facts"), list):
@@ -327,9 +341,9 @@ class Script:
         """Memo key -> answer, for every fact the output answers (the rest: pyinfra's way)."""
         if lines and lines[0] == _PACKED:
             try:
-                lines = gzip.decompress(base64.b64decode("".join(lines[1:]))).decode("utf-8", "replace").splitlines()
-            except (ValueError, OSError, EOFError):
-                return {}
+                lines = gunzip_capped(base64.b64decode("".join(lines[1:]))).decode("utf-8", "replace").splitlines()
+            except (ValueError, OSError, EOFError, zlib.error):
+                return {}   # every fact is asked pyinfra's way
         sections: dict[int, list[str]] = {}
         rcs: dict[int, int] = {}
         current = None

@@ -122,7 +122,7 @@ def rollout_main(argv: list[str] | None = None, prog: str = "tools/rollout") -> 
                    skip=args.skip, force=args.force, dry_run=args.dry_run, wait_idle=args.wait_idle,
                    stop_containers=args.stop_gpu_containers, manifests_dir=args.manifests,
                    reboot_timeout=args.reboot_timeout, retune=args.retune,
-                   command=" ".join([prog, *(sys.argv[2:] if argv is None else argv)]))
+                   command=f"{prog} {args.inventory}")
     return Runner(opts).run()
 
 
