@@ -1,21 +1,22 @@
 """One run at a time changes a host: a lock on the host, held by deploys/all.py and tools/rollout
 while they change it.
 
-The lock is `flock` on /run/gpufleet/host.lock, held by a small shell process on the host
+The lock is `flock` on /run/gpufleet-lock/host.lock, held by a small shell process on the host
 whose stdin is an SSH channel of the run's own connection. It lives exactly as long as the run:
 the run ends (or is killed, or the network drops) -> sshd closes the channel -> the holder
 reads end-of-file and exits -> the kernel drops the flock. A reboot clears /run. No lease to
 renew, no command per operation.
 
 The holder runs as root (through sudo, as pyinfra runs commands, when the run logs in as a
-sudo user: `_sudo`, `_sudo_password`), in a folder only root can enter: /run/gpufleet, 0700,
+sudo user: `_sudo`, `_sudo_password`), in a folder only root can enter: /run/gpufleet-lock, 0700,
 made by root with mkdir in root's /run. A folder found there that is not exactly that (a
 symlink, another owner, another mode) is refused by name, never used: the lock folder used to
 be /run/lock/gpufleet, in world-writable /run/lock, where any local user could create it first
 and have the run write its owner record through a planted symlink (issue 27). That old path
-is neither used nor touched.
+is neither used nor touched. Not /run/gpufleet: the clock records and the nftables revert
+file live there, made 0755 by `mkdir -p` (at boot too), which the lock would have to refuse.
 
-Who holds it is written next to it (/run/gpufleet/owner: controller, pid, program, inventory,
+Who holds it is written next to it (/run/gpufleet-lock/owner: controller, pid, program, inventory,
 since; written to a mktemp file in the folder, then renamed), never the command line's other
 arguments (a `--data _sudo_password=...` would be one). A holder told to release removes that
 record; one that ended without being told (its run was killed, its controller crashed) leaves
@@ -43,16 +44,16 @@ from gpufleet.failures import stop_line
 from gpufleet.hostcontext import host_context
 from gpufleet.printable import printable
 
-LOCK_DIR = "/run/gpufleet"
+LOCK_DIR = "/run/gpufleet-lock"
 EXIT_HELD = 75
 EXIT_UNSAFE = 73     # the lock folder is not root's own 0700 folder
 EXIT_NOT_ROOT = 77   # the holder does not run as root
 
 # $1: seconds to wait for another holder, $2: this run's owner record (one JSON line).
 # Run as root. /run is root's and not writable by others (checked): nobody else can create,
-# replace or rename /run/gpufleet, and nobody else can enter it once it is 0700 and root's.
+# replace or rename /run/gpufleet-lock, and nobody else can enter it once it is 0700 and root's.
 HOLD_SCRIPT = r"""
-d=/run/gpufleet
+d=/run/gpufleet-lock
 [ "$(id -u)" = 0 ] || { echo NOT-ROOT; exit 77; }
 command -v flock >/dev/null 2>&1 || { echo "flock (util-linux) is not installed"; exit 70; }
 umask 077

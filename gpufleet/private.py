@@ -83,14 +83,16 @@ def ensure_dir(path: Path | str, tighten: bool | None = None) -> Path:
     while not os.path.lexists(probe) and probe != probe.parent:
         missing.append(probe)
         probe = probe.parent
+    for directory in _ours_below(path):   # before anything is made in them
+        if directory not in missing:
+            check_dir(directory)
     for directory in reversed(missing):
         try:
             directory.mkdir(mode=DIR_MODE)
-        except FileExistsError:   # made by someone else meanwhile: checked below like any other
+        except FileExistsError:   # made by someone else meanwhile: checked like any other
+            check_dir(directory)
             continue
         os.chmod(directory, DIR_MODE)  # mkdir's mode is filtered by the umask
-    for directory in _ours_below(path):
-        check_dir(directory)
     if tighten and not missing and path not in _ours_below(path):
         st = path.stat()
         if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:

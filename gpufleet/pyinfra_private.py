@@ -204,6 +204,7 @@ def root_command(host: Host, command: Any) -> str:
     or a log). Only sudo to root: the host's `_sudo_user`, su and doas settings are for its
     operations, not for the lock (gpufleet/hostlock.py). A public function of pyinfra's
     connectors, not behind the gate: the lock is a safety, on any release."""
+    from pyinfra.api.command import StringCommand
     from pyinfra.connectors.util import make_unix_command_for_host
 
     config = host.state.config
@@ -212,7 +213,11 @@ def root_command(host: Host, command: Any) -> str:
     if sudo:
         arguments.update(_sudo=True, _sudo_password=host.data.get("_sudo_password",
                                                                   getattr(config, "SUDO_PASSWORD", None)) or "")
-    text: str = make_unix_command_for_host(host.state, host, command, **arguments).get_raw_value()
+    wrapped = make_unix_command_for_host(host.state, host, command, **arguments)
+    # exec: the login shell (dash does not exec a last command) would otherwise keep the
+    # command line, with the askpass password in it, in every local user's `ps` for as long as
+    # the lock is held (tests/e2e/test_hostlock_attack.py saw it)
+    text: str = StringCommand("exec", wrapped).get_raw_value()
     return text
 
 

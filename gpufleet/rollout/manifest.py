@@ -319,9 +319,9 @@ _PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]*(:[a-z0-9-]+)?")
 _VERSION = re.compile(r"[A-Za-z0-9.+~:-]{1,128}")
 _ETC_PATH = re.compile(r"(/[A-Za-z0-9_+@-][A-Za-z0-9_.+@-]*)+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_REQUIRED = {"format": int, "id": str, "host": str, "created": (int, float), "reason": str, "driver": dict,
+_REQUIRED: dict[str, type | tuple[type, ...]] = {"format": int, "id": str, "host": str, "created": (int, float), "reason": str, "driver": dict,
              "packages": dict, "holds": list, "etc_files": dict, "etc_tarball": str}
-_OPTIONAL = {"gpus": list, "disk_snapshot": (dict, type(None))}
+_OPTIONAL: dict[str, type | tuple[type, ...]] = {"gpus": list, "disk_snapshot": (dict, type(None))}
 
 
 def is_manifest_tarball(path: Any) -> bool:

@@ -18,7 +18,7 @@ def test_hold_command_passes_its_values_as_arguments_of_a_fixed_script():
 
 def test_the_lock_lives_in_a_root_only_folder_written_through_mktemp():
     script = hostlock.HOLD_SCRIPT
-    assert hostlock.LOCK_DIR == "/run/gpufleet" and "d=/run/gpufleet\n" in script
+    assert hostlock.LOCK_DIR == "/run/gpufleet-lock" and "d=/run/gpufleet-lock\n" in script
     assert "/run/lock" not in script and "mkdir -p" not in script
     assert 'mkdir -m 700 "$d"' in script and "\"0 700\"" in script and '[ -L "$d" ]' in script
     assert 't=$(mktemp "$d/.owner.XXXXXX")' in script and 'mv -f "$t" "$d/owner"' in script
@@ -65,9 +65,9 @@ def host_with(data):
 
 def test_the_lock_is_taken_as_root_through_sudo_when_the_host_says_so():
     command = hostlock.hold_command(0, "{}")
-    assert pyinfra_private.root_command(host_with({}), command) == command.get_raw_value()
+    assert pyinfra_private.root_command(host_with({}), command) == "exec " + command.get_raw_value()
     sudo = pyinfra_private.root_command(host_with({"_sudo": True, "_sudo_user": "postgres"}), command)
-    assert sudo == "sudo -H -n " + command.get_raw_value()   # root, not the operations' sudo user
+    assert sudo == "exec sudo -H -n " + command.get_raw_value()   # root, not the operations' sudo user
 
 
 @pytest.mark.parametrize("where", ["data", "prompted"])
@@ -79,5 +79,6 @@ def test_a_sudo_password_goes_to_sudos_askpass_never_into_the_owner_record(where
     owner = hostlock.owner_record("pyinfra deploys/all.py", "lab.py")
     text = pyinfra_private.root_command(host, hostlock.hold_command(0, owner))
     argv = shlex.split(text)
-    assert argv[:3] == ["env", "SUDO_ASKPASS=/tmp/pyinfra-sudo-askpass-x", "PYINFRA_SUDO_PASSWORD=hunter2"]
-    assert argv[3:7] == ["sudo", "-H", "-A", "-k"] and argv[-1] == owner and "hunter2" not in owner
+    # exec'd: the login shell does not stay behind with the password in its arguments
+    assert argv[:4] == ["exec", "env", "SUDO_ASKPASS=/tmp/pyinfra-sudo-askpass-x", "PYINFRA_SUDO_PASSWORD=hunter2"]
+    assert argv[4:8] == ["sudo", "-H", "-A", "-k"] and argv[-1] == owner and "hunter2" not in owner
