@@ -20,6 +20,7 @@ import shlex
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -63,7 +64,7 @@ def lab(hostpool, tmp_path_factory):
     data = {"tier": "dev", "validate_os_release": OS_RELEASE[host.release], "tier_mismatch": "warn"}
     inv = write_inventory(work / "inventory.py", [host], data={host.name: data})
     # a local unprivileged user, a canary only root may write, and two sudo login users
-    key = root(host, "cat /root/.ssh/authorized_keys")
+    key = Path(host.ssh_key + ".pub").read_text()
     users = (" && ".join(f"(id {u} >/dev/null 2>&1 || useradd -m -s /bin/sh {u})" for u in ("student", "deployer", "pwdeployer"))
              + f" && printf 'canary\\n' > {CANARY} && chmod 644 {CANARY}"
              + " && echo 'deployer ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/gf-deployer"
@@ -71,7 +72,7 @@ def lab(hostpool, tmp_path_factory):
              + " && chmod 440 /etc/sudoers.d/gf-deployer /etc/sudoers.d/gf-pwdeployer"
              + " && printf '%s\\n' " + shlex.quote(f"pwdeployer:{PASSWORD}") + " | chpasswd")
     root(host, users)
-    for user in ("student", "deployer", "pwdeployer"):
+    for user in ("student", "deployer", "pwdeployer"):   # student logs in only in the last test
         root(host, f"install -d -m 700 -o {user} -g {user} /home/{user}/.ssh && printf '%s\\n' {shlex.quote(key.strip())}"
                    f" > /home/{user}/.ssh/authorized_keys && chown {user}: /home/{user}/.ssh/authorized_keys")
     yield host, inv, work, data
@@ -79,7 +80,8 @@ def lab(hostpool, tmp_path_factory):
 
 
 def as_student(host, cmd: str) -> subprocess.CompletedProcess:
-    return testhosts.ssh(host, cmd, user="student", check=False)
+    """`cmd` as the local user student (runuser from root: whichever users sshd lets in)."""
+    return testhosts.ssh(host, "runuser -u student -- sh -c " + shlex.quote(cmd), check=False)
 
 
 def test_a_planted_lock_folder_is_never_written_through(lab):
