@@ -36,6 +36,8 @@ def etc_files_restored(tarball: str, recorded: dict[str, str]):
     + tarball: the /etc archive on the host
     + recorded: {path: sha256} from the manifest
     """
+    if not mf.is_manifest_tarball(tarball):
+        raise ValueError(f"not an archive gpufleet wrote: {tarball!r}")   # manifest_problems refused it already
     now = host.get_fact(EtcFiles, patterns=sorted(recorded)) if recorded else {}
     changed = sorted(p for p, sha in recorded.items() if now.get(p) != sha)
     if not changed:
@@ -48,6 +50,12 @@ def etc_files_restored(tarball: str, recorded: dict[str, str]):
 @deploy("Restore the recorded driver, CUDA, cuDNN and toolkit packages and holds")
 def restore(ctx: RolloutContext) -> None:
     doc = ctx.manifests[host.name]
+    problems = mf.manifest_problems(doc, host.name)
+    if problems:   # its archive is extracted into / as root: only the one gpufleet wrote
+        ctx.refuse(host, f"manifest {doc.get('id') if isinstance(doc, dict) else '?'} is not one gpufleet wrote: "
+                         + "; ".join(problems[:4]), "roll back from a manifest tools/rollout took (tools/rollback "
+                                                   "--manifest), or restore the host by hand")
+        return
     processes = host.get_fact(GpuState).processes
     if processes and not ctx.force:
         running = ", ".join(f"{p.pid} {p.process_name}" for p in processes)

@@ -48,14 +48,15 @@ def parse_metrics_endpoint(lines: list[str]) -> MetricsEndpointData:
 _SCRIPT = r"""
 command -v curl >/dev/null 2>&1 || { echo '::gpufleet:: no-curl'; exit 0; }
 body=$(mktemp) || exit 1
-curl -sS -f --max-time 10 -o "$body" "$url" 2>"$body.err"
+err=$(mktemp) || { rm -f "$body"; exit 1; }
+curl -sS -f --max-time 10 -o "$body" "$url" 2>"$err"
 echo "::gpufleet:: rc $?"
 echo '::gpufleet:: begin error'
-head -c 300 "$body.err"; echo
+head -c 300 "$err"; echo
 echo "::gpufleet:: samples $(grep -c "^$family" "$body")"
 echo '::gpufleet:: begin sample'
 grep -E "^$sample[{ ]" "$body" | head -n "$limit"
-rm -f "$body" "$body.err"
+rm -f "$body" "$err"
 true
 """
 

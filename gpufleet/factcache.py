@@ -37,12 +37,12 @@ from __future__ import annotations
 
 import atexit
 import base64
-import gzip
 import json
 import re
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,9 +137,23 @@ _HOST_NONCE = re.compile(r"[0-9a-f]{32}")
 # A line of fact output starting like a marker: whatever follows, a forgery (or a fact printing
 # gpufleet's own output), never an answer.
 _LOOKALIKE = ("::gpufleet-prefetch", "::gpufleet-rc", _PACKED)
+#: The most a host's packed answers may inflate to (issue 27): far above what a host's facts
+#: say; a host that sends more (a gzip bomb) has its facts asked pyinfra's way instead.
+MAX_ANSWERS = 32 * 1024 * 1024
 _PACK_CHECK = "command -v gzip >/dev/null 2>&1 && command -v base64 >/dev/null 2>&1"
 _installed = False
 _plans_seen: dict[str, list[Any]] = {}
+
+
+def gunzip_capped(data: bytes, limit: int = MAX_ANSWERS) -> bytes:
+    """gzip.decompress that stops at `limit` bytes: ValueError beyond it (host output)."""
+    inflater = zlib.decompressobj(wbits=31)   # gzip framing
+    out = inflater.decompress(data, limit)
+    if inflater.unconsumed_tail or len(out) >= limit and inflater.decompress(b"", 1):
+        raise ValueError(f"packed fact answers inflate beyond {limit} bytes")
+    if not inflater.eof:
+        raise EOFError("truncated packed fact answers")
+    return out
 
 
 def _fact_path(cls: type) -> str:
@@ -317,10 +331,10 @@ def read_plan(path: Path, name: str = "") -> list[tuple[str, str]]:
     ignored with a warning: a file others can write, an old format (which held executor
     arguments; rewritten at the end of this run), an entry not on the allow-list."""
     try:
-        if not private.is_private(path):
-            logger.warning(f"{name or path}: ignoring the fact plan {path}: another user may write it")
-            return []
-        doc = json.loads(path.read_text())
+        doc = json.loads(private.read(path))   # checked and read on one descriptor
+    except private.UnsafePath as exc:
+        logger.warning(f"{name or path}: ignoring the fact plan: {exc}")
+        return []
     except (OSError, ValueError):
         return []
     if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT or not isinstance(doc.get("facts"), list):
@@ -482,8 +496,8 @@ class Script:
         none when the output is not exactly what the script prints (see sections())."""
         if lines and lines[0] == _PACKED:
             try:
-                lines = gzip.decompress(base64.b64decode("".join(lines[1:]))).decode("utf-8", "replace").splitlines()
-            except (ValueError, OSError, EOFError):
+                lines = gunzip_capped(base64.b64decode("".join(lines[1:]))).decode("utf-8", "replace").splitlines()
+            except (ValueError, OSError, EOFError, zlib.error):
                 return {}
         framed = self.sections(lines)
         if framed is None:

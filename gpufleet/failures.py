@@ -20,13 +20,14 @@ from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
 
 from gpufleet.hostcontext import real_object as real_host  # the Host behind pyinfra's proxy
+from gpufleet.printable import printable
 
 
 def stop_line(name: str, how: str, area: str, reason: str, fix: str) -> str:
     """'[name] refused (area): reason. Fix: fix' (`how`: refused or failed): one wording for
-    every stop, whoever prints it."""
+    every stop, whoever prints it. Printable: a reason may quote a host (a GPU process name)."""
     reason, fix = reason.strip().rstrip("."), fix.strip().rstrip(".")
-    return f"[{name}] {how} ({area}): {reason}. Fix: {fix}"
+    return printable(f"[{name}] {how} ({area}): {reason}. Fix: {fix}", newlines=True)
 
 
 def refuse(host: Any, area: str, reason: str, fix: str) -> None:

@@ -1,16 +1,26 @@
 """One run at a time changes a host: a lock on the host, held by deploys/all.py and tools/rollout
 while they change it.
 
-The lock is `flock` on /run/lock/gpufleet/host.lock, held by a small shell process on the host
+The lock is `flock` on /run/gpufleet-lock/host.lock, held by a small shell process on the host
 whose stdin is an SSH channel of the run's own connection. It lives exactly as long as the run:
 the run ends (or is killed, or the network drops) -> sshd closes the channel -> the holder
 reads end-of-file and exits -> the kernel drops the flock. A reboot clears /run. No lease to
 renew, no command per operation.
 
-Who holds it is written next to it (/run/lock/gpufleet/owner: controller, pid, command, since).
-A holder told to release removes that record; one that ended without being told (its run was
-killed, its controller crashed) leaves it behind, so the next run reports the stale lock it
-took over.
+The holder runs as root (through sudo, as pyinfra runs commands, when the run logs in as a
+sudo user: `_sudo`, `_sudo_password`), in a folder only root can enter: /run/gpufleet-lock, 0700,
+made by root with mkdir in root's /run. A folder found there that is not exactly that (a
+symlink, another owner, another mode) is refused by name, never used: the lock folder used to
+be /run/lock/gpufleet, in world-writable /run/lock, where any local user could create it first
+and have the run write its owner record through a planted symlink (issue 27). That old path
+is neither used nor touched. Not /run/gpufleet: the clock records and the nftables revert
+file live there, made 0755 by `mkdir -p` (at boot too), which the lock would have to refuse.
+
+Who holds it is written next to it (/run/gpufleet-lock/owner: controller, pid, program, inventory,
+since; written to a mktemp file in the folder, then renamed), never the command line's other
+arguments (a `--data _sudo_password=...` would be one). A holder told to release removes that
+record; one that ended without being told (its run was killed, its controller crashed) leaves
+it behind, so the next run reports the stale lock it took over.
 
 deploys/all.py takes the lock at the host's first changing command (a no-op run sends nothing
 more); tools/rollout takes it for all its hosts before it changes any and keeps it to the end
@@ -21,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -31,24 +42,37 @@ from pyinfra.api.command import QuoteString, StringCommand
 
 from gpufleet.failures import stop_line
 from gpufleet.hostcontext import host_context
+from gpufleet.printable import printable
 
-LOCK_DIR = "/run/lock/gpufleet"
+LOCK_DIR = "/run/gpufleet-lock"
 EXIT_HELD = 75
+EXIT_UNSAFE = 73     # the lock folder is not root's own 0700 folder
+EXIT_NOT_ROOT = 77   # the holder does not run as root
 
 # $1: seconds to wait for another holder, $2: this run's owner record (one JSON line).
+# Run as root. /run is root's and not writable by others (checked): nobody else can create,
+# replace or rename /run/gpufleet-lock, and nobody else can enter it once it is 0700 and root's.
 HOLD_SCRIPT = r"""
-d=/run/lock/gpufleet
+d=/run/gpufleet-lock
+[ "$(id -u)" = 0 ] || { echo NOT-ROOT; exit 77; }
 command -v flock >/dev/null 2>&1 || { echo "flock (util-linux) is not installed"; exit 70; }
 umask 077
-mkdir -p "$d" || exit 70
+if [ "$(stat -c '%u' /run)" != 0 ] || [ -n "$(find /run -maxdepth 0 -perm /022)" ]; then
+  echo "UNSAFE /run is not root's own folder: $(stat -c 'owner %U, mode %a' /run)"; exit 73
+fi
+[ -e "$d" ] || [ -L "$d" ] || mkdir -m 700 "$d" 2>/dev/null
+if [ -L "$d" ] || [ ! -d "$d" ] || [ "$(stat -c '%u %a' "$d")" != "0 700" ]; then
+  echo "UNSAFE $(stat -c '%F, owner %U, mode %a' "$d" 2>&1 | head -c 200)"; exit 73
+fi
 exec 9>>"$d/host.lock" || exit 70
 if ! flock -w "$1" 9; then
   echo HELD
-  cat "$d/owner" 2>/dev/null
+  head -c 4096 "$d/owner" 2>/dev/null | tr -d '\n'; echo
   exit 75
 fi
-if [ -s "$d/owner" ]; then printf 'STALE '; head -c 4096 "$d/owner"; echo; fi
-printf '%s\n' "$2" > "$d/owner.new" && mv -f "$d/owner.new" "$d/owner" || exit 70
+if [ -s "$d/owner" ]; then printf 'STALE '; head -c 4096 "$d/owner" | tr -d '\n'; echo; fi
+t=$(mktemp "$d/.owner.XXXXXX") || exit 70
+printf '%s\n' "$2" > "$t" && mv -f "$t" "$d/owner" || { rm -f "$t"; exit 70; }
 echo LOCKED
 IFS= read -r line
 if [ "$line" = release ]; then rm -f "$d/owner"; fi
@@ -64,26 +88,56 @@ class HostLocked(OSError):
         self.reason, self.fix = reason, fix
 
 
-def owner_record(command: str | None = None) -> str:
-    return json.dumps({"controller": socket.gethostname(), "pid": os.getpid(),
-                       "command": command or " ".join(os.path.basename(a) if i == 0 else a
-                                                      for i, a in enumerate(sys.argv)),
+def owner_record(program: str | None = None, inventory: str | None = None) -> str:
+    """Who holds the lock: controller, pid, program, inventory and since. Never the rest of the
+    command line: its `--data` values may be secrets (a sudo password)."""
+    if program is None:
+        program, inventory = this_run()
+    return json.dumps({"controller": socket.gethostname(), "pid": os.getpid(), "program": program,
+                       "inventory": inventory or "",
                        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, sort_keys=True)
 
 
+_NAME = re.compile(r"[A-Za-z0-9_.,@:/+=-]{1,200}")
+
+
+def this_run(argv: list[str] | None = None) -> tuple[str, str]:
+    """(program, inventory) of this process's command line: `pyinfra` and its deploy files
+    (only .py paths: an operation given on the command line carries its arguments), and the
+    inventory when it looks like one (a path or host names). Nothing else is read from it."""
+    argv = list(sys.argv if argv is None else argv)
+    program = os.path.basename(argv[0]) if argv else "python"
+    inventory = ""
+    if program == "pyinfra":
+        try:
+            from gpufleet import pyinfra_private
+
+            params = pyinfra_private.cli_params(argv[1:])
+        except Exception:
+            params = {}
+        deploys = [op for op in params.get("operations") or () if isinstance(op, str) and op.endswith(".py")
+                   and _NAME.fullmatch(op)]
+        program = " ".join(["pyinfra", *deploys])
+        found = params.get("inventory")
+        inventory = found if isinstance(found, str) and _NAME.fullmatch(found) else ""
+    return program if _NAME.fullmatch(program.replace(" ", "_")) else "python", inventory
+
+
 def describe(record: str) -> str:
-    """'pid 123 on ctl (tools/rollout fleet.py) since 2026-...' from an owner record."""
+    """'pid 123 on ctl (tools/rollout fleet.py) since 2026-...' from an owner record, printable
+    (it comes from a host)."""
     try:
         data = json.loads(record)
-        return (f"pid {data.get('pid')} on {data.get('controller')} ({data.get('command')}) "
-                f"since {data.get('since')}")
+        what = data.get("command") or " ".join(str(data.get(k) or "") for k in ("program", "inventory")).strip()
+        text = f"pid {data.get('pid')} on {data.get('controller')} ({what}) since {data.get('since')}"
     except (ValueError, AttributeError):
-        return record.strip() or "an unknown run"
+        text = record.strip() or "an unknown run"
+    return printable(text)
 
 
-def hold_command(wait: int, owner: str) -> str:
+def hold_command(wait: int, owner: str) -> StringCommand:
     return StringCommand("sh", "-c", QuoteString(HOLD_SCRIPT), "gpufleet-lock", QuoteString(str(int(wait))),
-                         QuoteString(owner)).get_raw_value()
+                         QuoteString(owner))
 
 
 def lock_wait(host: Any) -> int:
@@ -145,14 +199,23 @@ def held(name: str) -> bool:
 
 
 def acquire(host: Any, wait: int = 0, owner: str | None = None, shared: bool = True) -> Lock:
-    """Take the host's lock on `host`'s SSH connection (pyinfra's paramiko client); raise
-    HostLocked naming the holder when another run keeps it longer than `wait` seconds."""
+    """Take the host's lock on `host`'s SSH connection (pyinfra's paramiko client), as root
+    (through sudo when the host's data says so); raise HostLocked naming the holder when another
+    run keeps it longer than `wait` seconds, or the folder when it is not root's own."""
+    from gpufleet import pyinfra_private
+
     client = getattr(host.connector, "client", None)
     if client is None or client.get_transport() is None:
         raise HostLocked(f"{host.name}: no SSH connection to take the gpufleet lock on",
                          "run over SSH (pyinfra's ssh connector): the lock is taken over it")
+    context = host_context(host)
+    context.lock_in_fact += 1   # pyinfra may run a command to set sudo's askpass up: not a change
+    try:
+        text = pyinfra_private.root_command(host, hold_command(wait, owner or owner_record()))
+    finally:
+        context.lock_in_fact -= 1
     channel = client.get_transport().open_session()
-    channel.exec_command(hold_command(wait, owner or owner_record()))
+    channel.exec_command(text)
     out = channel.makefile("r")
     lines: list[str] = []
     for line in out:
@@ -166,9 +229,18 @@ def acquire(host: Any, wait: int = 0, owner: str | None = None, shared: bool = T
         if code == EXIT_HELD and lines[:1] == ["HELD"]:
             raise HostLocked(f"{host.name} is locked by another gpufleet run: {describe(chr(10).join(lines[1:]))}",
                              "wait for it to finish (or set rollout_lock_wait), then re-run")
+        if code == EXIT_UNSAFE and lines[:1] and lines[0].startswith("UNSAFE "):
+            raise HostLocked(f"{host.name}: refused the gpufleet lock folder {LOCK_DIR}: not root's own 0700 folder "
+                             f"({printable(lines[0][len('UNSAFE '):])[:300]}); another user may have made it",
+                             f"find out who made {LOCK_DIR}, remove it as root (a reboot clears /run too), then "
+                             "re-run: gpufleet creates it root-only")
+        if code == EXIT_NOT_ROOT and lines[:1] == ["NOT-ROOT"]:
+            raise HostLocked(f"{host.name}: the gpufleet lock is taken as root, and this run logs in as "
+                             f"{host.data.get('ssh_user') or 'a user'} without sudo",
+                             "log in as root, or set _sudo: True (and _sudo_password if sudo asks for one)")
         raise HostLocked(f"{host.name}: could not take the gpufleet lock {LOCK_DIR}/host.lock "
-                         f"(exit {code}): {' '.join(lines)[:300]}",
-                         f"check {LOCK_DIR} on the host (a full /run, a foreign file there), then re-run")
+                         f"(exit {code}): {printable(' '.join(lines))[:300]}",
+                         f"check {LOCK_DIR} and sudo on the host (a full /run, sudo asking for a password), then re-run")
     stale = next((ln[len("STALE "):] for ln in lines if ln.startswith("STALE ")), None)
     lock = Lock(host.name, channel, stale, shared)
     HELD[host.name] = lock

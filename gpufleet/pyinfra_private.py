@@ -197,6 +197,30 @@ def planned_change(operation_meta: Any) -> bool:
     return bool(getattr(operation_meta, "_maybe_is_change", True))
 
 
+def root_command(host: Host, command: Any) -> str:
+    """`command` (a StringCommand) as pyinfra would run it as root on `host`: directly when the
+    run logs in as root, else through sudo as the host's data (or `pyinfra --sudo`) says, its
+    password handed over pyinfra's way (sudo's askpass: an environment variable, never a file
+    or a log). Only sudo to root: the host's `_sudo_user`, su and doas settings are for its
+    operations, not for the lock (gpufleet/hostlock.py). A public function of pyinfra's
+    connectors, not behind the gate: the lock is a safety, on any release."""
+    from pyinfra.api.command import StringCommand
+    from pyinfra.connectors.util import make_unix_command_for_host
+
+    config = host.state.config
+    sudo = host.data.get("_sudo", getattr(config, "SUDO", False))
+    arguments: dict[str, Any] = {"_shell_executable": None}
+    if sudo:
+        arguments.update(_sudo=True, _sudo_password=host.data.get("_sudo_password",
+                                                                  getattr(config, "SUDO_PASSWORD", None)) or "")
+    wrapped = make_unix_command_for_host(host.state, host, command, **arguments)
+    # exec: the login shell (dash does not exec a last command) would otherwise keep the
+    # command line, with the askpass password in it, in every local user's `ps` for as long as
+    # the lock is held (tests/e2e/test_hostlock_attack.py saw it)
+    text: str = StringCommand("exec", wrapped).get_raw_value()
+    return text
+
+
 # -- patches (each one only through the gate) ----------------------------------------------
 
 _ORIGINALS: dict[str, Any] = {}

@@ -9,6 +9,7 @@ from typing import Any
 import jinja2
 
 from gpufleet import private
+from gpufleet.printable import printable
 
 from . import view
 
@@ -29,7 +30,12 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 def cell(row: dict[str, Any], key: str) -> str:
-    """The text of one table cell."""
+    """The text of one table cell, printable (the terminal table and the Markdown report show
+    host strings: a control character is escaped, never sent to the terminal or the file)."""
+    return printable(_cell(row, key))
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
     if row.get("status") == "unreachable" and key not in ("host", "state", "tier", "problems"):
         return ""
     value = row.get(key)

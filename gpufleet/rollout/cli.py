@@ -128,7 +128,7 @@ def rollout_main(argv: list[str] | None = None, prog: str = "tools/rollout") -> 
                    stop_containers=args.stop_gpu_containers, manifests_dir=args.manifests,
                    reboot_timeout=args.reboot_timeout, retune=args.retune,
                    assume_yes=args.yes, heartbeat=args.heartbeat,
-                   command=" ".join([prog, *(sys.argv[2:] if argv is None else argv)]))
+                   command=f"{prog} {args.inventory}")
     return Runner(opts).run()
 
 

@@ -310,6 +310,102 @@ def stack_plan(installed: dict[str, Any], wanted: dict[str, str], available: dic
     return install, remove, missing
 
 
-def load_manifest(path: str | Path) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(Path(path).read_text())
-    return doc
+class ManifestError(ValueError):
+    """A manifest gpufleet did not write as it stands: refused before anything is restored."""
+
+
+_ID = re.compile(r"\d{8}T\d{6}Z")
+_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]*(:[a-z0-9-]+)?")
+_VERSION = re.compile(r"[A-Za-z0-9.+~:-]{1,128}")
+_ETC_PATH = re.compile(r"(/[A-Za-z0-9_+@-][A-Za-z0-9_.+@-]*)+")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_REQUIRED: dict[str, type | tuple[type, ...]] = {"format": int, "id": str, "host": str, "created": (int, float), "reason": str, "driver": dict,
+             "packages": dict, "holds": list, "etc_files": dict, "etc_tarball": str}
+_OPTIONAL: dict[str, type | tuple[type, ...]] = {"gpus": list, "disk_snapshot": (dict, type(None))}
+
+
+def is_manifest_tarball(path: Any) -> bool:
+    """Whether `path` is an /etc archive gpufleet writes on a host: HOST_DIR/<id>.etc.tar.gz."""
+    return isinstance(path, str) and path.startswith(HOST_DIR + "/") and path.endswith(".etc.tar.gz") \
+        and _ID.fullmatch(path[len(HOST_DIR) + 1:-len(".etc.tar.gz")]) is not None
+
+
+def manifest_problems(doc: Any, host: str | None = None) -> list[str]:
+    """What is wrong with a manifest, as gpufleet's snapshot step writes one (mf.build), before a
+    rollback acts on it as root: its keys and their types; `etc_tarball` the archive gpufleet
+    wrote next to it in the host's manifest folder (HOST_DIR/<id>.etc.tar.gz), nothing else;
+    recorded /etc paths absolute, without `.` or `..`, and among ETC_FILES; package names,
+    versions and holds as dpkg spells them. Empty: a manifest gpufleet may use."""
+    from fnmatch import fnmatchcase
+
+    if not isinstance(doc, dict):
+        return ["not a JSON object"]
+    problems = [f"unknown key {key!r}" for key in sorted(set(doc) - set(_REQUIRED) - set(_OPTIONAL))]
+    problems += [f"missing key {key!r}" for key in sorted(set(_REQUIRED) - set(doc))]
+    for key, kind in {**_REQUIRED, **_OPTIONAL}.items():
+        if key in doc and (not isinstance(doc[key], kind) or isinstance(doc[key], bool)):
+            problems.append(f"{key} is not {getattr(kind, '__name__', 'of the right type')}")
+    if problems:
+        return problems
+    if doc["format"] != FORMAT:
+        problems.append(f"format {doc['format']} (this gpufleet reads {FORMAT})")
+    if not _ID.fullmatch(doc["id"]):
+        problems.append(f"id {doc['id']!r} is not a manifest id (YYYYMMDDTHHMMSSZ)")
+    elif doc["etc_tarball"] != f"{HOST_DIR}/{doc['id']}.etc.tar.gz":
+        problems.append(f"etc_tarball {doc['etc_tarball']!r} is not the archive gpufleet wrote for it "
+                        f"({HOST_DIR}/{doc['id']}.etc.tar.gz)")
+    if host is not None and doc["host"] != host:
+        problems.append(f"host {doc['host']!r} is not {host!r}")
+    for name, version in doc["packages"].items():
+        if not isinstance(name, str) or not _PACKAGE.fullmatch(name) or not isinstance(version, str) \
+                or not _VERSION.fullmatch(version):
+            problems.append(f"package {name!r}={version!r} is not a dpkg package and version")
+    for name in doc["holds"]:
+        if not isinstance(name, str) or not _PACKAGE.fullmatch(name):
+            problems.append(f"hold {name!r} is not a dpkg package name")
+    for path, sha in doc["etc_files"].items():
+        parts = path.split("/") if isinstance(path, str) else []
+        if not isinstance(path, str) or not _ETC_PATH.fullmatch(path) or any(p in (".", "..") for p in parts) \
+                or not any(fnmatchcase(path, pattern) for pattern in ETC_FILES):
+            problems.append(f"etc_files path {path!r} is not one gpufleet records (absolute, among {', '.join(ETC_FILES[:3])}...)")
+        elif not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+            problems.append(f"etc_files {path}: {sha!r} is not a sha256")
+    driver = doc["driver"]
+    if set(driver) - {"loaded", "installed", "flavour"} or not all(v is None or isinstance(v, str) for v in driver.values()):
+        problems.append("driver is not {loaded, installed, flavour} (strings)")
+    elif isinstance(driver.get("installed"), str) and not _VERSION.fullmatch(driver["installed"]):
+        problems.append(f"driver installed {driver.get('installed')!r} is not a version")
+    disk = doc.get("disk_snapshot")
+    if disk is not None and not all(isinstance(k, str) and (v is None or isinstance(v, (str, int, float)))
+                                    for k, v in disk.items()):
+        problems.append("disk_snapshot is not a record of names and values")
+    if not all(isinstance(g, dict) for g in doc.get("gpus") or []):
+        problems.append("gpus is not a list of records")
+    return problems
+
+
+def check_manifest(doc: Any, source: str, host: str | None = None) -> dict[str, Any]:
+    """`doc`, or ManifestError naming `source` and every problem."""
+    problems = manifest_problems(doc, host)
+    if problems:
+        raise ManifestError(f"{source}: not a manifest gpufleet wrote, refused (nothing restored): "
+                            + "; ".join(problems[:8]) + ("; ..." if len(problems) > 8 else ""))
+    checked: dict[str, Any] = doc
+    return checked
+
+
+def load_manifest(path: str | Path, host: str | None = None) -> dict[str, Any]:
+    """A manifest file on the controller, checked: ours (gpufleet.private.read: not a symbolic
+    link, not another user's, not writable by others, in folders of ours) and well formed
+    (manifest_problems). ManifestError otherwise."""
+    from gpufleet import private
+
+    try:
+        data = private.read(path)
+    except private.UnsafePath as exc:
+        raise ManifestError(str(exc)) from None
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise ManifestError(f"{path}: not JSON ({exc})") from None
+    return check_manifest(doc, str(path), host)

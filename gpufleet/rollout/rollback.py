@@ -1,7 +1,6 @@
 """tools/rollback: put hosts back to a manifest (see deploys/rollback.py)."""
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -11,10 +10,11 @@ from gpufleet.failures import stop_line
 from gpufleet.inventory_source import InventorySource
 
 from .context import RolloutContext
+from .manifest import ManifestError, load_manifest
 
 
 def latest_manifest(manifests_dir: Path, host: str) -> Path | None:
-    found = sorted((manifests_dir / host).glob("*.json"))
+    found = sorted((manifests_dir / host).glob("[0-9]*T[0-9]*Z.json"))   # named by their id
     return found[-1] if found else None
 
 
@@ -42,7 +42,11 @@ def rollback(inventory: str | InventorySource, hosts: list[str], manifest: Path 
         if not path or not Path(path).exists():
             print(f"error: no manifest for {h} in {manifests_dir / h}", file=out)
             return 2
-        docs[h] = json.loads(Path(path).read_text())
+        try:   # ours and as gpufleet wrote it, before anything runs as root on the host
+            docs[h] = load_manifest(path, h)
+        except ManifestError as exc:
+            print(f"error: {exc}", file=out)
+            return 2
         doc = docs[h]
         print(f"{h}: manifest {path} ({doc['reason']}, taken {time.strftime('%F %T', time.localtime(doc['created']))})",
               file=out)

@@ -18,6 +18,7 @@ from gpufleet.failures import stop_line
 
 from . import manifest as mf, plan, progress as prog, targets
 from gpufleet.inventory_source import InventorySource, SourceError
+from gpufleet.printable import printable
 
 from .context import RolloutContext
 from .manifest import load_manifest
@@ -49,7 +50,8 @@ class Options:
     retune: bool = False
     assume_yes: bool = False       # -y: no question before draining
     heartbeat: float = 30          # seconds between a wave's progress lines (0: none)
-    command: str = "tools/rollout"   # as the operator typed it: named to a second run by the locks
+    command: str = "tools/rollout"   # program and inventory, named to a second run by the locks (no
+                                     # other argument: a --data value may be a secret)
 
 
 def survey_and_resolve(ctx: RolloutContext, override: str | None) -> None:
@@ -126,7 +128,9 @@ class Runner:
                                   retune=opts.retune)
 
     def say(self, text: str) -> None:
-        print(f"[{time.monotonic() - self.t0:7.1f}s] {text}", file=self.out, flush=True)
+        # every line of the rollout's output goes through here, and many quote a host (GPU
+        # process names, lock owners): printable, so no host string drives the terminal
+        print(f"[{time.monotonic() - self.t0:7.1f}s] {printable(text, newlines=True)}", file=self.out, flush=True)
 
     # --- entry point -------------------------------------------------------------------------
 
@@ -134,7 +138,7 @@ class Runner:
         from gpufleet import hostlock
 
         hostlock.install()  # a step that finds its host not locked by this rollout locks it first
-        self.locks = hostlock.FleetLocks(self.opts.inventory, hostlock.owner_record(self.opts.command))
+        self.locks = hostlock.FleetLocks(self.opts.inventory, hostlock.owner_record(*self.opts.command.split(" ", 1)))
         try:
             return self._run()
         finally:
@@ -381,10 +385,17 @@ class Runner:
 
     def _run_wave(self, batch: plan.Batch, wave: list[str], steps: Any) -> None:
         state, ctx = self.state, self.ctx
+        refused = []
         for name in wave:
             rec = state.host(name)
             if rec.manifest and Path(rec.manifest).exists():
-                ctx.manifests[name] = load_manifest(rec.manifest)
+                try:
+                    ctx.manifests[name] = load_manifest(rec.manifest, name)
+                except mf.ManifestError as exc:   # not the manifest this rollout wrote: nothing runs on it
+                    state.mark(name, "failed", str(exc))
+                    self.say(f"[{batch.name}] {name}: FAILED: {exc}")
+                    refused.append(name)
+        wave = [name for name in wave if name not in refused]
         todo = {name: state.host(name).steps_to_run() for name in wave}
         active = list(wave)
         funcs: dict[str, Callable[..., Any]] = {
@@ -524,7 +535,7 @@ class Runner:
         for n, why in notes.items():
             lines.append(f"  {'-':<8} {n:<22} not in the rollout: {why}")
         for line in lines:
-            print(line, file=self.out, flush=True)
+            print(printable(line), file=self.out, flush=True)
 
     def print_inventory_lines(self, eligible: list[str]) -> None:
         """After an override: the inventory lines that make it say what the hosts now run."""
@@ -547,7 +558,7 @@ class Runner:
         for n in eligible:
             rec = state.host(n)
             times = " ".join(f"{s}={rec.steps[s].get('seconds', '?')}s" for s in STEPS if s in rec.steps)
-            print(f"  {n:<22} {rec.status:<15} {rec.message[:160]}", file=self.out)
+            print(f"  {n:<22} {rec.status:<15} {printable(rec.message[:160])}", file=self.out)
             if times:
                 print(f"  {'':<22}   {times}", file=self.out)
         print("  " + ", ".join(f"{k}: {v}" for k, v in sorted(state.summary().items())), file=self.out, flush=True)

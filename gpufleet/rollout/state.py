@@ -19,16 +19,19 @@ re-runs every later step: each decides from the host's real state whether there 
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpufleet import private
+from gpufleet.printable import printable
 
 STEPS = ("drain", "snapshot", "upgrade", "reboot", "tune", "validate", "undrain")
 #: after these steps started, packages may have changed: a failed host stays out of service
@@ -54,12 +57,26 @@ class StateLock:
         self.fd: int | None = None
 
     def acquire(self, command: str = "") -> None:
-        private.ensure_dir(self.path.parent)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            private.ensure_dir(self.path.parent)
+        except private.UnsafePath as exc:
+            raise StateError(str(exc)) from None
+        try:   # never through a symbolic link, and only a file of ours (checked on the descriptor)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StateError(f"{self.path}: a symbolic link, not tools/rollout's lock file: move it away "
+                                 "and re-run") from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o022:
+            os.close(fd)
+            raise StateError(f"{self.path}: not tools/rollout's lock file (another user's, writable by others, or "
+                             "not a regular file): move it away and re-run")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown process"
+            holder = printable(os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown process")
             os.close(fd)
             raise StateLocked(f"{self.path.with_suffix('')} is in use by another tools/rollout ({holder}): "
                               "wait for it to finish, or stop it") from None
@@ -137,9 +154,12 @@ class RolloutState:
     @classmethod
     def load(cls, path: Path, target: str, inventory: str) -> RolloutState:
         path = Path(path)
-        if not path.exists():
+        if not os.path.lexists(path):
             return cls(path, target, inventory)
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(private.read(path))   # ours, checked on the descriptor it is read from
+        except private.UnsafePath as exc:
+            raise StateError(str(exc)) from None
         if data.get("format") != FORMAT:
             raise StateError(f"{path}: unknown state format {data.get('format')!r}")
         hosts = {name: HostRecord(name=name, **{k: v for k, v in rec.items() if k != "name"})

@@ -146,7 +146,7 @@ def test_rollout_from_the_inventory_with_a_second_run_and_all_py_stopped(fleet, 
         assert first.poll() is None, "the rollout ended before all.py reached h3: the check proved nothing"
         assert during.returncode != 0, during.output
         assert f"{h3.name} is locked by another gpufleet run: pid {first.pid} on " in during.output
-        assert "(tools/rollout fleet.py --canary 1 --batch-size 2)" in during.output
+        assert "(tools/rollout fleet.py) since" in during.output   # program and inventory only (issue 27)
         assert rf.sh(h3, f"test -e {profile}", check=False).returncode != 0    # all.py did not change h3
         assert first.wait(timeout=1800) == 0, (work / "rollout.log").read_text()
     finally:
@@ -171,7 +171,7 @@ def test_rollout_from_the_inventory_with_a_second_run_and_all_py_stopped(fleet, 
     assert st["hosts"][h1.name]["steps"]["undrain"]["finished"] < st["hosts"][h2.name]["steps"]["drain"]["started"]
     # the lock went with the rollout: free, and its record removed (released, not crashed)
     for h in hosts:
-        assert rf.sh(h, "flock -n /run/lock/gpufleet/host.lock true && ! test -e /run/lock/gpufleet/owner",
+        assert rf.sh(h, "flock -n /run/gpufleet-lock/host.lock true && ! test -e /run/gpufleet-lock/owner",
                      check=False).returncode == 0, h.name
     files = [work / ".gpufleet", work / ".gpufleet/rollouts", work / ".gpufleet/rollouts/fleet.json"]
     assert [oct(p.stat().st_mode & 0o777) for p in files] == ["0o700", "0o700", "0o600"]
@@ -206,21 +206,21 @@ def test_host_lock_dies_with_a_killed_run_and_is_reported_stale(fleet):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     holder = subprocess.Popen([*cmd, "600"], cwd=work, env=env, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().startswith("TAKEN")
-    owner = json.loads(rf.sh(h, "cat /run/lock/gpufleet/owner").stdout)
-    assert owner["pid"] == holder.pid and owner["command"] == "e2e-locker"
+    owner = json.loads(rf.sh(h, "cat /run/gpufleet-lock/owner").stdout)
+    assert owner["pid"] == holder.pid and owner["program"] == "e2e-locker"
     blocked = subprocess.run([*cmd, "0"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert blocked.stdout.startswith(f"REFUSED {h.name} is locked by another gpufleet run: pid {holder.pid} on "), \
         blocked.stdout + blocked.stderr
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     deadline = time.monotonic() + 30
-    while rf.sh(h, "flock -n /run/lock/gpufleet/host.lock true", check=False).returncode != 0:
+    while rf.sh(h, "flock -n /run/gpufleet-lock/host.lock true", check=False).returncode != 0:
         assert time.monotonic() < deadline, "the lock outlived its killed holder"
         time.sleep(0.5)
     nxt = subprocess.run([*cmd, "0"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
     first_line = nxt.stdout.splitlines()[0]
     assert first_line.startswith("TAKEN") and f'"pid": {holder.pid}' in first_line, nxt.stdout + nxt.stderr
-    assert rf.sh(h, "test -e /run/lock/gpufleet/owner", check=False).returncode != 0   # released cleanly this time
+    assert rf.sh(h, "test -e /run/gpufleet-lock/owner", check=False).returncode != 0   # released cleanly this time
 
     # rollout_lock_wait: a second run waits for the first to finish instead of stopping
     holder = subprocess.Popen([*cmd, "5"], cwd=work, env=env, stdout=subprocess.PIPE, text=True)

@@ -231,7 +231,7 @@ def test_an_old_or_foreign_plan_is_ignored(local, tmp_path, caplog):
     os.chmod(plans / "_local.json", 0o666)  # anyone may write it: not trusted
     state, host, calls = local()
     get_fact(state, host, Arch)
-    assert "gpufleet-prefetch" not in str(calls) and "another user may write it" in caplog.text
+    assert "gpufleet-prefetch" not in str(calls) and "a file others may write" in caplog.text
 
 
 def test_a_regular_expression_pyinfra_quotes_is_a_plain_argument():
