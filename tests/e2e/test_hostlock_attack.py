@@ -70,8 +70,8 @@ def lab(hostpool, tmp_path_factory):
              + " && echo 'deployer ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/gf-deployer"
              + " && echo 'pwdeployer ALL=(ALL) ALL' > /etc/sudoers.d/gf-pwdeployer"
              + " && chmod 440 /etc/sudoers.d/gf-deployer /etc/sudoers.d/gf-pwdeployer"
-             + " && printf '%s\\n' " + shlex.quote(f"pwdeployer:{PASSWORD}") + " | chpasswd")
-    root(host, users)
+             + " && chpasswd")
+    testhosts.ssh(host, users, input=f"pwdeployer:{PASSWORD}\n")   # on stdin: in no command line
     for user in ("student", "deployer", "pwdeployer"):   # student logs in only in the last test
         root(host, f"install -d -m 700 -o {user} -g {user} /home/{user}/.ssh && printf '%s\\n' {shlex.quote(key.strip())}"
                    f" > /home/{user}/.ssh/authorized_keys && chown {user}: /home/{user}/.ssh/authorized_keys")
@@ -154,14 +154,15 @@ def test_the_lock_is_root_s_through_sudo_and_the_password_goes_nowhere(lab, user
     finally:
         holder.kill()
         holder.wait()
-    found = root(host, f"grep -rlF {shlex.quote(PASSWORD)} /tmp /run /var/log /var/tmp /home /root 2>/dev/null; "
-                       f"journalctl --no-pager 2>/dev/null | grep -cF {shlex.quote(PASSWORD)}; true")
+    # the password on stdin, in no command line: sudo logs the harness's own commands
+    found = testhosts.ssh(host, 'p=$(cat); grep -rlF -e "$p" /tmp /run /var/log /var/tmp /home /root 2>/dev/null; '
+                                'journalctl --no-pager 2>/dev/null | grep -cF -e "$p"; true', input=PASSWORD).stdout
     assert found.split() == ["0"], found
 
 
 def test_a_login_user_without_sudo_is_told_the_lock_needs_root(lab):
     host, _, work, data = lab
-    inv = write_inventory(work / "student.py", [host], data={host.name: {**data, "ssh_user": "student"}})
+    inv = write_inventory(work / "student.py", [host], data={host.name: {**data, "ssh_user": "student", "_sudo": None}})
     holder = locker(work, inv, host.name, "0")
     out = holder.communicate(timeout=120)[0]
     assert out.startswith(f"REFUSED {host.name}: the gpufleet lock is taken as root, and this run logs in as student "
