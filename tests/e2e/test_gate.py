@@ -87,7 +87,7 @@ def test_all_py_changes_no_driver_and_names_each_host_and_tools_rollout(fleet, a
         assert driver_state(h) == before[h.name], h.name    # dpkg versions, holds, pin, module, no apt run
         assert re.search(rf"\[{h.name}\].*driver upgrade pending: {re.escape(OLD)} -> {re.escape(NEW)}, "
                          r"run tools/rollout", run.output), h.name
-        assert re.search(rf"\[{h.name}\] \[WARN\] driver: .*driver upgrade pending: {re.escape(OLD)} -> "
+        assert re.search(rf"\[{h.name}\]\s+\[WARN\] driver: .*driver upgrade pending: {re.escape(OLD)} -> "
                          rf"{re.escape(NEW)}", run.output), h.name            # the validation gate says it too
     assert "3 host(s) with a DRIVER UPGRADE PENDING" in run.output and "tools/rollout INVENTORY" in run.output
     assert not any("Install driver" in op for op in changed_operations(run)), run.output
@@ -98,7 +98,7 @@ def test_all_py_changes_no_driver_and_names_each_host_and_tools_rollout(fleet, a
     run = pyinfra(inv)
     assert run.returncode != 0, run.output
     for h in hosts:
-        assert re.search(rf"\[{h.name}\] \[FAIL\] driver: .*driver upgrade pending: {re.escape(OLD)} -> "
+        assert re.search(rf"\[{h.name}\]\s+\[FAIL\] driver: .*driver upgrade pending: {re.escape(OLD)} -> "
                          rf"{re.escape(NEW)}, run tools/rollout", run.output), h.name
         assert driver_state(h) == before[h.name], h.name
 
