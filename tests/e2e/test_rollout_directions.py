@@ -107,15 +107,19 @@ def test_failed_change_leaves_no_hold_on_what_it_never_installed_and_no_failed_u
           + shlex.quote(base64.b64encode(du.PACKAGE_CHANGE_SCRIPT.encode()).decode())
           + " | base64 -d > " + du.SCRIPT + " && chmod 700 " + du.SCRIPT)
     old_pin, new_pin = f"nvidia-driver-pinning-{rf.OLD}", f"nvidia-driver-pinning-{rf.NEW}"
-    args = du.change_arguments({"nvidia-open": rf.OLD_DEB, "nvidia-fabricmanager": rf.OLD_DEB, old_pin: rf.OLD_DEB},
-                               [new_pin], ["nvidia-open", "nvidia-fabricmanager"],
-                               ["nvidia-open", "nvidia-fabricmanager", old_pin], downgrade=False)
+    # every package at the newer driver's version (as the rollout moves them), to the older one
+    out = rf.sh(host, "dpkg-query -W -f='${Package} ${Version}\\n'").stdout
+    moving = sorted(name for name, _, ver in (line.partition(" ") for line in out.splitlines())
+                    if ver == rf.NEW_DEB and name != new_pin)
+    held = sorted(set(rf.HELD) & set(moving))
+    args = du.change_arguments({**{name: rf.OLD_DEB for name in moving}, old_pin: rf.OLD_DEB},
+                               [new_pin], held, [*held, old_pin], downgrade=False)
     r = rf.sh(host, du.package_change_command(args).get_raw_value(), check=False)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "without --allow-downgrades" in r.stderr and "exit status 100" in r.stderr, r.stderr
     assert rf.version(host, "nvidia-open") == f"ii {rf.NEW_DEB}"     # apt changed nothing
     assert old_pin not in rf.holds(host) and loose_holds(host) == []  # never installed: never held
-    assert {"nvidia-open", "nvidia-fabricmanager"} <= rf.holds(host)  # what is installed: held again
+    assert rf.holds(host) == set(rf.HELD)                             # what is installed: held again
     assert not unit_failed(host)                                     # outcome read, unit reset
 
 
