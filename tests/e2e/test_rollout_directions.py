@@ -5,10 +5,10 @@ from the stand-in NVIDIA repository, pinned and held:
 1. a package change that fails (a downgrade asked of apt without --allow-downgrades: exit 100,
    as the pin back failed before) leaves no hold on the pinning package it never installed and
    no failed unit; the holds of what is installed are back;
-2. pin back: `tools/rollout INV --driver-version <older>` -> loaded = installed = older (dpkg and
-   the simulator's nvidia-smi), the older pinning package in place of the newer, holds as before,
-   no failed unit, no hold on a package that is not installed;
-3. roll forward again to the newer driver, the same checks.
+2. pin back: the inventory says `driver_version: <older>`, `tools/rollout INV` -> loaded =
+   installed = older (dpkg and the simulator's nvidia-smi), the older pinning package in place of
+   the newer, holds as before, no failed unit, no hold on a package that is not installed;
+3. roll forward again (`--driver-version <newer>`), the same checks.
 """
 from __future__ import annotations
 
@@ -59,9 +59,9 @@ def research(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
     return host, work
 
 
-def rollout(work: Path, version: str) -> subprocess.CompletedProcess:
+def rollout(work: Path, version: str, *args: str) -> subprocess.CompletedProcess:
     t = time.monotonic()
-    proc = subprocess.run([str(REPO / "tools/rollout"), "research.py", "--driver-version", version],
+    proc = subprocess.run([str(REPO / "tools/rollout"), "research.py", *args],
                           cwd=work, capture_output=True, text=True, timeout=900)
     TIMINGS[f"rollout_to_{version}_s"] = time.monotonic() - t
     print(proc.stdout, proc.stderr, TIMINGS)
@@ -123,8 +123,10 @@ def test_failed_change_leaves_no_hold_on_what_it_never_installed_and_no_failed_u
     assert not unit_failed(host)                                     # outcome read, unit reset
 
 
-def test_pin_back_to_the_older_driver(research):
+def test_pin_back_to_the_older_driver(research, aptrepo):  # noqa: F811
     host, work = research
+    # the operator's pin back: the inventory names the older release, the rollout follows it
+    rf.inventory(work / "research.py", [host], aptrepo, extra={host.name: {"driver_version": rf.OLD}})
     r = rollout(work, rf.OLD)
     assert r.returncode == 0, r.stdout + r.stderr
     assert_at(host, rf.OLD, rf.OLD_DEB, rf.NEW)
@@ -134,7 +136,7 @@ def test_pin_back_to_the_older_driver(research):
 
 def test_roll_forward_again(research):
     host, work = research
-    r = rollout(work, rf.NEW)
+    r = rollout(work, rf.NEW, "--driver-version", rf.NEW)
     assert r.returncode == 0, r.stdout + r.stderr
     assert_at(host, rf.NEW, rf.NEW_DEB, rf.OLD)
     log = rf.sh(host, "grep '=== .* package change: ' " + du.LOG + " | tail -n 1").stdout
