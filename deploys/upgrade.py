@@ -244,8 +244,9 @@ def upgrade(ctx: RolloutContext) -> None:
     packages_at_versions(name=f"Move {', '.join(what) or 'nothing'} (unhold, install, hold again"
                               + ("; the GPUs checked idle right before, in the same command)" if idle else ")"),
                          install={**install, **stack_install}, remove=[*remove, *stack_remove], hold=hold,
-                         downgrade=bool(stack_install),   # an inventory may ask for an older release
-                         require_idle=idle)
+                         # an inventory may ask for an older release (pin back): apt is allowed to
+                         # downgrade exactly when a target sorts before what is installed
+                         downgrade=None, require_idle=idle)
     if wanted:
         stack_recorded(name="Record the CUDA toolkit and cuDNN releases gpufleet installed",
                        versions={p: wanted[p] for p in present}, packages=stack_fact_packages(wanted))

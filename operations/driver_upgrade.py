@@ -17,6 +17,7 @@ from gpufleet.facts.packages import HeldPackages, PackageVersions
 from gpufleet.facts.rollout import PackageChange
 from gpufleet.operations.drain import idle_check
 from gpufleet.operations.remote_files import write_command
+from gpufleet.versions import downgraded
 
 UNIT = "gpufleet-package-change.service"
 SCRIPT_DIR = "/var/lib/gpufleet/libexec"
@@ -57,8 +58,16 @@ rc=0
 if [ $rc -eq 0 ] && [ -n "$specs" ]; then
     apt-get install -y -q -o Dpkg::Options::=--force-confold -o Dpkg::Use-Pty=0 $opts $specs || rc=$?
 fi
-# the holds come back whatever apt did
-[ -z "$hold" ] || apt-mark hold $hold >/dev/null || { [ $rc -ne 0 ] || rc=5; }
+# the holds come back whatever apt did, on what is on disk: a package apt never unpacked (the
+# new pinning package of a failed change) gets no hold (a selection for a package not installed)
+held=
+for p in $hold; do
+    case $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) in
+        ''|*" not-installed"|*" config-files") echo "gpufleet: $p is not installed: not held";;
+        *) held="$held $p";;
+    esac
+done
+[ -z "$held" ] || apt-mark hold $held >/dev/null || { [ $rc -ne 0 ] || rc=5; }
 echo "=== $(date -u +%FT%TZ) exit $rc"
 exit $rc
 """
@@ -80,7 +89,8 @@ def _runner(gate: str = "") -> str:
         "result=$(systemctl show -p Result --value $u); status=$(systemctl show -p ExecMainStatus --value $u); "
         "if [ \"$result\" != success ]; then tail -n 15 " + LOG + " >&2; "
         "echo \"gpufleet: the package change ($u) ended: $result, exit status $status (its log: " + LOG + ")\" >&2; "
-        "exit 1; fi; "
+        # its outcome is read (and said): no failed unit is left behind
+        "systemctl reset-failed $u 2>/dev/null; exit 1; fi; "
         "echo \"gpufleet: the package change ($u) finished: exit status $status\""
     )
 
@@ -111,14 +121,15 @@ def package_change_command(args: list[str], script: str = SCRIPT, require_idle: 
 
 @operation()
 def packages_at_versions(install: dict[str, str], remove: list[str] | None = None, hold: list[str] | None = None,
-                         downgrade: bool = False, require_idle: bool = False):
+                         downgrade: bool | None = None, require_idle: bool = False):
     """Put packages at exact versions the sanctioned way: unhold, `apt-get install pkg=ver`, hold,
     as a transient systemd unit on the host (see the module docstring).
 
     + install: package -> exact Debian version
     + remove: packages to remove in the same apt transaction (e.g. the old pinning package)
     + hold: the packages held afterwards (re-held even when apt fails, so nothing is left loose)
-    + downgrade: allow going to older versions (rollback)
+    + downgrade: allow going to older versions (apt --allow-downgrades); None (the default): exactly
+      when a target is older than the installed version (Debian version order)
     + require_idle: refuse (busy) when GPU work runs, checked in the command that starts the change
     """
     remove = list(remove or [])
@@ -135,6 +146,8 @@ def packages_at_versions(install: dict[str, str], remove: list[str] | None = Non
             host.noop(f"{len(install)} package(s) at their versions already, holds in place")
         return
     release = sorted(held & (set(todo) | set(gone) | set(hold)))
+    if downgrade is None:
+        downgrade = bool(downgraded(installed, todo))
     args = change_arguments(todo, sorted(gone), release, hold, downgrade)
     yield StringCommand("install", "-d", "-m", "700", SCRIPT_DIR)
     yield write_command(SCRIPT, PACKAGE_CHANGE_SCRIPT, mode="700")
@@ -149,6 +162,8 @@ def package_change_settled():
     if not change.running and not change.audit:
         if change.result not in (None, "success"):
             host.noop(f"the last package change ({UNIT}) ended: {change.result}, exit status {change.status}")
+            # said: the failed unit an earlier (dead) session left is not left behind
+            yield StringCommand("systemctl", "reset-failed", UNIT)
         else:
             host.noop("no package change is running and dpkg --audit is clean")
         return
