@@ -61,7 +61,7 @@ from gpufleet.deploys.base import APT_CACHE_SECONDS, quiet_needrestart
 from gpufleet import monitoring
 from gpufleet.failures import refuse
 from gpufleet.settings import host_settings
-from gpufleet.sshd_policy import HOST_KEY_FILES, deploy_user, expected_sshd, lockouts
+from gpufleet.sshd_policy import HOST_KEY_FILES, deploy_user, expected_sshd, lockouts, named_users
 from gpufleet.sshd_support import available, rejected_algorithms
 from gpufleet.operations import sshd_files
 
@@ -261,7 +261,7 @@ def hardening():
     if not ctx["password_auth"]:
         ssh.require_authorized_keys(
             name="Refuse to go on unless the deploy user and every allowed user have an SSH key",
-            users=[user, *ctx["allow_users"]],
+            users=[user, *named_users(ctx["allow_users"])],
             groups=ctx["allow_groups"],
         )
 

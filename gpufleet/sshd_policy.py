@@ -90,6 +90,13 @@ def allows_user(patterns: Sequence[str], user: str) -> bool:
     return any(fnmatch.fnmatchcase(user, pattern.partition("@")[0]) for pattern in patterns)
 
 
+def named_users(patterns: Sequence[str]) -> list[str]:
+    """The users AllowUsers `patterns` name outright (USER of USER@HOST), whose keys can be
+    checked; a wildcard pattern names no one in particular."""
+    users = (p.partition("@")[0] for p in patterns)
+    return list(dict.fromkeys(u for u in users if u and not set(u) & set("*?!")))
+
+
 def lockouts(permit_root_login: str, allow_users: Sequence[str], user: str, said: str) -> list[tuple[str, str, str]]:
     """(key, problem, what is allowed) for each way these settings lock `user` (the deploy
     user, `said` saying where it comes from) out of its next login."""

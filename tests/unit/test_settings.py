@@ -118,6 +118,12 @@ def test_no_lockout_passes(host_data):
     validate_inventory(inventory(host_data))
 
 
+def test_named_users_are_the_ones_whose_keys_can_be_checked():
+    from gpufleet.sshd_policy import named_users
+
+    assert named_users(["alice", "root@10.0.0.*", "lab-?", "*", "bob", "alice@192.0.2.1"]) == ["alice", "root", "bob"]
+
+
 def test_unset_ssh_user_is_the_controllers_login_name(monkeypatch):
     monkeypatch.setattr("getpass.getuser", lambda: "root")
     problems = problems_of(inventory({"hardening_permit_root_login": "no"}))
