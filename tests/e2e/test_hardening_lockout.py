@@ -11,9 +11,10 @@ run must say clearly why that host was refused:
 - a login that fails after the reload: a post-quantum-only kex list (paramiko 4 has no PQ kex,
   so pyinfra itself could not come back): previous configuration restored and reloaded, new
   logins work again;
-- an AllowUsers that excludes the deploy user: refused at planning (gpufleet/settings.py, as
-  deploys/all.py plans), naming host and key, in a run of its own (a bad inventory stops the
-  whole run), before any host changes.
+- an AllowUsers that excludes the deploy user, PermitRootLogin no while deployed as root, and a
+  trusted CIDR of /0: refused at planning (gpufleet/settings.py, as deploys/all.py plans),
+  naming host and key, in runs of their own (a bad inventory stops the whole run), before any
+  host changes.
 """
 from __future__ import annotations
 
@@ -65,8 +66,17 @@ def lockout(hostpool, tmp_path_factory):
     run = pyinfra(inv, str(deploy))
     # pyinfra pads "[host]" to the longest name: gf-P-9 and gf-P-10 in one run get "[gf-P-9]  ..."
     run = dataclasses.replace(run, output=re.sub(r"(\[[^\]\n]+\]) {2,}", r"\1 ", run.output))
-    allow_inv = write_inventory(tmp / "allow.py", [allow], data={allow.name: data[allow.name]})
+    # the other two lock-out shapes planning refuses, on the same host: root login off (refused
+    # only when the deploy user is root) in the same run; a firewall that trusts the whole
+    # internet in a run of its own (a bad value: the schema says so before any cross-check)
+    refused = {**data[allow.name], "hardening_permit_root_login": "no"}
+    allow_inv = write_inventory(tmp / "allow.py", [allow], data={allow.name: refused})
     planning = pyinfra(allow_inv, "tests/e2e/deploys/hardening_only.py")
+    internet = {**data[allow.name], "hardening_allow_users": [], "firewall_trusted_cidrs": ["10.0.0.0/8", "::/0"]}
+    internet_inv = write_inventory(tmp / "internet.py", [allow], data={allow.name: internet})
+    trusted = pyinfra(internet_inv, "tests/e2e/deploys/hardening_only.py")
+    planning = dataclasses.replace(planning, returncode=min(planning.returncode, trusted.returncode),
+                                   output=planning.output + "\n" + trusted.output)
     after = {case: testhosts.ssh(h, SNAPSHOT).stdout for case, h in hosts.items()}
     return hosts, (run, planning), before, after
 
@@ -79,14 +89,19 @@ def test_every_case_fails_its_host(lockout):
             assert f"[{host.name}] Error" in run.output, run.output
 
 
-def test_allow_users_without_the_deploy_user_is_refused_at_planning(lockout):
+def test_lockouts_are_refused_at_planning_naming_host_and_key(lockout):
     hosts, (_, planning), _, _ = lockout
     host = hosts["allow"]
     user = host.pyinfra_data()["ssh_user"]
-    assert planning.returncode != 0, planning.output
+    assert planning.returncode != 0, planning.output  # neither run exited 0 (the smaller exit code)
     assert (f"host {host.name}: key 'hardening_allow_users': [alice] does not allow the deploy user {user} "
             "(ssh_user): its next login would be refused; allowed: a list that includes "
             f"{user} (or a pattern matching it), e.g. [{user}, alice]") in planning.output, planning.output
+    assert (f"host {host.name}: key 'firewall_trusted_cidrs': '::/0' trusts every address, the whole internet, "
+            "on every port; allowed: ") in planning.output, planning.output
+    root_off = (f"host {host.name}: key 'hardening_permit_root_login': \"no\" turns root login off, and this host "
+                "is deployed as root (ssh_user): its next login would be refused; allowed: prohibit-password")
+    assert (root_off in planning.output) == (user == "root"), planning.output
     # refused before planning: no operation ran, not even the hardening deploy's packages
     assert "Grand total" not in planning.output, planning.output
     assert not remote(host).package("nftables").is_installed
