@@ -63,7 +63,7 @@ from gpufleet.deploys.base import APT_CACHE_SECONDS, quiet_needrestart
 from gpufleet import factcache, monitoring
 from gpufleet.failures import refuse
 from gpufleet.settings import host_settings
-from gpufleet.sshd_policy import BASELINE
+from gpufleet.sshd_policy import HOST_KEY_FILES, deploy_user, expected_sshd, lockouts, named_users
 from gpufleet.sshd_support import available, rejected_algorithms
 from gpufleet.operations import sshd_files
 
@@ -117,7 +117,6 @@ CIPHERS = [
 ]
 MACS = ["hmac-sha2-512-etm@openssh.com", "hmac-sha2-256-etm@openssh.com", "umac-128-etm@openssh.com"]
 HOST_KEY_ALGORITHMS = ["ssh-ed25519", "rsa-sha2-512", "rsa-sha2-256"]
-HOST_KEY_FILES = ["/etc/ssh/ssh_host_ed25519_key", "/etc/ssh/ssh_host_rsa_key"]
 
 
 def pq_kex(version) -> list[str]:
@@ -207,31 +206,10 @@ def sshd_context(settings, version, existing_host_keys: list[str]) -> dict:
     }
 
 
-def expected_effective(ctx: dict) -> dict[str, str]:
-    """What `sshd -T` must print once the drop-in is in force."""
-    yes_no = lambda flag: "yes" if flag else "no"  # noqa: E731
-    expected = {
-        "passwordauthentication": yes_no(ctx["password_auth"]),
-        "kbdinteractiveauthentication": yes_no(ctx["password_auth"]),
-        "permitrootlogin": ctx["permit_root_login"],
-        "maxauthtries": str(ctx["max_auth_tries"]),
-        "logingracetime": str(ctx["login_grace_time"]),
-        "x11forwarding": yes_no(ctx["x11_forwarding"]),
-        "allowtcpforwarding": yes_no(ctx["tcp_forwarding"]),
-        "allowagentforwarding": yes_no(ctx["agent_forwarding"]),
-        "kexalgorithms": ",".join(ctx["kex"]),
-        "ciphers": ",".join(ctx["ciphers"]),
-        "macs": ",".join(ctx["macs"]),
-        "hostkeyalgorithms": ",".join(ctx["host_key_algorithms"]),
-        "clientaliveinterval": str(ctx["client_alive_interval"]),
-        "maxstartups": ctx["max_startups"],
-        **BASELINE,  # the dev-sec ssh-baseline's fixed values, also checked by the validation gate
-    }
-    if ctx["allow_users"]:
-        expected["allowusers"] = " ".join(ctx["allow_users"])
-    if ctx["allow_groups"]:
-        expected["allowgroups"] = " ".join(ctx["allow_groups"])
-    return expected
+def sshd_algorithms(ctx: dict) -> dict[str, list[str]]:
+    """The algorithm lists the drop-in writes for this host's OpenSSH, as `sshd -T` keys."""
+    return {"kexalgorithms": ctx["kex"], "ciphers": ctx["ciphers"], "macs": ctx["macs"],
+            "hostkeyalgorithms": ctx["host_key_algorithms"]}
 
 
 def nftables_context(settings, ssh_ports: list[int]) -> dict:
@@ -258,6 +236,13 @@ def hardening():
         refuse(host, "connector", refusal.removesuffix(" Run this deploy over SSH."),  # said as the fix
                "run this deploy over SSH (pyinfra's ssh connector)")
         return
+    # The inventory's lock-outs were refused before planning (gpufleet/settings.py); these are
+    # judged again for the user this connection really logged in as (~/.ssh/config's User...).
+    user = deploy_user(connecting_user())
+    for key, problem, allowed in lockouts(settings.hardening_permit_root_login, settings.hardening_allow_users,
+                                          user, "the user this run logged in as"):
+        refuse(host, key, problem, "set it to " + allowed)
+        return
     version = host.get_fact(SshdVersion)
     if version is None:
         refuse(host, "hardening", "OpenSSH server not found (sshd -V); nothing to harden",
@@ -278,7 +263,7 @@ def hardening():
     if not ctx["password_auth"]:
         ssh.require_authorized_keys(
             name="Refuse to go on unless the deploy user and every allowed user have an SSH key",
-            users=[connecting_user() or "root", *ctx["allow_users"]],
+            users=[user, *named_users(ctx["allow_users"])],
             groups=ctx["allow_groups"],
         )
 
@@ -338,7 +323,7 @@ def hardening():
     )
     ssh.expect_effective(
         name="Check with sshd -T that the hardened settings are the effective ones",
-        expected=expected_effective(ctx),
+        expected=expected_sshd(settings, sshd_algorithms(ctx)),
     )
     # sshd reads /etc/ssh/moduli at each group-exchange kex: no reload needed. After the
     # login check, so that a refused configuration leaves /etc/ssh exactly as it was.

@@ -10,7 +10,7 @@ real Debian 12 / 13 hosts (tests/fixtures/ssh/).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -93,11 +93,26 @@ class SshdVersion(FactBase):
 # Effective configuration: sshd -T
 # ------------------------------------------------------------------------------------------
 
-# Keywords sshd -T prints once per value (everything else is printed once).
+# Keywords `sshd -T` prints once per value, one line each: what dump_config() in OpenSSH's
+# servconf.c passes to dump_cfg_strarray() or prints in a loop (port, listenaddress, subsystem),
+# the same in 8.9p1 (Ubuntu 22.04), 9.2p1 (Debian 12), 9.6p1 (Ubuntu 24.04), 10.0p2 (Debian 13)
+# and master. Every other keyword is one line, list-valued ones too (authorizedkeysfile,
+# authenticationmethods, channeltimeout, logverbose, permitopen, permitlisten: space-separated).
 MULTI_VALUED = frozenset({
-    "hostkey", "listenaddress", "port", "acceptenv", "setenv", "subsystem", "hostcertificate",
-    "permitopen", "permitlisten", "include", "channeltimeout", "authorizedprincipalsfile",
+    "port", "listenaddress", "hostkey", "hostcertificate", "allowusers", "denyusers",
+    "allowgroups", "denygroups", "acceptenv", "setenv", "subsystem",
 })
+
+# Of those, the ones sshd treats as sets, compared without order or repeats: one matching entry
+# is enough (auth.c allowed_user() for Allow/DenyUsers and Allow/DenyGroups, AcceptEnv's
+# patterns), or each entry is one more listener (port, listenaddress). sshd appends these across
+# every file and drop-in (servconf.c: "appends to list; doesn't respect first-match-wins"), so
+# a value another file adds shows here. hostkey (the order keys are loaded and offered in),
+# hostcertificate, setenv (the first of a name wins) and subsystem keep their order.
+SET_VALUED = frozenset({"port", "listenaddress", "allowusers", "denyusers", "allowgroups", "denygroups", "acceptenv"})
+
+# sshd -T of 9.2 prints PermitRootLogin's old name
+_ALIASES = {("permitrootlogin", "without-password"): "prohibit-password"}
 
 
 @dataclass(frozen=True)
@@ -117,6 +132,33 @@ class SshdConfig(_Json):
     def algorithms(self, key: str) -> list[str]:
         value = self.values.get(key.lower())
         return value.split(",") if value else []
+
+    def effective(self, key: str) -> str | list[str] | None:
+        """What sshd uses for `key`: the list of a multi-valued keyword ([] when none is set),
+        else the value (None when sshd printed no such line)."""
+        key = key.lower()
+        if key in MULTI_VALUED:
+            return self.get_list(key)
+        value = self.values.get(key)
+        return _ALIASES.get((key, value), value) if value is not None else None
+
+    def differences(self, expected: Mapping[str, str | Sequence[str]]) -> list[tuple[str, Any, Any]]:
+        """(key, what sshd -T says, what is wanted) for every expected value sshd does not use.
+        A list is wanted for a multi-valued keyword: as a set for SET_VALUED ones (AllowUsers
+        "a b" on one line is two `allowusers` lines, in any order), else in its order."""
+        diffs: list[tuple[str, Any, Any]] = []
+        for key, want in expected.items():
+            got = self.effective(key)
+            if key in MULTI_VALUED:
+                wanted = [want] if isinstance(want, str) else list(want)
+                same = (set(got or []) == set(wanted)) if key in SET_VALUED else got == wanted
+                if not same:
+                    diffs.append((key, got, wanted))
+            else:  # printed once: a list is its one space-separated line (authorizedkeysfile...)
+                line = want if isinstance(want, str) else " ".join(want)
+                if got != _ALIASES.get((key, line), line):
+                    diffs.append((key, got, want))
+        return diffs
 
     @property
     def ports(self) -> list[int]:

@@ -609,6 +609,22 @@ def _check_cidr(item: Any) -> str:
     return str(network)
 
 
+_TRUSTED_ALLOWED = _CIDRS_ALLOWED + ", each at least a /1 (the peers that may reach every port)"
+
+
+def _check_trusted_cidr(item: Any) -> str:
+    """A trusted network, never all of them: 0.0.0.0/0 or ::/0 (any /0) would open every port
+    to the whole internet, the firewall left for show."""
+    _string(item, _TRUSTED_ALLOWED)
+    try:
+        everything = ipaddress.ip_network(item, strict=False).prefixlen == 0
+    except ValueError:
+        everything = False  # _check_cidr says what is wrong with it
+    if everything:
+        raise BadValue(f"{show(item)} trusts every address, the whole internet, on every port", _TRUSTED_ALLOWED)
+    return _check_cidr(item)
+
+
 _LISTEN_ALLOWED = "all, or one IP address of the host such as 10.0.0.5, 127.0.0.1 or fd00::5"
 
 
@@ -767,7 +783,7 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "hardening_unattended_upgrades": _bool(),
         "firewall_enabled": _bool(),
         "firewall_open_ports": _list(_check_port, _PORTS_ALLOWED),
-        "firewall_trusted_cidrs": _list(_check_cidr, _CIDRS_ALLOWED),
+        "firewall_trusted_cidrs": _list(_check_trusted_cidr, _TRUSTED_ALLOWED),
         "firewall_revert_after": _int(10, 3600),
         "hardening_sshd_revert_after": _int(10, 3600),
         "monitoring_node_exporter": _bool(),

@@ -23,6 +23,7 @@ from .hostcontext import fleet_context, host_context
 from .gpus import model_for_name
 from .resolver import Resolution, resolve
 from .schema import KEYS, BadValue, show, text_problem
+from .sshd_policy import deploy_user, lockouts
 from .tiers import tier_defaults, tier_names
 
 #: pyinfra connector / global keys that are never gpufleet's (besides anything starting with "_").
@@ -275,6 +276,7 @@ def _settings_for(host: str, data: Mapping[str, Any]) -> tuple[Settings | None, 
         return None, problems
 
     problems += _cross_checks(host, values)
+    problems += _lockout_checks(host, values, data)
     if problems:
         return None, problems
 
@@ -304,6 +306,19 @@ def _cross_checks(host: str, values: Mapping[str, Any]) -> list[str]:
             _line(host, "nccl_profile", f"profile {values['nccl_profile']} needs RDMA but validate_rdma is absent", "tcp, efa")
         )
     return problems
+
+
+def _lockout_checks(host: str, values: Mapping[str, Any], data: Mapping[str, Any]) -> list[str]:
+    """Hardening that would shut out the user this run logs in as (sshd_policy.lockouts), refused
+    before any host changes. Only over SSH: other connectors never log in (the hardening deploy
+    refuses them itself)."""
+    if host.startswith("@") and not host.startswith("@ssh/"):
+        return []
+    user = deploy_user(data.get("ssh_user"))
+    said = "ssh_user" if data.get("ssh_user") else "ssh_user unset: pyinfra logs in as the controller's user"
+    return [_line(host, key, problem, allowed)
+            for key, problem, allowed in lockouts(values["hardening_permit_root_login"],
+                                                  values["hardening_allow_users"], user, said)]
 
 
 def _monitoring_checks(host: str, values: Mapping[str, Any]) -> list[str]:

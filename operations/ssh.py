@@ -358,23 +358,19 @@ def reload_sshd():
     yield from systemd.service._inner(service="ssh.service", reloaded=True)
 
 
-def _normalise(key: str, value: str) -> str:
-    if key == "permitrootlogin" and value == "without-password":
-        return "prohibit-password"
-    return value
+def effective_differences(config, expected: dict[str, str | list[str]]) -> list[str]:
+    return [f"{key}: sshd -T says {_said(got)}, gpufleet wants {_said(want)}"
+            for key, got, want in config.differences(expected)]
 
 
-def effective_differences(config, expected: dict[str, str]) -> list[str]:
-    diffs = []
-    for key, want in expected.items():
-        got = config.get(key)
-        if got is None or _normalise(key, got) != _normalise(key, want):
-            diffs.append(f"{key}: sshd -T says {got!r}, gpufleet wants {want!r}")
-    return diffs
+def _said(value) -> str:
+    if isinstance(value, list):  # multi-valued: one sshd -T line per value
+        return "[" + ", ".join(repr(v) for v in value) + "]" if value else "none"
+    return repr(value)
 
 
 @operation(is_idempotent=True)
-def expect_effective(expected: dict[str, str]):
+def expect_effective(expected: dict[str, str | list[str]]):
     """Fail the host when ``sshd -T`` does not report the values the drop-in sets (an earlier
     drop-in or a line before the Include in sshd_config wins over ours)."""
     diffs = effective_differences(host.get_fact(SshdEffectiveConfig), expected)

@@ -72,7 +72,7 @@ CONTROLS = [
     Control("sshd-16", "absent", "UsePrivilegeSeparation"),  # nil on OpenSSH >= 7.5
     Control("sshd-17", "eq", "PermitUserEnvironment", "no"),
     Control("sshd-18", "eq", "LoginGraceTime", "30s"),
-    Control("sshd-19", "eq", "MaxAuthTries", "2", gpufleet="3"),
+    Control("sshd-19", "eq", "MaxAuthTries", "2"),
     Control("sshd-20", "eq", "MaxSessions", "10"),
     Control("sshd-21", "eq", "MaxStartups", "10:30:60"),
     Control("sshd-22", "eq", "PubkeyAuthentication", "yes"),

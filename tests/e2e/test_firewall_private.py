@@ -200,10 +200,16 @@ def _root_login(host) -> bool:
 
 def _run_cut_off_with_a_refusing_config(host, tmp_path, revert_after: int) -> float:
     """A run installs an AllowUsers that shuts the deploy user (root) out and is killed once
-    that is live, before it can restore anything itself. Returns when it was killed."""
+    that is live, before it can restore anything itself. Returns when it was killed.
+    The deploy user is listed only from an address the controller never has (192.0.2.1, TEST-NET-1):
+    planning judges only the user part of USER@HOST (gpufleet/sshd_policy.py), so this lock-out
+    gets past it, as an operator's wrong address would; a list without the deploy user would be
+    refused at planning (tests/e2e/test_hardening_lockout.py)."""
     testhosts.ssh(host, "id alice >/dev/null 2>&1 || { useradd -m -s /bin/bash alice && mkdir -m 700 ~alice/.ssh && "
                         "cp /root/.ssh/authorized_keys ~alice/.ssh/ && chown -R alice: ~alice/.ssh; }")
-    inv = inventory(tmp_path, host, hardening_allow_users=["alice"], hardening_sshd_revert_after=revert_after)
+    user = host.pyinfra_data()["ssh_user"]
+    inv = inventory(tmp_path, host, hardening_allow_users=["alice", user + "@192.0.2.1"],
+                    hardening_sshd_revert_after=revert_after)
     pending = host.root / PENDING
     run = _popen_pyinfra(inv, host)
     try:

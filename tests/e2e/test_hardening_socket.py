@@ -164,7 +164,7 @@ def test_revert_timer_puts_back_an_unconfirmed_dropin_on_a_socket_host(socket_ho
         if testhosts.ssh(host, "test -e /var/lib/gpufleet/sshd.pending", check=False).returncode != 0:
             break
     assert testhosts.ssh(host, f"cmp {backup} {DROPIN}", check=False).returncode == 0
-    assert "maxauthtries 3" in testhosts.ssh(host, "sshd -T").stdout
+    assert "maxauthtries 2" in testhosts.ssh(host, "sshd -T").stdout
     time.sleep(1)
     state = service_state(host)
     assert "ActiveState=active" in state and "Result=success" in state, state + journal(host)[-2000:]
@@ -195,7 +195,7 @@ def test_boot_revert_restores_before_ssh_socket_listens(socket_hosts):
     ))
     reboot(host)
     assert testhosts.ssh(host, "test -e /var/lib/gpufleet/sshd.pending", check=False).returncode != 0
-    assert "maxauthtries 3" in testhosts.ssh(host, "sshd -T").stdout
+    assert "maxauthtries 2" in testhosts.ssh(host, "sshd -T").stdout
     order = testhosts.ssh(host, "journalctl -b -o cat --no-pager | grep -n -E "
                                 "'^(Finished gpufleet-sshd-revert-at-boot|Listening on ssh.socket)'").stdout
     lines = order.splitlines()

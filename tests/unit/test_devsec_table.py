@@ -98,7 +98,7 @@ def test_inputs_and_versions_used():
 def test_every_difference_is_explained_in_tiers_yaml():
     tiers = (ROOT / "gpufleet" / "data" / "tiers.yaml").read_text()
     deviating = sorted(c.id for c in CONTROLS if c.gpufleet is not SAME)
-    assert deviating == ["sshd-02", "sshd-03", "sshd-14", "sshd-19"]
+    assert deviating == ["sshd-02", "sshd-03", "sshd-14"]
     for cid in deviating:
         assert re.search(rf"#.*dev-sec {cid}\b", tiers), f"tiers.yaml does not say why gpufleet differs from {cid}"
     # stricter, never looser: gpufleet's lists are the baseline's minus weak entries, plus PQ hybrids
@@ -134,9 +134,9 @@ def test_gpufleet_before_the_baseline_failed_about_a_dozen():
 @pytest.mark.parametrize("release", ["bookworm", "trixie"])
 def test_recorded_hardened_sshd_t_passes_every_control(release):
     """The same on sshd -T recorded after today's deploy: nothing fails (with gpufleet's recorded
-    values), and exactly the four documented differences fail the baseline's own values."""
+    values), and exactly the three documented differences fail the baseline's own values."""
     state = _recorded_sshd_t(f"sshd-T-{release}-devsec.txt")
     assert [c.id for c in CONTROLS if c.kind in SSHD_T_KINDS and not evaluate(c, state, release)[0]] == []
     strict = [c.id for c in CONTROLS if c.kind in SSHD_T_KINDS
               and not evaluate(dataclasses.replace(c, gpufleet=SAME), state, release)[0]]
-    assert strict == ["sshd-02", "sshd-03", "sshd-14", "sshd-19"]
+    assert strict == ["sshd-02", "sshd-03", "sshd-14"]

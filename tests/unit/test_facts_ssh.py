@@ -74,6 +74,70 @@ def test_sshd_t_hardened(release, first_kex):
     assert config.get_list("hostkey") == ["/etc/ssh/ssh_host_ed25519_key", "/etc/ssh/ssh_host_rsa_key"]
 
 
+# --- list-valued keywords: one `sshd -T` line per value --------------------------------------
+
+TWO_USERS = {  # recorded with `AllowUsers gpufleet lab-admin` / `AllowGroups gpufleet lab-admins` (COMMANDS.txt)
+    "bookworm": FIXTURES / "sshd-T-bookworm-two-users.txt",
+    "trixie": FIXTURES / "sshd-T-trixie-two-users.txt",
+    # composed from the recorded 24.04 sshd -T (tests/fixtures/ubuntu/ssh/SOURCES.md)
+    "noble": FIXTURES.parent / "ubuntu" / "ssh" / "sshd-T-24.04-two-users.txt",
+}
+
+
+@pytest.mark.parametrize("release", sorted(TWO_USERS))
+def test_two_allowed_users_are_both_kept_and_match_in_any_order(release):
+    config = parse_sshd_t(TWO_USERS[release].read_text().splitlines())
+    assert config.get_list("allowusers") == ["gpufleet", "lab-admin"]
+    assert config.get_list("allowgroups") == ["gpufleet", "lab-admins"]
+    assert config.get("allowusers") is None  # never the last line alone
+    # what the deploy and the gate want (gpufleet/sshd_policy.py): lists, as sets for AllowUsers
+    assert config.differences({"allowusers": ["lab-admin", "gpufleet"], "allowgroups": ["gpufleet", "lab-admins"],
+                               "pubkeyauthentication": "yes"}) == []
+    assert config.differences({"allowusers": ["gpufleet"]}) == [("allowusers", ["gpufleet", "lab-admin"], ["gpufleet"])]
+    assert config.differences({"allowusers": ["gpufleet", "lab-admin", "student"]}) == [
+        ("allowusers", ["gpufleet", "lab-admin"], ["gpufleet", "lab-admin", "student"])]
+    # hostkey keeps its order (the order sshd loads and offers the keys in)
+    keys = config.get_list("hostkey")
+    assert len(keys) == 3 and config.differences({"hostkey": keys}) == []
+    assert config.differences({"hostkey": keys[::-1]}) == [("hostkey", keys, keys[::-1])]
+
+
+def test_an_allowed_user_another_drop_in_adds_is_seen():
+    """sshd appends AllowUsers across files (recorded: a second drop-in with `AllowUsers lab-admin
+    student`): the effective list is more than gpufleet's, and the check says so."""
+    config = parse_sshd_t(lines("sshd-T-trixie-allowusers-two-files.txt"))
+    assert config.get_list("allowusers") == ["gpufleet", "lab-admin", "lab-admin", "student"]
+    assert config.differences({"allowusers": ["gpufleet", "lab-admin"]}) == [
+        ("allowusers", ["gpufleet", "lab-admin", "lab-admin", "student"], ["gpufleet", "lab-admin"])]
+    assert config.differences({"allowusers": ["student", "gpufleet", "lab-admin"]}) == []  # repeats do not count
+
+
+def test_only_keywords_printed_once_per_value_are_lists():
+    """permitopen, permitlisten, channeltimeout, authorizedkeysfile: one line holding every value
+    (servconf.c dump_config()), kept as one value; nothing is printed once per value that is not
+    in MULTI_VALUED (every recording)."""
+    from gpufleet.facts.ssh import MULTI_VALUED, SET_VALUED
+
+    assert SET_VALUED < MULTI_VALUED
+    for path in sorted(FIXTURES.glob("sshd-T-*.txt")) + list(TWO_USERS.values()):
+        keys = [line.split(" ", 1)[0] for line in path.read_text().splitlines() if line.strip()]
+        repeated = {k for k in keys if keys.count(k) > 1}
+        assert repeated <= MULTI_VALUED, (path.name, repeated - MULTI_VALUED)
+    config = parse_sshd_t(lines("sshd-T-trixie-debian-default.txt"))
+    assert (config.get("permitopen"), config.get("channeltimeout")) == ("any", "none")
+    assert config.effective("allowusers") == [] and config.effective("permitrootlogin") == "prohibit-password"
+
+
+def test_the_effective_check_names_both_lists():
+    from gpufleet.operations.ssh import effective_differences
+
+    config = parse_sshd_t(lines("sshd-T-trixie-two-users.txt"))
+    assert effective_differences(config, {"allowusers": ["gpufleet", "lab-admin"]}) == []
+    assert effective_differences(config, {"allowusers": ["gpufleet"], "maxauthtries": "2"}) == [
+        "allowusers: sshd -T says ['gpufleet', 'lab-admin'], gpufleet wants ['gpufleet']",
+        "maxauthtries: sshd -T says '6', gpufleet wants '2'"]
+
+
 def test_sshd_t_rejects_garbage():
     with pytest.raises(SshFactError):
         parse_sshd_t(["/etc/ssh/sshd_config line 3: Bad configuration option: Foo"])

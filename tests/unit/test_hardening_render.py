@@ -7,6 +7,7 @@ import pytest
 
 from gpufleet.deploys import hardening as h
 from gpufleet.facts.ssh import OpenSshVersion
+from gpufleet.sshd_policy import expected_sshd
 from gpufleet.tiers import tier_defaults
 
 pytestmark = pytest.mark.unit
@@ -33,34 +34,28 @@ def test_macs_are_etm_only_and_no_weak_host_keys():
     assert not [a for a in h.HOST_KEY_ALGORITHMS if "ecdsa" in a or "dss" in a]
 
 
-def _ctx(**over):
-    ctx = {
-        "openssh_version": "10.0p2", "password_auth": False, "permit_root_login": "prohibit-password",
-        "max_auth_tries": 3, "login_grace_time": 30, "allow_users": ["alice", "root"],
-        "client_alive_interval": 300, "max_startups": "10:30:60",
-        "allow_groups": [], "x11_forwarding": False, "tcp_forwarding": False,
-        "agent_forwarding": False, "host_keys": h.HOST_KEY_FILES,
-        "host_key_algorithms": h.HOST_KEY_ALGORITHMS, "kex": h.kex_algorithms(V100, CLASSIC),
-        "ciphers": h.CIPHERS, "macs": h.MACS,
-    }
-    ctx.update(over)
-    return ctx
+def _settings(**over):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**{**tier_defaults("dev"), "hardening_allow_users": ["alice", "root"], **over})
 
 
 def test_sshd_dropin_renders_every_expected_setting():
-    ctx = _ctx()
+    settings = _settings()
+    ctx = h.sshd_context(settings, V100, h.HOST_KEY_FILES)
     text = h.render("etc/ssh/sshd_config.d/00-gpufleet-hardening.conf.j2", **ctx)
     assert text.startswith("# Managed by gpufleet")
-    settings = {}
+    rendered: dict[str, list[str]] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             key, _, value = line.partition(" ")
-            settings.setdefault(key.lower(), value)
-    for key, value in h.expected_effective(ctx).items():
-        if key == "permitrootlogin":
-            assert settings[key] == "prohibit-password"
+            rendered.setdefault(key.lower(), []).append(value)
+    for key, value in expected_sshd(settings, h.sshd_algorithms(ctx)).items():
+        if isinstance(value, list):  # one sshd -T line per value: HostKey lines, AllowUsers' names
+            assert [v for line in rendered[key] for v in line.split()] == value, key
         else:
-            assert settings[key] == value, key
+            assert rendered[key] == [value], key
+    assert rendered["allowusers"] == ["alice root"] and rendered["hostkey"] == h.HOST_KEY_FILES
     assert "AllowGroups" not in text and "Match" not in text
 
 
@@ -134,12 +129,9 @@ def test_paramiko_keeps_an_algorithm_of_each_kind(version):
 def test_the_validation_gate_checks_every_setting_the_deploy_sets(tier):
     """gpufleet/sshd_policy.expected_sshd (the gate) is what the deploy expects after its reload,
     but for the algorithm lists that depend on the host's OpenSSH version."""
-    from types import SimpleNamespace
-
-    from gpufleet.sshd_policy import expected_sshd
-
-    settings = SimpleNamespace(**tier_defaults(tier))
-    deploy = h.expected_effective(h.sshd_context(settings, V100, h.HOST_KEY_FILES))
-    algorithms = {"kexalgorithms", "ciphers", "macs", "hostkeyalgorithms"}
+    settings = _settings(**tier_defaults(tier))
+    algorithms = h.sshd_algorithms(h.sshd_context(settings, V100, h.HOST_KEY_FILES))
+    deploy = expected_sshd(settings, algorithms)
     assert expected_sshd(settings) == {k: v for k, v in deploy.items() if k not in algorithms}
+    assert set(algorithms) == {"kexalgorithms", "ciphers", "macs", "hostkeyalgorithms"}
     assert expected_sshd(settings)["loglevel"] == "VERBOSE"  # a dev-sec control, not only the basics

@@ -79,6 +79,64 @@ def test_broken_inventory(host_data, group_data, key, fragment):
     assert all("; allowed: " in p for p in problems)
 
 
+# --- lock-outs (issue 27 item 8): refused at planning, naming host, key and what is allowed -----
+
+LOCKOUTS = [
+    # (id, host data, key, fragment of the problem, fragment of what is allowed)
+    ("root-login-off-as-root", {"ssh_user": "root", "hardening_permit_root_login": "no"}, "hardening_permit_root_login",
+     '"no" turns root login off, and this host is deployed as root (ssh_user)', "prohibit-password (root by key only)"),
+    ("allow-users-without-deploy-user", {"ssh_user": "ops", "_sudo": True, "hardening_allow_users": ["alice", "bob"]},
+     "hardening_allow_users", "[alice, bob] does not allow the deploy user ops (ssh_user)", "e.g. [ops, alice, bob]"),
+    ("allow-users-without-root", {"ssh_user": "root", "hardening_allow_users": ["alice"]},
+     "hardening_allow_users", "does not allow the deploy user root", "[] for no restriction"),
+    ("trust-the-internet-v4", {"firewall_trusted_cidrs": ["10.0.0.0/8", "0.0.0.0/0"]}, "firewall_trusted_cidrs",
+     "'0.0.0.0/0' trusts every address, the whole internet, on every port", "each at least a /1"),
+    ("trust-the-internet-v6", {"firewall_trusted_cidrs": ["::/0"]}, "firewall_trusted_cidrs",
+     "'::/0' trusts every address", "each at least a /1"),
+    ("trust-the-internet-host-bits", {"firewall_trusted_cidrs": ["10.1.2.3/0"]}, "firewall_trusted_cidrs",
+     "trusts every address", "each at least a /1"),
+]
+
+
+@pytest.mark.parametrize("host_data, key, problem, allowed", [c[1:] for c in LOCKOUTS], ids=[c[0] for c in LOCKOUTS])
+def test_lockout_refused_at_planning(host_data, key, problem, allowed):
+    problems = problems_of(inventory(host_data))
+    assert len(problems) == 1, problems
+    line = problems[0]
+    assert line.startswith(f"host gpu-a01: key '{key}': "), line
+    assert problem in line and "; allowed: " in line and allowed in line.partition("; allowed: ")[2], line
+
+
+@pytest.mark.parametrize("host_data", [
+    {"ssh_user": "gpufleet", "_sudo": True, "hardening_permit_root_login": "no"},  # root login off as a sudo user
+    {"ssh_user": "gpufleet", "_sudo": True, "hardening_allow_users": ["gpufleet", "lab-admin"]},
+    {"ssh_user": "lab-7", "_sudo": True, "hardening_allow_users": ["lab-?", "gpufleet"]},  # sshd's wildcards count
+    {"ssh_user": "root", "hardening_allow_users": ["root@10.0.0.*", "alice"]},  # USER@HOST: the user part
+    {"firewall_trusted_cidrs": ["0.0.0.0/1", "::/1", "10.0.0.0/8"]},
+], ids=["root-off-sudo-user", "deploy-user-listed", "pattern", "user-at-host", "half-the-internet"])
+def test_no_lockout_passes(host_data):
+    validate_inventory(inventory(host_data))
+
+
+def test_named_users_are_the_ones_whose_keys_can_be_checked():
+    from gpufleet.sshd_policy import named_users
+
+    assert named_users(["alice", "root@10.0.0.*", "lab-?", "*", "bob", "alice@192.0.2.1"]) == ["alice", "root", "bob"]
+
+
+def test_unset_ssh_user_is_the_controllers_login_name(monkeypatch):
+    monkeypatch.setattr("getpass.getuser", lambda: "root")
+    problems = problems_of(inventory({"hardening_permit_root_login": "no"}))
+    assert "ssh_user unset: pyinfra logs in as the controller's user" in problems[0], problems
+    monkeypatch.setattr("getpass.getuser", lambda: "ops")
+    validate_inventory(inventory({"hardening_permit_root_login": "no"}))
+
+
+def test_lockouts_are_not_judged_for_connectors_that_never_log_in():
+    inv = Inventory(([("@local", {"hardening_permit_root_login": "no", "ssh_user": "root"})], {}), pod=(["@local"], {"tier": "hgx"}))
+    validate_inventory(inv)
+
+
 def test_inventory_error_is_a_pyinfra_error_and_lists_every_host():
     inv = Inventory(
         (["a", "b", "c"], {}),

@@ -162,6 +162,8 @@ SCENARIOS = {
     "hgx-pending": Scenario("hgx", {"tier_mismatch": "warn", "validate_gpu_count": [1, 8],
                                     "driver_version": "580.126.09"}, so.provisioned()),
     "dev": Scenario("dev", {"tier_mismatch": "warn"}),
+    # deployed as a sudo user: root login may be turned off (as root it is refused at planning)
+    "hgx-sudo": Scenario("hgx", {"tier_mismatch": "warn", "ssh_user": "gpufleet", "_sudo": True}),
     # Debian 12 ships R535 only: the tier's R580 is refused when the tier is planned there
     "render-distro-debian": Scenario("render", {"tier_mismatch": "warn", "driver_source": "distro", "cuda_version": "none",
                                                 "validate_os_release": "debian-12"}),
@@ -248,6 +250,7 @@ SCENARIO_OF = {
     "docker_restart_with_gpu_containers": "docker-gpu-job",
     "driver_persistence": "hgx-provisioned", "driver_dcgm": "hgx-no-exporter",
     "rollout_require_idle": "rollout-idle", "rollout_snapshot": "rollout-lvm",
+    "hardening_permit_root_login": "hgx-sudo",
 }
 
 

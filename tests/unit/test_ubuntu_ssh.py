@@ -33,6 +33,7 @@ from gpufleet.deploys import base as base_deploy
 from gpufleet.deploys import hardening as h
 from gpufleet.facts.system import parse_os_release
 from gpufleet import sshd_support
+from gpufleet.sshd_policy import expected_sshd
 from gpufleet.tiers import tier_defaults
 from gpufleet.operations import ssh as ssh_ops
 
@@ -144,7 +145,7 @@ def test_sshd_t_recorded_on_ubuntu_2404():
     # every key the hardening deploy checks after its change is one this sshd prints, here or,
     # for AllowUsers/AllowGroups the drop-in sets, once set
     sshd = fs.parse_openssh_version(lines(UBUNTU / "ssh-V-24.04.txt"))
-    expected = set(h.expected_effective(_ctx(sshd, CLASSIC)))
+    expected = set(_expected(sshd, CLASSIC))
     assert expected - printed == {"allowusers", "allowgroups"} and expected <= printed | PRINTED_WHEN_SET
 
 
@@ -173,15 +174,21 @@ def _rendered(version: fs.OpenSshVersion, **over) -> str:
     return h.render("etc/ssh/sshd_config.d/00-gpufleet-hardening.conf.j2", **ctx)
 
 
-def _ctx(version, extra_kex, allow_users=("root",), allow_groups=("gpu",)):
-    return {
-        "openssh_version": str(version), "password_auth": False, "permit_root_login": "prohibit-password",
-        "max_auth_tries": 3, "login_grace_time": 30, "allow_users": list(allow_users),
-        "allow_groups": list(allow_groups), "client_alive_interval": 300, "max_startups": "10:30:60",
-        "x11_forwarding": False, "tcp_forwarding": False, "agent_forwarding": False,
-        "host_keys": h.HOST_KEY_FILES, "host_key_algorithms": h.HOST_KEY_ALGORITHMS,
-        "kex": h.kex_algorithms(version, extra_kex), "ciphers": h.CIPHERS, "macs": h.MACS,
-    }
+def _settings(extra_kex, allow_users=("root",), allow_groups=("gpu",)):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**{**tier_defaults("dev"), "hardening_extra_kex": list(extra_kex),
+                              "hardening_allow_users": list(allow_users), "hardening_allow_groups": list(allow_groups)})
+
+
+def _ctx(version, extra_kex, **lists):
+    return h.sshd_context(_settings(extra_kex, **lists), version, h.HOST_KEY_FILES)
+
+
+def _expected(version, extra_kex, **lists) -> dict:
+    """What the deploy checks in `sshd -T` after its reload (gpufleet/sshd_policy.py)."""
+    settings = _settings(extra_kex, **lists)
+    return expected_sshd(settings, h.sshd_algorithms(h.sshd_context(settings, version, h.HOST_KEY_FILES)))
 
 
 @pytest.mark.parametrize("version, release", [("8.9p1", "22.04"), ("9.6p1", "24.04")])
@@ -209,7 +216,7 @@ def test_rendered_dropin_is_accepted_by_ubuntus_openssh(version, release):
     assert {"kexalgorithms", "ciphers", "macs", "hostkeyalgorithms", "debianbanner"} <= set(written)
     # every key the deploy then checks in `sshd -T` is one this sshd prints
     printed = set(lines(UBUNTU / f"openssh-{version}-sshd-T-keywords.txt"))
-    expected = h.expected_effective(_ctx(sshd, CLASSIC))
+    expected = _expected(sshd, CLASSIC)
     assert set(expected) <= printed, sorted(set(expected) - printed)
 
 
