@@ -4,7 +4,7 @@ from __future__ import annotations
 import pprint
 from pathlib import Path
 
-from testing.testhosts import Host
+from testing.testhosts import LAB_USER, Host
 
 
 def inventory_source(hosts: list[Host], data: dict[str, dict] | None = None,
@@ -57,8 +57,11 @@ def environment_data(host: Host, tier: str, repo=None) -> dict:
         "driver_kernel_headers": "skip",
     }
     if host.ssh_user != "root":
-        # The operator's shape: the deploy logs in as a sudo user, so root's login goes.
+        # The operator's shape: the deploy logs in as a sudo user, so root's login goes; a
+        # research host lets a lab's second user in too.
         data["hardening_permit_root_login"] = "no"
+        if tier == "research":
+            data["hardening_allow_users"] = [host.ssh_user, LAB_USER]
     if not host.netns:
         # Hosts without a network namespace of their own share the machine's: each exporter
         # listens on its host's own loopback address, as a real host's would on its own NIC.

@@ -54,6 +54,17 @@ def test_sandbox_quick_start(hostpool, monkeypatch):
         assert sorted(h.gpu.split("@")[0] for h in hosts) == ["a100x4", "h200x2", "t4"]
         for h in hosts:
             assert testhosts.ssh(h, "systemctl is-system-running").stdout.strip() == "running"
+            # the operator's shape: reached as the sudo user, root's login off after hardening
+            assert h.ssh_user == testhosts.SSH_USER != "root"
+            sshd = testhosts.ssh(h, "sshd -T").stdout.splitlines()
+            assert "permitrootlogin no" in sshd, sshd
+            allowed = sorted(line.split()[1] for line in sshd if line.startswith("allowusers "))
+            if h.gpu.startswith("a100x4"):  # research: the lab's second user may log in too
+                assert allowed == sorted([testhosts.SSH_USER, testhosts.LAB_USER]), sshd
+                lab = testhosts.ssh(h, "id -un", user=testhosts.LAB_USER, check=False)
+                assert lab.stdout.strip() == testhosts.LAB_USER, lab
+            nobody = testhosts.ssh(h, "id -un", user=testhosts.LOCAL_USER, check=False)
+            assert nobody.returncode == 255 if allowed else nobody.returncode == 0, nobody
         monkeypatch.setenv("GPUFLEET_SANDBOX_POOL", POOL)
         from inventories.sandbox import SANDBOX  # the sandbox's tiers and overrides, as deployed
 
