@@ -42,6 +42,9 @@ def sudo_run(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
                     f"install -m 600 -o {USER} -g {USER} /root/.ssh/authorized_keys /home/{USER}/.ssh/authorized_keys")
     _ssh_root(host, "chpasswd", stdin=f"{USER}:{password}\n")  # on stdin: in no command line
     data = {host.name: {**environment_data(host, "research", aptrepo), "ssh_user": USER,
+                        # this deploy user first (a list without it is refused at planning: its
+                        # next login would be shut out), then the harness's own login and the lab's
+                        "hardening_allow_users": [USER, host.ssh_user, "lab-admin"],
                         "_sudo": True, "_sudo_password": PLACEHOLDER}}
     inv = write_inventory(tmp_path_factory.mktemp("inv") / "inventory.py", [host], data=data)
     text = inv.read_text()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.rollout import manifest as mf
 from testing import testhosts
 from testing.inventory import OS_RELEASE, write_inventory
 
@@ -216,13 +217,19 @@ def test_fleet_report_with_an_unreachable_host_exits_non_zero_naming_it(with_gho
 
 
 def _manifest(work: Path, name: str) -> Path:
-    """A manifest as tools/rollout's snapshot step writes one (the fields tools/rollback reads)."""
-    path = work / ".gpufleet" / "manifests" / name / "20261202T100000Z.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"reason": "before driver 580.126.09", "created": time.time(),
-                                "driver": {"installed": "580.95.05", "loaded": "580.95.05"},
-                                "packages": {"nvidia-open": "580.95.05-1"}, "holds": ["nvidia-open"],
-                                "etc_files": {}}))
+    """A manifest as tools/rollout's snapshot step writes one (mf.build: tools/rollback refuses
+    anything else), 0600 in 0700 folders as gpufleet keeps them."""
+    ident = "20261202T100000Z"
+    path = work / ".gpufleet" / "manifests" / name / f"{ident}.json"
+    for folder in (path.parent.parent.parent, path.parent.parent, path.parent):
+        folder.mkdir(mode=0o700, exist_ok=True)
+    doc = mf.build(host=name, ident=ident, created=time.time(), reason="before driver 580.126.09",
+                   packages={"nvidia-open": "580.95.05-1"}, holds=["nvidia-open"], etc_files={},
+                   driver={"installed": "580.95.05", "loaded": "580.95.05"}, gpus=[], disk_snapshot=None)
+    assert mf.manifest_problems(doc, name) == []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(mf.dumps(doc))
     return path
 
 
