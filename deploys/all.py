@@ -14,10 +14,11 @@
 """
 from pyinfra import host, state
 
-from gpufleet import factcache, hostlock
+from gpufleet import factcache, hostlock, staging
 
 factcache.install()  # no fact asked twice while nothing changed; last run's facts in one command
 hostlock.install()  # one run at a time changes a host: its lock is taken at its first change
+staging.install()  # sudo uploads stage in the login user's private folder, never /tmp
 factcache.prefetch_all(state)  # every host starts on those while the rest of this is imported
 
 from gpufleet.deploys.base import base  # noqa: E402

@@ -50,10 +50,11 @@ def run_alone(name: str, file: str) -> None:
     area = Path(file).stem
     module = importlib.import_module(f"gpufleet.deploys.{area}")
     if area not in READ_ONLY:
-        from gpufleet import factcache, hostlock
+        from gpufleet import factcache, hostlock, staging
 
         factcache.install()  # as in all.py: no fact asked twice while nothing changed
         hostlock.install()  # one run at a time changes a host
+        staging.install()  # sudo uploads stage in a private folder
         factcache.prefetch_all(state)
     # pyinfra plans every host before it executes anything: a bad host stops the whole run here.
     validate_inventory(state.inventory)

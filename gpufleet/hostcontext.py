@@ -68,6 +68,9 @@ class HostContext:
     #: deploys.base.quiet_needrestart was planned for this host in this run (base in all.py,
     #: or standalone.py before an area run alone): once is enough, before the first apt
     needrestart_planned: bool = False
+    #: gpufleet.staging: (the connector it was checked on, the login user's staging folder):
+    #: made or checked once per connection, before the first transfer through sudo
+    staging_folder: tuple[Any, str] | None = None
 
 
 @dataclass

@@ -280,6 +280,16 @@ def patch_for_locking(get_fact: Callable[..., Any], run_shell_command: Callable[
         _replace("pyinfra.api.facts", "_get_fact", get_fact, "lock._get_fact")
 
 
+def patch_transfers(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """gpufleet/staging.py's wrapper of Host.put_file and Host.get_file, whose
+    `remote_temp_filename` (the third positional argument of pyinfra's connectors) names the
+    file a sudo transfer stages through. Public methods, private behaviour: that pyinfra stages
+    in the host's temp folder under a predictable name. A safety: on any release."""
+    for name in ("put_file", "get_file"):
+        setattr(Host, name, wrap(getattr(Host, name)))
+        _installed.append(f"pyinfra.api.host.Host.{name}")
+
+
 # -- pyinfra_cli: how the `pyinfra` command loads an inventory and a config file -------------
 # No public API does this; gpufleet's tools must read an inventory exactly as the command
 # line does (tests/unit/test_inventory_source.py compares them with `pyinfra ... debug-inventory`).

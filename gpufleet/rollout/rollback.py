@@ -24,9 +24,10 @@ def rollback(inventory: str | InventorySource, hosts: list[str], manifest: Path 
     from gpufleet.deploys import upgrade
     from .session import inventory_hosts, run_step
 
-    from gpufleet import hostlock
+    from gpufleet import hostlock, staging
 
     hostlock.install()  # each step locks its hosts at their first change (issue 14: no two at once)
+    staging.install()  # sudo transfers stage in the login user's private folder
     t0 = time.monotonic()
     known = inventory_hosts(inventory)
     missing = [h for h in hosts if h not in known]

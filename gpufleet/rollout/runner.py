@@ -135,9 +135,10 @@ class Runner:
     # --- entry point -------------------------------------------------------------------------
 
     def run(self) -> int:
-        from gpufleet import hostlock
+        from gpufleet import hostlock, staging
 
         hostlock.install()  # a step that finds its host not locked by this rollout locks it first
+        staging.install()  # sudo transfers stage in the login user's private folder
         self.locks = hostlock.FleetLocks(self.opts.inventory, hostlock.owner_record(*self.opts.command.split(" ", 1)))
         try:
             return self._run()

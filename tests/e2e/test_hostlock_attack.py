@@ -14,6 +14,7 @@ root write, on one real test host.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -122,6 +123,37 @@ def test_a_lock_folder_of_the_wrong_owner_or_mode_is_refused_by_name(lab, make, 
             "made it") in run.output, run.output[-3000:]
     assert root(host, f"test -e {NCCL} && echo there || echo absent").strip() == "absent"   # not changed
     root(host, f"rm -rf {NEW} /root/elsewhere")
+    fixed = pyinfra(inv, "deploys/tuning.py")
+    assert fixed.returncode == 0 and fixed.changed > 0, fixed.output[-3000:]
+
+
+def test_sudo_uploads_stage_in_the_login_user_s_private_folder_never_in_tmp(lab):
+    host, inv, _, _ = lab
+    assert host.ssh_user != "root"      # the run logs in as the sudo user gpufleet
+    uid = root(host, f"id -u {host.ssh_user}").strip()
+    stage = f"/var/lib/gpufleet-upload.{uid}"
+    predictable = "/tmp/pyinfra-" + hashlib.sha1(NCCL.encode()).hexdigest()   # pyinfra's own name for it
+    root(host, f"rm -rf {stage} {NCCL} {predictable}")                           # tuning puts NCCL back
+    planted = as_student(host, f"mkdir {predictable} && chmod 777 {predictable} && stat -c '%U %F' {predictable}")
+    assert planted.stdout.strip() == "student directory", planted.stdout + planted.stderr
+    marker = "/run/gf-before-upload"
+    root(host, f"touch {marker}")
+    run = pyinfra(inv, "deploys/tuning.py")
+    assert run.returncode == 0 and run.errors == 0, run.output[-5000:]
+    assert root(host, f"stat -c '%U %a' {NCCL}").strip() == "root 644"       # uploaded through sudo
+    assert "NCCL_" in root(host, f"cat {NCCL}")
+    # staged in the login user's own 0700 folder, left empty; nothing of this run's in /tmp
+    assert root(host, f"stat -c '%U %a %F' {stage}; ls -A {stage}").splitlines() == [f"{host.ssh_user} 700 directory"]
+    assert root(host, f"find /tmp /var/tmp -newer {marker} -name 'pyinfra-*' ! -name 'pyinfra-sudo-askpass-*'; "
+                      f"stat -c '%U %F' {predictable}").splitlines() == ["student directory"]
+    # a staging folder that is not the login user's own 0700 one: refused by name, nothing uploaded
+    root(host, f"rm -rf {stage} {NCCL} && mkdir -m 755 {stage} && chown {host.ssh_user} {stage}")
+    refused = pyinfra(inv, "deploys/tuning.py")
+    assert refused.returncode != 0, refused.output[-3000:]
+    assert "refused the gpufleet staging folder /var/lib/gpufleet-upload.<uid>" in refused.output, refused.output[-3000:]
+    assert f"directory, owner {host.ssh_user}, mode 755" in refused.output, refused.output[-3000:]
+    assert root(host, f"test -e {NCCL} && echo there || echo absent").strip() == "absent"
+    root(host, f"rm -rf {stage} {predictable}")
     fixed = pyinfra(inv, "deploys/tuning.py")
     assert fixed.returncode == 0 and fixed.changed > 0, fixed.output[-3000:]
 
