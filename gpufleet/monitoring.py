@@ -1,8 +1,8 @@
 """The Prometheus exporters a host's tier turns on, where they listen, and who may reach them.
 
 One source for deploys/monitoring.py (what it installs and how it binds), deploys/hardening.py
-(the firewall opens an exporter's port only while it is on, and only for the address it
-listens on), the validation gate (the endpoint it curls on the host) and the fleet report
+(the firewall opens an exporter's port only while it is on, only for the address it listens
+on, and only to the scrapers' networks), the validation gate (the endpoint it curls on the host) and the fleet report
 (the endpoints it lists). Pure: settings in, values out.
 """
 from __future__ import annotations
@@ -80,13 +80,24 @@ def public_url(settings: Any, exporter: Exporter, host_address: str) -> str:
 
 
 def firewall_rules(settings: Any) -> list[dict[str, str]]:
-    """nftables rules for the exporters: each port open while its exporter is on, and only for
-    the address it listens on (none when it listens on loopback alone: `lo` is accepted)."""
+    """nftables rules for the exporters: each port open while its exporter is on, only for the
+    address it listens on (none when it listens on loopback alone: `lo` is accepted), and only
+    from the scrapers of monitoring_allowed_cidrs (none by default: on a shared host the
+    metrics, GPU processes' names among them, are not for every network the host is on; the
+    host itself and firewall_trusted_cidrs reach every port anyway). One rule per exporter and
+    network, of the listen address's family when it has one."""
     if local_only(settings):
         return []
     address = _address(settings)
-    return [{"port": str(e.port), "proto": "tcp", "comment": e.label,
-             "daddr": str(address) if address is not None else ""} for e in exporters(settings)]
+    rules = []
+    for e in exporters(settings):
+        for cidr in settings.monitoring_allowed_cidrs:
+            network = ipaddress.ip_network(cidr, strict=False)
+            if address is not None and network.version != address.version:
+                continue  # a v6 scraper cannot reach a v4-only listener (nor one rule match both)
+            rules.append({"port": str(e.port), "proto": "tcp", "comment": e.label, "saddr": str(network),
+                          "daddr": str(address) if address is not None else ""})
+    return rules
 
 
 def node_exporter_defaults(settings: Any) -> str:

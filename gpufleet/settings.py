@@ -104,6 +104,7 @@ class Settings:
     monitoring_dcgm_exporter_port: int
     monitoring_dcgm_exporter_version: str
     monitoring_listen_address: str
+    monitoring_allowed_cidrs: tuple[str, ...]
     rollout_batch_size: int
     rollout_require_idle: bool
     rollout_lock_wait: int

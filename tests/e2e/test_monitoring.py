@@ -129,14 +129,22 @@ def test_a_stopped_exporter_fails_the_gate_with_its_fix(monitored):
     assert "-> fix: systemctl status nvidia-dcgm-exporter.service" in run.output
 
 
-def http_get_from_client(host, port: int) -> str:
-    """GET /metrics from the pool's client namespace, as Prometheus on another machine would."""
+def scraper_address(host) -> str:
+    """The client namespace's address on the hosts' network (testing/testhosts.py: .1 of it)."""
+    return host.address.rsplit(".", 1)[0] + ".1"
+
+
+def http_get_from_client(host, port: int, source: str | None = None) -> str:
+    """GET /metrics from the pool's client namespace, as Prometheus on another machine would
+    (from `source`, an address of the client namespace, when given)."""
     import socket
 
     with in_netns(host.netns):
         sock = socket.socket()
-    sock.settimeout(20)
+    sock.settimeout(20 if source is None else 4)
     try:
+        if source is not None:
+            sock.bind((source, 0))
         sock.connect((host.address, port))
         sock.sendall(f"GET /metrics HTTP/1.0\r\nHost: {host.address}\r\n\r\n".encode())
         chunks = []
@@ -156,7 +164,9 @@ LISTENER = ("import socket\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET,so
 def test_exporters_answer_through_the_firewall_which_opens_exactly_their_ports(hostpool, aptrepo, tmp_path):  # noqa: F811
     (h,) = hostpool.get("monitoring-private", 1, gpu=f"a100x2@{TEST_DRIVER}", private_network=True,
                         forward=(aptrepo.port,))
-    data = {**environment_data(h, "research", aptrepo), "tier_mismatch": "warn", "monitoring_listen_address": h.address}
+    # the scrapers: the client namespace's own address only (monitoring_allowed_cidrs)
+    data = {**environment_data(h, "research", aptrepo), "tier_mismatch": "warn", "monitoring_listen_address": h.address,
+            "monitoring_allowed_cidrs": [f"{scraper_address(h)}/32"]}
     inv = write_inventory(tmp_path / "inventory.py", [h], data={h.name: data})
     deploy = "tests/e2e/deploys/monitoring_firewall.py"
     first = pyinfra(inv, deploy, netns=h.netns)
@@ -166,8 +176,9 @@ def test_exporters_answer_through_the_firewall_which_opens_exactly_their_ports(h
     assert again.returncode == 0 and changed_operations(again) == [], again.output[-5000:]
 
     table = sh(h, "nft list table inet gpufleet")
-    assert f'ip daddr {h.address} tcp dport 9100 accept comment "node exporter"' in table, table
-    assert f'ip daddr {h.address} tcp dport 9400 accept comment "DCGM exporter"' in table, table
+    scraper = scraper_address(h)
+    assert f'ip saddr {scraper} ip daddr {h.address} tcp dport 9100 accept comment "node exporter"' in table, table
+    assert f'ip saddr {scraper} ip daddr {h.address} tcp dport 9400 accept comment "DCGM exporter"' in table, table
     testhosts.ssh(h, "systemd-run --unit=gf-test-listen /usr/bin/python3 -c " + __import__("shlex").quote(LISTENER))
     assert sh(h, "sleep 1; ss -Hltn 'sport = :8080'").strip(), "the test listener did not start"
     assert not host_tcp_open(h, 8080), "a port no key opens is reachable"
@@ -176,3 +187,13 @@ def test_exporters_answer_through_the_firewall_which_opens_exactly_their_ports(h
     assert "node_boot_time_seconds " in node and "node_cpu_seconds_total{" in node
     dcgm = http_get_from_client(h, 9400)
     assert len([line for line in dcgm.splitlines() if line.startswith("DCGM_FI_DEV_GPU_TEMP{")]) == 2, dcgm[:2000]
+    # another machine of that network, not a scraper: the exporters' ports drop it
+    other = f"{scraper.rsplit('.', 1)[0]}.250"
+    testhosts._ip("-n", h.netns, "addr", "add", f"{other}/32", "dev", testhosts.CLIENT_BRIDGE)
+    try:
+        for port in (9100, 9400):
+            with pytest.raises(OSError):          # dropped: the connection times out
+                http_get_from_client(h, port, source=other)
+        assert "node_boot_time_seconds " in http_get_from_client(h, 9100)   # the scraper still gets through
+    finally:
+        testhosts._ip("-n", h.netns, "addr", "del", f"{other}/32", "dev", testhosts.CLIENT_BRIDGE, check=False)

@@ -32,16 +32,20 @@ def test_research_and_hgx_turn_both_exporters_on_and_dev_none():
     assert s.plan is not None and "datacenter-gpu-manager-4-core" in s.plan.dcgm_packages  # DCGM with the driver
 
 
+SCRAPERS = ["10.0.0.0/24", "fd00::/64"]
+
+
 @pytest.mark.parametrize("listen,node,url,rule", [
-    ("all", ":9100", "http://127.0.0.1:9100/metrics", {"port": "9100", "proto": "tcp", "comment": "node exporter", "daddr": ""}),
+    ("all", ":9100", "http://127.0.0.1:9100/metrics",
+     {"port": "9100", "proto": "tcp", "comment": "node exporter", "saddr": "10.0.0.0/24", "daddr": ""}),
     ("10.0.0.5", "10.0.0.5:9100", "http://10.0.0.5:9100/metrics",
-     {"port": "9100", "proto": "tcp", "comment": "node exporter", "daddr": "10.0.0.5"}),
+     {"port": "9100", "proto": "tcp", "comment": "node exporter", "saddr": "10.0.0.0/24", "daddr": "10.0.0.5"}),
     ("fd00::5", "[fd00::5]:9100", "http://[fd00::5]:9100/metrics",
-     {"port": "9100", "proto": "tcp", "comment": "node exporter", "daddr": "fd00::5"}),
+     {"port": "9100", "proto": "tcp", "comment": "node exporter", "saddr": "fd00::/64", "daddr": "fd00::5"}),
     ("127.0.0.1", "127.0.0.1:9100", "http://127.0.0.1:9100/metrics", None),
 ])
 def test_listen_address_binds_the_exporters_and_the_firewall_alike(listen, node, url, rule):
-    s = settings(monitoring_listen_address=listen)
+    s = settings(monitoring_listen_address=listen, monitoring_allowed_cidrs=SCRAPERS)
     node_exporter = m.exporters(s)[0]
     assert m.listen(s, 9100) == node
     assert m.local_url(s, node_exporter) == url
@@ -51,20 +55,33 @@ def test_listen_address_binds_the_exporters_and_the_firewall_alike(listen, node,
     assert m.firewall_rules(s)[:1] == ([rule] if rule else [])
 
 
+def test_the_exporters_are_open_only_to_the_scrapers_networks():
+    # by default to no other network: the host itself (lo) and the trusted peers reach every port
+    assert m.firewall_rules(settings()) == []
+    # one rule per exporter and network; a listen address takes only its own family's networks
+    both = m.firewall_rules(settings(monitoring_allowed_cidrs=SCRAPERS))
+    assert [(r["port"], r["saddr"]) for r in both] == [("9100", "10.0.0.0/24"), ("9100", "fd00::/64"),
+                                                       ("9400", "10.0.0.0/24"), ("9400", "fd00::/64")]
+    v4 = m.firewall_rules(settings(monitoring_allowed_cidrs=SCRAPERS, monitoring_listen_address="10.0.0.5"))
+    assert {r["saddr"] for r in v4} == {"10.0.0.0/24"}
+
+
 def test_the_firewall_opens_exactly_the_ports_of_the_exporters_that_are_on():
     def table(**data):
         return render("etc/nftables.conf.j2", **nftables_context(settings(**data), [22]))
 
-    text = table()
-    assert 'tcp dport 9100 accept comment "node exporter"' in text
-    assert 'tcp dport 9400 accept comment "DCGM exporter"' in text
-    text = table(monitoring_dcgm_exporter=False, monitoring_node_exporter_port=9101)
+    assert "9100" not in table() and "9400" not in table()    # no scraper named: no network but lo
+    text = table(monitoring_allowed_cidrs=SCRAPERS)
+    assert 'ip saddr 10.0.0.0/24 tcp dport 9100 accept comment "node exporter"' in text
+    assert 'ip6 saddr fd00::/64 tcp dport 9400 accept comment "DCGM exporter"' in text
+    text = table(monitoring_dcgm_exporter=False, monitoring_node_exporter_port=9101, monitoring_allowed_cidrs=SCRAPERS)
     assert "dport 9101 accept" in text and "9400" not in text and "9100" not in text
-    text = table(monitoring_listen_address="10.0.0.5")
-    assert 'ip daddr 10.0.0.5 tcp dport 9100 accept comment "node exporter"' in text
-    text = table(monitoring_listen_address="fd00::5")
-    assert 'ip6 daddr fd00::5 tcp dport 9400 accept' in text
-    text = table(monitoring_listen_address="127.0.0.1")
+    text = table(monitoring_listen_address="10.0.0.5", monitoring_allowed_cidrs=SCRAPERS)
+    assert 'ip saddr 10.0.0.0/24 ip daddr 10.0.0.5 tcp dport 9100 accept comment "node exporter"' in text
+    assert "fd00::/64" not in text
+    text = table(monitoring_listen_address="fd00::5", monitoring_allowed_cidrs=SCRAPERS)
+    assert 'ip6 saddr fd00::/64 ip6 daddr fd00::5 tcp dport 9400 accept' in text
+    text = table(monitoring_listen_address="127.0.0.1", monitoring_allowed_cidrs=SCRAPERS)
     assert "9100" not in text and "9400" not in text
     # an operator who still lists the port keeps one rule, open to all
     text = table(firewall_open_ports=["22/tcp", "9100/tcp"])
@@ -72,7 +89,8 @@ def test_the_firewall_opens_exactly_the_ports_of_the_exporters_that_are_on():
 
 
 def test_nft_accepts_the_rendered_table_when_nft_is_here():
-    text = render("etc/nftables.conf.j2", **nftables_context(settings(monitoring_listen_address="10.0.0.5"), [22]))
+    text = render("etc/nftables.conf.j2", **nftables_context(settings(monitoring_listen_address="10.0.0.5",
+                                                                        monitoring_allowed_cidrs=SCRAPERS), [22]))
     try:
         run = subprocess.run(["nft", "-c", "-f", "-"], input=text, capture_output=True, text=True, timeout=20)
     except FileNotFoundError:
@@ -85,6 +103,8 @@ def test_nft_accepts_the_rendered_table_when_nft_is_here():
 @pytest.mark.parametrize("data,key,fragment", [
     ({"monitoring_listen_address": "eth0"}, "monitoring_listen_address", "not an IP address"),
     ({"monitoring_listen_address": "0.0.0.0"}, "monitoring_listen_address", "use all for every address"),
+    ({"monitoring_allowed_cidrs": ["10.0.0.0/33"]}, "monitoring_allowed_cidrs", "CIDRs"),
+    ({"monitoring_allowed_cidrs": "10.0.0.0/8"}, "monitoring_allowed_cidrs", "list of CIDRs"),
     ({"monitoring_node_exporter_port": 0}, "monitoring_node_exporter_port", "out of range"),
     ({"monitoring_dcgm_exporter_version": "4.5"}, "monitoring_dcgm_exporter_version", "malformed"),
     ({"monitoring_dcgm_exporter_port": 9100}, "monitoring_dcgm_exporter_port", "also monitoring_node_exporter_port"),

@@ -228,6 +228,7 @@ ALTERNATIVE: dict[str, tuple[Any, str]] = {
     "monitoring_dcgm_exporter_port": (9401, "hgx"),
     "monitoring_dcgm_exporter_version": ("4.4.0", "hgx"),
     "monitoring_listen_address": ("127.0.0.1", "hgx"),
+    "monitoring_allowed_cidrs": (["10.0.0.0/8"], "hgx"),
     "rollout_batch_size": (2, "hgx"),
     "rollout_lock_wait": (30, "hgx"),
     "rollout_snapshot_target": ("vg1/data", "rollout-lvm"),
