@@ -22,6 +22,7 @@ def rollback(inventory: str | InventorySource, hosts: list[str], manifest: Path 
              force: bool, dry_run: bool, out: TextIO = sys.stdout, from_disk: bool = False) -> int:
     from gpufleet.deploys import rollback as steps
     from gpufleet.deploys import upgrade
+    from .runner import tune_and_cdi
     from .session import inventory_hosts, run_step
 
     from gpufleet import hostlock, staging
@@ -80,7 +81,9 @@ def rollback(inventory: str | InventorySource, hosts: list[str], manifest: Path 
         if from_disk:
             plan.append(("disk snapshot", steps.restore_disk))
         if reboot:
-            plan += [("reboot", upgrade.reboot), ("tune", upgrade.tune), ("validate", upgrade.validate)]
+            # as the rollout after its reboot: the tuning, and the CDI spec the restored driver
+            # made stale (else the next all.py regenerates it: not a no-op)
+            plan += [("reboot", upgrade.reboot), ("tune", tune_and_cdi), ("validate", upgrade.validate)]
         active = list(names)
         for step, func in plan:
             t = time.monotonic()
