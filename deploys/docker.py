@@ -49,6 +49,7 @@ from gpufleet.repos import (DOCKER_KEYRING, DOCKER_LIST, TOOLKIT_KEYRING, TOOLKI
                             docker_sources_line, dpkg_arch, toolkit_sources_line)
 from gpufleet.settings import host_settings
 from gpufleet.operations import docker as docker_ops
+from gpufleet.operations.daemon_reload import dev_char_links
 from gpufleet.operations.holds import held
 
 APT_CACHE_SECONDS = 86400
@@ -155,6 +156,8 @@ def docker():
     )
     held(name="Hold the engine and toolkit packages so upgrades happen only through gpufleet",
          packages=sorted({*hold, *TOOLKIT_PACKAGES}))
+    dev_char_links(name="Link every NVIDIA device in /dev/char, now and at each boot (NVIDIA's udev rule): "
+                        "a daemon-reload then keeps GPU containers' devices")
 
     # -- configuration --------------------------------------------------------------------------
     config_op = docker_ops.daemon_json(

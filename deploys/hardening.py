@@ -57,6 +57,7 @@ from pyinfra.operations import apt, files, systemd
 from gpufleet.facts.nftables import TABLE, NftablesCapability
 from gpufleet.facts.ssh import SshdActivation, SshdEffectiveConfig, SshdVersion
 from gpufleet.operations import nftables, ssh
+from gpufleet.operations.daemon_reload import reload_when
 from gpufleet.operations.ssh import connecting_user
 
 from gpufleet.deploys.base import APT_CACHE_SECONDS, quiet_needrestart
@@ -287,10 +288,7 @@ def hardening():
         dest=SSHD_BOOT_REVERT_UNIT,
         mode="644",
     )
-    systemd.daemon_reload(
-        name="Let systemd read that unit",
-        _if=boot_revert.did_change,
-    )
+    reload_when("Let systemd read that unit", boot_revert)
     systemd.service(
         name="Run it at every boot",
         service="gpufleet-sshd-revert-at-boot.service",
@@ -369,10 +367,7 @@ def hardening():
             dest=NFTABLES_UNIT_DROPIN,
             mode="644",
         )
-        systemd.daemon_reload(
-            name="Let systemd read the nftables.service drop-in",
-            _if=unit.did_change,
-        )
+        reload_when("Let systemd read the nftables.service drop-in", unit)
         nftables.apply(
             name="Load the firewall atomically, reverted in "
                  f"{settings.firewall_revert_after} s unless a fresh SSH login works; "

@@ -36,6 +36,7 @@ from gpufleet.deploys.base import APT_CACHE_SECONDS
 from gpufleet import monitoring as m
 from gpufleet.hostfacts import gpu_state
 from gpufleet.settings import host_settings
+from gpufleet.operations.daemon_reload import reload_when
 from gpufleet.operations.driver import packages_at_versions
 
 
@@ -87,7 +88,7 @@ def _dcgm_exporter(settings) -> None:
         versions={m.DCGM_EXPORTER_PACKAGE: settings.monitoring_dcgm_exporter_version},
         hold=settings.driver_hold,
     )
-    systemd.daemon_reload(name="Let systemd read the DCGM exporter's drop-in", _if=dropin.did_change)
+    reload_when("Let systemd read the DCGM exporter's drop-in", dropin)
     state = gpu_state(host)
     ready = state.ok and bool(state.gpus)
     if not ready:

@@ -44,6 +44,7 @@ from gpufleet.failures import refuse
 from gpufleet.settings import host_settings
 from gpufleet.tuning import TuningPlan, ac_deprecated_from, plan_tuning, policy_text
 from gpufleet.operations import cpu, gpu
+from gpufleet.operations.daemon_reload import reload_when
 
 #: Debian (non-free/contrib) and NVIDIA's CUDA repository both call the daemon's package this.
 PERSISTENCED_PACKAGE = "nvidia-persistenced"
@@ -117,13 +118,12 @@ def _clocks(settings: Any, plan: TuningPlan, env_file: Any) -> None:
                         service=CLOCKS_SERVICE, running=None, enabled=False)
         removed = [files.file(name=f"Remove {path} (clock_policy: unmanaged)", path=path, present=False)
                    for path in (CLOCKS_UNIT, CLOCKS_ENV, CLOCKS_SCRIPT)]
-        systemd.daemon_reload(name="Reload systemd so it sees the GPU environment and unit changes",
-                              _if=lambda: env_file.did_change() or removed[0].did_change())
+        reload_when("Reload systemd so it sees the GPU environment and unit changes", env_file, removed[0])
         return
     if not plan.nvidia_ok:
         logger.warning(f"{host.print_prefix}nvidia-smi does not work ({plan.nvidia_status}): "
                        "GPU clocks are left alone until the driver works")
-        systemd.daemon_reload(name="Reload systemd so services get the GPU environment", _if=env_file.did_change)
+        reload_when("Reload systemd so services get the GPU environment", env_file)
         return
     context = dict(tier=settings.tier, policy=policy_text(policy), plans=plan.clocks,
                    ac_deprecated_from=ac_deprecated_from(), record_dir=LOCKED_CLOCKS_DIR,
@@ -138,8 +138,7 @@ def _clocks(settings: Any, plan: TuningPlan, env_file: Any) -> None:
     unit = files.put(name="Install the unit that re-applies the GPU clocks at every boot",
                      src=StringIO(t.render("etc/systemd/system/gpufleet-gpu-clocks.service.j2", **context)),
                      dest=CLOCKS_UNIT, mode="644")
-    systemd.daemon_reload(name="Reload systemd so it sees the GPU environment and the clocks unit",
-                          _if=lambda: env_file.did_change() or unit.did_change())
+    reload_when("Reload systemd so it sees the GPU environment and the clocks unit", env_file, unit)
     gpu.clocks(name=f"Set each GPU's clocks for clock policy {policy_text(policy)}",
                policy=policy, ac_deprecated_from=ac_deprecated_from())
     systemd.service(name="Re-apply the GPU clocks at every boot", service=CLOCKS_SERVICE,
@@ -161,7 +160,7 @@ def _governor(settings: Any, plan: TuningPlan) -> None:
         unit = files.put(name="Install the unit that sets the CPU governor once the cpufreq drivers are loaded",
                          src=StringIO(t.render("etc/systemd/system/gpufleet-cpu-governor.service.j2", **context)),
                          dest=GOVERNOR_UNIT, mode="644")
-        systemd.daemon_reload(name="Reload systemd so it sees the CPU governor unit", _if=unit.did_change)
+        reload_when("Reload systemd so it sees the CPU governor unit", unit)
         systemd.service(name="Set the CPU governor at every boot", service=GOVERNOR_SERVICE,
                         running=None, enabled=True)
     cpu.governor(name=f"Run every CPU on the {setting} frequency governor", setting=setting)

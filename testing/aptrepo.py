@@ -170,6 +170,14 @@ _CTK_CDI = r"""if [ "$1" = cdi ] && [ "$2" = generate ]; then
   mkdir -p "$(dirname "$out")" && echo "$spec" > "$out.tmp" && mv "$out.tmp" "$out"
   echo "INFO[0000] Generated CDI spec with stand-in nvidia-ctk" >&2; exit 0
 fi
+if [ "$1" = system ] && [ "$2" = create-dev-char-symlinks ]; then
+  # as the real one: a /dev/char/MAJ:MIN link to every NVIDIA device node (the real one, with
+  # --create-all, also makes the nodes the loaded driver has; the simulator has no driver)
+  for d in /dev/nvidia*; do [ -c "$d" ] || continue
+    set -- $(stat -c '%t %T' "$d"); mm=$((0x$1)):$((0x$2))
+    [ -e "/dev/char/$mm" ] || ln -s "../${d#/dev/}" "/dev/char/$mm"
+  done; exit 0
+fi
 if [ "$1" = cdi ] && [ "$2" = list ]; then
   for f in /etc/cdi/*.yaml /var/run/cdi/*.yaml; do [ -f "$f" ] || continue
     kind=$(sed -n 's/^kind: *//p' "$f")

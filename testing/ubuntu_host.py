@@ -29,6 +29,7 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.host import Host
 from pyinfra.context import ctx_host, ctx_state
 
+from gpufleet.facts.devchar import DaemonReloadPending, DevCharLinks
 from gpufleet.facts._common import MARK
 from gpufleet.facts.docker import DaemonJson, DockerEngine
 from gpufleet.facts.driver import DebianArchiveSources, GpuDeviceUsers
@@ -171,6 +172,8 @@ class UbuntuHost:
             return DaemonJson().process([f"{MARK} exists no"])
         if cls is DockerEngine:
             return DockerEngine().process([f"{MARK} begin version"])
+        if cls in (DevCharLinks, DaemonReloadPending):  # no driver: no device nodes; no reload deferred
+            return cls.default()
         if name == "Arch":
             return "x86_64"
         if name == "TmpDir":

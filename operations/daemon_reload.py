@@ -1,0 +1,162 @@
+"""systemd's daemon-reload, and the /dev/char links that keep GPU containers' devices across one.
+
+A reload re-applies every unit's device policy; a container whose NVIDIA devices its unit does
+not name (`DeviceAllow=/dev/char/MAJ:MIN`, missing when the container started before the links
+existed) loses them: "Failed to initialize NVML: Unknown Error" until it is recreated (see
+facts/devchar.py). So:
+
+* ``dev_char_links``: NVIDIA's fix, installed with the container toolkit: its udev rule
+  (`nvidia-ctk system create-dev-char-symlinks --create-all` whenever the driver binds, so at
+  every boot) and the links now where some are missing.
+* ``daemon_reload``: gpufleet's every reload, through one gate. Right before it, on the host,
+  the links are made where nvidia-ctk can, then every container unit (system.slice scopes whose
+  processes live in a mount namespace of their own) that sees an NVIDIA device its DeviceAllow
+  does not name is a reason to defer: the reload is not done, the units are recorded
+  (/run/gpufleet/daemon-reload-pending, root's) and said, and the next run reloads once they
+  are gone, as a pending Docker restart. What a unit sees is read from the kernel (/proc) and
+  systemd, never from a file another user writes; a deferral is the only thing it can cause.
+"""
+from __future__ import annotations
+
+from io import StringIO
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.operations import files
+
+from gpufleet.facts.devchar import PENDING_MARKER, DaemonReloadPending, DevCharLinks
+from gpufleet.operations import as_op
+from gpufleet.operations.notice import say
+from gpufleet.printable import printable
+
+UDEV_RULE = "/etc/udev/rules.d/71-nvidia-dev-char.rules"
+UDEV_RULE_TEXT = (
+    "# Managed by gpufleet (deploys/docker.py). Do not edit: changes are reverted.\n"
+    "# /dev/char links to every NVIDIA device node whenever the driver binds (so at every boot):\n"
+    "# without them a systemd daemon-reload cuts running GPU containers off their GPUs\n"
+    "# (NVIDIA's fix: NVIDIA/nvidia-docker#1671, #1730).\n"
+    'ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", '
+    'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n'
+)
+CREATE_LINKS = ("nvidia-ctk", "system", "create-dev-char-symlinks", "--create-all")
+
+# $1: the pending marker. Run as root. Prints RELOADED, or PENDING and the units it deferred for.
+GUARD_SCRIPT = r"""
+marker=$1
+need_links=0
+for d in /dev/nvidia*; do
+  [ -c "$d" ] || continue
+  set -- $(stat -c '%t %T' "$d"); mm=$((0x$1)):$((0x$2))
+  [ "$(readlink -f "/dev/char/$mm" 2>/dev/null)" = "$(readlink -f "$d")" ] || need_links=1
+done
+if [ "$need_links" = 1 ] && command -v nvidia-ctk >/dev/null 2>&1; then
+  nvidia-ctk system create-dev-char-symlinks --create-all >/dev/null 2>&1 || true
+fi
+host_mnt=$(readlink /proc/1/ns/mnt)
+risky=""; seen=" "
+for p in /proc/[0-9]*; do
+  # its cgroup (the unified one; on a v1 host name=systemd's): a scope of the system
+  # manager's (Docker's docker-ID.scope, Kubernetes' cri-containerd-ID.scope), never a user's
+  cg=$(sed -n 's/^0:://p' "$p/cgroup" 2>/dev/null)
+  case "$cg" in ''|/) cg=$(sed -n 's/^[0-9]*:name=systemd://p' "$p/cgroup" 2>/dev/null | head -n 1);; esac
+  case "$cg" in /user.slice/*|'') continue;; */*.scope) unit=${cg##*/};; *) continue;; esac
+  case "$seen" in *" $unit "*) continue;; esac
+  mnt=$(readlink "$p/ns/mnt" 2>/dev/null) || continue
+  [ "$mnt" != "$host_mnt" ] || continue
+  seen="$seen$unit "
+  allow=" $(systemctl show -p DeviceAllow --value "$unit" 2>/dev/null | tr '\n' ' ') "
+  policy=$(systemctl show -p DevicePolicy --value "$unit" 2>/dev/null)
+  if [ "$policy" = auto ] && [ "$allow" = "  " ]; then continue; fi
+  for d in "$p"/root/dev/nvidia*; do
+    [ -c "$d" ] || continue
+    set -- $(stat -c '%t %T' "$d"); mm=$((0x$1)):$((0x$2))
+    case "$allow" in *" /dev/char/$mm rw"*|*" char-* rw"*|*" char-nvidia"*" rw"*) ;; *) risky="$risky $unit"; break;; esac
+  done
+done
+if [ -n "$risky" ]; then
+  mkdir -p -m 755 /run/gpufleet && t=$(mktemp /run/gpufleet/.reload.XXXXXX) && printf '%s\n' $risky > "$t" && mv -f "$t" "$marker"
+  echo "PENDING$risky"; exit 0
+fi
+systemctl daemon-reload || exit 1
+rm -f "$marker"
+echo RELOADED
+"""
+
+#: host name -> the container units its reload was deferred for, this run (the end-of-run summary)
+PENDING: dict[str, list[str]] = {}
+_claimed: set[str] = set()
+
+
+def guard_command() -> StringCommand:
+    return StringCommand("sh", "-c", QuoteString(GUARD_SCRIPT), "gpufleet-daemon-reload", QuoteString(PENDING_MARKER))
+
+
+def parse_guard(lines: list[str]) -> tuple[bool, list[str]]:
+    """(reloaded, deferred-for units) from the guard's output; ValueError when it said neither."""
+    for line in reversed(lines):
+        words = line.split()
+        if words[:1] == ["RELOADED"]:
+            return True, []
+        if words[:1] == ["PENDING"]:
+            return False, sorted({printable(w) for w in words[1:]})
+    raise ValueError(printable(" ".join(lines)[-300:]) or "no output")
+
+
+def _reload(state: Any, host: Any) -> bool:
+    ok, out = as_op.run(host, guard_command())
+    lines = [*(out.stdout_lines if out else [])]
+    try:
+        reloaded, units = parse_guard(lines)
+    except ValueError as exc:
+        errors = " ".join(out.stderr_lines if out else []).strip()
+        logger.error(f"{host.print_prefix}systemctl daemon-reload failed: {printable(errors) or exc}")
+        return False
+    if reloaded:
+        PENDING.pop(host.name, None)
+        return bool(ok)
+    PENDING[host.name] = units
+    logger.warning(f"{host.print_prefix}systemd daemon-reload PENDING (not done): it would cut {', '.join(units)} "
+                   "off its GPU devices (no /dev/char link when it started); the first run after it stops reloads")
+    return True
+
+
+@operation(is_idempotent=False)
+def daemon_reload():
+    """systemctl daemon-reload, unless it would cut a running container off its GPUs (then
+    deferred, recorded and said). Use it through `reload_when()`."""
+    yield FunctionCommand(_reload, (), {})
+
+
+def reload_when(name: str, *changed: Any) -> Any:
+    """The gated daemon-reload, run when one of `changed` (operations) changed, or when an earlier
+    run deferred one and the containers it was deferred for are gone (the first such call of
+    this run takes that over). While they run, nothing else changed: said, and not retried."""
+    pending = host.get_fact(DaemonReloadPending)
+    take_over = pending.deferred and not pending.active and host.name not in _claimed
+    if pending.deferred and host.name not in _claimed:
+        _claimed.add(host.name)
+        if pending.active:
+            still_pending(name="Say the daemon-reload an earlier run deferred", units=pending.active)
+    return daemon_reload(name=name + (" (and the one an earlier run deferred)" if take_over else ""),
+                         _if=lambda: take_over or any(op.did_change() for op in changed))
+
+
+@operation()
+def still_pending(units: list[str]):
+    """Nothing to do but say it: the containers a reload was deferred for still run."""
+    say(f"systemd daemon-reload still PENDING: {', '.join(units)} still run with GPU devices that a reload "
+        "would take from them; done by the first run after they stop")
+    if False:  # a generator, as every operation
+        yield
+
+
+@operation()
+def dev_char_links():
+    """NVIDIA's udev rule for the /dev/char links, and the links now where some are missing."""
+    yield from files.put._inner(src=StringIO(UDEV_RULE_TEXT), dest=UDEV_RULE, mode="644")
+    links = host.get_fact(DevCharLinks)
+    if links.missing:
+        yield StringCommand(*CREATE_LINKS)
+    else:
+        host.noop(f"every NVIDIA device has its /dev/char link ({len(links.devices)} devices)")
