@@ -69,9 +69,12 @@ _INSTALL_SCRIPT = r"""
 set -u
 umask 077
 new=$1 dest=$2 prev=$3 pending=$4 script=$5 revert=$6 unit=$7 after=$8
-mkdir -p "$(dirname "$prev")"
+nobackup() { rm -f "$new"; echo "gpufleet: could not keep a copy of $dest in $prev ($1); nothing was changed" >&2; exit 1; }
+mkdir -p "$(dirname "$prev")" || nobackup "no folder for it"
 rm -f "$prev" "$prev.absent"
-if [ -e "$dest" ]; then cp -p "$dest" "$prev"; else : > "$prev.absent"; fi
+# without the copy neither the revert timer nor a failed check could put the file back
+if [ -e "$dest" ]; then cp -p "$dest" "$prev" && cmp -s "$dest" "$prev" || nobackup "the copy failed"
+else : > "$prev.absent" || nobackup "the marker could not be written"; fi
 chmod 600 "$new"
 mv -f "$new" "$dest"
 if ! out=$(sshd -t 2>&1); then
