@@ -89,15 +89,12 @@ def firewall_rules(settings: Any) -> list[dict[str, str]]:
     if local_only(settings):
         return []
     address = _address(settings)
-    rules = []
-    for e in exporters(settings):
-        for cidr in settings.monitoring_allowed_cidrs:
-            network = ipaddress.ip_network(cidr, strict=False)
-            if address is not None and network.version != address.version:
-                continue  # a v6 scraper cannot reach a v4-only listener (nor one rule match both)
-            rules.append({"port": str(e.port), "proto": "tcp", "comment": e.label, "saddr": str(network),
-                          "daddr": str(address) if address is not None else ""})
-    return rules
+    # a v6 scraper cannot reach a v4-only listener (nor one rule match both families)
+    networks = [n for n in (ipaddress.ip_network(c, strict=False) for c in settings.monitoring_allowed_cidrs)
+                if address is None or n.version == address.version]
+    return [{"port": str(e.port), "proto": "tcp", "comment": e.label, "saddr": str(network),
+             "daddr": str(address) if address is not None else ""}
+            for e in exporters(settings) for network in networks]
 
 
 def node_exporter_defaults(settings: Any) -> str:

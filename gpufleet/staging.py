@@ -30,8 +30,6 @@ from gpufleet.printable import printable
 
 PARENT = "/var/lib"
 PREFIX = PARENT + "/gpufleet-upload."
-EXIT_UNSAFE = 73
-EXIT_NO_SUDO_UID = 74
 
 # Run as root through the transfer's own sudo (so its password, if any, goes as pyinfra sends
 # it). sudo sets SUDO_UID to the login user's uid. Prints the folder, or why not.
@@ -80,10 +78,6 @@ def parse_stage(lines: list[str]) -> str:
                          f"in root's {PARENT} ({said}); only root can have made it so: remove it and run again")
 
 
-def through_sudo(kwargs: dict[str, Any]) -> bool:
-    return bool(kwargs.get("_sudo"))
-
-
 def folder(host: Any, kwargs: dict[str, Any]) -> str:
     """The host's staging folder, made or checked once per run and connection."""
     context = host_context(host)
@@ -117,7 +111,7 @@ def install() -> None:
     def staged(original: Any) -> Any:
         def transfer(self: Any, filename_or_io: Any, remote_filename: Any, remote_temp_filename: Any = None,
                      *args: Any, **kwargs: Any) -> Any:
-            if through_sudo(kwargs):
+            if kwargs.get("_sudo"):
                 remote_temp_filename = temp_name(folder(self, kwargs))
             return original(self, filename_or_io, remote_filename, remote_temp_filename, *args, **kwargs)
         return transfer

@@ -44,11 +44,11 @@ CREATE_LINKS = ("nvidia-ctk", "system", "create-dev-char-symlinks", "--create-al
 # $1: the pending marker. Run as root. Prints RELOADED, or PENDING and the units it deferred for.
 GUARD_SCRIPT = r"""
 marker=$1
+majmin() { set -- $(stat -c '%t %T' "$1"); echo "$((0x$1)):$((0x$2))"; }   # of a device node, decimal
 need_links=0
 for d in /dev/nvidia*; do
   [ -c "$d" ] || continue
-  set -- $(stat -c '%t %T' "$d"); mm=$((0x$1)):$((0x$2))
-  [ "$(readlink -f "/dev/char/$mm" 2>/dev/null)" = "$(readlink -f "$d")" ] || need_links=1
+  [ "$(readlink -f "/dev/char/$(majmin "$d")" 2>/dev/null)" = "$(readlink -f "$d")" ] || need_links=1
 done
 if [ "$need_links" = 1 ] && command -v nvidia-ctk >/dev/null 2>&1; then
   nvidia-ctk system create-dev-char-symlinks --create-all >/dev/null 2>&1 || true
@@ -70,7 +70,7 @@ for p in /proc/[0-9]*; do
   if [ "$policy" = auto ] && [ "$allow" = "  " ]; then continue; fi
   for d in "$p"/root/dev/nvidia*; do
     [ -c "$d" ] || continue
-    set -- $(stat -c '%t %T' "$d"); mm=$((0x$1)):$((0x$2))
+    mm=$(majmin "$d")
     case "$allow" in *" /dev/char/$mm rw"*|*" char-* rw"*|*" char-nvidia"*" rw"*) ;; *) risky="$risky $unit"; break;; esac
   done
 done
@@ -83,8 +83,7 @@ rm -f "$marker"
 echo RELOADED
 """
 
-#: host name -> the container units its reload was deferred for, this run (the end-of-run summary)
-PENDING: dict[str, list[str]] = {}
+#: hosts whose earlier deferred reload this run has taken over (or said is still pending)
 _claimed: set[str] = set()
 
 
@@ -105,17 +104,14 @@ def parse_guard(lines: list[str]) -> tuple[bool, list[str]]:
 
 def _reload(state: Any, host: Any) -> bool:
     ok, out = as_op.run(host, guard_command())
-    lines = [*(out.stdout_lines if out else [])]
     try:
-        reloaded, units = parse_guard(lines)
+        reloaded, units = parse_guard(out.stdout_lines if out else [])
     except ValueError as exc:
         errors = " ".join(out.stderr_lines if out else []).strip()
         logger.error(f"{host.print_prefix}systemctl daemon-reload failed: {printable(errors) or exc}")
         return False
     if reloaded:
-        PENDING.pop(host.name, None)
         return bool(ok)
-    PENDING[host.name] = units
     logger.warning(f"{host.print_prefix}systemd daemon-reload PENDING (not done): it would cut {', '.join(units)} "
                    "off its GPU devices (no /dev/char link when it started); the first run after it stops reloads")
     return True
