@@ -299,25 +299,18 @@ def hardening():
         name="Verify, else revert, an sshd drop-in an interrupted run left unconfirmed",
         dest=SSHD_DROPIN,
     )
-    dropin = ssh.sshd_dropin(
+    how = ("reload sshd" if not activation.socket_activated else
+           "restart a running socket-activated sshd (sessions kept, never by SIGHUP), leaving "
+           f"ssh.socket and its ports ({', '.join(map(str, activation.ports)) or 'none'}) alone "
+           "(an idle one reads it at the next login)")
+    ssh.sshd_dropin(
         name="Install the hardened sshd drop-in that sorts first, if sshd -t accepts it, "
-             f"reverted in {settings.hardening_sshd_revert_after} s unless a fresh SSH login works",
+             f"{how}, and keep it only if a fresh SSH login as the deploy user works (else the previous "
+             f"one is restored; reverted by the host in {settings.hardening_sshd_revert_after} s if this run "
+             "is cut off)",
         dest=SSHD_DROPIN,
         content=render("etc/ssh/sshd_config.d/00-gpufleet-hardening.conf.j2", **ctx),
         revert_after=settings.hardening_sshd_revert_after,
-    )
-    ssh.reload_sshd(
-        name=("Reload sshd so that new logins get the hardened configuration"
-              if not activation.socket_activated else
-              "Restart a running socket-activated sshd (sessions kept, never by SIGHUP), leaving "
-              f"ssh.socket and its ports ({', '.join(map(str, activation.ports)) or 'none'}) alone; "
-              "an idle one reads the hardened configuration at the next login"),
-        _if=dropin.did_change,
-    )
-    ssh.verify_login_or_restore(
-        name="Prove a fresh SSH login as the deploy user works, else restore the previous sshd configuration",
-        dest=SSHD_DROPIN,
-        _if=dropin.did_change,
     )
     ssh.expect_effective(
         name="Check with sshd -T that the hardened settings are the effective ones",

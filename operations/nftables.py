@@ -56,18 +56,80 @@ chmod 644 "$new"
 mv -f "$new" "$dest"
 """
 
+# Whether the operator's /etc/nftables.conf ($1) is kept in $2 (and so loaded first at every
+# boot) when gpufleet's replaces it: theirs, not kept yet, and not Debian's untouched stock file
+# (which holds nobody's table, only `flush ruleset`). Shared by the proof and the persist step.
+_KEEPS = r"""
+keeps() {
+  [ -e "$1" ] && ! grep -q '^# Managed by gpufleet' "$1" && [ ! -e "$2" ] || return 1
+  stock=$(dpkg-query -W -f='${Conffiles}\n' nftables 2>/dev/null | awk -v f="$1" '$1 == f {print $2}')
+  [ "$(md5sum < "$1" | cut -d' ' -f1)" != "$stock" ]
+}
+"""
+
+# What boots besides gpufleet's table must be what is loaded now, or the login proven now says
+# nothing about the next boot: an operator's file in /etc/nftables.d (or the /etc/nftables.conf
+# that will be kept there) that was never loaded could shut SSH out at the next reboot. The boot
+# configuration is loaded in a throw-away network namespace, and each other table it makes is
+# compared with the live one as nft lists them without counters (`-s`). Only a table the boot
+# makes needs to match: a live table the boot lacks can only drop more (a packet must pass every
+# base chain on its hook), so the proof through it is the stricter one. Nothing else to load at
+# boot: nothing to prove. $1 boot candidate, $2 /etc/nftables.conf, $3 where it is kept, $4 the
+# operator's folder, $5 gpufleet's table, $6 the probe file to write.
+_BOOT_PROOF = r"""
+boot_proof() {
+  # its own names: the caller's $conf, $boot, $table are other files
+  bp_boot=$1 bp_conf=$2 bp_kept=$3 bp_dir=$4 bp_table=$5 bp_probe=$6
+  others=$(ls "$bp_dir"/*.nft 2>/dev/null)
+  if keeps "$bp_conf" "$bp_kept"; then others="$bp_conf $others"; fi
+  [ -n "$others" ] || return 0
+  { if keeps "$bp_conf" "$bp_kept"; then printf 'include "%s"\n' "$bp_conf"; fi
+    printf 'include "%s"\n' "$bp_boot"; } > "$bp_probe"
+  list='nft -f "$1" >/dev/null || exit 1
+    nft list tables | while read -r _ family name; do
+      [ "$family $name" = "$2" ] && continue
+      echo "== $family $name"; nft -s list table "$family" "$name"
+    done'
+  if ! want=$(unshare -n sh -c "$list" gpufleet-nft-boot "$bp_probe" "$bp_table" 2>&1) &&
+     ! want=$(unshare -rn sh -c "$list" gpufleet-nft-boot "$bp_probe" "$bp_table" 2>&1); then
+    rm -f "$bp_probe"
+    echo "gpufleet: cannot prove what the next boot loads besides gpufleet's table (from: $others):" \
+         "loading it in a private network namespace failed: $want; nothing was loaded or written" >&2
+    return 1
+  fi
+  rm -f "$bp_probe"
+  bad=
+  for t in $(printf '%s\n' "$want" | sed -n 's/^== //p' | tr ' ' ':'); do
+    family=${t%%:*} name=${t#*:}
+    boots=$(printf '%s\n' "$want" | awk -v h="== $family $name" '$0 == h {on=1; next} /^== / {on=0} on')
+    live=$(nft -s list table "$family" "$name" 2>/dev/null)
+    [ "$boots" = "$live" ] && continue
+    from=$(grep -lE "table[[:space:]]+$family[[:space:]]+$name([[:space:]]|\{|$)" $others 2>/dev/null | tr '\n' ' ' | sed 's/ $//')
+    bad="$bad${bad:+; }table $family $name (${from:-from $others}) is $( [ -n "$live" ] && echo "loaded now, but not as it boots" || echo "not loaded now")"
+  done
+  [ -z "$bad" ] && return 0
+  echo "gpufleet: the next boot would load rules no login was ever proven through: $bad." \
+       "gpufleet's rules were not loaded and nothing was saved for the boot. Load those rules now" \
+       "(nft -f FILE) if they are right, or move the file out of the way, and run again" >&2
+  return 1
+}
+"""
+
 # $1 candidate ruleset, $2 revert file, $3 timer unit, $4 seconds before the automatic revert,
-# $5 table. Checks the candidate, saves gpufleet's live table, arms the revert, loads. Nothing
-# of the boot configuration is touched here.
-_ARM_AND_LOAD = r"""
+# $5 table, $6 its boot version, $7 the boot configuration, $8 where an operator's one is kept,
+# $9 the operator's folder. Checks the candidate and that what boots besides it is loaded now,
+# saves gpufleet's live table, arms the revert, loads. Nothing of the boot configuration is
+# touched here.
+_ARM_AND_LOAD = _KEEPS + _BOOT_PROOF + r"""
 set -u
 umask 077
-conf=$1 revert=$2 unit=$3 after=$4 table=$5
+conf=$1 revert=$2 unit=$3 after=$4 table=$5 boot=$6
 if ! out=$(nft -c -f "$conf" 2>&1); then
-  rm -f "$conf"
+  rm -f "$conf" "$boot"
   echo "gpufleet: nft -c rejected the new ruleset; nothing was loaded or written: $out" >&2
   exit 1
 fi
+boot_proof "$boot" "$7" "$8" "$9" "$table" "$(dirname "$conf")/boot-probe.nft" || { rm -f "$conf" "$boot"; exit 1; }
 mkdir -p "$(dirname "$revert")"
 { echo "table $table"; echo "delete table $table"; nft list table $table 2>/dev/null; } > "$revert.new"
 mv -f "$revert.new" "$revert"
@@ -87,7 +149,7 @@ fi
 # kept, $7 the loaded candidate. Persists the rules for the next boot (file, nftables.service
 # enabled), records what is loaded, and only then disarms the revert. Refuses when the revert
 # already ran (confirmed too late).
-_PERSIST = r"""
+_PERSIST = _KEEPS + r"""
 set -u
 umask 077
 new=$1 conf=$2 record=$3 unit=$4 table=$5 kept=$6 loaded=$7
@@ -97,11 +159,8 @@ if ! systemctl is-active --quiet "$unit.timer"; then
 fi
 mkdir -p "$(dirname "$record")"
 if [ -e "$conf" ]; then
-  if ! grep -q '^# Managed by gpufleet' "$conf" && [ ! -e "$kept" ]; then
-    stock=$(dpkg-query -W -f='${Conffiles}\n' nftables 2>/dev/null | awk -v f="$conf" '$1 == f {print $2}')
-    if [ "$(md5sum < "$conf" | cut -d' ' -f1)" != "$stock" ]; then
-      mkdir -p -m 755 "$(dirname "$kept")" && cp -p "$conf" "$kept" || exit 1
-    fi
+  if keeps "$conf" "$kept"; then
+    mkdir -p -m 755 "$(dirname "$kept")" && cp -p "$conf" "$kept" || exit 1
   fi
   cp -p "$conf" "$conf.gpufleet-prev" || exit 1
 fi
@@ -215,6 +274,7 @@ def apply(path: str, content: str, boot_content: str | None = None, revert_after
     yield StringCommand(
         "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_ARM_AND_LOAD), "gpufleet-nft-load",
         QuoteString(CANDIDATE), QuoteString(REVERT_FILE), QuoteString(REVERT_UNIT),
-        QuoteString(f"{int(revert_after)}s"), QuoteString(TABLE),
+        QuoteString(f"{int(revert_after)}s"), QuoteString(TABLE), QuoteString(BOOT_CANDIDATE),
+        QuoteString(path), QuoteString(KEPT), QuoteString(OPERATOR_DIR),
     )
     yield FunctionCommand(_confirm_or_revert, (path,), {})

@@ -3,13 +3,14 @@ SSH server operations that cannot lock the operator out.
 
 * ``require_authorized_keys``: refuse (fail this host, change nothing) when a user who must
   still log in after passwords are disabled has no authorized key.
-* ``sshd_dropin``: install a drop-in, validated with ``sshd -t`` in place; a rejected
-  candidate is taken back at once and the previous file restored (sshd reads its
-  configuration only at start and reload, so the running daemon never sees it).
-* ``verify_login_or_restore``: after the reload, log in afresh exactly as pyinfra does
-  (paramiko, same connection data); if that fails, restore the previous drop-in, reload,
-  and fail the host with a clear message. Should this run never get there (killed, network
-  gone), the timer ``sshd_dropin`` armed puts the previous drop-in back on its own.
+* ``sshd_dropin``: install a drop-in, validated with ``sshd -t`` in place (a rejected
+  candidate is taken back at once and the previous file restored: sshd reads its
+  configuration only at start and reload, so the running daemon never sees it), arm the
+  revert timer, reload sshd, log in afresh exactly as pyinfra does (paramiko, same connection
+  data), and disarm; if the login fails, restore the previous drop-in, reload, and fail the
+  host with a clear message. One operation, so the timer spans this host's own steps only,
+  never the rest of the fleet's: should this run never get to the login (killed, network
+  gone), the timer puts the previous drop-in back on its own.
 * ``settle_pending``: a drop-in an interrupted run left unconfirmed is verified or reverted.
 * ``expect_effective``: compare ``sshd -T`` with what the drop-in asks for.
 * ``prune_moduli``: drop Diffie-Hellman moduli below a size, only when some are left.
@@ -24,7 +25,7 @@ from io import StringIO
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Sha256File
-from pyinfra.operations import files, systemd
+from pyinfra.operations import files
 
 from gpufleet.failures import fail
 from gpufleet.operations import as_op
@@ -33,7 +34,6 @@ from gpufleet.facts.ssh import (
     AuthorizedKeys,
     GroupMembers,
     SmallModuli,
-    SshdActivation,
     SshdEffectiveConfig,
     SshdPending,
     moduli_awk_small,
@@ -176,7 +176,10 @@ def sshd_dropin(dest: str, content: str, revert_after: int = 60):
     Install `content` as the sshd drop-in `dest`, accepted only if ``sshd -t`` accepts the
     whole resulting configuration; otherwise the previous file stays and the host fails.
     An accepted drop-in is marked pending and a timer on the host puts the previous one back
-    after `revert_after` seconds unless ``verify_login_or_restore`` confirms it first.
+    after `revert_after` seconds; then sshd is told (RELOAD_SSHD_SCRIPT, decided on the host:
+    a plain daemon reloaded, a running socket-activated one restarted, never by SIGHUP, with
+    ssh.socket and its ports left alone; an idle one reads it at the next connection) and a
+    fresh login proves it, which disarms the timer, or the previous drop-in is restored.
     """
     if host.get_fact(Sha256File, path=dest) == _sha256(content):
         host.noop(f"{dest} is already the hardened configuration")
@@ -190,6 +193,8 @@ def sshd_dropin(dest: str, content: str, revert_after: int = 60):
         QuoteString(REVERT_SCRIPT), QuoteString(_REVERT), QuoteString(REVERT_UNIT),
         QuoteString(f"{int(revert_after)}s"),
     )
+    yield StringCommand(*RELOAD_SSHD)
+    yield FunctionCommand(_verify_or_restore, (dest, backup_path(dest)), {})
 
 
 #: pyinfra connectors (entry-point names) whose commands never pass through an sshd: a change to
@@ -317,12 +322,6 @@ def _verify_or_restore(state, host, dest: str, backup: str) -> bool:
     ).execute(state, host, {})
 
 
-@operation(is_idempotent=False)
-def verify_login_or_restore(dest: str):
-    """After a reload: prove a new login works, or restore the previous drop-in and fail."""
-    yield FunctionCommand(_verify_or_restore, (dest, backup_path(dest)), {})
-
-
 @operation()
 def settle_pending(dest: str):
     """A drop-in an interrupted run left unconfirmed (its revert timer may still be armed):
@@ -333,32 +332,6 @@ def settle_pending(dest: str):
         return
     yield StringCommand("PATH=$PATH:/usr/sbin", "sshd", "-t", "&&", *RELOAD_SSHD)
     yield FunctionCommand(_verify_or_restore, (dest, backup_path(dest)), {})
-
-
-@operation(is_idempotent=False)
-def reload_sshd():
-    """
-    Make new logins read sshd's configuration, whichever way systemd runs sshd (the
-    SshdActivation fact).
-
-    Plain daemon: ``systemctl reload ssh.service`` (pyinfra's systemd.service, as ever).
-    Socket-activated (ssh.socket: Ubuntu 22.10+ by default): never SIGHUP (the re-executed
-    sshd loses the sockets systemd passed it), never ssh.socket itself (restarting it closes
-    the port; gpufleet writes no Port/ListenAddress, so Ubuntu's sshd-socket-generator has
-    nothing to change either): a running ssh.service is restarted, sessions kept, the socket
-    holding the port meanwhile; an idle one starts with the new configuration at the next
-    connection (RELOAD_SSHD_SCRIPT decides on the host, as the revert timer does).
-    """
-    activation = host.get_fact(SshdActivation)
-    if activation.socket_activated:
-        if activation.service_active not in ("active", "activating", "reloading"):
-            # Accept=yes (one sshd per connection) or an idle socket: no sshd to tell
-            host.noop("sshd is socket-activated and none is running: the next connection starts one "
-                      "with the new configuration")
-            return
-        yield StringCommand(*RELOAD_SSHD)
-        return
-    yield from systemd.service._inner(service="ssh.service", reloaded=True)
 
 
 def effective_differences(config, expected: dict[str, str | list[str]]) -> list[str]:

@@ -15,6 +15,8 @@ real TCP connect or SSH login from that namespace, or the host's own state over 
   stay as they were, and after a reboot the host boots the previous rules and lets us in;
   the operator's own table (their /etc/nftables.conf, kept in /etc/nftables.d/) is loaded
   live and at boot throughout;
+- rules in /etc/nftables.d that are not what is loaded (never loaded; loaded, then the file
+  changed) would boot through no proven login: refused, nothing changed; once loaded, proven;
 The other cases run the hardening step the way all.py runs it (tests/e2e/deploys/
 hardening_all_path.py: fact cache, prefetch, inventory check), on hosts without GPUs:
 - an sshd configuration that refuses the deploy user, whose run is killed before it can
@@ -175,6 +177,52 @@ def test_ruleset_that_breaks_the_login_is_reverted_live_and_at_boot(hosts, tmp_p
     again = pyinfra(inv, DEPLOY, netns=host.netns)
     assert again.returncode == 0, again.output
     assert changed_operations(again) == [], again.output
+
+
+LAB_RULES = """table inet lab {
+	chain input {
+		type filter hook input priority 5; policy accept;
+		tcp dport 22 drop comment "a rule nobody ever loaded: it would shut SSH out at the next boot"
+	}
+}
+"""
+
+
+def test_rules_that_would_boot_unproven_are_refused_before_anything_changes(hosts, tmp_path):
+    """An operator's file in /etc/nftables.d that is not what is loaded would be loaded at the
+    next boot, through no proven login: refused (not loaded, then loaded but changed), with
+    nothing changed; once it is what is loaded, the run goes on and boots it."""
+    host = hosts[0]  # after the test above: the operator's kept table is loaded and boots first
+    lab = "/etc/nftables.d/50-lab.nft"
+    testhosts.ssh(host, f"mkdir -p /etc/nftables.d && cat > {lab} <<'EOF'\n{LAB_RULES}EOF")
+    inv = inventory(tmp_path, host, firewall_open_ports=["9400/tcp", "9401/tcp"])  # a change to load
+    live, boot = testhosts.ssh(host, "nft -s list ruleset").stdout, boot_state(host)
+    try:
+        never_loaded = pyinfra(inv, DEPLOY, netns=host.netns)
+        assert never_loaded.returncode != 0, never_loaded.output
+        assert f"table inet lab ({lab}) is not loaded now" in never_loaded.output, never_loaded.output
+        refusal = next(line for line in never_loaded.output.splitlines() if "no login was ever proven" in line)
+        assert "inet operator" not in refusal  # the operator's kept table is loaded as it boots: proven
+        assert testhosts.ssh(host, "nft -s list ruleset").stdout == live and boot_state(host) == boot
+        assert testhosts.ssh(host, "systemctl is-active gpufleet-nft-revert.timer", check=False).stdout.strip() != "active"
+        assert _root_login(host) and host_tcp_open(host, 22)
+
+        # loaded now without the rule that drops SSH; the file still has it: not what boots
+        testhosts.ssh(host, f"grep -v 'dport 22' {lab} | nft -f -")
+        changed = pyinfra(inv, DEPLOY, netns=host.netns)
+        assert changed.returncode != 0, changed.output
+        assert f"table inet lab ({lab}) is loaded now, but not as it boots" in changed.output, changed.output
+        assert "9401" not in gpufleet_table(host) and boot_state(host) == boot
+
+        # what boots is what is loaded: the proof covers it, the run goes on
+        testhosts.ssh(host, f"sed -i '/dport 22/d' {lab} && nft delete table inet lab && nft -f {lab}")
+        proven = pyinfra(inv, DEPLOY, netns=host.netns)
+        assert proven.returncode == 0, proven.output
+        assert "tcp dport 9401 accept" in gpufleet_table(host)
+        assert "enabled" in boot_state(host) and boot_state(host) != boot
+        assert _root_login(host)
+    finally:
+        testhosts.ssh(host, f"rm -f {lab}; nft delete table inet lab", check=False)
 
 
 def _popen_pyinfra(inv, host) -> subprocess.Popen:

@@ -251,3 +251,16 @@ def test_html_report_links_each_endpoint_in_a_metrics_cell():
     page = render.html_page(doc)
     assert '<a class="endpoint" href="http://10.1.2.3:9100/metrics" title="812 samples">node exporter</a>' in page
     assert 'href="http://10.1.2.3:9400/metrics"' in page
+
+
+def test_no_tier_opens_tensorboard_or_another_unauthenticated_port_to_every_network():
+    """TensorBoard (6006) has no login of its own: on a shared research host it is for each
+    user's own `ssh -L`, and the trusted peers; opening it to all is the operator's choice."""
+    def table(**data):
+        return render("etc/nftables.conf.j2", **nftables_context(settings(**data), [22]))
+
+    for tier in ("research", "dev", "hgx", "inference"):
+        assert "6006" not in table(tier=tier), tier
+    text = table(firewall_trusted_cidrs=["10.1.0.0/16"])
+    assert 'ip saddr 10.1.0.0/16 accept comment "trusted"' in text and "6006" not in text
+    assert "tcp dport 6006 accept" in table(firewall_open_ports=["22/tcp", "6006/tcp"])

@@ -326,6 +326,6 @@ ALWAYS_CHANGES = {
     "apt_index.index_refreshed", "drain.gpus_idle_now", "reboot.rebooted", "reboot.slurm_rebooted",
     "snapshot.disk_snapshot_taken", "snapshot.disk_snapshot_restored", "snapshot.controller_snapshot_taken",
     "snapshot.etc_archived", "snapshot.manifest_written", "snapshot.copied_to_controller",
-    "ssh.verify_login_or_restore", "driver.refresh_initramfs",
+    "driver.refresh_initramfs",
     "daemon_reload.daemon_reload",
 }
