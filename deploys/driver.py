@@ -307,8 +307,8 @@ def driver():
     if stack_moves and not in_place:
         # The same rule as the driver: installed libraries change only by a sanctioned upgrade.
         PENDING_STACK[host.name] = stack_moves
-        for what, versions in stack_moves.items():
-            logger.warning(f"{host.print_prefix}{stack_pending_message(what, *versions)}")
+        for what, move in stack_moves.items():
+            logger.warning(f"{host.print_prefix}{stack_pending_message(what, *move)}")
     if drifted and not in_place:
         STACK_DRIFT[host.name] = drifted
         for messages in drifted.values():
@@ -332,7 +332,9 @@ def driver():
     # 1. Package sources ------------------------------------------------------------------------
     if res.source == "nvidia":
         apt.packages(name="Install gpg to check the repository key", packages=["gpg"], no_recommends=True)
-        base = cuda_repo_base(settings.driver_repo_url, res.repo_os_dir)
+        os_dir = res.repo_os_dir
+        assert os_dir is not None, "the resolver gives every plan from NVIDIA's repository its folder"
+        base = cuda_repo_base(settings.driver_repo_url, os_dir)
         keyring_url = (f"{base}/{repo['keyring_package_file']}" if settings.driver_repo_keyring_url == "auto"
                        else settings.driver_repo_keyring_url)
         fingerprint = (repo["key_fingerprint"] if settings.driver_repo_key_fingerprint == "auto"
@@ -344,7 +346,7 @@ def driver():
         source = files.put(
             name=f"Add NVIDIA's CUDA repository {base}/ as a signed-by source",
             src=StringIO("# Managed by gpufleet (deploys/driver.py). Do not edit: changes are reverted.\n"
-                         + cuda_sources_line(settings.driver_repo_url, res.repo_os_dir, repo["keyring_path"])),
+                         + cuda_sources_line(settings.driver_repo_url, os_dir, repo["keyring_path"])),
             dest=CUDA_SOURCE, mode="644",
         )
         apt.update(name="Read the package index of the changed sources", _if=any_changed(key, source))
@@ -352,11 +354,11 @@ def driver():
         offer = data.distro_offers[res.os_release]
         if offer.components:
             archive = "Ubuntu" if res.os_release.startswith("ubuntu") else "Debian"
-            components = archive_components(
+            enabled = archive_components(
                 name=f"Enable {', '.join(offer.components)} on the {archive} archive sources",
                 components=list(offer.components),
             )
-            apt.update(name="Read the package index of the changed sources", _if=components.did_change)
+            apt.update(name="Read the package index of the changed sources", _if=enabled.did_change)
 
     # 2. Preconditions that change the host -----------------------------------------------------
     blacklist = files.put(
@@ -417,7 +419,7 @@ def driver():
             f"{what} {old} -> {new}" for what, (old, new) in stack_moves.items()] + [
             f"{what} back to the resolved release (changed by hand)"
             for what in drifted]
-        manifest_and_snapshot(RolloutContext(target=res.driver_version))
+        manifest_and_snapshot(ctx=RolloutContext(target=res.driver_version))
         # GPU work is checked in the command that starts the change (packages_at_versions'
         # require_idle: a job started after planning is seen): busy -> nothing changes, the host fails
     install = packages_at_versions(
@@ -503,7 +505,7 @@ def driver():
     reboot_possible = install.will_change or before.mismatch
     busy = gpu_work(host) if reboot_possible else []
     running = f"{len(busy)} GPU process(es) running ({', '.join(busy[:3])}{', ...' if len(busy) > 3 else ''})"
-    policy = settings.driver_reboot
+    policy: str | None = settings.driver_reboot
     if policy == "never":
         policy = "driver_reboot: never"
     elif busy and policy == "if-idle":

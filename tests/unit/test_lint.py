@@ -41,7 +41,8 @@ def test_ruff_finds_what_it_is_configured_to_find(tmp_path):
 
 def test_mypy_is_strict_on_the_core_only(tmp_path):
     # the same faulty module, as part of the core and as a fact module: only the core is strict
-    body = "def add(a, b):\n    return a + b\n\n\ndef count() -> int:\n    return 'one'\n"
+    body = ("def add(a, b):\n    return a + b\n\n\ndef count() -> int:\n    return 'one'\n\n\n"
+            "def untyped():\n    n: int = 'one'\n    return n\n")
     for package in ("gpufleet", "gpufleet/facts"):
         (tmp_path / package).mkdir()
         (tmp_path / package / "__init__.py").write_text("")
@@ -56,3 +57,5 @@ def test_mypy_is_strict_on_the_core_only(tmp_path):
     assert facts.returncode == 1, facts.stdout + facts.stderr
     assert "missing a type annotation" not in facts.stdout, facts.stdout
     assert "gpufleet/facts/bad.py:6: error: Incompatible return value type" in facts.stdout, facts.stdout
+    # below the core too, the body of a function without annotations is checked (check_untyped_defs)
+    assert "gpufleet/facts/bad.py:10: error: Incompatible types in assignment" in facts.stdout, facts.stdout
