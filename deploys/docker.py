@@ -43,6 +43,7 @@ from gpufleet.facts.docker import DaemonJson
 from gpufleet.facts.packages import AptCandidates
 from gpufleet.facts.packages import PackageVersions
 from gpufleet import dockerconf
+from gpufleet.apt_policy import APT_CACHE_SECONDS
 from gpufleet.failures import refuse
 from gpufleet.hostfacts import gpu_state, os_release
 from gpufleet.repos import (DOCKER_KEYRING, DOCKER_LIST, TOOLKIT_KEYRING, TOOLKIT_LIST, TOOLKIT_PACKAGES,  # noqa: F401
@@ -52,7 +53,6 @@ from gpufleet.operations import docker as docker_ops
 from gpufleet.operations.daemon_reload import dev_char_links
 from gpufleet.operations.holds import held
 
-APT_CACHE_SECONDS = 86400
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
 
 # Engine packages per source: installed, then held together with their runtime pieces.

@@ -31,24 +31,19 @@ lives here). Then, in order:
 from __future__ import annotations
 
 import atexit
-import re
-import shlex
 from io import StringIO
-from pathlib import Path
 
 import click
-import jinja2
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, python, systemd
 from pyinfra.operations.util import any_changed
 
-from gpufleet.deploys.hardening import GPU_PACKAGE_BLACKLIST, UNATTENDED_CONF
-from gpufleet.deploys.hardening import render as render_hardening
+from gpufleet.apt_policy import APT_CACHE_SECONDS, GPU_PACKAGE_BLACKLIST, UNATTENDED_CONF
+from gpufleet.driver_preconditions import dkms_signing_conf, preconditions
+from gpufleet.rendering import render
 from gpufleet.facts.driver import GpuDeviceUsers
 from gpufleet.facts.gpu import GpuState
-from gpufleet.facts.packages import AptCandidates
 from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages
 from gpufleet.compat import compat_data
@@ -65,8 +60,6 @@ from gpufleet.operations.driver_upgrade import package_change_settled
 from gpufleet.operations.holds import held
 from gpufleet.operations.reboot import rebooted
 
-TEMPLATES = Path(__file__).parent.parent / "templates"  # gpufleet/templates, in a checkout and a wheel
-APT_CACHE_SECONDS = 86400
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/gpufleet-blacklist-nouveau.conf"
 CUDA_PROFILE = "/etc/profile.d/gpufleet-cuda.sh"
 DKMS_SIGNING_CONF = "/etc/dkms/framework.conf.d/gpufleet-module-signing.conf"
@@ -74,9 +67,6 @@ DKMS_SIGNING_CONF = "/etc/dkms/framework.conf.d/gpufleet-module-signing.conf"
 CONTAINER_TOOLKIT = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
                      "libnvidia-container1", "libnvidia-container-tools")
 REBOOT_TIMEOUT = 600
-
-_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
-                          keep_trailing_newline=True)
 
 # host name -> why it needs a reboot; printed once at the end of the run.
 NEEDS_REBOOT: dict[str, str] = {}
@@ -159,69 +149,6 @@ def _report_at_exit() -> None:
 
 
 atexit.register(_report_at_exit)
-
-
-# What DKMS's framework.conf (sourced by bash) may be given as the MOK key: a plain absolute path.
-_PLAIN_PATH = re.compile(r"/(?:[A-Za-z0-9_+-][A-Za-z0-9._+-]*/)*[A-Za-z0-9_+-][A-Za-z0-9._+-]*")
-
-
-def mok_certificate(key: str) -> str:
-    """The certificate beside the MOK private key `key`, as each layout names it: Ubuntu's
-    shim-signed/update-secureboot-policy key pair is MOK.priv + MOK.der (DER), DKMS's own
-    (Debian) mok.key + mok.pub; any other name: the same path ending .pub."""
-    stem, dot, ext = key.rpartition(".")
-    if not dot or "/" in ext:
-        return key + ".pub"
-    return stem + (".der" if ext == "priv" else ".pub")
-
-
-def dkms_signing_conf(key: str) -> str:
-    """The DKMS drop-in that signs modules with the MOK private key `key` (certificate: see
-    mok_certificate). Only plain paths (see preconditions), and quoted anyway: bash sources it."""
-    if not _PLAIN_PATH.fullmatch(key) or "/../" in f"{key}/":
-        raise ValueError(f"not a plain absolute path: {key!r}")
-    return ("# Managed by gpufleet (deploys/driver.py).\n"
-            "mok_signing_key=" + shlex.quote(key) + "\n"
-            "mok_certificate=" + shlex.quote(mok_certificate(key)) + "\n")
-
-
-def preconditions(settings, res, state, h, prebuilt: bool = False) -> tuple[str, str, str] | None:
-    """(key, reason, fix) of the first reason not to touch this host, from facts read before the run.
-    `prebuilt`: the kernel modules come prebuilt and signed by the distribution (Ubuntu's
-    linux-modules-nvidia-*): Secure Boot loads them without a MOK and DKMS needs no headers."""
-    key = settings.driver_module_signing_key
-    if key != "none" and (not _PLAIN_PATH.fullmatch(key) or "/../" in f"{key}/"):
-        return ("driver_module_signing_key",
-                f"{key!r} is not a plain absolute path (DKMS's configuration is a shell file)",
-                "set it to none, or to an absolute path of letters, digits and . _ + - without '..'")
-    if state.secure_boot == "enabled" and not prebuilt:
-        key = settings.driver_module_signing_key
-        if key == "none":
-            return ("driver_module_signing_key",
-                    "Secure Boot is enabled and no module signing key is configured: the nvidia module DKMS "
-                    "builds would be refused by the kernel",
-                    "enroll a MOK (mokutil --import) and set driver_module_signing_key to its private key on "
-                    "the host, or disable Secure Boot")
-        if not h.get_fact(File, path=key):
-            return ("driver_module_signing_key",
-                    f"Secure Boot is enabled and the module signing key {key} does not exist on the host",
-                    "put the enrolled MOK's private key there, or point driver_module_signing_key at it")
-        if not h.get_fact(File, path=mok_certificate(key)):
-            return ("driver_module_signing_key",
-                    f"Secure Boot is enabled and the certificate of the module signing key, {mok_certificate(key)}, "
-                    "does not exist on the host (DKMS signs with the key and embeds that certificate)",
-                    f"put the enrolled MOK's certificate at {mok_certificate(key)}")
-    if settings.driver_kernel_headers == "require" and not state.kernel_headers and not prebuilt:
-        release = state.kernel_release or "?"
-        package = f"linux-headers-{release}"
-        if not h.get_fact(AptCandidates, packages=[package]).get(package):
-            return ("driver_kernel_headers",
-                    f"no kernel headers for the running kernel {release}: /lib/modules/{release}/build is "
-                    f"missing and the package sources offer no {package}, so DKMS cannot build the nvidia "
-                    "module",
-                    "install the headers or boot a kernel that has them (or set "
-                    "driver_kernel_headers: skip where modules come prebuilt)")
-    return None
 
 
 def gpu_work(h) -> list[str]:
@@ -412,14 +339,14 @@ def driver():
     if in_place:
         # driver_upgrade_in_place (dev boxes): the gate's rules still hold, for this one host:
         # the manifest (and the disk snapshot rollout_snapshot names) first, idle right before.
-        from gpufleet.deploys.upgrade import snapshot as manifest_and_snapshot
+        from gpufleet.operations.manifest_steps import snapshot_and_manifest
         from gpufleet.rollout.context import RolloutContext
 
         moves = ([f"driver {pending[0]} -> {pending[1]}"] if pending else []) + [
             f"{what} {old} -> {new}" for what, (old, new) in stack_moves.items()] + [
             f"{what} back to the resolved release (changed by hand)"
             for what in drifted]
-        manifest_and_snapshot(ctx=RolloutContext(target=res.driver_version))
+        snapshot_and_manifest(RolloutContext(target=res.driver_version))
         # GPU work is checked in the command that starts the change (packages_at_versions'
         # require_idle: a job started after planning is seen): busy -> nothing changes, the host fails
     install = packages_at_versions(
@@ -482,7 +409,7 @@ def driver():
         # The same file, template and list as deploys/hardening.py: whichever runs first writes it.
         files.put(
             name="Keep unattended-upgrades away from NVIDIA, CUDA and cuDNN packages",
-            src=StringIO(render_hardening("etc/apt/apt.conf.d/51gpufleet-unattended-upgrades.j2",
+            src=StringIO(render("etc/apt/apt.conf.d/51gpufleet-unattended-upgrades.j2",
                                           blacklist=list(GPU_PACKAGE_BLACKLIST))),
             dest=UNATTENDED_CONF, mode="644",
         )
@@ -492,8 +419,8 @@ def driver():
         cuda_home = repo["cuda_home"].format(cuda_version=res.cuda_version)
         files.put(
             name=f"Put CUDA {res.cuda_version} on PATH and the library path of login shells",
-            src=StringIO(_ENV.get_template("etc/profile.d/gpufleet-cuda.sh.j2").render(
-                cuda_version=res.cuda_version, package=res.cuda_package, cuda_home=cuda_home)),
+            src=StringIO(render("etc/profile.d/gpufleet-cuda.sh.j2", cuda_version=res.cuda_version,
+                                package=res.cuda_package, cuda_home=cuda_home)),
             dest=CUDA_PROFILE, mode="644",
         )
     else:

@@ -46,9 +46,7 @@ from __future__ import annotations
 import hashlib
 import re
 from io import StringIO
-from pathlib import Path
 
-import jinja2
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.files import Sha256File
@@ -60,7 +58,9 @@ from gpufleet.operations import nftables, ssh
 from gpufleet.operations.daemon_reload import reload_when
 from gpufleet.operations.ssh import connecting_user
 
-from gpufleet.deploys.base import APT_CACHE_SECONDS, quiet_needrestart
+from gpufleet.apt_policy import APT_CACHE_SECONDS, GPU_PACKAGE_BLACKLIST, UNATTENDED_CONF
+from gpufleet.operations.needrestart import quiet_needrestart
+from gpufleet.rendering import render
 from gpufleet import factcache, monitoring
 from gpufleet.failures import refuse
 from gpufleet.settings import host_settings
@@ -68,47 +68,11 @@ from gpufleet.sshd_policy import HOST_KEY_FILES, deploy_user, expected_sshd, loc
 from gpufleet.sshd_support import available, rejected_algorithms
 from gpufleet.operations import sshd_files
 
-TEMPLATES = Path(__file__).parent.parent / "templates"  # gpufleet/templates, in a checkout and a wheel
 SSHD_DROPIN = "/etc/ssh/sshd_config.d/00-gpufleet-hardening.conf"
 NFTABLES_CONF = "/etc/nftables.conf"
-UNATTENDED_CONF = "/etc/apt/apt.conf.d/51gpufleet-unattended-upgrades"
 NFTABLES_UNIT_DROPIN = "/etc/systemd/system/nftables.service.d/gpufleet.conf"
 SSHD_BOOT_REVERT_UNIT = "/etc/systemd/system/gpufleet-sshd-revert-at-boot.service"
 
-# Packages unattended-upgrades must never touch: driver, CUDA, cuDNN, NCCL, Fabric Manager and
-# the container toolkit move together, on gpufleet's schedule. Python regular expressions
-# matched at the start of the package name (unattended-upgrades' Package-Blacklist).
-# The driver deploy imports this list: keep it the only copy.
-GPU_PACKAGE_BLACKLIST = (
-    "^nvidia-",                   # nvidia-driver, nvidia-kernel-*, nvidia-persistenced, ...
-    "^libnvidia-",                # libnvidia-compute, libnvidia-container1, ...
-    "^cuda",                      # cuda-toolkit-*, cuda-drivers, cuda-compat-*
-    "^libcuda",                   # libcuda1 (Debian), libcudart*
-    "^cudnn",                     # cudnn9-cuda-13 metapackages
-    "^libcudnn",                  # libcudnn9-cuda-13
-    "^libnccl",                   # libnccl2, libnccl-dev
-    "^nvidia-fabricmanager",      # Fabric Manager must equal the driver version exactly
-    "^nvidia-container-toolkit",  # container toolkit and its base package
-    "^firmware-nvidia-",          # Debian's GSP firmware follows the driver
-    "^xserver-xorg-video-nvidia", # Debian's X driver follows the driver
-    "^linux-modules-nvidia-",     # Ubuntu's prebuilt signed modules: the driver's version, per kernel
-    "^linux-objects-nvidia-",     # Ubuntu's linux-restricted-modules objects, linked at install
-    "^linux-signatures-nvidia-",  # Ubuntu's signatures of those modules
-)
-
-# Where unattended-upgrades takes security updates from (Origins-Pattern, matched with the
-# host's ${distro_codename}): Debian's security archive (Debian's 50unattended-upgrades has the
-# same pattern) and Ubuntu's -security pocket, its release pocket and ESM, the pockets Ubuntu's
-# own 50unattended-upgrades allows (github.com/mvo5/unattended-upgrades,
-# data/50unattended-upgrades.Ubuntu). One file for both, written by this deploy and the driver
-# deploy alike: a pattern for another distribution never matches.
-UNATTENDED_ORIGINS = (
-    "origin=Debian,codename=${distro_codename}-security,label=Debian-Security",
-    "origin=Ubuntu,archive=${distro_codename}-security,label=Ubuntu",
-    "origin=Ubuntu,archive=${distro_codename},label=Ubuntu",
-    "origin=UbuntuESMApps,archive=${distro_codename}-apps-security",
-    "origin=UbuntuESM,archive=${distro_codename}-infra-security",
-)
 
 # Algorithm choices by OpenSSH version --------------------------------------------------------
 
@@ -166,23 +130,6 @@ def parse_open_ports(items) -> list[dict]:
         if rule not in rules and not any(r["port"] == rule["port"] and r["proto"] == proto for r in rules):
             rules.append(rule)
     return rules
-
-
-# Rendering -----------------------------------------------------------------------------------
-
-_ENV = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
-    keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
-)
-
-
-# The same security origins wherever the unattended-upgrades file is rendered (here and in
-# deploys/driver.py), so that the two never rewrite each other's file.
-_ENV.globals["unattended_origins"] = list(UNATTENDED_ORIGINS)
-
-
-def render(template: str, **context) -> str:
-    return _ENV.get_template(template).render(**context)
 
 
 def sshd_context(settings, version, existing_host_keys: list[str]) -> dict:

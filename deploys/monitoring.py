@@ -32,7 +32,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
 
-from gpufleet.deploys.base import APT_CACHE_SECONDS
+from gpufleet.apt_policy import APT_CACHE_SECONDS
 from gpufleet import monitoring as m
 from gpufleet.hostfacts import gpu_state
 from gpufleet.settings import host_settings

@@ -68,7 +68,7 @@ try:
             lines.append(f"clocks: {host_clock_line() or value}")
         else:
             lines.append(f"{key}: {value}")
-    from gpufleet.deploys.driver import mok_certificate, preconditions  # the driver deploy's own first refusal
+    from gpufleet.driver_preconditions import mok_certificate, preconditions  # the driver deploy's own first refusal
 
     state_before, kernel = driver_state(host), kernel_plan(host, res)
     if state_before.secure_boot == "enabled":

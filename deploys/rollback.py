@@ -26,7 +26,7 @@ from gpufleet.validation import STACK_FAMILIES, STACK_GLOBS
 from gpufleet.operations.driver import stack_recorded
 from gpufleet.operations.driver_upgrade import package_change_settled, packages_at_versions
 from gpufleet.operations.snapshot import disk_snapshot_restored
-from gpufleet.deploys.upgrade import installed_packages
+from gpufleet.operations.manifest_steps import installed_packages
 
 
 @operation()

@@ -11,7 +11,7 @@ host lock. What an area needs from an earlier one it checks itself at planning t
 refuses a host without a supported GPU, tuning leaves clocks alone until nvidia-smi works).
 The validation gate changes nothing, so it runs without the preflight and the lock. Before
 any other area, needrestart (where installed: Ubuntu 22.04+) is told never to prompt nor
-restart services during apt (deploys/base.py quiet_needrestart), as all.py's base does first.
+restart services during apt (operations/needrestart.py quiet_needrestart), as all.py's base does first.
 
 pyinfra executes a deploy file with exec(), once per host, as a module with no `__name__` of
 its own: the area's function is called from the imported module `gpufleet.deploys.<area>`, the same
@@ -67,7 +67,7 @@ def run_alone(name: str, file: str) -> None:
             # every area but the checks may run apt (the driver, docker, tuning, monitoring...):
             # needrestart (Ubuntu 22.04+) is told never to prompt nor restart first, as base
             # and hardening do in all.py; planned once per host, a no-op once the file is right
-            from gpufleet.deploys.base import quiet_needrestart
+            from gpufleet.operations.needrestart import quiet_needrestart
 
             quiet_needrestart()
         getattr(module, area)()

@@ -65,7 +65,7 @@ class HostContext:
     fresh: int = 0
     #: the same depth as counted by gpufleet.hostlock (installed separately from factcache)
     lock_in_fact: int = 0
-    #: deploys.base.quiet_needrestart was planned for this host in this run (base in all.py,
+    #: operations.needrestart.quiet_needrestart was planned for this host in this run (base in all.py,
     #: or standalone.py before an area run alone): once is enough, before the first apt
     needrestart_planned: bool = False
     #: gpufleet.staging: (the connector it was checked on, the login user's staging folder):

@@ -9,7 +9,8 @@ literal name, and module names written as strings for a later import).
                   commands (gpufleet/commands)
     inventories   the operator's hosts and their data (inventories/); peers of the applications,
                   which load an inventory by its path, never by import
-    deploys       the story of a host, area by area (deploys/)
+    deploys       the story of a host, area by area (deploys/); a deploy imports no other
+                  deploy, except the few that compose areas (COMPOSERS)
     operations    one change each: facts in, commands out (operations/)
     core          plans and rules, shared by deploys, the validation gate and the applications
                   (gpufleet/, including the rollout's pure parts: plan, state, manifest,
@@ -42,6 +43,21 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
 }
 
 
+#: Deploys that import other deploys, each with its reason. Every other deploy imports none:
+#: what two areas share lives a floor down, in operations/ or the core.
+COMPOSERS: dict[str, str] = {
+    "deploys.all": "the whole story of a host, every area in order",
+    "deploys.standalone": "runs one area on its own (`pyinfra INVENTORY deploys/<area>.py`), preflight first",
+    "deploys.upgrade": "the rollout's --retune re-applies the tuning area, as all.py does",
+}
+#: What every area's file imports on its last line, so that it can run on its own.
+AREA_ENTRY = "deploys.standalone"
+
+
+def _deploy(module: str) -> str:
+    return module.removeprefix("gpufleet.")
+
+
 def _matches(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 
@@ -65,6 +81,11 @@ def arrow_problem(importer: str, imported: str) -> str | None:
     """Why `importer` may not import `imported` (None when the arrow points down or sideways
     inside one layer)."""
     source, target = layer_of(importer), layer_of(imported)
+    if source is not None and target is not None and source[0] == target[0] == "deploys":
+        mine, theirs = _deploy(importer), _deploy(imported)
+        if mine != theirs and mine not in COMPOSERS and theirs not in (AREA_ENTRY, "deploys"):
+            return "a deploy imports another deploy (what areas share belongs in operations/ or the core)"
+        return None
     if source is None or target is None or source[0] == target[0] or source[0] == "outside":
         return None
     if any(_matches(importer, a) and _matches(imported, b) for a, b in EXCEPTIONS):

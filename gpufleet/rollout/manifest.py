@@ -409,3 +409,9 @@ def load_manifest(path: str | Path, host: str | None = None) -> dict[str, Any]:
     except ValueError as exc:
         raise ManifestError(f"{path}: not JSON ({exc})") from None
     return check_manifest(doc, str(path), host)
+
+
+def gpu_record(state: Any) -> list[dict[str, Any]]:
+    """The GPUs of a GpuState as the manifest records them (persistence and clocks to restore)."""
+    return [{"index": g.index, "uuid": g.uuid, "name": g.name, "persistence": g.persistence,
+             "app_clocks": list(g.app_clocks) if g.app_clocks else None} for g in state.gpus]

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.deploys.hardening import GPU_PACKAGE_BLACKLIST
+from gpufleet.apt_policy import GPU_PACKAGE_BLACKLIST
 from gpufleet.tiers import tier_defaults
 from testing import testhosts
 from testing.inventory import write_inventory
@@ -291,7 +291,7 @@ for pf in apt_pkg.Cache(None).file_list:
 @pytest.mark.parametrize("index", [0, 1])
 def test_unattended_upgrades_origins_match_only_the_security_archive(fleet, index):
     import shlex
-    from gpufleet.deploys.hardening import UNATTENDED_ORIGINS
+    from gpufleet.apt_policy import UNATTENDED_ORIGINS
     host = fleet["hosts"][index]
     out = testhosts.ssh(host, "python3 -c " + shlex.quote(UU_ORIGINS) + " "
                         + " ".join(shlex.quote(p) for p in UNATTENDED_ORIGINS)).stdout.splitlines()

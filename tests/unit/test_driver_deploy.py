@@ -5,7 +5,7 @@ import re
 import subprocess
 from types import SimpleNamespace
 
-from gpufleet.deploys.driver import preconditions
+from gpufleet.driver_preconditions import preconditions
 from gpufleet.facts.driver import DebianArchiveSources, SourceEntry
 from gpufleet.facts.packages import AptCandidates, KeyringFingerprints
 from gpufleet.facts.kernel import DriverStateData
@@ -97,7 +97,7 @@ def test_preconditions_refuse_a_signing_key_that_is_not_a_plain_path():
 def test_dkms_signing_conf_reads_back_exactly_in_bash(tmp_path):
     import pytest
 
-    from gpufleet.deploys.driver import dkms_signing_conf
+    from gpufleet.driver_preconditions import dkms_signing_conf
 
     conf = tmp_path / "signing.conf"
     conf.write_text(dkms_signing_conf("/var/lib/dkms/mok-2.key"))

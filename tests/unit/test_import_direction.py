@@ -149,6 +149,8 @@ BROKEN = {
     "operations/bad.py": ("from testing.gpusim import x\n", "testing.gpusim"),
     "deploys/bad.py": ("from inventories import cloud\n", "inventories.cloud"),
     "inventories/bad.py": ("from gpufleet.report import gather\n", "gpufleet.report.gather"),
+    "deploys/bad_peer.py": ("from gpufleet.deploys.tuning import tuning\n", "gpufleet.deploys.tuning"),
+    "deploys/bad_peer_path.py": ("from deploys.base import X\n", "deploys.base"),
 }
 FINE = {
     "deploys/tuning.py": "from gpufleet.tuning import plan_tuning\nfrom operations import gpu\nfrom facts import gpu as g\n",
@@ -164,7 +166,10 @@ FINE = {
     "gpufleet/report/__init__.py": "",
     "gpufleet/report/gather.py": "from gpufleet import validation\n",
     "gpufleet/validation.py": "from .tuning import plan_tuning\n",
-    "deploys/upgrade.py": "",
+    "deploys/upgrade.py": "from gpufleet.deploys.tuning import tuning\n",  # a composer (--retune)
+    "deploys/all.py": "from gpufleet.deploys.base import X\nfrom gpufleet.deploys.tuning import tuning\n",
+    "deploys/standalone.py": "import importlib\nimportlib.import_module(f'gpufleet.deploys.{area}')\n",
+    "deploys/monitoring.py": "from gpufleet.deploys.standalone import run_alone\n",
     "operations/gpu.py": "from facts.gpu import GpuState\n",
     "facts/gpu.py": "from pyinfra.api import FactBase\n",
     "inventories/cloud.py": "",

@@ -43,7 +43,7 @@ def test_component_patterns_follow_the_installed_toolkits():
 
 
 def test_the_manifest_records_the_toolkit_libraries_and_rollback_puts_them_back():
-    from gpufleet.deploys import upgrade as steps
+    from gpufleet.operations import manifest_steps as steps
     from gpufleet.deploys.rollback import restore
 
     host, state = _host()

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from gpufleet.deploys.driver import dkms_signing_conf, mok_certificate
+from gpufleet.driver_preconditions import dkms_signing_conf, mok_certificate
 from gpufleet.facts.driver import DebianArchiveSources, SourceEntry
 from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.packages import AptCandidates, PackageVersions

@@ -61,7 +61,7 @@ def test_rollout_moves_driver_and_prebuilt_modules_in_one_unit_and_holds_the_ker
 
 
 def test_the_manifest_records_the_modules_and_the_kernel_metapackages_and_rollback_puts_them_back():
-    from gpufleet.deploys import upgrade as steps
+    from gpufleet.operations import manifest_steps as steps
     from gpufleet.deploys.rollback import restore
 
     host = UbuntuHost("22.04", ["Tesla T4"], provisioned=True)

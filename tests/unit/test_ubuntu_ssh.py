@@ -29,7 +29,7 @@ from pyinfra.context import ctx_host, ctx_state
 import gpufleet.facts.nftables as nf
 import gpufleet.facts.ssh as fs
 import gpufleet.facts.sshd_files as sf
-from gpufleet.deploys import base as base_deploy
+from gpufleet.operations import needrestart
 from gpufleet.deploys import hardening as h
 from gpufleet.facts.system import parse_os_release
 from gpufleet import sshd_support
@@ -340,10 +340,10 @@ def test_ubuntu_2204_refuses_a_kex_its_openssh_lacks_before_any_change(monkeypat
 
 
 def test_needrestart_never_restarts_nor_asks():
-    text = base_deploy.NEEDRESTART_TEXT
+    text = needrestart.NEEDRESTART_TEXT
     assert "$nrconf{restart} = 'l';" in text       # list only: no service restarted behind a job
     assert "$nrconf{kernelhints} = -1;" in text    # kernel hints to stderr, no acknowledgement
-    assert base_deploy.NEEDRESTART_CONF.startswith("/etc/needrestart/conf.d/")
+    assert needrestart.NEEDRESTART_CONF.startswith("/etc/needrestart/conf.d/")
 
 
 def test_unattended_upgrades_origins_for_ubuntu_and_debian():
