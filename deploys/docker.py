@@ -29,10 +29,8 @@ Settings: gpufleet/data/tiers.yaml (`docker_*`).
 """
 from __future__ import annotations
 
-import atexit
 from io import StringIO
 
-import click
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -65,14 +63,6 @@ ENGINE = {
 }
 
 
-def _report_pending_at_exit() -> None:
-    if docker_ops.PENDING:
-        lines = "\n".join(f"    {name}: {', '.join(keys)} ({why})" for name, (keys, why) in sorted(docker_ops.PENDING.items()))
-        click.echo(f"\n--> gpufleet: {len(docker_ops.PENDING)} host(s) have a Docker configuration change PENDING "
-                   f"(needs a Docker restart, not done under running GPU containers):\n{lines}\n", err=True)
-
-
-atexit.register(_report_pending_at_exit)
 
 
 @deploy("Docker engine and NVIDIA container toolkit")

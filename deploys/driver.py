@@ -30,10 +30,8 @@ lives here). Then, in order:
 """
 from __future__ import annotations
 
-import atexit
 from io import StringIO
 
-import click
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, python, systemd
@@ -42,6 +40,7 @@ from pyinfra.operations.util import any_changed
 from gpufleet.apt_policy import APT_CACHE_SECONDS, GPU_PACKAGE_BLACKLIST, UNATTENDED_CONF
 from gpufleet.driver_preconditions import dkms_signing_conf, preconditions
 from gpufleet.rendering import render
+from gpufleet.run_summary import SUMMARY
 from gpufleet.facts.driver import GpuDeviceUsers
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.kernel import DriverState
@@ -68,16 +67,6 @@ CONTAINER_TOOLKIT = ("nvidia-container-toolkit", "nvidia-container-toolkit-base"
                      "libnvidia-container1", "libnvidia-container-tools")
 REBOOT_TIMEOUT = 600
 
-# host name -> why it needs a reboot; printed once at the end of the run.
-NEEDS_REBOOT: dict[str, str] = {}
-# host name -> (installed, resolved) driver: all.py leaves these to tools/rollout.
-PENDING_UPGRADES: dict[str, tuple[str, str]] = {}
-# host name -> {"CUDA toolkit" | "cuDNN": (installed, resolved)}: all.py leaves these to tools/rollout too.
-PENDING_STACK: dict[str, dict[str, tuple[str, str]]] = {}
-# hosts whose reboot found GPU work right before it (started after planning): not rebooted.
-BUSY_AT_REBOOT: set[str] = set()
-# host name -> {"CUDA toolkit" | "cuDNN": [what changed by hand]}: left as found, the gate FAILs them.
-STACK_DRIFT: dict[str, dict[str, list[str]]] = {}
 
 
 def pending_upgrade(settings, res, before) -> tuple[str, str] | None:
@@ -124,31 +113,6 @@ def stack_drift(res, installed, recorded) -> dict[str, list[str]]:
     return out
 
 
-def _report_at_exit() -> None:
-    if PENDING_UPGRADES:
-        lines = "\n".join(f"    {name}: {pending_message(*versions)}" for name, versions in sorted(PENDING_UPGRADES.items()))
-        click.echo(f"\n--> gpufleet: {len(PENDING_UPGRADES)} host(s) with a DRIVER UPGRADE PENDING; deploys/all.py "
-                   f"changed no driver (driver_upgrade_in_place: false). Roll it out with canary and batches: "
-                   f"tools/rollout INVENTORY\n{lines}\n", err=True)
-    if PENDING_STACK:
-        lines = "\n".join(f"    {name}: " + "; ".join(stack_pending_message(what, *v) for what, v in pending.items())
-                          for name, pending in sorted(PENDING_STACK.items()))
-        click.echo(f"\n--> gpufleet: {len(PENDING_STACK)} host(s) with a CUDA/cuDNN UPGRADE PENDING; deploys/all.py "
-                   f"changed neither (driver_upgrade_in_place: false). Roll it out with canary and batches: "
-                   f"tools/rollout INVENTORY\n{lines}\n", err=True)
-    if STACK_DRIFT:
-        lines = "\n".join(f"    {name}: " + "; ".join(m for messages in drift.values() for m in messages)
-                          for name, drift in sorted(STACK_DRIFT.items()))
-        click.echo(f"\n--> gpufleet: {len(STACK_DRIFT)} host(s) whose CUDA toolkit or cuDNN was CHANGED BY HAND; "
-                   f"deploys/all.py left it (the validation gate fails it). tools/rollout INVENTORY puts it back "
-                   f"at the resolved release:\n{lines}\n", err=True)
-    if NEEDS_REBOOT:
-        lines = "\n".join(f"    {name}: {why}" for name, why in sorted(NEEDS_REBOOT.items()))
-        click.echo(f"\n--> gpufleet: {len(NEEDS_REBOOT)} host(s) NEED A REBOOT to load the installed NVIDIA "
-                   f"driver:\n{lines}\n", err=True)
-
-
-atexit.register(_report_at_exit)
 
 
 def gpu_work(h) -> list[str]:
@@ -173,7 +137,7 @@ def _mismatch(h) -> str | None:
 def _report(h, policy: str) -> None:
     why = _mismatch(h)
     if why:
-        NEEDS_REBOOT[h.name] = f"{why}; not rebooted ({policy})"
+        SUMMARY.needs_reboot[h.name] = f"{why}; not rebooted ({policy})"
         logger.warning(f"{h.print_prefix}NEEDS A REBOOT: {why}; not rebooted ({policy})")
 
 
@@ -182,8 +146,8 @@ def _busy_now(policy: str):
     this run's planning): not rebooted, reported with the hosts that need a reboot; not a failure."""
     def busy(h, running: str) -> bool:
         why = _mismatch(h) or "the loaded NVIDIA module differs from the installed driver"
-        BUSY_AT_REBOOT.add(h.name)
-        NEEDS_REBOOT[h.name] = f"{why}; BUSY, PENDING: not rebooted (driver_reboot: {policy}, GPU work started after planning: {running})"
+        SUMMARY.busy_at_reboot.add(h.name)
+        SUMMARY.needs_reboot[h.name] = f"{why}; BUSY, PENDING: not rebooted (driver_reboot: {policy}, GPU work started after planning: {running})"
         logger.warning(f"{h.print_prefix}BUSY, PENDING: not rebooted: GPU work started after planning: {running}")
         return True
     return busy
@@ -233,11 +197,11 @@ def driver():
     in_place = bool(pending or stack_moves or drifted) and settings.driver_upgrade_in_place
     if stack_moves and not in_place:
         # The same rule as the driver: installed libraries change only by a sanctioned upgrade.
-        PENDING_STACK[host.name] = stack_moves
+        SUMMARY.stack_pending[host.name] = stack_moves
         for what, move in stack_moves.items():
             logger.warning(f"{host.print_prefix}{stack_pending_message(what, *move)}")
     if drifted and not in_place:
-        STACK_DRIFT[host.name] = drifted
+        SUMMARY.stack_by_hand[host.name] = drifted
         for messages in drifted.values():
             for message in messages:
                 logger.warning(f"{host.print_prefix}{message}; left as it is (tools/rollout puts it back)")
@@ -245,7 +209,7 @@ def driver():
     if pending and not in_place:
         # A provisioned host: its driver changes only through tools/rollout (issue 14). The rest
         # of this deploy still converges around the driver that is installed.
-        PENDING_UPGRADES[host.name] = pending
+        SUMMARY.driver_pending[host.name] = pending
         logger.warning(f"{host.print_prefix}{pending_message(*pending)} "
                        "(deploys/all.py changes no driver of a provisioned host)")
 
@@ -454,7 +418,7 @@ def driver():
         python.call(
             name="Check that the loaded NVIDIA module is the installed driver after the reboot",
             function=_verify_after_reboot, h=me,
-            _if=lambda: me.name not in BUSY_AT_REBOOT and _mismatch(me) is not None,
+            _if=lambda: me.name not in SUMMARY.busy_at_reboot and _mismatch(me) is not None,
         )
     else:
         python.call(

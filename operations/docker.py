@@ -23,6 +23,7 @@ from gpufleet.facts.docker import DaemonJson, DockerEngine, DockerLive, DockerLi
 from gpufleet.facts.packages import KeyringFingerprints
 from gpufleet.facts.gpu import GpuState
 from gpufleet import dockerconf
+from gpufleet.run_summary import SUMMARY
 from gpufleet.failures import fail
 
 
@@ -53,9 +54,6 @@ def apt_keyring(path: str, key_url: str, fingerprint: str):
                         QuoteString(key_url), QuoteString(fingerprint), QuoteString(path))
 
 
-# Host name -> (keys, why) of daemon.json changes left for a later restart; listed at the end of
-# the run by deploys/docker.py (as a driver waiting for its reboot is).
-PENDING: dict[str, tuple[tuple[str, ...], str]] = {}
 _LIVE_RESTORE_CHECK = (
     'l=$(timeout 20 docker info --format "{{.LiveRestoreEnabled}}" 2>/dev/null); '
     '[ "$l" = true ] || { echo "gpufleet: live-restore is not on in the running dockerd (docker info: ${l:-no answer}): '
@@ -100,11 +98,11 @@ def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEM
                                  policy=restart_with_gpu_containers, containers=live.containers,
                                  restart_for=tuple(restart_for))
     if plan.pending:
-        PENDING[host.name] = (plan.pending, plan.why)
+        SUMMARY.docker_pending[host.name] = (plan.pending, plan.why)
         _say(f"daemon.json change PENDING (not applied): {', '.join(plan.pending)} need a Docker restart; "
              f"{plan.why}. It is applied by the first run after they stop")
     else:
-        PENDING.pop(host.name, None)
+        SUMMARY.docker_pending.pop(host.name, None)
     replaced = [k for k in dockerconf.replaced_keys(existing, merged) if k.split(".")[0] not in plan.pending]
     if replaced and _executing():
         logger.warning(f"{host.print_prefix}daemon.json: the tier's value replaces the operator's for "

@@ -307,17 +307,9 @@ def gather(inventory_path: str | InventorySource, workers: int = 20, drift: bool
 def _pending(name: str) -> list[str]:
     """Changes all.py leaves alone on this host (a driver, CUDA toolkit or cuDNN upgrade, a CUDA
     toolkit or cuDNN changed by hand): drift all the same, each for tools/rollout."""
-    import sys
+    from gpufleet.run_summary import SUMMARY
 
-    from gpufleet.validation import pending_message, stack_pending_message
-
-    driver = sys.modules.get("gpufleet.deploys.driver")
-    versions = getattr(driver, "PENDING_UPGRADES", {}).get(name) if driver else None
-    stack = getattr(driver, "PENDING_STACK", {}).get(name) or {} if driver else {}
-    by_hand = getattr(driver, "STACK_DRIFT", {}).get(name) or {} if driver else {}
-    return ([pending_message(*versions)] if versions else []) + [
-        stack_pending_message(what, *moves) for what, moves in stack.items()] + [
-        message for messages in by_hand.values() for message in messages]
+    return SUMMARY.pending(name)
 
 
 def plan_drift(state: Any, hosts: list[Any], rows: dict[str, dict[str, Any]], deploy: str) -> None:

@@ -229,10 +229,11 @@ def _deploy(sim: SimulatedHost, data: dict[str, Any]) -> tuple[list[str], list[s
         logger.setLevel(level)
     # what all.py prints at exit about this host (driver.py keeps it by host name until then):
     # taken here, so one observation neither leaks into the next nor into pytest's exit
-    from gpufleet.deploys import driver
+    from gpufleet.run_summary import SUMMARY
 
-    at_exit = [f"pending at exit: {driver.PENDING_UPGRADES.pop(NAME)}"] if NAME in driver.PENDING_UPGRADES else []
-    at_exit += [f"stack pending at exit: {driver.PENDING_STACK.pop(NAME)}"] if NAME in driver.PENDING_STACK else []
+    at_exit = [f"pending at exit: {SUMMARY.driver_pending[NAME]}"] if NAME in SUMMARY.driver_pending else []
+    at_exit += [f"stack pending at exit: {SUMMARY.stack_pending[NAME]}"] if NAME in SUMMARY.stack_pending else []
+    SUMMARY.forget(NAME)
     return commands, grab.lines + at_exit
 
 

@@ -2,6 +2,7 @@
 import base64
 from types import SimpleNamespace
 
+
 import pytest
 from pyinfra.context import ctx_host, ctx_state
 
@@ -11,6 +12,7 @@ from gpufleet.facts import packages
 from gpufleet.facts._common import MARK
 from gpufleet import dockerconf
 from gpufleet.operations import docker as ops
+from gpufleet.run_summary import SUMMARY
 
 pytestmark = pytest.mark.unit
 
@@ -145,15 +147,15 @@ def test_daemon_json_with_gpu_containers_turns_live_restore_on_by_reload_then_re
 def test_daemon_json_change_pending_under_gpu_containers_without_live_restore():
     busy = f.DockerLiveState(answered=True, live_restore=False, gpu_containers=["train"], containers=1)
     no_live = dockerconf.DockerDefaults(**{**TIER.__dict__, "live_restore": False})
-    ops.PENDING.clear()
+    SUMMARY.docker_pending.clear()
     cmds, noops = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(True, b'{"log-driver": "local"}'),
                                           f.DockerEngine: ENGINE20, f.DockerLive: busy}, defaults=no_live,
                         restart_with_gpu_containers="live-restore")
     assert "sh -c 'systemctl reset-failed docker.service 2>/dev/null; systemctl restart docker.service'" not in cmds
     assert cmds[-1] == "systemctl reload docker.service"  # the reloadable part only
     assert any("daemon.json change PENDING (not applied): default-ulimits, features" in n for n in noops)
-    assert ops.PENDING["fake"][0] == ("default-ulimits", "features")
-    ops.PENDING.clear()
+    assert SUMMARY.docker_pending["fake"][0] == ("default-ulimits", "features")
+    SUMMARY.docker_pending.clear()
 
 
 def test_daemon_json_written_directly_and_said_on_docker_20():

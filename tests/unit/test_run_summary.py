@@ -1,0 +1,50 @@
+"""The end-of-run summary and the fleet report read the same records (gpufleet/run_summary.py),
+and nothing reads a deploy's globals or hooks the interpreter's exit from a deploy."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gpufleet.run_summary import RunSummary
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_what_the_run_leaves_is_said_per_host_and_read_back_by_the_report():
+    s = RunSummary()
+    assert s.report() == "" and s.pending("gpu-a01") == []
+    s.driver_pending["gpu-a01"] = ("580.95.05", "580.126.09")
+    s.stack_pending["gpu-a01"] = {"cuDNN": ("9.16.0.29", "9.17.0.29")}
+    s.stack_by_hand["gpu-b02"] = {"CUDA toolkit": ["cuda-toolkit-13-0 13.0.1 installed by hand"]}
+    s.needs_reboot["gpu-c03"] = "loaded 580.95.05 differs; BUSY, PENDING: not rebooted"
+    s.docker_pending["gpu-d04"] = (("default-ulimits",), "GPU containers running")
+    text = s.report()
+    for banner in ("1 host(s) with a DRIVER UPGRADE PENDING", "1 host(s) with a CUDA/cuDNN UPGRADE PENDING",
+                   "whose CUDA toolkit or cuDNN was CHANGED BY HAND", "1 host(s) NEED A REBOOT",
+                   "have a Docker configuration change PENDING"):
+        assert banner in text, banner
+    assert "580.95.05" in text and "gpu-d04: default-ulimits (GPU containers running)" in text
+    pending = s.pending("gpu-a01")
+    assert len(pending) == 2 and "580.126.09" in pending[0] and "9.17.0.29" in pending[1]
+    assert s.pending("gpu-b02") == ["cuda-toolkit-13-0 13.0.1 installed by hand"]
+    for name in ("gpu-a01", "gpu-b02", "gpu-c03", "gpu-d04"):
+        s.forget(name)
+    assert s.report() == ""
+
+
+def test_no_deploy_hooks_the_exit_and_nobody_reads_sys_modules_but_pyinfra_private():
+    found = []
+    for top in ("deploys", "operations", "facts", "gpufleet"):
+        for path in (ROOT / top).rglob("*.py"):
+            if path.is_relative_to(ROOT / "gpufleet") and path.parent.name in ("deploys", "operations", "facts"):
+                continue  # the links: seen through their real folders
+            text = path.read_text()
+            rel = path.relative_to(ROOT).as_posix()
+            if re.search(r"\bsys\.modules\b", text) and rel != "gpufleet/pyinfra_private.py":
+                found.append(f"{rel}: sys.modules")
+            if top == "deploys" and re.search(r"\batexit\b", text):
+                found.append(f"{rel}: atexit")
+    assert found == []
