@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Any
 from io import StringIO
 
 from pyinfra import host
@@ -63,7 +64,7 @@ from gpufleet.operations.needrestart import quiet_needrestart
 from gpufleet.rendering import render
 from gpufleet import factcache, monitoring
 from gpufleet.failures import refuse
-from gpufleet.settings import host_settings
+from gpufleet.settings import Settings, host_settings
 from gpufleet.sshd_policy import HOST_KEY_FILES, deploy_user, expected_sshd, lockouts, named_users
 from gpufleet.sshd_support import available, rejected_algorithms
 from gpufleet.operations import sshd_files
@@ -175,46 +176,14 @@ def nftables_context(settings, ssh_ports: list[int]) -> dict:
 # The deploy ----------------------------------------------------------------------------------
 
 @deploy("SSH hardening and firewall")
-def hardening():
+def hardening() -> None:
     settings = host_settings(host)
-    # Fail closed: sshd and firewall changes are kept only after a fresh SSH login proves them,
-    # and gpufleet can log in afresh only as pyinfra's ssh connector does.
-    refusal = ssh.login_proof_refusal(host)
-    if refusal:
-        refuse(host, "connector", refusal.removesuffix(" Run this deploy over SSH."),  # said as the fix
-               "run this deploy over SSH (pyinfra's ssh connector)")
+    planned = _refused_or_planned(settings)
+    if planned is None:
         return
-    # The inventory's lock-outs were refused before planning (gpufleet/settings.py); these are
-    # judged again for the user this connection really logged in as (~/.ssh/config's User...).
-    user = deploy_user(connecting_user())
-    for key, problem, allowed in lockouts(settings.hardening_permit_root_login, settings.hardening_allow_users,
-                                          user, "the user this run logged in as"):
-        refuse(host, key, problem, "set it to " + allowed)
-        return
-    version = host.get_fact(SshdVersion)
-    if version is None:
-        refuse(host, "hardening", "OpenSSH server not found (sshd -V); nothing to harden",
-               "install openssh-server on the host, or leave it out of the hardening deploy")
-        return
-    ctx = sshd_context(settings, version, HOST_KEY_FILES)
-    # Never write an algorithm this sshd does not have (Ubuntu 22.04's OpenSSH 8.9 has no
-    # mlkem768x25519-sha256): refused here, before anything changes, not by sshd -t later.
-    rejected = rejected_algorithms(version, {"kex": ctx["kex"], "cipher": ctx["ciphers"],
-                                             "mac": ctx["macs"], "HostKeyAlgorithms": ctx["host_key_algorithms"]})
-    if rejected:
-        refuse(host, "hardening_extra_kex", "; ".join(rejected),
-               "use only what this host's sshd offers: " + ", ".join(available(version, "kex")))
-        return
+    user, ctx = planned
     activation = host.get_fact(SshdActivation)
-
-    # 1. Lock-out protection first: on failure the host stops here, nothing changed.
-    if not ctx["password_auth"]:
-        ssh.require_authorized_keys(
-            name="Refuse to go on unless the deploy user and every allowed user have an SSH key",
-            users=[user, *named_users(ctx["allow_users"])],
-            groups=ctx["allow_groups"],
-        )
-
+    _lockout_protection(ctx, user)   # 1. on failure the host stops here, nothing changed
     quiet_needrestart()
     apt.packages(
         name="Install nftables and unattended-upgrades",
@@ -223,10 +192,60 @@ def hardening():
         cache_time=APT_CACHE_SECONDS,
         no_recommends=True,
     )
+    _sshd(settings, ctx, activation)  # 2. each change proven by a fresh login, else put back
+    if settings.firewall_enabled and not _firewall(settings, activation):  # 3.
+        return
+    if settings.hardening_unattended_upgrades:  # 4.
+        _security_updates()
 
-    # 2. SSH: candidate checked by sshd -t, reloaded behind a revert timer on the host, proven
-    # by a fresh login, else restored (by this run, or by the timer if this run is cut off,
-    # or at the next boot if the host went down first).
+
+def _refused_or_planned(settings: Settings) -> tuple[str, dict[str, Any]] | None:
+    """(the deploy user, the sshd template context), or None: refused, named, nothing changed."""
+    # Fail closed: sshd and firewall changes are kept only after a fresh SSH login proves them,
+    # and gpufleet can log in afresh only as pyinfra's ssh connector does.
+    refusal = ssh.login_proof_refusal(host)
+    if refusal:
+        refuse(host, "connector", refusal.removesuffix(" Run this deploy over SSH."),  # said as the fix
+               "run this deploy over SSH (pyinfra's ssh connector)")
+        return None
+    # The inventory's lock-outs were refused before planning (gpufleet/settings.py); these are
+    # judged again for the user this connection really logged in as (~/.ssh/config's User...).
+    user = deploy_user(connecting_user())
+    for key, problem, allowed in lockouts(settings.hardening_permit_root_login, settings.hardening_allow_users,
+                                          user, "the user this run logged in as"):
+        refuse(host, key, problem, "set it to " + allowed)
+        return None
+    version = host.get_fact(SshdVersion)
+    if version is None:
+        refuse(host, "hardening", "OpenSSH server not found (sshd -V); nothing to harden",
+               "install openssh-server on the host, or leave it out of the hardening deploy")
+        return None
+    ctx = sshd_context(settings, version, HOST_KEY_FILES)
+    # Never write an algorithm this sshd does not have (Ubuntu 22.04's OpenSSH 8.9 has no
+    # mlkem768x25519-sha256): refused here, before anything changes, not by sshd -t later.
+    rejected = rejected_algorithms(version, {"kex": ctx["kex"], "cipher": ctx["ciphers"],
+                                             "mac": ctx["macs"], "HostKeyAlgorithms": ctx["host_key_algorithms"]})
+    if rejected:
+        refuse(host, "hardening_extra_kex", "; ".join(rejected),
+               "use only what this host's sshd offers: " + ", ".join(available(version, "kex")))
+        return None
+    return user, ctx
+
+
+def _lockout_protection(ctx: dict[str, Any], user: str) -> None:
+    """Lock-out protection first: on failure the host stops here, nothing changed."""
+    if not ctx["password_auth"]:
+        ssh.require_authorized_keys(
+            name="Refuse to go on unless the deploy user and every allowed user have an SSH key",
+            users=[user, *named_users(ctx["allow_users"])],
+            groups=ctx["allow_groups"],
+        )
+
+
+def _sshd(settings: Settings, ctx: dict[str, Any], activation: Any) -> None:
+    """Candidate checked by sshd -t, reloaded behind a revert timer on the host, proven
+    by a fresh login, else restored (by this run, or by the timer if this run is cut off,
+    or at the next boot if the host went down first)."""
     boot_revert = files.put(
         name="Install the unit that puts back, at boot, an sshd drop-in no login confirmed",
         src=_as_file(render("etc/systemd/system/gpufleet-sshd-revert-at-boot.service.j2",
@@ -279,54 +298,57 @@ def hardening():
         name="Make sshd's configuration and host keys readable by root only (0600, folders 0755)",
     )
 
-    # 3. Firewall.
-    if settings.firewall_enabled:
-        built = _firewall_rules(settings, host.get_fact(SshdEffectiveConfig).ports, activation.ports)
-        if built is None:
-            return
-        can_load = host.get_fact(NftablesCapability).can_load
-        if not _firewall_in_place(*built[1:], can_load):
-            # What a change opens is decided on sshd's facts read now, each with its own
-            # command, never on an answer of the run's one-command prefetch, whose output holds
-            # files other local users write (their authorized_keys): a no-op run costs nothing.
-            with factcache.fresh(host):
-                built = _firewall_rules(settings, host.get_fact(SshdEffectiveConfig).ports,
-                                        host.get_fact(SshdActivation).ports)
-            if built is None:
-                return
-        _, rules, boot_rules = built
-        if not can_load:
-            nftables.ruleset(
-                name=f"Write the firewall ruleset to {NFTABLES_CONF}, if nft -c accepts it",
-                dest=NFTABLES_CONF,
-                content=rules,
-            )
-        unit = files.put(
-            name="Make stopping nftables.service remove only gpufleet's table, never Docker's",
-            src=_as_file(render("etc/systemd/system/nftables.service.d/gpufleet.conf.j2")),
-            dest=NFTABLES_UNIT_DROPIN,
-            mode="644",
-        )
-        reload_when("Let systemd read the nftables.service drop-in", unit)
-        nftables.apply(
-            name="Load the firewall atomically, reverted in "
-                 f"{settings.firewall_revert_after} s unless a fresh SSH login works; "
-                 f"only then save it to {NFTABLES_CONF} for every boot",
-            path=NFTABLES_CONF,
-            content=rules,
-            boot_content=boot_rules,
-            revert_after=settings.firewall_revert_after,
-        )
 
-    # 4. Security updates.
-    if settings.hardening_unattended_upgrades:
-        files.put(
-            name="Turn on unattended security upgrades, never for GPU packages",
-            src=_as_file(render("etc/apt/apt.conf.d/51gpufleet-unattended-upgrades.j2",
-                                blacklist=list(GPU_PACKAGE_BLACKLIST))),
-            dest=UNATTENDED_CONF,
-            mode="644",
+def _firewall(settings: Settings, activation: Any) -> bool:
+    """The firewall: nftables behind its revert timer. False: refused (named), stop here."""
+    built = _firewall_rules(settings, host.get_fact(SshdEffectiveConfig).ports, activation.ports)
+    if built is None:
+        return False
+    can_load = host.get_fact(NftablesCapability).can_load
+    if not _firewall_in_place(*built[1:], can_load):
+        # What a change opens is decided on sshd's facts read now, each with its own
+        # command, never on an answer of the run's one-command prefetch, whose output holds
+        # files other local users write (their authorized_keys): a no-op run costs nothing.
+        with factcache.fresh(host):
+            built = _firewall_rules(settings, host.get_fact(SshdEffectiveConfig).ports,
+                                    host.get_fact(SshdActivation).ports)
+        if built is None:
+            return False
+    _, rules, boot_rules = built
+    if not can_load:
+        nftables.ruleset(
+            name=f"Write the firewall ruleset to {NFTABLES_CONF}, if nft -c accepts it",
+            dest=NFTABLES_CONF,
+            content=rules,
         )
+    unit = files.put(
+        name="Make stopping nftables.service remove only gpufleet's table, never Docker's",
+        src=_as_file(render("etc/systemd/system/nftables.service.d/gpufleet.conf.j2")),
+        dest=NFTABLES_UNIT_DROPIN,
+        mode="644",
+    )
+    reload_when("Let systemd read the nftables.service drop-in", unit)
+    nftables.apply(
+        name="Load the firewall atomically, reverted in "
+             f"{settings.firewall_revert_after} s unless a fresh SSH login works; "
+             f"only then save it to {NFTABLES_CONF} for every boot",
+        path=NFTABLES_CONF,
+        content=rules,
+        boot_content=boot_rules,
+        revert_after=settings.firewall_revert_after,
+    )
+    return True
+
+
+def _security_updates() -> None:
+    """Unattended security upgrades, never for GPU packages."""
+    files.put(
+        name="Turn on unattended security upgrades, never for GPU packages",
+        src=_as_file(render("etc/apt/apt.conf.d/51gpufleet-unattended-upgrades.j2",
+                            blacklist=list(GPU_PACKAGE_BLACKLIST))),
+        dest=UNATTENDED_CONF,
+        mode="644",
+    )
 
 
 def _as_file(text: str) -> StringIO:
