@@ -30,6 +30,7 @@ Settings: gpufleet/data/tiers.yaml (`docker_*`).
 from __future__ import annotations
 
 from io import StringIO
+from typing import Any
 
 
 from pyinfra import host
@@ -46,7 +47,7 @@ from gpufleet.failures import refuse
 from gpufleet.hostfacts import gpu_state, os_release
 from gpufleet.repos import (DOCKER_KEYRING, DOCKER_LIST, TOOLKIT_KEYRING, TOOLKIT_LIST, TOOLKIT_PACKAGES,  # noqa: F401
                             docker_sources_line, dpkg_arch, toolkit_sources_line)
-from gpufleet.settings import host_settings
+from gpufleet.settings import Settings, host_settings
 from gpufleet.operations import docker as docker_ops
 from gpufleet.operations.daemon_reload import dev_char_links
 from gpufleet.operations.holds import held
@@ -66,10 +67,19 @@ ENGINE = {
 
 
 @deploy("Docker engine and NVIDIA container toolkit")
-def docker():
+def docker() -> None:
     settings = host_settings(host)
+    installed = _refused_or_installed(settings)  # planning-time refusals: nothing changed on a host that fails
+    if installed is None:
+        return
+    _sources(settings)
+    installs = _packages(settings, installed)
+    configured = _configuration(settings, installed)
+    _smoke_test(settings, installs + configured)
 
-    # -- planning-time refusals: nothing is changed on a host that fails here -------------------
+
+def _refused_or_installed(settings: Settings) -> dict[str, Any] | None:
+    """What is installed of both engines and the toolkit, or None: refused (named), nothing changed."""
     current = host.get_fact(DaemonJson, path=dockerconf.DAEMON_JSON)
     try:
         dockerconf.parse(current.raw if current.exists else None)
@@ -78,7 +88,7 @@ def docker():
                f"{dockerconf.DAEMON_JSON} is malformed: {exc}. gpufleet merges into it and will not "
                "guess (it was left untouched)",
                "fix or remove the file, then re-run")
-        return
+        return None
     engine = ENGINE[settings.docker_source]
     installed = host.get_fact(PackageVersions,
                               packages=[*engine["conflicts"], *engine["install"], *engine.get("optional", ()),
@@ -88,9 +98,13 @@ def docker():
         refuse(host, "docker_source",
                f"docker_source is {settings.docker_source} but {', '.join(other)} (the other engine) is installed",
                "remove it (or set docker_source to match) and re-run")
-        return
+        return None
 
-    # -- package sources ------------------------------------------------------------------------
+    return installed
+
+
+def _sources(settings: Settings) -> None:
+    """NVIDIA's container toolkit repository (and Docker's), keys checked by fingerprint."""
     rel = os_release(host)
     arch = dpkg_arch(host.get_fact(Arch) or "x86_64")
     source_ops = [
@@ -119,7 +133,10 @@ def docker():
         _if=lambda: any(op.did_change() for op in source_ops),
     )
 
-    # -- packages, pinned and held --------------------------------------------------------------
+
+def _packages(settings: Settings, installed: dict[str, Any]) -> list[Any]:
+    """Engine and toolkit, pinned and held; returns the install operations."""
+    engine = ENGINE[settings.docker_source]
     engine_packages = list(engine["install"])
     hold = list(engine["hold"])
     optional = engine.get("optional", ())
@@ -148,8 +165,11 @@ def docker():
          packages=sorted({*hold, *TOOLKIT_PACKAGES}))
     dev_char_links(name="Link every NVIDIA device in /dev/char, now and at each boot (NVIDIA's udev rule): "
                         "a daemon-reload then keeps GPU containers' devices")
+    return [toolkit_op, engine_op]
 
-    # -- configuration --------------------------------------------------------------------------
+
+def _configuration(settings: Settings, installed: dict[str, Any]) -> list[Any]:
+    """daemon.json, the CDI spec, the service; returns the operations that can change them."""
     config_op = docker_ops.daemon_json(
         name="Merge the nvidia runtime and the tier's container defaults into daemon.json",
         defaults=dockerconf.DockerDefaults.from_settings(settings),
@@ -171,10 +191,13 @@ def docker():
         name="Keep Docker running and enabled at boot",
         service="docker.service", running=True, enabled=True,
     )
+    return [config_op, cdi_op]
 
-    # -- smoke test, after a change -------------------------------------------------------------
+
+def _smoke_test(settings: Settings, ops: list[Any]) -> None:
+    """After a change: a GPU container (nvidia-smi -L) proves it."""
     if settings.docker_smoke_image != "none":
-        changed = [op for op in (toolkit_op, engine_op, config_op, cdi_op) if op is not None]
+        changed = [op for op in ops if op is not None]
         docker_ops.gpu_smoke_test(
             name="Run a GPU container (nvidia-smi -L) to prove the change",
             image=settings.docker_smoke_image,
