@@ -30,7 +30,9 @@ lives here). Then, in order:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from io import StringIO
+from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -51,7 +53,7 @@ from gpufleet.failures import fail, real_host, refuse
 from gpufleet.hostfacts import driver_state, kernel_plan, os_name, resolution
 from gpufleet.kernels import kernel_metapackages
 from gpufleet.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line
-from gpufleet.settings import host_settings
+from gpufleet.settings import Settings, host_settings
 from gpufleet.validation import (component_drift, pending_message, stack_drift_message, stack_fact_packages,
                                  stack_pending_message, stack_renames, stack_states)
 from gpufleet.operations.driver import archive_components, packages_at_versions, refresh_initramfs, repo_key, stack_recorded
@@ -164,9 +166,47 @@ def _verify_after_reboot(state, host, h) -> bool:
 
 
 @deploy("NVIDIA driver, CUDA and cuDNN")
-def driver():
+def driver() -> None:
     settings = host_settings(host)
     me = real_host(host)  # the concrete host, for callbacks that run at execution time
+    d = _decide(settings)
+    if d is None:
+        return
+    # as the rollout: a package change an earlier (dead) session started finishes, and what an
+    # interrupted one left half done is repaired (dpkg --configure -a), before apt is asked anything
+    package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
+    apt.update(name="Refresh the apt package index if it is older than a day", cache_time=APT_CACHE_SECONDS)
+
+    _sources(settings, d.res)                                   # 1. package sources
+    _preconditions(settings, d)                                 # 2. what the driver needs first
+    install, present, pinning, held_now = _install(settings, d)  # 3. the one sanctioned change,
+    _holds(settings, d, present, pinning, held_now)             #    then holds
+    _cuda_environment(d.res)                                    # 4. CUDA environment
+    _reboot(settings, d, install, me)                           # 5. reboot
+    if d.res.fabricmanager_needed:
+        _fabric_manager(me)
+
+
+@dataclass(frozen=True)
+class Decided:
+    """What _decide found: the resolution, the driver state and kernel before the run, and the
+    moves all.py makes or leaves (to tools/rollout)."""
+    res: Any
+    before: Any
+    kernel: Any
+    pending: tuple[str, str] | None
+    stack: dict[str, str]
+    found: Any
+    stack_moves: dict[str, tuple[str, str]]
+    drifted: dict[str, list[str]]
+    in_place: bool
+    left: set[str]
+
+
+def _decide(settings: Settings) -> Decided | None:
+    """What this run does with the host, from facts read before it: None when refused (named,
+    nothing changed). The driver, CUDA toolkit and cuDNN moves all.py leaves to tools/rollout
+    are recorded for the end of the run (gpufleet/run_summary.py)."""
     try:
         res = resolution(host, settings)
     except Incompatible as refused:
@@ -177,13 +217,13 @@ def driver():
         else:
             fix = "leave this host out of the driver deploy, or give it a GPU gpufleet supports (tools/compat)"
         refuse(host, refused.key or "driver", refused.reason, fix)
-        return
+        return None
     before = driver_state(host)
     kernel = kernel_plan(host, res)
     problem = preconditions(settings, res, before, host, prebuilt=kernel.prebuilt)
     if problem:
         refuse(host, *problem)
-        return
+        return None
 
     pending = pending_upgrade(settings, res, before)
     stack = res.stack_versions
@@ -213,14 +253,14 @@ def driver():
         logger.warning(f"{host.print_prefix}{pending_message(*pending)} "
                        "(deploys/all.py changes no driver of a provisioned host)")
 
+    return Decided(res=res, before=before, kernel=kernel, pending=pending, stack=stack, found=found,
+                   stack_moves=stack_moves, drifted=drifted, in_place=in_place, left=left)
+
+
+def _sources(settings: Settings, res: Any) -> None:
+    """NVIDIA's CUDA repository (key checked by fingerprint), or the distribution's components."""
     data = compat_data()
     repo = data.nvidia_repo
-    # as the rollout: a package change an earlier (dead) session started finishes, and what an
-    # interrupted one left half done is repaired (dpkg --configure -a), before apt is asked anything
-    package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
-    apt.update(name="Refresh the apt package index if it is older than a day", cache_time=APT_CACHE_SECONDS)
-
-    # 1. Package sources ------------------------------------------------------------------------
     if res.source == "nvidia":
         apt.packages(name="Install gpg to check the repository key", packages=["gpg"], no_recommends=True)
         os_dir = res.repo_os_dir
@@ -251,7 +291,10 @@ def driver():
             )
             apt.update(name="Read the package index of the changed sources", _if=enabled.did_change)
 
-    # 2. Preconditions that change the host -----------------------------------------------------
+
+def _preconditions(settings: Settings, d: Decided) -> None:
+    """What the driver needs before it installs: nouveau out, DKMS signing, kernel headers."""
+    before, kernel = d.before, d.kernel
     blacklist = files.put(
         name="Blacklist nouveau so that the NVIDIA module can claim the GPUs",
         src=StringIO("# Managed by gpufleet (deploys/driver.py). Do not edit: changes are reverted.\n"
@@ -283,7 +326,12 @@ def driver():
         else:
             host.noop(f"kernel {before.kernel_release}: no Debian/Ubuntu flavour, so no headers metapackage to follow it")
 
-    # 3. The one sanctioned change, then holds --------------------------------------------------
+
+def _install(settings: Settings, d: Decided) -> tuple[Any, list[str], str | None, list[str]]:
+    """The one sanctioned change (unhold, change, re-hold as one step): (the operation, the
+    packages present beside the stack, the pinning package, what is held now)."""
+    res, stack, pending, in_place, left, stack_moves, kernel = d.res, d.stack, d.pending, d.in_place, d.left, d.stack_moves, d.kernel
+    drifted = d.drifted
     present = [p for p in (res.cuda_package, res.cudnn_package, *res.dcgm_packages, *res.fabric_extra_packages,
                            *kernel.modules)
                if p and p not in stack]
@@ -331,6 +379,13 @@ def driver():
         versions=versions, present=present, pinning=pinning,
         hold=settings.driver_hold, release=old_pins, require_idle=in_place,
     )
+    return install, present, pinning, held_now
+
+
+def _holds(settings: Settings, d: Decided, present: list[str], pinning: str | None, held_now: list[str]) -> None:
+    """The record of the stack gpufleet installed, and the holds: driver, CUDA, cuDNN, toolkit,
+    the running kernel, and the metapackages that move with them."""
+    res, stack, before, kernel, found, left = d.res, d.stack, d.before, d.kernel, d.found, d.left
     if stack:
         stack_recorded(name="Record the CUDA toolkit and cuDNN releases gpufleet installed "
                             "(tells an inventory change from a hand change)",
@@ -363,7 +418,7 @@ def driver():
                 "tools/rollout)" if kernel.prebuilt else ""),
         packages=managed, present=settings.driver_hold,
     )
-    image_meta = kernel.image_metapackage
+    headers_meta, image_meta = kernel.headers_metapackage, kernel.image_metapackage
     if settings.driver_kernel_headers == "require" and headers_meta and image_meta in held_now and not kernel.prebuilt:
         # Held alongside: a held headers metapackage with a moving image one would bring kernels
         # without headers again.
@@ -378,7 +433,10 @@ def driver():
             dest=UNATTENDED_CONF, mode="644",
         )
 
-    # 4. CUDA environment -----------------------------------------------------------------------
+
+def _cuda_environment(res: Any) -> None:
+    """CUDA on PATH and the library path of login shells, or no such profile."""
+    repo = compat_data().nvidia_repo
     if res.cuda_version and res.source == "nvidia":
         cuda_home = repo["cuda_home"].format(cuda_version=res.cuda_version)
         files.put(
@@ -390,7 +448,11 @@ def driver():
     else:
         files.file(name="No host CUDA toolkit from gpufleet: no CUDA profile", path=CUDA_PROFILE, present=False)
 
-    # 5. Reboot ---------------------------------------------------------------------------------
+
+def _reboot(settings: Settings, d: Decided, install: Any, me: Any) -> None:
+    """Reboot to load the installed driver where the tier allows it and the GPUs are idle right
+    before; else say the host needs one."""
+    before = d.before
     # Only a run that changes the driver, or finds a mismatch already pending, can reboot: only
     # then is the GPU work on the host worth reading (it scans every process's open files).
     reboot_possible = install.will_change or before.mismatch
@@ -426,18 +488,20 @@ def driver():
             function=_report, h=me, policy=policy,
             _if=lambda: _mismatch(me) is not None,
         )
-    if res.fabricmanager_needed:
-        # Fabric Manager refuses to start against a module of another version: start it only once
-        # the loaded module is the installed driver (else at the boot that loads it).
-        systemd.service(
-            name="Start Fabric Manager at boot",
-            service="nvidia-fabricmanager.service", running=None, enabled=True,
-        )
-        systemd.service(
-            name="Run Fabric Manager now, if the loaded module is the installed driver",
-            service="nvidia-fabricmanager.service", running=True,
-            _if=lambda: _mismatch(me) is None,
-        )
+
+
+def _fabric_manager(me: Any) -> None:
+    """Fabric Manager refuses to start against a module of another version: at boot, and now
+    only once the loaded module is the installed driver."""
+    systemd.service(
+        name="Start Fabric Manager at boot",
+        service="nvidia-fabricmanager.service", running=None, enabled=True,
+    )
+    systemd.service(
+        name="Run Fabric Manager now, if the loaded module is the installed driver",
+        service="nvidia-fabricmanager.service", running=True,
+        _if=lambda: _mismatch(me) is None,
+    )
 
 
 # `pyinfra INVENTORY deploys/driver.py`: this area on its own (deploys/standalone.py).
