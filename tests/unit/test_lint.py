@@ -59,3 +59,15 @@ def test_mypy_is_strict_on_the_core_only(tmp_path):
     assert "gpufleet/facts/bad.py:6: error: Incompatible return value type" in facts.stdout, facts.stdout
     # below the core too, the body of a function without annotations is checked (check_untyped_defs)
     assert "gpufleet/facts/bad.py:10: error: Incompatible types in assignment" in facts.stdout, facts.stdout
+
+
+def test_every_deploy_reads_as_a_short_story():
+    """No function in deploys/ over 80 lines (issue 28): a long area is split into its steps."""
+    import ast
+
+    long = []
+    for path in sorted((ROOT / "deploys").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                long.append(f"{path.name}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert long == []
