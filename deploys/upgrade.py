@@ -10,8 +10,8 @@ one left (after a reboot, after a wait):
               prebuilt modules with the driver, and the kernels they follow with them)
     reboot    only when the loaded module is not the target (and driver_reboot allows it); by
               gpufleet, or by Slurm (rollout_slurm_reboot: slurm), the node left DOWN until undrain
-    tune      persistence and clocks back as recorded in the manifest (or, with --retune, the
-              tier's tuning from deploys/tuning.py once issue 6 has landed)
+    tune      persistence and clocks back as recorded in the manifest (with --retune the runner
+              applies deploys/tuning.py instead: the tier's tuning, as all.py does)
     validate  loaded module = installed = target, nvidia-smi healthy, GPUs and settings as before
     undrain   Slurm: the node's driver feature (gpufleet_driver_<version>), then resume
 
@@ -223,10 +223,6 @@ def reboot(ctx: RolloutContext) -> None:
 
 @deploy("Re-apply persistence and clocks")
 def tune(ctx: RolloutContext) -> None:
-    if ctx.retune:
-        from gpufleet.deploys.tuning import tuning
-        tuning()
-        return
     doc = ctx.manifests.get(host.name)
     if not doc:
         host.noop("no manifest for this rollout: nothing recorded to restore")

@@ -48,7 +48,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
 COMPOSERS: dict[str, str] = {
     "deploys.all": "the whole story of a host, every area in order",
     "deploys.standalone": "runs one area on its own (`pyinfra INVENTORY deploys/<area>.py`), preflight first",
-    "deploys.upgrade": "the rollout's --retune re-applies the tuning area, as all.py does",
 }
 #: What every area's file imports on its last line, so that it can run on its own.
 AREA_ENTRY = "deploys.standalone"

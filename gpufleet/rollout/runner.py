@@ -74,12 +74,17 @@ def survey_and_resolve(ctx: RolloutContext, override: str | None) -> None:
 
 
 def tune_and_cdi(ctx: RolloutContext) -> None:
-    """deploys/upgrade.py's tune, then the CDI spec the new driver made stale (what all.py
-    would otherwise change on its next run)."""
+    """deploys/upgrade.py's tune (or, with --retune, the tier's tuning as all.py applies it),
+    then the CDI spec the new driver made stale (what all.py would otherwise change on its
+    next run)."""
     from gpufleet.deploys import upgrade as steps
     from gpufleet.deploys.docker import cdi_after_driver_change
+    from gpufleet.deploys.tuning import tuning
 
-    steps.tune(ctx)
+    if ctx.retune:
+        tuning()
+    else:
+        steps.tune(ctx)
     cdi_after_driver_change()
 
 

@@ -166,7 +166,7 @@ FINE = {
     "gpufleet/report/__init__.py": "",
     "gpufleet/report/gather.py": "from gpufleet import validation\n",
     "gpufleet/validation.py": "from .tuning import plan_tuning\n",
-    "deploys/upgrade.py": "from gpufleet.deploys.tuning import tuning\n",  # a composer (--retune)
+    "deploys/upgrade.py": "",
     "deploys/all.py": "from gpufleet.deploys.base import X\nfrom gpufleet.deploys.tuning import tuning\n",
     "deploys/standalone.py": "import importlib\nimportlib.import_module(f'gpufleet.deploys.{area}')\n",
     "deploys/monitoring.py": "from gpufleet.deploys.standalone import run_alone\n",

@@ -124,3 +124,22 @@ def test_rollout_takes_ubuntus_own_driver_not_debians():
     assert not targets.rollable_source("distro", "debian-12")
     assert targets.rollable({"driver_source": "distro", "os": "ubuntu-24.04"})
     assert not targets.rollable({"driver_source": "distro", "os": "debian-13"})
+
+
+def test_retune_applies_the_tiers_tuning_and_the_default_restores_the_record(monkeypatch):
+    """`tools/rollout --retune`: the runner's tune step applies the tier's tuning (deploys/tuning.py,
+    as all.py does) instead of the manifest's record; the CDI spec follows either way."""
+    import gpufleet.deploys.docker as docker_deploy
+    import gpufleet.deploys.tuning as tuning_deploy
+    import gpufleet.deploys.upgrade as steps
+    from gpufleet.rollout.runner import tune_and_cdi
+
+    ran: list[str] = []
+    monkeypatch.setattr(tuning_deploy, "tuning", lambda: ran.append("tuning"))
+    monkeypatch.setattr(steps, "tune", lambda ctx: ran.append("restore the record"))
+    monkeypatch.setattr(docker_deploy, "cdi_after_driver_change", lambda: ran.append("cdi"))
+    tune_and_cdi(RolloutContext(target="580.173.02", retune=True))
+    assert ran == ["tuning", "cdi"]
+    ran.clear()
+    tune_and_cdi(RolloutContext(target="580.173.02"))
+    assert ran == ["restore the record", "cdi"]
