@@ -18,7 +18,7 @@ from pyinfra.api import QuoteString, StringCommand, deploy, operation
 
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.packages import HeldPackages
-from gpufleet.facts.rollout import EtcFiles
+from gpufleet.facts.system import EtcFiles
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout import snapshot as snap
 from gpufleet.rollout.context import RolloutContext

@@ -27,7 +27,8 @@ from pyinfra.api import deploy
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages, ToolkitRelease
-from gpufleet.facts.rollout import AptVersions, SlurmNode
+from gpufleet.facts.packages import AptVersions
+from gpufleet.facts.slurm import SlurmNode
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
 from gpufleet.settings import host_settings

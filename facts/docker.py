@@ -290,3 +290,27 @@ class DockerLive(FactBase):
     @override
     def process(self, output: list[str]) -> DockerLiveState:
         return parse_docker_live(output)
+
+
+class GpuContainers(FactBase[list[str]]):
+    """Running Docker containers that use the NVIDIA runtime or request GPUs (container ids)."""
+
+    @override
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+    @override
+    def command(self) -> str:
+        return ("command -v docker >/dev/null 2>&1 || exit 0; "
+                "docker ps -q | xargs -r docker inspect --format "
+                "'{{.Id}} {{.HostConfig.Runtime}} {{json .HostConfig.DeviceRequests}}' 2>/dev/null || true")
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        ids = []
+        for line in output:
+            cid, _, rest = line.strip().partition(" ")
+            if cid and ("nvidia" in rest.lower() or '"gpu"' in rest.lower()):
+                ids.append(cid)
+        return ids

@@ -408,3 +408,65 @@ class ToolkitRelease(FactBase[dict[str, "str | None"]]):
                 raise fail("expected 'component version' from the toolkit release walk", line)
             out[match.group(1)] = None if match.group(2).startswith("?") else match.group(2)
         return out
+
+
+class AptVersions(FactBase[dict[str, list[str]]]):
+    """Versions apt can install, per package, newest first (`apt-cache madison`, no update)."""
+
+    @override
+    @staticmethod
+    def default() -> dict[str, list[str]]:
+        return {}
+
+    @override
+    def command(self, packages: Sequence[str]) -> str:
+        return " ".join(["apt-cache madison", quoted_package_names(packages), "2>/dev/null || true"])
+
+    @override
+    def process(self, output: list[str]) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for line in output:
+            parts = [p.strip() for p in line.split("|")]
+            if len(parts) < 3:
+                continue
+            name, version = parts[0], parts[1]
+            if version not in found.setdefault(name, []):
+                found[name].append(version)
+        return found
+
+
+@dataclass(frozen=True)
+class PackageChangeData(JsonMixin):
+    running: bool               # gpufleet-package-change.service is still at work
+    result: str | None          # its Result= (success, exit-code, signal...), None when never run
+    status: int | None          # its main process's exit status
+    audit: tuple[str, ...]      # `dpkg --audit` lines: packages an interrupted change left half done
+
+
+class PackageChange(FactBase[PackageChangeData]):
+    """The last driver package change run as a transient unit (operations/driver_upgrade.py) and
+    what `dpkg --audit` reports."""
+
+    @override
+    def command(self) -> str:
+        return ("systemctl show -p LoadState -p SubState -p Result -p ExecMainStatus "
+                "gpufleet-package-change.service 2>/dev/null; "
+                "dpkg --audit 2>&1 | sed 's/^/audit: /'; true")
+
+    @override
+    def process(self, output: list[str]) -> PackageChangeData:
+        props, audit = {}, []
+        for line in output:
+            if line.startswith("audit: "):
+                if line[7:].strip():
+                    audit.append(line[7:].rstrip())
+            elif "=" in line:
+                key, _, value = line.strip().partition("=")
+                props[key] = value
+        loaded = props.get("LoadState") == "loaded"
+        status = props.get("ExecMainStatus", "")
+        return PackageChangeData(
+            running=loaded and props.get("SubState", "") in ("start", "start-pre", "start-post", "running"),
+            result=props.get("Result") if loaded else None,
+            status=int(status) if loaded and status.isdigit() else None,
+            audit=tuple(audit))

@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pyinfra.api import FactBase
+from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 from ._common import JsonMixin, begin, fail, nonblank, read_files, split_sections, with_values
@@ -216,3 +216,75 @@ class SystemResources(FactBase[SystemResourcesData]):
     @override
     def process(self, output: list[str]) -> SystemResourcesData:
         return parse_system_resources(output)
+
+
+_SHA_LINE = re.compile(r"^([0-9a-f]{64})  (/.+)$")
+
+
+class EtcFiles(FactBase[dict[str, str]]):
+    """sha256 of every existing file matching the shell globs: {path: sha256}."""
+
+    @override
+    @staticmethod
+    def default() -> dict[str, str]:
+        return {}
+
+    @override
+    def command(self, patterns: Sequence[str]) -> str:
+        for p in patterns:
+            if not p.startswith("/") or not re.fullmatch(r"[\w./*?\-]+", p):
+                raise ValueError(f"not an absolute glob: {p!r}")
+        # the globs are expanded on purpose (checked above: no blanks); non-matches are skipped
+        return with_values('for f in $globs; do [ -f "$f" ] && sha256sum "$f"; done; true', globs=" ".join(patterns))
+
+    @override
+    def process(self, output: list[str]) -> dict[str, str]:
+        files = {}
+        for line in output:
+            match = _SHA_LINE.match(line.rstrip("\n"))
+            if not match:
+                raise fail("expected 'sha256  path' from sha256sum", line)
+            files[match.group(2)] = match.group(1)
+        return files
+
+
+class PathExists(FactBase[bool]):
+    """Whether `path` exists (any type)."""
+
+    @override
+    @staticmethod
+    def default() -> bool:
+        return False
+
+    @override
+    def command(self, path: str) -> str:
+        return with_values('test -e "$path" && echo yes || echo no', path=path)
+
+    @override
+    def process(self, output: list[str]) -> bool:
+        return bool(output) and output[-1].strip() == "yes"
+
+
+class UnitActive(FactBase[str]):
+    """
+    ``systemctl is-active UNIT``: "active", "inactive", "failed", "activating"... or
+    "unknown" where the unit does not exist or systemctl is missing:
+
+    .. code:: python
+
+        host.get_fact(UnitActive, unit="nvidia-fabricmanager.service")  # "active"
+    """
+
+    @override
+    @staticmethod
+    def default() -> str:
+        return "unknown"
+
+    @override
+    def command(self, unit: str) -> StringCommand:
+        return StringCommand("systemctl", "is-active", QuoteString(unit), "2>/dev/null", "||", "true")
+
+    @override
+    def process(self, output: list[str]) -> str:
+        words = [line.strip() for line in output if line.strip()]
+        return words[0] if words else "unknown"

@@ -11,9 +11,11 @@ import os
 import sys
 from pathlib import Path
 
+import gpufleet.deploys
+
 #: The deploy files a user runs (deploys/upgrade.py and rollback.py are the rollout's own steps).
 AREAS = ("all", "plan", "preflight", "base", "driver", "docker", "tuning", "hardening", "validate")
-DEPLOYS = Path(__file__).parent / "deploys"
+DEPLOYS = Path(gpufleet.deploys.__file__).resolve().parent  # deploys/: in a checkout or a wheel
 
 
 def deploy_usage() -> str:

@@ -53,7 +53,7 @@ from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.host import Host
 
 from gpufleet.facts._common import with_values
-from gpufleet import factbatch, private, pyinfra_private
+from gpufleet import factbatch, controller_files, pyinfra_private
 from gpufleet.hostcontext import fleet_context, host_context
 
 PLAN_DIR = Path(".gpufleet/factplans")
@@ -271,7 +271,7 @@ def _record_upload(host: Host, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 def _save_plans() -> None:
     for name, plan in _plans_seen.items():
         try:
-            private.write(PLAN_DIR / f"{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.json",
+            controller_files.write(PLAN_DIR / f"{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.json",
                           json.dumps({"format": PLAN_FORMAT, "facts": [list(entry) for entry in plan]}))
         except OSError:
             pass  # the plan is only a hint for the next run
@@ -331,8 +331,8 @@ def read_plan(path: Path, name: str = "") -> list[tuple[str, str]]:
     ignored with a warning: a file others can write, an old format (which held executor
     arguments; rewritten at the end of this run), an entry not on the allow-list."""
     try:
-        doc = json.loads(private.read(path))   # checked and read on one descriptor
-    except private.UnsafePath as exc:
+        doc = json.loads(controller_files.read(path))   # checked and read on one descriptor
+    except controller_files.UnsafePath as exc:
         logger.warning(f"{name or path}: ignoring the fact plan: {exc}")
         return []
     except (OSError, ValueError):
@@ -636,7 +636,7 @@ def sweep_old_plans(plan_dir: Path | None = None) -> list[Path]:
         try:
             st = folder.stat()
             if folder.name in ("factplans", ".gpufleet") and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
-                os.chmod(folder, private.DIR_MODE)
+                os.chmod(folder, controller_files.DIR_MODE)
         except OSError:
             pass
     for path in entries:

@@ -1,6 +1,6 @@
 """gpufleet performance probe: runs ON THE HOST with the host's python3 (stdlib + PyTorch).
 
-Sent by facts/validation.py as `python3 -c <this file's text> ARGS`. Prints one JSON object per
+Sent by facts/gpu_checks.py as `python3 -c <this file's text> ARGS`. Prints one JSON object per
 line: first {"status": "ok", ...} (or "skipped" with the reason, when PyTorch is missing), then
 one record per measurement with raw counts only (sizes, iterations, seconds); the controller
 turns them into TFLOP/s and GB/s (gpufleet/perf.py), so no arithmetic lives here.

@@ -17,15 +17,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
-
-import jinja2
 
 from gpufleet.facts.gpu import ClockPair, GpuInfo
 from gpufleet.facts.network import NetInterface, RdmaDevice
-
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+from gpufleet.rendering import render
 
 AC = "ac"  # nvidia-smi -ac MEM,GFX: application clocks
 LGC = "lgc"  # nvidia-smi -lgc GFX,GFX and -lmc MEM,MEM: locked clocks
@@ -300,24 +296,6 @@ def gpu_environment(threads: int, alloc_conf: str) -> list[tuple[str, str]]:
     if alloc_conf:
         env += [("PYTORCH_CUDA_ALLOC_CONF", alloc_conf), ("PYTORCH_ALLOC_CONF", alloc_conf)]
     return env
-
-
-def _sh_quote(value: str) -> str:
-    return "'" + value.replace("'", "'\"'\"'") + "'"
-
-
-def _systemd_quote(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
-                          keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-_ENV.filters["sh"] = _sh_quote
-_ENV.filters["systemd"] = _systemd_quote
-
-
-def render(template: str, **context: Any) -> str:
-    return _ENV.get_template(template).render(**context)
 
 
 def render_profiles(tier: str, profile: str, nccl: list[tuple[str, str]], env: list[tuple[str, str]],

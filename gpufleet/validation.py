@@ -32,7 +32,8 @@ from gpufleet.facts.packages import PackageVersions
 from gpufleet.facts.pytorch import TorchBuild
 from gpufleet.facts.nftables import TABLE, NftablesCapability
 from gpufleet.facts.ssh import SshdEffectiveConfig
-from gpufleet.facts.validation import ContainerGpus, DcgmDiag, PerfProbe, UnitActive
+from gpufleet.facts.gpu_checks import ContainerGpus, DcgmDiag, PerfProbe
+from gpufleet.facts.system import UnitActive
 
 from . import dockerconf, perf
 from .errors import Incompatible

@@ -8,7 +8,8 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from gpufleet.facts.gpu import GpuState
-from gpufleet.facts.rollout import SLURM_REASON_TAG, GpuContainers, SlurmNode
+from gpufleet.facts.docker import GpuContainers
+from gpufleet.facts.slurm import SLURM_REASON_TAG, SlurmNode
 from gpufleet.failures import refuse
 
 

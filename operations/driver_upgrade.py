@@ -14,7 +14,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from gpufleet.facts.packages import HeldPackages, PackageVersions
-from gpufleet.facts.rollout import PackageChange
+from gpufleet.facts.packages import PackageChange
 from gpufleet.operations.drain import idle_check
 from gpufleet.operations.remote_files import write_command
 from gpufleet.versions import downgraded

@@ -12,7 +12,7 @@ from pyinfra import host
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.packages import HeldPackages, PackageVersions
-from gpufleet.facts.rollout import EtcFiles
+from gpufleet.facts.system import EtcFiles
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
 from gpufleet.rollout.snapshot import snapshot_name

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
-from gpufleet import private
+from gpufleet import controller_files
 from gpufleet.failures import fail
 from gpufleet.operations.remote_files import Fetch, LazyWrite
 from gpufleet.rollout import snapshot as snap
@@ -105,4 +105,4 @@ def copied_to_controller(pairs: list[tuple[str, str]]):
     """Copy files from the host to the controller: [(remote path, local path), ...], read with
     the operation's privileges, written 0600 in 0700 directories."""
     for remote, local in pairs:
-        yield Fetch(remote, functools.partial(private.write, local), _cannot_copy(remote))
+        yield Fetch(remote, functools.partial(controller_files.write, local), _cannot_copy(remote))

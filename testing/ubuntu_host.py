@@ -38,7 +38,7 @@ from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
 from gpufleet.facts.packages import AptCandidates, HeldPackages, KeyringFingerprints, PackageVersions, StackPackages
 from gpufleet.facts.pci import NvidiaPciDevices, PciDevices
-from gpufleet.facts.rollout import AptVersions, PackageChange
+from gpufleet.facts.packages import AptVersions, PackageChange
 from gpufleet.facts.system import OsRelease
 from gpufleet.gpus import model_for_name
 

@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+import gpufleet.deploys
+
 if TYPE_CHECKING:
     from gpufleet.inventory_source import InventorySource
 
-# The gpufleet package: deploys/ is inside it (a link in a checkout), so deploy paths such as
-# "deploys/all.py" are found in a checkout and in an installed wheel alike.
-PACKAGE = Path(__file__).parents[1]
+# The folder that holds deploys/: the top of a checkout, the gpufleet package of an installed
+# wheel (pyproject.toml's package-dir), so deploy paths such as "deploys/all.py" are found in both.
+PACKAGE = Path(gpufleet.deploys.__file__).resolve().parents[1]
 
 
 @dataclass

@@ -6,16 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
-from gpufleet import private
+from gpufleet import controller_files, rendering
 from gpufleet.printable import printable
 
 from . import view
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).resolve().with_name("report.schema.json")
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates" / "report"
 
 # (key, heading) in table order
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -125,10 +122,8 @@ def markdown(doc: dict[str, Any]) -> str:
 def html_page(doc: dict[str, Any]) -> str:
     """One self-contained page: the fleet summary, then the hosts that need attention first,
     each cell with its status (gpufleet/report/view.py)."""
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             undefined=jinja2.StrictUndefined)
     hosts = doc["hosts"]
-    return env.get_template("report.html.j2").render(
+    return rendering.render("report/report.html.j2",
         doc=doc, fleet={**view.fleet_summary(hosts), **doc["summary"]},  # a report from before the summary had them
         rows=[(row, view.cells(row)) for row in view.ordered(hosts)],
         columns=view.COLUMNS, components=view.COMPONENTS, component_keys=[k for k, _ in view.COMPONENTS],
@@ -139,10 +134,10 @@ def html_page(doc: dict[str, Any]) -> str:
 
 
 def write_all(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:
-    private.ensure_dir(out_dir, tighten=False)  # the operator's --out: created 0700, an existing one left as it is
+    controller_files.ensure_dir(out_dir, tighten=False)  # the operator's --out: created 0700, an existing one left as it is
     paths = {"json": out_dir / "fleet-report.json", "md": out_dir / "fleet-report.md",
              "html": out_dir / "fleet-report.html"}
-    private.write(paths["json"], json.dumps(doc, indent=2, sort_keys=False) + "\n", tighten=False)
-    private.write(paths["md"], markdown(doc), tighten=False)
-    private.write(paths["html"], html_page(doc), tighten=False)
+    controller_files.write(paths["json"], json.dumps(doc, indent=2, sort_keys=False) + "\n", tighten=False)
+    controller_files.write(paths["md"], markdown(doc), tighten=False)
+    controller_files.write(paths["html"], html_page(doc), tighten=False)
     return paths

@@ -395,14 +395,14 @@ def check_manifest(doc: Any, source: str, host: str | None = None) -> dict[str, 
 
 
 def load_manifest(path: str | Path, host: str | None = None) -> dict[str, Any]:
-    """A manifest file on the controller, checked: ours (gpufleet.private.read: not a symbolic
+    """A manifest file on the controller, checked: ours (gpufleet.controller_files.read: not a symbolic
     link, not another user's, not writable by others, in folders of ours) and well formed
     (manifest_problems). ManifestError otherwise."""
-    from gpufleet import private
+    from gpufleet import controller_files
 
     try:
-        data = private.read(path)
-    except private.UnsafePath as exc:
+        data = controller_files.read(path)
+    except controller_files.UnsafePath as exc:
         raise ManifestError(str(exc)) from None
     try:
         doc = json.loads(data)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet import private
+from gpufleet import controller_files
 from gpufleet.printable import printable
 
 STEPS = ("drain", "snapshot", "upgrade", "reboot", "tune", "validate", "undrain")
@@ -58,8 +58,8 @@ class StateLock:
 
     def acquire(self, command: str = "") -> None:
         try:
-            private.ensure_dir(self.path.parent)
-        except private.UnsafePath as exc:
+            controller_files.ensure_dir(self.path.parent)
+        except controller_files.UnsafePath as exc:
             raise StateError(str(exc)) from None
         try:   # never through a symbolic link, and only a file of ours (checked on the descriptor)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
@@ -157,8 +157,8 @@ class RolloutState:
         if not os.path.lexists(path):
             return cls(path, target, inventory)
         try:
-            data = json.loads(private.read(path))   # ours, checked on the descriptor it is read from
-        except private.UnsafePath as exc:
+            data = json.loads(controller_files.read(path))   # ours, checked on the descriptor it is read from
+        except controller_files.UnsafePath as exc:
             raise StateError(str(exc)) from None
         if data.get("format") != FORMAT:
             raise StateError(f"{path}: unknown state format {data.get('format')!r}")
@@ -178,7 +178,7 @@ class RolloutState:
             "format": FORMAT, "target": self.target, "inventory": self.inventory, "runs": self.runs,
             "hosts": {name: {k: v for k, v in vars(rec).items() if k != "name"} for name, rec in self.hosts.items()},
         }
-        private.write(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n", durable=True)
+        controller_files.write(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n", durable=True)
 
     # --- hosts -------------------------------------------------------------------------------
 

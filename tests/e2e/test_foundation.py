@@ -13,7 +13,7 @@ import shlex
 
 import pytest
 
-from gpufleet.facts import validation
+from gpufleet.facts import gpu_checks as validation
 from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
 from testing.inventory import TEST_DRIVER, environment_data, write_inventory
 from tests.e2e.pyinfra_cli import changed_operations, pyinfra

@@ -264,7 +264,8 @@ def test_probes_are_never_in_a_later_runs_prefetch(local, monkeypatch):
     """The DCGM and performance probes and the PyTorch build fact load GPUs or import torch:
     asked by validate.py, they must not run again in the next all.py's prefetch."""
     from gpufleet.facts.pytorch import TorchBuild
-    from gpufleet.facts.validation import DcgmDiag, PerfProbe, UnitActive
+    from gpufleet.facts.gpu_checks import DcgmDiag, PerfProbe
+    from gpufleet.facts.system import UnitActive
 
     assert TorchBuild.gpufleet_no_prefetch and DcgmDiag.gpufleet_no_prefetch and PerfProbe.gpufleet_no_prefetch
 
@@ -275,7 +276,7 @@ def test_probes_are_never_in_a_later_runs_prefetch(local, monkeypatch):
         get_fact(state, host, Arch)
         return [path for path, _ in factcache._plans_seen[host.name]]
 
-    assert "gpufleet.facts.validation.UnitActive" in planned_after_asking()  # the control: recorded normally
+    assert "gpufleet.facts.system.UnitActive" in planned_after_asking()  # the control: recorded normally
     monkeypatch.setattr(UnitActive, "gpufleet_no_prefetch", True, raising=False)
     assert planned_after_asking() == ["pyinfra.facts.server.Arch"]
 
@@ -314,7 +315,7 @@ def test_a_deploy_runs_prefetch_leaves_out_the_gates_end_of_run_facts(local, mon
     """The exporters' scrape (MetricsEndpoint) is asked by the gate at the end of a run only:
     a deploy run (prefetch_all) never uses a prefetched answer, the fleet report does."""
     from gpufleet.facts.monitoring import MetricsEndpoint
-    from gpufleet.facts.validation import UnitActive
+    from gpufleet.facts.system import UnitActive
     from gpufleet.hostcontext import fleet_context
 
     assert MetricsEndpoint.gpufleet_end_of_run
@@ -361,7 +362,7 @@ def test_the_gates_unit_question_is_the_one_systemd_service_asked(local):
     ("pyinfra.facts.deb.DebPackages", {}),
     ("gpufleet.facts.ssh.AuthorizedKeys", {"user": "lab-admin"}),
     ("gpufleet.facts.ssh.SmallModuli", {"min_bits": 3072, "path": "/etc/ssh/moduli"}),
-    ("gpufleet.facts.rollout.SlurmNode", {"node": ""}),
+    ("gpufleet.facts.slurm.SlurmNode", {"node": ""}),
     ("gpufleet.facts.packages.PackageVersions", {"packages": ["nvidia-open", "cuda-toolkit-12-*"]}),
     ("gpufleet.facts.monitoring.MetricsEndpoint", {"url": "http://127.0.0.1:9100/metrics", "family": "node_cpu",
                                                    "sample": "node_cpu_seconds_total"}),

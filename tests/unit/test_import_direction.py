@@ -48,7 +48,7 @@ def project_modules(root: Path) -> set[str]:
             name = module_name(root, path)
             names.add(name)
             names.update(".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1))  # packages
-    # deploys/, operations/ and facts/ are imported as gpufleet.<area> (gpufleet/<area> are links)
+    # deploys/, operations/ and facts/ are imported as gpufleet.<area> (pyproject.toml's package-dir)
     names |= {f"gpufleet.{n}" for n in names if n.split(".")[0] in ("deploys", "operations", "facts")}
     return names
 

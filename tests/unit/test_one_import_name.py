@@ -49,7 +49,29 @@ def test_the_checker_sees_a_bare_import():
     assert bare_imports(ast.parse("from gpufleet.facts.gpu import GpuState\nfrom . import plan\n")) == []
 
 
-@pytest.mark.parametrize("area", AREAS)
-def test_the_package_links_to_the_checkouts_folders(area):
-    link = REPO / "gpufleet" / area
-    assert link.is_symlink() and link.resolve() == (REPO / area).resolve(), link
+def test_no_links_in_the_tree():
+    """Links draw a false house for tools that read imports (issue 28): pyproject.toml's
+    package-dir maps the top-level folders to their import names instead."""
+    names = subprocess.run(["git", "ls-files", "-s"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    assert [n for n in names if n.startswith("120000")] == []
+
+
+def test_the_package_list_names_every_package_folder():
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {"gpufleet." + area: area for area in AREAS}
+    assert config["package-dir"] == folders
+    found = {"gpufleet." + ".".join(p.parent.relative_to(REPO / "gpufleet").parts)
+             for p in (REPO / "gpufleet").rglob("__init__.py")}
+    found = {n.rstrip(".") for n in found} | set(folders)
+    assert sorted(config["packages"]) == sorted(found)
+
+
+@pytest.mark.parametrize("area", ["deploys", "facts", "operations"])
+def test_each_area_is_imported_from_its_top_level_folder(area):
+    import importlib
+
+    module = importlib.import_module(f"gpufleet.{area}")
+    assert Path(module.__file__).resolve().parent == REPO / area

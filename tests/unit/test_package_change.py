@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from gpufleet.facts.rollout import PackageChange
+from gpufleet.facts.packages import PackageChange
 from gpufleet.operations import driver_upgrade as du
 from gpufleet.operations import driver, reboot
 from gpufleet.operations.drain import BUSY_EXIT, BUSY_MARK, idle_check

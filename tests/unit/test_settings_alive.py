@@ -111,7 +111,7 @@ from typing import Any  # noqa: E402
 from gpufleet.facts.docker import DockerEngine, DockerLive  # noqa: E402
 from gpufleet.facts.gpu import GpuProcess  # noqa: E402
 from gpufleet.facts.nftables import NftablesCapability  # noqa: E402
-from gpufleet.facts.rollout import SlurmNodeData  # noqa: E402
+from gpufleet.facts.slurm import SlurmNodeData  # noqa: E402
 from gpufleet.schema import KEYS as SCHEMA  # noqa: E402
 from gpufleet.tiers import tier_defaults  # noqa: E402
 from tests.unit import settings_observables as so  # noqa: E402

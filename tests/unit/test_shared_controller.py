@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from gpufleet import factcache, private
+from gpufleet import factcache, controller_files
 from gpufleet.printable import printable
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.state import RolloutState, StateError, StateLock
@@ -31,52 +31,52 @@ def foreign(path, uid=OTHER):
 @needs_root
 def test_a_gpufleet_folder_another_user_made_is_refused_naming_it(tmp_path):
     theirs = foreign(tmp_path / ".gpufleet")
-    with pytest.raises(private.UnsafePath, match=rf"{theirs}: a folder owned by nobody \(uid {OTHER}\), not by you"):
-        private.write(theirs / "rollouts" / "fleet.json", "{}")
+    with pytest.raises(controller_files.UnsafePath, match=rf"{theirs}: a folder owned by nobody \(uid {OTHER}\), not by you"):
+        controller_files.write(theirs / "rollouts" / "fleet.json", "{}")
     assert not (theirs / "rollouts").exists()
     with pytest.raises(StateError, match=f"{theirs}: a folder owned by nobody"):
         StateLock(theirs / "rollouts" / "fleet.json").acquire("tools/rollout fleet.py")
     os.chown(theirs, 0, 0)
     below = foreign(theirs / "manifests")   # a subfolder too
-    with pytest.raises(private.UnsafePath, match=f"{below}: a folder owned by nobody"):
-        private.ensure_dir(below / "h1")
+    with pytest.raises(controller_files.UnsafePath, match=f"{below}: a folder owned by nobody"):
+        controller_files.ensure_dir(below / "h1")
 
 
 def test_a_gpufleet_folder_others_may_write_is_refused_and_a_loose_own_one_tightened(tmp_path):
     top = tmp_path / ".gpufleet"
     top.mkdir()
     os.chmod(top, 0o777)
-    with pytest.raises(private.UnsafePath, match=rf"{top}: a folder others may write \(mode 0777\)"):
-        private.ensure_dir(top / "factplans")
+    with pytest.raises(controller_files.UnsafePath, match=rf"{top}: a folder others may write \(mode 0777\)"):
+        controller_files.ensure_dir(top / "factplans")
     os.chmod(top, 0o755)   # an earlier version's: nobody else could write in it
-    private.ensure_dir(top / "factplans")
+    controller_files.ensure_dir(top / "factplans")
     assert os.stat(top).st_mode & 0o777 == 0o700
 
 
 @needs_root
 def test_files_are_checked_on_the_descriptor_they_are_read_from(tmp_path):
     top = tmp_path / ".gpufleet" / "rollouts"
-    private.write(top / "fleet.json", '{"format": 1}')
-    assert private.read(top / "fleet.json") == b'{"format": 1}'
+    controller_files.write(top / "fleet.json", '{"format": 1}')
+    assert controller_files.read(top / "fleet.json") == b'{"format": 1}'
     (top / "link.json").symlink_to(top / "fleet.json")
-    with pytest.raises(private.UnsafePath, match="a symbolic link"):
-        private.read(top / "link.json")
+    with pytest.raises(controller_files.UnsafePath, match="a symbolic link"):
+        controller_files.read(top / "link.json")
     os.chown(top / "fleet.json", OTHER, OTHER)
-    with pytest.raises(private.UnsafePath, match="a file owned by nobody"):
-        private.read(top / "fleet.json")
+    with pytest.raises(controller_files.UnsafePath, match="a file owned by nobody"):
+        controller_files.read(top / "fleet.json")
     with pytest.raises(StateError, match="a file owned by nobody"):
         RolloutState.load(top / "fleet.json", "inventory", "fleet.py")
     os.chown(top / "fleet.json", 0, 0)
     os.chmod(top / "fleet.json", 0o646)
-    with pytest.raises(private.UnsafePath, match="a file others may write"):
-        private.read(top / "fleet.json")
+    with pytest.raises(controller_files.UnsafePath, match="a file others may write"):
+        controller_files.read(top / "fleet.json")
 
 
 def test_the_state_lock_does_not_follow_a_symbolic_link(tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     state = tmp_path / ".gpufleet" / "rollouts" / "fleet.json"
-    private.ensure_dir(state.parent)
+    controller_files.ensure_dir(state.parent)
     (state.parent / "fleet.json.lock").symlink_to(victim)
     with pytest.raises(StateError, match="a symbolic link"):
         StateLock(state).acquire("tools/rollout fleet.py")
@@ -115,7 +115,7 @@ def manifest(**changes):
 def test_a_manifest_gpufleet_did_not_write_is_refused_on_load(tmp_path, changes, problem):
     assert mf.manifest_problems(manifest(), "h1") == []
     path = tmp_path / ".gpufleet" / "manifests" / "h1" / "20261201T120000Z.json"
-    private.write(path, json.dumps(manifest(**changes)))
+    controller_files.write(path, json.dumps(manifest(**changes)))
     with pytest.raises(mf.ManifestError, match="not a manifest gpufleet wrote, refused") as caught:
         mf.load_manifest(path, "h1")
     assert problem in str(caught.value) and str(path) in str(caught.value)

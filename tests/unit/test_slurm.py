@@ -3,7 +3,7 @@ operations/drain.slurm_node; the e2e side runs against real Slurm (tests/e2e/tes
 import pytest
 from pyinfra.context import ctx_host
 
-from gpufleet.facts.rollout import SlurmNode, SlurmNodeData
+from gpufleet.facts.slurm import SlurmNode, SlurmNodeData
 from gpufleet.operations.drain import slurm_node, slurm_node_drained
 
 pytestmark = pytest.mark.unit

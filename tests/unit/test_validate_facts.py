@@ -1,7 +1,7 @@
-"""Pure parsers of facts/validation.py, and the validation gate's areas and result lines."""
+"""Pure parsers of facts/gpu_checks.py, and the validation gate's areas and result lines."""
 import pytest
 
-from gpufleet.facts.validation import parse_container_gpus, parse_dcgm_diag
+from gpufleet.facts.gpu_checks import parse_container_gpus, parse_dcgm_diag
 from gpufleet.validation import AREAS, CHECKS, STATUSES, Result
 
 pytestmark = pytest.mark.unit

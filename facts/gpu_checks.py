@@ -1,51 +1,20 @@
 """
-Facts the validation gate and the fleet report read besides the GPU/driver/package facts:
-whether a systemd unit is active, what containers would see of the GPUs, DCGM's quick
-diagnostic, and the performance probe's raw output. Each is one small remote command;
-every ``process()`` is pure and unit-tested (tests/unit/test_validate_checks.py).
+What the GPUs do when they are used: what a container sees of them, DCGM's quick diagnostic,
+and the performance probe's raw output. Each is one small remote command; every
+``process()`` is pure and unit-tested (tests/unit/test_validate_facts.py, tests/unit/facts/).
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 from ._common import JsonMixin
-
-# ------------------------------------------------------------------------------------------
-# systemd unit state
-# ------------------------------------------------------------------------------------------
-
-
-class UnitActive(FactBase[str]):
-    """
-    ``systemctl is-active UNIT``: "active", "inactive", "failed", "activating"... or
-    "unknown" where the unit does not exist or systemctl is missing:
-
-    .. code:: python
-
-        host.get_fact(UnitActive, unit="nvidia-fabricmanager.service")  # "active"
-    """
-
-    @override
-    @staticmethod
-    def default() -> str:
-        return "unknown"
-
-    @override
-    def command(self, unit: str) -> StringCommand:
-        return StringCommand("systemctl", "is-active", QuoteString(unit), "2>/dev/null", "||", "true")
-
-    @override
-    def process(self, output: list[str]) -> str:
-        words = [line.strip() for line in output if line.strip()]
-        return words[0] if words else "unknown"
-
 
 # ------------------------------------------------------------------------------------------
 # What containers see
@@ -207,8 +176,8 @@ class DcgmDiag(FactBase[DcgmDiagData]):
 # Performance probe (raw lines; gpufleet.perf.parse_probe_output judges them)
 # ------------------------------------------------------------------------------------------
 
-# gpufleet/facts/ in a checkout (a link to facts/) and in a wheel: perf_probe.py is its neighbour
-PROBE_SCRIPT = (Path(__file__).parent.parent / "perf_probe.py").read_text()
+# gpufleet/perf_probe.py: a file of the package, read and sent, never imported here
+PROBE_SCRIPT = importlib.resources.files("gpufleet").joinpath("perf_probe.py").read_text()
 
 
 class PerfProbe(FactBase[list[str]]):

@@ -1,4 +1,4 @@
-"""gpufleet/private.py: gpufleet's own files are 0600 in 0700 folders, whatever the umask."""
+"""gpufleet/controller_files.py: gpufleet's own files are 0600 in 0700 folders, whatever the umask."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from gpufleet import private
+from gpufleet import controller_files
 
 pytestmark = pytest.mark.unit
 
@@ -19,8 +19,8 @@ def test_files_0600_in_0700_folders_whatever_the_umask(tmp_path):
     old = os.umask(0o000)
     try:
         target = tmp_path / "work" / ".gpufleet" / "rollouts" / "inv.json"
-        private.write(target, "{}\n")
-        private.write(target, "{\"again\": 1}\n")  # replaced whole, still private
+        controller_files.write(target, "{}\n")
+        controller_files.write(target, "{\"again\": 1}\n")  # replaced whole, still private
     finally:
         os.umask(old)
     assert target.read_text() == "{\"again\": 1}\n"
@@ -34,12 +34,12 @@ def test_a_loose_gpufleet_folder_is_tightened_an_operators_folder_is_not(tmp_pat
     ours = tmp_path / ".gpufleet" / "factplans"
     ours.mkdir(parents=True, mode=0o755)
     os.chmod(ours, 0o755)
-    private.write(ours / "h.json", "{}")
+    controller_files.write(ours / "h.json", "{}")
     assert mode(ours) == 0o700
     chosen = tmp_path / "reports"
     chosen.mkdir(mode=0o755)
     os.chmod(chosen, 0o755)
-    private.write(chosen / "fleet-report.json", "{}")
+    controller_files.write(chosen / "fleet-report.json", "{}")
     assert mode(chosen) == 0o755 and mode(chosen / "fleet-report.json") == 0o600
 
 
@@ -47,9 +47,9 @@ def test_a_file_others_can_write_is_not_private(tmp_path):
     path = tmp_path / "plan.json"
     path.write_text("{}")
     os.chmod(path, 0o600)
-    assert private.is_private(path)
+    assert controller_files.is_private(path)
     os.chmod(path, 0o622)
-    assert not private.is_private(path)
+    assert not controller_files.is_private(path)
 
 
 def test_manifest_and_archive_copies_on_the_controller_are_private(tmp_path):
@@ -68,7 +68,7 @@ def test_manifest_and_archive_copies_on_the_controller_are_private(tmp_path):
     pairs = [("/var/lib/gpufleet/manifests/1.json", str(tmp_path / ".gpufleet/manifests/h1/1.json")),
              ("/var/lib/gpufleet/manifests/1.etc.tar.gz", str(tmp_path / ".gpufleet/manifests/h1/1.etc.tar.gz"))]
     for remote, local in pairs:
-        fetch = Fetch(remote, lambda data, local=local: private.write(local, data), lambda state, host: False)
+        fetch = Fetch(remote, lambda data, local=local: controller_files.write(local, data), lambda state, host: False)
         assert fetch.execute(state, FakeHost(), {})
     for _, local in pairs:
         assert mode(local) == 0o600 and open(local, "rb").read().startswith(b"secret /etc of /var/lib")
