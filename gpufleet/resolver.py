@@ -1,15 +1,15 @@
 """Pick driver, kernel-module flavour, CUDA, cuDNN and Fabric Manager for one host.
 
-Pure functions: inputs are the host's GPUs (models or raw PCI ids), its wishes (Settings or any
-mapping with the same keys) and its OS release; every fact comes from compat.yaml via compat.py.
+Pure functions: inputs are the host's GPUs (models or raw PCI ids), its wishes (`Wishes`: read
+once, typed, from a Settings or any mapping with the same keys) and its OS release; every fact comes from compat.yaml via compat.py.
 A wish the data cannot satisfy raises Incompatible naming the key to change.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Self, Sequence
 
 from .compat import CompatData, DistroOffer, DriverBranch, compat_data
 from .errors import Incompatible
@@ -123,10 +123,49 @@ def _count_names(names: Iterable[str]) -> list[str]:
     return [f"{n} x {name}" for name, n in counts.items()]
 
 
-def _wish(wishes: Any, key: str, default: Any) -> Any:
-    if isinstance(wishes, Mapping):
-        return wishes.get(key, default)
-    return getattr(wishes, key, default)
+@dataclass(frozen=True)
+class _FromSettings:
+    """Built from a Settings (or any object with the fields' names as attributes) or from a
+    mapping that may name only some of them: the rest keep their defaults."""
+
+    @classmethod
+    def of(cls, source: Any) -> Self:
+        if isinstance(source, cls):
+            return source
+        names = {f.name for f in fields(cls)}
+        if isinstance(source, Mapping):
+            return cls(**{k: v for k, v in source.items() if k in names})
+        return cls(**{k: getattr(source, k) for k in names if hasattr(source, k)})
+
+
+@dataclass(frozen=True)
+class Wishes(_FromSettings):
+    """The settings the resolver reads (Settings has them all; a plain mapping, as tools/compat
+    and the tests give, may name only some: the rest take these defaults)."""
+
+    driver_source: str = "nvidia"
+    driver_branch: str = AUTO
+    driver_version: str = AUTO
+    driver_flavour: str = AUTO
+    driver_dcgm: bool = False
+    cuda_version: str = NONE
+    cuda_driver_compat: str = "toolkit"
+    cudnn_version: str = NONE
+    pytorch_version: str = NONE
+    clock_policy: str | Mapping[str, int] = "default"
+    monitoring_dcgm_exporter: bool = False
+
+
+@dataclass(frozen=True)
+class TierHardware(_FromSettings):
+    """What a tier says its hosts have (the validate_* settings)."""
+
+    tier: str = "?"
+    validate_gpu_models: tuple[str, ...] = ()
+    validate_gpu_count: int | tuple[int, int] | None = None
+    validate_nvswitch: str = "any"  # required | absent | any
+    validate_rdma: str = "any"
+    validate_nvlink: str = "any"
 
 
 def normalise_os(os_release: str | Sequence[str]) -> str:
@@ -433,7 +472,7 @@ def _eol_note(info: DriverBranch, data: CompatData) -> list[str]:
 
 def resolve(
     gpus: GpuList,
-    wishes: Any,
+    wishes: Wishes | Mapping[str, Any] | object,
     os_release: str | Sequence[str],
     *,
     nvswitch: bool | None = None,
@@ -453,9 +492,10 @@ def resolve(
         raise Incompatible("no NVIDIA GPU given", key=None)
     os_name = normalise_os(os_release)
     has_nvswitch = seen_nvswitch if nvswitch is None else nvswitch
-    source = _wish(wishes, "driver_source", "nvidia")
-    branch_wish = _wish(wishes, "driver_branch", AUTO)
-    branch_wish = branch_wish if branch_wish == AUTO else normalise_branch(branch_wish)
+    wishes = Wishes.of(wishes)
+    source = wishes.driver_source
+    branch_wish: str | None = wishes.driver_branch
+    branch_wish = branch_wish if branch_wish == AUTO else normalise_branch(wishes.driver_branch)
 
     if source == "nvidia" and branch_wish == AUTO:
         reasons = []
@@ -471,7 +511,7 @@ def resolve(
 
 def _resolve_on(
     models: list[GpuModel],
-    wishes: Any,
+    wishes: Wishes,
     os_name: str,
     has_nvswitch: bool,
     data: CompatData,
@@ -479,12 +519,12 @@ def _resolve_on(
     branch_wish: str | None,
     auto: bool,
 ) -> Resolution:
-    version_wish = _wish(wishes, "driver_version", AUTO)
-    cuda = _wish(wishes, "cuda_version", NONE)
-    cudnn = _wish(wishes, "cudnn_version", NONE)
+    version_wish = wishes.driver_version
+    cuda = wishes.cuda_version
+    cudnn = wishes.cudnn_version
     cuda = cuda if cuda == NONE else exact_cuda(cuda, data)
     cudnn = cudnn if cudnn == NONE else exact_cudnn(cudnn, data)
-    mode = _wish(wishes, "cuda_driver_compat", "toolkit")
+    mode = wishes.cuda_driver_compat
     notes: list[str] = []
     offer: DistroOffer | None = None
 
@@ -552,7 +592,7 @@ def _resolve_on(
     info = data.driver_branches[branch]
     _check_driver(models, info, version, data)
     notes += _eol_note(info, data)
-    flavour = _pick_flavour(models, branch, version, _wish(wishes, "driver_flavour", AUTO), data)
+    flavour = _pick_flavour(models, branch, version, wishes.driver_flavour, data)
     if offer is not None:
         driver_packages = offer.driver_packages.get(flavour)
         if not driver_packages:
@@ -603,7 +643,7 @@ def _resolve_on(
     if off_host and has_nvswitch:
         notes.append(f"{_names(off_host)}: NVSwitch fabric is managed off-host; no Fabric Manager on the host")
 
-    method, pairs, clock_notes = _clocks(models, _wish(wishes, "clock_policy", "default"), branch, data)
+    method, pairs, clock_notes = _clocks(models, wishes.clock_policy, branch, data)
     notes += clock_notes
 
     pinning = None
@@ -618,16 +658,16 @@ def _resolve_on(
 
     dcgm: tuple[str, ...] = ()
     # the DCGM exporter (monitoring_dcgm_exporter) needs the host engine: installed and held here, with the driver
-    if _wish(wishes, "driver_dcgm", False) or _wish(wishes, "monitoring_dcgm_exporter", False):
+    if wishes.driver_dcgm or wishes.monitoring_dcgm_exporter:
         if offer is not None:
-            key = "driver_dcgm" if _wish(wishes, "driver_dcgm", False) else "monitoring_dcgm_exporter"
+            key = "driver_dcgm" if wishes.driver_dcgm else "monitoring_dcgm_exporter"
             raise Incompatible(f"{os_name} does not package DCGM (NVIDIA's CUDA repository does)", key=key,
                                allowed="false, or driver_source nvidia")
         dcgm_cuda = major(cuda_version) if cuda_version else major(_branch_cuda(branch, data))
         dcgm = tuple(p.format(cuda_major=dcgm_cuda) for p in data.nvidia_repo["dcgm_packages"])
 
     # every GPU must be covered by the wheel: in auto mode a branch whose driver is too old for it is skipped
-    pytorch = choose_pytorch(models, _wish(wishes, "pytorch_version", NONE), version, data)
+    pytorch = choose_pytorch(models, wishes.pytorch_version, version, data)
     notes += pytorch.notes if pytorch else ()
 
     return Resolution(
@@ -649,7 +689,7 @@ def _resolve_on(
         fabric_extra_packages=fabric_extra,
         clock_method=method,
         application_clocks=MappingProxyType(pairs),
-        clocks_estimated=_wish(wishes, "clock_policy", "default") == "max",
+        clocks_estimated=wishes.clock_policy == "max",
         notes=tuple(notes),
         pinning_package=pinning,
         package_versions=MappingProxyType(versions),
@@ -671,7 +711,7 @@ def _branch_cuda(branch: str, data: CompatData) -> str:
 
 
 def check_tier_hardware(
-    settings: Any,
+    settings: TierHardware | Mapping[str, Any] | object,
     gpus: GpuList,
     nvswitch: bool,
     rdma: bool,
@@ -681,13 +721,14 @@ def check_tier_hardware(
 
     An empty list means the hardware matches. What to do with mismatches is ``tier_mismatch``.
     """
-    tier = _wish(settings, "tier", "?")
+    hw = TierHardware.of(settings)
+    tier = hw.tier
     problems: list[str] = []
     models, unknown, seen_nvswitch = to_models(gpus)
     nvswitch = nvswitch or seen_nvswitch
     for pci in unknown:
         problems.append(f"tier {tier}: GPU with PCI id {pci} is not in the compatibility data")
-    expected = tuple(_wish(settings, "validate_gpu_models", ()) or ())
+    expected = tuple(hw.validate_gpu_models or ())
     found = _count_names(m.name for m in models)
     if expected:
         wrong = sorted({m.name for m in models if m.name not in expected})
@@ -695,19 +736,18 @@ def check_tier_hardware(
             problems.append(
                 f"tier {tier} expects GPU models {', '.join(expected)}; found {', '.join(found)}"
             )
-    count = _wish(settings, "validate_gpu_count", None)
+    count = hw.validate_gpu_count
     if count is not None:
         low, high = (count, count) if isinstance(count, int) else tuple(count)
         total = len(models) + len(unknown)
         if not low <= total <= high:
             want = f"{low}" if low == high else f"{low}-{high}"
             problems.append(f"tier {tier} expects {want} GPUs; found {total}" + (f" ({', '.join(found)})" if found else ""))
-    for key, label, present in (
-        ("validate_nvswitch", "an NVSwitch fabric (PCI class 0x0680)", nvswitch),
-        ("validate_rdma", "RDMA NICs (InfiniBand/RoCE)", rdma),
-        ("validate_nvlink", "NVLink between GPUs", nvlink),
+    for want, label, present in (
+        (hw.validate_nvswitch, "an NVSwitch fabric (PCI class 0x0680)", nvswitch),
+        (hw.validate_rdma, "RDMA NICs (InfiniBand/RoCE)", rdma),
+        (hw.validate_nvlink, "NVLink between GPUs", nvlink),
     ):
-        want = _wish(settings, key, "any")
         if present is None or want == "any":
             continue
         if want == "required" and not present:
