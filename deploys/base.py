@@ -18,7 +18,7 @@ from gpufleet.tiers import managed_marker
 
 
 @deploy("Base system")
-def base():
+def base() -> None:
     settings = host_settings(host)
     quiet_needrestart()
     apt.packages(

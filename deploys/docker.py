@@ -207,7 +207,7 @@ def _smoke_test(settings: Settings, ops: list[Any]) -> None:
 
 
 @deploy("Container device spec after a driver change")
-def cdi_after_driver_change():
+def cdi_after_driver_change() -> None:
     """The CDI spec lists the driver's libraries: after tools/rollout moved the driver it is stale,
     and regenerating it there keeps the next deploys/all.py a no-op."""
     settings = host_settings(host)

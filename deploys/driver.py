@@ -30,12 +30,13 @@ lives here). Then, in order:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from io import StringIO
-from typing import Any
+from typing import Any, cast
 
 from pyinfra import host, logger
-from pyinfra.api import deploy
+from pyinfra.api import Host, State, deploy
 from pyinfra.operations import apt, files, python, systemd
 from pyinfra.operations.util import any_changed
 
@@ -45,7 +46,7 @@ from gpufleet.rendering import render
 from gpufleet.run_summary import SUMMARY
 from gpufleet.facts.driver import GpuDeviceUsers
 from gpufleet.facts.gpu import GpuState
-from gpufleet.facts.kernel import DriverState
+from gpufleet.facts.kernel import DriverState, DriverStateData
 from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages
 from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
@@ -53,6 +54,7 @@ from gpufleet.failures import fail, real_host, refuse
 from gpufleet.hostfacts import driver_state, kernel_plan, os_name, resolution
 from gpufleet.kernels import kernel_metapackages
 from gpufleet.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line
+from gpufleet.resolver import Resolution
 from gpufleet.settings import Settings, host_settings
 from gpufleet.validation import (component_drift, pending_message, stack_drift_message, stack_fact_packages,
                                  stack_pending_message, stack_renames, stack_states)
@@ -71,7 +73,7 @@ REBOOT_TIMEOUT = 600
 
 
 
-def pending_upgrade(settings, res, before) -> tuple[str, str] | None:
+def pending_upgrade(settings: Settings, res: Resolution, before: DriverStateData) -> tuple[str, str] | None:
     """(installed, resolved) when the host runs another NVIDIA driver than its inventory resolves
     to: a fleet-wide change all.py leaves to tools/rollout (canary, batches, drain, snapshot)."""
     installed = before.userspace_version
@@ -80,7 +82,7 @@ def pending_upgrade(settings, res, before) -> tuple[str, str] | None:
     return None
 
 
-def stack_groups(res) -> dict[str, dict[str, str]]:
+def stack_groups(res: Resolution) -> dict[str, dict[str, str]]:
     """The CUDA toolkit and cuDNN packages with their exact versions, per what moves as one."""
     versions = res.stack_versions
     groups = {"CUDA toolkit": {p: v for p, v in versions.items() if p == res.cuda_package},
@@ -88,7 +90,8 @@ def stack_groups(res) -> dict[str, dict[str, str]]:
     return {what: group for what, group in groups.items() if group}
 
 
-def stack_pending(res, installed, recorded=None) -> dict[str, tuple[str, str]]:
+def stack_pending(res: Resolution, installed: dict[str, str | None], recorded: dict[str, str] | None = None
+                  ) -> dict[str, tuple[str, str]]:
     """{"cuDNN": (installed, resolved)} for each of the CUDA toolkit and cuDNN that is installed at
     the release gpufleet installed (its record; or no record) while the inventory resolves to
     another: like the driver, changed only by tools/rollout (a re-run of all.py must not swap the
@@ -104,7 +107,8 @@ def stack_pending(res, installed, recorded=None) -> dict[str, tuple[str, str]]:
     return out
 
 
-def stack_drift(res, installed, recorded) -> dict[str, list[str]]:
+def stack_drift(res: Resolution, installed: dict[str, str | None], recorded: dict[str, str]
+                ) -> dict[str, list[str]]:
     """{"cuDNN": [message, ...]} for packages installed at another release than the one gpufleet's
     record says it installed: changed by hand, left as found (the validation gate FAILs them)."""
     out: dict[str, list[str]] = {}
@@ -117,7 +121,7 @@ def stack_drift(res, installed, recorded) -> dict[str, list[str]]:
 
 
 
-def gpu_work(h) -> list[str]:
+def gpu_work(h: Host) -> list[str]:
     """GPU work running before this run: nvidia-smi's compute processes, and processes holding a
     /dev/nvidiaN open (still visible when NVML fails, e.g. on a driver/library mismatch)."""
     state = h.get_fact(GpuState)  # with its compute processes (the shared gpu_state has none)
@@ -127,7 +131,7 @@ def gpu_work(h) -> list[str]:
     return found
 
 
-def _mismatch(h) -> str | None:
+def _mismatch(h: Host) -> str | None:
     """Why the host needs a reboot *now* (read at execution time), or None."""
     state = h.get_fact(DriverState)
     if state.mismatch:
@@ -136,17 +140,17 @@ def _mismatch(h) -> str | None:
     return None
 
 
-def _report(h, policy: str) -> None:
+def _report(h: Host, policy: str) -> None:
     why = _mismatch(h)
     if why:
         SUMMARY.needs_reboot[h.name] = f"{why}; not rebooted ({policy})"
         logger.warning(f"{h.print_prefix}NEEDS A REBOOT: {why}; not rebooted ({policy})")
 
 
-def _busy_now(policy: str):
+def _busy_now(policy: str) -> Callable[[Host, str], bool]:
     """rebooted()'s if_busy: GPU work found in the command that would reboot (it started after
     this run's planning): not rebooted, reported with the hosts that need a reboot; not a failure."""
-    def busy(h, running: str) -> bool:
+    def busy(h: Host, running: str) -> bool:
         why = _mismatch(h) or "the loaded NVIDIA module differs from the installed driver"
         SUMMARY.busy_at_reboot.add(h.name)
         SUMMARY.needs_reboot[h.name] = f"{why}; BUSY, PENDING: not rebooted (driver_reboot: {policy}, GPU work started after planning: {running})"
@@ -155,13 +159,14 @@ def _busy_now(policy: str):
     return busy
 
 
-def _verify_after_reboot(state, host, h) -> bool:
+def _verify_after_reboot(state: State, host: Host, h: Host) -> bool:
     """Executing (python.call): fail the host when the reboot did not load the installed driver."""
     why = _mismatch(h)
     if why:
-        return fail(h, "driver", f"still after the reboot: {why}",
-                    "look at the boot's kernel log (dmesg | grep -i nvidia): the module may not have built "
-                    "(DKMS) or loaded (Secure Boot); fix that and re-run").execute(state, host, {})
+        # fail()'s command runs _fail_now, which returns False: pyinfra's execute() is not annotated
+        return cast(bool, fail(h, "driver", f"still after the reboot: {why}",
+                               "look at the boot's kernel log (dmesg | grep -i nvidia): the module may not have "
+                               "built (DKMS) or loaded (Secure Boot); fix that and re-run").execute(state, host, {}))
     return True
 
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from typing import Any
 from io import StringIO
 
@@ -53,8 +54,8 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import apt, files, systemd
 
-from gpufleet.facts.nftables import TABLE, NftablesCapability
-from gpufleet.facts.ssh import SshdActivation, SshdEffectiveConfig, SshdVersion
+from gpufleet.facts.nftables import TABLE, NftablesCapability, NftablesState
+from gpufleet.facts.ssh import OpenSshVersion, SshdActivation, SshdEffectiveConfig, SshdVersion
 from gpufleet.operations import nftables, ssh
 from gpufleet.operations.daemon_reload import reload_when
 from gpufleet.operations.ssh import connecting_user
@@ -85,7 +86,7 @@ MACS = ["hmac-sha2-512-etm@openssh.com", "hmac-sha2-256-etm@openssh.com", "umac-
 HOST_KEY_ALGORITHMS = ["ssh-ed25519", "rsa-sha2-512", "rsa-sha2-256"]
 
 
-def pq_kex(version) -> list[str]:
+def pq_kex(version: OpenSshVersion | None) -> list[str]:
     """Post-quantum hybrid key exchanges this OpenSSH server has, best first."""
     kex = []
     if version is not None and version.at_least(9, 9):
@@ -95,7 +96,7 @@ def pq_kex(version) -> list[str]:
     return kex
 
 
-def kex_algorithms(version, extra: list[str]) -> list[str]:
+def kex_algorithms(version: OpenSshVersion | None, extra: list[str]) -> list[str]:
     return list(dict.fromkeys([*pq_kex(version), *extra]))
 
 
@@ -104,9 +105,9 @@ def kex_algorithms(version, extra: list[str]) -> list[str]:
 _PORT = re.compile(r"^(\d{1,5})(?:-(\d{1,5}))?(?:/(tcp|udp))?$")
 
 
-def parse_open_ports(items) -> list[dict]:
+def parse_open_ports(items: Iterable[object] | None) -> list[dict[str, str]]:
     """Normalise firewall_open_ports to [{port: "9400" | "6817-6819", proto, comment}]."""
-    rules: list[dict] = []
+    rules: list[dict[str, str]] = []
     for item in items or []:
         comment = ""
         proto = None
@@ -133,7 +134,8 @@ def parse_open_ports(items) -> list[dict]:
     return rules
 
 
-def sshd_context(settings, version, existing_host_keys: list[str]) -> dict:
+def sshd_context(settings: Settings, version: OpenSshVersion | None, existing_host_keys: list[str]
+                 ) -> dict[str, Any]:
     return {
         "openssh_version": str(version) if version else "unknown",
         "password_auth": settings.hardening_password_auth,
@@ -155,13 +157,13 @@ def sshd_context(settings, version, existing_host_keys: list[str]) -> dict:
     }
 
 
-def sshd_algorithms(ctx: dict) -> dict[str, list[str]]:
+def sshd_algorithms(ctx: dict[str, Any]) -> dict[str, list[str]]:
     """The algorithm lists the drop-in writes for this host's OpenSSH, as `sshd -T` keys."""
     return {"kexalgorithms": ctx["kex"], "ciphers": ctx["ciphers"], "macs": ctx["macs"],
             "hostkeyalgorithms": ctx["host_key_algorithms"]}
 
 
-def nftables_context(settings, ssh_ports: list[int]) -> dict:
+def nftables_context(settings: Settings, ssh_ports: list[int]) -> dict[str, Any]:
     cidrs = list(settings.firewall_trusted_cidrs)  # normalised networks (gpufleet/schema.py)
     open_ports = [r for r in parse_open_ports(settings.firewall_open_ports)
                   if not (r["proto"] == "tcp" and r["port"] in {str(p) for p in ssh_ports})]
@@ -355,7 +357,8 @@ def _as_file(text: str) -> StringIO:
     return StringIO(text)
 
 
-def _firewall_rules(settings, sshd_ports: list[int], socket_ports: list[int]) -> tuple[dict, str, str] | None:
+def _firewall_rules(settings: Settings, sshd_ports: list[int], socket_ports: list[int]
+                    ) -> tuple[dict[str, Any], str, str] | None:
     """(template context, the ruleset, the ruleset for boot), or None: refused."""
     try:
         context = nftables_context(settings, sorted({*sshd_ports, *socket_ports}))
@@ -371,7 +374,9 @@ def _firewall_in_place(rules: str, boot_rules: str, can_load: bool) -> bool:
     """These rules are the ones the host has: loaded and saved for boot where it can load
     them, else written to NFTABLES_CONF (the checks nftables.apply and nftables.ruleset make)."""
     if can_load:
-        return host.get_fact(NftablesCapability).converged(hashlib.sha256(boot_rules.encode()).hexdigest())
+        # NftablesCapability is a plain FactBase (no FactBase[NftablesState]): get_fact gives Any
+        capability: NftablesState = host.get_fact(NftablesCapability)
+        return capability.converged(hashlib.sha256(boot_rules.encode()).hexdigest())
     return host.get_fact(Sha256File, path=NFTABLES_CONF) == hashlib.sha256(rules.encode()).hexdigest()
 
 

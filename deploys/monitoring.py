@@ -35,12 +35,12 @@ from pyinfra.operations import apt, files, systemd
 from gpufleet.apt_policy import APT_CACHE_SECONDS
 from gpufleet import monitoring as m
 from gpufleet.hostfacts import gpu_state
-from gpufleet.settings import host_settings
+from gpufleet.settings import Settings, host_settings
 from gpufleet.operations.daemon_reload import reload_when
 from gpufleet.operations.driver import packages_at_versions
 
 
-def _node_exporter(settings) -> None:
+def _node_exporter(settings: Settings) -> None:
     where = m.listen(settings, settings.monitoring_node_exporter_port)
     defaults = files.put(
         name=f"Make the node exporter listen on {where} (before its package starts it)",
@@ -63,7 +63,7 @@ def _node_exporter(settings) -> None:
     )
 
 
-def _packages(settings) -> None:
+def _packages(settings: Settings) -> None:
     apt.packages(
         name=("Install Debian's Prometheus node exporter and curl (the validation gate asks the exporters with it)"
               if settings.monitoring_node_exporter else "Install curl (the validation gate asks the exporters with it)"),
@@ -74,7 +74,7 @@ def _packages(settings) -> None:
     )
 
 
-def _dcgm_exporter(settings) -> None:
+def _dcgm_exporter(settings: Settings) -> None:
     where = m.listen(settings, settings.monitoring_dcgm_exporter_port)
     dropin = files.put(
         name=f"Make NVIDIA's DCGM exporter listen on {where} and read the running DCGM host engine",
@@ -111,7 +111,7 @@ def _dcgm_exporter(settings) -> None:
 
 
 @deploy("Prometheus exporters: node exporter, DCGM and its exporter")
-def monitoring():
+def monitoring() -> None:
     settings = host_settings(host)
     if not m.exporters(settings):
         host.noop("no exporter is on for this host (monitoring_node_exporter, monitoring_dcgm_exporter)")

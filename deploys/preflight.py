@@ -14,7 +14,7 @@ from gpufleet.settings import host_settings
 
 
 @deploy("Preflight")
-def preflight():
+def preflight() -> None:
     settings = host_settings(host)
     problems = tier_mismatches(host, settings)
     if not problems:

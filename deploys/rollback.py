@@ -13,6 +13,8 @@ disk snapshot taken before the upgrade and how to restore it; rollback prints it
 """
 from __future__ import annotations
 
+from collections.abc import Generator
+
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, deploy, operation
 
@@ -30,7 +32,7 @@ from gpufleet.operations.manifest_steps import installed_packages
 
 
 @operation()
-def etc_files_restored(tarball: str, recorded: dict[str, str]):
+def etc_files_restored(tarball: str, recorded: dict[str, str]) -> Generator[StringCommand, None, None]:
     """Put back, from the manifest's archive, the recorded files whose content changed since.
 
     + tarball: the /etc archive on the host

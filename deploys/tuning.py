@@ -167,7 +167,7 @@ def _governor(settings: Any, plan: TuningPlan) -> None:
 
 
 @deploy("GPU persistence, clocks and environment profiles")
-def tuning():
+def tuning() -> None:
     settings = host_settings(host)
     try:
         plan = plan_tuning(host, settings)

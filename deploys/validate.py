@@ -27,9 +27,10 @@ no-op, a fifth of all it spent; bench/fleet.py). GPUFLEET_VALIDATE_PROBE_DEVICE=
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
 
 from pyinfra import host, logger
-from pyinfra.api import deploy, operation
+from pyinfra.api import FunctionCommand, Host, deploy, operation
 
 from gpufleet.failures import fail
 from gpufleet.settings import host_settings
@@ -44,14 +45,14 @@ def probe_enabled() -> bool:
     return probe_setting() not in ("0", "no", "false", "off")
 
 
-def _changed_this_run(host) -> bool:
+def _changed_this_run(host: Host) -> bool:
     """Did an operation of this run already change the host? (the gate runs last)"""
     return any(op.operation_meta.is_complete() and op.operation_meta.did_change()
                for op in host.state.ops[host].values())
 
 
 @operation()
-def gate(probe: bool = True, probe_only_if_changed: bool = False):
+def gate(probe: bool = True, probe_only_if_changed: bool = False) -> Generator[FunctionCommand, None, None]:
     """Check the host against its tier at execution time; a failed check fails the host."""
     if not host.state.is_executing:
         # Planning: the host has not been changed yet, so there is nothing to judge.
@@ -77,7 +78,7 @@ def gate(probe: bool = True, probe_only_if_changed: bool = False):
 
 
 @deploy("Validate")
-def validate(probe_only_if_changed: bool = False):
+def validate(probe_only_if_changed: bool = False) -> None:
     gate(
         name="Check that the host is what its tier says (read-only validation gate)",
         probe=probe_enabled(),

@@ -1,11 +1,13 @@
 """Refreshing apt's index for one repository only (the rest of the index is left as it is)."""
 from __future__ import annotations
 
+from collections.abc import Generator
+
 from pyinfra.api import QuoteString, StringCommand, operation
 
 
 @operation(is_idempotent=False)
-def index_refreshed(url: str):
+def index_refreshed(url: str) -> Generator[StringCommand, None, None]:
     """`apt-get update` of the sources that point at `url` (all sources when none does).
 
     + url: repository base URL, e.g. the driver_repo_url setting

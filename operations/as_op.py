@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from pyinfra.api import Host, StringCommand
+from pyinfra.connectors.util import CommandOutput
+
 # Who runs the command and how; not the operation's own retries, timeouts or stdin.
 PRIVILEGE_ARGUMENTS = (
     "_sudo", "_sudo_user", "_use_sudo_login", "_sudo_password", "_preserve_sudo_env",
@@ -23,6 +26,6 @@ def privileges(host: Any) -> dict[str, Any]:
     return {key: arguments[key] for key in PRIVILEGE_ARGUMENTS if key in arguments}
 
 
-def run(host: Any, command: Any) -> tuple[bool, Any]:
+def run(host: Host, command: str | StringCommand) -> tuple[bool, CommandOutput]:
     """`host.run_shell_command(command)` as the running operation would run it."""
     return host.run_shell_command(command, **privileges(host))

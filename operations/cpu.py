@@ -6,6 +6,8 @@ without cpufreq (a container, many VMs) or `unmanaged` gets a no-op saying why.
 """
 from __future__ import annotations
 
+from collections.abc import Generator
+
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
@@ -17,7 +19,7 @@ _SET_GOVERNOR = 'g=$1; shift; for f in "$@"; do echo "$g" > "$f"; done'
 
 
 @operation()
-def governor(setting: str):
+def governor(setting: str) -> Generator[StringCommand, None, None]:
     """Run every CPU with cpufreq on the ``setting`` governor; nothing for CPUs already on it.
 
     + setting: performance | schedutil | ondemand | unmanaged (a governor the host's cpufreq

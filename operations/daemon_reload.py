@@ -18,6 +18,7 @@ facts/devchar.py). So:
 """
 from __future__ import annotations
 
+from collections.abc import Generator
 from io import StringIO
 from typing import Any
 
@@ -118,7 +119,7 @@ def _reload(state: Any, host: Any) -> bool:
 
 
 @operation(is_idempotent=False)
-def daemon_reload():
+def daemon_reload() -> Generator[FunctionCommand, None, None]:
     """systemctl daemon-reload, unless it would cut a running container off its GPUs (then
     deferred, recorded and said). Use it through `reload_when()`."""
     yield FunctionCommand(_reload, (), {})
@@ -139,7 +140,7 @@ def reload_when(name: str, *changed: Any) -> Any:
 
 
 @operation()
-def still_pending(units: list[str]):
+def still_pending(units: list[str]) -> Generator[None, None, None]:
     """Nothing to do but say it: the containers a reload was deferred for still run."""
     say(f"systemd daemon-reload still PENDING: {', '.join(units)} still run with GPU devices that a reload "
         "would take from them; done by the first run after they stop")
@@ -148,7 +149,7 @@ def still_pending(units: list[str]):
 
 
 @operation()
-def dev_char_links():
+def dev_char_links() -> Generator[StringCommand, None, None]:
     """NVIDIA's udev rule for the /dev/char links, and the links now where some are missing."""
     yield from files.put._inner(src=StringIO(UDEV_RULE_TEXT), dest=UDEV_RULE, mode="644")
     links = host.get_fact(DevCharLinks)

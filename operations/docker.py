@@ -9,17 +9,19 @@ execution time, and skip reasons are logged then (not while planning).
 """
 from __future__ import annotations
 
+from collections.abc import Generator
 from io import StringIO
-from typing import Sequence
+from typing import Sequence, cast
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 from pyinfra.operations import files
 
 from gpufleet.operations import as_op
 from gpufleet.operations.notice import executing as _executing, say as _say
 
-from gpufleet.facts.docker import DaemonJson, DockerEngine, DockerLive, DockerLiveState, NvidiaCdi
+from gpufleet.facts.docker import (DaemonJson, DockerEngine, DockerEngineState, DockerLive, DockerLiveState,
+                                   NvidiaCdi)
 from gpufleet.facts.packages import KeyringFingerprints
 from gpufleet.facts.gpu import GpuState
 from gpufleet import dockerconf
@@ -28,7 +30,7 @@ from gpufleet.failures import fail
 
 
 @operation()
-def apt_keyring(path: str, key_url: str, fingerprint: str):
+def apt_keyring(path: str, key_url: str, fingerprint: str) -> Generator[StringCommand, None, None]:
     """Install the OpenPGP key at `key_url` as the binary keyring `path`, only if its primary
     fingerprint is `fingerprint` (a mirror or a man in the middle cannot swap keys).
 
@@ -62,7 +64,8 @@ _LIVE_RESTORE_CHECK = (
 
 @operation()
 def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEMON_JSON,
-                restart_with_gpu_containers: str = "live-restore", restart_for: Sequence[str] = ()):
+                restart_with_gpu_containers: str = "live-restore", restart_for: Sequence[str] = ()
+                ) -> Generator[StringCommand | FunctionCommand, None, None]:
     """Merge gpufleet's keys into Docker's daemon.json, keeping every other key; write only when
     the merged JSON differs, and bring the running dockerd to it without killing GPU work: a
     reload (SIGHUP) where the changed keys allow it, a restart only where no GPU container runs
@@ -125,7 +128,7 @@ def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEM
                 "systemctl reset-failed docker.service 2>/dev/null; systemctl restart docker.service"))
 
 
-def _write(engine, path: str, text: str):
+def _write(engine: DockerEngineState, path: str, text: str) -> Generator[StringCommand, None, None]:
     if engine.can_validate:
         staged = f"{path}.gpufleet-new"
         yield from files.put._inner(src=StringIO(text), dest=staged, mode="644")
@@ -143,7 +146,7 @@ def _write(engine, path: str, text: str):
 
 
 @operation()
-def cdi_spec(gpu_uuids: Sequence[str], output: str = "/etc/cdi/nvidia.yaml"):
+def cdi_spec(gpu_uuids: Sequence[str], output: str = "/etc/cdi/nvidia.yaml") -> Generator[StringCommand, None, None]:
     """Generate the NVIDIA CDI spec when it is missing, older than the driver's packages, or does
     not list every GPU the host has.
 
@@ -164,7 +167,7 @@ def cdi_spec(gpu_uuids: Sequence[str], output: str = "/etc/cdi/nvidia.yaml"):
 
 
 @operation()
-def gpu_smoke_test(image: str, expected: bool = True):
+def gpu_smoke_test(image: str, expected: bool = True) -> Generator[StringCommand | FunctionCommand, None, None]:
     """`docker run --rm --gpus all IMAGE nvidia-smi -L`, where the engine runs and GPUs are present.
 
     Skipped with a visible reason (never reported as a pass) when the engine is not running, the
@@ -205,7 +208,7 @@ def gpu_smoke_test(image: str, expected: bool = True):
     yield FunctionCommand(_smoke_run, (image, uuids), {})
 
 
-def _smoke_run(state, host, image: str, uuids: list[str]) -> bool:
+def _smoke_run(state: State, host: Host, image: str, uuids: list[str]) -> bool:
     """Run the container, print what it sees, and pass only when it lists every GPU of the host."""
     ok, out = as_op.run(host, StringCommand(
         "timeout", "300", "docker", "run", "--rm", "--gpus", "all", QuoteString(image), "nvidia-smi", "-L"))
@@ -220,6 +223,7 @@ def _smoke_run(state, host, image: str, uuids: list[str]) -> bool:
         return True
     why = (f"exit status non-zero: {errors[-1] if errors else 'no output'}" if not ok else
            f"the container does not see {', '.join(missing)}" if missing else "the container listed no GPU")
-    return fail(host, "docker", f"GPU smoke test FAILED: {why}",
-                "check the NVIDIA container toolkit and the driver on the host (docker run --gpus all "
-                f"{image} nvidia-smi -L by hand), then re-run").execute(state, host, {})
+    # fail()'s command runs _fail_now, which returns False: pyinfra's execute() is not annotated
+    return cast(bool, fail(host, "docker", f"GPU smoke test FAILED: {why}",
+                           "check the NVIDIA container toolkit and the driver on the host (docker run --gpus all "
+                           f"{image} nvidia-smi -L by hand), then re-run").execute(state, host, {}))

@@ -3,6 +3,7 @@ waiting for running GPU processes, stopping GPU containers."""
 from __future__ import annotations
 
 import re
+from collections.abc import Generator
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
@@ -14,7 +15,8 @@ from gpufleet.failures import refuse
 
 
 @operation()
-def slurm_node(drained: bool = True, reason: str = "gpufleet maintenance", node: str = ""):
+def slurm_node(drained: bool = True, reason: str = "gpufleet maintenance", node: str = ""
+               ) -> Generator[StringCommand, None, None]:
     """Drain the host's Slurm node (no new jobs; running ones finish), or resume it.
 
     + drained: True = `scontrol update state=drain reason=...`, False = `state=resume`
@@ -65,7 +67,7 @@ def driver_feature(version: str) -> str:
 
 
 @operation()
-def slurm_driver_feature(version: str, node: str = ""):
+def slurm_driver_feature(version: str, node: str = "") -> Generator[StringCommand, None, None]:
     """Give the Slurm node the feature naming its loaded driver (and drop an older one), keeping
     its other features, so that `--constraint=gpufleet_driver_<version>` keeps a multi-node job
     on nodes of one driver.
@@ -107,7 +109,7 @@ _WAIT_DRAINED = (
 
 
 @operation(is_idempotent=False)
-def slurm_node_drained(node: str = "", timeout: int = 3600):
+def slurm_node_drained(node: str = "", timeout: int = 3600) -> Generator[StringCommand, None, None]:
     """Wait until the host's Slurm node is DRAINED (its running jobs have finished).
 
     + node: the Slurm node name (default: the host's short host name)
@@ -134,7 +136,7 @@ fi
 
 
 @operation()
-def gpus_idle(wait_seconds: int = 0, poll_seconds: int = 5):
+def gpus_idle(wait_seconds: int = 0, poll_seconds: int = 5) -> Generator[StringCommand, None, None]:
     """Wait until no process runs on the GPUs; fail when some still run after `wait_seconds`.
 
     + wait_seconds: how long running jobs may take to finish (0 = do not wait: fail now)
@@ -188,7 +190,7 @@ _IDLE_LOOP = (
 
 
 @operation(is_idempotent=False)
-def gpus_idle_now(wait_seconds: int = 0, poll_seconds: int = 5):
+def gpus_idle_now(wait_seconds: int = 0, poll_seconds: int = 5) -> Generator[StringCommand, None, None]:
     """Like gpus_idle, but checked when it runs rather than when planned: after a Slurm drain has
     waited for the node's jobs, what still runs on the GPUs is not Slurm's.
 
@@ -200,7 +202,7 @@ def gpus_idle_now(wait_seconds: int = 0, poll_seconds: int = 5):
 
 
 @operation()
-def gpu_containers_stopped(timeout: int = 60):
+def gpu_containers_stopped(timeout: int = 60) -> Generator[StringCommand, None, None]:
     """Stop the running Docker containers that use GPUs (NVIDIA runtime or GPU device requests)."""
     ids = host.get_fact(GpuContainers)
     if not ids:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
@@ -61,7 +61,8 @@ install -D -m 644 "$t/k.gpg" "$keyring"
 
 
 @operation()
-def repo_key(url: str, fingerprint: str, keyring: str, member: str | None = None):
+def repo_key(url: str, fingerprint: str, keyring: str, member: str | None = None
+             ) -> Generator[StringCommand, None, None]:
     """Install the key at ``url`` as ``keyring`` only if its single primary key has ``fingerprint``.
 
     + url: an armored/binary key, or a .deb holding the keyring (NVIDIA's cuda-keyring)
@@ -78,7 +79,7 @@ def repo_key(url: str, fingerprint: str, keyring: str, member: str | None = None
 
 
 @operation()
-def archive_components(components: Sequence[str]):
+def archive_components(components: Sequence[str]) -> Generator[StringCommand, None, None]:
     """Add ``components`` to every Debian or Ubuntu archive entry (mirrors, security) lacking them.
 
     + components: e.g. ["contrib", "non-free", "non-free-firmware"] (Debian), ["restricted"] (Ubuntu)
@@ -221,7 +222,7 @@ def packages_at_versions(
     hold: bool = True,
     release: Sequence[str] = (),
     require_idle: bool = False,
-):
+) -> Generator[StringCommand, None, None]:
     """Bring ``versions`` (package -> upstream version) and ``present`` packages in as one step.
 
     Held packages among ``release`` (and every package touched) are released first and held
@@ -258,7 +259,7 @@ def packages_at_versions(
 
 
 @operation()
-def refresh_initramfs():
+def refresh_initramfs() -> Generator[StringCommand, None, None]:
     """Rebuild the initramfs so a changed module blacklist applies at boot (skipped where the
     host has no update-initramfs, e.g. containers; dracut hosts use dracut)."""
     yield _sh(
@@ -286,7 +287,7 @@ _RECORD_WORD = re.compile(r"^[a-z0-9][a-z0-9+.\-]* [0-9][A-Za-z0-9.+~]*$")
 
 
 @operation()
-def stack_recorded(versions: Mapping[str, str], packages: Sequence[str]):
+def stack_recorded(versions: Mapping[str, str], packages: Sequence[str]) -> Generator[StringCommand, None, None]:
     """Record that gpufleet installed ``versions`` (package -> upstream release) in its record
     on the host, other packages' entries kept: what later tells a hand change (drift) from an
     inventory change (a pending upgrade). Read with the StackPackages fact of ``packages`` (the

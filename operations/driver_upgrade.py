@@ -9,6 +9,7 @@ text is built from them.
 from __future__ import annotations
 
 import re
+from collections.abc import Generator
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
@@ -121,7 +122,8 @@ def package_change_command(args: list[str], script: str = SCRIPT, require_idle: 
 
 @operation()
 def packages_at_versions(install: dict[str, str], remove: list[str] | None = None, hold: list[str] | None = None,
-                         downgrade: bool | None = None, require_idle: bool = False):
+                         downgrade: bool | None = None, require_idle: bool = False
+                         ) -> Generator[StringCommand, None, None]:
     """Put packages at exact versions the sanctioned way: unhold, `apt-get install pkg=ver`, hold,
     as a transient systemd unit on the host (see the module docstring).
 
@@ -155,7 +157,7 @@ def packages_at_versions(install: dict[str, str], remove: list[str] | None = Non
 
 
 @operation()
-def package_change_settled():
+def package_change_settled() -> Generator[StringCommand, None, None]:
     """Before a package change: let one an earlier (dead) session started finish, and repair what
     an interrupted one left (`dpkg --configure -a`). Holds are put back by packages_at_versions."""
     change = host.get_fact(PackageChange)

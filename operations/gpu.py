@@ -8,6 +8,7 @@ asks, and yield only the nvidia-smi commands still needed; say so with host.noop
 """
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any
 
 from pyinfra import host
@@ -25,7 +26,7 @@ def _smi(*args: str) -> StringCommand:
 
 
 @operation()
-def clocks(policy: Any, ac_deprecated_from: int):
+def clocks(policy: Any, ac_deprecated_from: int) -> Generator[StringCommand, None, None]:
     """Bring every GPU's clocks to the policy's target; nothing for GPUs already there.
 
     Refusals (an unsupported pair, a GPU without settable clocks) are raised at planning time
@@ -61,7 +62,7 @@ _PERSISTENCE_WAIT = (
 
 
 @operation()
-def persistence_enabled(daemon_was_running: bool, wait_seconds: int = 15):
+def persistence_enabled(daemon_was_running: bool, wait_seconds: int = 15) -> Generator[StringCommand, None, None]:
     """Every GPU must report persistence mode Enabled (the daemon may take a moment after start)."""
     state = gpu_state(host)
     if daemon_was_running and state.gpus and all(g.persistence for g in state.gpus):
@@ -73,7 +74,7 @@ def persistence_enabled(daemon_was_running: bool, wait_seconds: int = 15):
 
 
 @operation()
-def legacy_persistence():
+def legacy_persistence() -> Generator[StringCommand, None, None]:
     """nvidia-smi -pm 1 on the GPUs without persistence mode (driver_persistence: legacy)."""
     state = gpu_state(host)
     missing = [g for g in state.gpus if not g.persistence]

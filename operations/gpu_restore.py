@@ -1,6 +1,9 @@
 """Give the GPUs back the persistence mode and application clocks they had before a reboot."""
 from __future__ import annotations
 
+from collections.abc import Generator
+from typing import Any
+
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
@@ -8,7 +11,7 @@ from gpufleet.facts.gpu import GpuState
 
 
 @operation()
-def gpu_settings_restored(gpus: list[dict]):
+def gpu_settings_restored(gpus: list[dict[str, Any]]) -> Generator[StringCommand, None, None]:
     """Re-apply recorded per-GPU persistence and application clocks (from a manifest).
 
     + gpus: [{"uuid": ..., "index": 0, "persistence": true, "app_clocks": [mem, gfx] | None}, ...]

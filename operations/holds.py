@@ -1,6 +1,8 @@
 """apt holds: keep packages that must move together from being upgraded behind the operator's back."""
 from __future__ import annotations
 
+from collections.abc import Generator
+
 from pyinfra import host
 from pyinfra.api import StringCommand, QuoteString, operation
 
@@ -8,7 +10,7 @@ from gpufleet.facts.packages import HeldPackages
 
 
 @operation()
-def held(packages: list[str], present: bool = True):
+def held(packages: list[str], present: bool = True) -> Generator[StringCommand, None, None]:
     """Hold (or, with present=False, release) `packages`; only those not already so are touched.
 
     + packages: package names (holds on packages that are not installed are recorded by dpkg too)

@@ -45,7 +45,7 @@ def snapshot_and_manifest(ctx: RolloutContext) -> None:
     installed = installed_packages()
     holds = host.get_fact(HeldPackages)
     etc = host.get_fact(EtcFiles, patterns=list(mf.ETC_FILES))
-    disk: dict = {}
+    disk: dict[str, Any] = {}
     if settings.rollout_snapshot in ("lvm", "btrfs", "zfs"):
         disk_snapshot_taken(name=f"Take an {settings.rollout_snapshot} snapshot of {settings.rollout_snapshot_target}",
                             provider=settings.rollout_snapshot, target=settings.rollout_snapshot_target,

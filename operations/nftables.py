@@ -19,10 +19,12 @@ path and IP forwarding are not touched (no ``flush ruleset``).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Generator
 from io import StringIO
+from typing import cast
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files
 
@@ -194,7 +196,7 @@ def _sha256(text: str) -> str:
 
 
 @operation()
-def ruleset(dest: str, content: str):
+def ruleset(dest: str, content: str) -> Generator[StringCommand | FunctionCommand, None, None]:
     """Write `content` to `dest` once ``nft -c -f`` accepts it; unchanged file: nothing to do."""
     if host.get_fact(Sha256File, path=dest) == _sha256(content):
         host.noop(f"{dest} already holds this ruleset")
@@ -218,7 +220,7 @@ def ruleset(dest: str, content: str):
     )
 
 
-def _confirm_or_revert(state, host, boot_conf: str) -> bool:
+def _confirm_or_revert(state: State, host: Host, boot_conf: str) -> bool:
     error = fresh_login(host)
     if error is None:
         ok, output = as_op.run(host, StringCommand(
@@ -236,19 +238,22 @@ def _confirm_or_revert(state, host, boot_conf: str) -> bool:
         QuoteString(REVERT_FILE), QuoteString(REVERT_UNIT), QuoteString(CANDIDATE),
         QuoteString(BOOT_CANDIDATE),
     ))
-    return fail(host, "firewall",
-                f"a fresh SSH login failed with the new firewall rules ({error}); "
-                + ("the previous rules were restored" if reverted else
-                   "restoring the previous rules over this session failed too: the timer "
-                   f"{REVERT_UNIT}.timer restores them automatically")
-                + f"; {boot_conf} and nftables.service were not changed, the next boot loads what it did before",
-                "make sure the rules let your SSH login through (the sshd port in use, "
-                "firewall_trusted_cidrs, firewall_open_ports) and run again",
-                ).execute(state, host, {})
+    # fail()'s command runs _fail_now, which returns False: pyinfra's execute() is not annotated
+    return cast(bool, fail(host, "firewall",
+                           f"a fresh SSH login failed with the new firewall rules ({error}); "
+                           + ("the previous rules were restored" if reverted else
+                              "restoring the previous rules over this session failed too: the timer "
+                              f"{REVERT_UNIT}.timer restores them automatically")
+                           + f"; {boot_conf} and nftables.service were not changed, the next boot loads what it "
+                           "did before",
+                           "make sure the rules let your SSH login through (the sshd port in use, "
+                           "firewall_trusted_cidrs, firewall_open_ports) and run again",
+                           ).execute(state, host, {}))
 
 
 @operation()
-def apply(path: str, content: str, boot_content: str | None = None, revert_after: int = 60):
+def apply(path: str, content: str, boot_content: str | None = None, revert_after: int = 60
+          ) -> Generator[StringCommand | FunctionCommand, None, None]:
     """
     Load `content` atomically behind a revert timer; once a fresh SSH login through it works,
     save `boot_content` (the same table, plus what loads before it at boot; default: `content`)

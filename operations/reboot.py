@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Generator
+from typing import Any, Callable, cast
 
 from pyinfra import logger
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 
 from gpufleet.failures import fail
 from gpufleet.operations import as_op
@@ -22,7 +23,7 @@ IDLE_CHECK = idle_check("not rebooting")
 MARKER = "/run/gpufleet-reboot-marker"
 
 
-def _wait_for_reboot(state, host, nonce: str, timeout: float, delay: float) -> bool:
+def _wait_for_reboot(state: State, host: Host, nonce: str, timeout: float, delay: float) -> bool:
     time.sleep(delay)
     host.disconnect()
     deadline = time.monotonic() + timeout
@@ -37,8 +38,10 @@ def _wait_for_reboot(state, host, nonce: str, timeout: float, delay: float) -> b
                 return True
             host.disconnect()
         time.sleep(1)
-    return fail(host, "reboot", f"the host did not come back within {timeout:g} s of the reboot",
-                "look at its console (did it boot? is sshd up?); once it is back, re-run").execute(state, host, {})
+    # fail()'s command runs _fail_now, which returns False: pyinfra's execute() is not annotated
+    return cast(bool, fail(host, "reboot", f"the host did not come back within {timeout:g} s of the reboot",
+                           "look at its console (did it boot? is sshd up?); once it is back, re-run"
+                           ).execute(state, host, {}))
 
 
 # $1 the marker's nonce, $2 the journal line: the marker, the reason and the reboot in one command
@@ -47,7 +50,8 @@ _REBOOT = ('echo "$1" > ' + MARKER + '; [ -z "$2" ] || logger -t gpufleet -- "$2
 _REBOOT_IF_IDLE = IDLE_CHECK + "; " + _REBOOT
 
 
-def _reboot_if_idle(state, host, nonce: str, note: str, timeout: float, delay: float, if_busy) -> bool:
+def _reboot_if_idle(state: State, host: Host, nonce: str, note: str, timeout: float, delay: float,
+                    if_busy: Callable[[Host, str], bool]) -> bool:
     """Executing: the idle check and the reboot as one command; busy -> `if_busy(host, message)`
     says whether the operation still succeeds (nothing rebooted either way)."""
     ok, out = as_op.run(host, StringCommand("sh", "-c", QuoteString(_REBOOT_IF_IDLE), "reboot-if-idle",
@@ -65,7 +69,8 @@ def _reboot_if_idle(state, host, nonce: str, note: str, timeout: float, delay: f
 
 @operation(is_idempotent=False)
 def rebooted(reason: str = "", timeout: int = 600, delay: int = 2, require_idle: bool = False,
-             if_busy: Callable[[Any, str], bool] | None = None):
+             if_busy: Callable[[Any, str], bool] | None = None
+             ) -> Generator[StringCommand | FunctionCommand, None, None]:
     """Reboot now and wait for the host to come back (checked with a marker in /run).
 
     + reason: logged in the journal before the reboot
@@ -103,7 +108,8 @@ _WAIT_REGISTERED = (
 
 
 @operation(is_idempotent=False)
-def slurm_rebooted(node: str, reason: str, timeout: int = 600, delay: int = 2, require_idle: bool = False):
+def slurm_rebooted(node: str, reason: str, timeout: int = 600, delay: int = 2, require_idle: bool = False
+                   ) -> Generator[StringCommand | FunctionCommand, None, None]:
     """Let Slurm reboot the node (`scontrol reboot ASAP nextstate=DOWN`, through slurm.conf's
     RebootProgram) and wait until the host is back (marker in /run gone) and its slurmd has
     registered; the node stays DOWN for gpufleet to validate and resume (drain.slurm_node).

@@ -13,9 +13,9 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable
-from typing import Any
 
-from pyinfra.api import QuoteString, StringCommand
+from pyinfra.api import Host, QuoteString, State, StringCommand
+from pyinfra.api.arguments import ConnectorArguments
 from pyinfra.api.command import PyinfraCommand
 
 # $1 destination, $2 octal mode; the content on stdin. The folder must exist already (made 0700
@@ -41,14 +41,14 @@ class LazyWrite(PyinfraCommand):
     disk snapshot it records). `on_error(state, host)` reports a failure in gpufleet's words."""
 
     def __init__(self, dest: str, build: Callable[[], str], mode: str = "600",
-                 on_error: Callable[[Any, Any], Any] | None = None):
+                 on_error: Callable[[State, Host], bool] | None = None):
         super().__init__()
         self.dest, self.build, self.mode, self.on_error = dest, build, mode, on_error
 
     def __repr__(self) -> str:
         return f"LazyWrite({self.dest})"
 
-    def execute(self, state, host, connector_arguments):
+    def execute(self, state: State, host: Host, connector_arguments: ConnectorArguments) -> bool:
         ok, output = write_command(self.dest, self.build(), self.mode).execute(state, host, connector_arguments)
         if not ok:
             for line in output.stderr_lines:
@@ -61,14 +61,14 @@ class Fetch(PyinfraCommand):
     """Read a file of the host with the operation's privileges and give its bytes to `sink`
     (called on the controller); `on_error(state, host)` when it cannot be read."""
 
-    def __init__(self, src: str, sink: Callable[[bytes], object], on_error: Callable[[Any, Any], Any]):
+    def __init__(self, src: str, sink: Callable[[bytes], object], on_error: Callable[[State, Host], bool]):
         super().__init__()
         self.src, self.sink, self.on_error = src, sink, on_error
 
     def __repr__(self) -> str:
         return f"Fetch({self.src})"
 
-    def execute(self, state, host, connector_arguments):
+    def execute(self, state: State, host: Host, connector_arguments: ConnectorArguments) -> bool:
         ok, output = host.run_shell_command(
             StringCommand("sh", "-c", QuoteString(_READ), "gpufleet-read", QuoteString(self.src)),
             print_output=False, print_input=state.print_input, **connector_arguments)

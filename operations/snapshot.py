@@ -3,10 +3,11 @@ controller), the /etc archive, the manifest on the host, and its copy on the con
 from __future__ import annotations
 
 import functools
+from collections.abc import Generator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 
 from gpufleet import controller_files
 from gpufleet.failures import fail
@@ -18,7 +19,8 @@ _TAR_PRIVATE = 'umask 077 && exec tar "$@"'
 
 
 @operation(is_idempotent=False)
-def disk_snapshot_taken(provider: str, target: str, ident: str, size: str, record: dict):
+def disk_snapshot_taken(provider: str, target: str, ident: str, size: str, record: dict[str, Any]
+                        ) -> Generator[StringCommand, None, None]:
     """Take the host's disk snapshot with lvm, btrfs or zfs; what was made goes into `record`.
 
     + provider: lvm | btrfs | zfs
@@ -33,7 +35,8 @@ def disk_snapshot_taken(provider: str, target: str, ident: str, size: str, recor
 
 
 @operation(is_idempotent=False)
-def disk_snapshot_restored(target: str, commands: list[list[str]], hint: str):
+def disk_snapshot_restored(target: str, commands: list[list[str]], hint: str
+                           ) -> Generator[StringCommand, None, None]:
     """Put a btrfs subvolume back to its snapshot (commands from gpufleet.rollout.snapshot.host_restore).
 
     + target: the subvolume; refused when it is a mount point (restore that by booting the snapshot)
@@ -47,19 +50,22 @@ def disk_snapshot_restored(target: str, commands: list[list[str]], hint: str):
         yield StringCommand(*(QuoteString(a) for a in argv))
 
 
-def _run_controller_command(state, host, template, variables, record) -> bool:
+def _run_controller_command(state: State, host: Host, template: list[str], variables: dict[str, Any],
+                            record: dict[str, Any]) -> bool:
     try:
         record.update(snap.run_command(template, variables))
     except snap.SnapshotError as exc:
         record["error"] = str(exc)
-        return fail(host, "rollout_snapshot", f"snapshot failed: {exc}",
-                    "make rollout_snapshot_command work for this host (run it by hand), or set "
-                    "rollout_snapshot: none").execute(state, host, {})
+        # fail()'s command runs _fail_now, which returns False: pyinfra's execute() is not annotated
+        return cast(bool, fail(host, "rollout_snapshot", f"snapshot failed: {exc}",
+                               "make rollout_snapshot_command work for this host (run it by hand), or set "
+                               "rollout_snapshot: none").execute(state, host, {}))
     return True
 
 
 @operation(is_idempotent=False)
-def controller_snapshot_taken(template: list[str], variables: dict[str, Any], record: dict):
+def controller_snapshot_taken(template: list[str], variables: dict[str, Any], record: dict[str, Any]
+                              ) -> Generator[FunctionCommand, None, None]:
     """Run the `command` snapshot provider on the controller (argv, no shell), for this host.
 
     + template: argv with {host} {address} {snapshot} {tier} ... fields
@@ -71,7 +77,7 @@ def controller_snapshot_taken(template: list[str], variables: dict[str, Any], re
 
 
 @operation(is_idempotent=False)
-def etc_archived(tarball: str, paths: list[str]):
+def etc_archived(tarball: str, paths: list[str]) -> Generator[StringCommand, None, None]:
     """Archive the recorded /etc (and keyring) files on the host."""
     rel = [p.lstrip("/") for p in paths]
     yield StringCommand("install", "-d", "-m", "700", QuoteString(str(Path(tarball).parent)))
@@ -85,7 +91,7 @@ def etc_archived(tarball: str, paths: list[str]):
 
 
 @operation(is_idempotent=False)
-def manifest_written(dest: str, build: Callable[[], str]):
+def manifest_written(dest: str, build: Callable[[], str]) -> Generator[StringCommand | LazyWrite, None, None]:
     """Write the manifest JSON on the host (built when it runs, after the disk snapshot), 0600
     in a 0700 directory."""
     yield StringCommand("install", "-d", "-m", "700", QuoteString(str(Path(dest).parent)))
@@ -94,14 +100,14 @@ def manifest_written(dest: str, build: Callable[[], str]):
         "make room or fix permissions under its folder, then re-run the rollout").execute(state, host, {}))
 
 
-def _cannot_copy(remote: str):
+def _cannot_copy(remote: str) -> Callable[[State, Host], bool]:
     return lambda state, host: fail(
         host, "rollout", f"could not copy {remote} from the host to the controller",
         "check that it exists and is readable on the host, then re-run").execute(state, host, {})
 
 
 @operation(is_idempotent=False)
-def copied_to_controller(pairs: list[tuple[str, str]]):
+def copied_to_controller(pairs: list[tuple[str, str]]) -> Generator[Fetch, None, None]:
     """Copy files from the host to the controller: [(remote path, local path), ...], read with
     the operation's privileges, written 0600 in 0700 directories."""
     for remote, local in pairs:

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Generator
 from io import StringIO
+from typing import TYPE_CHECKING, cast
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files
 
@@ -34,10 +36,15 @@ from gpufleet.facts.ssh import (
     AuthorizedKeys,
     GroupMembers,
     SmallModuli,
+    SshdConfig,
     SshdEffectiveConfig,
     SshdPending,
     moduli_awk_small,
 )
+
+if TYPE_CHECKING:
+    from paramiko import SSHClient as ParamikoClient
+    from pyinfra.connectors.ssh import SSHConnector
 
 BACKUP_DIR = "/var/lib/gpufleet/backup"
 # The dead-man switch: a transient timer on the host puts the previous drop-in back unless a
@@ -135,17 +142,18 @@ def backup_path(dest: str) -> str:
 def connecting_user() -> str | None:
     """The user pyinfra logged in as (not the sudo target)."""
     connector = host.connector
-    client = getattr(connector, "client", None)
+    client: ParamikoClient | None = getattr(connector, "client", None)
     transport = client.get_transport() if client is not None else None
     if transport is not None and transport.get_username():
         return transport.get_username()
-    return host.data.get("ssh_user")
+    return cast("str | None", host.data.get("ssh_user"))  # HostData.get is not annotated
 
 
 # ------------------------------------------------------------------------------------------
 
 @operation(is_idempotent=True)
-def require_authorized_keys(users: list[str], groups: list[str] | None = None):
+def require_authorized_keys(users: list[str], groups: list[str] | None = None
+                            ) -> Generator[FunctionCommand, None, None]:
     """
     Fail this host, before anything is changed, when one of `users` (or a member of one of
     `groups`) has no authorized key: with passwords off, that user could not log in again.
@@ -171,7 +179,8 @@ def require_authorized_keys(users: list[str], groups: list[str] | None = None):
 
 
 @operation()
-def sshd_dropin(dest: str, content: str, revert_after: int = 60):
+def sshd_dropin(dest: str, content: str, revert_after: int = 60
+                ) -> Generator[StringCommand | FunctionCommand, None, None]:
     """
     Install `content` as the sshd drop-in `dest`, accepted only if ``sshd -t`` accepts the
     whole resulting configuration; otherwise the previous file stays and the host fails.
@@ -202,7 +211,7 @@ def sshd_dropin(dest: str, content: str, revert_after: int = 60):
 NO_SSHD_CONNECTORS = ("local", "docker", "podman", "chroot")
 
 
-def connector_kind(host) -> str:
+def connector_kind(host: Host) -> str:
     """`@name` of the host's connector, as pyinfra registers it (its `pyinfra.connectors`
     entry points), else the class's module path (a third-party connector)."""
     from gpufleet.pyinfra_private import connector_name
@@ -211,7 +220,7 @@ def connector_kind(host) -> str:
     return name if "." in name else "@" + name
 
 
-def login_proof(host) -> tuple[str, str]:
+def login_proof(host: Host) -> tuple[str, str]:
     """How a fresh login is proven on `host`: ("ssh", "") by logging in afresh as pyinfra's ssh
     connector does (also the hosts @vagrant and @terraform list: they are reached over SSH);
     ("nothing", why) when the connector never goes through sshd (NO_SSHD_CONNECTORS), named;
@@ -232,7 +241,7 @@ def login_proof(host) -> tuple[str, str]:
                        "only with that proof. Allowed connector: ssh. Run this deploy over SSH.")
 
 
-def login_proof_refusal(host) -> str | None:
+def login_proof_refusal(host: Host) -> str | None:
     """Why sshd and firewall changes are refused on `host` at planning (None: they are not).
     The hardening deploy changes sshd only where a fresh SSH login can prove the change: over
     @local, @docker, @chroot there is nothing to prove for gpufleet's own connection, but
@@ -249,7 +258,7 @@ def login_proof_refusal(host) -> str | None:
     return why
 
 
-def fresh_login(host, attempts: int = 5, delay: float = 1.0) -> str | None:
+def fresh_login(host: Host, attempts: int = 5, delay: float = 1.0) -> str | None:
     """
     Open a *new* SSH session exactly as pyinfra does (its paramiko client and this host's
     connection data: user, key, port, paramiko options) and run `true`.
@@ -265,7 +274,7 @@ def fresh_login(host, attempts: int = 5, delay: float = 1.0) -> str | None:
         return None
     if how == "refused":
         return why
-    connector = host.connector
+    connector = cast("SSHConnector", host.connector)  # login_proof said "ssh": an SSHConnector (subclass)
     error = "no attempt made"
     for attempt in range(attempts):
         kwargs = connector.make_paramiko_kwargs()
@@ -290,7 +299,7 @@ def fresh_login(host, attempts: int = 5, delay: float = 1.0) -> str | None:
     return error
 
 
-def _verify_or_restore(state, host, dest: str, backup: str) -> bool:
+def _verify_or_restore(state: State, host: Host, dest: str, backup: str) -> bool:
     error = fresh_login(host)
     if error is None:
         disarmed, _ = as_op.run(host, StringCommand(
@@ -310,7 +319,8 @@ def _verify_or_restore(state, host, dest: str, backup: str) -> bool:
         QuoteString(dest), QuoteString(backup), QuoteString(PENDING), QuoteString(REVERT_UNIT),
     ))
     again = fresh_login(host) if restored else "restore command failed"
-    return fail(host, "hardening", (
+    # fail()'s command runs _fail_now, which returns False: pyinfra's execute() is not annotated
+    return cast(bool, fail(host, "hardening", (
         f"gpufleet did not keep the hardened sshd configuration: a new SSH login as "
         f"{connecting_user()} failed with it ({error}). "
         + ("The previous configuration was restored and sshd reloaded; new logins work again"
@@ -319,11 +329,11 @@ def _verify_or_restore(state, host, dest: str, backup: str) -> bool:
     ), ("" if again is None else f"check {dest} on the console; then ")
         + "adjust the hardening_* settings (e.g. hardening_extra_kex for clients without "
         "post-quantum key exchange, hardening_allow_users) and run again",
-    ).execute(state, host, {})
+    ).execute(state, host, {}))
 
 
 @operation()
-def settle_pending(dest: str):
+def settle_pending(dest: str) -> Generator[StringCommand | FunctionCommand, None, None]:
     """A drop-in an interrupted run left unconfirmed (its revert timer may still be armed):
     reload sshd with it and prove a fresh login, else put the previous one back and fail."""
     pending = host.get_fact(SshdPending, path=PENDING)
@@ -334,19 +344,19 @@ def settle_pending(dest: str):
     yield FunctionCommand(_verify_or_restore, (dest, backup_path(dest)), {})
 
 
-def effective_differences(config, expected: dict[str, str | list[str]]) -> list[str]:
+def effective_differences(config: SshdConfig, expected: dict[str, str | list[str]]) -> list[str]:
     return [f"{key}: sshd -T says {_said(got)}, gpufleet wants {_said(want)}"
             for key, got, want in config.differences(expected)]
 
 
-def _said(value) -> str:
+def _said(value: object) -> str:
     if isinstance(value, list):  # multi-valued: one sshd -T line per value
         return "[" + ", ".join(repr(v) for v in value) + "]" if value else "none"
     return repr(value)
 
 
 @operation(is_idempotent=True)
-def expect_effective(expected: dict[str, str | list[str]]):
+def expect_effective(expected: dict[str, str | list[str]]) -> Generator[FunctionCommand, None, None]:
     """Fail the host when ``sshd -T`` does not report the values the drop-in sets (an earlier
     drop-in or a line before the Include in sshd_config wins over ours)."""
     diffs = effective_differences(host.get_fact(SshdEffectiveConfig), expected)
@@ -361,7 +371,8 @@ def expect_effective(expected: dict[str, str | list[str]]):
 
 
 @operation()
-def prune_moduli(min_bits: int = 3072, path: str = "/etc/ssh/moduli"):
+def prune_moduli(min_bits: int = 3072, path: str = "/etc/ssh/moduli"
+                 ) -> Generator[StringCommand | FunctionCommand, None, None]:
     """Remove Diffie-Hellman moduli smaller than `min_bits` (once; a copy is kept)."""
     moduli = host.get_fact(SmallModuli, min_bits=min_bits, path=path)
     if moduli is None:

@@ -17,8 +17,11 @@ its host key set (sshd-14, sshd-50).
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from typing import cast
+
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 
 from gpufleet.failures import fail
 from gpufleet.operations import as_op
@@ -88,7 +91,7 @@ def mode_fixes(data: SshdFilesData) -> dict[str, int]:
 
 
 @operation()
-def config_modes():
+def config_modes() -> Generator[StringCommand, None, None]:
     """sshd's configuration readable by root only (0600), its folders 0755, all root's."""
     fixes = mode_fixes(host.get_fact(SshdFiles))
     if not fixes:
@@ -109,7 +112,8 @@ def connection_host_key_type() -> str | None:
     return key.get_name() if key is not None else None
 
 
-def host_key_plan(data: SshdFilesData, min_rsa_bits: int, verified_by: str | None) -> tuple[list, list]:
+def host_key_plan(data: SshdFilesData, min_rsa_bits: int, verified_by: str | None
+                  ) -> tuple[list[tuple[str, str, int, str]], list[str]]:
     """([(path, type, bits, why)] keys to generate, [reason] keys left alone), pure."""
     todo, left = [], []
     ed25519 = data.keys.get(HOST_KEY_FILES["ed25519"])
@@ -144,7 +148,7 @@ def host_key_plan(data: SshdFilesData, min_rsa_bits: int, verified_by: str | Non
     return todo, left
 
 
-def _generate(state, host, todo: list) -> bool:
+def _generate(state: State, host: Host, todo: list[tuple[str, str, int, str]]) -> bool:
     replaced = []
     for path, key_type, bits, why in todo:
         ok, output = as_op.run(host, StringCommand(
@@ -154,15 +158,16 @@ def _generate(state, host, todo: list) -> bool:
         ))
         lines = [line for line in output.stdout_lines if line.startswith("::gpufleet-new-key::")]
         if not ok or not lines:
-            return fail(host, "hardening", f"generating the {key_type} host key {path} failed: "
-                        + " ".join(output.stderr_lines), "look at ssh-keygen's message above on the host and "
-                        "run again (the previous key is in place)").execute(state, host, {})
+            # fail()'s command runs _fail_now, which returns False: pyinfra's execute() is not annotated
+            return cast(bool, fail(host, "hardening", f"generating the {key_type} host key {path} failed: "
+                                   + " ".join(output.stderr_lines), "look at ssh-keygen's message above on the "
+                                   "host and run again (the previous key is in place)").execute(state, host, {}))
         try:
             _type, new_bits, fingerprint = describe_public_key(lines[0].removeprefix("::gpufleet-new-key::"))
         except SshFactError as exc:
-            return fail(host, "hardening", f"the new host key {path} is unreadable: {exc}",
-                        f"check {path} on the host (its previous key is in {backup_path(path)}) and run again",
-                        ).execute(state, host, {})
+            return cast(bool, fail(host, "hardening", f"the new host key {path} is unreadable: {exc}",
+                                   f"check {path} on the host (its previous key is in {backup_path(path)}) and "
+                                   "run again").execute(state, host, {}))
         if why == "missing":
             logger.warning(f"{host.print_prefix}generated the missing {key_type} host key {path}: "
                            f"{new_bits} bits, {fingerprint}")
@@ -177,7 +182,7 @@ def _generate(state, host, todo: list) -> bool:
     return _reload_and_prove(state, host, replaced)
 
 
-def _reload_and_prove(state, host, replaced: list[str]) -> bool:
+def _reload_and_prove(state: State, host: Host, replaced: list[str]) -> bool:
     """sshd reads its host keys at start and reload: reload (restart a running
     socket-activated one; an idle one reads them at the next login), then log in afresh; if
     that fails, put the replaced keys back."""
@@ -192,15 +197,17 @@ def _reload_and_prove(state, host, replaced: list[str]) -> bool:
         as_op.run(host, StringCommand(
             "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_RESTORE_KEY_SCRIPT), "gpufleet-host-key-restore",
             QuoteString(path), QuoteString(backup_path(path))))
-    return fail(host, "hardening_rsa_host_key_bits",
-                f"gpufleet did not keep the new host keys: a new SSH login failed with them ({error}); "
-                + ("the previous RSA key was put back and sshd reloaded" if replaced else "nothing was replaced"),
-                "set hardening_rsa_host_key_bits to the key's size to leave it alone",
-                ).execute(state, host, {})
+    # fail()'s command runs _fail_now, which returns False: pyinfra's execute() is not annotated
+    return cast(bool, fail(host, "hardening_rsa_host_key_bits",
+                           f"gpufleet did not keep the new host keys: a new SSH login failed with them ({error}); "
+                           + ("the previous RSA key was put back and sshd reloaded" if replaced
+                              else "nothing was replaced"),
+                           "set hardening_rsa_host_key_bits to the key's size to leave it alone",
+                           ).execute(state, host, {}))
 
 
 @operation()
-def host_keys(min_rsa_bits: int):
+def host_keys(min_rsa_bits: int) -> Generator[FunctionCommand, None, None]:
     """An Ed25519 and an RSA host key, the RSA one at least `min_rsa_bits` (when safe)."""
     todo, left = host_key_plan(host.get_fact(SshdFiles), min_rsa_bits, connection_host_key_type())
     for reason in left:

@@ -1,6 +1,6 @@
 """Lint is part of the test command (README, .ci/run): `ruff check` and `mypy` over the project,
-with the configuration in pyproject.toml (mypy strict on every module of the core, gpufleet/;
-plain on gpufleet.facts, .operations and .deploys). The last two tests show the configuration can fail: a file with the faults it
+with the configuration in pyproject.toml (mypy strict on the core, gpufleet/, and on
+gpufleet.deploys and gpufleet.operations; plain (check_untyped_defs) only on gpufleet.facts). The last two tests show the configuration can fail: a file with the faults it
 is meant to catch, checked under the same settings."""
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ def test_ruff_finds_what_it_is_configured_to_find(tmp_path):
 
 
 def test_mypy_is_strict_on_the_core_only(tmp_path):
-    # the same faulty module, as part of the core and as a fact module: only the core is strict
+    # the same faulty module, as part of the core and as a fact module: the core (and deploys,
+    # operations) is strict, the fact modules are not
     body = ("def add(a, b):\n    return a + b\n\n\ndef count() -> int:\n    return 'one'\n\n\n"
             "def untyped():\n    n: int = 'one'\n    return n\n")
     for package in ("gpufleet", "gpufleet/facts"):
