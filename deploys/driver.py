@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from io import StringIO
-from typing import Any, cast
+from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import Host, State, deploy
@@ -50,7 +50,7 @@ from gpufleet.facts.kernel import DriverState, DriverStateData
 from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages
 from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
-from gpufleet.failures import fail, real_host, refuse
+from gpufleet.failures import fail_now, real_host, refuse
 from gpufleet.hostfacts import driver_state, kernel_plan, os_name, resolution
 from gpufleet.kernels import kernel_metapackages
 from gpufleet.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line
@@ -163,10 +163,9 @@ def _verify_after_reboot(state: State, host: Host, h: Host) -> bool:
     """Executing (python.call): fail the host when the reboot did not load the installed driver."""
     why = _mismatch(h)
     if why:
-        # fail()'s command runs _fail_now, which returns False: pyinfra's execute() is not annotated
-        return cast(bool, fail(h, "driver", f"still after the reboot: {why}",
+        return fail_now(state, h, "driver", f"still after the reboot: {why}",
                                "look at the boot's kernel log (dmesg | grep -i nvidia): the module may not have "
-                               "built (DKMS) or loaded (Secure Boot); fix that and re-run").execute(state, host, {}))
+                               "built (DKMS) or loaded (Secure Boot); fix that and re-run")
     return True
 
 

@@ -40,9 +40,15 @@ def refuse(host: Any, area: str, reason: str, fix: str) -> None:
 def fail(host: Any, area: str, reason: str, fix: str) -> FunctionCommand:
     """A command that fails `host` at execution time with the same four parts: yield it from an
     operation (`yield fail(host, ...)`); a python callback that is already executing returns
-    `fail(...).execute(state, host, {})`. Runs nothing on the host."""
+    `fail_now(state, host, ...)` instead. Runs nothing on the host."""
     line = stop_line(real_host(host).name, "failed", area, reason, fix)
     return FunctionCommand(_fail_now, (line,), {})
+
+
+def fail_now(state: Any, host: Any, area: str, reason: str, fix: str) -> bool:
+    """`fail`, from a python callback that is already executing: logs the same line and returns
+    the callback's result, False (what pyinfra's execute() of `fail`'s command returns)."""
+    return _fail_now(state, host, stop_line(real_host(host).name, "failed", area, reason, fix))
 
 
 def _fail_now(state: Any, host: Any, line: str) -> bool:

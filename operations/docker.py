@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from io import StringIO
-from typing import Sequence, cast
+from typing import Sequence
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
@@ -26,7 +26,7 @@ from gpufleet.facts.packages import KeyringFingerprints
 from gpufleet.facts.gpu import GpuState
 from gpufleet import dockerconf
 from gpufleet.run_summary import SUMMARY
-from gpufleet.failures import fail
+from gpufleet.failures import fail, fail_now
 
 
 @operation()
@@ -223,7 +223,6 @@ def _smoke_run(state: State, host: Host, image: str, uuids: list[str]) -> bool:
         return True
     why = (f"exit status non-zero: {errors[-1] if errors else 'no output'}" if not ok else
            f"the container does not see {', '.join(missing)}" if missing else "the container listed no GPU")
-    # fail()'s command runs _fail_now, which returns False: pyinfra's execute() is not annotated
-    return cast(bool, fail(host, "docker", f"GPU smoke test FAILED: {why}",
+    return fail_now(state, host, "docker", f"GPU smoke test FAILED: {why}",
                            "check the NVIDIA container toolkit and the driver on the host (docker run --gpus all "
-                           f"{image} nvidia-smi -L by hand), then re-run").execute(state, host, {}))
+                           f"{image} nvidia-smi -L by hand), then re-run")

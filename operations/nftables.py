@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Generator
 from io import StringIO
-from typing import cast
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
@@ -31,7 +30,7 @@ from pyinfra.operations import files
 from gpufleet.operations import as_op
 
 from gpufleet.facts.nftables import APPLIED_RECORD, TABLE, NftablesCapability
-from gpufleet.failures import fail
+from gpufleet.failures import fail, fail_now
 from gpufleet.operations.ssh import fresh_login
 
 REVERT_FILE = "/run/gpufleet/nftables.revert"
@@ -238,8 +237,7 @@ def _confirm_or_revert(state: State, host: Host, boot_conf: str) -> bool:
         QuoteString(REVERT_FILE), QuoteString(REVERT_UNIT), QuoteString(CANDIDATE),
         QuoteString(BOOT_CANDIDATE),
     ))
-    # fail()'s command runs _fail_now, which returns False: pyinfra's execute() is not annotated
-    return cast(bool, fail(host, "firewall",
+    return fail_now(state, host, "firewall",
                            f"a fresh SSH login failed with the new firewall rules ({error}); "
                            + ("the previous rules were restored" if reverted else
                               "restoring the previous rules over this session failed too: the timer "
@@ -248,7 +246,7 @@ def _confirm_or_revert(state: State, host: Host, boot_conf: str) -> bool:
                            "did before",
                            "make sure the rules let your SSH login through (the sshd port in use, "
                            "firewall_trusted_cidrs, firewall_open_ports) and run again",
-                           ).execute(state, host, {}))
+                           )
 
 
 @operation()

@@ -4,12 +4,12 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Generator
-from typing import Any, Callable, cast
+from typing import Any, Callable
 
 from pyinfra import logger
 from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 
-from gpufleet.failures import fail
+from gpufleet.failures import fail_now
 from gpufleet.operations import as_op
 
 from gpufleet.operations.drain import BUSY_MARK, idle_check
@@ -38,10 +38,9 @@ def _wait_for_reboot(state: State, host: Host, nonce: str, timeout: float, delay
                 return True
             host.disconnect()
         time.sleep(1)
-    # fail()'s command runs _fail_now, which returns False: pyinfra's execute() is not annotated
-    return cast(bool, fail(host, "reboot", f"the host did not come back within {timeout:g} s of the reboot",
+    return fail_now(state, host, "reboot", f"the host did not come back within {timeout:g} s of the reboot",
                            "look at its console (did it boot? is sshd up?); once it is back, re-run"
-                           ).execute(state, host, {}))
+                           )
 
 
 # $1 the marker's nonce, $2 the journal line: the marker, the reason and the reboot in one command

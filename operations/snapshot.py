@@ -5,12 +5,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Generator
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, Callable
 
 from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 
 from gpufleet import controller_files
-from gpufleet.failures import fail
+from gpufleet.failures import fail_now
 from gpufleet.operations.remote_files import Fetch, LazyWrite
 from gpufleet.rollout import snapshot as snap
 
@@ -56,10 +56,9 @@ def _run_controller_command(state: State, host: Host, template: list[str], varia
         record.update(snap.run_command(template, variables))
     except snap.SnapshotError as exc:
         record["error"] = str(exc)
-        # fail()'s command runs _fail_now, which returns False: pyinfra's execute() is not annotated
-        return cast(bool, fail(host, "rollout_snapshot", f"snapshot failed: {exc}",
+        return fail_now(state, host, "rollout_snapshot", f"snapshot failed: {exc}",
                                "make rollout_snapshot_command work for this host (run it by hand), or set "
-                               "rollout_snapshot: none").execute(state, host, {}))
+                               "rollout_snapshot: none")
     return True
 
 
@@ -95,15 +94,15 @@ def manifest_written(dest: str, build: Callable[[], str]) -> Generator[StringCom
     """Write the manifest JSON on the host (built when it runs, after the disk snapshot), 0600
     in a 0700 directory."""
     yield StringCommand("install", "-d", "-m", "700", QuoteString(str(Path(dest).parent)))
-    yield LazyWrite(dest, build, on_error=lambda state, host: fail(
-        host, "rollout", f"could not write the manifest {dest} on the host",
-        "make room or fix permissions under its folder, then re-run the rollout").execute(state, host, {}))
+    yield LazyWrite(dest, build, on_error=lambda state, host: fail_now(
+        state, host, "rollout", f"could not write the manifest {dest} on the host",
+        "make room or fix permissions under its folder, then re-run the rollout"))
 
 
 def _cannot_copy(remote: str) -> Callable[[State, Host], bool]:
-    return lambda state, host: fail(
-        host, "rollout", f"could not copy {remote} from the host to the controller",
-        "check that it exists and is readable on the host, then re-run").execute(state, host, {})
+    return lambda state, host: fail_now(
+        state, host, "rollout", f"could not copy {remote} from the host to the controller",
+        "check that it exists and is readable on the host, then re-run")
 
 
 @operation(is_idempotent=False)

@@ -29,7 +29,7 @@ from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files
 
-from gpufleet.failures import fail
+from gpufleet.failures import fail, fail_now
 from gpufleet.operations import as_op
 
 from gpufleet.facts.ssh import (
@@ -319,8 +319,7 @@ def _verify_or_restore(state: State, host: Host, dest: str, backup: str) -> bool
         QuoteString(dest), QuoteString(backup), QuoteString(PENDING), QuoteString(REVERT_UNIT),
     ))
     again = fresh_login(host) if restored else "restore command failed"
-    # fail()'s command runs _fail_now, which returns False: pyinfra's execute() is not annotated
-    return cast(bool, fail(host, "hardening", (
+    return fail_now(state, host, "hardening", (
         f"gpufleet did not keep the hardened sshd configuration: a new SSH login as "
         f"{connecting_user()} failed with it ({error}). "
         + ("The previous configuration was restored and sshd reloaded; new logins work again"
@@ -329,7 +328,7 @@ def _verify_or_restore(state: State, host: Host, dest: str, backup: str) -> bool
     ), ("" if again is None else f"check {dest} on the console; then ")
         + "adjust the hardening_* settings (e.g. hardening_extra_kex for clients without "
         "post-quantum key exchange, hardening_allow_users) and run again",
-    ).execute(state, host, {}))
+    )
 
 
 @operation()

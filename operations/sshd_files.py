@@ -18,12 +18,11 @@ its host key set (sshd-14, sshd-50).
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import cast
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 
-from gpufleet.failures import fail
+from gpufleet.failures import fail_now
 from gpufleet.operations import as_op
 from gpufleet.operations.notice import say as _say
 
@@ -158,16 +157,15 @@ def _generate(state: State, host: Host, todo: list[tuple[str, str, int, str]]) -
         ))
         lines = [line for line in output.stdout_lines if line.startswith("::gpufleet-new-key::")]
         if not ok or not lines:
-            # fail()'s command runs _fail_now, which returns False: pyinfra's execute() is not annotated
-            return cast(bool, fail(host, "hardening", f"generating the {key_type} host key {path} failed: "
+            return fail_now(state, host, "hardening", f"generating the {key_type} host key {path} failed: "
                                    + " ".join(output.stderr_lines), "look at ssh-keygen's message above on the "
-                                   "host and run again (the previous key is in place)").execute(state, host, {}))
+                                   "host and run again (the previous key is in place)")
         try:
             _type, new_bits, fingerprint = describe_public_key(lines[0].removeprefix("::gpufleet-new-key::"))
         except SshFactError as exc:
-            return cast(bool, fail(host, "hardening", f"the new host key {path} is unreadable: {exc}",
+            return fail_now(state, host, "hardening", f"the new host key {path} is unreadable: {exc}",
                                    f"check {path} on the host (its previous key is in {backup_path(path)}) and "
-                                   "run again").execute(state, host, {}))
+                                   "run again")
         if why == "missing":
             logger.warning(f"{host.print_prefix}generated the missing {key_type} host key {path}: "
                            f"{new_bits} bits, {fingerprint}")
@@ -197,13 +195,12 @@ def _reload_and_prove(state: State, host: Host, replaced: list[str]) -> bool:
         as_op.run(host, StringCommand(
             "PATH=$PATH:/usr/sbin", "sh", "-c", QuoteString(_RESTORE_KEY_SCRIPT), "gpufleet-host-key-restore",
             QuoteString(path), QuoteString(backup_path(path))))
-    # fail()'s command runs _fail_now, which returns False: pyinfra's execute() is not annotated
-    return cast(bool, fail(host, "hardening_rsa_host_key_bits",
+    return fail_now(state, host, "hardening_rsa_host_key_bits",
                            f"gpufleet did not keep the new host keys: a new SSH login failed with them ({error}); "
                            + ("the previous RSA key was put back and sshd reloaded" if replaced
                               else "nothing was replaced"),
                            "set hardening_rsa_host_key_bits to the key's size to leave it alone",
-                           ).execute(state, host, {}))
+                           )
 
 
 @operation()

@@ -16,7 +16,7 @@ from pyinfra.api.deploy import add_deploy
 from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 
-from gpufleet.failures import fail, refuse, stop_line
+from gpufleet.failures import fail, fail_now, refuse, stop_line
 
 pytestmark = pytest.mark.unit
 
@@ -25,19 +25,23 @@ RAN: list[str] = []
 
 
 @operation()
-def _step(failed: str = ""):
+def _step(failed: str = "", failed_in_callback: str = ""):
     if host.name == failed:
         yield fail(host, "validation", "1 check(s) failed: persistence: off on GPU 0.", "run deploys/tuning.py.")
+        return
+    if host.name == failed_in_callback:  # a callback that finds the failure while it runs
+        yield FunctionCommand(lambda state, host: fail_now(state, host, "reboot", "the host did not come back.",
+                                                        "look at its console."), (), {})
         return
     yield FunctionCommand(lambda: RAN.append(host.name), (), {})
 
 
-def _deploy(refused: str = "", failed: str = "") -> None:
+def _deploy(refused: str = "", failed: str = "", failed_in_callback: str = "") -> None:
     """As gpufleet's deploys do: refuse before planning anything for the host."""
     if host.name == refused:
         refuse(host, "driver_version", "580.1.2 is not a release", "set driver_version to 580.126.09")
         return
-    _step(name="Do the step", failed=failed)
+    _step(name="Do the step", failed=failed, failed_in_callback=failed_in_callback)
 
 
 def _run(caplog: pytest.LogCaptureFixture, **kwargs: str) -> tuple[State, list[str]]:
@@ -72,6 +76,15 @@ def test_fail_prints_host_area_reason_fix_at_execution_and_only_that_host_stops(
     assert RAN == ["gpu-a01"]
     # planned like any operation: the host stopped when it ran (an error result, not a refusal)
     results = state.get_results_for_host(state.inventory.get_host("gpu-b01"))
+    assert results.error_ops == 1 and results.success_ops == 0
+
+
+def test_fail_now_in_a_running_callback_prints_the_same_line_and_only_that_host_stops(caplog):
+    state, lines = _run(caplog, failed_in_callback="gpu-a01")
+    assert "[gpu-a01] failed (reboot): the host did not come back. Fix: look at its console" in lines
+    assert {h.name for h in state.failed_hosts} == {"gpu-a01"}
+    assert RAN == ["gpu-b01"]
+    results = state.get_results_for_host(state.inventory.get_host("gpu-a01"))
     assert results.error_ops == 1 and results.success_ops == 0
 
 
