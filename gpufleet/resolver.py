@@ -1,7 +1,8 @@
 """Pick driver, kernel-module flavour, CUDA, cuDNN and Fabric Manager for one host.
 
 Pure functions: inputs are the host's GPUs (models or raw PCI ids), its wishes (`Wishes`: read
-once, typed, from a Settings or any mapping with the same keys) and its OS release; every fact comes from compat.yaml via compat.py.
+once, typed, from a Settings or any mapping with the same keys) and its OS release; every fact
+comes from compat.yaml via compat.py.
 A wish the data cannot satisfy raises Incompatible naming the key to change.
 """
 
@@ -494,8 +495,7 @@ def resolve(
     has_nvswitch = seen_nvswitch if nvswitch is None else nvswitch
     wishes = Wishes.of(wishes)
     source = wishes.driver_source
-    branch_wish: str | None = wishes.driver_branch
-    branch_wish = branch_wish if branch_wish == AUTO else normalise_branch(wishes.driver_branch)
+    branch_wish = AUTO if wishes.driver_branch == AUTO else normalise_branch(wishes.driver_branch)
 
     if source == "nvidia" and branch_wish == AUTO:
         reasons = []
