@@ -14,7 +14,8 @@ lives here). Then, in order:
    `distro` -> the Debian archive's contrib / non-free / non-free-firmware components.
 3. **nouveau** blacklisted; the initramfs is refreshed only when that file changed.
 4. **One sanctioned step** changes the stack: unhold, NVIDIA's version-locking package, exact
-   versions (driver and Fabric Manager move together in one apt transaction), verify, re-hold.
+   versions decided on the controller from the package index (driver and Fabric Manager move
+   together in one apt transaction), re-hold: the same change as tools/rollout makes.
    Held afterwards: driver, Fabric Manager, CUDA, cuDNN, DCGM, the container toolkit and the
    running kernel's packages (with Ubuntu's prebuilt modules also the modules' and the kernels'
    flavour metapackages: kernels move with their modules, through tools/rollout);
@@ -54,11 +55,13 @@ from gpufleet.failures import fail_now, real_host, refuse
 from gpufleet.hostfacts import driver_state, kernel_plan, os_name, resolution
 from gpufleet.kernels import kernel_metapackages
 from gpufleet.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line
+from gpufleet.pyinfra_private import planned_change
 from gpufleet.resolver import Resolution
 from gpufleet.settings import Settings, host_settings
 from gpufleet.validation import (component_drift, pending_message, stack_drift_message, stack_fact_packages,
                                  stack_pending_message, stack_renames, stack_states)
-from gpufleet.operations.driver import archive_components, packages_at_versions, refresh_initramfs, repo_key, stack_recorded
+from gpufleet.operations.driver import archive_components, refresh_initramfs, repo_key, stack_recorded
+from gpufleet.operations.package_steps import Sources, packages_at_releases
 from gpufleet.operations.driver_upgrade import package_change_settled
 from gpufleet.operations.holds import held
 from gpufleet.operations.reboot import rebooted
@@ -179,11 +182,13 @@ def driver() -> None:
     # as the rollout: a package change an earlier (dead) session started finishes, and what an
     # interrupted one left half done is repaired (dpkg --configure -a), before apt is asked anything
     package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
-    apt.update(name="Refresh the apt package index if it is older than a day", cache_time=APT_CACHE_SECONDS)
+    refresh = apt.update(name="Refresh the apt package index if it is older than a day", cache_time=APT_CACHE_SECONDS)
 
-    _sources(settings, d.res)                                   # 1. package sources
+    sources = _sources(settings, d.res, [refresh])               # 1. package sources
     _preconditions(settings, d)                                 # 2. what the driver needs first
-    install, present, pinning, held_now = _install(settings, d)  # 3. the one sanctioned change,
+    install, present, pinning, held_now = _install(settings, d, sources)  # 3. the one sanctioned change,
+    if install is None:
+        return                                                  #    (refused: not offered)
     _holds(settings, d, present, pinning, held_now)             #    then holds
     _cuda_environment(d.res)                                    # 4. CUDA environment
     _reboot(settings, d, install, me)                           # 5. reboot
@@ -261,8 +266,10 @@ def _decide(settings: Settings) -> Decided | None:
                    stack_moves=stack_moves, drifted=drifted, in_place=in_place, left=left)
 
 
-def _sources(settings: Settings, res: Any) -> None:
-    """NVIDIA's CUDA repository (key checked by fingerprint), or the distribution's components."""
+def _sources(settings: Settings, res: Any, index_ops: list[Any]) -> Sources:
+    """NVIDIA's CUDA repository (key checked by fingerprint), or the distribution's components;
+    whether this run changes the package index the versions are read from (`index_ops`, and
+    these sources) before the install."""
     data = compat_data()
     repo = data.nvidia_repo
     if res.source == "nvidia":
@@ -285,6 +292,7 @@ def _sources(settings: Settings, res: Any) -> None:
             dest=CUDA_SOURCE, mode="644",
         )
         apt.update(name="Read the package index of the changed sources", _if=any_changed(key, source))
+        index_ops += [key, source]
     else:
         offer = data.distro_offers[res.os_release]
         if offer.components:
@@ -294,6 +302,8 @@ def _sources(settings: Settings, res: Any) -> None:
                 components=list(offer.components),
             )
             apt.update(name="Read the package index of the changed sources", _if=enabled.did_change)
+            index_ops.append(enabled)
+    return "changing" if any(planned_change(op) for op in index_ops) else "settled"
 
 
 def _preconditions(settings: Settings, d: Decided) -> None:
@@ -331,9 +341,10 @@ def _preconditions(settings: Settings, d: Decided) -> None:
             host.noop(f"kernel {before.kernel_release}: no Debian/Ubuntu flavour, so no headers metapackage to follow it")
 
 
-def _install(settings: Settings, d: Decided) -> tuple[Any, list[str], str | None, list[str]]:
-    """The one sanctioned change (unhold, change, re-hold as one step): (the operation, the
-    packages present beside the stack, the pinning package, what is held now)."""
+def _install(settings: Settings, d: Decided, sources: Sources) -> tuple[Any, list[str], str | None, list[str]]:
+    """The one sanctioned change (unhold, change, re-hold as one step): (the operation, None when
+    the sources do not offer a release; the packages present beside the stack, the pinning
+    package, what is held now)."""
     res, stack, pending, in_place, left, stack_moves, kernel = d.res, d.stack, d.pending, d.in_place, d.left, d.stack_moves, d.kernel
     drifted = d.drifted
     present = [p for p in (res.cuda_package, res.cudnn_package, *res.dcgm_packages, *res.fabric_extra_packages,
@@ -365,7 +376,7 @@ def _install(settings: Settings, d: Decided) -> tuple[Any, list[str], str | None
         snapshot_and_manifest(RolloutContext(target=res.driver_version))
         # GPU work is checked in the command that starts the change (packages_at_versions'
         # require_idle: a job started after planning is seen): busy -> nothing changes, the host fails
-    install = packages_at_versions(
+    install = packages_at_releases(
         name=(f"Install CUDA and cuDNN around the installed driver {pending[0]} ({pending_message(*pending)})"
               if pending and not in_place else
               f"Install driver {res.driver_version} ({res.flavour})"
@@ -380,8 +391,10 @@ def _install(settings: Settings, d: Decided) -> tuple[Any, list[str], str | None
              + ": unhold, change and re-hold as one step"
              + (f" (in place: {', '.join(moves)}; the GPUs checked idle right before, in the same command)"
                 if in_place else ""),
-        versions=versions, present=present, pinning=pinning,
-        hold=settings.driver_hold, release=old_pins, require_idle=in_place,
+        releases=versions, present=present, pinning=pinning,
+        hold=settings.driver_hold, old_pins=old_pins, require_idle=in_place, sources=sources,
+        keys={p: "cuda_version" if what == "CUDA toolkit" else "cudnn_version"
+              for what, group in stack_groups(res).items() for p in group},
     )
     return install, present, pinning, held_now
 

@@ -37,7 +37,7 @@ from gpufleet import monitoring as m
 from gpufleet.hostfacts import gpu_state
 from gpufleet.settings import Settings, host_settings
 from gpufleet.operations.daemon_reload import reload_when
-from gpufleet.operations.driver import packages_at_versions
+from gpufleet.operations.package_steps import packages_at_releases
 
 
 def _node_exporter(settings: Settings) -> None:
@@ -82,11 +82,13 @@ def _dcgm_exporter(settings: Settings) -> None:
         dest=m.DCGM_EXPORTER_DROPIN,
         mode="644",
     )
-    packages_at_versions(
+    packages_at_releases(
         name=f"Install NVIDIA's DCGM exporter {settings.monitoring_dcgm_exporter_version}"
              + (" and hold it" if settings.driver_hold else ""),
-        versions={m.DCGM_EXPORTER_PACKAGE: settings.monitoring_dcgm_exporter_version},
+        releases={m.DCGM_EXPORTER_PACKAGE: settings.monitoring_dcgm_exporter_version},
         hold=settings.driver_hold,
+        # NVIDIA's repository, which offers it, may be added by the driver area earlier in this run
+        sources="unknown", key="monitoring_dcgm_exporter_version",
     )
     reload_when("Let systemd read the DCGM exporter's drop-in", dropin)
     state = gpu_state(host)

@@ -26,11 +26,12 @@ from pyinfra.api import deploy
 
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.kernel import DriverState
-from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages, ToolkitRelease
+from gpufleet.facts.packages import TOOLKIT, HeldPackages, PackageVersions, StackPackages, ToolkitIndex
 from gpufleet.facts.packages import AptVersions
 from gpufleet.facts.slurm import SlurmNode
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
+from gpufleet.package_plan import toolkit_release
 from gpufleet.settings import host_settings
 from gpufleet.validation import stack_fact_packages
 from gpufleet.operations.apt_index import index_refreshed
@@ -149,13 +150,17 @@ def upgrade(ctx: RolloutContext) -> None:
     stack_install, stack_remove, stack_missing = mf.stack_plan(installed, wanted, available)
     # a toolkit moves with its components at the versions its release names (apt alone would
     # bring the newest ones its >= dependencies allow)
+    loose: list[str] = []
     for meta, version in sorted(stack_install.items()):
-        if meta.startswith("cuda-toolkit-"):
-            for component, at in host.get_fact(ToolkitRelease, package=meta, version=version).items():
+        if TOOLKIT.match(meta):
+            index: dict[str, dict[str, str]] = host.get_fact(ToolkitIndex, package=meta)
+            walk = toolkit_release(index, meta, version)
+            for component, at in walk.versions.items():
                 if at:
                     stack_install[component] = at
                 else:
-                    stack_missing.append(f"{component} (named by {meta} {mf.upstream(version)})")
+                    stack_missing.append(f"{component} {walk.bounds[component]} (named by {meta} {mf.upstream(version)})")
+            loose += walk.loose
     if stack_missing:
         ctx.refuse(host, "the configured repositories offer no " + ", ".join(stack_missing)
                          + ": CUDA toolkit / cuDNN not moved",
@@ -168,7 +173,9 @@ def upgrade(ctx: RolloutContext) -> None:
     hold = sorted(p for p in set(hold) - set(stack_remove)
                   if installed.get(p) or p in stack_install or not mf._stack_family(p))
     if host_settings(host).driver_hold:
-        hold = sorted(set(hold) | set(stack_install))   # what it moves is held; other holds as they were
+        # what it moves is held (a toolkit's components named without a version too, as all.py
+        # holds them); other holds as they were
+        hold = sorted(set(hold) | set(stack_install) | set(loose))
     package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
     settings = host_settings(host)
     # a driver or libraries swapped under a running job break it: GPU work is checked in the very

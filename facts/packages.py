@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from pyinfra.api import FactBase
@@ -263,30 +263,44 @@ def component_globs(suffixes: Iterable[str], prefixes: Iterable[str] = COMPONENT
 _DEPENDS_ITEM = re.compile(r"^([a-z0-9][a-z0-9+.\-]*)(?::[a-z0-9]+)?\s*(?:\(\s*(<<|<=|=|>=|>>)\s*([^)\s]+)\s*\))?$")
 
 
+def toolkit_closure(meta: str, depends_of: Callable[[str, str | None], str]) -> dict[str, str | None]:
+    """The components of CUDA toolkit meta package ``meta`` (cuda-toolkit-X-Y): every package
+    reached through Depends whose name ends in its -X-Y, asked for with >= or with no version
+    (alternatives are not followed), with that lower bound (None: asked for without one), in
+    the order the walk meets them. ``depends_of(name, bound)``: the Depends of the package version
+    the caller has in mind (the installed one, or the one offered for that bound; ``meta``'s own is
+    asked with bound None)."""
+    match = TOOLKIT.match(meta)
+    if not match:
+        return {}
+    suffix = "-" + match.group(1)
+    out: dict[str, str | None] = {}
+    queue = [meta]
+    while queue:
+        name = queue.pop(0)
+        for item in (part.strip() for part in depends_of(name, out.get(name)).split(",")):
+            dep = _DEPENDS_ITEM.match(item)
+            if (not dep or not dep.group(1).endswith(suffix) or dep.group(2) not in (None, ">=")
+                    or dep.group(1) in out or dep.group(1) == meta):
+                continue
+            out[dep.group(1)] = dep.group(3)
+            queue.append(dep.group(1))
+    return out
+
+
 def toolkit_components(entries: dict[str, tuple[str, str, str]], metas: Iterable[str]) -> dict[str, list]:
     """The components of each installed toolkit meta package in ``metas`` (``entries``: package ->
-    (version, status, Depends) of the installed *-X-Y packages): every package reached through
-    Depends whose name ends in the toolkit's -X-Y, asked for with >= or with no version
-    (alternatives are not followed), with its installed version, that lower bound (None: none) and
-    whether it is held."""
+    (version, status, Depends) of the installed *-X-Y packages), walked by toolkit_closure, with
+    their installed version, the lower bound the release asks for (None: none) and whether they
+    are held."""
     out: dict[str, list] = {}
     for meta in metas:
-        match = TOOLKIT.match(meta)
-        if not match or meta not in entries:
+        if not TOOLKIT.match(meta) or meta not in entries:
             continue
-        suffix = "-" + match.group(1)
-        queue = [meta]
-        while queue:
-            depends = entries.get(queue.pop(0), ("", "", ""))[2]
-            for item in (part.strip() for part in depends.split(",")):
-                dep = _DEPENDS_ITEM.match(item)
-                if (not dep or not dep.group(1).endswith(suffix) or dep.group(2) not in (None, ">=")
-                        or dep.group(1) in out):
-                    continue
-                name = dep.group(1)
+        for name, bound in toolkit_closure(meta, lambda n, _: entries.get(n, ("", "", ""))[2]).items():
+            if name not in out:
                 version, status, _ = entries.get(name, ("", "", ""))
-                out[name] = [version or None, dep.group(3), status.startswith("h")]
-                queue.append(name)
+                out[name] = [version or None, bound, status.startswith("h")]
     return out
 
 
@@ -345,69 +359,64 @@ class StackPackages(FactBase[StackPackagesData]):
                                  toolkit_components(entries, sorted(entries)))
 
 
-# $1 a cuda-toolkit-X-Y package, $2 its exact Debian version: walks the package index's Depends
-# from it and prints "component version" for each package named *-X-Y asked for with >=, at the
-# version offered whose upstream part (or whole version) is that lower bound ("component ?BOUND"
-# when the sources offer none). The same walk as the driver deploy's install unit.
-_TOOLKIT_RELEASE_SCRIPT = r"""
-nl='
-'
-suffix=-${1#cuda-toolkit-}; queue="$1=$2$nl"; seen=
-IFS=$nl; set -f
+# $1 a toolkit's -X-Y: every version the package index holds of each package named like a
+# toolkit component of that -X-Y (cuda-*, lib*, gds-*), with its Depends (apt-cache show: the
+# index as apt reads it, its sources' signatures checked by apt-get update).
+_TOOLKIT_INDEX_SCRIPT = r"""
 command -v apt-cache >/dev/null 2>&1 || exit 0
-while [ -n "$queue" ]; do
-  item=${queue%%"$nl"*}; queue=${queue#*"$nl"}
-  for dep in $(apt-cache show "$item" 2>/dev/null | sed -n '/^$/q; s/^Depends: //p' | tr ',' '\n' \
-               | sed -n "s/^ *\([a-z0-9][a-z0-9.+-]*$suffix\) *(>= *\([^) ]*\)).*/\1 \2/p"); do
-    name=${dep%% *} bound=${dep#* }
-    case "$nl$seen" in *"$nl$name$nl"*) continue;; esac
-    seen="$seen$name$nl"
-    v=$(apt-cache madison "$name" | awk -F'|' -v b="$bound" '{gsub(/ /,"",$2); u=$2; sub(/^[0-9]+:/,"",u)
-          if (u == b) {print $2; exit}; sub(/-[^-]*$/,"",u); if (u == b) {print $2; exit}}')
-    echo "$name ${v:-?$bound}"
-    [ -z "$v" ] || queue="$queue$name=$v$nl"
-  done
-done
+apt-cache pkgnames 2>/dev/null | grep -E -e "^(cuda-|lib|gds-)[a-z0-9.+-]*-$1\$" \
+  | xargs -r apt-cache show 2>/dev/null | grep -E -e '^(Package|Version|Depends):' -e '^$' || true
 """
-_RELEASE_LINE = re.compile(r"^([a-z0-9][a-z0-9+.\-]*) (\??[0-9][A-Za-z0-9.+~:\-]*)$")
+_STANZA_FIELD = re.compile(r"^(Package|Version|Depends): ?(.*)$")
+_INDEX_VERSION = re.compile(r"^(\d+:)?[0-9][A-Za-z0-9.+~\-]*$")
 
 
-class ToolkitRelease(FactBase[dict[str, "str | None"]]):
+class ToolkitIndex(FactBase[dict[str, dict[str, str]]]):
     """
-    The components a CUDA toolkit release names, from the package index: the meta package's
-    Depends (followed down) on packages named like it (-X-Y), each at the version the release asks
-    for with >= (NVIDIA's meta packages name their components so, and apt alone would bring the
-    newest); None for one the sources do not offer:
+    What the package index offers for the components of a CUDA toolkit's -X-Y: package ->
+    {Debian version: its Depends}, for every package named like a component (cuda-*, lib*, gds-*
+    ending in -X-Y). The core walks it from the meta package's version
+    (gpufleet.package_plan.toolkit_release), with the same walk as the installed toolkit's
+    (toolkit_closure):
 
     .. code:: python
 
-        host.get_fact(ToolkitRelease, package="cuda-toolkit-13-0", version="13.0.2-1")
-        {"cuda-compiler-13-0": "13.0.2-1", "cuda-nvcc-13-0": "13.0.88-1"}
+        host.get_fact(ToolkitIndex, package="cuda-toolkit-13-0")
+        {"cuda-toolkit-13-0": {"13.0.2-1": "cuda-compiler-13-0 (>= 13.0.2), ..."},
+         "cuda-nvcc-13-0": {"13.0.88-1": "cuda-toolkit-13-0-config-common", "13.0.96-1": "..."}}
     """
 
     @override
     @staticmethod
-    def default() -> dict[str, str | None]:
+    def default() -> dict[str, dict[str, str]]:
         return {}
 
     @override
-    def command(self, package: str, version: str) -> str:
-        if not TOOLKIT.match(package) or not re.fullmatch(r"(\d+:)?[0-9][A-Za-z0-9.+~\-]*", version):
-            raise ValueError(f"not a CUDA toolkit meta package at a version: {package!r} {version!r}")
-        return " ".join(["sh -c", shlex.quote(_TOOLKIT_RELEASE_SCRIPT), "gpufleet-toolkit-release",
-                         shlex.quote(package), shlex.quote(version)])
+    def command(self, package: str) -> str:
+        match = TOOLKIT.match(package)
+        if not match:
+            raise ValueError(f"not a CUDA toolkit meta package: {package!r}")
+        return " ".join(["sh -c", shlex.quote(_TOOLKIT_INDEX_SCRIPT), "gpufleet-toolkit-index", match.group(1)])
 
     @override
-    def process(self, output: list[str]) -> dict[str, str | None]:
-        out: dict[str, str | None] = {}
-        for line in output:
+    def process(self, output: list[str]) -> dict[str, dict[str, str]]:
+        index: dict[str, dict[str, str]] = {}
+        stanza: dict[str, str] = {}
+        for line in [*output, ""]:
             if not line.strip():
+                if stanza:
+                    name, version = stanza.get("Package", ""), stanza.get("Version", "")
+                    if not _PACKAGE_NAME.match(name) or not _INDEX_VERSION.match(version):
+                        raise fail("expected a package stanza with Package and Version from apt-cache show",
+                                   repr(stanza))
+                    index.setdefault(name, {})[version] = stanza.get("Depends", "")
+                stanza = {}
                 continue
-            match = _RELEASE_LINE.match(line.strip())
-            if not match:
-                raise fail("expected 'component version' from the toolkit release walk", line)
-            out[match.group(1)] = None if match.group(2).startswith("?") else match.group(2)
-        return out
+            field = _STANZA_FIELD.match(line.rstrip())
+            if not field:
+                raise fail("expected Package, Version or Depends lines from apt-cache show", line)
+            stanza[field.group(1)] = field.group(2).strip()
+        return index
 
 
 class AptVersions(FactBase[dict[str, list[str]]]):

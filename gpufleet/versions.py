@@ -3,7 +3,9 @@ Debian package versions in dpkg's order (debian_compare)."""
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Iterable
 from typing import Mapping, TypeGuard
 
 _VERSION = re.compile(r"^\d+(\.\d+)*$")
@@ -131,3 +133,12 @@ def downgraded(installed: Mapping[str, str | None], targets: Mapping[str, str]) 
     installs, never downgrades."""
     return sorted(name for name, version in targets.items()
                   if (have := installed.get(name)) and debian_older(version, have))
+
+
+def offered_at(release: str, offered: Iterable[str]) -> str | None:
+    """The newest of the Debian versions `offered` whose upstream part (no epoch, no revision)
+    is `release`, or which is `release` itself without its epoch (a toolkit's component asked
+    for with `>= 13.0.88-1`): None when the sources offer none. Never a version that merely
+    starts like it (9.17.0.29 is not 9.17.0.2)."""
+    fits = [v for v in offered if v.split(":", 1)[-1] == release or v.split(":", 1)[-1].rsplit("-", 1)[0] == release]
+    return max(fits, key=functools.cmp_to_key(debian_compare)) if fits else None

@@ -9,7 +9,7 @@ text is built from them.
 from __future__ import annotations
 
 import re
-from collections.abc import Generator
+from collections.abc import Generator, Mapping, Sequence
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
@@ -27,8 +27,10 @@ LOG = "/var/log/gpufleet/package-change.log"
 # package names and Debian versions (epoch, upstream, revision): nothing a shell would expand
 _WORD = re.compile(r"^[a-z0-9][a-z0-9.+~:-]*$")
 
-# Run by systemd as the unit's main process. Arguments: unhold=P install=P=V remove=P hold=P
-# downgrade. Every argument is checked against the characters of package names and versions.
+# Run by systemd as the unit's main process. Arguments: unhold=P first=P[=V] install=P[=V]
+# remove=P hold=P downgrade norecommends. Every argument is checked against the characters of
+# package names and versions. `first`: installed in an apt run of its own before the rest (NVIDIA's
+# version lock, whose preferences then choose the versions of what is asked for without one).
 PACKAGE_CHANGE_SCRIPT = r"""#!/bin/sh
 # gpufleet: the sanctioned driver package change (unhold, install exact versions, hold again),
 # run as the transient unit gpufleet-package-change.service so that it survives the SSH session.
@@ -37,17 +39,19 @@ umask 077
 mkdir -p /var/log/gpufleet
 exec >>/var/log/gpufleet/package-change.log 2>&1
 echo "=== $(date -u +%FT%TZ) package change: $*"
-unhold= specs= hold= opts=
+unhold= first= specs= hold= opts=
 for a in "$@"; do
     case $a in
         *[!a-z0-9.+~:=-]*|'') echo "gpufleet: refused argument with unexpected characters: $a"; exit 2;;
     esac
     case $a in
         unhold=*) unhold="$unhold ${a#unhold=}";;
+        first=*) first="$first ${a#first=}";;
         install=*) specs="$specs ${a#install=}";;
         remove=*) specs="$specs ${a#remove=}-";;
         hold=*) hold="$hold ${a#hold=}";;
-        downgrade) opts=--allow-downgrades;;
+        downgrade) opts="$opts --allow-downgrades";;
+        norecommends) opts="$opts --no-install-recommends";;
         *) echo "gpufleet: unknown argument: $a"; exit 2;;
     esac
 done
@@ -56,9 +60,9 @@ export DEBIAN_FRONTEND=noninteractive
 dpkg --configure -a
 rc=0
 [ -z "$unhold" ] || apt-mark unhold $unhold >/dev/null || rc=$?
-if [ $rc -eq 0 ] && [ -n "$specs" ]; then
-    apt-get install -y -q -o Dpkg::Options::=--force-confold -o Dpkg::Use-Pty=0 $opts $specs || rc=$?
-fi
+apt() { apt-get install -y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold -o Dpkg::Use-Pty=0 $opts "$@"; }
+if [ $rc -eq 0 ] && [ -n "$first" ]; then apt $first || rc=$?; fi
+if [ $rc -eq 0 ] && [ -n "$specs" ]; then apt $specs || rc=$?; fi
 # the holds come back whatever apt did, on what is on disk: a package apt never unpacked (the
 # new pinning package of a failed change) gets no hold (a selection for a package not installed)
 held=
@@ -101,13 +105,19 @@ _RUN = _runner()
 _RUN_IF_IDLE = _runner(idle_check("not changing the driver packages") + "; ")
 
 
-def change_arguments(install: dict[str, str], remove: list[str], unhold: list[str], hold: list[str],
-                     downgrade: bool) -> list[str]:
+def _spec(package: str, version: str | None) -> str:
+    return package if version is None else package + "=" + version
+
+
+def change_arguments(install: Mapping[str, str | None], remove: list[str], unhold: list[str], hold: list[str],
+                     downgrade: bool, first: Sequence[str] = (), recommends: bool = True) -> list[str]:
     """The script's arguments; refuses names or versions a shell would read as syntax."""
     # tag=value words, each one argv word of the fixed script (quoted where the command is built)
-    args = (["unhold=" + p for p in unhold] + ["install=" + p + "=" + v for p, v in sorted(install.items())]
-            + ["remove=" + p for p in remove] + ["hold=" + p for p in hold] + (["downgrade"] if downgrade else []))
-    for word in [*install.values(), *install, *remove, *unhold, *hold]:
+    args = (["unhold=" + p for p in unhold] + ["first=" + _spec(p, install.get(p)) for p in first]
+            + ["install=" + _spec(p, v) for p, v in sorted(install.items())]
+            + ["remove=" + p for p in remove] + ["hold=" + p for p in hold] + (["downgrade"] if downgrade else [])
+            + ([] if recommends else ["norecommends"]))
+    for word in [*(v for v in install.values() if v is not None), *install, *first, *remove, *unhold, *hold]:
         if not _WORD.match(word):
             raise ValueError(f"not a package name or version: {word!r}")
     return args
@@ -121,23 +131,28 @@ def package_change_command(args: list[str], script: str = SCRIPT, require_idle: 
 
 
 @operation()
-def packages_at_versions(install: dict[str, str], remove: list[str] | None = None, hold: list[str] | None = None,
-                         downgrade: bool | None = None, require_idle: bool = False
+def packages_at_versions(install: Mapping[str, str | None], remove: Sequence[str] | None = None,
+                         hold: Sequence[str] | None = None, downgrade: bool | None = None,
+                         require_idle: bool = False, first: Sequence[str] = (), recommends: bool = True
                          ) -> Generator[StringCommand, None, None]:
     """Put packages at exact versions the sanctioned way: unhold, `apt-get install pkg=ver`, hold,
     as a transient systemd unit on the host (see the module docstring).
 
-    + install: package -> exact Debian version
+    + install: package -> exact Debian version (None: any, for a package only wanted installed)
     + remove: packages to remove in the same apt transaction (e.g. the old pinning package)
     + hold: the packages held afterwards (re-held even when apt fails, so nothing is left loose)
     + downgrade: allow going to older versions (apt --allow-downgrades); None (the default): exactly
       when a target is older than the installed version (Debian version order)
     + require_idle: refuse (busy) when GPU work runs, checked in the command that starts the change
+    + first: packages of ``install`` put in first, in an apt run of their own (a version lock)
+    + recommends: let apt bring the packages' Recommends
     """
     remove = list(remove or [])
     hold = sorted(set(hold or []))
-    installed = host.get_fact(PackageVersions, packages=sorted(set(install) | set(remove)))
-    todo = {name: ver for name, ver in install.items() if installed.get(name) != ver}
+    names = sorted(set(install) | set(remove))
+    installed = host.get_fact(PackageVersions, packages=names) if names else {}
+    todo = {name: ver for name, ver in install.items()
+            if (installed.get(name) != ver if ver is not None else not installed.get(name))}
     gone = [name for name in remove if installed.get(name)]
     held = {*host.get_fact(HeldPackages)}
     if not todo and not gone:
@@ -149,8 +164,9 @@ def packages_at_versions(install: dict[str, str], remove: list[str] | None = Non
         return
     release = sorted(held & (set(todo) | set(gone) | set(hold)))
     if downgrade is None:
-        downgrade = bool(downgraded(installed, todo))
-    args = change_arguments(todo, sorted(gone), release, hold, downgrade)
+        downgrade = bool(downgraded(installed, {p: v for p, v in todo.items() if v is not None}))
+    args = change_arguments(todo, sorted(gone), release, hold, downgrade,
+                            first=[p for p in first if p in todo], recommends=recommends)
     yield StringCommand("install", "-d", "-m", "700", SCRIPT_DIR)
     yield write_command(SCRIPT, PACKAGE_CHANGE_SCRIPT, mode="700")
     yield package_change_command(args, require_idle=require_idle)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fnmatch
+import functools
 import re
 import subprocess
 import tempfile
@@ -38,7 +39,7 @@ from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
 from gpufleet.facts.packages import AptCandidates, HeldPackages, KeyringFingerprints, PackageVersions, StackPackages
 from gpufleet.facts.pci import NvidiaPciDevices, PciDevices
-from gpufleet.facts.packages import AptVersions, PackageChange
+from gpufleet.facts.packages import AptVersions, PackageChange, ToolkitIndex
 from gpufleet.facts.system import OsRelease
 from gpufleet.gpus import model_for_name
 
@@ -153,6 +154,13 @@ class UbuntuHost:
         if cls is AptVersions and self.provisioned:  # apt-cache madison PKG...
             lines = recorded(self.release, "provisioned/apt-cache-madison.txt")
             return AptVersions().process([ln for ln in lines if ln.split("|")[0].strip() in kwargs["packages"]])
+        if cls is AptVersions:
+            # A fresh host's index once the run has read the sources it adds (NVIDIA's repository,
+            # restricted): STAND-IN, every package at every release compat.yaml names, each at
+            # revision -1 (the revision is the only part made up; what is asked for is real)
+            return {p: [f"{v}-1" for v in _compat_releases()] for p in kwargs["packages"]}
+        if cls is ToolkitIndex:  # a toolkit with no components of its own in the stand-in index
+            return {}
         if cls is PackageChange:  # no package change ever ran, dpkg --audit clean
             return PackageChange().process(["LoadState=not-found", "SubState=dead", "Result=success", "ExecMainStatus=0"])
         if cls is AptCandidates:
@@ -187,6 +195,14 @@ class UbuntuHost:
         if cls.__module__.startswith("pyinfra.") and name in _PYINFRA_EMPTY:
             return _PYINFRA_EMPTY[name]
         raise LookupError(f"simulated Ubuntu host: no recording for fact {name}({dict(kwargs)})")
+
+
+@functools.cache
+def _compat_releases() -> list[str]:
+    """Every dotted release compat.yaml names (driver, CUDA, cuDNN, DCGM ...), newest first."""
+    text = (Path(__file__).resolve().parent.parent / "gpufleet/data/compat.yaml").read_text()
+    found = set(re.findall(r"(?<![\w.])\d+\.\d+(?:\.\d+)+(?![\w.])", text))
+    return sorted(found, key=lambda v: [int(x) for x in v.split(".")], reverse=True)
 
 
 def make_state(hosts: Mapping[str, tuple[UbuntuHost, Mapping[str, Any]]]) -> State:

@@ -1,7 +1,7 @@
 """Driver deploy pieces without a host: the facts' parsers, the exact-version match, preconditions."""
 from __future__ import annotations
 
-import re
+
 import subprocess
 from types import SimpleNamespace
 
@@ -9,7 +9,8 @@ from gpufleet.driver_preconditions import preconditions
 from gpufleet.facts.driver import DebianArchiveSources, SourceEntry
 from gpufleet.facts.packages import AptCandidates, KeyringFingerprints
 from gpufleet.facts.kernel import DriverStateData
-from gpufleet.operations.driver import _version_regex
+from gpufleet.package_plan import at_release
+from gpufleet.versions import offered_at
 
 FPR = "EB693B3035CD5710E231E123A4B469963BF863CC"
 
@@ -37,15 +38,14 @@ def test_debian_sources_parse_one_line_and_deb822():
     ]
 
 
-def test_version_regex_matches_any_revision_and_epoch_only():
-    regex = _version_regex("580.95.05")
+def test_a_release_is_its_whole_upstream_part_at_any_revision_and_epoch():
     for good in ("580.95.05-1", "1:580.95.05-0ubuntu1"):
-        assert re.match(regex, good)
-    for bad in ("580.95.051-1", "580.95.05", "580x95.05-1"):
-        assert not re.match(regex, bad)
-    # the same ERE in grep -E, as the operation uses it on the host
-    out = subprocess.run(["grep", "-E", regex], input="580.95.05-1\n580.126.09-1\n", capture_output=True, text=True)
-    assert out.stdout == "580.95.05-1\n"
+        assert at_release(good, "580.95.05")
+    for bad in ("580.95.051-1", "580x95.05-1", "580.95.0-5", None):
+        assert not at_release(bad, "580.95.05")
+    # the newest revision of the release, never one that merely starts like it
+    assert offered_at("9.17.0.29", ["9.17.0.290-1", "9.17.0.29-1", "9.17.0.29-2", "1:9.17.0.2-9"]) == "9.17.0.29-2"
+    assert offered_at("13.0.88-1", ["13.0.96-1", "13.0.88-1"]) == "13.0.88-1"
 
 
 class FakeHost:

@@ -1,4 +1,4 @@
-"""operations/driver.py's fixed scripts run for real (sh, with apt/dpkg/gpg stand-ins on PATH
+"""The driver's fixed scripts (operations/driver.py, operations/driver_upgrade.py) run for real (sh, with apt/dpkg/gpg stand-ins on PATH
 that record their argv): every value reaches the tools as one argument, whatever it holds, and
 the messages echo values without running them."""
 from __future__ import annotations
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.operations.driver import _PACKAGES_SCRIPT, _REPO_KEY_SCRIPT, _version_regex
+from gpufleet.operations.driver import _REPO_KEY_SCRIPT
+from gpufleet.operations.driver_upgrade import PACKAGE_CHANGE_SCRIPT, change_arguments
 
 pytestmark = pytest.mark.unit
 
@@ -40,37 +41,44 @@ def run(script: str, args: list[str], env: dict) -> subprocess.CompletedProcess:
                           text=True, timeout=30)
 
 
-def test_packages_script_installs_exact_versions_and_holds_again(stubs):
+def _change_script(tmp_path: Path) -> str:
+    return PACKAGE_CHANGE_SCRIPT.replace("/var/log/gpufleet", str(tmp_path / "logs"))
+
+
+def _dpkg_stub(env: dict) -> None:
+    dpkg = Path(env["PATH"].split(":")[0]) / "dpkg"
+    dpkg.write_text('#!/bin/sh\nprintf "%s\\n" "dpkg $*" >> "$LOG"\n')
+    dpkg.chmod(0o755)
+
+
+def test_change_script_puts_the_version_lock_in_first_then_exact_versions_and_holds_again(stubs, tmp_path):
+    """The change all.py's first install makes (decided on the controller: operations/package_steps.py):
+    NVIDIA's version lock in an apt run of its own, then everything at its exact version without
+    Recommends, then the holds."""
     env, log = stubs
-    args = ["nvidia-open", "--", "nvidia-open", "cuda-toolkit", "--", "nvidia-driver-pinning-580.95.05", "--",
-            "nvidia-open", "580.95.05", _version_regex("580.95.05"), "--", "cuda-toolkit"]
-    proc = run(_PACKAGES_SCRIPT, args, env)
-    assert proc.returncode == 0, proc.stderr
+    _dpkg_stub(env)
+    args = change_arguments({"nvidia-open": "580.95.05-1", "nvidia-driver-pinning-580.95.05": None, "cuda-toolkit": None},
+                            [], ["nvidia-open"], ["cuda-toolkit", "nvidia-open"], False,
+                            first=["nvidia-driver-pinning-580.95.05"], recommends=False)
+    proc = run(_change_script(tmp_path), args, env)
+    assert proc.returncode == 0, (tmp_path / "logs/package-change.log").read_text()
     lines = log.read_text().splitlines()
-    assert lines[0] == "apt-mark unhold nvidia-open"
+    assert lines[:2] == ["dpkg --configure -a", "apt-mark unhold nvidia-open"]
     installs = [line for line in lines if line.startswith("apt-get")]
-    assert installs[0].endswith("install nvidia-driver-pinning-580.95.05")
-    assert installs[1].endswith("install --no-install-recommends --allow-downgrades nvidia-open=1:580.95.05-1 cuda-toolkit")
-    assert lines[-2:] == ["apt-mark hold nvidia-open", "apt-mark hold cuda-toolkit"]
+    assert installs[0].endswith("--no-install-recommends nvidia-driver-pinning-580.95.05")
+    assert installs[1].endswith("--no-install-recommends cuda-toolkit nvidia-driver-pinning-580.95.05 nvidia-open=580.95.05-1")
+    assert lines[-1] == "apt-mark hold cuda-toolkit nvidia-open"
 
 
-def test_packages_script_refuses_a_version_not_offered_and_holds_again(stubs):
+def test_change_script_holds_again_when_apt_fails(stubs, tmp_path):
     env, log = stubs
-    proc = run(_PACKAGES_SCRIPT, ["--", "nvidia-open", "--", "", "--", "nvidia-open", "575.1", _version_regex("575.1"),
-                                  "--"], env)
-    assert proc.returncode == 3
-    assert "offer no nvidia-open 575.1" in proc.stderr and "nothing was changed" in proc.stderr
-    assert not any(line.startswith("apt-get") for line in log.read_text().splitlines())
+    _dpkg_stub(env)
+    failing = Path(env["PATH"].split(":")[0]) / "apt-get"
+    failing.write_text('#!/bin/sh\nprintf "%s\\n" "apt-get $*" >> "$LOG"; exit 100\n')
+    proc = run(_change_script(tmp_path), change_arguments({"nvidia-open": "575.1-1"}, [], ["nvidia-open"],
+                                                          ["nvidia-open"], False), env)
+    assert proc.returncode == 100
     assert log.read_text().splitlines()[-1] == "apt-mark hold nvidia-open"
-
-
-def test_packages_script_takes_every_value_as_one_word(stubs, tmp_path):
-    env, log = stubs
-    mark = tmp_path / "pwned"
-    evil = EVIL.format(mark=mark)
-    proc = run(_PACKAGES_SCRIPT, ["--", "--", "", "--", evil, "1.0", _version_regex("1.0"), "--", f"a b*{evil}"], env)
-    assert not mark.exists()
-    assert proc.returncode == 3 and evil in proc.stderr  # echoed as text, not run
 
 
 def test_repo_key_script_takes_the_url_as_one_word(tmp_path):
@@ -113,15 +121,9 @@ def _fingerprint_check(tmp_path, home):
 def test_unit_script_repairs_dpkg_first_and_logs_to_the_units_log(stubs, tmp_path):
     """The file the package change unit runs: dpkg --configure -a before anything else, all of
     its output in the log the runner reads back on failure."""
-    from gpufleet.operations.driver import PACKAGES_UNIT_SCRIPT
-
     env, log = stubs
-    dpkg = Path(env["PATH"].split(":")[0]) / "dpkg"
-    dpkg.write_text('#!/bin/sh\nprintf "%s\\n" "dpkg $*" >> "$LOG"\n')
-    dpkg.chmod(0o755)
-    script = PACKAGES_UNIT_SCRIPT.replace("/var/log/gpufleet", str(tmp_path / "logs"))
-    args = ["nvidia-open", "--", "nvidia-open", "--", "", "--", "nvidia-open", "580.95.05", _version_regex("580.95.05"), "--"]
-    proc = run(script, args, env)
+    _dpkg_stub(env)
+    proc = run(_change_script(tmp_path), change_arguments({"nvidia-open": "580.95.05-1"}, [], ["nvidia-open"], [], False), env)
     assert proc.returncode == 0 and proc.stdout == proc.stderr == ""
     lines = log.read_text().splitlines()
     assert lines[0] == "dpkg --configure -a" and lines[1] == "apt-mark unhold nvidia-open"

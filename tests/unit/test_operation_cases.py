@@ -189,10 +189,23 @@ def _scripts(module: types.ModuleType) -> dict[str, str]:
     imports (a shared mechanism: operations/driver.py runs driver_upgrade's), -> their
     <module.NAME> placeholder (the module's own win)."""
     found: dict[str, str] = {}
-    imported = [m for m in vars(module).values() if isinstance(m, types.ModuleType)]
-    sources = {getattr(v, "__module__", None) for v in vars(module).values() if callable(v)}
-    others = [sys.modules[n] for n in sorted(sources) if n and n.startswith("gpufleet.operations.") and n in sys.modules]
-    for source in [*imported, *others, module]:
+
+    def reached(m: types.ModuleType) -> list[types.ModuleType]:
+        imported = [v for v in vars(m).values() if isinstance(v, types.ModuleType)]
+        sources = {getattr(v, "__module__", None) for v in vars(m).values() if callable(v)}
+        return [*imported, *(sys.modules[n] for n in sorted(sources)
+                             if n and n.startswith("gpufleet.operations.") and n in sys.modules)]
+
+    # the operations modules it reaches, through those it composes (package_steps -> driver_upgrade
+    # -> remote_files), farthest first
+    order: list[types.ModuleType] = []
+    todo = [module]
+    while todo:
+        for other in reached(todo.pop()):
+            if other not in order and other is not module and other.__name__.startswith("gpufleet.operations."):
+                order.append(other)
+                todo.append(other)
+    for source in [*reversed(order), module]:
         if source is not module and not source.__name__.startswith("gpufleet.operations."):
             continue
         name = source.__name__.split(".")[-1]

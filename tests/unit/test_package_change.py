@@ -39,7 +39,7 @@ def test_script_refuses_unexpected_words_itself(tmp_path):
 
 
 @pytest.mark.parametrize("shell", [du._RUN, du._RUN_IF_IDLE, du.PACKAGE_CHANGE_SCRIPT, IDLE_CHECK,
-                                   reboot._REBOOT, reboot._REBOOT_IF_IDLE, driver.PACKAGES_UNIT_SCRIPT])
+                                   reboot._REBOOT, reboot._REBOOT_IF_IDLE, driver._REPO_KEY_SCRIPT])
 def test_shell_text_parses(shell):
     assert subprocess.run(["sh", "-n", "-c", shell]).returncode == 0
 
@@ -101,11 +101,11 @@ def test_gate_refuses_the_package_change_when_a_job_started_no_unit_started(stub
 
 def test_gate_lets_an_idle_host_start_the_unit_with_its_script_and_arguments(stubs):
     env, log = stubs
-    r = sh(du._RUN_IF_IDLE, [driver.PACKAGES_SCRIPT_PATH, "--", "nvidia-open", "--", ""], {**env, "GPU_APPS": ""})
+    r = sh(du._RUN_IF_IDLE, [du.SCRIPT, "install=nvidia-open=580.126.09-1", "hold=nvidia-open"], {**env, "GPU_APPS": ""})
     assert r.returncode == 0, r.stderr
     assert "finished: exit status 0" in r.stdout
     [run] = [line for line in log.read_text().splitlines() if line.startswith("systemd-run")]
-    assert run.endswith(f"-p Type=exec {driver.PACKAGES_SCRIPT_PATH} -- nvidia-open -- ")
+    assert run.endswith(f"-p Type=exec {du.SCRIPT} install=nvidia-open=580.126.09-1 hold=nvidia-open")
     # the check ran first: nvidia-smi asked before the unit
     lines = log.read_text().splitlines()
     assert lines.index(next(x for x in lines if x.startswith("nvidia-smi"))) < lines.index(run)

@@ -44,11 +44,13 @@ def dry_run(tier: str, release: str) -> str:
 
 
 def packages_args(text: str) -> str:
-    """The packages-at-versions script's argument words (after the script, which the package
-    change unit runs), one string."""
-    m = re.search(r"' gpufleet-package-change /var/lib/gpufleet/libexec/packages-at-versions (.*)", text)
+    """The package change script's argument words (after the script, which the package change
+    unit runs), one string with a space at its end: install=P=V (exact versions, decided on the
+    controller from the index; the index of a fresh host is a stand-in, UbuntuHost), install=P
+    (installed as the sources offer it), first=P (the version lock, on its own first), hold=P."""
+    m = re.search(r"' gpufleet-package-change /var/lib/gpufleet/libexec/package-change (.*)", text)
     assert m, text
-    return m[1]
+    return m[1] + " "
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -67,12 +69,13 @@ def test_dry_run_repositories_and_packages(tier, release):
         # Ubuntu's own 580-server driver, ubuntu-drivers --gpgpu style, from `restricted`
         assert "## NVIDIA driver, CUDA and cuDNN | Enable restricted on the Ubuntu archive sources" in text
         assert "cuda-keyring" not in text and "gpufleet-cuda.list" not in text
-        assert "nvidia-headless-no-dkms-580-server-open 580.173.02 " in args
-        assert "nvidia-utils-580-server 580.173.02 " in args
+        assert "install=nvidia-headless-no-dkms-580-server-open=580.173.02-1 " in args
+        assert "install=nvidia-utils-580-server=580.173.02-1 " in args
+        assert "norecommends" in args
         hold = re.search(r"^apt-mark hold (.*)$", text, re.M)[1].split()
         if release == "22.04":  # prebuilt, signed modules for the running HWE kernel: no DKMS, no headers
-            assert args.endswith("-- linux-modules-nvidia-580-server-open-generic-hwe-22.04 "
-                                 "linux-modules-nvidia-580-server-open-6.8.0-90-generic")
+            assert ("install=linux-modules-nvidia-580-server-open-6.8.0-90-generic "
+                    "install=linux-modules-nvidia-580-server-open-generic-hwe-22.04 ") in args
             assert "nvidia-dkms" not in text and "mok_certificate" not in text
             assert not re.search(r"install [^\n]*linux-headers", text)  # no headers installed
             assert "linux-modules-nvidia-580-server-open-6.8.0-90-generic" in hold
@@ -87,7 +90,7 @@ def test_dry_run_repositories_and_packages(tier, release):
             for line in (4, 5, 6, 7, 10, 11):
                 assert f"sed -i '{line}s/^\\([^#]*[^#[:space:]]\\)/\\1 restricted/' /etc/apt/sources.list" in text
         else:  # no prebuilt build for 6.8.0-60: DKMS, and its headers
-            assert args.endswith("-- nvidia-dkms-580-server-open")
+            assert "install=nvidia-dkms-580-server-open " in args and "linux-modules" not in args
             # DKMS builds the module for each new kernel: its kernel metapackages are not held
             assert not {"linux-generic", "linux-image-generic"} & set(hold), hold
             assert f"install --no-install-recommends linux-headers-{kernel}" in text
@@ -103,15 +106,15 @@ def test_dry_run_repositories_and_packages(tier, release):
             "EB693B3035CD5710E231E123A4B469963BF863CC /usr/share/keyrings/cuda-archive-keyring.gpg") in text
     assert ("upload /etc/apt/sources.list.d/gpufleet-cuda.list\n# Managed by gpufleet (deploys/driver.py). Do not edit: "
             f"changes are reverted.\ndeb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] {base}/ /\n") in text
-    assert "-- nvidia-driver-pinning-580.159.04 --" in args and "nvidia-open 580.159.04 " in args
+    assert "first=nvidia-driver-pinning-580.159.04 " in args and "install=nvidia-open=580.159.04-1 " in args
     values = tier_defaults(tier)
     if values["cuda_version"] != "none":
-        assert "cuda-toolkit-13-0 13.0.2 " in args
+        assert "install=cuda-toolkit-13-0=13.0.2-1 " in args
     else:
         assert "cuda-toolkit" not in args
     for package in ("libcudnn9-cuda-13", "libcudnn9-dev-cuda-13", "libcudnn9-headers-cuda-13"):
-        assert (f"{package} 9.17.0.29 " in args) == (values["cudnn_version"] != "none"), (package, args)
-    assert ("nvidia-fabricmanager 580.159.04 " in args) == (values["validate_nvswitch"] == "required")
+        assert (f"install={package}=9.17.0.29-1 " in args) == (values["cudnn_version"] != "none"), (package, args)
+    assert ("install=nvidia-fabricmanager=580.159.04-1 " in args) == (values["validate_nvswitch"] == "required")
     # NVIDIA's modules are DKMS-built: the running kernel's headers and the metapackage its kernels follow
     assert f"install --no-install-recommends linux-headers-{kernel}" in text
     assert f"install --no-install-recommends {HEADERS_META[release]}" in text

@@ -1,0 +1,89 @@
+"""Packages at the upstream releases the inventory resolves to, through the one sanctioned change
+(driver_upgrade.packages_at_versions): a step shared by deploys/driver.py and deploys/monitoring.py.
+
+The exact Debian versions are decided on the controller (gpufleet/package_plan.py) from what the
+package index offers. When the sources the index is read from are already as this run leaves
+them, that is at planning: a release they do not offer refuses the host before anything changes.
+When this run itself adds or changes them (a new host: NVIDIA's repository and its key), the
+index that offers the release exists only once the run has read it: the operation takes the
+same decision again when its turn comes, on the index as it is then.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from collections.abc import Generator
+from typing import Literal
+
+from pyinfra import host
+from pyinfra.api import FunctionCommand, Host, StringCommand, operation
+from pyinfra.api.operation import OperationMeta
+
+from gpufleet.facts.packages import TOOLKIT, AptVersions, HeldPackages, PackageVersions, ToolkitIndex
+from gpufleet.failures import fail, refuse
+from gpufleet.operations.driver_upgrade import packages_at_versions
+from gpufleet.package_plan import PackageChangePlan, moving_packages, plan_package_change
+
+#: settled: the sources are as this run leaves them; changing: this run changes them first;
+#: unknown: another area of this run may (the DCGM exporter comes from the repository the driver
+#: area adds): decided at planning when the index offers everything already, else once read
+Sources = Literal["settled", "changing", "unknown"]
+
+
+def _plan(h: Host, releases: Mapping[str, str], present: Sequence[str], pinning: str | None, hold: bool,
+          old_pins: Sequence[str]) -> PackageChangePlan:
+    names = [*releases, *present, *([pinning] if pinning else [])]
+    installed = h.get_fact(PackageVersions, packages=names)
+    moving = moving_packages(releases, [*present, *([pinning] if pinning else [])], installed)
+    if not moving:
+        return PackageChangePlan(install={})
+    offered = h.get_fact(AptVersions, packages=[p for p in moving if p in releases]) if set(moving) & set(releases) else {}
+    toolkits: dict[str, dict[str, dict[str, str]]] = {
+        p: h.get_fact(ToolkitIndex, package=p) for p in moving if TOOLKIT.match(p)}
+    held: list[str] = h.get_fact(HeldPackages)
+    return plan_package_change(releases, present, pinning, hold, old_pins, installed, held, offered, toolkits)
+
+
+def _missing(plan: PackageChangePlan, keys: Mapping[str, str], key: str) -> tuple[str, str, str]:
+    """(area, reason, fix) for releases the sources do not offer, naming the settings they come from."""
+    settings = sorted({keys.get(package, key) for package, _ in plan.missing})
+    return (settings[0], f"the package sources offer no {', '.join(text for _, text in plan.missing)}; "
+                         "nothing was changed",
+            f"set {' / '.join(settings)} to a release the sources offer (apt-cache madison PACKAGE on the "
+            "host lists them), or add a source that has it")
+
+
+def packages_at_releases(name: str, releases: Mapping[str, str], present: Sequence[str] = (),
+                         pinning: str | None = None, hold: bool = True, old_pins: Sequence[str] = (),
+                         require_idle: bool = False, sources: Sources = "settled", key: str = "driver_version",
+                         keys: Mapping[str, str] | None = None) -> OperationMeta | None:
+    """Bring `releases` (package -> upstream release), `present` and the version lock `pinning` in
+    as one change, held afterwards (`hold`), other version locks `old_pins` removed; `key`: the
+    setting a release the sources do not offer comes from (`keys`: per package, where another one).
+    Refused at planning (None) when the sources are settled and do not offer a release."""
+    keys = dict(keys or {})
+    if sources == "settled":
+        plan = _plan(host, releases, present, pinning, hold, old_pins)
+        if plan.missing:
+            refuse(host, *_missing(plan, keys, key))
+            return None
+    return exact_packages(name=name, releases=releases, present=present, pinning=pinning, hold=hold,
+                          old_pins=old_pins, require_idle=require_idle, key=key, keys=keys)
+
+
+@operation()
+def exact_packages(releases: Mapping[str, str], present: Sequence[str] = (), pinning: str | None = None,
+                   hold: bool = True, old_pins: Sequence[str] = (), require_idle: bool = False,
+                   key: str = "driver_version", keys: Mapping[str, str] | None = None,
+                   ) -> Generator[StringCommand | FunctionCommand, None, None]:
+    """The exact versions for `releases` decided from the facts, then driver_upgrade's one
+    sanctioned change. pyinfra runs an operation's body at planning and again when its turn
+    comes: on a run that adds the sources, the second reads the index this run refreshed (the
+    fact memo forgets a host's answers after any command), so the versions are those the
+    sources offer then; a release they do not offer fails the host there, nothing changed."""
+    plan = _plan(host, releases, present, pinning, hold, old_pins)
+    if plan.missing:
+        yield fail(host, *_missing(plan, dict(keys or {}), key))
+        return
+    yield from packages_at_versions._inner(install=plan.install, first=plan.first, remove=list(plan.remove),
+                                           hold=list(plan.hold) if plan.install else [],
+                                           require_idle=require_idle, recommends=False)
