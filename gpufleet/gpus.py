@@ -6,16 +6,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
+from gpufleet.facts.gpu import ClockPair
+
 from .compat import UNVERIFIED, compat_data
 from .errors import CompatDataError
-
-
-@dataclass(frozen=True)
-class ClockPair:
-    """Application clock pair as used by ``nvidia-smi -ac MEM,GFX``."""
-
-    memory_mhz: int
-    graphics_mhz: int
 
 
 @dataclass(frozen=True)

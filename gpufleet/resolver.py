@@ -12,9 +12,11 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Self, Sequence
 
+from gpufleet.facts.gpu import ClockPair
+
 from .compat import CompatData, DistroOffer, DriverBranch, compat_data
 from .errors import Incompatible
-from .gpus import ClockPair, GpuModel, to_models
+from .gpus import GpuModel, to_models
 from .pytorch import PytorchChoice, choose_pytorch
 from .versions import at_least, branch_of, major, normalise_branch, parse
 
@@ -102,7 +104,7 @@ class Resolution:
             ),
             "clocks": self.clock_method
             + "".join(
-                f"; {name} {pair.memory_mhz},{pair.graphics_mhz}" if pair else f"; {name} {MAX_UNKNOWN}"
+                f"; {name} {pair.mem},{pair.gfx}" if pair else f"; {name} {MAX_UNKNOWN}"
                 for name, pair in self.application_clocks.items()
             )
             + (f" ({MAX_ESTIMATE})" if self.clocks_estimated and any(self.application_clocks.values()) else ""),
@@ -438,22 +440,22 @@ def _clocks(models: Sequence[GpuModel], policy: Any, branch: str, data: CompatDa
             continue
         wanted = ClockPair(int(policy["memory"]), int(policy["graphics"]))
         top = model.max_clocks
-        if top and (wanted.memory_mhz > top.memory_mhz or wanted.graphics_mhz > top.graphics_mhz):
+        if top and (wanted.mem > top.mem or wanted.gfx > top.gfx):
             raise Incompatible(
-                f"clock pair {wanted.memory_mhz},{wanted.graphics_mhz} exceeds {model.name} max "
-                f"{top.memory_mhz},{top.graphics_mhz}",
+                f"clock pair {wanted.mem},{wanted.gfx} exceeds {model.name} max "
+                f"{top.mem},{top.gfx}",
                 key="clock_policy",
-                allowed=f"memory <= {top.memory_mhz} and graphics <= {top.graphics_mhz}, or max | default | unmanaged",
+                allowed=f"memory <= {top.mem} and graphics <= {top.gfx}, or max | default | unmanaged",
             )
-        if model.supported_memory_mhz and wanted.memory_mhz not in model.supported_memory_mhz:
+        if model.supported_memory_mhz and wanted.mem not in model.supported_memory_mhz:
             raise Incompatible(
                 f"{model.name} supports memory clocks {', '.join(map(str, model.supported_memory_mhz))} MHz, "
-                f"not {wanted.memory_mhz}",
+                f"not {wanted.mem}",
                 key="clock_policy",
                 allowed=", ".join(map(str, model.supported_memory_mhz)),
             )
         if top is None:
-            notes.append(f"no verified clocks for {model.name}: pair {wanted.memory_mhz},{wanted.graphics_mhz} unchecked")
+            notes.append(f"no verified clocks for {model.name}: pair {wanted.mem},{wanted.gfx} unchecked")
         pairs[model.name] = wanted
     if method == "lgc":
         notes.append(f"application clocks are deprecated from R{data.app_clocks_deprecated_from_branch}: lock clocks with -lgc/-lmc")

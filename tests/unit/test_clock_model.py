@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpufleet.facts.gpu import ClockPair, GpuInfo, GpuState, GpuStateData
-from gpufleet import gpus, tuning as t
+from gpufleet import tuning as t
 from gpufleet.resolver import resolve
 from gpufleet.tiers import tier_defaults
 from gpufleet.validation import FAIL, PASS, clocks_as_set
@@ -43,7 +43,7 @@ class FakeHost:
 
 def test_catalogue_pair_is_labelled_an_estimate_under_max():
     res = resolve([A100], wish(clock_policy="max"), UBUNTU)
-    assert res.application_clocks["NVIDIA A100-SXM4-40GB"] == gpus.ClockPair(1215, 1410)
+    assert res.application_clocks["NVIDIA A100-SXM4-40GB"] == ClockPair(1215, 1410)
     assert res.describe()["clocks"] == ("ac; NVIDIA A100-SXM4-40GB 1215,1410 (catalogue estimate; each GPU gets its "
                                         "own highest supported pair)")
     # an explicit pair is what is applied (the GPU's own list checks it): no estimate

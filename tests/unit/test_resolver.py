@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.errors import Incompatible
-from gpufleet.gpus import ClockPair, model_for_name
+from gpufleet.facts.gpu import ClockPair
+from gpufleet.gpus import model_for_name
 from gpufleet.resolver import Resolution, check_tier_hardware, resolve
 from gpufleet.tiers import tier_defaults
 
