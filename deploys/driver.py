@@ -55,7 +55,6 @@ from gpufleet.failures import fail_now, real_host, refuse
 from gpufleet.hostfacts import driver_state, kernel_plan, os_name, resolution
 from gpufleet.kernels import kernel_metapackages
 from gpufleet.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line
-from gpufleet.pyinfra_private import planned_change
 from gpufleet.resolver import Resolution
 from gpufleet.settings import Settings, host_settings
 from gpufleet.validation import (component_drift, pending_message, stack_drift_message, stack_fact_packages,
@@ -303,7 +302,7 @@ def _sources(settings: Settings, res: Any, index_ops: list[Any]) -> Sources:
             )
             apt.update(name="Read the package index of the changed sources", _if=enabled.did_change)
             index_ops.append(enabled)
-    return "changing" if any(planned_change(op) for op in index_ops) else "settled"
+    return "changing" if any(op.will_change for op in index_ops) else "settled"
 
 
 def _preconditions(settings: Settings, d: Decided) -> None:
