@@ -66,7 +66,7 @@ from gpufleet.rendering import render
 from gpufleet import factcache, monitoring
 from gpufleet.failures import refuse
 from gpufleet.settings import Settings, host_settings
-from gpufleet.sshd_policy import HOST_KEY_FILES, deploy_user, expected_sshd, lockouts, named_users
+from gpufleet.sshd_policy import deploy_user, dropin, dropin_lines, expected_sshd, lockouts, named_users
 from gpufleet.sshd_support import available, rejected_algorithms
 from gpufleet.operations import sshd_files
 
@@ -134,27 +134,21 @@ def parse_open_ports(items: Iterable[object] | None) -> list[dict[str, str]]:
     return rules
 
 
-def sshd_context(settings: Settings, version: OpenSshVersion | None, existing_host_keys: list[str]
-                 ) -> dict[str, Any]:
-    return {
+def sshd_context(settings: Settings, version: OpenSshVersion | None) -> dict[str, Any]:
+    """What the drop-in template and the lock-out protection read; the drop-in's lines are
+    gpufleet/sshd_policy.py's table, the one `sshd -T` is checked against."""
+    ctx: dict[str, Any] = {
         "openssh_version": str(version) if version else "unknown",
         "password_auth": settings.hardening_password_auth,
-        "permit_root_login": settings.hardening_permit_root_login,
-        "max_auth_tries": settings.hardening_max_auth_tries,
-        "login_grace_time": settings.hardening_login_grace_time,
-        "client_alive_interval": settings.hardening_client_alive_interval,
-        "max_startups": settings.hardening_max_startups,
         "allow_users": list(settings.hardening_allow_users),
         "allow_groups": list(settings.hardening_allow_groups),
-        "x11_forwarding": settings.hardening_x11_forwarding,
-        "tcp_forwarding": settings.hardening_tcp_forwarding,
-        "agent_forwarding": settings.hardening_agent_forwarding,
-        "host_keys": existing_host_keys,
         "host_key_algorithms": HOST_KEY_ALGORITHMS,
         "kex": kex_algorithms(version, list(settings.hardening_extra_kex)),
         "ciphers": CIPHERS,
         "macs": MACS,
     }
+    ctx["sshd_lines"] = dropin_lines(dropin(settings, sshd_algorithms(ctx)))
+    return ctx
 
 
 def sshd_algorithms(ctx: dict[str, Any]) -> dict[str, list[str]]:
@@ -222,7 +216,7 @@ def _refused_or_planned(settings: Settings) -> tuple[str, dict[str, Any]] | None
         refuse(host, "hardening", "OpenSSH server not found (sshd -V); nothing to harden",
                "install openssh-server on the host, or leave it out of the hardening deploy")
         return None
-    ctx = sshd_context(settings, version, HOST_KEY_FILES)
+    ctx = sshd_context(settings, version)
     # Never write an algorithm this sshd does not have (Ubuntu 22.04's OpenSSH 8.9 has no
     # mlkem768x25519-sha256): refused here, before anything changes, not by sshd -t later.
     rejected = rejected_algorithms(version, {"kex": ctx["kex"], "cipher": ctx["ciphers"],

@@ -1,6 +1,8 @@
-"""What `sshd -T` must show on a hardened host: the one table for the deploy (checked right
-after the reload, deploys/hardening.py) and for the validation gate (gpufleet/validation.py),
-so the gate can never check less than the deploy sets.
+"""What gpufleet's sshd drop-in writes and what `sshd -T` must then show on a hardened host: one
+table (`dropin()`), rendered as the drop-in (templates/etc/ssh/sshd_config.d/
+00-gpufleet-hardening.conf.j2, deploys/hardening.py), checked right after the reload
+(deploys/hardening.py) and by the validation gate (gpufleet/validation.py) through
+`expected_sshd()`, so neither check can look for less, or other, than the drop-in sets.
 
 The algorithm lists depend on the host's OpenSSH version: the deploy passes them in, the gate
 leaves them out. Multi-valued keywords (allowusers, hostkey...) are lists, compared by
@@ -19,61 +21,113 @@ from typing import Any
 # The host keys the drop-in names (HostKey lines, in this order): Ed25519 and RSA only.
 HOST_KEY_FILES = ["/etc/ssh/ssh_host_ed25519_key", "/etc/ssh/ssh_host_rsa_key"]
 
-BASELINE: dict[str, str] = {
-    "permitemptypasswords": "no",
-    "pubkeyauthentication": "yes",
-    "loglevel": "VERBOSE",
-    "syslogfacility": "AUTH",
-    "strictmodes": "yes",
-    "ignorerhosts": "yes",
-    "ignoreuserknownhosts": "yes",
-    "hostbasedauthentication": "no",
-    "kerberosauthentication": "no",
-    "kerberosorlocalpasswd": "no",
-    "kerberosticketcleanup": "yes",
-    "gssapiauthentication": "no",
-    "gssapicleanupcredentials": "yes",
-    "permittunnel": "no",
-    "permituserenvironment": "no",
-    "gatewayports": "no",
-    "x11uselocalhost": "yes",
-    "clientalivecountmax": "3",
-    "tcpkeepalive": "no",
-    "maxsessions": "10",
-    "printlastlog": "no",
-    "printmotd": "no",
-    "banner": "none",
-}
+#: A drop-in line: (sshd_config keyword, value), a list for a keyword that takes several values;
+#: COMMENT as the keyword: a comment line.
+Line = tuple[str, str | list[str]]
+COMMENT = "#"
+#: Keywords sshd_config takes one value per line (HostKey PATH); other lists go on one line.
+ONE_PER_LINE = frozenset({"HostKey"})
+#: Written, not checked: sshd -T prints DebianBanner only in Debian's newer packages (Ubuntu's,
+#: Debian 13's), not in Debian 12's 9.2p1 (tests/fixtures/ssh/sshd-T-bookworm-*.txt).
+NOT_IN_SSHD_T = frozenset({"DebianBanner"})
+#: The algorithm keywords (`sshd -T` names) the deploy chooses for the host's OpenSSH.
+ALGORITHM_KEYS = ("hostkeyalgorithms", "kexalgorithms", "ciphers", "macs")
 
 
 def _yes_no(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
+def dropin(settings: Any, algorithms: Mapping[str, Sequence[str]] | None = None) -> list[list[Line]]:
+    """The drop-in a host hardened for `settings` gets, section by section (a blank line
+    between sections); `algorithms`: the deploy's kexalgorithms, ciphers, macs,
+    hostkeyalgorithms for this host's OpenSSH (`sshd -T` names); without them, no algorithm
+    lines (what the gate checks)."""
+    algs = {key: ",".join(names) for key, names in (algorithms or {}).items()}
+    unknown = set(algs) - set(ALGORITHM_KEYS)
+    if unknown:
+        raise ValueError(f"not an algorithm keyword of the drop-in: {sorted(unknown)}")
+
+    def algorithm(keyword: str) -> list[Line]:
+        return [(keyword, algs[keyword.lower()])] if keyword.lower() in algs else []
+
+    return [
+        [(COMMENT, "Logging: VERBOSE records the key fingerprint of every login."),
+         ("SyslogFacility", "AUTH"),
+         ("LogLevel", "VERBOSE")],
+        [(COMMENT, "Authentication: keys only."),
+         ("PubkeyAuthentication", "yes"),
+         ("PasswordAuthentication", _yes_no(settings.hardening_password_auth)),
+         ("KbdInteractiveAuthentication", _yes_no(settings.hardening_password_auth)),
+         ("PermitEmptyPasswords", "no"),
+         ("PermitRootLogin", settings.hardening_permit_root_login),
+         ("MaxAuthTries", str(settings.hardening_max_auth_tries)),
+         ("LoginGraceTime", str(settings.hardening_login_grace_time)),
+         ("StrictModes", "yes"),
+         ("IgnoreRhosts", "yes"),
+         ("IgnoreUserKnownHosts", "yes"),
+         ("HostbasedAuthentication", "no"),
+         ("KerberosAuthentication", "no"),
+         ("KerberosOrLocalPasswd", "no"),
+         ("KerberosTicketCleanup", "yes"),
+         ("GSSAPIAuthentication", "no"),
+         ("GSSAPICleanupCredentials", "yes"),
+         *([("AllowUsers", list(settings.hardening_allow_users))] if settings.hardening_allow_users else []),
+         *([("AllowGroups", list(settings.hardening_allow_groups))] if settings.hardening_allow_groups else [])],
+        [(COMMENT, "Forwarding and X11."),
+         ("X11Forwarding", _yes_no(settings.hardening_x11_forwarding)),
+         ("AllowTcpForwarding", _yes_no(settings.hardening_tcp_forwarding)),
+         ("AllowAgentForwarding", _yes_no(settings.hardening_agent_forwarding)),
+         ("AllowStreamLocalForwarding", "no"),
+         ("PermitTunnel", "no"),
+         ("PermitUserEnvironment", "no"),
+         ("GatewayPorts", "no"),
+         ("X11UseLocalhost", "yes")],
+        [(COMMENT, "Sessions: dead clients are dropped by encrypted probes (TCP keepalives can be spoofed),"),
+         (COMMENT, "unauthenticated connections are bounded."),
+         ("ClientAliveInterval", str(settings.hardening_client_alive_interval)),
+         ("ClientAliveCountMax", "3"),
+         ("TCPKeepAlive", "no"),
+         ("MaxSessions", "10"),
+         ("MaxStartups", settings.hardening_max_startups)],
+        [(COMMENT, "Say less: no OS release in the version banner, no last-login line, no motd or banner."),
+         ("DebianBanner", "no"),
+         ("PrintLastLog", "no"),
+         ("PrintMotd", "no"),
+         ("Banner", "none")],
+        [(COMMENT, "Host keys: Ed25519 and RSA only (no DSA, no ECDSA); RSA as large as hardening_rsa_host_key_bits."),
+         ("HostKey", list(HOST_KEY_FILES)),
+         *algorithm("HostKeyAlgorithms")],
+        [(COMMENT, "Key exchange: post-quantum hybrids first; then the classic ones listed in"),
+         (COMMENT, "hardening_extra_kex for clients without them (paramiko 4, hence pyinfra, has none)."),
+         *algorithm("KexAlgorithms"),
+         *algorithm("Ciphers"),
+         (COMMENT, "Encrypt-then-MAC only."),
+         *algorithm("MACs")],
+    ]
+
+
+def dropin_lines(sections: list[list[Line]]) -> list[str]:
+    """`dropin()` as sshd_config lines: a blank line between sections."""
+    out: list[str] = []
+    for section in sections:
+        out.extend([""] if out else [])
+        for keyword, value in section:
+            if keyword == COMMENT:
+                out.append(f"# {value}")
+            elif isinstance(value, list) and keyword in ONE_PER_LINE:
+                out.extend(f"{keyword} {v}" for v in value)
+            else:
+                out.append(f"{keyword} {' '.join(value) if isinstance(value, list) else value}")
+    return out
+
+
 def expected_sshd(settings: Any, algorithms: Mapping[str, Sequence[str]] | None = None) -> dict[str, str | list[str]]:
-    """`sshd -T` key -> value a host hardened for `settings` shows; `algorithms`: the deploy's
-    kexalgorithms, ciphers, macs, hostkeyalgorithms for this host's OpenSSH (comma-joined)."""
-    expected: dict[str, str | list[str]] = {
-        "passwordauthentication": _yes_no(settings.hardening_password_auth),
-        "kbdinteractiveauthentication": _yes_no(settings.hardening_password_auth),
-        "permitrootlogin": settings.hardening_permit_root_login,
-        "maxauthtries": str(settings.hardening_max_auth_tries),
-        "logingracetime": str(settings.hardening_login_grace_time),
-        "x11forwarding": _yes_no(settings.hardening_x11_forwarding),
-        "allowtcpforwarding": _yes_no(settings.hardening_tcp_forwarding),
-        "allowagentforwarding": _yes_no(settings.hardening_agent_forwarding),
-        "clientaliveinterval": str(settings.hardening_client_alive_interval),
-        "maxstartups": settings.hardening_max_startups,
-        **BASELINE,
-        "hostkey": list(HOST_KEY_FILES),
-    }
-    for key, names in (algorithms or {}).items():
-        expected[key] = ",".join(names)
-    if settings.hardening_allow_users:
-        expected["allowusers"] = list(settings.hardening_allow_users)
-    if settings.hardening_allow_groups:
-        expected["allowgroups"] = list(settings.hardening_allow_groups)
-    return expected
+    """`sshd -T` key -> value a host hardened for `settings` shows: every line of `dropin()`
+    but comments and NOT_IN_SSHD_T, keyed as sshd -T prints them (lower case)."""
+    return {keyword.lower(): list(value) if isinstance(value, list) else value
+            for section in dropin(settings, algorithms) for keyword, value in section
+            if keyword != COMMENT and keyword not in NOT_IN_SSHD_T}
 
 
 # Lock-outs refused before any host changes -----------------------------------------------------

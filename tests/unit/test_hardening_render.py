@@ -7,7 +7,7 @@ import pytest
 
 from gpufleet.deploys import hardening as h
 from gpufleet.facts.ssh import OpenSshVersion
-from gpufleet.sshd_policy import expected_sshd
+from gpufleet.sshd_policy import HOST_KEY_FILES, expected_sshd
 from gpufleet.tiers import tier_defaults
 
 pytestmark = pytest.mark.unit
@@ -42,7 +42,7 @@ def _settings(**over):
 
 def test_sshd_dropin_renders_every_expected_setting():
     settings = _settings()
-    ctx = h.sshd_context(settings, V100, h.HOST_KEY_FILES)
+    ctx = h.sshd_context(settings, V100)
     text = h.render("etc/ssh/sshd_config.d/00-gpufleet-hardening.conf.j2", **ctx)
     assert text.startswith("# Managed by gpufleet")
     rendered: dict[str, list[str]] = {}
@@ -50,12 +50,15 @@ def test_sshd_dropin_renders_every_expected_setting():
         if line and not line.startswith("#"):
             key, _, value = line.partition(" ")
             rendered.setdefault(key.lower(), []).append(value)
-    for key, value in expected_sshd(settings, h.sshd_algorithms(ctx)).items():
+    expected = expected_sshd(settings, h.sshd_algorithms(ctx))
+    # nothing written goes unchecked in sshd -T but DebianBanner (not printed by Debian 12's sshd)
+    assert set(rendered) - set(expected) == {"debianbanner"}
+    for key, value in expected.items():
         if isinstance(value, list):  # one sshd -T line per value: HostKey lines, AllowUsers' names
             assert [v for line in rendered[key] for v in line.split()] == value, key
         else:
             assert rendered[key] == [value], key
-    assert rendered["allowusers"] == ["alice root"] and rendered["hostkey"] == h.HOST_KEY_FILES
+    assert rendered["allowusers"] == ["alice root"] and rendered["hostkey"] == HOST_KEY_FILES
     assert "AllowGroups" not in text and "Match" not in text
 
 
@@ -130,7 +133,7 @@ def test_the_validation_gate_checks_every_setting_the_deploy_sets(tier):
     """gpufleet/sshd_policy.expected_sshd (the gate) is what the deploy expects after its reload,
     but for the algorithm lists that depend on the host's OpenSSH version."""
     settings = _settings(**tier_defaults(tier))
-    algorithms = h.sshd_algorithms(h.sshd_context(settings, V100, h.HOST_KEY_FILES))
+    algorithms = h.sshd_algorithms(h.sshd_context(settings, V100))
     deploy = expected_sshd(settings, algorithms)
     assert expected_sshd(settings) == {k: v for k, v in deploy.items() if k not in algorithms}
     assert set(algorithms) == {"kexalgorithms", "ciphers", "macs", "hostkeyalgorithms"}

@@ -182,13 +182,13 @@ def _settings(extra_kex, allow_users=("root",), allow_groups=("gpu",)):
 
 
 def _ctx(version, extra_kex, **lists):
-    return h.sshd_context(_settings(extra_kex, **lists), version, h.HOST_KEY_FILES)
+    return h.sshd_context(_settings(extra_kex, **lists), version)
 
 
 def _expected(version, extra_kex, **lists) -> dict:
     """What the deploy checks in `sshd -T` after its reload (gpufleet/sshd_policy.py)."""
     settings = _settings(extra_kex, **lists)
-    return expected_sshd(settings, h.sshd_algorithms(h.sshd_context(settings, version, h.HOST_KEY_FILES)))
+    return expected_sshd(settings, h.sshd_algorithms(h.sshd_context(settings, version)))
 
 
 @pytest.mark.parametrize("version, release", [("8.9p1", "22.04"), ("9.6p1", "24.04")])
