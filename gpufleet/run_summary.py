@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import click
 
-from gpufleet.validation import pending_message, stack_pending_message
+from gpufleet.cuda_stack import pending_message, stack_pending_message
 
 
 @dataclass

@@ -9,7 +9,7 @@ import pytest
 
 from gpufleet.deploys.driver import stack_drift, stack_groups, stack_pending
 from gpufleet.facts.packages import STACK_RECORD, StackPackages, StackPackagesData
-from gpufleet import validation as v
+from gpufleet import cuda_stack as cs, validation as v
 from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
 from gpufleet.resolver import exact_cuda, exact_cudnn, resolve
@@ -98,10 +98,10 @@ def test_distro_cuda_is_not_pinned_to_an_nvidia_release():
 
 
 def test_exact_compares_the_whole_upstream_version():
-    assert v.is_exact("9.17.0.29-1", "9.17.0.29") and v.is_exact("1:13.0.2-1", "13.0.2")
+    assert cs.is_exact("9.17.0.29-1", "9.17.0.29") and cs.is_exact("1:13.0.2-1", "13.0.2")
     for other in ("9.17.0.30-1", "9.17.1.4-1", "9.17.0.29", "", None):
-        assert not v.is_exact(other, "9.17.0.29")
-    assert v.upstream_of("9.16.0.29-1") == "9.16.0.29"
+        assert not cs.is_exact(other, "9.17.0.29")
+    assert cs.upstream_of("9.16.0.29-1") == "9.16.0.29"
 
 
 def _res(cuda="13.0", cudnn="9.17.0"):
@@ -153,7 +153,7 @@ class Ctx(v.Context):
 def test_gate_fails_a_mismatch_with_its_fix_and_passes_exact_releases():
     res = _res()
     exact = {"cuda-toolkit-13-0": "13.0.2-1", **{p: "9.17.0.29-1" for p in res.cudnn_packages}}
-    recorded = {p: v.upstream_of(ver) for p, ver in exact.items()}
+    recorded = {p: cs.upstream_of(ver) for p, ver in exact.items()}
     ok = v.cuda_cudnn_releases_exact(Ctx(exact, res, recorded))
     assert ok.status == v.PASS and ok.message == "CUDA 13.0.2, cuDNN 9.17.0.29"
     bad = v.cuda_cudnn_releases_exact(Ctx({**exact, "libcudnn9-cuda-13": "9.16.0.29-1"}, res, recorded))
@@ -170,7 +170,7 @@ def test_gate_fails_a_mismatch_with_its_fix_and_passes_exact_releases():
 def test_gate_warns_a_pending_upgrade_like_the_driver():
     res = _res()
     older = {"cuda-toolkit-13-0": "13.0.2-1", **{p: "9.16.0.29-1" for p in res.cudnn_packages}}
-    recorded = {p: v.upstream_of(ver) for p, ver in older.items()}
+    recorded = {p: cs.upstream_of(ver) for p, ver in older.items()}
     for args in ((older, res, recorded), (older, res)):   # recorded by gpufleet, or no record at all
         warn = v.cuda_cudnn_releases_exact(Ctx(*args))
         assert warn.status == v.WARN, warn
@@ -194,7 +194,7 @@ def test_a_changed_package_name_is_pending_not_a_second_install():
                             "tools/rollout; cuDNN upgrade pending: libcudnn9-cuda-13 9.17.0.29 -> libcudnn9-cuda-12 "
                             "9.10.2.21, run tools/rollout")
     assert stack_pending(res, {}) == {}   # nothing of either family: a first install
-    assert v.stack_renames(res.stack_versions, {"cuda-toolkit-13-0-config-common": "13.0.96-1"}) == {}
+    assert cs.stack_renames(res.stack_versions, {"cuda-toolkit-13-0-config-common": "13.0.96-1"}) == {}
 
 
 def test_stack_packages_fact_reads_versions_and_the_record():
