@@ -33,7 +33,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", type=int, required="--down" not in sys.argv)
     ap.add_argument("--release", default="bookworm", choices=testhosts.RELEASES)
-    # root by default: the figures in the README were measured so; the operator's shape
+    # root by default: the figures in docs/performance.md were measured so; the operator's shape
     # (testhosts.SSH_USER, through sudo) adds sudo's cost to every command
     ap.add_argument("--ssh-user", default="root", help=f"who logs in (root, or {testhosts.SSH_USER}: through sudo)")
     ap.add_argument("--gpu", default=None, help="simulated GPUs per host (test double); default none")

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import gpufleet.deploys
 
 #: The deploy files a user runs (deploys/upgrade.py and rollback.py are the rollout's own steps).
 AREAS = ("all", "plan", "preflight", "base", "driver", "docker", "tuning", "hardening", "validate")
-DEPLOYS = Path(gpufleet.deploys.__file__).resolve().parent  # deploys/: in a checkout or a wheel
+DEPLOYS = gpufleet.deploys.FOLDER  # deploys/: in a checkout or a wheel
 
 
 def deploy_usage() -> str:

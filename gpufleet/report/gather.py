@@ -17,7 +17,6 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import gpufleet.deploys
@@ -27,7 +26,7 @@ if TYPE_CHECKING:
 
 # The folder that holds deploys/: the top of a checkout, the gpufleet package of an installed
 # wheel (pyproject.toml's package-dir), so deploy paths such as "deploys/all.py" are found in both.
-PACKAGE = Path(gpufleet.deploys.__file__).resolve().parents[1]
+PACKAGE = gpufleet.deploys.FOLDER.parent
 
 
 @dataclass
