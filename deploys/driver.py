@@ -57,7 +57,7 @@ from gpufleet.kernels import kernel_metapackages
 from gpufleet.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line
 from gpufleet.resolver import Resolution
 from gpufleet.settings import Settings, host_settings
-from gpufleet.validation import (component_drift, pending_message, stack_drift_message, stack_fact_packages,
+from gpufleet.cuda_stack import (component_drift, pending_message, stack_drift_message, stack_fact_packages,
                                  stack_pending_message, stack_renames, stack_states)
 from gpufleet.operations.driver import archive_components, refresh_initramfs, repo_key, stack_recorded
 from gpufleet.operations.package_steps import Sources, packages_at_releases

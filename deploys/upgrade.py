@@ -33,7 +33,7 @@ from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
 from gpufleet.package_plan import toolkit_release
 from gpufleet.settings import host_settings
-from gpufleet.validation import stack_fact_packages
+from gpufleet.cuda_stack import stack_fact_packages
 from gpufleet.operations.apt_index import index_refreshed
 from gpufleet.operations.drain import (gpu_containers_stopped, gpus_idle, gpus_idle_now, slurm_driver_feature, slurm_node,
                                        slurm_node_drained)

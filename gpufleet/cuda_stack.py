@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from gpufleet.versions import upstream_of
+
 
 def pending_message(installed: str, resolved: str) -> str:
     """The one wording of a driver change all.py leaves to tools/rollout (run output, gate, report)."""
@@ -58,11 +60,6 @@ def component_drift(components: dict[str, list[Any]], wanted: dict[str, str], in
     return [f"{name} {upstream_of(have)} (the CUDA toolkit release ships {shipped}) was changed by hand"
             for name, (have, shipped, _) in sorted(components.items())
             if have and shipped and have != shipped and upstream_of(have) != shipped]
-
-
-def upstream_of(debian_version: str) -> str:
-    """'1:9.17.0.29-1' -> '9.17.0.29': the whole upstream part (no epoch, no Debian revision)."""
-    return debian_version.split(":", 1)[-1].rsplit("-", 1)[0]
 
 
 def is_exact(debian_version: str | None, upstream: str) -> bool:

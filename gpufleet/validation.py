@@ -35,21 +35,7 @@ from gpufleet.facts.gpu_checks import ContainerGpus, DcgmDiag, PerfProbe
 from gpufleet.facts.system import UnitActive
 
 from . import dockerconf, perf
-# The CUDA stack's packages and wordings (gpufleet/cuda_stack.py), used by the checks below; also
-# re-exported ("X as X"), kept for deploys/driver.py, deploys/upgrade.py and
-# gpufleet/rollout/manifest.py until they are updated to import them from gpufleet.cuda_stack.
-from .cuda_stack import (
-    STACK_FAMILIES as STACK_FAMILIES,
-    component_drift as component_drift,
-    is_exact as is_exact,
-    pending_message as pending_message,
-    stack_drift_message as stack_drift_message,
-    stack_fact_packages as stack_fact_packages,
-    stack_pending_message as stack_pending_message,
-    stack_renames as stack_renames,
-    stack_states as stack_states,
-    upstream_of as upstream_of,
-)
+from .cuda_stack import STACK_FAMILIES, component_drift, pending_message, stack_drift_message, stack_fact_packages, stack_pending_message, stack_renames, stack_states
 from .errors import Incompatible
 from .hostcontext import host_context
 from .sshd_policy import expected_sshd

@@ -135,10 +135,15 @@ def downgraded(installed: Mapping[str, str | None], targets: Mapping[str, str]) 
                   if (have := installed.get(name)) and debian_older(version, have))
 
 
+def upstream_of(debian_version: str) -> str:
+    """'1:9.17.0.29-1' -> '9.17.0.29': the whole upstream part (no epoch, no Debian revision)."""
+    return debian_version.split(":", 1)[-1].rsplit("-", 1)[0]
+
+
 def offered_at(release: str, offered: Iterable[str]) -> str | None:
     """The newest of the Debian versions `offered` whose upstream part (no epoch, no revision)
     is `release`, or which is `release` itself without its epoch (a toolkit's component asked
     for with `>= 13.0.88-1`): None when the sources offer none. Never a version that merely
     starts like it (9.17.0.29 is not 9.17.0.2)."""
-    fits = [v for v in offered if v.split(":", 1)[-1] == release or v.split(":", 1)[-1].rsplit("-", 1)[0] == release]
+    fits = [v for v in offered if v.split(":", 1)[-1] == release or upstream_of(v) == release]
     return max(fits, key=functools.cmp_to_key(debian_compare)) if fits else None

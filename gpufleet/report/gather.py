@@ -65,7 +65,7 @@ def component_versions(pkgs: dict[str, str | None], driver_installed: str | None
     host's resolution wants (None: nothing to install, or nothing resolves), and the packages
     behind each (for the details). CUDA and cuDNN are compared as upstream releases (13.0.2,
     9.17.0.29), the container toolkit as the Debian version it is pinned to (1.18.0-1)."""
-    from gpufleet.cuda_stack import upstream_of
+    from gpufleet.versions import upstream_of
 
     driver_names = {*res.driver_packages, *([res.pinning_package] if res.pinning_package else [])} if res else set()
     packages = {c: {n: v for n, v in sorted(pkgs.items())

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from gpufleet.facts.packages import COMPONENT_PREFIXES, TOOLKIT, component_globs
-from gpufleet.validation import STACK_FAMILIES, is_exact, stack_renames, upstream_of
+from gpufleet.cuda_stack import STACK_FAMILIES, is_exact, stack_renames
+from gpufleet.versions import upstream_of
 
 if TYPE_CHECKING:
     from gpufleet.facts.gpu import GpuStateData
