@@ -311,6 +311,15 @@ def install(root: pathlib.Path, spec: str, work: pathlib.Path) -> list[str]:
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(f"../lib/gpusim/{name}")
+    # the kernel log stand-in, first on root's PATH: the XIDs of injected faults, never the
+    # machine's own kernel log
+    shutil.copy2(HERE / "dmesg", lib / "dmesg")
+    os.chmod(lib / "dmesg", 0o755)
+    dmesg = root / "usr/local/sbin/dmesg"
+    dmesg.parent.mkdir(parents=True, exist_ok=True)
+    if dmesg.is_symlink() or dmesg.exists():
+        dmesg.unlink()
+    dmesg.symlink_to("../../lib/gpusim/dmesg")
     _add_diversion(root)
     _install_load_module(root)
 

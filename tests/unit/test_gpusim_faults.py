@@ -1,0 +1,68 @@
+"""The GPU simulator (a test double) learns faults: `gpusimctl fault --gpu N KIND` makes the
+simulated nvidia-smi, nvidia-smi nvlink -s and the dmesg stand-in print what a real GPU in that
+state prints; the real GpuHealth parser and gpufleet/health.py then find it on the right GPU.
+Healthy, the simulated H200 prints the recorded H200's health line field for field."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpufleet.facts._common import MARK
+from gpufleet.facts.health import HEALTH_FIELDS, GpuHealth
+from gpufleet.health import assess
+from testing.gpusim.local import LocalSim
+
+pytestmark = pytest.mark.unit
+
+RECORDED = Path(__file__).parents[1] / "fixtures/nvidia/h200-x1/health/query-health-noheader.txt"
+
+
+def health(sim: LocalSim):
+    query = sim.smi(f"--query-gpu={','.join(HEALTH_FIELDS)}", "--format=csv,noheader,nounits")
+    links = sim.smi("nvlink", "-s")
+    dmesg = sim._run("dmesg", [], None)
+    assert query.returncode == links.returncode == dmesg.returncode == 0, query.stdout + query.stderr
+    return GpuHealth().process([f"{MARK} begin query", *query.stdout.splitlines(), f"{MARK} rc query 0",
+                                f"{MARK} begin nvlink", *links.stdout.splitlines(), f"{MARK} rc nvlink 0",
+                                f"{MARK} begin xid", *dmesg.stdout.splitlines(), f"{MARK} kernel-log yes"])
+
+
+@pytest.fixture
+def sim(tmp_path):
+    return LocalSim(tmp_path, "h200x2")
+
+
+def test_healthy_simulated_h200_prints_the_recorded_health_line(tmp_path):
+    one = LocalSim(tmp_path, "h200x1")
+    recorded = [line for line in RECORDED.read_text().splitlines() if not line.startswith(("$", "[rc="))][0]
+    printed = one.smi(f"--query-gpu={','.join(HEALTH_FIELDS)}", "--format=csv,noheader,nounits").stdout.strip()
+    volatile = {"power.draw", "temperature.gpu", "temperature.memory"}   # readings that move between samples
+    for field, want, got in zip(HEALTH_FIELDS, recorded.split(", "), printed.split(", ")):
+        if field not in volatile:
+            assert got == want, field
+    assert assess(health(one)).worst == "ok"
+
+
+@pytest.mark.parametrize("kind, check, cls", [
+    ("ecc-uncorrected", "ecc_uncorrected_volatile", "reset"),
+    ("row-remap-pending", "row_remap_pending", "reset"),
+    ("row-remap-failure", "row_remap_failure", "rma"),
+    ("hw-slowdown", "hw_slowdown", "drain"),
+    ("pcie-degraded", "pcie_width_degraded", "drain"),
+    ("nvlink-down", "nvlink_down", "drain"),
+    ("xid:79", "xid_79", "reboot"),
+    ("xid:13", "xid_13", "monitor"),
+])
+def test_each_fault_gets_its_class_on_the_right_gpu_and_clear_makes_it_ok(sim, kind, check, cls):
+    assert sim.ctl("fault", "--gpu", "1", kind).returncode == 0
+    verdict = assess(health(sim))
+    assert [(f.check, f.cls) for f in verdict.gpus[1].findings] == [(check, cls)]
+    assert verdict.gpus[0].findings == () and verdict.gpus[1].bus_id == "00000000:00:07.0"
+    assert sim.ctl("fault", "--clear").returncode == 0
+    assert assess(health(sim)).worst == "ok"
+
+
+def test_an_unknown_fault_is_refused(sim):
+    r = sim.ctl("fault", "--gpu", "0", "melted")
+    assert r.returncode == 2 and "unknown fault" in r.stderr

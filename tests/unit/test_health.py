@@ -1,0 +1,63 @@
+"""gpufleet/health.py on recorded and composed GpuHealth output (tests/unit/facts/health.GpuHealth/):
+each finding's class comes from gpufleet/data/health.yaml, whose every row names its source."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet.facts.health import GpuHealth
+from gpufleet.health import CLASSES, assess, health_rules, rules_from, summary_line
+
+pytestmark = pytest.mark.unit
+
+CASES = Path(__file__).parent / "facts/health.GpuHealth"
+
+
+def reading(case: str):
+    return GpuHealth().process(json.loads((CASES / f"{case}.json").read_text())["output"])
+
+
+def test_a_healthy_h200_is_ok_and_needs_nothing():
+    verdict = assess(reading("healthy_h200"))
+    assert verdict.worst == "ok" and not verdict.needs_action
+    assert summary_line(verdict) == "ok: 1 GPU(s) healthy"
+
+
+def test_each_failing_reading_gets_the_class_nvidias_guidance_gives_on_its_own_gpu():
+    verdict = assess(reading("failing_gpus"))
+    found = {(g.index, f.check): f.cls for g in verdict.gpus for f in g.findings}
+    assert found == {
+        (0, "row_remap_pending"): "reset", (0, "ecc_uncorrected_volatile"): "reset", (0, "xid_63"): "reset",
+        (1, "hw_thermal_slowdown"): "drain", (1, "pcie_width_degraded"): "drain", (1, "nvlink_down"): "drain",
+        (1, "xid_79"): "reboot"}
+    # an XID of a GPU nvidia-smi does not list is the host's, and an application's XID 13 needs nothing
+    assert [(f.check, f.cls) for f in verdict.host_findings] == [("xid_13", "monitor")]
+    assert verdict.worst == "drain" and verdict.needs_action
+    line = summary_line(verdict)
+    assert line.startswith("drain: GPU 1 (00000000:00:07.0): ") and line.endswith("more). Fix: " + line.split("Fix: ")[1])
+    link = next(f for f in verdict.gpus[1].findings if f.check == "nvlink_down")
+    assert link.detail == "NVLink link(s) 3 of 18 inactive"
+
+
+def test_no_driver_and_an_unreadable_kernel_log_are_said_not_hidden():
+    assert assess(reading("no_nvidia_smi")).worst == "drain"
+    unread = assess(reading("kernel_log_unreadable"))
+    assert [f.check for f in unread.host_findings] == ["kernel_log_unreadable"] and not unread.needs_action
+
+
+def test_nvlink_required_by_the_tier_and_missing_is_a_finding():
+    verdict = assess(reading("healthy_h200"), nvlink="required")
+    assert [f.check for f in verdict.gpus[0].findings] == ["nvlink_missing"]
+
+
+def test_every_rule_has_a_class_a_fix_and_a_listed_source():
+    rules = health_rules()
+    for rule in [*rules.checks.values(), *rules.xids.values(), rules.xid_other]:
+        assert rule.cls in CLASSES and rule.fix and rule.source in rules.sources
+    doc = yaml.safe_load((Path(__file__).parents[2] / "gpufleet/data/health.yaml").read_text())
+    doc["checks"]["row_remap_failure"]["source"] = "S99"
+    with pytest.raises(ValueError, match="S99"):
+        rules_from(doc)
