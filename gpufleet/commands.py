@@ -62,3 +62,9 @@ def compat() -> int:
     from gpufleet.compat_cli import main
 
     return main(sys.argv[1:], prog="gpufleet-compat")
+
+
+def health() -> int:
+    from gpufleet.apps.health import main
+
+    return main(sys.argv[1:], prog="gpufleet-health")

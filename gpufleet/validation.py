@@ -32,11 +32,13 @@ from gpufleet.facts.pytorch import TorchBuild
 from gpufleet.facts.nftables import TABLE, NftablesCapability
 from gpufleet.facts.ssh import SshdEffectiveConfig
 from gpufleet.facts.gpu_checks import ContainerGpus, DcgmDiag, PerfProbe
+from gpufleet.facts.health import GpuHealth
 from gpufleet.facts.system import UnitActive
 
 from . import dockerconf, perf
 from .cuda_stack import STACK_FAMILIES, component_drift, pending_message, stack_drift_message, stack_fact_packages, stack_pending_message, stack_renames, stack_states
 from .errors import Incompatible
+from .health import GpuVerdict, all_findings, assess
 from .hostcontext import host_context
 from .sshd_policy import expected_sshd
 from .tiers import managed_marker
@@ -49,7 +51,7 @@ FIX_DEPLOY = "run deploys/all.py"
 FIX_ROLLOUT = "tools/rollout INVENTORY (canary, batches, drain, snapshot); all.py changes no driver of a provisioned host"
 
 
-AREAS = ("base", "preflight", "driver", "docker", "tuning", "monitoring", "hardening", "probe", "pytorch")
+AREAS = ("base", "preflight", "driver", "docker", "tuning", "monitoring", "hardening", "health", "probe", "pytorch")
 
 
 @dataclass(frozen=True)
@@ -644,6 +646,35 @@ def firewall_active(ctx: Context) -> Result:
         return Result("hardening", name, FAIL, f"table {TABLE} is not loaded",
                       "systemctl restart nftables, or run deploys/all.py")
     return Result("hardening", name, PASS, f"table {TABLE} loaded")
+
+
+# --- GPU health: the GPU to pull before a job finds it --------------------------------------------
+
+HEALTH_CHECK = "the GPUs are healthy (ECC, row remapper, throttling, PCIe, NVLink, XIDs)"
+
+
+@check("health")
+def gpu_health(ctx: Context) -> Result:
+    """FAILs a host with a finding of class reset or worse (gpufleet/data/health.yaml), naming the
+    GPU by index and bus id; WARNs on what only needs watching."""
+    if not ctx.gpu.ok:
+        return Result("health", HEALTH_CHECK, SKIP, f"nvidia-smi does not work ({ctx.gpu.status}): see the driver checks")
+    verdict = assess(ctx.fact(GpuHealth), nvlink=getattr(ctx.settings, "validate_nvlink", "any"))
+    found = [(g, f) for g, f in all_findings(verdict) if f.cls != "ok"]
+
+    def where(g: GpuVerdict | None) -> str:
+        return f"GPU {g.index} ({g.bus_id})" if g else "host"
+
+    act = verdict.actionable()
+    if act:
+        return Result("health", HEALTH_CHECK, FAIL,
+                      "; ".join(f"{where(g)}: {f.cls}: {f.detail}" for g, f in act),
+                      act[0][1].fix + " (tools/health INVENTORY lists every finding)")
+    if found:
+        return Result("health", HEALTH_CHECK, WARN, "; ".join(f"{where(g)}: {f.cls}: {f.detail}" for g, f in found),
+                      found[0][1].fix)
+    return Result("health", HEALTH_CHECK, PASS, f"{len(verdict.gpus)} GPU(s): no ECC, row remap, throttling, "
+                                                "PCIe, NVLink or XID finding")
 
 
 # --- optional health and performance probe ----------------------------------------------------

@@ -235,73 +235,19 @@ def gather(inventory_path: str | InventorySource, workers: int = 20, drift: bool
            progress: Callable[[str, str, float], None] | None = None,
            deploy: str = "deploys/all.py") -> list[dict[str, Any]]:
     """One row per host of the inventory, in inventory order."""
-    from gevent import monkey
-
-    monkey.patch_all()
-    import gevent
-    from gevent.pool import Pool
-    from pyinfra.api import State
-    from pyinfra.api.exceptions import ConnectError
-    from pyinfra.api.state import StateStage
-    from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
+    from gpufleet.fleet_read import connected_fleet, read_each
     from gpufleet.inventory_source import InventorySource
 
-    from gpufleet import factcache
-
-    # The facts each host answered in its last run (report or deploy) come back in one command
-    # per host instead of one each: about 35 round trips per host otherwise.
-    factcache.install()
     # the inventory with --limit, --data and config.py, as the pyinfra command line takes them
     source = inventory_path if isinstance(inventory_path, InventorySource) else InventorySource(str(inventory_path))
-    inventory = source.load()
-    hosts = source.hosts(inventory)
-    state = State(check_for_changes=True)
-    state.cwd = str(PACKAGE)
-    ctx_state.set(state)
-    ctx_inventory.set(inventory)
-    config = source.config()
-    config.PARALLEL, config.FAIL_PERCENT = max(1, workers), None
-    ctx_config.set(config)
-    state.init(inventory, config, initial_limit=hosts)   # all.py's checks: these hosts only
-    state.set_stage(StateStage.Connect)
-
-    rows: dict[str, dict[str, Any]] = {}
-    report = progress or (lambda *a: None)
-
-    def collect(host: Any) -> None:
-        start = time.monotonic()
-        base = {"host": host.name, "address": str(host.data.get("ssh_hostname") or host.name)}
-        try:
-            host.connect(show_errors=False, raise_exceptions=True)
-        except ConnectError as error:
-            rows[host.name] = {**base, "status": "unreachable", "state": "unreachable",
-                               "error": str(error) or type(error).__name__,
-                               "tier": host.data.get("tier"), "seconds": round(time.monotonic() - start, 2)}
-            report(host.name, "unreachable", time.monotonic() - start)
-            return
-        state.activate_host(host)
-        try:
-            with ctx_config.use(config.copy()), ctx_host.use(host):
-                row = host_row(host, probe=probe)
-        except Exception as error:  # noqa: BLE001 - a broken host is a row, not a crash
-            row = {"status": "error", "state": "error", "error": f"{type(error).__name__}: {error}"}
-        rows[host.name] = {**base, **row, "seconds": round(time.monotonic() - start, 2)}
-        report(host.name, rows[host.name]["state"], time.monotonic() - start)
-
-    state.set_stage(StateStage.Prepare)
-    pool = Pool(max(1, workers))
-    for host in hosts:
-        pool.spawn(collect, host)
-    pool.join()
-
-    if drift:
-        plan_drift(state, [h for h in hosts if rows.get(h.name, {}).get("status") in ("ok", "error")
-                           and h.connected], rows, deploy)
+    with connected_fleet(source, workers, PACKAGE) as fleet:   # all.py's checks: these hosts only
+        rows = read_each(fleet, lambda host: host_row(host, probe=probe), workers, progress)
+        hosts = fleet.hosts
+        if drift:
+            plan_drift(fleet.state, [h for h in hosts if rows.get(h.name, {}).get("status") in ("ok", "error")
+                                     and h.connected], rows, deploy)
     for host in hosts:
         rows[host.name].setdefault("drift", None)
-    for host in hosts:
-        if host.connected:
-            gevent.spawn(host.disconnect).join(timeout=5)
     return [rows[h.name] for h in hosts]
 
 

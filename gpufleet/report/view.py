@@ -21,14 +21,15 @@ COMPONENTS = (("driver", "Driver"), ("cuda", "CUDA"), ("cudnn", "cuDNN"), ("cont
 # (key, heading) of the HTML table, in order
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("host", "Host"), *COMPONENTS, ("tuning", "Persistence, clocks"), ("firewall", "Firewall"),
-    ("ssh_hardening", "SSH"), ("endpoints", "Metrics"), ("kernel", "Kernel, reboot"), ("drift", "Drift (all.py)"),
+    ("ssh_hardening", "SSH"), ("health", "GPU health"), ("endpoints", "Metrics"), ("kernel", "Kernel, reboot"), ("drift", "Drift (all.py)"),
     ("problems", "Problems"),
 )
 
 STACK_CHECK = "the CUDA toolkit and cuDNN are the resolved releases"
 KERNEL_CHECK = "every installed kernel has the nvidia module"
 DRIVER_CHECK = "the loaded driver = the installed driver = the resolved driver"
-CHECK_OF = {"firewall": "the host firewall is active", "ssh_hardening": "sshd's effective configuration is hardened"}
+CHECK_OF = {"firewall": "the host firewall is active", "ssh_hardening": "sshd's effective configuration is hardened",
+            "health": "the GPUs are healthy (ECC, row remapper, throttling, PCIe, NVLink, XIDs)"}
 REFUSED = "all.py refuses this host at planning time"
 
 
@@ -321,6 +322,9 @@ def fleet_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "versions": {key: count([version(r, key) for r in rows]) for key, _ in COMPONENTS},
         "upgrades_pending": [r["host"] for r in rows if r.get("status") != "unreachable" and upgrades(r)],
         "reboots_pending": [r["host"] for r in rows if r.get("reboot_pending")],
+        # hosts whose GPU health check fails: a GPU to reset, reboot, drain or return
+        "health_action": [r["host"] for r in rows
+                          if any(c["name"] == CHECK_OF["health"] and c["status"] == "fail" for c in _checks(r))],
     }
 
 

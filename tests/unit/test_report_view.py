@@ -178,9 +178,11 @@ def test_fleet_summary_counts(doc):
                      "container_toolkit": {"1.18.0-1": 4, "unknown": 1}},
         "upgrades_pending": [CUDNN_BY_HAND],
         "reboots_pending": [DEV],
+        "health_action": [],
     }
     page = _page(doc)
-    assert page.counts == {"hosts": 5, "fail": 3, "warn": 1, "pending": 0, "ok": 1, "upgrades": 1, "reboots": 1}
+    assert page.counts == {"hosts": 5, "fail": 3, "warn": 1, "pending": 0, "ok": 1, "upgrades": 1, "reboots": 1,
+                           "health": 0}
     assert page.versions == summary["versions"] and page.tiers == summary["tiers"]
     assert 'data-version="9.16.0.29" data-hosts="1" data-differ="1"' in html_page(doc)
     # per tier: the tiers resolve different versions
@@ -215,3 +217,17 @@ def test_the_page_is_self_contained_and_escapes_host_text(doc):
     text = html_page(evil)
     assert "<script>alert" not in text and "<img src=x" not in text
     assert "&lt;img src=x onerror=alert(1)&gt;" in text
+
+
+def test_a_gpu_to_act_on_fails_the_health_cell_and_counts_in_the_summary(doc):
+    from gpufleet.report.view import CHECK_OF, cells
+
+    row = copy.deepcopy(_rows(doc)[HEALTHY]) | {"host": "sick"}
+    row["validation"]["checks"].append({
+        "area": "health", "name": CHECK_OF["health"], "status": "fail",
+        "message": "GPU 1 (00000000:00:07.0): reboot: XID 79 (GPU has fallen off the bus) logged 1 time(s) since boot",
+        "fix": "drain and reboot the node"})
+    cell = cells(row)["health"]
+    assert cell.status == "fail" and "00000000:00:07.0" in cell.note
+    assert fleet_summary([row])["health_action"] == ["sick"]
+    assert _page(document([row], "inv.py", 1.0)).counts["health"] == 1

@@ -1,0 +1,178 @@
+"""tools/health (gpufleet-health): which GPU to pull, and what to do with it.
+
+    tools/health INVENTORY [--limit PATTERN] [--data KEY=VALUE] [--config FILE] [--json] [--workers N]
+    tools/health --local [--nvlink required|any|absent] [--slurm]
+
+Fleet: reads every host of the inventory at once, read-only (one remote command per host: the
+GpuHealth fact), and prints one line per finding with its class and fix, or `--json`:
+{"hosts": [{"name", "status", "worst", "error", "findings", "gpus": [{"index", "bus_id", "name",
+"worst", "findings": [{"check", "class", "detail", "fix"}]}]}]}. Exit 0 only when every host was
+read and nothing needs action (class reset or worse), 1 otherwise, 2 on usage errors.
+
+Local (`--local`, on the node itself, as root): the same reading and verdict, one line on stdout,
+exit 0 when nothing needs action, 1 when something does: Slurm's HealthCheckProgram. With
+`--slurm` it also drains the node when its worst class is drain or worse (reason
+"gpufleet health: <the finding>"), and resumes a node only when gpufleet health drained it and the
+check passes again.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from typing import Any
+
+from gpufleet.facts.health import GpuHealth, GpuHealthData
+from gpufleet.facts.slurm import SlurmNode, SlurmNodeData
+from gpufleet.health import ACTION, HostVerdict, all_findings, assess, rank, summary_line
+
+#: the reason gpufleet health drains a node with: it resumes only nodes whose reason starts so
+SLURM_REASON = "gpufleet health: "
+NVLINK = ("required", "any", "absent")
+
+
+def verdict_json(name: str, verdict: HostVerdict | None, row: dict[str, Any]) -> dict[str, Any]:
+    if verdict is None:
+        return {"name": name, "status": row["status"], "worst": None, "error": row.get("error"), "findings": [],
+                "gpus": []}
+    return {"name": name, "status": "ok", "worst": verdict.worst, "error": None,
+            "findings": [f.as_json() for f in verdict.host_findings],
+            "gpus": [{"index": g.index, "bus_id": g.bus_id, "name": g.name, "worst": g.worst,
+                      "findings": [f.as_json() for f in g.findings]} for g in verdict.gpus]}
+
+
+def table(hosts: list[tuple[str, HostVerdict | None, dict[str, Any]]]) -> str:
+    """One line per finding (a healthy host is one line): host, GPU, class, what, fix."""
+    lines = [("HOST", "GPU", "CLASS", "FINDING", "FIX")]
+    for name, verdict, row in hosts:
+        if verdict is None:
+            lines.append((name, "-", row["status"], row.get("error") or "", "bring the host back and re-run"))
+            continue
+        found = [(g, f) for g, f in all_findings(verdict)]
+        if not found:
+            lines.append((name, "-", "ok", f"{len(verdict.gpus)} GPU(s) healthy", ""))
+        for gpu, finding in sorted(found, key=lambda pair: -rank(pair[1].cls)):
+            lines.append((name, f"{gpu.index} {gpu.bus_id}" if gpu else "-", finding.cls, finding.detail, finding.fix))
+    widths = [max(len(line[i]) for line in lines) for i in range(4)]
+    return "\n".join("  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(line)).rstrip()
+                     for line in lines)
+
+
+def fleet_main(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import gpufleet.deploys
+    from gpufleet import inventory_source
+    from gpufleet.fleet_read import connected_fleet, read_each
+    from gpufleet.settings import host_settings
+
+    source = inventory_source.InventorySource.from_args(args)
+    verdicts: dict[str, HostVerdict] = {}
+
+    def read(host: Any) -> dict[str, Any]:
+        nvlink = host_settings(host).validate_nvlink
+        verdicts[host.name] = assess(host.get_fact(GpuHealth), nvlink=nvlink)
+        return {"status": "ok", "state": verdicts[host.name].worst}
+
+    def progress(name: str, status: str, seconds: float) -> None:
+        if not args.quiet:
+            print(f"{name}: {status} ({seconds:.1f} s)", file=sys.stderr, flush=True)
+
+    import logging
+
+    logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
+    with connected_fleet(source, args.workers, gpufleet.deploys.FOLDER.parent) as fleet:
+        rows = read_each(fleet, read, args.workers, progress)
+        names = [h.name for h in fleet.hosts]
+    hosts = [(n, verdicts.get(n) if rows[n]["status"] == "ok" else None, rows[n]) for n in names]
+    if args.json:
+        print(json.dumps({"hosts": [verdict_json(n, v, r) for n, v, r in hosts]}, indent=1))
+    else:
+        print(table(hosts))
+        act = [n for n, v, _ in hosts if v is None or v.needs_action]
+        print(f"\n{len(hosts)} host(s), {len(act)} need action" + (f": {', '.join(act)}" if act else ""))
+    return 0 if all(v is not None and not v.needs_action for _, v, _ in hosts) else 1
+
+
+def _run(command: str) -> list[str]:
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=False).stdout.splitlines()
+
+
+def read_local() -> GpuHealthData:
+    """The GpuHealth fact's own command, run here."""
+    return GpuHealth().process(_run(GpuHealth().command()))
+
+
+def slurm_action(verdict: HostVerdict, node: SlurmNodeData) -> list[str] | None:
+    """The scontrol command the verdict asks for on this Slurm node, or None: drain when the
+    worst class is drain or worse (unless it is drained already); resume when nothing needs action
+    and gpufleet health drained it."""
+    if not node.scontrol or node.error:
+        return None
+    if rank(verdict.worst) >= rank("drain"):
+        if node.drain_set:
+            return None
+        reason = (SLURM_REASON + summary_line(verdict))[:250]
+        return [node.scontrol, "update", f"NodeName={node.node}", "State=DRAIN", f"Reason={reason}"]
+    if not verdict.needs_action and node.drain_set and node.reason.startswith(SLURM_REASON):
+        return [node.scontrol, "update", f"NodeName={node.node}", "State=RESUME"]
+    return None
+
+
+def local_main(args: argparse.Namespace) -> int:
+    verdict = assess(read_local(), nvlink=args.nvlink)
+    print(summary_line(verdict))
+    if args.slurm:
+        node = SlurmNode().process(_run(SlurmNode().command()))
+        action = slurm_action(verdict, node)
+        if action:
+            done = subprocess.run(action, capture_output=True, text=True, check=False)
+            what = "drained" if "State=DRAIN" in action else "resumed"
+            if done.returncode != 0:
+                print(f"gpufleet health: could not set Slurm node {node.node} {what}: "
+                      f"{(done.stderr or done.stdout).strip()}", file=sys.stderr)
+                return 1
+            print(f"gpufleet health: Slurm node {node.node} {what}")
+    return 1 if verdict.needs_action else 0
+
+
+def main(argv: list[str] | None = None, prog: str = "health") -> int:
+    from gpufleet import inventory_source
+
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                     epilog=f"exit 0: nothing needs action (class below {ACTION}); 1: something does, "
+                                            "or a host was not read; 2: usage")
+    parser.add_argument("inventory", nargs="?", help="pyinfra inventory file (as given to pyinfra)")
+    parser.add_argument("--local", action="store_true", help="check this node (as root), not an inventory")
+    parser.add_argument("--nvlink", choices=NVLINK, default="any",
+                        help="--local: the NVLink the node must have (the tier's validate_nvlink)")
+    parser.add_argument("--slurm", action="store_true",
+                        help="--local: drain this Slurm node at class drain or worse; resume it once healthy")
+    parser.add_argument("--json", action="store_true", help="JSON instead of the table")
+    parser.add_argument("--workers", type=int, default=20, help="hosts read at once (default 20)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    inventory_source.add_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.local:
+        if args.inventory:
+            parser.error("--local checks this node: give no inventory")
+        return local_main(args)
+    if args.slurm:
+        parser.error("--slurm goes with --local (on the node, as Slurm's HealthCheckProgram)")
+    if not args.inventory:
+        parser.error("give an inventory, or --local")
+    if not 1 <= args.workers <= 1000:
+        parser.error(f"--workers {args.workers} out of range: allowed 1 to 1000")
+    try:
+        source = inventory_source.InventorySource.from_args(args)
+        source.config()
+        if not source.hosts(source.load()):
+            parser.error(f"the inventory {args.inventory} has no hosts: nothing to check")
+    except inventory_source.SourceError as exc:
+        parser.error(str(exc))
+    return fleet_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
