@@ -162,6 +162,10 @@ def main(argv: list[str] | None = None, prog: str = "health") -> int:
         parser.error("--slurm goes with --local (on the node, as Slurm's HealthCheckProgram)")
     if not args.inventory:
         parser.error("give an inventory, or --local")
+    from pathlib import Path
+
+    if not Path(args.inventory).is_file():
+        parser.error(f"no such inventory file: {args.inventory}")
     if not 1 <= args.workers <= 1000:
         parser.error(f"--workers {args.workers} out of range: allowed 1 to 1000")
     try:

@@ -21,7 +21,8 @@ from testing.inventory import OS_RELEASE, write_inventory
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-COMMANDS = ("gpufleet-deploy", "gpufleet-rollout", "gpufleet-rollback", "gpufleet-report", "gpufleet-compat")
+COMMANDS = ("gpufleet-deploy", "gpufleet-rollout", "gpufleet-rollback", "gpufleet-report", "gpufleet-compat",
+            "gpufleet-health")
 NCCL = "/etc/nccl.conf"
 
 
