@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--size", type=int, default=8192)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--copy-mib", type=int, default=1024)
-    parser.add_argument("--allreduce-mib", type=int, default=256)
+    parser.add_argument("--allreduce-mib", type=int, default=2048)  # GiB-scale: where NCCL reaches its bus bandwidth
     args = parser.parse_args(argv)
 
     try:

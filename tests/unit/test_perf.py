@@ -50,6 +50,14 @@ def test_allreduce_bus_bandwidth_as_nccl_tests():
     assert perf.allreduce_busbw_gbs(10 ** 9, 2, 1, 0.005) == pytest.approx(200.0)
 
 
+def test_minimums_catch_a_slow_gpu_at_90_percent_of_typical():
+    # the live H200's own measurements: 778.7 / 794.3 TFLOP/s, 4233 / 4212 GB/s
+    h200 = perf.minimums("NVIDIA H200")
+    assert h200.matmul_tflops == pytest.approx(0.9 * 786.5, abs=0.1) and h200.memory_gbs == pytest.approx(0.9 * 4222.5, abs=0.1)
+    assert 700 < h200.matmul_tflops < 778.7 and 3700 < h200.memory_gbs < 4212   # both real runs pass, a slow GPU fails
+    assert perf.MATMUL_MIN_FRACTION == pytest.approx(0.9 * 0.795, abs=0.001)
+
+
 def test_minimums_are_fractions_of_the_datasheet_peak():
     h100 = perf.minimums("NVIDIA H100 80GB HBM3", gpus=8, nvlink=True)
     assert h100.matmul_tflops == pytest.approx(989 * perf.MATMUL_MIN_FRACTION, abs=0.05)
@@ -73,7 +81,7 @@ def test_parse_probe_judges_each_gpu_against_its_model():
          "dtype": "bfloat16", "iterations": 20, "seconds": 0.0275},           # ~800 TFLOP/s: fine
         {"metric": "matmul", "device": "cuda:1", "index": 1, "m": 8192, "n": 8192, "k": 8192,
          "dtype": "bfloat16", "iterations": 20, "seconds": 0.1},              # ~220 TFLOP/s: too slow
-        {"metric": "memory", "device": "cuda:0", "index": 0, "bytes": 2 ** 30, "iterations": 20, "seconds": 0.012},
+        {"metric": "memory", "device": "cuda:0", "index": 0, "bytes": 2 ** 30, "iterations": 20, "seconds": 0.0105},
         {"metric": "allreduce", "device": "cuda:0-1", "ranks": 2, "bytes": 2 ** 28, "iterations": 20,
          "seconds": 0.02},
     )
@@ -83,12 +91,12 @@ def test_parse_probe_judges_each_gpu_against_its_model():
     assert by_device[("matmul", "cuda:0")].value == pytest.approx(799.6, abs=0.1)
     assert by_device[("matmul", "cuda:0")].ok
     assert not by_device[("matmul", "cuda:1")].ok
-    assert by_device[("memory", "cuda:0")].value == pytest.approx(2 * 2 ** 30 * 20 / 0.012 / 1e9)
+    assert by_device[("memory", "cuda:0")].value == pytest.approx(2 * 2 ** 30 * 20 / 0.0105 / 1e9)   # 4090 GB/s: fine
     allreduce = by_device[("allreduce busbw", "cuda:0-1")]
     assert allreduce.value == pytest.approx(2 ** 28 * 20 / 0.02 / 1e9 * 1.0)
     assert allreduce.minimum == pytest.approx(225.0)
     assert [m.device for m in result.failures] == ["cuda:1"]
-    assert "< minimum 494.5" in result.failures[0].describe()
+    assert "< minimum 707.9" in result.failures[0].describe()
 
 
 def test_parse_probe_skips():
