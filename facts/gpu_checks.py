@@ -200,7 +200,7 @@ class PerfProbe(FactBase[list[str]]):
 
     @override
     def command(self, device: str = "cuda", size: int = 8192, iters: int = 20,
-                copy_mib: int = 1024, allreduce_mib: int = 256) -> StringCommand:
+                copy_mib: int = 1024, allreduce_mib: int = 2048) -> StringCommand:
         if device not in ("cuda", "cpu"):
             raise ValueError(f"probe device must be cuda or cpu, not {device!r}")
         numbers = [int(size), int(iters), int(copy_mib), int(allreduce_mib)]
