@@ -153,6 +153,8 @@ def minimums(model: str, gpus: int = 1, nvlink: bool = False) -> Minimums:
     if gpus >= 2 and nvlink and peak.nvlink_gbs:
         busbw = round(peak.nvlink_gbs * ALLREDUCE_MIN_FRACTION, 1)
     measured = TYPICAL.get(model)
+    matmul: float | None
+    memory: float | None
     if measured:
         matmul = round(measured[0] * MIN_OF_TYPICAL, 1) if peak.bf16_tflops else None
         memory = round(measured[1] * MIN_OF_TYPICAL, 1)

@@ -10,10 +10,11 @@ GpuHealth fact), and prints one line per finding with its class and fix, or `--j
 read and nothing needs action (class reset or worse), 1 otherwise, 2 on usage errors.
 
 Local (`--local`, on the node itself, as root): the same reading and verdict, one line on stdout,
-exit 0 when nothing needs action, 1 when something does: Slurm's HealthCheckProgram. With
-`--slurm` it also drains the node when its worst class is drain or worse (reason
-"gpufleet health: <the finding>"), and resumes a node only when gpufleet health drained it and the
-check passes again.
+exit 0 when nothing needs action, 1 when something does: Slurm's HealthCheckProgram.
+
+`--slurm` (either way) is the one change it makes: it drains a host's Slurm node when its worst
+class is drain or worse (reason "gpufleet health: <the finding>"), and resumes a node only when
+gpufleet health drained it and the check passes again.
 """
 from __future__ import annotations
 
@@ -60,8 +61,6 @@ def table(hosts: list[tuple[str, HostVerdict | None, dict[str, Any]]]) -> str:
 
 
 def fleet_main(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     import gpufleet.deploys
     from gpufleet import inventory_source
     from gpufleet.fleet_read import connected_fleet, read_each
@@ -71,9 +70,12 @@ def fleet_main(args: argparse.Namespace) -> int:
     verdicts: dict[str, HostVerdict] = {}
 
     def read(host: Any) -> dict[str, Any]:
-        nvlink = host_settings(host).validate_nvlink
-        verdicts[host.name] = assess(host.get_fact(GpuHealth), nvlink=nvlink)
-        return {"status": "ok", "state": verdicts[host.name].worst}
+        settings = host_settings(host)
+        verdict = verdicts[host.name] = assess(host.get_fact(GpuHealth), nvlink=settings.validate_nvlink)
+        row: dict[str, Any] = {"status": "ok", "state": verdict.worst}
+        if args.slurm:
+            row["slurm"] = slurm_step(host, verdict, settings.rollout_slurm_node_name)
+        return row
 
     def progress(name: str, status: str, seconds: float) -> None:
         if not args.quiet:
@@ -86,13 +88,43 @@ def fleet_main(args: argparse.Namespace) -> int:
         rows = read_each(fleet, read, args.workers, progress)
         names = [h.name for h in fleet.hosts]
     hosts = [(n, verdicts.get(n) if rows[n]["status"] == "ok" else None, rows[n]) for n in names]
+    failed_slurm = [n for n, v, r in hosts if (r.get("slurm") or "").startswith("failed")]
     if args.json:
-        print(json.dumps({"hosts": [verdict_json(n, v, r) for n, v, r in hosts]}, indent=1))
+        print(json.dumps({"hosts": [{**verdict_json(n, v, r), **({"slurm": r.get("slurm")} if args.slurm else {})}
+                                    for n, v, r in hosts]}, indent=1))
     else:
         print(table(hosts))
         act = [n for n, v, _ in hosts if v is None or v.needs_action]
+        for n, _, r in hosts:
+            if r.get("slurm"):
+                print(f"{n}: Slurm: {r['slurm']}")
         print(f"\n{len(hosts)} host(s), {len(act)} need action" + (f": {', '.join(act)}" if act else ""))
-    return 0 if all(v is not None and not v.needs_action for _, v, _ in hosts) else 1
+    return 0 if all(v is not None and not v.needs_action for _, v, _ in hosts) and not failed_slurm else 1
+
+
+def slurm_step(host: Any, verdict: HostVerdict, node_name: str) -> str:
+    """Drain or resume the host's Slurm node as the verdict asks (slurm_action), on the host, with
+    the host's own privileges (its sudo); what was done, in words."""
+    from pyinfra.api import StringCommand
+
+    node = host.get_fact(SlurmNode, node=node_name)
+    if not node.scontrol:
+        return ""
+    if node.error:
+        return f"failed: {node.error}"
+    action = slurm_action(verdict, node)
+    if not action:
+        return f"{node.node}: {node.state or 'unknown'}, nothing to change"
+    from gpufleet import pyinfra_private
+
+    # with the privileges pyinfra gives the host's facts (its sudo, its password): scontrol needs root
+    _, arguments = pyinfra_private.handle_fact_kwargs(host.state, host, SlurmNode, [], {})
+    executor = {k: v for k, v in arguments.items() if k in pyinfra_private.connector_argument_keys()}
+    ok, output = host.run_shell_command(StringCommand(*action), print_output=False, print_input=False, **executor)
+    what = "drained" if "State=DRAIN" in action else "resumed"
+    if not ok:
+        return f"failed: could not set {node.node} {what}: " + " ".join(output.stderr_lines)[:200]
+    return f"{node.node} {what}"
 
 
 def _run(command: str) -> list[str]:
@@ -148,7 +180,8 @@ def main(argv: list[str] | None = None, prog: str = "health") -> int:
     parser.add_argument("--nvlink", choices=NVLINK, default="any",
                         help="--local: the NVLink the node must have (the tier's validate_nvlink)")
     parser.add_argument("--slurm", action="store_true",
-                        help="--local: drain this Slurm node at class drain or worse; resume it once healthy")
+                        help="drain a host's Slurm node at class drain or worse, resume it once healthy (only "
+                             "nodes gpufleet health drained); the one change this tool makes")
     parser.add_argument("--json", action="store_true", help="JSON instead of the table")
     parser.add_argument("--workers", type=int, default=20, help="hosts read at once (default 20)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -158,8 +191,6 @@ def main(argv: list[str] | None = None, prog: str = "health") -> int:
         if args.inventory:
             parser.error("--local checks this node: give no inventory")
         return local_main(args)
-    if args.slurm:
-        parser.error("--slurm goes with --local (on the node, as Slurm's HealthCheckProgram)")
     if not args.inventory:
         parser.error("give an inventory, or --local")
     from pathlib import Path
