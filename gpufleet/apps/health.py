@@ -105,7 +105,7 @@ def fleet_main(args: argparse.Namespace) -> int:
 def slurm_step(host: Any, verdict: HostVerdict, node_name: str) -> str:
     """Drain or resume the host's Slurm node as the verdict asks (slurm_action), on the host, with
     the host's own privileges (its sudo); what was done, in words."""
-    from pyinfra.api import StringCommand
+    from pyinfra.api import QuoteString, StringCommand
 
     node = host.get_fact(SlurmNode, node=node_name)
     if not node.scontrol:
@@ -120,7 +120,9 @@ def slurm_step(host: Any, verdict: HostVerdict, node_name: str) -> str:
     # with the privileges pyinfra gives the host's facts (its sudo, its password): scontrol needs root
     _, arguments = pyinfra_private.handle_fact_kwargs(host.state, host, SlurmNode, [], {})
     executor = {k: v for k, v in arguments.items() if k in pyinfra_private.connector_argument_keys()}
-    ok, output = host.run_shell_command(StringCommand(*action), print_output=False, print_input=False, **executor)
+    # each word quoted: the reason is a finding's text (a GPU name, parentheses)
+    ok, output = host.run_shell_command(StringCommand(*(QuoteString(word) for word in action)),
+                                        print_output=False, print_input=False, **executor)
     what = "drained" if "State=DRAIN" in action else "resumed"
     if not ok:
         return f"failed: could not set {node.node} {what}: " + " ".join(output.stderr_lines)[:200]

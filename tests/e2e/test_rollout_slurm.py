@@ -142,3 +142,32 @@ def test_unknown_slurm_node_name_stops_the_host_before_any_change(cluster, aptre
     assert rf.version(busy, "nvidia-open") == f"ii {rf.NEW_DEB}"
     assert slurm.settled_state(ctl, names[busy.name]) == ("idle", "")
 
+
+
+def test_health_drains_a_sick_node_with_its_finding_and_resumes_only_its_own(cluster):
+    """tools/health --slurm (issue 29): a GPU in hardware slowdown (the simulator's fault) drains
+    its node with the finding as the reason; once the fault is gone and the check passes, that
+    node is resumed; the node an admin drained stays drained with the admin's reason."""
+    ctl, (busy, admin), names, work = cluster
+    node = names[busy.name]
+    assert slurm.settled_state(ctl, node) == ("idle", "")
+    rf.sh(busy, "sudo gpusimctl fault --gpu 0 hw-slowdown")
+    try:
+        sick = subprocess.run([str(REPO / "tools/health"), "slurm.py", "--slurm", "--quiet"], cwd=work,
+                              capture_output=True, text=True, timeout=600)
+        print(sick.stdout, sick.stderr)
+        assert sick.returncode == 1
+        state, reason = slurm.node_state(ctl, node)
+        assert state.startswith("drain"), state
+        assert reason.startswith("gpufleet health: drain: GPU 0 (") and "hardware slowdown" in reason, reason
+        assert slurm.node_state(ctl, names[admin.name])[1] == ADMIN_REASON
+    finally:
+        rf.sh(busy, "sudo gpusimctl fault --clear")
+    well = subprocess.run([str(REPO / "tools/health"), "slurm.py", "--slurm", "--quiet"], cwd=work,
+                          capture_output=True, text=True, timeout=600)
+    print(well.stdout, well.stderr)
+    assert f"{node} resumed" in well.stdout
+    assert slurm.settled_state(ctl, node) == ("idle", "")
+    assert slurm.node_state(ctl, names[admin.name])[1] == ADMIN_REASON   # not gpufleet health's drain: kept
+    # the admin's node is healthy but was not drained by gpufleet health: exit 0 all the same
+    assert well.returncode == 0, well.stdout
