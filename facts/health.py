@@ -198,9 +198,12 @@ def parse_xids(lines: list[str]) -> list[tuple[str, int]]:
 _SCRIPT_TEMPLATE = """
 if ! command -v nvidia-smi >/dev/null 2>&1; then echo '::gpufleet:: status no-nvidia-smi'; exit 0; fi
 {begin_query}
-nvidia-smi --query-gpu={fields} --format=csv,noheader,nounits 2>&1; echo "::gpufleet:: rc query $?"
+q=$(nvidia-smi --query-gpu={fields} --format=csv,noheader,nounits 2>&1); rc=$?
+printf '%s\n' "$q"; echo "::gpufleet:: rc query $rc"
 {begin_nvlink}
-nvidia-smi nvlink -s 2>&1; echo "::gpufleet:: rc nvlink $?"
+# NVLink joins two or more GPUs: a host with one is not asked again (a call costs 20-100 ms)
+if [ "$(printf '%s\n' "$q" | grep -c .)" -gt 1 ]; then nvidia-smi nvlink -s 2>&1; fi
+echo "::gpufleet:: rc nvlink $?"
 {begin_xid}
 # the kernel's ring buffer (root: kernel.dmesg_restrict), else this boot's kernel messages in the journal
 if log=$(dmesg 2>/dev/null) || log=$(journalctl -k -b --no-pager -q -o cat 2>/dev/null); then

@@ -386,6 +386,10 @@ class ToolkitIndex(FactBase[dict[str, dict[str, str]]]):
          "cuda-nvcc-13-0": {"13.0.88-1": "cuda-toolkit-13-0-config-common", "13.0.96-1": "..."}}
     """
 
+    # asked only when a toolkit moves: a later run, which mostly changes nothing, must not pay
+    # for the package index walk in its prefetch
+    gpufleet_no_prefetch = True
+
     @override
     @staticmethod
     def default() -> dict[str, dict[str, str]]:
@@ -421,6 +425,8 @@ class ToolkitIndex(FactBase[dict[str, dict[str, str]]]):
 
 class AptVersions(FactBase[dict[str, list[str]]]):
     """Versions apt can install, per package, newest first (`apt-cache madison`, no update)."""
+
+    gpufleet_no_prefetch = True  # asked when packages move: not worth a later run's prefetch
 
     @override
     @staticmethod

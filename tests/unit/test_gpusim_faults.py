@@ -66,3 +66,34 @@ def test_each_fault_gets_its_class_on_the_right_gpu_and_clear_makes_it_ok(sim, k
 def test_an_unknown_fault_is_refused(sim):
     r = sim.ctl("fault", "--gpu", "0", "melted")
     assert r.returncode == 2 and "unknown fault" in r.stderr
+
+
+def run_fact_command(sim: LocalSim, tmp_path) -> list[str]:
+    """The GpuHealth fact's own command, run with the simulator's nvidia-smi and dmesg first on PATH."""
+    import os
+    import subprocess
+    import sys
+
+    from gpufleet.facts.health import HEALTH_SCRIPT
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in ("nvidia-smi", "dmesg"):
+        (bin_dir / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {tmp_path}/calls.log\n'
+                                    f'exec {sys.executable} {sim.root}/usr/lib/gpusim/{name} "$@"\n')
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin", GPUSIM_ROOT=str(sim.root))
+    return subprocess.run(["sh", "-c", HEALTH_SCRIPT], capture_output=True, text=True, env=env, timeout=60).stdout.splitlines()
+
+
+def test_the_fact_command_itself_reads_faults_and_asks_nvlink_only_with_two_gpus(sim, tmp_path):
+    sim.ctl("fault", "--gpu", "0", "xid:48")
+    data = GpuHealth().process(run_fact_command(sim, tmp_path))
+    assert [(f.check, f.cls) for f in assess(data).gpus[0].findings] == [("xid_48", "reset")]
+    assert len(data.gpus[1].nvlinks) == 18
+    one = LocalSim(tmp_path / "one", "h200x1")
+    (tmp_path / "calls.log").unlink()
+    data = GpuHealth().process(run_fact_command(one, tmp_path))
+    assert data.status == "ok" and data.kernel_log and data.gpus[0].nvlinks == ()
+    calls = (tmp_path / "calls.log").read_text()
+    assert calls.count("nvidia-smi") == 1 and "nvlink" not in calls   # one call on a one-GPU host
