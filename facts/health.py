@@ -36,8 +36,15 @@ HEALTH_FIELDS: tuple[str, ...] = (
 # The NVIDIA driver's XID line, as the kernel logs it (the driver's own format, from the line's
 # start: a process name later on the line cannot make another XID or another GPU):
 #   [ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.
-_XID = re.compile(r"^(?:\[\s*[\d.]+\]\s+)?NVRM: Xid \(PCI:([0-9a-fA-F]{4,8}:)?"
-                  r"([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.\d)?\): (\d{1,4}),")
+# (older drivers print the device without "PCI:", MIG instances add " GPU-I:NN"; XID 79 lines of
+# newer drivers carry no pid). Newer drivers may also say a GPU fell off the bus with no XID line:
+#   NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:2330) ... has fallen off the bus ...
+_XID = re.compile(r"^(?:\[\s*[\d.]+\]\s+)?NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}:)?"
+                  r"([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.\d)?(?: GPU-I:\d+)?\): (\d{1,4}),")
+_OFF_THE_BUS = re.compile(r"^(?:\[\s*[\d.]+\]\s+)?NVRM: The NVIDIA GPU ([0-9a-fA-F]{4,8}:)?([0-9a-fA-F]{2}):"
+                          r"([0-9a-fA-F]{2})\.\d\b.* has fallen off the bus")
+#: what a "fallen off the bus" line without an XID counts as
+OFF_THE_BUS_XID = 79
 _LINK = re.compile(r"^\s*Link (\d+): (.*)$")
 _GPU_LINE = re.compile(r"^GPU (\d+): ")
 
@@ -192,6 +199,10 @@ def parse_xids(lines: list[str]) -> list[tuple[str, int]]:
         m = _XID.match(line.strip())
         if m:
             found.append((f"{m.group(2)}:{m.group(3)}".lower(), int(m.group(4))))
+            continue
+        off = _OFF_THE_BUS.match(line.strip())
+        if off:
+            found.append((f"{off.group(2)}:{off.group(3)}".lower(), OFF_THE_BUS_XID))
     return found
 
 
@@ -207,7 +218,8 @@ echo "::gpufleet:: rc nvlink $?"
 {begin_xid}
 # the kernel's ring buffer (root: kernel.dmesg_restrict), else this boot's kernel messages in the journal
 if log=$(dmesg 2>/dev/null) || log=$(journalctl -k -b --no-pager -q -o cat 2>/dev/null); then
-  printf '%s\n' "$log" | grep -F 'NVRM: Xid' | tail -n 200; echo '::gpufleet:: kernel-log yes'
+  printf '%s\n' "$log" | grep -E 'NVRM: (Xid|The NVIDIA GPU .* has fallen off the bus)' | tail -n 200
+  echo '::gpufleet:: kernel-log yes'
 else echo '::gpufleet:: kernel-log no'; fi
 """
 

@@ -21,6 +21,9 @@ from gpufleet.facts.health import GpuHealthData, GpuHealthReading
 CLASSES = ("ok", "monitor", "reset", "reboot", "drain", "rma")
 #: a finding of this class or worse needs someone to act (exit codes, the gate, Slurm)
 ACTION = "reset"
+#: DCGM's limit of retired pages (single- and double-bit), past which it asks for the field
+#: diagnostic (health.yaml S7)
+RETIRED_PAGES_LIMIT = 63
 
 
 def rank(cls: str) -> int:
@@ -126,6 +129,9 @@ def gpu_findings(r: GpuHealthReading, rules: HealthRules, nvlink: str = "any") -
         add("row_remap_failure")
     if r.remap_pending:
         add("row_remap_pending")
+    retired = (r.retired_single_bit or 0) + (r.retired_double_bit or 0)
+    if retired >= RETIRED_PAGES_LIMIT:
+        add("retired_pages_limit", count=retired)
     if r.retired_pending:
         add("retired_pages_pending")
     if (r.ecc_uncorrected_volatile or 0) > 0:

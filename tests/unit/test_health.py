@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from gpufleet.facts.health import GpuHealth
-from gpufleet.health import CLASSES, assess, health_rules, rules_from, summary_line
+from gpufleet.health import CLASSES, assess, gpu_findings, health_rules, rules_from, summary_line
 
 pytestmark = pytest.mark.unit
 
@@ -30,7 +30,7 @@ def test_each_failing_reading_gets_the_class_nvidias_guidance_gives_on_its_own_g
     verdict = assess(reading("failing_gpus"))
     found = {(g.index, f.check): f.cls for g in verdict.gpus for f in g.findings}
     assert found == {
-        (0, "row_remap_pending"): "reset", (0, "ecc_uncorrected_volatile"): "reset", (0, "xid_63"): "reset",
+        (0, "row_remap_pending"): "reset", (0, "ecc_uncorrected_volatile"): "reset", (0, "xid_63"): "monitor",
         (1, "hw_thermal_slowdown"): "drain", (1, "pcie_width_degraded"): "drain", (1, "nvlink_down"): "drain",
         (1, "xid_79"): "reboot"}
     # an XID of a GPU nvidia-smi does not list is the host's, and an application's XID 13 needs nothing
@@ -61,3 +61,29 @@ def test_every_rule_has_a_class_a_fix_and_a_listed_source():
     doc["checks"]["row_remap_failure"]["source"] = "S99"
     with pytest.raises(ValueError, match="S99"):
         rules_from(doc)
+
+
+def test_xid_lines_as_real_drivers_print_them():
+    """Lines quoted from real hosts (NVIDIA/open-gpu-kernel-modules#1151, NVIDIA/gpu-operator#1146,
+    NVIDIA's memory error guide Table 3, NVIDIA/NVSentinel#155): with and without pid, with
+    'PCI:' or without, a MIG instance suffix, and the fall off the bus without an XID."""
+    from gpufleet.facts.health import parse_xids
+
+    lines = [
+        "NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.",
+        "[240314.528856] NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected",
+        "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No",
+        "[ 12.5] NVRM: Xid (0000:03:00): 14, Channel 00000001",
+        "NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:2330) installed in this system has fallen off the bus and is not responding to commands.",
+        "NVRM: GPU 0000:2b:00.0: GPU has fallen off the bus.",   # the line after an XID 79: not counted twice
+    ]
+    assert parse_xids(lines) == [("2b:00", 79), ("07:00", 48), ("01:00", 94), ("03:00", 14), ("b3:00", 79)]
+
+
+def test_retired_pages_at_dcgms_limit_are_an_rma_case():
+    from dataclasses import replace
+
+    base = reading("healthy_h200").gpus[0]
+    old = replace(base, retired_single_bit=60, retired_double_bit=3, remapped_correctable=None)
+    assert [(f.check, f.cls) for f in gpu_findings(old, health_rules())] == [("retired_pages_limit", "rma")]
+    assert gpu_findings(replace(old, retired_single_bit=59), health_rules()) == []
