@@ -58,14 +58,19 @@ def gate(probe: bool = True, probe_only_if_changed: bool = False) -> Generator[F
         # Planning: the host has not been changed yet, so there is nothing to judge.
         return
     settings = host_settings(host)
-    skip, scrape_skip = "probes turned off", ""
+    skip, scrape_skip, health_skip = "probes turned off", "", ""
     if probe_only_if_changed and not _changed_this_run(host):
         scrape_skip = ("this run changed nothing on the host (deploys/validate.py, the fleet report and "
                        "GPUFLEET_VALIDATE_PROBE=always scrape)")
+        # a GPU going bad is not a run's doing: tools/health (one command per host), Slurm's health
+        # check, deploys/validate.py and the fleet report read it; a no-op re-run does not pay for it
+        health_skip = ("GPU health not read: this run changed nothing on the host (tools/health, "
+                       "deploys/validate.py and the fleet report read it)")
         if probe:
             probe, skip = False, ("probes skipped: this run changed nothing on the host "
                                   "(GPUFLEET_VALIDATE_PROBE=always runs them on every run)")
-    results = run_checks(host, settings, probe=probe, probe_skip=skip, scrape_skip=scrape_skip)
+    results = run_checks(host, settings, probe=probe, probe_skip=skip, scrape_skip=scrape_skip,
+                         health_skip=health_skip)
     for result in results:
         log = logger.error if result.status == FAIL else logger.warning if result.status == WARN else logger.info
         log(f"{host.print_prefix}{result.line()}")

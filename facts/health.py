@@ -239,6 +239,10 @@ class GpuHealth(FactBase[GpuHealthData]):
                       remap_pending=False, remap_failure=False, hw_slowdown=False, ...),))
     """
 
+    # asked at the end of a run only on hosts the run changed: a later deploy run's prefetch leaves
+    # it out (tools/health, the fleet report and deploys/validate.py ask it themselves)
+    gpufleet_end_of_run = True
+
     @override
     @staticmethod
     def default() -> GpuHealthData:

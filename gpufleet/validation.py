@@ -92,7 +92,7 @@ class Context:
     """What a check may read: the host, its settings, facts (each asked once per run)."""
 
     def __init__(self, host: Any, settings: Any, probe: bool = True, probe_skip: str = "probes turned off",
-                 torch_probe: bool | None = None, scrape_skip: str = ""):
+                 torch_probe: bool | None = None, scrape_skip: str = "", health_skip: str = ""):
         self.host = host
         self.settings = settings
         self.probe = probe
@@ -103,6 +103,7 @@ class Context:
         # why the exporters are not scraped on this run ("": they are); all.py's no-op re-run
         # leaves them alone: each scrape costs the host what a tenth of its whole no-op costs
         self.scrape_skip = scrape_skip
+        self.health_skip = health_skip   # why the GPU health is not read on this run ("": it is)
         self._facts: dict[Any, Any] = {}
 
     def fact(self, cls: Any, **kwargs: Any) -> Any:
@@ -657,6 +658,8 @@ HEALTH_CHECK = "the GPUs are healthy (ECC, row remapper, throttling, PCIe, NVLin
 def gpu_health(ctx: Context) -> Result:
     """FAILs a host with a finding of class reset or worse (gpufleet/data/health.yaml), naming the
     GPU by index and bus id; WARNs on what only needs watching."""
+    if ctx.health_skip:
+        return Result("health", HEALTH_CHECK, SKIP, ctx.health_skip)
     if not ctx.gpu.ok:
         return Result("health", HEALTH_CHECK, SKIP, f"nvidia-smi does not work ({ctx.gpu.status}): see the driver checks")
     verdict = assess(ctx.fact(GpuHealth), nvlink=getattr(ctx.settings, "validate_nvlink", "any"))
@@ -812,12 +815,12 @@ def pytorch_build_runs_here(ctx: Context) -> Result:
 # --- running ----------------------------------------------------------------------------------
 
 def run_checks(host: Any, settings: Any, probe: bool = True, probe_skip: str = "probes turned off",
-               torch_probe: bool | None = None, scrape_skip: str = "") -> list[Result]:
+               torch_probe: bool | None = None, scrape_skip: str = "", health_skip: str = "") -> list[Result]:
     """Every check against the host as it is now. A check that raises becomes a failed result
     naming the error, so one broken check never hides the others. `scrape_skip`, when given,
     says why the exporters are not scraped (their units are checked instead)."""
     ctx = Context(host, settings, probe=probe, probe_skip=probe_skip, torch_probe=torch_probe,
-                  scrape_skip=scrape_skip)
+                  scrape_skip=scrape_skip, health_skip=health_skip)
     results: list[Result] = []
     with fresh_host_facts(host):
         for area, func in CHECKS:
