@@ -29,8 +29,10 @@ class Fleet:
 
 
 @contextmanager
-def connected_fleet(source: InventorySource, workers: int, cwd: Path) -> Iterator[Fleet]:
-    """pyinfra's State for the inventory's hosts, ready to connect them; disconnected at the end."""
+def connected_fleet(source: InventorySource, workers: int, cwd: Path, prefetch: bool = True) -> Iterator[Fleet]:
+    """pyinfra's State for the inventory's hosts, ready to connect them; disconnected at the end.
+    `prefetch`: answer the facts a host asked in its last run in one command (gpufleet/factcache.py);
+    off for a reader of one fact, which would pay for the whole plan and replace it with its own."""
     from gevent import monkey
 
     monkey.patch_all()
@@ -41,8 +43,9 @@ def connected_fleet(source: InventorySource, workers: int, cwd: Path) -> Iterato
 
     from gpufleet import factcache
 
-    # The facts each host answered in its last run come back in one command per host
-    factcache.install()
+    if prefetch:
+        # The facts each host answered in its last run come back in one command per host
+        factcache.install()
     inventory = source.load()
     hosts = source.hosts(inventory)
     state = State(check_for_changes=True)

@@ -84,7 +84,8 @@ def fleet_main(args: argparse.Namespace) -> int:
     import logging
 
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
-    with connected_fleet(source, args.workers, gpufleet.deploys.FOLDER.parent) as fleet:
+    # one fact per host: no prefetch of the deploy's plan (and the deploy's plan is left as it is)
+    with connected_fleet(source, args.workers, gpufleet.deploys.FOLDER.parent, prefetch=False) as fleet:
         rows = read_each(fleet, read, args.workers, progress)
         names = [h.name for h in fleet.hosts]
     hosts = [(n, verdicts.get(n) if rows[n]["status"] == "ok" else None, rows[n]) for n in names]

@@ -47,8 +47,12 @@ def findings(run: subprocess.CompletedProcess) -> dict[tuple[int, str], str]:
 
 
 def test_healthy_gpus_are_ok_and_exit_zero(hgx):
-    _, inv = hgx
+    host, inv = hgx
+    plan = REPO / ".gpufleet/factplans" / f"{host.name}.json"
+    before = plan.read_bytes() if plan.exists() else None
     run = health(inv, "--json")
+    # one fact read: the host's plan of its last deploy run (the next run's prefetch) is left alone
+    assert (plan.read_bytes() if plan.exists() else None) == before
     assert run.returncode == 0, run.stdout + run.stderr
     (host,) = json.loads(run.stdout)["hosts"]
     assert host["worst"] == "ok" and [g["bus_id"] for g in host["gpus"]] == ["00000000:00:06.0", "00000000:00:07.0"]
