@@ -32,7 +32,7 @@ _MISSING = "::gpufleet-missing::"
 # pyinfra's own format, taken from its command: "stat -c '<format>'" (none: no stat batch; the
 # prefetch runs only where pyinfra_private says this release has it)
 _STAT_FORMAT = (shlex.split(pyinfra_private.linux_stat_command()) + ["", "", ""])[2]
-_HASH_TOOLS = {pyinfra_files.Sha1File: "sha1sum", pyinfra_files.Sha256File: "sha256sum"}
+_HASH_TOOLS: dict[type, str] = {pyinfra_files.Sha1File: "sha1sum", pyinfra_files.Sha256File: "sha256sum"}
 _HASH_TOOLS_BY_NAME = {tool: tool for tool in _HASH_TOOLS.values()}
 
 

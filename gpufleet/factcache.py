@@ -142,7 +142,8 @@ _LOOKALIKE = ("::gpufleet-prefetch", "::gpufleet-rc", _PACKED)
 MAX_ANSWERS = 32 * 1024 * 1024
 _PACK_CHECK = "command -v gzip >/dev/null 2>&1 && command -v base64 >/dev/null 2>&1"
 _installed = False
-_plans_seen: dict[str, list[Any]] = {}
+#: host name -> the (fact path, arguments JSON) it asked, in order (a dict: an ordered set)
+_plans_seen: dict[str, dict[tuple[str, str], None]] = {}
 
 
 def gunzip_capped(data: bytes, limit: int = MAX_ANSWERS) -> bytes:
@@ -352,7 +353,7 @@ def read_plan(path: Path, name: str = "") -> list[tuple[str, str]]:
     return entries
 
 
-def _load_class(path: str) -> type | None:
+def _load_class(path: str) -> type[FactBase[Any]] | None:
     import importlib
 
     if path not in PYINFRA_FACTS and not _OWN_FACT.fullmatch(path):

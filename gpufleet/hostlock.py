@@ -42,6 +42,7 @@ from pyinfra.api.command import QuoteString, StringCommand
 
 from gpufleet.failures import stop_line
 from gpufleet.hostcontext import host_context
+from gpufleet.inventory_source import InventorySource
 from gpufleet.printable import printable
 
 LOCK_DIR = "/run/gpufleet-lock"
@@ -262,7 +263,7 @@ class FleetLocks:
     """tools/rollout: the locks of its hosts on connections of its own, for the whole rollout
     (its steps are separate pyinfra runs with connections that come and go)."""
 
-    def __init__(self, inventory_path: str, owner: str):
+    def __init__(self, inventory_path: str | InventorySource, owner: str):
         self.inventory_path = inventory_path
         self.owner = owner
         self.states: list[Any] = []

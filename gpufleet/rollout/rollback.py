@@ -22,7 +22,7 @@ def rollback(inventory: str | InventorySource, hosts: list[str], manifest: Path 
              force: bool, dry_run: bool, out: TextIO = sys.stdout, from_disk: bool = False) -> int:
     from gpufleet.deploys import rollback as steps
     from gpufleet.deploys import upgrade
-    from .runner import tune_and_cdi
+    from .runner import inventory_arg, tune_and_cdi
     from .session import inventory_hosts, run_step
 
     from gpufleet import hostlock, staging
@@ -65,7 +65,7 @@ def rollback(inventory: str | InventorySource, hosts: list[str], manifest: Path 
     if dry_run:
         # read nothing, change nothing: only whether each host answers, so that a dry run does
         # not promise a rollback the real one could not reach
-        result = run_step(inventory, list(docs), _answers, reasons={})
+        result = run_step(inventory_arg(inventory), list(docs), _answers, reasons={})
         for h in result.ok:
             print(f"  {h}: reachable", file=out, flush=True)
         failed.update({h: f"dry run: {why}" for h, why in result.failed.items()})
@@ -88,7 +88,7 @@ def rollback(inventory: str | InventorySource, hosts: list[str], manifest: Path 
         for step, func in plan:
             t = time.monotonic()
             extra = (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),) if func is steps.restore_disk else ()
-            result = run_step(inventory, active, func, ctx, *extra, reasons=ctx.reasons)
+            result = run_step(inventory_arg(inventory), active, func, ctx, *extra, reasons=ctx.reasons)
             for h in result.ok:
                 print(f"  {h}: {step} ok ({time.monotonic() - t:.1f}s)", file=out, flush=True)
             for h, why in result.failed.items():

@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO, cast
 
 from gpufleet.compat import compat_data
 from gpufleet.operations.drain import BUSY_MARK
@@ -84,7 +84,7 @@ def tune_and_cdi(ctx: RolloutContext) -> None:
     if ctx.retune:
         tuning()
     else:
-        steps.tune(ctx)
+        steps.tune(ctx=ctx)   # by keyword: pyinfra types a deploy's positional places as its global arguments
     cdi_after_driver_change()
 
 
@@ -110,7 +110,14 @@ def check_settings(source: InventorySource | str, names: list[str]) -> list[str]
     return []
 
 
-def default_state_path(inventory: str) -> Path:
+def inventory_arg(source: str | InventorySource) -> str:
+    """`source` for session.run_step and targets.inventory_lines: annotated `str`, they hand it
+    on to inventory_source.load_inventory and config_of, which take an InventorySource too."""
+    # a cast, not str(source): str() would drop the command line's --limit and --data
+    return cast(str, source)
+
+
+def default_state_path(inventory: str | InventorySource) -> Path:
     return Path(".gpufleet/rollouts") / f"{Path(inventory).stem}.json"
 
 
@@ -201,7 +208,7 @@ class Runner:
         state = self.state
 
         self.say(f"surveying {len(hosts)} host(s) of {opts.inventory}")
-        survey = run_step(opts.inventory, hosts, survey_and_resolve, self.ctx, opts.target, reasons=self.ctx.reasons)
+        survey = run_step(inventory_arg(opts.inventory), hosts, survey_and_resolve, self.ctx, opts.target, reasons=self.ctx.reasons)
         info = self.ctx.survey
         unreachable = dict(survey.failed)
         self.unreachable = unreachable
@@ -260,7 +267,11 @@ class Runner:
             self.say(f"error: {exc}")
             return EXIT_USAGE
         max_unavailable = opts.max_unavailable or max(size, opts.canary, 1)
-        assigned = {n: state.hosts[n].batch for n in eligible if n in state.hosts and state.hosts[n].batch is not None}
+        assigned: dict[str, int] = {}
+        for n in eligible:
+            kept = state.hosts[n].batch if n in state.hosts else None
+            if kept is not None:
+                assigned[n] = kept
         if assigned:
             rest = [n for n in eligible if n not in assigned]
             last = max(assigned.values())
@@ -297,16 +308,16 @@ class Runner:
                                               max_unavailable)
 
         # one run at a time on a host: lock every host this rollout may change, before any is
-        taken, refused = self.locks.take(wanted)
+        taken, locked_elsewhere = self.locks.take(wanted)
         for n, lock in taken.items():
             if lock.stale:
                 self.say(f"warning: {hostlock_stale(n, lock.stale)}")
-        if refused:
-            for n, why in refused.items():
+        if locked_elsewhere:
+            for n, why in locked_elsewhere.items():
                 self.say(f"error: {why}" if n in why else f"error: {n}: {why}")
-            stopped = f"{len(refused)} host(s) locked by another run: nothing changed"
-            self.say(f"STOPPED: {stopped}")
-            state.runs[-1].update(finished=time.time(), exit=EXIT_STOPPED, stopped=stopped)
+            not_taken = f"{len(locked_elsewhere)} host(s) locked by another run: nothing changed"
+            self.say(f"STOPPED: {not_taken}")
+            state.runs[-1].update(finished=time.time(), exit=EXIT_STOPPED, stopped=not_taken)
             state.save()
             return self.print_unreachable(EXIT_STOPPED)
 
@@ -462,7 +473,7 @@ class Runner:
             for n in result.ok:
                 self.say(f"[{batch.name}] {n}: nothing changed, back in service")
 
-    def progress(self, names: list[str], in_flight: list[str] = ()) -> str:
+    def progress(self, names: list[str], in_flight: Sequence[str] = ()) -> str:
         """Hosts done / in flight / failed of this rollout, and the time left at this run's pace
         (the wall time of its waves so far per host they settled)."""
         status = {n: self.state.host(n).status for n in names if n in self.state.hosts}
@@ -473,7 +484,8 @@ class Runner:
         waiting = count("pending")
         line = f"progress: {count('done')}/{len(status)} done, {flying} in flight, {count('failed')} failed"
         settled = sum(1 for n in self.waved if n not in in_flight and status.get(n) not in ("pending", "in-progress"))
-        if settled and waiting + flying:
+        # a settled host was in a wave, and the first wave set waves_started
+        if settled and waiting + flying and self.waves_started is not None:
             left = (time.monotonic() - self.waves_started) / settled * (waiting + flying)
             line += f", about {round(left / 60)} min left" if left >= 90 else f", about {round(left)} s left"
         return line
@@ -489,7 +501,7 @@ class Runner:
             by_target.setdefault(self.state.host(n).target or self.opts.target or "", []).append(n)
         for target, group in by_target.items():
             self.ctx.target = target
-            result = run_step(self.opts.inventory, group, func, self.ctx, reasons=self.ctx.reasons)
+            result = run_step(inventory_arg(self.opts.inventory), group, func, self.ctx, reasons=self.ctx.reasons)
             merged.ok += result.ok
             merged.failed.update(result.failed)
             merged.changed.update(result.changed)
@@ -548,7 +560,7 @@ class Runner:
         if not self.opts.target:
             return
         moved = [n for n in eligible if self.state.host(n).status == "done"]
-        lines = targets.inventory_lines(self.opts.inventory, moved, self.opts.target) if moved else []
+        lines = targets.inventory_lines(inventory_arg(self.opts.inventory), moved, self.opts.target) if moved else []
         if not lines:
             return
         print(f"the inventory does not say {self.opts.target} yet for {len(moved)} upgraded host(s): set it, so that "
