@@ -5,5 +5,5 @@ from pathlib import Path
 
 #: This folder: deploys/ at the top of a checkout, gpufleet/deploys in an installed wheel
 #: (pyproject.toml's package-dir). The applications find the deploy files here
-#: (gpufleet/commands.py, gpufleet/report/gather.py).
+#: (gpufleet/apps/commands.py, gpufleet/apps/report/gather.py).
 FOLDER = Path(__file__).resolve().parent

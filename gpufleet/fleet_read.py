@@ -1,5 +1,5 @@
 """Read every host of an inventory at once through pyinfra's own API, read-only: the fleet
-report (gpufleet/report/gather.py) and the health check (gpufleet/apps/health.py) share it.
+report (gpufleet/apps/report/gather.py) and the health check (gpufleet/apps/health.py) share it.
 
 The inventory is loaded as the pyinfra command line loads it (--limit, --data, config.py), every
 host is connected in its own greenlet (up to `workers` at once) and read as soon as it is, so a

@@ -5,8 +5,8 @@ literal name, and module names written as strings for a later import).
 
     applications  drive pyinfra runs of the deploys from the controller: the rolling upgrade
                   and rollback (gpufleet/rollout: cli, runner, rollback, session), the fleet
-                  report (gpufleet/report), tools/compat (gpufleet/compat_cli), tools/health
-                  (gpufleet/apps/health) and the installed commands (gpufleet/commands)
+                  report (gpufleet/apps/report), tools/compat (gpufleet/apps/compat), tools/health
+                  (gpufleet/apps/health) and the installed commands (gpufleet/apps/commands)
     inventories   the operator's hosts and their data (inventories/); peers of the applications,
                   which load an inventory by its path, never by import
     deploys       the story of a host, area by area (deploys/); a deploy imports no other
@@ -25,8 +25,7 @@ from __future__ import annotations
 #: (layer, rank, module prefixes): a lower rank is higher up; equal ranks are peers.
 LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("applications", 0, ("gpufleet.rollout.cli", "gpufleet.rollout.runner", "gpufleet.rollout.rollback",
-                         "gpufleet.rollout.session", "gpufleet.report", "gpufleet.compat_cli",
-                         "gpufleet.commands", "gpufleet.apps")),
+                         "gpufleet.rollout.session", "gpufleet.apps")),
     ("inventories", 0, ("inventories",)),
     ("deploys", 1, ("gpufleet.deploys", "deploys")),  # "deploys": the file path, for the checker
     ("operations", 2, ("gpufleet.operations", "operations")),  # "operations": the file path, for the checker

@@ -4,7 +4,7 @@ hand, a reboot still needed, a Docker configuration change waiting for a restart
 
 The deploys and operations that find these record them here (while the run plans, or for a
 reboot, while it executes); the end-of-run summary and the fleet report
-(gpufleet/report/gather.py) read the same records. Nobody reads a deploy's globals, and the
+(gpufleet/apps/report/gather.py) read the same records. Nobody reads a deploy's globals, and the
 one hook at the interpreter's exit is this module's.
 """
 from __future__ import annotations

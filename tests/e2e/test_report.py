@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.report.render import SCHEMA_PATH
+from gpufleet.apps.report.render import SCHEMA_PATH
 from testing import testhosts
 from testing.inventory import OS_RELEASE, write_inventory
 from tests.e2e.pyinfra_cli import REPO, pyinfra
@@ -176,7 +176,7 @@ def test_validate_fails_a_mismatch_pending_with_its_fix(fleet):
 
 
 def test_html_report_in_headless_chromium(fleet, tmp_path):
-    from gpufleet.report.view import fleet_summary
+    from gpufleet.apps.report.view import fleet_summary
     from testing import chromium
 
     browser = chromium.require()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.report.render import html_page
-from gpufleet.report.view import fleet_summary
+from gpufleet.apps.report.render import html_page
+from gpufleet.apps.report.view import fleet_summary
 from testing import chromium
 
 pytestmark = pytest.mark.e2e
@@ -85,7 +85,7 @@ def test_statuses_differ_by_colour_and_by_symbol(rendered):
 def test_the_clocks_cell_shows_applied_beside_planned(tmp_path):
     """The clocks column of rows built from the recorded H200 output (tests/unit/test_report_clocks.py):
     application clocks at their plan, locked clocks off it, as the browser shows them."""
-    from gpufleet.report.render import document
+    from gpufleet.apps.report.render import document
     from tests.unit.test_report_clocks import BUS, FakeHost, _row, as_r595, column, recorded_580
 
     rows = [_row("app-at-plan", column(FakeHost(recorded_580()), "max")),

@@ -61,7 +61,7 @@ def test_the_wheel_installs_one_import_name_with_its_templates_and_data(installe
     assert tops == {"gpufleet"}, tops  # no top-level deploys, facts, operations or testing
     for path in ("gpufleet/deploys/all.py", "gpufleet/operations/holds.py", "gpufleet/facts/gpu.py",
                  "gpufleet/templates/etc/nccl.conf.j2", "gpufleet/templates/report/report.html.j2",
-                 "gpufleet/data/tiers.yaml", "gpufleet/data/compat.yaml", "gpufleet/report/report.schema.json",
+                 "gpufleet/data/tiers.yaml", "gpufleet/data/compat.yaml", "gpufleet/apps/report/report.schema.json",
                  "gpufleet/perf_probe.py"):
         assert path in names, path
     assert not [n for n in names if n.startswith("gpufleet/testing") or "/gpusim" in n]

@@ -1,4 +1,4 @@
-"""The subset of JSON Schema that gpufleet/report/report.schema.json uses, for machines without
+"""The subset of JSON Schema that gpufleet/apps/report/report.schema.json uses, for machines without
 the jsonschema package (it is not a gpufleet dependency). Tests use jsonschema when present too."""
 from __future__ import annotations
 

@@ -215,7 +215,7 @@ def test_stack_packages_fact_reads_versions_and_the_record():
 
 
 def test_tools_compat_names_the_exact_releases(capsys):
-    from gpufleet.compat_cli import main
+    from gpufleet.apps.compat import main
 
     assert main(["--gpu", "NVIDIA H200", "--os", "ubuntu-24.04", "--cuda", "13.0.2", "--cudnn", "9.17", "--json"]) == 0
     import json

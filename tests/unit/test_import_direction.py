@@ -125,8 +125,8 @@ def test_every_layer_names_modules_that_exist():
 
 def test_the_applications_are_above_the_deploys_and_the_core_below():
     assert layer_of("gpufleet.rollout.runner") == ("applications", 0)
-    assert layer_of("gpufleet.report.gather") == ("applications", 0)
-    assert layer_of("gpufleet.compat_cli") == ("applications", 0)
+    assert layer_of("gpufleet.apps.report.gather") == ("applications", 0)
+    assert layer_of("gpufleet.apps.compat") == ("applications", 0)
     assert layer_of("gpufleet.rollout.manifest") == ("core", 3)
     assert layer_of("gpufleet.validation") == ("core", 3)
     assert arrow_problem("gpufleet.rollout.runner", "gpufleet.deploys.upgrade") is None
@@ -148,7 +148,7 @@ BROKEN = {
     "facts/bad.py": ("from gpufleet.tuning import plan_tuning\n", "gpufleet.tuning"),
     "operations/bad.py": ("from testing.gpusim import x\n", "testing.gpusim"),
     "deploys/bad.py": ("from inventories import cloud\n", "inventories.cloud"),
-    "inventories/bad.py": ("from gpufleet.report import gather\n", "gpufleet.report.gather"),
+    "inventories/bad.py": ("from gpufleet.apps.report import gather\n", "gpufleet.apps.report.gather"),
     "deploys/bad_peer.py": ("from gpufleet.deploys.tuning import tuning\n", "gpufleet.deploys.tuning"),
     "deploys/bad_peer_path.py": ("from deploys.base import X\n", "deploys.base"),
 }
@@ -163,8 +163,8 @@ FINE = {
     "gpufleet/rollout/runner.py": "from deploys import upgrade\nfrom .session import run_step\nfrom . import manifest\n",
     "gpufleet/rollout/session.py": "import pyinfra_cli\n",
     "gpufleet/rollout/manifest.py": "import json\n",
-    "gpufleet/report/__init__.py": "",
-    "gpufleet/report/gather.py": "from gpufleet import validation\n",
+    "gpufleet/apps/report/__init__.py": "",
+    "gpufleet/apps/report/gather.py": "from gpufleet import validation\n",
     "gpufleet/validation.py": "from .tuning import plan_tuning\n",
     "deploys/upgrade.py": "",
     "deploys/all.py": "from gpufleet.deploys.base import X\nfrom gpufleet.deploys.tuning import tuning\n",

@@ -209,8 +209,8 @@ def test_a_run_that_changed_nothing_scrapes_no_exporter_but_fails_one_that_is_no
 
 
 def test_report_lists_each_exporters_endpoint_with_what_the_gate_found():
-    from gpufleet.report.gather import endpoints
-    from gpufleet.report.render import cell
+    from gpufleet.apps.report.gather import endpoints
+    from gpufleet.apps.report.render import cell
 
     host = SimpleNamespace(name="gpu-a01", data={"ssh_hostname": "10.1.2.3"})
     by_name = {"the node exporter serves metrics": v.Result("monitoring", "the node exporter serves metrics", "pass"),
@@ -238,8 +238,8 @@ def test_all_py_runs_monitoring_after_tuning_and_before_the_firewall():
 
 
 def test_html_report_links_each_endpoint_in_a_metrics_cell():
-    from gpufleet.report import render
-    from gpufleet.report.view import cells
+    from gpufleet.apps.report import render
+    from gpufleet.apps.report.view import cells
 
     rows = [{"name": "node exporter", "url": "http://10.1.2.3:9100/metrics", "status": "pass", "message": "812 samples"},
             {"name": "DCGM exporter", "url": "http://10.1.2.3:9400/metrics", "status": "fail", "message": "refused"}]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api.inventory import Inventory
 
-from gpufleet.compat_cli import OPTIONS, answer, render
+from gpufleet.apps.compat import OPTIONS, answer, render
 from gpufleet.errors import Incompatible, InventoryError
 from gpufleet.gpus import model_for_name
 from gpufleet.pytorch import choose_pytorch, kernel_for, mixed_gpus, pytorch_data

@@ -20,9 +20,9 @@ import pytest
 
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.gpu_tuning import LockedClocks
-from gpufleet.report.gather import clock_column
-from gpufleet.report.render import SCHEMA_PATH, document, html_page
-from gpufleet.report.view import cells, clocks_text
+from gpufleet.apps.report.gather import clock_column
+from gpufleet.apps.report.render import SCHEMA_PATH, document, html_page
+from gpufleet.apps.report.view import cells, clocks_text
 from gpufleet.tiers import tier_defaults
 from gpufleet.tuning import clocks_summary, host_clocks
 from gpufleet.validation import FAIL, PASS, clocks_as_set
@@ -215,7 +215,7 @@ def test_the_rows_match_the_schema_and_the_page_flags_the_difference():
     assert re.search(r'<div class="want differs" data-planned="3201,1980">&ne; planned 3201,1980</div>', page)
     assert by["unmanaged"].text["tuning"].startswith("persistence on locked clocks none clock_policy: unmanaged")
     # the terminal and Markdown tables carry the one-line text
-    from gpufleet.report.render import markdown
+    from gpufleet.apps.report.render import markdown
     assert "| locked 3201,1785 ≠ planned 3201,1980 on GPU 0; none ≠ planned 3201,1980 on GPU 1 |" in markdown(doc)
 
 

@@ -1,13 +1,13 @@
 """Fleet report rendering and its JSON format: every kind of row validates against
-gpufleet/report/report.schema.json, and every host appears in the terminal, Markdown and HTML."""
+gpufleet/apps/report/report.schema.json, and every host appears in the terminal, Markdown and HTML."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from gpufleet.report.gather import classify
-from gpufleet.report.render import SCHEMA_PATH, cell, document, html_page, markdown, terminal, write_all
+from gpufleet.apps.report.gather import classify
+from gpufleet.apps.report.render import SCHEMA_PATH, cell, document, html_page, markdown, terminal, write_all
 from gpufleet.validation import Result
 from tests.unit.jsonschema_lite import errors, validate
 

@@ -1,4 +1,4 @@
-"""The HTML fleet report's view (gpufleet/report/view.py and templates/report/report.html.j2),
+"""The HTML fleet report's view (gpufleet/apps/report/view.py and templates/report/report.html.j2),
 rendered from a report recorded by tools/fleet-report on the sandbox's test hosts
 (tests/fixtures/report/: a driver mismatch, cuDNN 9.16.0.29 where the tier resolves 9.17.0.29,
 an unreachable entry, a warning host, a healthy one; every firewall check a skip).
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.report.gather import _versions, component_versions
-from gpufleet.report.render import SCHEMA_PATH, cell, document, html_page
-from gpufleet.report.view import attention, cells, fleet_summary, ordered, upgrades, version_rows
+from gpufleet.apps.report.gather import _versions, component_versions
+from gpufleet.apps.report.render import SCHEMA_PATH, cell, document, html_page
+from gpufleet.apps.report.view import attention, cells, fleet_summary, ordered, upgrades, version_rows
 from gpufleet.resolver import resolve
 from testing.chromium import parse_report
 from tests.unit.jsonschema_lite import validate
@@ -220,7 +220,7 @@ def test_the_page_is_self_contained_and_escapes_host_text(doc):
 
 
 def test_a_gpu_to_act_on_fails_the_health_cell_and_counts_in_the_summary(doc):
-    from gpufleet.report.view import CHECK_OF, cells
+    from gpufleet.apps.report.view import CHECK_OF, cells
 
     row = copy.deepcopy(_rows(doc)[HEALTHY]) | {"host": "sick"}
     row["validation"]["checks"].append({

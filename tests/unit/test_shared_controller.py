@@ -143,7 +143,7 @@ def test_a_foreign_etc_tarball_plans_no_extraction_as_root():
 
 
 def test_control_characters_from_a_host_are_escaped_in_terminal_and_markdown():
-    from gpufleet.report import render
+    from gpufleet.apps.report import render
 
     name = "train\x1b[2J\x1b]0;pwned\x07\u202egpj.py\n| forged | row |"
     assert printable(name) == "train\\x1b[2J\\x1b]0;pwned\\x07\\u202egpj.py\\x0a| forged | row |"

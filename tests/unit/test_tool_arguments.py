@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.report.cli import main as report_main
+from gpufleet.apps.report.cli import main as report_main
 from gpufleet.rollout.cli import rollback_main, rollout_main
 
 pytestmark = pytest.mark.unit

@@ -173,7 +173,7 @@ def test_the_plan_runs_no_command_and_asks_only_recorded_facts():
 def test_compat_shows_the_prebuilt_modules_per_kernel_flavour(release, flavour):
     """tools/compat for Ubuntu's own driver names the prebuilt, signed module packages per kernel
     flavour (S35: -generic and -generic-hwe-NN.04), the build per kernel ABI, and the DKMS fallback."""
-    from gpufleet.compat_cli import OPTIONS, answer, render
+    from gpufleet.apps.compat import OPTIONS, answer, render
     from gpufleet.gpus import model_for_name
 
     wishes = {key: default for key, (_, default) in OPTIONS.items()} | {

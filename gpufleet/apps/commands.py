@@ -53,13 +53,13 @@ def rollback() -> int:
 
 
 def report() -> int:
-    from gpufleet.report.cli import main
+    from gpufleet.apps.report.cli import main
 
     return main(sys.argv[1:], prog="gpufleet-report")
 
 
 def compat() -> int:
-    from gpufleet.compat_cli import main
+    from gpufleet.apps.compat import main
 
     return main(sys.argv[1:], prog="gpufleet-compat")
 

@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None, prog: str = "fleet-report") -> int:
 
     import logging
 
-    from gpufleet.report.gather import Progress, gather
-    from gpufleet.report.render import document, terminal, write_all
+    from gpufleet.apps.report.gather import Progress, gather
+    from gpufleet.apps.report.render import document, terminal, write_all
 
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # the report says it all
     start = time.monotonic()

@@ -34,7 +34,7 @@ OPTIONS = {
 def _grammar(key: str) -> Callable[[str], Any]:
     """argparse type: the inventory key's own grammar, so the tool accepts what an inventory does."""
     def check(text: str) -> Any:
-        from .schema import KEYS, BadValue
+        from gpufleet.schema import KEYS, BadValue
 
         try:
             return KEYS[key].validate(text)
@@ -46,7 +46,7 @@ def _grammar(key: str) -> Callable[[str], Any]:
 
 
 def _gpu(text: str) -> Any:
-    from .gpus import model_for_name, model_for_pci, model_names
+    from gpufleet.gpus import model_for_name, model_for_pci, model_names
 
     model = model_for_name(text) or (model_for_pci(text) if text.lower().startswith("0x") else None)
     if model is None:
@@ -90,9 +90,9 @@ def module_packages(prebuilt: str | None, dkms: str | None, os_release: str) -> 
 
 def answer(gpus: list[Any], os_release: str, wishes: dict[str, Any]) -> dict[str, Any]:
     """The resolver's answer as a plain dict (the --json object)."""
-    from .errors import Incompatible
-    from .pytorch import mixed_gpus
-    from .resolver import resolve
+    from gpufleet.errors import Incompatible
+    from gpufleet.pytorch import mixed_gpus
+    from gpufleet.resolver import resolve
 
     out: dict[str, Any] = {
         "gpus": [{"name": m.name, "compute_capability": m.compute_capability} for m in gpus],
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None, prog: str = "compat") -> int:
     p = parser(prog)
     args = p.parse_args(argv)
     if args.list_gpus:
-        from .gpus import catalog
+        from gpufleet.gpus import catalog
 
         for model in catalog():
             print(f"{model.name}\t{model.compute_capability}\t{model.arch}")

@@ -121,7 +121,7 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def html_page(doc: dict[str, Any]) -> str:
     """One self-contained page: the fleet summary, then the hosts that need attention first,
-    each cell with its status (gpufleet/report/view.py)."""
+    each cell with its status (gpufleet/apps/report/view.py)."""
     hosts = doc["hosts"]
     return rendering.render("report/report.html.j2",
         doc=doc, fleet={**view.fleet_summary(hosts), **doc["summary"]},  # a report from before the summary had them

@@ -1,0 +1,1 @@
+"""Fleet report: one table of every host of an inventory (see gpufleet/apps/report/cli.py)."""
