@@ -2,7 +2,7 @@
 
     tools/rollback INVENTORY HOST [HOST ...] [--manifest FILE] [--reboot]
 
-Steps (run by gpufleet/rollout/rollback.py, each its own pyinfra run):
+Steps (run by gpufleet/apps/rollout/rollback.py, each its own pyinfra run):
     restore   unhold -> apt-get install --allow-downgrades pkg=recorded version ... (and remove
               driver packages the manifest did not have, e.g. a newer pinning package) -> hold
               exactly what was held; then put back recorded /etc files that changed since

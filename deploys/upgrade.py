@@ -1,4 +1,4 @@
-"""A driver upgrade on one host, in steps the rolling-upgrade runner (gpufleet/rollout/runner.py)
+"""A driver upgrade on one host, in steps the rolling-upgrade runner (gpufleet/apps/rollout/runner.py)
 runs one after the other, each as its own pyinfra run, because each needs the state the previous
 one left (after a reboot, after a wait):
 

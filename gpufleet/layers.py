@@ -3,8 +3,8 @@ layer below it, never one above, never a peer. tests/unit/test_import_direction.
 module against this list (import statements, importlib.import_module / __import__ with a
 literal name, and module names written as strings for a later import).
 
-    applications  drive pyinfra runs of the deploys from the controller: the rolling upgrade
-                  and rollback (gpufleet/rollout: cli, runner, rollback, session), the fleet
+    applications  gpufleet/apps: drive pyinfra runs of the deploys from the controller, or read
+                  the fleet: the rolling upgrade and rollback (apps/rollout), the fleet
                   report (gpufleet/apps/report), tools/compat (gpufleet/apps/compat), tools/health
                   (gpufleet/apps/health) and the installed commands (gpufleet/apps/commands)
     inventories   the operator's hosts and their data (inventories/); peers of the applications,
@@ -24,8 +24,7 @@ from __future__ import annotations
 
 #: (layer, rank, module prefixes): a lower rank is higher up; equal ranks are peers.
 LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
-    ("applications", 0, ("gpufleet.rollout.cli", "gpufleet.rollout.runner", "gpufleet.rollout.rollback",
-                         "gpufleet.rollout.session", "gpufleet.apps")),
+    ("applications", 0, ("gpufleet.apps",)),
     ("inventories", 0, ("inventories",)),
     ("deploys", 1, ("gpufleet.deploys", "deploys")),  # "deploys": the file path, for the checker
     ("operations", 2, ("gpufleet.operations", "operations")),  # "operations": the file path, for the checker

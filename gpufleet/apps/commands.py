@@ -41,13 +41,13 @@ def deploy(argv: list[str] | None = None) -> int:
 
 
 def rollout() -> int:
-    from gpufleet.rollout.cli import rollout_main
+    from gpufleet.apps.rollout.cli import rollout_main
 
     return rollout_main(sys.argv[1:], prog="gpufleet-rollout")
 
 
 def rollback() -> int:
-    from gpufleet.rollout.cli import rollback_main
+    from gpufleet.apps.rollout.cli import rollback_main
 
     return rollback_main(sys.argv[1:], prog="gpufleet-rollback")
 

@@ -124,14 +124,14 @@ def test_every_layer_names_modules_that_exist():
 
 
 def test_the_applications_are_above_the_deploys_and_the_core_below():
-    assert layer_of("gpufleet.rollout.runner") == ("applications", 0)
+    assert layer_of("gpufleet.apps.rollout.runner") == ("applications", 0)
     assert layer_of("gpufleet.apps.report.gather") == ("applications", 0)
     assert layer_of("gpufleet.apps.compat") == ("applications", 0)
     assert layer_of("gpufleet.rollout.manifest") == ("core", 3)
     assert layer_of("gpufleet.validation") == ("core", 3)
-    assert arrow_problem("gpufleet.rollout.runner", "gpufleet.deploys.upgrade") is None
+    assert arrow_problem("gpufleet.apps.rollout.runner", "gpufleet.deploys.upgrade") is None
     assert arrow_problem("gpufleet.validation", "gpufleet.deploys.tuning")
-    assert arrow_problem("gpufleet.hostlock", "gpufleet.rollout.session")
+    assert arrow_problem("gpufleet.hostlock", "gpufleet.apps.rollout.session")
 
 
 BROKEN = {
@@ -139,12 +139,12 @@ BROKEN = {
     "gpufleet/bad_from.py": ("from deploys.base import managed_marker\n", "deploys.base"),
     "gpufleet/bad_import.py": ("import deploys.tuning\n", "deploys.tuning"),
     "gpufleet/bad_package.py": ("from deploys import tuning\n", "deploys.tuning"),
-    "gpufleet/bad_relative.py": ("from .rollout import runner\n", "gpufleet.rollout.runner"),
+    "gpufleet/bad_relative.py": ("from .apps.rollout import runner\n", "gpufleet.apps.rollout.runner"),
     "gpufleet/bad_importlib.py": ("import importlib\nimportlib.import_module('gpufleet.deploys.tuning')\n", "gpufleet.deploys.tuning"),
     "gpufleet/bad_fstring.py": ("import importlib\nimportlib.import_module(f'deploys.{area}')\n", "deploys"),
     "gpufleet/bad_dunder.py": ("__import__('gpufleet.operations.gpu')\n", "gpufleet.operations.gpu"),
     "gpufleet/bad_table.py": ("AREAS = {'tuning': 'gpufleet.deploys.tuning'}\n", "gpufleet.deploys.tuning"),
-    "gpufleet/nested/bad_up.py": ("from ..rollout.session import load_inventory\n", "gpufleet.rollout.session"),
+    "gpufleet/nested/bad_up.py": ("from ..apps.rollout.session import load_inventory\n", "gpufleet.apps.rollout.session"),
     "facts/bad.py": ("from gpufleet.tuning import plan_tuning\n", "gpufleet.tuning"),
     "operations/bad.py": ("from testing.gpusim import x\n", "testing.gpusim"),
     "deploys/bad.py": ("from inventories import cloud\n", "inventories.cloud"),
@@ -160,8 +160,10 @@ FINE = {
     "gpufleet/compat.py": "",
     "gpufleet/nested/__init__.py": "",
     "gpufleet/rollout/__init__.py": "",
-    "gpufleet/rollout/runner.py": "from deploys import upgrade\nfrom .session import run_step\nfrom . import manifest\n",
-    "gpufleet/rollout/session.py": "import pyinfra_cli\n",
+    "gpufleet/apps/__init__.py": "",
+    "gpufleet/apps/rollout/__init__.py": "",
+    "gpufleet/apps/rollout/runner.py": "from deploys import upgrade\nfrom .session import run_step\nfrom gpufleet.rollout import manifest\n",
+    "gpufleet/apps/rollout/session.py": "import pyinfra_cli\n",
     "gpufleet/rollout/manifest.py": "import json\n",
     "gpufleet/apps/report/__init__.py": "",
     "gpufleet/apps/report/gather.py": "from gpufleet import validation\n",

@@ -74,7 +74,7 @@ def test_the_runner_beats_during_a_wave(tmp_path):
     import threading
     import time
 
-    from gpufleet.rollout.runner import Options, Runner
+    from gpufleet.apps.rollout.runner import Options, Runner
     from gpufleet.rollout.state import HostRecord, RolloutState
 
     out = io.StringIO()

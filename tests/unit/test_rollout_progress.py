@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.rollout.runner import Options, Runner
+from gpufleet.apps.rollout.runner import Options, Runner
 from gpufleet.rollout.state import HostRecord, RolloutState
 
 pytestmark = pytest.mark.unit
@@ -27,7 +27,7 @@ def test_estimate_from_the_pace_of_this_run(tmp_path, monkeypatch):
     runner = _runner(tmp_path, {"h0": "done", "h1": "failed", "h2": "pending", "h3": "pending", "h4": "pending",
                                 "old": "done"})
     clock = iter([1000.0])
-    monkeypatch.setattr("gpufleet.rollout.runner.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("gpufleet.apps.rollout.runner.time.monotonic", lambda: next(clock))
     runner.waves_started = 1000.0 - 240   # two hosts settled in 4 minutes: 2 min a host
     runner.waved = {"h0", "h1"}           # "old" was done by an earlier run: not this run's pace
     line = runner.progress(list(runner.state.hosts))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.apps.report.cli import main as report_main
-from gpufleet.rollout.cli import rollback_main, rollout_main
+from gpufleet.apps.rollout.cli import rollback_main, rollout_main
 
 pytestmark = pytest.mark.unit
 

@@ -132,7 +132,7 @@ def test_retune_applies_the_tiers_tuning_and_the_default_restores_the_record(mon
     import gpufleet.deploys.docker as docker_deploy
     import gpufleet.deploys.tuning as tuning_deploy
     import gpufleet.deploys.upgrade as steps
-    from gpufleet.rollout.runner import tune_and_cdi
+    from gpufleet.apps.rollout.runner import tune_and_cdi
 
     ran: list[str] = []
     monkeypatch.setattr(tuning_deploy, "tuning", lambda: ran.append("tuning"))

@@ -52,7 +52,7 @@ def percent_arg(text: str) -> float:
 
 
 def max_fail_arg(text: str) -> str:
-    from .plan import PlanError, parse_max_fail
+    from gpufleet.rollout.plan import PlanError, parse_max_fail
 
     try:
         parse_max_fail(text, 100)

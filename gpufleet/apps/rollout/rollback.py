@@ -9,8 +9,8 @@ from typing import Any, Callable, TextIO
 from gpufleet.failures import stop_line
 from gpufleet.inventory_source import InventorySource
 
-from .context import RolloutContext
-from .manifest import ManifestError, load_manifest
+from gpufleet.rollout.context import RolloutContext
+from gpufleet.rollout.manifest import ManifestError, load_manifest
 
 
 def latest_manifest(manifests_dir: Path, host: str) -> Path | None:

@@ -27,7 +27,7 @@ from pyinfra.api.state import BaseStateCallback
 from gpufleet import inventory_source
 from gpufleet.failures import refuse
 
-from .context import real_host
+from gpufleet.rollout.context import real_host
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -16,13 +16,13 @@ from gpufleet.operations.drain import BUSY_MARK
 
 from gpufleet.failures import stop_line
 
-from . import manifest as mf, plan, progress as prog, targets
+from gpufleet.rollout import manifest as mf, plan, progress as prog, targets
 from gpufleet.inventory_source import InventorySource, SourceError
 from gpufleet.printable import printable
 
-from .context import RolloutContext
-from .manifest import load_manifest
-from .state import CHANGING_STEPS, STEPS, RolloutState, StateLock, StateError
+from gpufleet.rollout.context import RolloutContext
+from gpufleet.rollout.manifest import load_manifest
+from gpufleet.rollout.state import CHANGING_STEPS, STEPS, RolloutState, StateLock, StateError
 
 if TYPE_CHECKING:  # session imports pyinfra's CLI (gevent): only when a step runs
     from .session import StepResult
