@@ -65,7 +65,8 @@ def test_the_mismatched_hosts_are_failed_and_listed_first(rendered):
 def test_the_summary_counts_the_fleet(rendered):
     report, doc = rendered["report"], rendered["doc"]
     expected = fleet_summary(doc["hosts"])
-    assert report.counts == {"hosts": 5, "fail": 3, "warn": 1, "pending": 0, "ok": 1, "upgrades": 1, "reboots": 1}
+    assert report.counts == {"hosts": 5, "fail": 3, "warn": 1, "pending": 0, "ok": 1, "upgrades": 1, "reboots": 1,
+                             "health": 0}
     assert report.versions == expected["versions"]
     assert report.versions["cudnn"] == {"9.17.0.29": 2, "9.16.0.29": 1, "none": 1, "unknown": 1}
     assert report.tiers == {"research": 3, "dev": 1, "hgx": 1}
