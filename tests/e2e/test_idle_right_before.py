@@ -72,7 +72,9 @@ def test_job_after_planning_stops_the_reboot_rerun_reboots_interrupted_dpkg_repa
     assert boots(host) == before                          # not rebooted
     assert "580.159.04" in loaded_module(host)            # the module from before the install
     assert upstream(versions(host, "nvidia-open")["nvidia-open"]) == OLD   # installed by the unit
-    assert "packages at versions" in sh(host, "cat /var/log/gpufleet/package-change.log")
+    # the first install ran as the package change unit, with the exact version decided before it
+    log = sh(host, "cat /var/log/gpufleet/package-change.log")
+    assert "package change: " in log and f"install=nvidia-open={OLD}-" in log, log
 
     sh(host, f"kill {pid}; gpusimctl remove-process --pid {pid}")
     again = pyinfra(inv, RUNNER)
