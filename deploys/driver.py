@@ -60,7 +60,7 @@ from gpufleet.settings import Settings, host_settings
 from gpufleet.cuda_stack import (component_drift, pending_message, stack_drift_message, stack_fact_packages,
                                  stack_pending_message, stack_renames, stack_states)
 from gpufleet.operations.driver import archive_components, refresh_initramfs, repo_key, stack_recorded
-from gpufleet.operations.package_steps import Sources, packages_at_releases
+from gpufleet.operations.package_steps import packages_at_releases
 from gpufleet.operations.driver_upgrade import package_change_settled
 from gpufleet.operations.holds import held
 from gpufleet.operations.reboot import rebooted
@@ -183,9 +183,9 @@ def driver() -> None:
     package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
     refresh = apt.update(name="Refresh the apt package index if it is older than a day", cache_time=APT_CACHE_SECONDS)
 
-    sources = _sources(settings, d.res, [refresh])               # 1. package sources
+    settled = _sources(settings, d.res, [refresh])               # 1. package sources
     _preconditions(settings, d)                                 # 2. what the driver needs first
-    install, present, pinning, held_now = _install(settings, d, sources)  # 3. the one sanctioned change,
+    install, present, pinning, held_now = _install(settings, d, settled)  # 3. the one sanctioned change,
     if install is None:
         return                                                  #    (refused: not offered)
     _holds(settings, d, present, pinning, held_now)             #    then holds
@@ -265,10 +265,10 @@ def _decide(settings: Settings) -> Decided | None:
                    stack_moves=stack_moves, drifted=drifted, in_place=in_place, left=left)
 
 
-def _sources(settings: Settings, res: Any, index_ops: list[Any]) -> Sources:
+def _sources(settings: Settings, res: Any, index_ops: list[Any]) -> bool:
     """NVIDIA's CUDA repository (key checked by fingerprint), or the distribution's components;
-    whether this run changes the package index the versions are read from (`index_ops`, and
-    these sources) before the install."""
+    whether they are settled: neither these sources nor `index_ops` change the package index the
+    versions are read from before the install."""
     data = compat_data()
     repo = data.nvidia_repo
     if res.source == "nvidia":
@@ -302,7 +302,7 @@ def _sources(settings: Settings, res: Any, index_ops: list[Any]) -> Sources:
             )
             apt.update(name="Read the package index of the changed sources", _if=enabled.did_change)
             index_ops.append(enabled)
-    return "changing" if any(op.will_change for op in index_ops) else "settled"
+    return not any(op.will_change for op in index_ops)
 
 
 def _preconditions(settings: Settings, d: Decided) -> None:
@@ -340,7 +340,7 @@ def _preconditions(settings: Settings, d: Decided) -> None:
             host.noop(f"kernel {before.kernel_release}: no Debian/Ubuntu flavour, so no headers metapackage to follow it")
 
 
-def _install(settings: Settings, d: Decided, sources: Sources) -> tuple[Any, list[str], str | None, list[str]]:
+def _install(settings: Settings, d: Decided, settled: bool) -> tuple[Any, list[str], str | None, list[str]]:
     """The one sanctioned change (unhold, change, re-hold as one step): (the operation, None when
     the sources do not offer a release; the packages present beside the stack, the pinning
     package, what is held now)."""
@@ -391,7 +391,7 @@ def _install(settings: Settings, d: Decided, sources: Sources) -> tuple[Any, lis
              + (f" (in place: {', '.join(moves)}; the GPUs checked idle right before, in the same command)"
                 if in_place else ""),
         releases=versions, present=present, pinning=pinning,
-        hold=settings.driver_hold, old_pins=old_pins, require_idle=in_place, sources=sources,
+        hold=settings.driver_hold, old_pins=old_pins, require_idle=in_place, settled=settled,
         keys={p: "cuda_version" if what == "CUDA toolkit" else "cudnn_version"
               for what, group in stack_groups(res).items() for p in group},
     )

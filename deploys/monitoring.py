@@ -88,7 +88,7 @@ def _dcgm_exporter(settings: Settings) -> None:
         releases={m.DCGM_EXPORTER_PACKAGE: settings.monitoring_dcgm_exporter_version},
         hold=settings.driver_hold,
         # NVIDIA's repository, which offers it, may be added by the driver area earlier in this run
-        sources="unknown", key="monitoring_dcgm_exporter_version",
+        settled=False, key="monitoring_dcgm_exporter_version",
     )
     reload_when("Let systemd read the DCGM exporter's drop-in", dropin)
     state = gpu_state(host)

@@ -54,10 +54,6 @@ class PackageChangePlan:
     # (package the inventory asks for, "package release" the sources do not offer): nothing changes
     missing: tuple[tuple[str, str], ...] = ()
 
-    @property
-    def moving(self) -> list[str]:
-        return sorted(self.install)
-
 
 def at_release(installed: str | None, release: str) -> bool:
     """Whether an installed Debian version is the upstream release `release` (any epoch or
@@ -104,9 +100,7 @@ def plan_package_change(releases: Mapping[str, str], present: Sequence[str], pin
                     install.setdefault(component, at)
             components += [*walk.versions, *walk.loose]
     names = {*releases, *wanted}
-    held_now = set(held)
-    kept = sorted(held_now & names) if not hold else []
-    keep_held = sorted({*names, *components, *(held_now & names)}) if hold else kept
+    keep_held = sorted({*names, *components}) if hold else sorted(set(held) & names)
     first = (pinning,) if pinning and pinning in install and len(install) > 1 else ()
     return PackageChangePlan(
         install={} if missing else install,

@@ -10,9 +10,7 @@ same decision again when its turn comes, on the index as it is then.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from collections.abc import Generator
-from typing import Literal
+from collections.abc import Generator, Mapping, Sequence
 
 from pyinfra import host
 from pyinfra.api import FunctionCommand, Host, StringCommand, operation
@@ -23,17 +21,11 @@ from gpufleet.failures import fail, refuse
 from gpufleet.operations.driver_upgrade import packages_at_versions
 from gpufleet.package_plan import PackageChangePlan, moving_packages, plan_package_change
 
-#: settled: the sources are as this run leaves them; changing: this run changes them first;
-#: unknown: another area of this run may (the DCGM exporter comes from the repository the driver
-#: area adds): decided at planning when the index offers everything already, else once read
-Sources = Literal["settled", "changing", "unknown"]
-
-
 def _plan(h: Host, releases: Mapping[str, str], present: Sequence[str], pinning: str | None, hold: bool,
           old_pins: Sequence[str]) -> PackageChangePlan:
-    names = [*releases, *present, *([pinning] if pinning else [])]
-    installed = h.get_fact(PackageVersions, packages=names)
-    moving = moving_packages(releases, [*present, *([pinning] if pinning else [])], installed)
+    wanted = [*present, *([pinning] if pinning else [])]
+    installed = h.get_fact(PackageVersions, packages=[*releases, *wanted])
+    moving = moving_packages(releases, wanted, installed)
     if not moving:
         return PackageChangePlan(install={})
     offered = h.get_fact(AptVersions, packages=[p for p in moving if p in releases]) if set(moving) & set(releases) else {}
@@ -54,14 +46,15 @@ def _missing(plan: PackageChangePlan, keys: Mapping[str, str], key: str) -> tupl
 
 def packages_at_releases(name: str, releases: Mapping[str, str], present: Sequence[str] = (),
                          pinning: str | None = None, hold: bool = True, old_pins: Sequence[str] = (),
-                         require_idle: bool = False, sources: Sources = "settled", key: str = "driver_version",
+                         require_idle: bool = False, settled: bool = True, key: str = "driver_version",
                          keys: Mapping[str, str] | None = None) -> OperationMeta | None:
     """Bring `releases` (package -> upstream release), `present` and the version lock `pinning` in
     as one change, held afterwards (`hold`), other version locks `old_pins` removed; `key`: the
     setting a release the sources do not offer comes from (`keys`: per package, where another one).
-    Refused at planning (None) when the sources are settled and do not offer a release."""
+    `settled`: the sources are as this run leaves them (false where this run, or another area of
+    it, may add them first): then a release they do not offer refuses the host at planning (None)."""
     keys = dict(keys or {})
-    if sources == "settled":
+    if settled:
         plan = _plan(host, releases, present, pinning, hold, old_pins)
         if plan.missing:
             refuse(host, *_missing(plan, keys, key))
