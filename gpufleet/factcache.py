@@ -605,10 +605,8 @@ def _default_executor_json(state: Any, host: Host) -> str:
 
 
 def _default_executor(state: Any, host: Host) -> dict[str, Any]:
-    _, global_kwargs = pyinfra_private.handle_fact_kwargs(state, host, _Probe, [], {})
     try:
-        known: dict[str, Any] = json.loads(json.dumps({k: v for k, v in global_kwargs.items()
-                                                       if k in pyinfra_private.connector_argument_keys()},
+        known: dict[str, Any] = json.loads(json.dumps(pyinfra_private.fact_executor_arguments(state, host, _Probe),
                                                       sort_keys=True))
         return known
     except (TypeError, ValueError):

@@ -157,6 +157,14 @@ def handle_fact_kwargs(state: Any, host: Host, cls: type, args: Any, kwargs: Any
     return result
 
 
+def fact_executor_arguments(state: Any, host: Host, cls: type) -> dict[str, Any]:
+    """The connector arguments (sudo and its password, su, env...) pyinfra gives a fact of `cls`
+    on `host` when nothing around it sets any: what a command run for a fact's reader uses."""
+    _, global_kwargs = handle_fact_kwargs(state, host, cls, [], {})
+    keys = connector_argument_keys()
+    return {k: v for k, v in global_kwargs.items() if k in keys}
+
+
 def make_command(command_attribute: Any, host_args: dict[str, Any]) -> Any:
     """pyinfra.api.facts._make_command: a fact's command (or requires_command) for its arguments."""
     return _get("pyinfra.api.facts", "_make_command")(command_attribute, host_args)

@@ -119,8 +119,7 @@ def slurm_step(host: Any, verdict: HostVerdict, node_name: str) -> str:
     from gpufleet import pyinfra_private
 
     # with the privileges pyinfra gives the host's facts (its sudo, its password): scontrol needs root
-    _, arguments = pyinfra_private.handle_fact_kwargs(host.state, host, SlurmNode, [], {})
-    executor = {k: v for k, v in arguments.items() if k in pyinfra_private.connector_argument_keys()}
+    executor = pyinfra_private.fact_executor_arguments(host.state, host, SlurmNode)
     # each word quoted: the reason is a finding's text (a GPU name, parentheses)
     ok, output = host.run_shell_command(StringCommand(*(QuoteString(word) for word in action)),
                                         print_output=False, print_input=False, **executor)
