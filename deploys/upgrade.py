@@ -24,6 +24,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import deploy
 
+from gpufleet.facts.dcgm_diag import DcgmDiag
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.packages import TOOLKIT, HeldPackages, PackageVersions, StackPackages, ToolkitIndex
@@ -33,6 +34,7 @@ from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
 from gpufleet.package_plan import toolkit_release
 from gpufleet.settings import host_settings
+from gpufleet.validation import FAIL, PASS, diag_result
 from gpufleet.cuda_stack import stack_fact_packages
 from gpufleet.operations.apt_index import index_refreshed
 from gpufleet.operations.drain import (gpu_containers_stopped, gpus_idle, gpus_idle_now, slurm_driver_feature, slurm_node,
@@ -246,9 +248,22 @@ def validate(ctx: RolloutContext) -> None:
     holds = host.get_fact(HeldPackages)
     stack = ctx.stack.get(host.name, {})
     found = host.get_fact(StackPackages, packages=stack_fact_packages(stack)) if stack else StackPackages.default()
+    settings = host_settings(host)
     problems = mf.validation_problems(ctx.target, driver, gpus, holds, ctx.manifests.get(host.name),
                                       stack=stack, stack_installed=found.installed,
-                                      stack_held=host_settings(host).driver_hold)
+                                      stack_held=settings.driver_hold)
+    level = settings.rollout_canary_diag_level if host.name in ctx.canaries else 0
+    diag = ""
+    if level:
+        # the canary proves the new driver on the GPUs before any batch gets it (the host is drained)
+        result = diag_result(host.get_fact(DcgmDiag, level=level), {g.index: g.bus_id for g in gpus.gpus},
+                             f"DCGM diagnostic level {level}", "rollout")
+        if result.status == FAIL:
+            problems.append(f"DCGM diagnostic level {level} on the canary failed: {result.message} "
+                            f"(fix: {result.fix})")
+        elif result.status == PASS:
+            diag = f", DCGM diagnostic level {level} passed"
+            ctx.note(host, f"canary: DCGM diagnostic level {level} passed")
     if problems:
         ctx.refuse(host, "validation failed: " + "; ".join(problems),
                    "fix what it names and re-run the rollout, or put the host back with "
@@ -256,7 +271,7 @@ def validate(ctx: RolloutContext) -> None:
     else:
         exact = [f"{p} {v}" for p, v in sorted(stack.items()) if found.installed.get(p)]
         host.noop(f"driver {ctx.target} loaded" + (f", {', '.join(exact)}" if exact else "")
-                  + f", {len(gpus.gpus)} GPU(s) healthy, settings and holds as before")
+                  + f", {len(gpus.gpus)} GPU(s) healthy{diag}, settings and holds as before")
 
 
 @deploy("Put the host back in service")

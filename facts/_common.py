@@ -22,6 +22,18 @@ from pyinfra.api.exceptions import FactProcessError
 MARK = "::gpufleet::"
 
 
+# Fixed shell text that sets $pids (processes holding a GPU device node open) and $apps
+# (nvidia-smi's compute processes, empty when nvidia-smi cannot answer, e.g. during a
+# driver/library mismatch): GPU work is running when either is non-empty. The one test of "the
+# GPUs are idle" that the commands which interrupt GPU work (operations/drain.py's idle_check) and
+# the facts that load the GPUs (facts/dcgm_diag.py) put first in their own command.
+GPU_WORK = (
+    "pids=$(for p in /proc/[0-9]*; do ls -l \"$p/fd\" 2>/dev/null | grep -q ' /dev/nvidia[0-9][0-9]*$' "
+    "&& echo \"${p#/proc/}\"; done); "
+    "apps=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null) || apps="
+)
+
+
 class FactParseError(FactProcessError, ValueError):
     """
     Raised when a command printed something a parser does not understand.

@@ -1,6 +1,6 @@
 """
-What the GPUs do when they are used: what a container sees of them, DCGM's quick diagnostic,
-and the performance probe's raw output. Each is one small remote command; every
+What the GPUs do when they are used: what a container sees of them and the performance probe's
+raw output (DCGM's diagnostic: facts/dcgm_diag.py). Each is one small remote command; every
 ``process()`` is pure and unit-tested (tests/unit/test_validate_facts.py, tests/unit/facts/).
 """
 
@@ -117,59 +117,6 @@ class ContainerGpus(FactBase[ContainerGpusData]):
     @override
     def process(self, output: list[str]) -> ContainerGpusData:
         return parse_container_gpus(output)
-
-
-# ------------------------------------------------------------------------------------------
-# DCGM quick diagnostic
-# ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DcgmDiagData(JsonMixin):
-    status: str  # pass | fail | error | not-installed
-    failed: list[str] = field(default_factory=list)  # names of failed tests
-    detail: str = ""
-
-
-_DCGM_ROW = re.compile(r"^\|\s*([^|]+?)\s*\|\s*(Pass|Fail|Skip|Warn)\b", re.I)
-
-
-def parse_dcgm_diag(lines: list[str]) -> DcgmDiagData:
-    """Parse `dcgmi diag -r 1` (its table rows "| Test name | Pass |") and the exit code line."""
-    if any(line.strip() == "::gpufleet:: no-dcgmi" for line in lines):
-        return DcgmDiagData(status="not-installed", detail="DCGM (dcgmi) not installed")
-    rc = None
-    failed, seen = [], 0
-    for line in lines:
-        if line.startswith("::gpufleet:: rc "):
-            rc = int(line.split()[-1])
-            continue
-        match = _DCGM_ROW.match(line.strip())
-        if match:
-            seen += 1
-            if match[2].lower() == "fail":
-                failed.append(match[1])
-    if failed:
-        return DcgmDiagData(status="fail", failed=failed)
-    if rc not in (0, None) or not seen:
-        text = " ".join(line.strip() for line in lines if not line.startswith("::gpufleet::"))[:300]
-        return DcgmDiagData(status="error", detail=f"dcgmi diag -r 1 exited {rc}: {text}")
-    return DcgmDiagData(status="pass")
-
-
-class DcgmDiag(FactBase[DcgmDiagData]):
-    """``dcgmi diag -r 1`` (the quick, non-intrusive run level) where DCGM is installed."""
-
-    gpufleet_no_prefetch = True  # runs for seconds on the GPUs: never in a later run's prefetch
-
-    @override
-    def command(self) -> str:
-        return ("if ! command -v dcgmi >/dev/null 2>&1; then echo '::gpufleet:: no-dcgmi'; exit 0; fi; "
-                "timeout 300 dcgmi diag -r 1 2>&1; echo \"::gpufleet:: rc $?\"")
-
-    @override
-    def process(self, output: list[str]) -> DcgmDiagData:
-        return parse_dcgm_diag(output)
 
 
 # ------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from gpufleet.facts.dcgm_diag import DcgmDiagData, DiagResult, DiagWarning
 from gpufleet.facts.health import GpuHealthData, GpuHealthReading
 
 CLASSES = ("ok", "monitor", "reset", "reboot", "drain", "rma")
@@ -58,6 +59,9 @@ class GpuVerdict:
 class HostVerdict:
     gpus: tuple[GpuVerdict, ...]
     host_findings: tuple[Finding, ...] = ()   # not one GPU's: nvidia-smi failing, the kernel log unread
+    #: DCGM's diagnostic when it was asked for: "" (not asked), pass, fail, error, busy, not-installed
+    diag_status: str = ""
+    diag_detail: str = ""
 
     @property
     def worst(self) -> str:
@@ -89,6 +93,8 @@ class HealthRules:
     xids: dict[int, Rule]
     xid_other: Rule
     sources: dict[str, str] = field(default_factory=dict)
+    dcgm_severities: dict[int, Rule] = field(default_factory=dict)
+    dcgm_other: Rule | None = None
 
 
 def _rule(raw: Any, where: str, sources: dict[str, str]) -> Rule:
@@ -103,7 +109,10 @@ def rules_from(doc: Any) -> HealthRules:
     sources = {str(k): str(v) for k, v in (doc.get("sources") or {}).items()}
     checks = {name: _rule(raw, f"checks.{name}", sources) for name, raw in (doc.get("checks") or {}).items()}
     xids = {int(code): _rule(raw, f"xids.{code}", sources) for code, raw in (doc.get("xids") or {}).items()}
-    return HealthRules(checks, xids, _rule(doc.get("xid_other"), "xid_other", sources), sources)
+    severities = {int(code): _rule(raw, f"dcgm_severities.{code}", sources)
+                  for code, raw in (doc.get("dcgm_severities") or {}).items()}
+    return HealthRules(checks, xids, _rule(doc.get("xid_other"), "xid_other", sources), sources, severities,
+                       _rule(doc.get("dcgm_other"), "dcgm_other", sources))
 
 
 @cache
@@ -174,8 +183,24 @@ def gpu_findings(r: GpuHealthReading, rules: HealthRules, nvlink: str = "any") -
     return out
 
 
-def assess(data: GpuHealthData, rules: HealthRules | None = None, nvlink: str = "any") -> HostVerdict:
-    """The host's verdict from its GpuHealth fact."""
+def diag_findings(result: DiagResult, level: int, rules: HealthRules) -> list[Finding]:
+    """What one failed DCGM diagnostic result says: a finding per DCGM error, classed by the
+    severity DCGM gave it (health.yaml dcgm_severities), with DCGM's own message."""
+    fallback = rules.dcgm_other or rules.xid_other
+    out = []
+    for w in result.warnings or [DiagWarning("")]:
+        rule = fallback if w.severity is None else rules.dcgm_severities.get(w.severity, fallback)
+        said = w.text.strip() or f"{result.test} {result.status}ed, with no message"
+        code = "" if w.error_id is None else f", DCGM error {w.error_id}"
+        out.append(Finding(f"dcgm_{result.test}", rule.cls,
+                           f"DCGM diagnostic level {level}, {result.category or 'test'} {result.test}: {said} "
+                           f"({rule.detail}{code})", rule.fix, rule.source))
+    return out
+
+
+def assess(data: GpuHealthData, rules: HealthRules | None = None, nvlink: str = "any",
+           diag: DcgmDiagData | None = None) -> HostVerdict:
+    """The host's verdict from its GpuHealth fact, and DCGM's diagnostic when one ran."""
     rules = rules or health_rules()
     host: list[Finding] = []
     if data.status == "no-nvidia-smi":
@@ -189,8 +214,18 @@ def assess(data: GpuHealthData, rules: HealthRules | None = None, nvlink: str = 
         host.append(Finding(f"xid_{code}", rule.cls, f"XID {code} on PCI {bus}, a GPU nvidia-smi does not list "
                                                     f"({rule.detail or 'see NVIDIA XID catalogue'})",
                             rule.fix, rule.source))
-    gpus = tuple(GpuVerdict(r.index, r.bus_id, r.name, tuple(gpu_findings(r, rules, nvlink))) for r in data.gpus)
-    return HostVerdict(gpus, tuple(host))
+    by_gpu: dict[int, list[Finding]] = {}
+    if diag is not None:
+        known = {r.index for r in data.gpus}
+        for result in diag.results:
+            found = diag_findings(result, diag.level, rules)
+            if result.gpu is not None and result.gpu in known:
+                by_gpu.setdefault(result.gpu, []).extend(found)
+            else:
+                host.extend(found)
+    gpus = tuple(GpuVerdict(r.index, r.bus_id, r.name, tuple(gpu_findings(r, rules, nvlink) + by_gpu.get(r.index, [])))
+                 for r in data.gpus)
+    return HostVerdict(gpus, tuple(host), diag.status if diag else "", diag.detail if diag else "")
 
 
 def summary_line(verdict: HostVerdict) -> str:

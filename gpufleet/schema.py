@@ -795,6 +795,7 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "monitoring_allowed_cidrs": _list(_check_cidr, _CIDRS_ALLOWED),
         "rollout_batch_size": _int(1),
         "rollout_require_idle": _bool(),
+        "rollout_canary_diag_level": _int(0, 3),
         "rollout_lock_wait": _int(0, 86400),
         "rollout_snapshot": _enum("none", "lvm", "btrfs", "zfs", "command"),
         "rollout_snapshot_target": KeySpec(_check_snapshot_target, lambda: _SNAPSHOT_TARGET_ALLOWED),

@@ -107,6 +107,7 @@ class Settings:
     monitoring_allowed_cidrs: tuple[str, ...]
     rollout_batch_size: int
     rollout_require_idle: bool
+    rollout_canary_diag_level: int
     rollout_lock_wait: int
     rollout_snapshot: str
     rollout_snapshot_target: str

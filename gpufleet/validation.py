@@ -31,14 +31,15 @@ from gpufleet.facts.packages import PackageVersions
 from gpufleet.facts.pytorch import TorchBuild
 from gpufleet.facts.nftables import TABLE, NftablesCapability
 from gpufleet.facts.ssh import SshdEffectiveConfig
-from gpufleet.facts.gpu_checks import ContainerGpus, DcgmDiag, PerfProbe
+from gpufleet.facts.dcgm_diag import DcgmDiag, DcgmDiagData
+from gpufleet.facts.gpu_checks import ContainerGpus, PerfProbe
 from gpufleet.facts.health import GpuHealth
 from gpufleet.facts.system import UnitActive
 
 from . import dockerconf, perf
 from .cuda_stack import STACK_FAMILIES, component_drift, pending_message, stack_drift_message, stack_fact_packages, stack_pending_message, stack_renames, stack_states
 from .errors import Incompatible
-from .health import GpuVerdict, all_findings, assess
+from .health import GpuVerdict, all_findings, assess, diag_findings, health_rules, rank
 from .hostcontext import host_context
 from .sshd_policy import expected_sshd
 from .tiers import managed_marker
@@ -682,18 +683,37 @@ def gpu_health(ctx: Context) -> Result:
 
 # --- optional health and performance probe ----------------------------------------------------
 
+DCGM_CHECK = "DCGM's quick diagnostic passes"
+
+
+def diag_result(diag: DcgmDiagData, buses: dict[int, str], name: str, area: str) -> Result:
+    """A DCGM diagnostic as a check's result: PASS, SKIP without DCGM, or FAIL naming each failed
+    GPU (index and bus id) with DCGM's message and the class its severity gives (health.yaml)."""
+    command = f"dcgmi diag -r {diag.level} -j"
+    if diag.status == "not-installed":
+        return Result(area, name, SKIP, "skipped: DCGM not installed")
+    if diag.status == "pass":
+        return Result(area, name, PASS, command)
+    if diag.status != "fail":
+        return Result(area, name, FAIL, diag.detail, f"run `{command}` on the host (as root) and read what it says")
+    rules = health_rules()
+    found = sorted(((r.gpu, f) for r in diag.results for f in diag_findings(r, diag.level, rules)),
+                   key=lambda pair: -rank(pair[1].cls))
+
+    def where(gpu: int | None) -> str:
+        return "host" if gpu is None else f"GPU {gpu} ({buses.get(gpu, 'bus id unknown')})"
+
+    what = "; ".join(f"{where(gpu)}: {f.cls}: {f.detail}" for gpu, f in found) or f"failed: {', '.join(diag.failed)}"
+    fix = found[0][1].fix if found else f"run `{command}` on the host (as root)"
+    return Result(area, name, FAIL, what, f"{fix} (`{command}` on the host shows the whole run)")
+
+
 @check("probe")
 def dcgm_diag(ctx: Context) -> Result:
-    name = "DCGM's quick diagnostic passes"
     if not ctx.probe:
-        return Result("probe", name, SKIP, ctx.probe_skip)
-    diag = ctx.fact(DcgmDiag)
-    if diag.status == "not-installed":
-        return Result("probe", name, SKIP, "skipped: DCGM not installed")
-    if diag.status == "pass":
-        return Result("probe", name, PASS, "dcgmi diag -r 1")
-    what = f"failed: {', '.join(diag.failed)}" if diag.failed else diag.detail
-    return Result("probe", name, FAIL, what, "look at `dcgmi diag -r 1`; replace or reseat the GPU")
+        return Result("probe", DCGM_CHECK, SKIP, ctx.probe_skip)
+    diag = ctx.fact(DcgmDiag, level=1)
+    return diag_result(diag, {g.index: g.bus_id for g in ctx.gpu.gpus}, DCGM_CHECK, "probe")
 
 
 def probe_arguments() -> dict[str, Any]:

@@ -8,6 +8,7 @@ from collections.abc import Generator
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
+from gpufleet.facts._common import GPU_WORK
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.docker import GpuContainers
 from gpufleet.facts.slurm import SLURM_REASON_TAG, SlurmNode
@@ -151,13 +152,6 @@ def gpus_idle(wait_seconds: int = 0, poll_seconds: int = 5) -> Generator[StringC
                         str(int(polls)), str(int(poll_seconds)), str(int(wait_seconds)))
 
 
-# Sets $pids (processes holding a GPU device node open) and $apps (nvidia-smi's compute processes,
-# empty when nvidia-smi cannot answer, e.g. during a driver/library mismatch).
-GPU_WORK = (
-    "pids=$(for p in /proc/[0-9]*; do ls -l \"$p/fd\" 2>/dev/null | grep -q ' /dev/nvidia[0-9][0-9]*$' "
-    "&& echo \"${p#/proc/}\"; done); "
-    "apps=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null) || apps="
-)
 #: exit status of a command refused because GPU work runs (EX_TEMPFAIL: not a failure, try later)
 BUSY_EXIT = 75
 #: how such a refusal's line starts: the rollout tells "busy, pending" from a failure by it

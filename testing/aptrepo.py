@@ -217,55 +217,113 @@ subprocess.run(["nsenter", "-t", str(state["pid"]), "-m", "sh", "-c", script], c
 '"""
 
 
-# Stand-in `dcgmi diag -r 1` (DCGM's quick run level) against the GPU SIMULATOR. No recording
-# of DCGM exists in tests/fixtures: the table layout is hand-written after DCGM 3/4's documented
-# output ("| Test | Pass |" rows under Metadata / Deployment), and the verdicts come from the
-# simulated GPUs: none visible -> the NVML check fails, persistence off -> "Persistence Mode"
-# fails (exit 226, as the real one exits non-zero on a failure). Like the real dcgmi it needs
-# the host engine (nvidia-dcgm.service) running.
-_DCGMI = r"""case "$1" in
-  --version|-v) echo "dcgmi  version: 4.4.0 (gpufleet stand-in)"; exit 0;;
-  diag) ;;
-  *) echo "gpufleet stand-in dcgmi: only 'dcgmi diag -r 1'" >&2; exit 2;;
-esac
-if ! systemctl is-active --quiet nvidia-dcgm.service; then
-  echo "Error: unable to establish a connection to the specified host: localhost"
-  echo "Error: Unable to connect to host engine. Host engine connection invalid/disconnected."
-  exit 255
-fi
-rows=$(nvidia-smi --query-gpu=pci.device_id,driver_version,persistence_mode --format=csv,noheader 2>/dev/null)
-row() { printf '| %-25s | %-46s |
-' "$1" "$2"; }
-nvml=Pass; pm=Pass; ids=""; drv=""
-if [ -z "$rows" ]; then nvml=Fail; pm=Skip; fi
-while IFS=, read -r id d p; do
-  [ -n "$id" ] || continue
-  ids="${ids:+$ids,}$(echo "$id" | sed 's/^ *0x\(....\).*/\1/')"; drv=$(echo "$d" | tr -d ' ')
-  case "$p" in *Enabled*) ;; *) pm=Fail;; esac
-done <<EOF
-$rows
-EOF
-echo "Successfully ran diagnostic for group."
-echo "+---------------------------+------------------------------------------------+"
-row Diagnostic Result
-echo "+===========================+================================================+"
-echo "|-----  Metadata  ----------+------------------------------------------------|"
-row "DCGM Version" "4.4.0 (gpufleet stand-in)"
-row "Driver Version Detected" "${drv:-none}"
-row "GPU Device IDs Detected" "${ids:-none}"
-echo "|-----  Deployment  --------+------------------------------------------------|"
-row Denylist Pass
-row "NVML Library" "$nvml"
-row "CUDA Main Library" Pass
-row "Permissions and OS Blocks" Pass
-row "Persistence Mode" "$pm"
-row "Environment Variables" Pass
-row "Page Retirement/Row Remap" Pass
-row "Graphics Processes" Pass
-row Inforom Pass
-echo "+---------------------------+------------------------------------------------+"
-case "$nvml$pm" in *Fail*) exit 226;; esac
-exit 0"""
+# Stand-in `dcgmi diag -r 1|2|3 -j` against the GPU SIMULATOR, printing DCGM's JSON as dcgmi
+# 4.x builds it (dcgmi/Diag.cpp HelperJsonBuildOutput, github.com/NVIDIA/DCGM 72fa3fe: per
+# category, tests with per-GPU results, "warnings" {warning, error_id, error_category,
+# error_severity}, a test_summary; entity_groups; metadata), which tests/unit checks against DCGM's
+# own schema (tests/fixtures/dcgm/dcgm_diag_schema.json). The messages, error ids, severities
+# and categories are DCGM's (dcgmlib/dcgm_errors.h, dcgm_errors.c); the verdicts come from what
+# the simulated GPUs report: level 1 (Deployment: software) persistence and row remapping, level
+# 2 adds Integration pcie (link width/generation below the maximum, an NVLink down) and Hardware
+# memory (volatile double-bit ECC), level 3 adds Stress (hardware slowdown). Like the real dcgmi it
+# needs the host engine (nvidia-dcgm.service) and exits non-zero (226) when a test fails.
+_DCGMI = f"#!/usr/bin/python3\n# dcgmi: {STAND_IN_NOTE}\n" + r"""import json, subprocess, sys
+args = sys.argv[1:]
+if args[:1] in (["--version"], ["-v"]):
+    print("dcgmi  version: 4.4.0 (gpufleet stand-in)"); sys.exit(0)
+if args[:1] != ["diag"] or "-j" not in args or "-r" not in args or args[args.index("-r") + 1:][:1] not in (["1"], ["2"], ["3"]):
+    sys.exit("gpufleet stand-in dcgmi: only 'dcgmi diag -r 1|2|3 -j'")
+level = int(args[args.index("-r") + 1])
+if subprocess.run(["systemctl", "is-active", "--quiet", "nvidia-dcgm.service"]).returncode:
+    print("Error: unable to establish a connection to the specified host: localhost")
+    print("Error: Unable to connect to host engine. Host engine connection invalid/disconnected.")
+    sys.exit(255)
+Q = ("index,pci.device_id,driver_version,persistence_mode,ecc.errors.uncorrected.volatile.total,"
+     "remapped_rows.pending,remapped_rows.failure,pcie.link.gen.current,pcie.link.gen.max,"
+     "pcie.link.width.current,pcie.link.width.max,clocks_event_reasons.hw_slowdown")
+run = subprocess.run(["nvidia-smi", "--query-gpu=" + Q, "--format=csv,noheader,nounits"], capture_output=True, text=True)
+gpus = [dict(zip(Q.split(","), (c.strip() for c in row.split(",")))) for row in run.stdout.splitlines() if row.strip()]
+version = {"version": "4.4.0 (gpufleet stand-in)"}
+if run.returncode or not gpus:
+    print(json.dumps({"DCGM Diagnostic": {**version, "runtime_error": "Error: no GPUs found: " + (run.stdout + run.stderr).strip()[:200]}}, indent=3))
+    sys.exit(226)
+down = {}
+gpu = None
+for line in subprocess.run(["nvidia-smi", "nvlink", "-s"], capture_output=True, text=True).stdout.splitlines():
+    if line.startswith("GPU "):
+        gpu = int(line.split()[1].rstrip(":"))
+    elif "Link " in line and "inactive" in line.lower() and gpu is not None:
+        down.setdefault(gpu, []).append(int(line.split("Link ")[1].split(":")[0]))
+def num(v):
+    try:
+        return int(float(v))
+    except ValueError:
+        return None
+def err(msg, code, severity, category):
+    return {"warning": msg, "error_id": code, "error_category": category, "error_severity": severity}
+def software(g, i):
+    out = []
+    if g["persistence_mode"] != "Enabled":
+        out.append(err(f"Persistence mode for GPU {i} is disabled.", 29, 5, 8))
+    if g["remapped_rows.failure"] == "Yes":
+        out.append(err(f"GPU {i} had uncorrectable memory errors and row remapping failed.", 80, 6, 10))
+    if g["remapped_rows.pending"] == "Yes":
+        out.append(err(f"GPU {i} had memory errors and row remappings are pending", 85, 6, 10))
+    return out
+def pcie(g, i):
+    out = []
+    gen, gen_max, width, width_max = (num(g[k]) for k in ("pcie.link.gen.current", "pcie.link.gen.max",
+                                                          "pcie.link.width.current", "pcie.link.width.max"))
+    if gen and gen_max and gen < gen_max:
+        out.append(err(f"GPU {i} is running at PCI link generation {gen}, which is below the minimum allowed link "
+                       f"generation of {gen_max} (parameter 'min_pci_generation')", 45, 4, 13))
+    if width and width_max and width < width_max:
+        out.append(err(f"GPU {i} is running at PCI link width {width}X, which is below the minimum allowed link "
+                       f"generation of {width_max} (parameter 'min_pci_width')", 46, 5, 13))
+    out += [err(f"GPU {i}'s NvLink link {k} is currently down", 14, 4, 11) for k in down.get(i, [])]
+    return out
+def memory(g, i):
+    n = num(g["ecc.errors.uncorrected.volatile.total"]) or 0
+    return [err(f"Detected {n} volatile double-bit ECC error(s) in GPU {i}.", 4, 2, 10)] if n else []
+def stress(g, i):
+    if g["clocks_event_reasons.hw_slowdown"] != "Active":
+        return []
+    return [err(f"Clocks are being optimized for GPU {i} because of clocks event reasons: hardware slowdown "
+                "(DCGM_CLOCKS_EVENT_REASON_HW_SLOWDOWN)", 43, 1, 15)]
+PLAN = [(1, "Deployment", "software", software), (2, "Integration", "pcie", pcie), (2, "Hardware", "memory", memory),
+        (3, "Hardware", "diagnostic", lambda g, i: []), (3, "Stress", "targeted_stress", stress),
+        (3, "Stress", "targeted_power", lambda g, i: []), (3, "Stress", "memory_bandwidth", lambda g, i: [])]
+categories, failed = [], False
+for lvl, category, name, check in PLAN:
+    if lvl > level:
+        continue
+    results, all_errors = [], []
+    for g in gpus:
+        i = int(g["index"])
+        errors = check(g, i)
+        entry = {"entity_group": "GPU", "entity_group_id": 1, "entity_id": i, "status": "Fail" if errors else "Pass"}
+        if errors:
+            entry["warnings"] = errors
+        results.append(entry)
+        all_errors += errors
+    summary = {"status": "Fail" if all_errors else "Pass"}
+    if all_errors:
+        summary["warnings"] = all_errors
+    failed |= bool(all_errors)
+    test = {"name": name, "results": results, "test_summary": summary}
+    for c in categories:
+        if c["category"] == category:
+            c["tests"].append(test)
+            break
+    else:
+        categories.append({"category": category, "tests": [test]})
+doc = {"DCGM Diagnostic": {"test_categories": categories},
+       "entity_groups": [{"entities": [{"device_id": g["pci.device_id"][2:6].lower(), "entity_id": int(g["index"])} for g in gpus],
+                          "entity_group": "GPU", "entity_group_id": 1}],
+       "metadata": {**version, "Driver Version Detected": gpus[0]["driver_version"]}}
+print(json.dumps(doc, indent=3))
+sys.exit(226 if failed else 0)
+"""
 
 
 # Stand-in `dcgm-exporter` serving the GPU SIMULATOR's state in dcgm-exporter's text format
@@ -444,7 +502,7 @@ def default_packages() -> list[Pkg]:
     for ver in DCGM:
         pkgs.append(Pkg("datacenter-gpu-manager-4-core", ver, files=(
             ("/usr/bin/nv-hostengine", _script("nv-hostengine", "exec sleep infinity"), 0o755),
-            ("/usr/bin/dcgmi", _script("dcgmi", _DCGMI), 0o755),
+            ("/usr/bin/dcgmi", _DCGMI, 0o755),
             ("/lib/systemd/system/nvidia-dcgm.service", _unit("NVIDIA DCGM service", "/usr/bin/nv-hostengine -n"), 0o644),
         ), description="NVIDIA Datacenter GPU Management Tools (core)", source="dcgm"))
         for cm in ("12", "13"):

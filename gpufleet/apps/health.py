@@ -1,13 +1,20 @@
 """tools/health (gpufleet-health): which GPU to pull, and what to do with it.
 
     tools/health INVENTORY [--limit PATTERN] [--data KEY=VALUE] [--config FILE] [--json] [--workers N]
-    tools/health --local [--nvlink required|any|absent] [--slurm]
+                           [--burn-in | --diag LEVEL] [--slurm]
+    tools/health --local [--nvlink required|any|absent] [--burn-in | --diag LEVEL] [--slurm]
 
 Fleet: reads every host of the inventory at once, read-only (one remote command per host: the
 GpuHealth fact), and prints one line per finding with its class and fix, or `--json`:
 {"hosts": [{"name", "status", "worst", "error", "findings", "gpus": [{"index", "bus_id", "name",
 "worst", "findings": [{"check", "class", "detail", "fix"}]}]}]}. Exit 0 only when every host was
 read and nothing needs action (class reset or worse), 1 otherwise, 2 on usage errors.
+
+`--diag LEVEL` adds DCGM's diagnostic (`dcgmi diag -r LEVEL -j`, facts/dcgm_diag.py) to the
+reading, its failures classed by the severity DCGM gives them; `--burn-in` is `--diag 3`, DCGM's
+long hardware run (about 15 minutes) for a new host before it takes jobs. Levels 2 and 3 load
+the GPUs: on a host where GPU work runs they run nothing and say so. With a diagnostic asked
+for, a host whose diagnostic did not pass (failed, busy, no DCGM) also exits 1.
 
 Local (`--local`, on the node itself, as root): the same reading and verdict, one line on stdout,
 exit 0 when nothing needs action, 1 when something does: Slurm's HealthCheckProgram.
@@ -24,6 +31,7 @@ import subprocess
 import sys
 from typing import Any
 
+from gpufleet.facts.dcgm_diag import LEVEL_TIMEOUTS, DcgmDiag, DcgmDiagData
 from gpufleet.facts.health import GpuHealth, GpuHealthData
 from gpufleet.facts.slurm import SlurmNode, SlurmNodeData
 from gpufleet.health import ACTION, HostVerdict, all_findings, assess, rank, summary_line
@@ -37,10 +45,28 @@ def verdict_json(name: str, verdict: HostVerdict | None, row: dict[str, Any]) ->
     if verdict is None:
         return {"name": name, "status": row["status"], "worst": None, "error": row.get("error"), "findings": [],
                 "gpus": []}
-    return {"name": name, "status": "ok", "worst": verdict.worst, "error": None,
-            "findings": [f.as_json() for f in verdict.host_findings],
-            "gpus": [{"index": g.index, "bus_id": g.bus_id, "name": g.name, "worst": g.worst,
-                      "findings": [f.as_json() for f in g.findings]} for g in verdict.gpus]}
+    out: dict[str, Any] = {
+        "name": name, "status": "ok", "worst": verdict.worst, "error": None,
+        "findings": [f.as_json() for f in verdict.host_findings],
+        "gpus": [{"index": g.index, "bus_id": g.bus_id, "name": g.name, "worst": g.worst,
+                  "findings": [f.as_json() for f in g.findings]} for g in verdict.gpus]}
+    if verdict.diag_status:
+        out["diagnostic"] = {"level": row.get("diag_level"), "status": verdict.diag_status,
+                             "detail": verdict.diag_detail}
+    return out
+
+
+def needs_attention(verdict: HostVerdict | None) -> bool:
+    """Exit 1 for this host: not read, a finding that needs action, or a diagnostic asked for
+    that did not pass."""
+    return verdict is None or verdict.needs_action or verdict.diag_status not in ("", "pass")
+
+
+def diag_line(verdict: HostVerdict, level: int | None) -> str:
+    if not verdict.diag_status:
+        return ""
+    said = f": {verdict.diag_detail}" if verdict.diag_detail else ""
+    return f"DCGM diagnostic level {level}: {verdict.diag_status}{said}"
 
 
 def table(hosts: list[tuple[str, HostVerdict | None, dict[str, Any]]]) -> str:
@@ -51,6 +77,10 @@ def table(hosts: list[tuple[str, HostVerdict | None, dict[str, Any]]]) -> str:
             lines.append((name, "-", row["status"], row.get("error") or "", "bring the host back and re-run"))
             continue
         found = [(g, f) for g, f in all_findings(verdict)]
+        if verdict.diag_status and verdict.diag_status != "fail":
+            lines.append((name, "-", "diag", diag_line(verdict, row.get("diag_level")),
+                          "" if verdict.diag_status == "pass" else "run it again once the host is idle and DCGM "
+                                                                   "runs (deploys/monitoring.py installs it)"))
         if not found:
             lines.append((name, "-", "ok", f"{len(verdict.gpus)} GPU(s) healthy", ""))
         for gpu, finding in sorted(found, key=lambda pair: -rank(pair[1].cls)):
@@ -71,8 +101,10 @@ def fleet_main(args: argparse.Namespace) -> int:
 
     def read(host: Any) -> dict[str, Any]:
         settings = host_settings(host)
-        verdict = verdicts[host.name] = assess(host.get_fact(GpuHealth), nvlink=settings.validate_nvlink)
-        row: dict[str, Any] = {"status": "ok", "state": verdict.worst}
+        health = host.get_fact(GpuHealth)
+        diag = host.get_fact(DcgmDiag, level=args.diag) if args.diag else None
+        verdict = verdicts[host.name] = assess(health, nvlink=settings.validate_nvlink, diag=diag)
+        row: dict[str, Any] = {"status": "ok", "state": verdict.worst, "diag_level": args.diag}
         if args.slurm:
             row["slurm"] = slurm_step(host, verdict, settings.rollout_slurm_node_name)
         return row
@@ -95,12 +127,12 @@ def fleet_main(args: argparse.Namespace) -> int:
                                     for n, v, r in hosts]}, indent=1))
     else:
         print(table(hosts))
-        act = [n for n, v, _ in hosts if v is None or v.needs_action]
+        act = [n for n, v, _ in hosts if needs_attention(v)]
         for n, _, r in hosts:
             if r.get("slurm"):
                 print(f"{n}: Slurm: {r['slurm']}")
         print(f"\n{len(hosts)} host(s), {len(act)} need action" + (f": {', '.join(act)}" if act else ""))
-    return 0 if all(v is not None and not v.needs_action for _, v, _ in hosts) and not failed_slurm else 1
+    return 0 if not any(needs_attention(v) for _, v, _ in hosts) and not failed_slurm else 1
 
 
 def slurm_step(host: Any, verdict: HostVerdict, node_name: str) -> str:
@@ -138,6 +170,11 @@ def read_local() -> GpuHealthData:
     return GpuHealth().process(_run(GpuHealth().command()))
 
 
+def diag_local(level: int) -> DcgmDiagData:
+    """The DcgmDiag fact's own command, run here."""
+    return DcgmDiag().process(_run(DcgmDiag().command(level=level).get_raw_value()))
+
+
 def slurm_action(verdict: HostVerdict, node: SlurmNodeData) -> list[str] | None:
     """The scontrol command the verdict asks for on this Slurm node, or None: drain when the
     worst class is drain or worse (unless it is drained already); resume when nothing needs action
@@ -155,8 +192,8 @@ def slurm_action(verdict: HostVerdict, node: SlurmNodeData) -> list[str] | None:
 
 
 def local_main(args: argparse.Namespace) -> int:
-    verdict = assess(read_local(), nvlink=args.nvlink)
-    print(summary_line(verdict))
+    verdict = assess(read_local(), nvlink=args.nvlink, diag=diag_local(args.diag) if args.diag else None)
+    print(summary_line(verdict) + (f"; {diag_line(verdict, args.diag)}" if verdict.diag_status else ""))
     if args.slurm:
         node = SlurmNode().process(_run(SlurmNode().command()))
         action = slurm_action(verdict, node)
@@ -168,7 +205,7 @@ def local_main(args: argparse.Namespace) -> int:
                       f"{(done.stderr or done.stdout).strip()}", file=sys.stderr)
                 return 1
             print(f"gpufleet health: Slurm node {node.node} {what}")
-    return 1 if verdict.needs_action else 0
+    return 1 if needs_attention(verdict) else 0
 
 
 def main(argv: list[str] | None = None, prog: str = "health") -> int:
@@ -176,7 +213,7 @@ def main(argv: list[str] | None = None, prog: str = "health") -> int:
 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                      epilog=f"exit 0: nothing needs action (class below {ACTION}); 1: something does, "
-                                            "or a host was not read; 2: usage")
+                                            "a host was not read, or a diagnostic asked for did not pass; 2: usage")
     parser.add_argument("inventory", nargs="?", help="pyinfra inventory file (as given to pyinfra)")
     parser.add_argument("--local", action="store_true", help="check this node (as root), not an inventory")
     parser.add_argument("--nvlink", choices=NVLINK, default="any",
@@ -184,6 +221,12 @@ def main(argv: list[str] | None = None, prog: str = "health") -> int:
     parser.add_argument("--slurm", action="store_true",
                         help="drain a host's Slurm node at class drain or worse, resume it once healthy (only "
                              "nodes gpufleet health drained); the one change this tool makes")
+    deeper = parser.add_mutually_exclusive_group()
+    deeper.add_argument("--diag", type=int, choices=sorted(LEVEL_TIMEOUTS), metavar="LEVEL",
+                        help="also run DCGM's diagnostic at this level (1 seconds, 2 about 2 min, 3 about 15 min; "
+                             "2 and 3 only on idle GPUs)")
+    deeper.add_argument("--burn-in", dest="diag", action="store_const", const=3,
+                        help="DCGM's long diagnostic (level 3) for a new host before it takes jobs")
     parser.add_argument("--json", action="store_true", help="JSON instead of the table")
     parser.add_argument("--workers", type=int, default=20, help="hosts read at once (default 20)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")

@@ -31,6 +31,9 @@ class RolloutContext:
     #: host -> the CUDA toolkit / cuDNN packages and the exact releases it resolves to: installed
     #: ones that differ move with the driver (or alone), through the same steps
     stack: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: the canary batch's hosts: their validation also runs DCGM's diagnostic at the tier's
+    #: rollout_canary_diag_level, so a driver that breaks the GPUs stops the rollout there
+    canaries: set[str] = field(default_factory=set)
 
     def refuse(self, host: Any, reason: str, fix: str, outcome: str | None = None, area: str = "rollout") -> None:
         """Refuse `host` for the rest of this phase (gpufleet.failures.refuse), with the reason and

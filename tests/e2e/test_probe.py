@@ -67,7 +67,8 @@ def probed(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
     for label, run in (("install", installed), ("again", again), ("validate", before_kernel),
                        ("validate-after-kernel", after_kernel)):
         (tmp / f"{label}.log").write_text(run.output)
-    return {"host": h, "installed": installed, "again": again, "before": before_kernel, "after": after_kernel}
+    return {"host": h, "installed": installed, "again": again, "before": before_kernel, "after": after_kernel,
+            "inventory": inv}
 
 
 def test_driver_with_dcgm_installed_twice(probed):
@@ -91,5 +92,55 @@ def test_kernel_installed_later_without_module_warns_and_dcgm_fails_on_persisten
     assert release.endswith("-cloud-amd64")
     assert (f"[{h.name}] [WARN] driver: every installed kernel has the nvidia module: no nvidia module for {release}: "
             "booting it leaves the GPUs without a driver -> fix: install linux-headers-cloud-amd64") in out, out[-4000:]
-    assert f"[{h.name}] [FAIL] probe: DCGM's quick diagnostic passes: failed: Persistence Mode" in out
+    # DCGM's own message and error (DCGM_FR_PERSISTENCE_MODE, severity CONFIG), naming the GPU by its bus id
+    assert (f"[{h.name}] [FAIL] probe: DCGM's quick diagnostic passes: GPU 0 (00000000:00:06.0): monitor: DCGM "
+            "diagnostic level 1, Deployment software: Persistence mode for GPU 0 is disabled. (CONFIG: a "
+            "configuration problem, DCGM error 29)") in out, out[-4000:]
     assert probed["after"].returncode != 0  # a failed check fails the host
+
+
+def health(inv, *args: str):
+    import json
+    import subprocess
+
+    from tests.e2e.pyinfra_cli import REPO
+    run = subprocess.run([str(REPO / "tools/health"), str(inv), "--quiet", "--json", *args], capture_output=True,
+                         text=True, timeout=600)
+    (host,) = json.loads(run.stdout)["hosts"]
+    return run.returncode, host
+
+
+@pytest.fixture
+def dcgm_host(probed):
+    h = probed["host"]
+    sh(h, "nvidia-smi -pm 1 && gpusimctl fault --clear")
+    inv = probed["inventory"]
+    yield h, inv
+    sh(h, "gpusimctl fault --clear; gpusimctl remove-process --pid 4242 || true")
+
+
+def test_burn_in_runs_dcgm_level_3_and_passes_healthy_gpus(dcgm_host):
+    _, inv = dcgm_host
+    rc, host = health(inv, "--burn-in")
+    assert (rc, host["worst"], host["diagnostic"]) == (0, "ok", {"level": 3, "status": "pass", "detail": ""}), host
+
+
+def test_level_2_sees_what_level_1_does_not_and_names_the_gpu(dcgm_host):
+    h, inv = dcgm_host
+    sh(h, "gpusimctl fault --gpu 0 ecc-uncorrected")
+    rc, quick = health(inv, "--diag", "1")
+    assert rc == 1 and quick["diagnostic"]["status"] == "pass"   # the ECC reading needs action, DCGM's level 1 passes
+    rc, medium = health(inv, "--diag", "2")
+    (gpu,) = medium["gpus"]
+    dcgm = [f for f in gpu["findings"] if f["check"] == "dcgm_memory"]
+    assert rc == 1 and medium["diagnostic"]["status"] == "fail" and gpu["bus_id"] == "00000000:00:06.0"
+    assert [f["class"] for f in dcgm] == ["drain"], gpu   # DCGM_FR_VOLATILE_DBE_DETECTED: ISOLATE
+    assert "Detected 1 volatile double-bit ECC error(s) in GPU 0." in dcgm[0]["detail"]
+
+
+def test_a_diagnostic_that_loads_the_gpus_is_not_run_while_gpu_work_runs(dcgm_host):
+    h, inv = dcgm_host
+    sh(h, "gpusimctl add-process --gpu 0 --pid 4242 --name python3 --used-mib 1024")
+    rc, host = health(inv, "--diag", "2")
+    assert rc == 1 and host["diagnostic"]["status"] == "busy", host
+    assert "4242" in host["diagnostic"]["detail"] and host["worst"] == "ok"

@@ -54,7 +54,9 @@ def prepare_new(host, aptrepo) -> None:  # noqa: F811
                 f"{rf.APT} update -o Dir::Etc::SourceList=/dev/null >/dev/null && "
                 f"{rf.APT} install -y {q('nvidia-driver-pinning-' + rf.NEW)} >/dev/null && "
                 f"{rf.APT} install -y {q('nvidia-open=' + rf.NEW_DEB)} {q('nvidia-fabricmanager=' + rf.NEW_DEB)} "
-                f">/dev/null && apt-mark hold {shlex.join(DRIVER_PACKAGES)} >/dev/null")
+                f">/dev/null && apt-mark hold {shlex.join(DRIVER_PACKAGES)} >/dev/null && "
+                # DCGM with its host engine, as an operator runs it: the rollout's canary runs its diagnostic
+                f"{rf.APT} install -y datacenter-gpu-manager-4-core >/dev/null && systemctl enable -q nvidia-dcgm.service")
 
 
 def write(work: Path, host, aptrepo, driver: str) -> Path:  # noqa: F811
@@ -168,6 +170,9 @@ def test_pin_back_to_the_older_driver(research, aptrepo):  # noqa: F811
     r = rollout(work, rf.OLD)
     assert r.returncode == 0, r.stdout + r.stderr
     assert_at(host, rf.OLD, rf.OLD_DEB, rf.NEW)
+    # the one host is the canary: DCGM's medium diagnostic ran on it with the older driver loaded
+    validated = next(line for line in r.stdout.splitlines() if f"[canary] {host.name}: validate ok" in line)
+    assert validated.endswith("canary: DCGM diagnostic level 2 passed"), r.stdout
     log = rf.sh(host, "grep '=== .* package change: ' " + du.LOG + " | tail -n 1").stdout
     assert log.rstrip().endswith(" downgrade"), log        # apt was allowed to go older: it did
     all_py_changes_nothing(inv, "pin_back")

@@ -14,7 +14,8 @@ stops at the first one that differs):
   their content, random ids masked;
 - log: what the areas print (warnings, refusals, no-op messages), and what all.py prints at exit (pending upgrades);
 - gate: the validation gate's verdict (area, check, status) on the same facts;
-- rollout: the commands tools/rollout's drain, snapshot and reboot steps (deploys/upgrade.py) yield, and
+- rollout: the commands tools/rollout's drain, snapshot and reboot steps (deploys/upgrade.py) yield, what its
+  validation of a canary refuses, and
   the batch size its runner takes from the survey step (gpufleet/rollout/plan.py);
 - lock: the command all.py and tools/rollout send to take the host's lock (gpufleet/hostlock.py).
 """
@@ -253,10 +254,10 @@ def _rollout(sim: SimulatedHost, data: dict[str, Any]) -> list[str]:
     from gpufleet.rollout.plan import batch_size_for
 
     state = make_state({NAME: (sim, data)})
-    ctx = RolloutContext(target="580.159.04")
+    ctx = RolloutContext(target="580.159.04", canaries={NAME})   # the canary: its validation runs DCGM too
     with canned({NAME: sim}), on_host(state, NAME) as host:
         upgrade.survey_host(ctx)
-        for step in (upgrade.drain, upgrade.snapshot, upgrade.reboot):
+        for step in (upgrade.drain, upgrade.snapshot, upgrade.reboot, upgrade.validate):
             try:
                 step(ctx)
             except PyinfraError:

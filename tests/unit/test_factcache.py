@@ -264,7 +264,8 @@ def test_probes_are_never_in_a_later_runs_prefetch(local, monkeypatch):
     """The DCGM and performance probes and the PyTorch build fact load GPUs or import torch:
     asked by validate.py, they must not run again in the next all.py's prefetch."""
     from gpufleet.facts.pytorch import TorchBuild
-    from gpufleet.facts.gpu_checks import DcgmDiag, PerfProbe
+    from gpufleet.facts.dcgm_diag import DcgmDiag
+    from gpufleet.facts.gpu_checks import PerfProbe
     from gpufleet.facts.system import UnitActive
 
     assert TorchBuild.gpufleet_no_prefetch and DcgmDiag.gpufleet_no_prefetch and PerfProbe.gpufleet_no_prefetch

@@ -236,6 +236,7 @@ ALTERNATIVE: dict[str, tuple[Any, str]] = {
     "rollout_snapshot_command": (["cloudctl", "snapshot", "--name", "{snapshot}", "{host}"], "rollout-command"),
     "rollout_slurm_node_name": ("gpu-node-7", "rollout"),
     "rollout_drain_timeout": (60, "rollout"),
+    "rollout_canary_diag_level": (0, "rollout"),
     "validate_os_release": ("ubuntu-24.04", "render-distro-debian"),
     "validate_gpu_models": (["NVIDIA H200"], "hgx"),
     "validate_gpu_count": (4, "hgx"),

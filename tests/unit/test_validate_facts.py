@@ -1,7 +1,7 @@
 """Pure parsers of facts/gpu_checks.py, and the validation gate's areas and result lines."""
 import pytest
 
-from gpufleet.facts.gpu_checks import parse_container_gpus, parse_dcgm_diag
+from gpufleet.facts.gpu_checks import parse_container_gpus
 from gpufleet.validation import AREAS, CHECKS, STATUSES, Result
 
 pytestmark = pytest.mark.unit
@@ -15,19 +15,6 @@ def test_container_gpus():
     assert data.gpu_indices == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
     none = parse_container_gpus(["docker=no", "active=inactive"])
     assert not none.docker and none.gpu_indices == []
-
-
-def test_dcgm_diag():
-    ok = ["+---------------------------+------------------------------------------------+",
-          "| Diagnostic                | Result                                         |",
-          "| Deployment                | Pass                                           |",
-          "| Blacklist                 | Pass                                           |",
-          "| NVML Library              | Pass                                           |", "::gpufleet:: rc 0"]
-    assert parse_dcgm_diag(ok).status == "pass"
-    bad = ok[:3] + ["| Persistence Mode          | Fail                                           |", "::gpufleet:: rc 226"]
-    assert (parse_dcgm_diag(bad).status, parse_dcgm_diag(bad).failed) == ("fail", ["Persistence Mode"])
-    assert parse_dcgm_diag(["::gpufleet:: no-dcgmi"]).status == "not-installed"
-    assert parse_dcgm_diag(["Error: unable to connect to host engine", "::gpufleet:: rc 255"]).status == "error"
 
 
 def test_every_check_belongs_to_a_known_area_and_results_read_as_lines():

@@ -413,6 +413,8 @@ class Runner:
                     self.say(f"[{batch.name}] {name}: FAILED: {exc}")
                     refused.append(name)
         wave = [name for name in wave if name not in refused]
+        if batch.index == 0:
+            ctx.canaries.update(wave)
         todo = {name: state.host(name).steps_to_run() for name in wave}
         active = list(wave)
         funcs: dict[str, Callable[..., Any]] = {
@@ -434,6 +436,8 @@ class Runner:
                     self.say(f"[{batch.name}] {n}: warning: could not lock it again after its reboot: {why}")
             for n in result.ok:
                 msg = ""
+                if step == "validate":
+                    msg = "; ".join(ctx.notes.pop(n, []))
                 if step == "snapshot":
                     state.host(n).manifest = ctx.manifest_paths.get(n)
                     msg = f"manifest {ctx.manifest_paths.get(n)}"
