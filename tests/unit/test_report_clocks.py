@@ -212,7 +212,7 @@ def test_the_rows_match_the_schema_and_the_page_flags_the_difference():
     assert off.cells["tuning"] == "fail"
     assert "persistence on locked clocks 3201,1785 / none ≠ planned 3201,1980 2 GPUs" in off.text["tuning"], off
     assert f"GPU 1 NVIDIA H200 ({BUS[1]}): locked none, planned 3201,1980" in off.text["tuning"]
-    assert re.search(r'<div class="want differs" data-planned="3201,1980">&ne; planned 3201,1980</div>', page)
+    assert re.search(r'<span class="want differs" data-planned="3201,1980">&ne; planned 3201,1980</span>', page)
     assert by["unmanaged"].text["tuning"].startswith("persistence on locked clocks none clock_policy: unmanaged")
     # the terminal and Markdown tables carry the one-line text
     from gpufleet.apps.report.render import markdown
