@@ -98,6 +98,60 @@ def computed_styles(page: Path, out_dir: Path, browser: str | None = None) -> di
     return json.loads(html.unescape(found.group(1)))
 
 
+# A page that loads the report in a frame of the screen's size and writes what chromium laid out
+# into its own DOM (read back with --dump-dom): per host row, in document order, its attention,
+# where it sits, and per cell its status, the text a reader sees (innerText: folded details left
+# out), whether its first line is cut and how high its parts (.l1, .l2) are. The report itself carries no
+# script; this one lives only in the test's tmp dir.
+LAYOUT = """<!DOCTYPE html><html><body style="margin: 0">
+<iframe id="f" src="REPORT" style="border: 0; display: block; width: WIDTHpx; height: HEIGHTpx"></iframe>
+<script>
+document.getElementById("f").addEventListener("load", () => {
+  const w = document.getElementById("f").contentWindow, d = w.document;
+  const head = d.querySelector("#fleet thead").getBoundingClientRect();
+  const rows = [...d.querySelectorAll("#fleet tbody tr")].map(tr => {
+    const box = tr.getBoundingClientRect(), cells = {};
+    for (const td of tr.querySelectorAll("td")) {
+      const key = [...td.classList].find(c => c.startsWith("c-")).slice(2), first = td.querySelector(".l1");
+      const lines = [...td.querySelectorAll(".l1, .l2")].map(e => e.getBoundingClientRect().height);
+      cells[key] = {status: td.dataset.status, text: td.innerText, width: td.getBoundingClientRect().width,
+                    cut: first ? first.scrollWidth > first.clientWidth : false, tallest: Math.max(0, ...lines)};
+    }
+    return {host: tr.dataset.host, attention: tr.dataset.attention, top: box.top, height: box.height, cells};
+  });
+  const pre = document.createElement("pre");
+  pre.id = "layout";
+  pre.textContent = JSON.stringify({viewport: {width: w.innerWidth, height: w.innerHeight},
+                                    head: {top: head.top, height: head.height},
+                                    line: parseFloat(w.getComputedStyle(d.body).lineHeight), rows});
+  document.body.appendChild(pre);
+});
+</script></body></html>
+"""
+
+
+def layout(page: Path, out_dir: Path, width: int = 1920, height: int = 1080,
+           browser: str | None = None) -> dict:
+    """What chromium laid out for the report `page` (in out_dir) on a width x height screen (the
+    frame's viewport; the window is made larger so that the frame fits it whole):
+    {viewport, head, line, rows: [{host, attention, top, height, cells: {key: {status, text,
+    width, cut, tallest}}}]} (see LAYOUT; `tallest`: the highest of the cell's one-line parts)."""
+    import html
+    import json
+    import re
+
+    browser = browser or require()
+    probe = out_dir / f"layout-{page.stem}.html"
+    probe.write_text(LAYOUT.replace("REPORT", page.name).replace("WIDTH", str(width)).replace("HEIGHT", str(height)))
+    dom = subprocess.run([browser, *FLAGS, "--allow-file-access-from-files", f"--window-size={width},{height + 200}",
+                          f"--user-data-dir={out_dir / 'profile-layout'}", "--dump-dom", probe.resolve().as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    found = re.search(r'<pre id="layout">(.*?)</pre>', dom.stdout, re.S)
+    if not found:
+        raise AssertionError(f"the layout page wrote nothing (rc {dom.returncode}): {dom.stderr[-2000:]}")
+    return json.loads(html.unescape(found.group(1)))
+
+
 def png_size(path: Path) -> tuple[int, int]:
     data = path.read_bytes()
     if data[:8] != b"\x89PNG\r\n\x1a\n":

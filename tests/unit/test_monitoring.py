@@ -249,7 +249,8 @@ def test_html_report_links_each_endpoint_in_a_metrics_cell():
     doc = render.document([{"host": "gpu-a01", "address": "10.1.2.3", "status": "ok", "state": "changed", "tier": "research",
                             "seconds": 1.0, "drift": None, "endpoints": rows}], "inv.py", 1.0)
     page = render.html_page(doc)
-    assert '<a class="endpoint" href="http://10.1.2.3:9100/metrics" title="812 samples">node exporter</a>' in page
+    # the exporter's short name in the (narrow) cell, its full name and what the gate found in the title
+    assert '<a class="endpoint" href="http://10.1.2.3:9100/metrics" title="node exporter: 812 samples">node</a>' in page
     assert 'href="http://10.1.2.3:9400/metrics"' in page
 
 

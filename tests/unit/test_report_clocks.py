@@ -205,15 +205,15 @@ def test_the_rows_match_the_schema_and_the_page_flags_the_difference():
     by = {r.host: r for r in parse_report(page).rows}
     at_plan = by["app-at-plan"]
     assert at_plan.cells["tuning"] == "info"  # no check on these rows: no judgement, and no difference
-    assert at_plan.text["tuning"].startswith("persistence on application clocks 3201,1980 = planned 2 GPUs"), at_plan
+    assert at_plan.text["tuning"].startswith("persistence on · application clocks 3201,1980 = planned 2 GPUs"), at_plan
     assert (f"GPU 1 NVIDIA H200 ({BUS[1]}): application 3201,1980, planned 3201,1980 application clocks "
             "(nvidia-smi -ac), as nvidia-smi reads them (driver 580.159.04)") in at_plan.text["tuning"]
     off = by["locked-off-plan"]
     assert off.cells["tuning"] == "fail"
-    assert "persistence on locked clocks 3201,1785 / none ≠ planned 3201,1980 2 GPUs" in off.text["tuning"], off
+    assert "persistence on · locked clocks 3201,1785 / none ≠ planned 3201,1980 2 GPUs" in off.text["tuning"], off
     assert f"GPU 1 NVIDIA H200 ({BUS[1]}): locked none, planned 3201,1980" in off.text["tuning"]
-    assert re.search(r'<div class="want differs" data-planned="3201,1980">&ne; planned 3201,1980</div>', page)
-    assert by["unmanaged"].text["tuning"].startswith("persistence on locked clocks none clock_policy: unmanaged")
+    assert re.search(r'<span class="want differs" data-planned="3201,1980">&ne; planned 3201,1980</span>', page)
+    assert by["unmanaged"].text["tuning"].startswith("persistence on · locked clocks none clock_policy: unmanaged")
     # the terminal and Markdown tables carry the one-line text
     from gpufleet.apps.report.render import markdown
     assert "| locked 3201,1785 ≠ planned 3201,1980 on GPU 0; none ≠ planned 3201,1980 on GPU 1 |" in markdown(doc)

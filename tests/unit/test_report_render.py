@@ -125,3 +125,56 @@ def test_the_pytorch_column(doc):
     assert ("pytorch", "PyTorch") in [(c["key"], c["heading"]) for c in doc["columns"]]
     assert cell(by["changed"], "pytorch").startswith("fail: torch 2.13.0+cpu ")
     assert cell(by["prov"], "pytorch") == "-"
+
+
+def test_the_compact_table_fits_160_columns_for_20_recorded_hosts():
+    """20 hosts of the recorded report (tests/fixtures/report/, each recorded row repeated under
+    a new name): every line of the default table is at most 160 columns, every host is there
+    under its whole name, the hosts that need attention first."""
+    from gpufleet.apps.report.view import ordered
+    from testing.report_fixture import recorded_document
+
+    doc = recorded_document(20)
+    lines = terminal(doc).splitlines()
+    assert max(len(line) for line in lines) <= 160, [len(line) for line in lines]
+    first = [line.split()[0] for line in lines[2:22]]
+    assert first == [r["host"] for r in ordered(doc["hosts"])] and len(set(first)) == 20
+    assert lines[0].split() == ["Host", "State", "Tier", "GPUs", "Driver", "CUDA", "cuDNN", "PyTorch", "Health",
+                                "Drift", "Problems"]
+    by = {line.split()[0]: line for line in lines[2:22]}
+    assert "9.16.0.29*" in by["gf-htmlreport-2"] and "cuDNN: libcudnn9-cuda-13 9.16" in by["gf-htmlreport-2"]
+    assert " fail " in by["gf-htmlreport-5"] and "GPU health: GPU 2" in by["gf-htmlreport-5"]
+    assert "2.11.0+cu128" in by["gf-htmlreport-4"]
+    # the old table, every column at up to 40 characters, was 268-436 wide; the wide one is wider still
+    assert max(len(line) for line in terminal(doc, wide=True).splitlines()) > 400
+
+
+def test_the_compact_table_stays_within_its_width_whatever_the_hosts_say():
+    long = _row("gpu-" + "x" * 70, "changed", validation=_checks(Result("base", "the marker", "fail", "y" * 300, "run")),
+                gpus=[{"model": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "count": 8}], tier="t" * 40)
+    doc = document([*ROWS, long], "inventories/test.py", 1.0)
+    for width in (160, 120, 80):
+        lines = terminal(doc, width=width).splitlines()
+        assert max(len(line) for line in lines) <= width, width
+        assert any(line.startswith("gpu-xxxx") for line in lines)
+
+
+def test_wide_shows_the_details_the_compact_table_drops():
+    from testing.report_fixture import recorded_document
+
+    doc = recorded_document()
+    compact, wide = terminal(doc), terminal(doc, wide=True)
+    rows = {r["host"]: r for r in doc["hosts"]}
+    dropped = [
+        rows["gf-htmlreport-4"]["kernel"],                        # the kernel
+        "NVIDIA A100-SXM4-40GB x 4",                              # the GPU model in full
+        "(resolved 9.17.0.29)",                                   # the resolved cuDNN beside the installed one
+        "535.247.01 / 535.309.01 MISMATCH",                       # loaded / installed driver
+        "skip: this host cannot load rules",                      # firewall
+        rows["gf-htmlreport-4"]["endpoints"][0]["url"],           # the metrics endpoints
+        "application 1215,1410 = planned",                        # clocks
+        rows["gf-htmlreport-4"]["held_packages"][0] + ",",        # held packages
+    ]
+    for text in dropped:
+        assert text in wide and text not in compact, text
+    assert len(wide.splitlines()) == len(compact.splitlines()) - 1  # the same hosts, one line each (no legend)

@@ -1,7 +1,8 @@
 """The HTML fleet report's view (gpufleet/apps/report/view.py and templates/report/report.html.j2),
 rendered from a report recorded by tools/fleet-report on the sandbox's test hosts
-(tests/fixtures/report/: a driver mismatch, cuDNN 9.16.0.29 where the tier resolves 9.17.0.29,
-an unreachable entry, a warning host, a healthy one; every firewall check a skip).
+(tests/fixtures/report/, made by testing/report_fixture.py: a driver mismatch, cuDNN 9.16.0.29
+where the tier resolves 9.17.0.29, a GPU with a row remap pending, an unreachable entry, a warning
+host, a healthy one; every firewall check a skip).
 
 The page is read back with an HTML parser (testing/chromium.parse_report), not searched for
 strings the code itself wrote: statuses are the cells' data-status, versions their text."""
@@ -9,13 +10,15 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from gpufleet.apps.report.gather import _versions, component_versions
 from gpufleet.apps.report.render import SCHEMA_PATH, cell, document, html_page
-from gpufleet.apps.report.view import attention, cells, fleet_summary, ordered, upgrades, version_rows
+from gpufleet.apps.report.view import (CHECK_OF, DRIVER_CHECK, KERNEL_CHECK, MISMATCH_CHECK, REFUSED, STACK_CHECK,
+                                       attention, cells, fleet_summary, ordered, problems, upgrades, version_rows)
 from gpufleet.resolver import resolve
 from testing.chromium import parse_report
 from tests.unit.jsonschema_lite import validate
@@ -23,8 +26,8 @@ from tests.unit.jsonschema_lite import validate
 pytestmark = pytest.mark.unit
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "report" / "sandbox-fleet.json"
-DEV, CUDNN_BY_HAND, GHOST, HGX, HEALTHY = (
-    "gf-htmlreport-1", "gf-htmlreport-2", "gf-htmlreport-ghost", "gf-htmlreport-3", "gf-htmlreport-4")
+DEV, CUDNN_BY_HAND, SICK, GHOST, HGX, HEALTHY = (
+    "gf-htmlreport-1", "gf-htmlreport-2", "gf-htmlreport-5", "gf-htmlreport-ghost", "gf-htmlreport-3", "gf-htmlreport-4")
 
 
 @pytest.fixture
@@ -84,9 +87,12 @@ def test_the_difference_fails_the_cell_even_where_no_check_says_so():
     row["validation"]["failed"] = []
     assert cells(row)["cudnn"].status == "fail"
     assert attention(row) == "fail"
-    assert upgrades(row) == ["cuDNN upgrade pending: 9.16.0.29 -> 9.17.0.29"]
-    row["drift"]["pending"] = []
+    # one line for the component, not one per package of the drift's pending list
+    assert len(row["drift"]["pending"]) == 3
     assert upgrades(row) == ["cuDNN 9.16.0.29 -> 9.17.0.29"]
+    row.pop("versions")  # an older row: the pending list, shortened
+    assert upgrades(row) == ["libcudnn9-cuda-13 9.16.0.29", "libcudnn9-dev-cuda-13 9.16.0.29",
+                             "libcudnn9-headers-cuda-13 9.16.0.29"]
 
 
 def test_a_driver_mismatch_fails_the_driver_cell_and_a_reboot_is_pending(doc):
@@ -152,8 +158,9 @@ def test_component_versions_from_installed_packages_and_a_real_resolution():
 
 
 def test_hosts_that_need_attention_come_first(doc):
-    assert [r.host for r in _page(doc).rows] == [DEV, CUDNN_BY_HAND, GHOST, HGX, HEALTHY]
-    assert [r["host"] for r in doc["hosts"]] == [DEV, CUDNN_BY_HAND, HEALTHY, HGX, GHOST]  # the JSON keeps inventory order
+    assert [r.host for r in _page(doc).rows] == [DEV, CUDNN_BY_HAND, SICK, GHOST, HGX, HEALTHY]
+    # the JSON keeps inventory order
+    assert [r["host"] for r in doc["hosts"]] == [DEV, CUDNN_BY_HAND, HEALTHY, SICK, HGX, GHOST]
     # fail > warn > pending > ok, inventory order within each
     base = _rows(doc)[HEALTHY]
     pending = copy.deepcopy(base) | {"host": "pending"}
@@ -170,24 +177,24 @@ def test_hosts_that_need_attention_come_first(doc):
 def test_fleet_summary_counts(doc):
     summary = fleet_summary(doc["hosts"])
     assert summary == {
-        "attention": {"fail": 3, "warn": 1, "pending": 0, "ok": 1},
-        "tiers": {"research": 3, "dev": 1, "hgx": 1},
-        "versions": {"driver": {"580.126.09": 3, "535.309.01": 1, "unknown": 1},
-                     "cuda": {"13.0.2": 3, "none": 1, "unknown": 1},
-                     "cudnn": {"9.17.0.29": 2, "9.16.0.29": 1, "none": 1, "unknown": 1},
-                     "container_toolkit": {"1.18.0-1": 4, "unknown": 1}},
+        "attention": {"fail": 4, "warn": 1, "pending": 0, "ok": 1},
+        "tiers": {"research": 4, "dev": 1, "hgx": 1},
+        "versions": {"driver": {"580.126.09": 4, "535.309.01": 1, "unknown": 1},
+                     "cuda": {"13.0.2": 4, "none": 1, "unknown": 1},
+                     "cudnn": {"9.17.0.29": 3, "9.16.0.29": 1, "none": 1, "unknown": 1},
+                     "container_toolkit": {"1.18.0-1": 5, "unknown": 1}},
         "upgrades_pending": [CUDNN_BY_HAND],
         "reboots_pending": [DEV],
-        "health_action": [],
+        "health_action": [SICK],
     }
     page = _page(doc)
-    assert page.counts == {"hosts": 5, "fail": 3, "warn": 1, "pending": 0, "ok": 1, "upgrades": 1, "reboots": 1,
-                           "health": 0}
+    assert page.counts == {"hosts": 6, "fail": 4, "warn": 1, "pending": 0, "ok": 1, "upgrades": 1, "reboots": 1,
+                           "health": 1}
     assert page.versions == summary["versions"] and page.tiers == summary["tiers"]
     assert 'data-version="9.16.0.29" data-hosts="1" data-differ="1"' in html_page(doc)
     # per tier: the tiers resolve different versions
     assert version_rows(doc["hosts"], "cudnn") == [
-        ("9.17.0.29", 2, 0, {"hgx": 1, "research": 1}), ("9.16.0.29", 1, 1, {"research": 1}),
+        ("9.17.0.29", 3, 0, {"research": 2, "hgx": 1}), ("9.16.0.29", 1, 1, {"research": 1}),
         ("none", 1, 0, {"dev": 1}), ("unknown", 1, 0, {"research": 1})]
     assert version_rows(doc["hosts"], "driver")[1] == ("535.309.01", 1, 0, {"dev": 1})
 
@@ -199,18 +206,21 @@ def test_a_report_from_before_the_new_fields_still_renders(doc):
         for key in ("versions", "resolved", "packages", "resolved_error"):
             row.pop(key, None)
     page = _page(old)
-    assert len(page.rows) == 5 and page.counts["hosts"] == 5
+    assert len(page.rows) == 6 and page.counts["hosts"] == 6
     by = {r.host: r for r in page.rows}
     assert by[CUDNN_BY_HAND].cells["cudnn"] == "info" and "9.16.0.29" in by[CUDNN_BY_HAND].text["cudnn"]
     assert by[DEV].cells["driver"] == "info" and by[DEV].attention == "fail"  # the mismatch flag is older
-    assert page.versions["cudnn"] == {"unknown": 5}
+    assert page.versions["cudnn"] == {"unknown": 6}
 
 
 def test_the_page_is_self_contained_and_escapes_host_text(doc):
     page = html_page(doc)
     assert "<style>" in page
-    for external in ("<script", "src=", "href=", "http://", "https://", "url(", "@import"):
+    for external in ("<script", "src=", "<link", "url(", "@import"):
         assert external not in page, external
+    # the one kind of link: each exporter's endpoint, to follow, never loaded by the page
+    links = re.findall(r"<a [^>]*>", page)
+    assert links and all(re.fullmatch(r'<a class="endpoint" href="http://[^"]+/metrics" title="[^"]*">', a) for a in links)
     evil = copy.deepcopy(doc)
     evil["hosts"][0]["validation"]["checks"][0].update(status="fail", message="<img src=x onerror=alert(1)>")
     evil["hosts"][0]["host"] = '"><script>alert(1)</script>'
@@ -220,14 +230,67 @@ def test_the_page_is_self_contained_and_escapes_host_text(doc):
 
 
 def test_a_gpu_to_act_on_fails_the_health_cell_and_counts_in_the_summary(doc):
-    from gpufleet.apps.report.view import CHECK_OF, cells
-
-    row = copy.deepcopy(_rows(doc)[HEALTHY]) | {"host": "sick"}
-    row["validation"]["checks"].append({
-        "area": "health", "name": CHECK_OF["health"], "status": "fail",
-        "message": "GPU 1 (00000000:00:07.0): reboot: XID 79 (GPU has fallen off the bus) logged 1 time(s) since boot",
-        "fix": "drain and reboot the node"})
+    """The recorded host whose GPU 2 has a row remap pending (gpusimctl fault): a reset to do."""
+    row = _rows(doc)[SICK]
     cell = cells(row)["health"]
-    assert cell.status == "fail" and "00000000:00:07.0" in cell.note
-    assert fleet_summary([row])["health_action"] == ["sick"]
+    assert cell.status == "fail" and "GPU 2 (00000000:00:08.0): reset" in cell.note
+    assert cells(_rows(doc)[HEALTHY])["health"].status == "pass"
+    assert fleet_summary(doc["hosts"])["health_action"] == [SICK]
+    assert attention(row) == "fail"
+    page = {r.host: r for r in _page(doc).rows}
+    assert page[SICK].cells["health"] == "fail" and "row remap is pending" in page[SICK].text["health"]
     assert _page(document([row], "inv.py", 1.0)).counts["health"] == 1
+
+
+def test_the_pytorch_cell_names_the_build(doc):
+    by = {h: cells(r)["pytorch"] for h, r in _rows(doc).items()}
+    assert (by[HEALTHY].status, by[HEALTHY].text) == ("pass", "2.11.0+cu128")
+    assert (by[HGX].status, by[HGX].text) == ("pass", "2.11.0+cu126")
+    assert (by[CUDNN_BY_HAND].status, by[CUDNN_BY_HAND].text) == ("skip", "none")  # python3 imports no torch
+    assert by[GHOST].status == "none"
+    # the check's whole message stays, folded away
+    assert any("runs on NVIDIA A100-SXM4-40GB (8.0)" in line for line in by[HEALTHY].details)
+    # an older row without the check: its text field
+    old = {"status": "ok", "pytorch": "fail: torch 2.13.0+cpu (/usr/lib/python3/torch) is a CPU-only build"}
+    assert (cells(old)["pytorch"].status, cells(old)["pytorch"].text) == ("fail", "2.13.0+cpu")
+
+
+def test_problem_lines_are_labelled_by_what_is_wrong_each_once(doc):
+    rows = _rows(doc)
+    # the CUDA/cuDNN check belongs to the driver area; the line says cuDNN
+    by_hand = problems(rows[CUDNN_BY_HAND])
+    assert [(p["status"], p["label"]) for p in by_hand] == [("fail", "cuDNN")]
+    assert rows[CUDNN_BY_HAND]["validation"]["failed"][0].startswith("cuDNN: the CUDA toolkit and cuDNN are")
+    # a loaded driver that is not the installed one fails two checks; one line says it
+    dev_checks = [c["name"] for c in rows[DEV]["validation"]["checks"] if c["status"] == "fail"]
+    assert dev_checks == [MISMATCH_CHECK, DRIVER_CHECK]
+    assert [(p["label"], p["name"]) for p in problems(rows[DEV])] == [("driver", MISMATCH_CHECK)]
+    assert [p["label"] for p in problems(rows[SICK])] == ["GPU health"]
+    assert [(p["status"], p["label"]) for p in problems(rows[HGX])] == [("warn", "hardware")]
+    # failures before warnings, and no check twice in the folded list
+    row = copy.deepcopy(rows[HGX])
+    stack = next(c for c in row["validation"]["checks"] if c["name"] == STACK_CHECK)
+    stack.update(status="fail", message="m")
+    assert [p["status"] for p in problems(row)] == ["fail", "warn"]
+    cell = cells(row)["problems"]
+    assert not any(STACK_CHECK in line or "the hardware matches" in line for line in cell.details)
+    page = {r.host: r for r in _page(doc).rows}
+    assert page[CUDNN_BY_HAND].text["problems"].count("the CUDA toolkit and cuDNN are the resolved releases") == 1
+    assert "driver: the CUDA toolkit" not in page[CUDNN_BY_HAND].text["problems"]
+
+
+def test_the_column_checks_are_the_gates_names():
+    from gpufleet import validation
+
+    assert CHECK_OF["health"] == validation.HEALTH_CHECK and CHECK_OF["pytorch"] == validation.PYTORCH_CHECK
+    names = {name for name in vars(validation).values() if isinstance(name, str)}
+    source = Path(validation.__file__).read_text()
+    for name in (*CHECK_OF.values(), STACK_CHECK, KERNEL_CHECK, DRIVER_CHECK, MISMATCH_CHECK):
+        assert name in names or f'"{name}"' in source, name
+
+
+def test_a_host_all_py_refuses_is_failed(doc):
+    row = copy.deepcopy(_rows(doc)[HEALTHY])
+    assert attention(row) == "ok"
+    row["drift"]["error"] = REFUSED
+    assert cells(row)["drift"].status == "fail" and attention(row) == "fail"

@@ -1,8 +1,9 @@
 """tools/fleet-report INVENTORY [--limit PATTERN] [--data KEY=VALUE] [--config FILE] [--out DIR] [--workers N]
-                    [--no-drift] [--probe]
+                    [--no-drift] [--probe] [--wide]
 
 Gathers facts from every host of a pyinfra inventory in parallel (progress on stderr), prints
-the fleet table, and writes fleet-report.{json,md,html} to --out (default: reports/). Exit code
+the fleet table (160 columns at most, the hosts that need attention first; every column with
+--wide), and writes fleet-report.{json,md,html} to --out (default: reports/). Exit code
 0 when every host was reached and passes validation, 1 otherwise (each host not reached or not
 read named on stderr), 2 on usage errors (an inventory with no host among them).
 """
@@ -27,6 +28,9 @@ def main(argv: list[str] | None = None, prog: str = "fleet-report") -> int:
     parser.add_argument("--probe", action="store_true",
                         help="also run the DCGM and performance probes where installed")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--wide", action="store_true",
+                        help="every column in full (kernel, holds, clocks, firewall, SSH, endpoints, each check's "
+                             "wording), in inventory order; default: a table of at most 160 columns")
     inventory_source.add_arguments(parser)
     args = parser.parse_args(argv)
     if not Path(args.inventory).is_file():
@@ -51,7 +55,7 @@ def main(argv: list[str] | None = None, prog: str = "fleet-report") -> int:
     rows = gather(source, workers=args.workers, drift=not args.no_drift, probe=args.probe,
                   progress=progress)
     doc = document(rows, args.inventory, time.monotonic() - start)
-    print(terminal(doc))
+    print(terminal(doc, wide=args.wide))
     paths = write_all(doc, Path(args.out))
     print("written: " + ", ".join(str(p) for p in paths.values()))
     lost = [r for r in rows if r["status"] in ("unreachable", "error")]

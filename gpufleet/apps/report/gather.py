@@ -99,7 +99,7 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     from gpufleet.settings import host_settings
     from gpufleet.validation import FAIL, PYTORCH_CHECK, Context, fresh_host_facts, run_checks
 
-    from .view import clocks_text
+    from .view import clocks_text, problem_label
 
     row: dict[str, Any] = {"status": "ok"}
     try:
@@ -172,7 +172,8 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     row["validation"] = {
         # "unmanaged" is always 0 now (no deploy is a placeholder); kept: schema_version 1 requires it
         "counts": {s: sum(1 for r in results if r.status == s) for s in ("pass", "fail", "warn", "skip", "unmanaged")},
-        "failed": [f"{r.area}: {r.name}: {r.message}" for r in results if r.status == FAIL],
+        # labelled by what is wrong, as the report's columns (a cuDNN changed by hand: "cuDNN: ...")
+        "failed": [f"{problem_label(r.to_json(), row)}: {r.name}: {r.message}" for r in results if r.status == FAIL],
         "checks": [r.to_json() for r in results],
     }
     row["state"] = classify(row, results)

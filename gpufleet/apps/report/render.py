@@ -20,7 +20,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("driver", "Driver loaded / installed"), ("cuda", "CUDA"), ("cudnn", "cuDNN"),
     ("container_toolkit", "Container toolkit"), ("kernel", "Kernel"), ("held_packages", "Held packages"),
     ("reboot_pending", "Reboot pending"), ("persistence", "Persistence"), ("clocks", "Clocks"),
-    ("pytorch", "PyTorch"), ("firewall", "Firewall"), ("ssh_hardening", "SSH hardening"),
+    ("pytorch", "PyTorch"), ("health", "GPU health"), ("firewall", "Firewall"), ("ssh_hardening", "SSH hardening"),
     ("endpoints", "Metrics endpoints"), ("drift", "Drift (all.py)"),
     ("problems", "Problems"),
 )
@@ -67,7 +67,17 @@ def _cell(row: dict[str, Any], key: str) -> str:
     if key == "problems":
         if row.get("status") in ("unreachable", "error"):
             return row.get("error") or ""
+        if (row.get("validation") or {}).get("checks"):  # labelled by what is wrong, each once
+            return "; ".join(f"{p['label']}: {p['name']}: {p['message']}" for p in view.problems(row)
+                             if p["status"] == "fail") or "-"
         return "; ".join((row.get("validation") or {}).get("failed", [])) or "-"
+    if key == "health":
+        check = next((c for c in (row.get("validation") or {}).get("checks") or []
+                      if c["name"] == view.CHECK_OF["health"]), None)
+        if check is None:
+            return "-"
+        return ("ok" if check["status"] == "pass" else check["status"]) + (
+            f": {check['message']}" if check["status"] != "pass" and check.get("message") else "")
     if value is None:
         return "-"
     return str(value)
@@ -88,15 +98,81 @@ def document(rows: list[dict[str, Any]], inventory: str, seconds: float) -> dict
     }
 
 
-def terminal(doc: dict[str, Any], width: int = 40) -> str:
-    keys = [k for k, _ in COLUMNS]
-    heads = dict(COLUMNS)
-    table = [[heads[k] for k in keys]] + [[_clip(cell(r, k), width) for k in keys] for r in doc["hosts"]]
-    widths = [max(len(line[i]) for line in table) for i in range(len(keys))]
+# The compact terminal table: (key, heading, widest, narrowest) in order; Problems takes what
+# the others leave of the width. What it leaves out (the loaded driver, kernel, holds, clocks,
+# firewall, SSH, endpoints, the checks' wording and fixes) is in `--wide`, the Markdown, the
+# HTML and the JSON.
+COMPACT: tuple[tuple[str, str, int, int], ...] = (
+    ("host", "Host", 28, 16), ("state", "State", 16, 8), ("tier", "Tier", 10, 5), ("gpus", "GPUs", 12, 5),
+    ("driver", "Driver", 12, 10), ("cuda", "CUDA", 16, 6), ("cudnn", "cuDNN", 12, 9), ("pytorch", "PyTorch", 14, 5),
+    ("health", "Health", 6, 4), ("drift", "Drift", 14, 6), ("problems", "Problems", 0, 34),
+)
+# the columns that give way first when the table would be wider than WIDTH
+SHRINK_ORDER = ("drift", "pytorch", "gpus", "tier", "cuda", "cudnn", "driver", "state", "host")
+WIDTH = 160  # the compact table's line width, at most
+
+
+def compact_cell(row: dict[str, Any], key: str, cell: view.Cell | None = None) -> str:
+    """One cell of the compact table: a version, marked '*' where it is not the resolved one
+    (which the problem line and --wide name), a check's word, the problems as 'label: message',
+    worst first."""
+    if row.get("status") == "unreachable" and key not in ("host", "state", "tier", "problems"):
+        return ""
+    if key == "gpus":  # "4 x A100" (the model in full: --wide)
+        return ", ".join(f"{g['count']} x {g['model'].removeprefix('NVIDIA ').removeprefix('Tesla ').split('-')[0]}"
+                         for g in row.get("gpus") or []) or "none"
+    if key in ("driver", "cuda", "cudnn") and "versions" in row:
+        installed, want = row["versions"].get(key), (row.get("resolved") or {}).get(key)
+        return (installed or "-") + ("*" if want and want != installed else "")
+    if key == "pytorch" and cell is not None:
+        return cell.text if cell.status in ("pass", "skip") else "-" if cell.status == "none" else f"{cell.status} {cell.text}"
+    if key == "health" and cell is not None:
+        return {"pass": "ok", "none": "-"}.get(cell.status, cell.status)
+    if key == "drift" and cell is not None:
+        pending = len(view.upgrades(row)) if (row.get("drift") or {}).get("pending") else 0
+        if pending:
+            return f"{pending} pending" if cell.text == "in sync" else f"{cell.text} +{pending}"
+        return cell.text
+    if key == "problems":
+        if row.get("status") in ("unreachable", "error"):
+            return row.get("error") or ""
+        if (row.get("validation") or {}).get("checks"):
+            return " | ".join(f"{p['label']}: {p['message'] or p['name']}" for p in view.problems(row)) or "-"
+    return _cell(row, key)
+
+
+def terminal(doc: dict[str, Any], wide: bool = False, width: int = WIDTH) -> str:
+    """The fleet table for a terminal: compact (every line at most `width` columns, the hosts
+    that need attention first), or with `wide` every column in full, in inventory order."""
+    if wide:
+        keys, heads = [k for k, _ in COLUMNS], dict(COLUMNS)
+        table = [[heads[k] for k in keys]] + [[cell(r, k) for k in keys] for r in doc["hosts"]]
+        widths = [max(len(line[i]) for line in table) for i in range(len(keys))]
+    else:
+        keys, heads = [k for k, *_ in COMPACT], {k: h for k, h, *_ in COMPACT}
+        rows = view.ordered(doc["hosts"])
+        cells = [view.cells(r) for r in rows]
+        texts = [[printable(compact_cell(r, k, c.get(k))) for k in keys] for r, c in zip(rows, cells)]
+        natural = {k: max([len(heads[k])] + [len(t[i]) for t in texts]) for i, k in enumerate(keys)}
+        size = {k: min(natural[k], widest) if widest else natural[k] for k, _, widest, _ in COMPACT}
+        least = {k: narrowest for k, _, _, narrowest in COMPACT}
+        gaps = 2 * (len(keys) - 1)
+        for key in SHRINK_ORDER:  # give way, least needed first, down to each one's narrowest
+            over = sum(size[k] for k in keys if k != "problems") + gaps + least["problems"] - width
+            if over <= 0:
+                break
+            size[key] -= min(over, max(0, size[key] - least[key]))
+        size["problems"] = min(size["problems"], width - gaps - sum(size[k] for k in keys if k != "problems"))
+        widths = [size[k] for k in keys]
+        table = [[heads[k] for k in keys]] + [[_clip(t, widths[i]) for i, t in enumerate(line)] for line in texts]
     out = ["  ".join(text.ljust(widths[i]) for i, text in enumerate(line)).rstrip() for line in table]
     out.insert(1, "  ".join("-" * w for w in widths))
     states = ", ".join(f"{n} {s}" for s, n in sorted(doc["summary"]["states"].items()))
-    out.append(f"\n{doc['summary']['hosts']} hosts ({states}) in {doc['seconds']:.1f} s")
+    out += ["", f"{doc['summary']['hosts']} hosts ({states}) in {doc['seconds']:.1f} s"]
+    if not wide:
+        out.append("*: not the resolved version (the problem names it); every column: --wide")
+        # narrower than the narrowest columns allow: Problems, the last column, gives the rest
+        out = [_clip(line, width) for line in out]
     return "\n".join(out)
 
 

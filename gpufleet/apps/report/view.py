@@ -10,6 +10,7 @@ cell whatever the checks said. Rows written by an older gpufleet (without `versi
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,19 +19,32 @@ SYMBOLS = {"pass": "✓", "warn": "!", "fail": "✗", "skip": "–", "pending": 
 ATTENTION = ("fail", "warn", "pending", "ok")  # the order hosts are listed in
 COMPONENTS = (("driver", "Driver"), ("cuda", "CUDA"), ("cudnn", "cuDNN"), ("container_toolkit", "Container toolkit"))
 
-# (key, heading) of the HTML table, in order
+# (key, heading) of the HTML table, in order: what was installed, what runs on it, how it is
+# tuned and locked down, then what to do (drift, problems)
 COLUMNS: tuple[tuple[str, str], ...] = (
-    ("host", "Host"), *COMPONENTS, ("tuning", "Persistence, clocks"), ("firewall", "Firewall"),
-    ("ssh_hardening", "SSH"), ("health", "GPU health"), ("endpoints", "Metrics"), ("kernel", "Kernel, reboot"), ("drift", "Drift (all.py)"),
-    ("problems", "Problems"),
+    ("host", "Host"), *COMPONENTS, ("pytorch", "PyTorch"), ("health", "GPU health"),
+    ("tuning", "Persistence, clocks"), ("firewall", "Firewall"), ("ssh_hardening", "SSH"),
+    ("endpoints", "Metrics"), ("kernel", "Kernel, reboot"), ("drift", "Drift (all.py)"), ("problems", "Problems"),
 )
 
 STACK_CHECK = "the CUDA toolkit and cuDNN are the resolved releases"
 KERNEL_CHECK = "every installed kernel has the nvidia module"
 DRIVER_CHECK = "the loaded driver = the installed driver = the resolved driver"
+MISMATCH_CHECK = "no driver mismatch is pending"
+# the checks that have a column of their own (gpufleet/validation.py names them; a unit test
+# keeps these in step)
 CHECK_OF = {"firewall": "the host firewall is active", "ssh_hardening": "sshd's effective configuration is hardened",
-            "health": "the GPUs are healthy (ECC, row remapper, throttling, PCIe, NVLink, XIDs)"}
+            "health": "the GPUs are healthy (ECC, row remapper, throttling, PCIe, NVLink, XIDs)",
+            "pytorch": "the host's PyTorch build runs on its GPUs and driver"}
 REFUSED = "all.py refuses this host at planning time"
+
+# A problem's label names what is wrong, as the columns do. A check's area is the deploy that
+# owns it, which is not always that: the driver deploy also installs CUDA and cuDNN, so a cuDNN
+# changed by hand read "driver: ..." (its label comes from the components that differ).
+LABEL_OF = {KERNEL_CHECK: "kernel", CHECK_OF["firewall"]: "firewall", CHECK_OF["ssh_hardening"]: "SSH",
+            CHECK_OF["health"]: "GPU health", CHECK_OF["pytorch"]: "PyTorch"}
+AREA_LABELS = {"preflight": "hardware", "docker": "containers", "monitoring": "metrics", "probe": "GPU probe",
+               "pytorch": "PyTorch", "health": "GPU health"}
 
 
 @dataclass
@@ -88,6 +102,18 @@ def _said(cell: Cell) -> Cell:
     return cell
 
 
+def _check_cell(row: dict[str, Any], key: str) -> Cell:
+    """The cell of a check with a column of its own; PyTorch's names the build (its version)."""
+    check = next((c for c in _checks(row) if c["name"] == CHECK_OF[key]), None)
+    cell = Cell(check["status"], check["status"], note=check["message"]) if check else _from_summary(row.get(key))
+    message = cell.note
+    cell = _said(cell)
+    if key == "pytorch" and cell.status in ("pass", "warn", "fail", "skip"):
+        build = re.search(r"\btorch (\d\S*)", message)
+        cell.text = build.group(1) if build else "none" if "imports no torch" in message else cell.text
+    return cell
+
+
 def _component(row: dict[str, Any], key: str) -> Cell:
     versions, resolved = row.get("versions"), row.get("resolved") or {}
     if versions is None:  # an older report: its package text, unjudged
@@ -138,10 +164,8 @@ def _cells(row: dict[str, Any]) -> dict[str, Cell]:
     for key, _ in COMPONENTS:
         out[key] = _component(row, key)
     out["tuning"] = _tuning(row)
-    for key, name in CHECK_OF.items():
-        check = next((c for c in _checks(row) if c["name"] == name), None)
-        out[key] = _said(Cell(check["status"], check["status"], note=check["message"]) if check
-                         else _from_summary(row.get(key)))
+    for key in CHECK_OF:
+        out[key] = _check_cell(row, key)
     out["endpoints"] = _endpoints(row.get("endpoints") or [])
     kernel_check = next((c for c in _checks(row) if c["name"] == KERNEL_CHECK), None)
     status = kernel_check["status"] if kernel_check else "info"
@@ -239,8 +263,8 @@ def _drift(drift: dict[str, Any] | None) -> Cell:
         ops += [f"{op} (only if an earlier one changes)" for op in drift.get("conditional") or []]
     cell = Cell("pending" if count or pending else "pass", f"{count} change{'s' if count != 1 else ''}" if count else "in sync",
                 note="; ".join(_short(p) for p in pending), details=ops, summary=f"{len(ops)} operations" if ops else "")
-    if drift.get("error"):
-        cell.status = "warn" if drift["error"] == REFUSED else "fail"
+    if drift.get("error"):  # refused at planning time: all.py cannot bring the host to its tier
+        cell.status = "fail"
         cell.note = "; ".join(p for p in (drift["error"], cell.note) if p)
     return cell
 
@@ -250,22 +274,60 @@ def _short(pending: str) -> str:
     return pending.split(" (", 1)[0]
 
 
-def _problems(row: dict[str, Any]) -> Cell:
-    """The failed and warning checks with their fixes in sight; every check folded away."""
+def problem_label(check: dict[str, str], row: dict[str, Any]) -> str:
+    """What a failing or warning check is about, as the columns name it (LABEL_OF)."""
+    if check["name"] == STACK_CHECK:
+        versions, resolved = row.get("versions") or {}, row.get("resolved") or {}
+        off = [heading for key, heading in COMPONENTS if key in ("cuda", "cudnn")
+               and resolved.get(key) and versions.get(key) != resolved[key]]
+        return ", ".join(off) or "CUDA, cuDNN"
+    return LABEL_OF.get(check["name"]) or AREA_LABELS.get(check["area"], check["area"])
+
+
+def problems(row: dict[str, Any]) -> list[dict[str, str]]:
+    """The failed checks, then the warnings (inventory of checks order within each), each once:
+    {status, label, name, message, fix}. A loaded driver that is not the installed one fails two
+    checks saying the same; the mismatch check's line (with the reboot in its fix) stands for both
+    unless the installed driver is not the resolved one either."""
     checks = _checks(row)
-    items = [{"status": c["status"], "what": f"{c['area']}: {c['name']}", "message": c.get("message") or "",
-              "fix": c.get("fix") or ""} for c in checks if c["status"] in ("fail", "warn")]
+    failed = {c["name"] for c in checks if c["status"] == "fail"}
+    versions, resolved = row.get("versions") or {}, row.get("resolved") or {}
+    out: list[dict[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for status in ("fail", "warn"):
+        for c in checks:
+            if c["status"] != status:
+                continue
+            if (c["name"] == DRIVER_CHECK and MISMATCH_CHECK in failed
+                    and versions.get("driver") == resolved.get("driver")):
+                continue
+            label = problem_label(c, row)
+            if (label, c.get("message") or "") in seen:
+                continue
+            seen.add((label, c.get("message") or ""))
+            out.append({"status": status, "label": label, "name": c["name"], "message": c.get("message") or "",
+                        "fix": c.get("fix") or ""})
+    return out
+
+
+def _problems(row: dict[str, Any]) -> Cell:
+    """The failed and warning checks, worst first, labelled by what they are about, with their
+    fixes; the other checks folded away (each check listed once)."""
+    checks = _checks(row)
+    items = [{"status": p["status"], "what": p["label"], "name": p["name"], "message": p["message"], "fix": p["fix"]}
+             for p in problems(row)]
     if not checks:  # an older report, or a host whose checks never ran
-        items = [{"status": "fail", "what": line, "message": "", "fix": ""}
+        items = [{"status": "fail", "what": line, "name": "", "message": "", "fix": ""}
                  for line in (row.get("validation") or {}).get("failed") or []]
     if row.get("status") in ("unreachable", "error") and row.get("error"):
-        items.insert(0, {"status": "fail", "what": row["status"], "message": row["error"], "fix": ""})
+        items.insert(0, {"status": "fail", "what": row["status"], "name": "", "message": row["error"], "fix": ""})
     status = "fail" if row.get("status") in ("unreachable", "error") else worst(
         [c["status"] for c in checks] + [i["status"] for i in items], empty="none")
     counts = {s: sum(1 for c in checks if c["status"] == s) for s in ("pass", "fail", "warn", "skip")}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     return Cell(status, "" if items else ("none" if checks else ""), items=items,
-                details=[f"{SYMBOLS.get(c['status']) or '-'} {_check_line(c)}" for c in checks],
+                details=[f"{SYMBOLS.get(c['status']) or '-'} {_check_line(c)}" for c in checks
+                         if c["status"] not in ("fail", "warn")],
                 summary=f"all {len(checks)} checks: {summary}" if checks else "")
 
 
@@ -283,15 +345,15 @@ def attention(row: dict[str, Any]) -> str:
 
 
 def upgrades(row: dict[str, Any]) -> list[str]:
-    """The version changes a host is due: its drift's pending list, else each component whose
-    installed version differs from the resolved one."""
-    pending = [_short(p) for p in (row.get("drift") or {}).get("pending") or []]
-    if pending:
-        return pending
+    """The version changes a host is due: each component whose installed version differs from
+    the resolved one, else (a row without versions) its drift's pending list. The pending list
+    names packages, one line each ('libcudnn9-cuda-13 9.16.0.29 (resolved 9.17.0.29) was
+    changed by hand: ...', three for one cuDNN): the components say it once."""
     versions, resolved = row.get("versions") or {}, row.get("resolved") or {}
     names = dict(COMPONENTS)
-    return [f"{names[k]} {versions[k]} -> {resolved[k]}" for k, _ in COMPONENTS
-            if versions.get(k) and resolved.get(k) and versions[k] != resolved[k]]
+    changes = [f"{names[k]} {versions[k]} -> {resolved[k]}" for k, _ in COMPONENTS
+               if versions.get(k) and resolved.get(k) and versions[k] != resolved[k]]
+    return changes or [_short(p) for p in (row.get("drift") or {}).get("pending") or []]
 
 
 def ordered(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
