@@ -88,6 +88,12 @@ class GpuHealthReading(JsonMixin):
     fabric_status: str | None
     nvlinks: tuple[tuple[int, bool], ...] = ()   # (link, up) from nvidia-smi nvlink -s
     xids: tuple[int, ...] = ()                   # XID codes the driver logged for this GPU since boot
+    # read through NVML where python3 and nvidia-ml-py are on the host (None: not read)
+    pcie_replays: int | None = None              # PCIe replay counter since the driver loaded
+    thermal_violation_ms: int | None = None      # time the clocks were held down for temperature
+    power_violation_ms: int | None = None        # ... for the power limit
+    temperature_slowdown: int | None = None      # the GPU's own slowdown threshold, C
+    recovery_action: int | None = None           # nvmlGpuRecoveryAction_t: 0 none, 1 GPU reset, 2 node reboot, ...
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,7 @@ class GpuHealthData(JsonMixin):
     error: str | None = None                     # what nvidia-smi said when status is error
     kernel_log: bool = True                      # the kernel log could be read (XIDs)
     unmatched_xids: tuple[tuple[str, int], ...] = ()   # (PCI bus:device, XID) of no listed GPU
+    nvml: bool = False                           # NVML answered (python3 and nvidia-ml-py on the host)
 
 
 def _flag(value: str, what: str, yes: str = "Yes", no: str = "No") -> bool | None:
@@ -206,6 +213,65 @@ def parse_xids(lines: list[str]) -> list[tuple[str, int]]:
     return found
 
 
+# What NVML adds to nvidia-smi's query (nvidia-ml-py's pynvml, the functions named by the keys of
+# the recording tests/fixtures/nvidia/h200-x1/health/nvml-health.txt): one JSON line per GPU, an
+# unanswered call "ERR ..." as there. It runs only where `import pynvml` works.
+NVML_SCRIPT = r"""
+import json
+import pynvml as n
+def get(f, *a):
+    try:
+        return f(*a)
+    except Exception as e:
+        return "ERR " + type(e).__name__ + ": " + str(e)
+n.nvmlInit()
+for i in range(n.nvmlDeviceGetCount()):
+    h = n.nvmlDeviceGetHandleByIndex(i)
+    v = lambda p: get(lambda: {"violationTime": n.nvmlDeviceGetViolationStatus(h, p).violationTime})
+    ra = get(lambda: n.nvmlDeviceGetFieldValues(h, [n.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])[0])
+    print(json.dumps({"index": i, "pcie_replay": get(n.nvmlDeviceGetPcieReplayCounter, h),
+                      "violation_power": v(n.NVML_PERF_POLICY_POWER), "violation_thermal": v(n.NVML_PERF_POLICY_THERMAL),
+                      "temp_slowdown": get(n.nvmlDeviceGetTemperatureThreshold, h, n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+                      "recovery_action": ra if isinstance(ra, str) else (ra.value.uiVal if ra.nvmlReturn == 0 else
+                                                                          "ERR nvmlReturn " + str(ra.nvmlReturn))}))
+"""
+
+
+def _nvml_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _violation_ms(raw: object) -> int | None:
+    """nvmlViolationTime_t's violationTime (nanoseconds) in milliseconds."""
+    ns = _nvml_int(raw.get("violationTime")) if isinstance(raw, dict) else None
+    return None if ns is None else ns // 1_000_000
+
+
+def parse_nvml(lines: list[str]) -> dict[int, dict[str, int | None]]:
+    """GPU index -> the NVML readings, from NVML_SCRIPT's lines (or the recorded script's JSON)."""
+    import json
+
+    text = "\n".join(lines).strip()
+    docs: list[object] = []
+    if text.startswith("{") and '"gpus"' in text:   # the recorded script: one document, "gpus": [...]
+        docs = list(json.loads(text).get("gpus", []))
+    else:
+        for line in lines:
+            if line.strip().startswith("{"):
+                docs.append(json.loads(line))
+    out: dict[int, dict[str, int | None]] = {}
+    for doc in docs:
+        if not isinstance(doc, dict) or _nvml_int(doc.get("index")) is None:
+            raise fail("expected an NVML reading with an index", str(doc)[:200])
+        ms = {key: _violation_ms(doc.get(key)) for key in ("violation_thermal", "violation_power")}
+        out[int(doc["index"])] = {"pcie_replays": _nvml_int(doc.get("pcie_replay")),
+                                  "thermal_violation_ms": ms["violation_thermal"],
+                                  "power_violation_ms": ms["violation_power"],
+                                  "temperature_slowdown": _nvml_int(doc.get("temp_slowdown")),
+                                  "recovery_action": _nvml_int(doc.get("recovery_action"))}
+    return out
+
+
 _SCRIPT_TEMPLATE = """
 if ! command -v nvidia-smi >/dev/null 2>&1; then echo '::gpufleet:: status no-nvidia-smi'; exit 0; fi
 {begin_query}
@@ -221,11 +287,19 @@ if log=$(dmesg 2>/dev/null) || log=$(journalctl -k -b --no-pager -q -o cat 2>/de
   printf '%s\n' "$log" | grep -E 'NVRM: (Xid|The NVIDIA GPU .* has fallen off the bus)' | tail -n 200
   echo '::gpufleet:: kernel-log yes'
 else echo '::gpufleet:: kernel-log no'; fi
+{begin_nvml}
+# -I: isolated, no user site-packages or PYTHON* variables: the system's nvidia-ml-py or none
+if command -v python3 >/dev/null 2>&1 && python3 -I -c 'import pynvml' 2>/dev/null; then
+python3 -I - <<'GPUFLEET_NVML'
+{nvml}
+GPUFLEET_NVML
+echo "::gpufleet:: rc nvml $?"; fi
 """
 
 
 HEALTH_SCRIPT = _SCRIPT_TEMPLATE.format(begin_query=begin("query"), begin_nvlink=begin("nvlink"),
-                                        begin_xid=begin("xid"), fields=",".join(HEALTH_FIELDS)).strip()
+                                        begin_xid=begin("xid"), begin_nvml=begin("nvml"),
+                                        fields=",".join(HEALTH_FIELDS), nvml=NVML_SCRIPT.strip()).strip()
 
 
 class GpuHealth(FactBase[GpuHealthData]):
@@ -263,9 +337,11 @@ class GpuHealth(FactBase[GpuHealthData]):
         readings = [parse_reading(line) for line in query]
         links = parse_nvlinks(sections.get("nvlink", [])) if values.get("rc nvlink") == "0" else {}
         xids = parse_xids(sections.get("xid", []))
+        nvml = parse_nvml(sections.get("nvml", [])) if values.get("rc nvml") == "0" else {}
         by_bus = {bus_key(r.bus_id): r.index for r in readings}
         gpus = tuple(GpuHealthReading(**{**r.__dict__, "nvlinks": links.get(r.index, ()),
-                                         "xids": tuple(x for bus, x in xids if by_bus.get(bus) == r.index)})
+                                         "xids": tuple(x for bus, x in xids if by_bus.get(bus) == r.index),
+                                         **nvml.get(r.index, {})})
                      for r in readings)
         return GpuHealthData(status="ok", gpus=gpus, kernel_log=values.get("kernel-log") == "yes",
-                             unmatched_xids=tuple((bus, x) for bus, x in xids if bus not in by_bus))
+                             unmatched_xids=tuple((bus, x) for bus, x in xids if bus not in by_bus), nvml=bool(nvml))

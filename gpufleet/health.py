@@ -27,6 +27,11 @@ ACTION = "reset"
 RETIRED_PAGES_LIMIT = 63
 
 
+#: NVML's recovery actions by number (health.yaml S9)
+RECOVERY_ACTIONS = {0: "NONE", 1: "GPU_RESET", 2: "NODE_REBOOT", 3: "DRAIN_P2P", 4: "DRAIN_AND_RESET",
+                    5: "RECOVER_IMEX_DOMAIN", 6: "BUS_RESET", 7: "SYSTEM_REBOOT"}
+
+
 def rank(cls: str) -> int:
     return CLASSES.index(cls)
 
@@ -174,6 +179,17 @@ def gpu_findings(r: GpuHealthReading, rules: HealthRules, nvlink: str = "any") -
         add("nvlink_down", links=", ".join(map(str, down)), total=len(r.nvlinks))
     elif nvlink == "required" and not r.nvlinks:
         add("nvlink_missing")
+    action = r.recovery_action
+    if action in (1, 4, 6):
+        add("recovery_reset", action=RECOVERY_ACTIONS[action])
+    elif action in (2, 7):
+        add("recovery_reboot", action=RECOVERY_ACTIONS[action])
+    elif action in (3, 5):
+        add("recovery_drain", action=RECOVERY_ACTIONS[action])
+    if r.pcie_replays:
+        add("pcie_replays", count=r.pcie_replays)
+    if r.temperature is not None and r.temperature_slowdown and r.temperature >= r.temperature_slowdown - 5:
+        add("near_slowdown_temperature", temperature=r.temperature, threshold=r.temperature_slowdown)
     for code in sorted(set(r.xids)):
         rule = rules.xids.get(code, rules.xid_other)
         times = r.xids.count(code)

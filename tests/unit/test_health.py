@@ -87,3 +87,45 @@ def test_retired_pages_at_dcgms_limit_are_an_rma_case():
     old = replace(base, retired_single_bit=60, retired_double_bit=3, remapped_correctable=None)
     assert [(f.check, f.cls) for f in gpu_findings(old, health_rules())] == [("retired_pages_limit", "rma")]
     assert gpu_findings(replace(old, retired_single_bit=59), health_rules()) == []
+
+
+def test_nvml_readings_recorded_on_the_h200_are_read_and_healthy():
+    data = reading("healthy_h200_with_nvml")
+    (gpu,) = data.gpus
+    assert data.nvml and (gpu.pcie_replays, gpu.temperature_slowdown, gpu.thermal_violation_ms) == (0, 89, 0)
+    assert assess(data).worst == "ok"
+    # without nvidia-ml-py on the host nothing is read through NVML, and nothing is made up
+    assert not reading("healthy_h200").nvml and reading("healthy_h200").gpus[0].pcie_replays is None
+
+
+@pytest.mark.parametrize("change, check, cls", [
+    ({"recovery_action": 1}, "recovery_reset", "reset"),
+    ({"recovery_action": 4}, "recovery_reset", "reset"),
+    ({"recovery_action": 2}, "recovery_reboot", "reboot"),
+    ({"recovery_action": 3}, "recovery_drain", "drain"),
+    ({"pcie_replays": 12}, "pcie_replays", "monitor"),
+    ({"temperature": 86}, "near_slowdown_temperature", "monitor"),
+])
+def test_what_nvml_adds_is_classed(change, check, cls):
+    import dataclasses
+
+    (gpu,) = reading("healthy_h200_with_nvml").gpus
+    found = gpu_findings(dataclasses.replace(gpu, **change), health_rules())
+    assert [(f.check, f.cls) for f in found] == [(check, cls)]
+    assert gpu_findings(dataclasses.replace(gpu, recovery_action=0), health_rules()) == []
+
+
+def test_the_nvml_reader_runs_and_without_a_driver_reads_nothing(tmp_path):
+    """The script sent to the host, run here with this machine's nvidia-ml-py and no NVIDIA driver:
+    NVML cannot start, the script exits non-zero, and the fact keeps nvidia-smi's readings alone."""
+    import subprocess
+    import sys
+
+    from gpufleet.facts.health import NVML_SCRIPT
+
+    run = subprocess.run([sys.executable, "-c", NVML_SCRIPT], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode != 0 and "NVMLError" in run.stderr, run.stderr
+    lines = json.loads((CASES / "healthy_h200.json").read_text())["output"]
+    data = GpuHealth().process([*lines, "::gpufleet:: begin nvml", *run.stdout.splitlines(),
+                                f"::gpufleet:: rc nvml {run.returncode}"])
+    assert not data.nvml and data.gpus[0].temperature_slowdown is None
