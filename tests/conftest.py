@@ -66,3 +66,23 @@ def hostpool():
     pool = HostPool(POOL)
     yield pool
     pool.down()
+
+
+# Where the suite's time goes, a line per test file (setup, call and teardown added up): CI's
+# output is what a later session reads to keep the suite under its time limit, and --durations
+# shows only the slowest few tests.
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _FILE_SECONDS:
+        return
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_sep("=", f"seconds per test file ({total:.0f} s in all)")
+    for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:60]:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {path}")

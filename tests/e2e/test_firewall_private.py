@@ -243,16 +243,33 @@ def _wait_for(predicate, timeout: float, step: float = 0.02) -> bool:
 
 
 def _root_login(host) -> bool:
+    """A fresh login as the deploy user (the host's SSH user) works, and sudo to root."""
     return testhosts.ssh(host, "true", check=False, timeout=15).returncode == 0
 
 
+def _console(host, script: str) -> subprocess.CompletedProcess:
+    """Run `script` as root on the host's console, without SSH (which the test may have shut out):
+    in all its namespaces (systemctl needs its PID namespace as well as its mounts)."""
+    from testing.netns import container_pid
+
+    return subprocess.run(["nsenter", "-t", str(container_pid(host)), "-a", "--", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=30)
+
+
 def _run_cut_off_with_a_refusing_config(host, tmp_path, revert_after: int) -> float:
-    """A run installs an AllowUsers that shuts the deploy user (root) out and is killed once
-    that is live, before it can restore anything itself. Returns when it was killed.
+    """A run installs an AllowUsers that shuts the deploy user out, and is cut off once that is
+    live, before its login proof could restore anything. Returns when it was cut off.
     The deploy user is listed only from an address the controller never has (192.0.2.1, TEST-NET-1):
     planning judges only the user part of USER@HOST (gpufleet/sshd_policy.py), so this lock-out
     gets past it, as an operator's wrong address would; a list without the deploy user would be
-    refused at planning (tests/e2e/test_hardening_lockout.py)."""
+    refused at planning (tests/e2e/test_hardening_lockout.py).
+    The run is frozen the moment its drop-in is pending (the install script on the host goes on
+    and arms the timer; the run sends nothing more), killed, and sshd is told of the new
+    configuration from the console exactly as the run's next command would have (RELOAD_SSHD_SCRIPT).
+    Waiting instead for the login to fail raced the run's own proof: it gives up after about 5 s
+    and restores the previous configuration itself, which a slow test noticed too late."""
+    from gpufleet.operations.ssh import RELOAD_SSHD_SCRIPT, REVERT_UNIT
+
     testhosts.ssh(host, "id alice >/dev/null 2>&1 || { useradd -m -s /bin/bash alice && mkdir -m 700 ~alice/.ssh && "
                         "cp /root/.ssh/authorized_keys ~alice/.ssh/ && chown -R alice: ~alice/.ssh; }")
     user = host.pyinfra_data()["ssh_user"]
@@ -262,29 +279,31 @@ def _run_cut_off_with_a_refusing_config(host, tmp_path, revert_after: int) -> fl
     run = _popen_pyinfra(inv, host)
     try:
         assert _wait_for(pending.exists, 300), "the run never installed the drop-in"
-        # The refusing configuration is live once root can no longer log in: cut the run off
-        # there, before it can restore anything itself.
-        assert _wait_for(lambda: not _root_login(host), 20, step=0), "the drop-in never took effect"
+        os.killpg(run.pid, signal.SIGSTOP)
+        cut_at = time.monotonic()
         os.killpg(run.pid, signal.SIGKILL)
-        killed_at = time.monotonic()
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
         run.wait()
+    assert _wait_for(lambda: _console(host, f"systemctl is-active --quiet {REVERT_UNIT}.timer").returncode == 0,
+                     10, step=0.1), "the revert timer was never armed"
+    told = _console(host, RELOAD_SSHD_SCRIPT)
+    assert told.returncode == 0, told.stderr
+    assert _wait_for(lambda: not _root_login(host), 20, step=0), "the drop-in never took effect"
     assert (host.root / DROPIN.lstrip("/")).exists() and pending.exists()
-    assert not _root_login(host)
-    return killed_at
+    return cut_at
 
 
 def test_sshd_config_refusing_the_login_is_reverted_by_the_host_alone(hosts, tmp_path):
     host = hosts[1]
     before = testhosts.ssh(host, "sshd -T").stdout
     revert_after = 20
-    killed_at = _run_cut_off_with_a_refusing_config(host, tmp_path, revert_after)
+    cut_at = _run_cut_off_with_a_refusing_config(host, tmp_path, revert_after)
     pending = host.root / PENDING
     # No operator action: the host's own timer puts the previous configuration back.
     assert _wait_for(lambda: _root_login(host), revert_after + 30, step=1), "still locked out"
-    print(f"\nlogins back {time.monotonic() - killed_at:.1f} s after the run was killed "
+    print(f"\nlogins back {time.monotonic() - cut_at:.1f} s after the run was cut off "
           f"(hardening_sshd_revert_after: {revert_after})")
     assert not (host.root / DROPIN.lstrip("/")).exists() and not pending.exists()
     assert testhosts.ssh(host, "sshd -T").stdout == before
