@@ -100,6 +100,7 @@ class HealthRules:
     sources: dict[str, str] = field(default_factory=dict)
     dcgm_severities: dict[int, Rule] = field(default_factory=dict)
     dcgm_other: Rule | None = None
+    nvlink_links: dict[str, int] = field(default_factory=dict)   # links per GPU, by model name
 
 
 def _rule(raw: Any, where: str, sources: dict[str, str]) -> Rule:
@@ -116,8 +117,13 @@ def rules_from(doc: Any) -> HealthRules:
     xids = {int(code): _rule(raw, f"xids.{code}", sources) for code, raw in (doc.get("xids") or {}).items()}
     severities = {int(code): _rule(raw, f"dcgm_severities.{code}", sources)
                   for code, raw in (doc.get("dcgm_severities") or {}).items()}
+    links: dict[str, int] = {}
+    for model, raw in (doc.get("nvlink_links") or {}).items():
+        if not isinstance(raw, dict) or not isinstance(raw.get("count"), int) or raw.get("source") not in sources:
+            raise ValueError(f"health.yaml nvlink_links.{model}: needs an integer count and a listed source")
+        links[str(model)] = raw["count"]
     return HealthRules(checks, xids, _rule(doc.get("xid_other"), "xid_other", sources), sources, severities,
-                       _rule(doc.get("dcgm_other"), "dcgm_other", sources))
+                       _rule(doc.get("dcgm_other"), "dcgm_other", sources), links)
 
 
 @cache
@@ -133,7 +139,8 @@ def _found(rules: HealthRules, check: str, **values: Any) -> Finding:
 
 def gpu_findings(r: GpuHealthReading, rules: HealthRules, nvlink: str = "any") -> list[Finding]:
     """What one GPU's readings say (an empty list: healthy). `nvlink`: the tier's validate_nvlink
-    (required: a GPU without an active link is a finding; absent: links are not looked at)."""
+    (required: a GPU without an active link, or with fewer links than its model has, is a finding;
+    absent: links are not looked at)."""
     out: list[Finding] = []
 
     def add(check: str, **values: Any) -> None:
@@ -179,6 +186,9 @@ def gpu_findings(r: GpuHealthReading, rules: HealthRules, nvlink: str = "any") -
         add("nvlink_down", links=", ".join(map(str, down)), total=len(r.nvlinks))
     elif nvlink == "required" and not r.nvlinks:
         add("nvlink_missing")
+    expected = rules.nvlink_links.get(r.name)
+    if nvlink == "required" and r.nvlinks and expected and len(r.nvlinks) < expected:
+        add("nvlink_fewer_links", listed=len(r.nvlinks), model=r.name, expected=expected)
     action = r.recovery_action
     if action in (1, 4, 6):
         add("recovery_reset", action=RECOVERY_ACTIONS[action])

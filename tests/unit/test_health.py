@@ -129,3 +129,33 @@ def test_the_nvml_reader_runs_and_without_a_driver_reads_nothing(tmp_path):
     data = GpuHealth().process([*lines, "::gpufleet:: begin nvml", *run.stdout.splitlines(),
                                 f"::gpufleet:: rc nvml {run.returncode}"])
     assert not data.nvml and data.gpus[0].temperature_slowdown is None
+
+
+def test_a_gpu_listing_fewer_nvlinks_than_its_model_has_is_drained_where_the_tier_requires_nvlink():
+    """The recorded 2 x H200 host lists 18 links per GPU, as health.yaml's nvlink_links says an H200
+    has; a GPU that lists 16 of them, on a tier that requires NVLink, is a drain case."""
+    import dataclasses
+
+    from gpufleet.facts.health import parse_nvlinks
+
+    recorded = (Path(__file__).parents[1] / "fixtures/nvidia/h200-x2/nvlink-status.txt").read_text().splitlines()
+    links = parse_nvlinks(recorded)
+    assert {gpu: len(found) for gpu, found in links.items()} == {0: 18, 1: 18}
+    (gpu,) = reading("healthy_h200").gpus
+    assert gpu.name == "NVIDIA H200" and health_rules().nvlink_links[gpu.name] == 18
+    full = dataclasses.replace(gpu, nvlinks=links[0])
+    assert gpu_findings(full, health_rules(), nvlink="required") == []
+    fewer = dataclasses.replace(gpu, nvlinks=links[0][:16])
+    found = gpu_findings(fewer, health_rules(), nvlink="required")
+    assert [(f.check, f.cls) for f in found] == [("nvlink_fewer_links", "drain")]
+    assert found[0].detail.startswith("16 NVLink link(s) listed where an NVIDIA H200 has 18")
+    # only where the tier requires NVLink, and only for models whose count is known
+    assert gpu_findings(fewer, health_rules(), nvlink="any") == []
+    assert gpu_findings(dataclasses.replace(fewer, name="NVIDIA H100 NVL"), health_rules(), nvlink="required") == []
+
+
+def test_an_nvlink_count_without_a_listed_source_is_refused():
+    doc = yaml.safe_load((Path(__file__).parents[2] / "gpufleet/data/health.yaml").read_text())
+    doc["nvlink_links"]["NVIDIA H200"]["source"] = "S99"
+    with pytest.raises(ValueError, match="nvlink_links.NVIDIA H200"):
+        rules_from(doc)
