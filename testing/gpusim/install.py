@@ -320,6 +320,8 @@ def install(root: pathlib.Path, spec: str, work: pathlib.Path) -> list[str]:
     if dmesg.is_symlink() or dmesg.exists():
         dmesg.unlink()
     dmesg.symlink_to("../../lib/gpusim/dmesg")
+    # the system's nvidia-ml-py, as Debian's python3-pynvml places it: the health fact reads NVML
+    _write(root / "usr/lib/python3/dist-packages/pynvml.py", (HERE / "pynvml.py").read_text())
     _add_diversion(root)
     _install_load_module(root)
 

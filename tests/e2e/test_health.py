@@ -1,7 +1,7 @@
 """End-to-end: tools/health and the validation gate find the failing GPU (issue 29), on a real
 test host whose two H200s are SIMULATED (testing/gpusim, a test double: `gpusimctl fault` makes
-its nvidia-smi, nvidia-smi nvlink -s and kernel log stand-in print what a real GPU in that state
-prints). The host is the one test_foundation provisions with all.py (shared, so no extra boot);
+its nvidia-smi, nvidia-smi nvlink -s, kernel log and pynvml stand-ins print what a real GPU in that
+state prints). The host is the one test_foundation provisions with all.py (shared, so no extra boot);
 alone, this module gets it fresh, which the health check does not need. Logged in as the sudo
 user, as an operator's inventory does.
 """
@@ -68,6 +68,9 @@ def test_healthy_gpus_are_ok_and_exit_zero(hgx):
     ("nvlink-down", "nvlink_down", "drain", True),
     ("xid:79", "xid_79", "reboot", True),
     ("xid:13", "xid_13", "monitor", False),
+    # read through NVML (python3 -I and the host's system pynvml: the simulator's stand-in)
+    ("recovery:2", "recovery_reboot", "reboot", True),
+    ("pcie-replay:7", "pcie_replays", "monitor", False),
 ])
 def test_each_fault_gets_its_class_on_the_right_gpu_and_clear_makes_it_ok(hgx, kind, check, cls, act):
     host, inv = hgx

@@ -97,3 +97,43 @@ def test_the_fact_command_itself_reads_faults_and_asks_nvlink_only_with_two_gpus
     assert data.status == "ok" and data.kernel_log and data.gpus[0].nvlinks == ()
     calls = (tmp_path / "calls.log").read_text()
     assert calls.count("nvidia-smi") == 1 and "nvlink" not in calls   # one call on a one-GPU host
+
+
+def nvml_lines(sim: LocalSim) -> list[str]:
+    """The health fact's NVML script, run against the simulator's pynvml stand-in (installed in the
+    host root as the system's nvidia-ml-py), as the fact's section of output."""
+    import os
+    import subprocess
+    import sys
+
+    from gpufleet.facts.health import NVML_SCRIPT
+
+    env = dict(os.environ, GPUSIM_ROOT=str(sim.root), PYTHONPATH=str(sim.root / "usr/lib/python3/dist-packages"))
+    run = subprocess.run([sys.executable, "-c", NVML_SCRIPT], capture_output=True, text=True, env=env, timeout=60)
+    return [f"{MARK} begin nvml", *run.stdout.splitlines(), f"{MARK} rc nvml {run.returncode}"]
+
+
+def test_nvml_through_the_stand_in_reads_as_recorded_and_learns_recovery_actions(sim):
+    def read():
+        query = sim.smi(f"--query-gpu={','.join(HEALTH_FIELDS)}", "--format=csv,noheader,nounits")
+        return GpuHealth().process([f"{MARK} begin query", *query.stdout.splitlines(), f"{MARK} rc query 0",
+                                    f"{MARK} kernel-log yes", *nvml_lines(sim)])
+
+    healthy = read()
+    # as NVML answered on the recorded H200 (nvml-health.txt)
+    assert healthy.nvml and [(g.pcie_replays, g.temperature_slowdown, g.thermal_violation_ms, g.recovery_action)
+                             for g in healthy.gpus] == [(0, 89, 0, 0)] * 2
+    assert assess(healthy).worst == "ok"
+    assert sim.ctl("fault", "--gpu", "1", "recovery:2").returncode == 0
+    assert sim.ctl("fault", "--gpu", "0", "pcie-replay:12").returncode == 0
+    verdict = assess(read())
+    assert [[(f.check, f.cls) for f in g.findings] for g in verdict.gpus] == [
+        [("pcie_replays", "monitor")], [("recovery_reboot", "reboot")]]
+    assert sim.ctl("fault", "--clear").returncode == 0 and assess(read()).worst == "ok"
+    assert sim.ctl("fault", "--gpu", "0", "recovery:8").returncode == 2
+
+
+def test_without_a_loaded_driver_the_stand_in_nvml_does_not_start(tmp_path):
+    off = LocalSim(tmp_path, "h200x2:nodriver")
+    lines = nvml_lines(off)
+    assert lines[-1] != f"{MARK} rc nvml 0"
