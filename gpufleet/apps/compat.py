@@ -16,6 +16,8 @@ import json
 import sys
 from typing import Any, Callable
 
+from gpufleet.version import add_version
+
 REFUSED = 3
 
 #: option -> (inventory key, default)
@@ -71,6 +73,7 @@ def parser(prog: str = "compat") -> argparse.ArgumentParser:
                        help=f"as the inventory key {key} (default {default})")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--list-gpus", action="store_true", help="print the GPU names gpufleet knows and exit")
+    add_version(p)
     return p
 
 
