@@ -38,6 +38,7 @@ from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import Host, State, deploy
+from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files, python, systemd
 from pyinfra.operations.util import any_changed
 
@@ -54,7 +55,7 @@ from gpufleet.errors import Incompatible
 from gpufleet.failures import fail_now, real_host, refuse
 from gpufleet.hostfacts import driver_state, kernel_plan, os_name, resolution
 from gpufleet.kernels import kernel_metapackages
-from gpufleet.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line
+from gpufleet.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line, unsupported_arch
 from gpufleet.resolver import Resolution
 from gpufleet.settings import Settings, host_settings
 from gpufleet.cuda_stack import (component_drift, pending_message, stack_drift_message, stack_fact_packages,
@@ -226,6 +227,9 @@ def _decide(settings: Settings) -> Decided | None:
             fix = "leave this host out of the driver deploy, or give it a GPU gpufleet supports (tools/compat)"
         refuse(host, refused.key or "driver", refused.reason, fix)
         return None
+    if res.source == "nvidia" and (problem := unsupported_arch(_machine())):
+        refuse(host, *problem)
+        return None
     before = driver_state(host)
     kernel = kernel_plan(host, res)
     problem = preconditions(settings, res, before, host, prebuilt=kernel.prebuilt)
@@ -265,6 +269,11 @@ def _decide(settings: Settings) -> Decided | None:
                    stack_moves=stack_moves, drifted=drifted, in_place=in_place, left=left)
 
 
+def _machine() -> str:
+    """The host's architecture (`uname -m`): which directory of NVIDIA's CUDA repository it uses."""
+    return str(host.get_fact(Arch) or "x86_64")
+
+
 def _sources(settings: Settings, res: Any, index_ops: list[Any]) -> bool:
     """NVIDIA's CUDA repository (key checked by fingerprint), or the distribution's components;
     whether they are settled: neither these sources nor `index_ops` change the package index the
@@ -275,7 +284,7 @@ def _sources(settings: Settings, res: Any, index_ops: list[Any]) -> bool:
         apt.packages(name="Install gpg to check the repository key", packages=["gpg"], no_recommends=True)
         os_dir = res.repo_os_dir
         assert os_dir is not None, "the resolver gives every plan from NVIDIA's repository its folder"
-        base = cuda_repo_base(settings.driver_repo_url, os_dir)
+        base = cuda_repo_base(settings.driver_repo_url, os_dir, _machine())
         keyring_url = (f"{base}/{repo['keyring_package_file']}" if settings.driver_repo_keyring_url == "auto"
                        else settings.driver_repo_keyring_url)
         fingerprint = (repo["key_fingerprint"] if settings.driver_repo_key_fingerprint == "auto"
@@ -287,7 +296,7 @@ def _sources(settings: Settings, res: Any, index_ops: list[Any]) -> bool:
         source = files.put(
             name=f"Add NVIDIA's CUDA repository {base}/ as a signed-by source",
             src=StringIO("# Managed by gpufleet (deploys/driver.py). Do not edit: changes are reverted.\n"
-                         + cuda_sources_line(settings.driver_repo_url, os_dir, repo["keyring_path"])),
+                         + cuda_sources_line(settings.driver_repo_url, os_dir, repo["keyring_path"], _machine())),
             dest=CUDA_SOURCE, mode="644",
         )
         apt.update(name="Read the package index of the changed sources", _if=any_changed(key, source))

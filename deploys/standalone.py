@@ -16,10 +16,15 @@ restart services during apt (operations/needrestart.py quiet_needrestart), as al
 pyinfra executes a deploy file with exec(), once per host, as a module with no `__name__` of
 its own: the area's function is called from the imported module `gpufleet.deploys.<area>`, the same
 one all.py calls, so module state (hosts needing a reboot, pending upgrades) has one home.
+
+`pyinfra INVENTORY gpufleet.deploys.tuning.tuning` (pyinfra calling the area's function by its
+import name) would run the area without the inventory check, the preflight and the host lock:
+it is refused before any host is planned, naming the deploy file to run instead.
 """
 from __future__ import annotations
 
 import importlib
+import sys
 from pathlib import Path
 
 from pyinfra import host, state
@@ -43,8 +48,30 @@ def is_deploy_file(name: str, file: str) -> bool:
     return Path(current).resolve() == Path(file).resolve()
 
 
+def called_by_import_name(name: str, argv: list[str]) -> bool:
+    """Whether the `pyinfra` command line names this module's function (`gpufleet.deploys.tuning.tuning`
+    or `gpufleet.deploys.tuning:tuning`) as what to run, which imports the module with no deploy
+    file running."""
+    from pyinfra.context import ctx_state
+
+    if not name.startswith("gpufleet.deploys.") or ctx_state.isset() and state.current_exec_filename:
+        return False
+    return any(arg.startswith((f"{name}.", f"{name}:")) for arg in argv[1:])
+
+
+def refuse_import_name(name: str, file: str) -> None:
+    area = Path(file).stem
+    sys.stderr.write(
+        f"gpufleet: run the {area} area as its deploy file, not as the function {name}.{area}: called so,\n"
+        "  pyinfra would skip the inventory check, the hardware preflight and the host lock.\n"
+        f"  Run: gpufleet-deploy INVENTORY {area}   (or: pyinfra INVENTORY {file})\n")
+    raise SystemExit(2)
+
+
 def run_alone(name: str, file: str) -> None:
     """Run the area of deploys/<area>.py for the current host, when pyinfra runs that file."""
+    if called_by_import_name(name, sys.argv):
+        refuse_import_name(name, file)
     if not is_deploy_file(name, file):
         return
     area = Path(file).stem

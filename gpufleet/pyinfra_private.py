@@ -322,3 +322,13 @@ def cli_params(argv: list[str]) -> dict[str, Any]:
 
     params: dict[str, Any] = cli.make_context("pyinfra", argv, resilient_parsing=True).params
     return params
+
+
+def cli_value_options() -> frozenset[str]:
+    """The `pyinfra` command's options that take a value (`--limit PATTERN`, `--data KEY=VALUE`,
+    ...), from pyinfra's own click command: what follows them is not a positional argument."""
+    import click
+    from pyinfra_cli.cli import cli
+
+    return frozenset(name for param in cli.params if isinstance(param, click.Option) and not param.is_flag
+                     for name in (*param.opts, *param.secondary_opts))

@@ -3,6 +3,7 @@ the HTML report (templates/report): strict about missing values, block tags leav
 HTML templates (*.html.j2) autoescaped and nothing else (a config file must be written as is)."""
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,6 @@ def _templates() -> Path:
 TEMPLATES = _templates()
 
 
-def _sh_quote(value: str) -> str:
-    return "'" + value.replace("'", "'\"'\"'") + "'"
-
-
 def _systemd_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -35,7 +32,7 @@ _ENV = jinja2.Environment(
     keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
     autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",), default_for_string=False),
 )
-_ENV.filters["sh"] = _sh_quote  # a value in a shell script: one single-quoted word
+_ENV.filters["sh"] = shlex.quote  # a value in a shell script: one word, quoted where it needs it
 _ENV.filters["systemd"] = _systemd_quote  # a value in a unit file: one double-quoted word
 # The same security origins wherever the unattended-upgrades file is rendered.
 _ENV.globals["unattended_origins"] = list(UNATTENDED_ORIGINS)

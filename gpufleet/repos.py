@@ -2,7 +2,9 @@
 plan view (deploys/plan.py) prints them per host before anything changes. Pure functions.
 
 - NVIDIA's CUDA repository: a flat `signed-by` source under `driver_repo_url`, one directory per
-  OS release (compat.yaml nvidia_repo.os_dirs: debian12, debian13, ubuntu2204, ubuntu2404);
+  OS release (compat.yaml nvidia_repo.os_dirs: debian12, debian13, ubuntu2204, ubuntu2404) and
+  architecture: `x86_64`, and `sbsa` (Arm servers: Grace in GH200 and GB200) for aarch64 hosts;
+  any other architecture is refused at planning (no directory for it);
 - Docker's repository: `<docker_repo_url>/<os id> <codename> stable` (debian bookworm/trixie,
   ubuntu jammy/noble), as Docker's install guide writes it;
 - NVIDIA's container toolkit repository: one flat source for every Debian/Ubuntu release
@@ -28,13 +30,36 @@ def dpkg_arch(machine: str) -> str:
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
 
 
-def cuda_repo_base(repo_url: str, os_dir: str) -> str:
-    """The CUDA repository directory for one OS release, e.g. .../repos/ubuntu2404/x86_64."""
-    return f"{repo_url.rstrip('/')}/{os_dir}/x86_64"
+#: `uname -m` (or Debian's name for it) -> the architecture directory of NVIDIA's CUDA repository.
+#: Arm servers use NVIDIA's Server Base System Architecture build, `sbsa` (its `arm64` directories
+#: are for Jetson boards, not data-centre GPUs).
+CUDA_REPO_ARCHES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "sbsa", "arm64": "sbsa"}
 
 
-def cuda_sources_line(repo_url: str, os_dir: str, keyring: str) -> str:
-    return f"deb [signed-by={keyring}] {cuda_repo_base(repo_url, os_dir)}/ /\n"
+def cuda_repo_arch(machine: str) -> str | None:
+    """The CUDA repository's directory for a host's architecture; None where it has none."""
+    return CUDA_REPO_ARCHES.get(machine)
+
+
+def unsupported_arch(machine: str) -> tuple[str, str, str] | None:
+    """(key, reason, fix) when NVIDIA's CUDA repository has no directory for `machine`."""
+    if cuda_repo_arch(machine) is not None:
+        return None
+    return ("driver_source", f"NVIDIA's CUDA repository has no directory for {machine} hosts (only x86_64, "
+            "and sbsa for aarch64)", "run the driver deploy on x86_64 or aarch64 hosts only")
+
+
+def cuda_repo_base(repo_url: str, os_dir: str, machine: str) -> str:
+    """The CUDA repository directory for one OS release and architecture, e.g.
+    .../repos/ubuntu2404/x86_64, .../repos/ubuntu2404/sbsa on aarch64."""
+    arch = cuda_repo_arch(machine)
+    if arch is None:
+        raise ValueError(unsupported_arch(machine))
+    return f"{repo_url.rstrip('/')}/{os_dir}/{arch}"
+
+
+def cuda_sources_line(repo_url: str, os_dir: str, keyring: str, machine: str) -> str:
+    return f"deb [signed-by={keyring}] {cuda_repo_base(repo_url, os_dir, machine)}/ /\n"
 
 
 def docker_sources_line(repo_url: str, os_id: str, codename: str, arch: str, keyring: str = DOCKER_KEYRING) -> str:
@@ -52,8 +77,9 @@ def repository_lines(settings: Any, res: Any, os_id: str | None, codename: str |
     """(what, line) for every package source gpufleet sets up on a host with resolution `res`."""
     out: list[tuple[str, str]] = []
     if res is not None and res.source == "nvidia":
-        out.append((f"driver_repo ({CUDA_SOURCE})",
-                    cuda_sources_line(settings.driver_repo_url, res.repo_os_dir, data.nvidia_repo["keyring_path"]).strip()))
+        refusal = unsupported_arch(arch)
+        out.append((f"driver_repo ({CUDA_SOURCE})", f"none: {refusal[1]}" if refusal else
+                    cuda_sources_line(settings.driver_repo_url, res.repo_os_dir, data.nvidia_repo["keyring_path"], arch).strip()))
     elif res is not None:
         offer = data.distro_offers[res.os_release]
         archive = "Ubuntu" if res.os_release.startswith("ubuntu") else "Debian"

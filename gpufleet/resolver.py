@@ -8,7 +8,7 @@ A wish the data cannot satisfy raises Incompatible naming the key to change.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Self, Sequence
 
@@ -17,7 +17,7 @@ from gpufleet.facts.gpu import ClockPair
 from .compat import CompatData, DistroOffer, DriverBranch, compat_data
 from .errors import Incompatible
 from .gpus import GpuModel, to_models
-from .pytorch import PytorchChoice, choose_pytorch
+from .pytorch import PytorchChoice, choose_pytorch, pytorch_data
 from .versions import at_least, branch_of, major, normalise_branch, parse
 
 AUTO = "auto"
@@ -500,15 +500,44 @@ def resolve(
     branch_wish = AUTO if wishes.driver_branch == AUTO else normalise_branch(wishes.driver_branch)
 
     if source == "nvidia" and branch_wish == AUTO:
-        reasons = []
+        refusals: list[tuple[str, Incompatible]] = []
         for branch in data.auto_branch_preference:
             try:
                 return _resolve_on(models, wishes, os_name, has_nvswitch, data, source, branch, auto=True)
             except Incompatible as exc:
-                reasons.append(f"R{branch}: {exc.reason}")
-        fitting = ", ".join(f"R{b}" for b in _branches_for(models, data)) or "none"
-        raise Incompatible("no driver branch fits: " + "; ".join(reasons), key="driver_branch", allowed=fitting)
+                refusals.append((branch, exc))
+        reason = "no driver branch fits: " + "; ".join(f"R{b}: {exc.reason}" for b, exc in refusals)
+        fitting = _branches_for(models, data)
+        for key in dict.fromkeys(exc.key for b, exc in refusals if b in fitting and exc.key):
+            values = _values_that_fit(key, models, wishes, os_name, has_nvswitch, data)
+            if values:  # every branch is already tried: the key whose change fixes it is another one
+                raise Incompatible(reason, key=key, allowed=", ".join(values))
+        raise Incompatible(reason, key="driver_branch", allowed=", ".join(f"R{b}" for b in fitting) or "none")
     return _resolve_on(models, wishes, os_name, has_nvswitch, data, source, branch_wish, auto=False)
+
+
+def _values_that_fit(key: str, models: list[GpuModel], wishes: Wishes, os_name: str, has_nvswitch: bool,
+                     data: CompatData) -> list[str]:
+    """The values of ``key`` (a version wish) with which some driver branch fits, the other
+    wishes unchanged; [] for other keys, or when no value of it helps."""
+    candidates = {
+        "cuda_version": lambda: sorted(data.cuda_releases, key=parse, reverse=True),
+        "cudnn_version": lambda: list(data.cudnn_versions),
+        "pytorch_version": lambda: list(pytorch_data().versions),
+    }.get(key)
+    if candidates is None:
+        return []
+    fits = []
+    for value in [NONE, *candidates()]:
+        changed = replace(wishes, **{key: value})  # type: ignore[arg-type]  # key: one of the version wishes (str)
+        for branch in data.auto_branch_preference:
+            try:
+                _resolve_on(models, changed, os_name, has_nvswitch, data, "nvidia", branch, auto=True)
+            except Incompatible:
+                continue
+            fits.append(value)
+            break
+    return fits
 
 
 def _resolve_on(

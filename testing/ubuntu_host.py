@@ -104,6 +104,7 @@ class UbuntuHost:
     # modules and kernel flavour metapackages held (22.04/provisioned/: installed packages, what
     # apt offers now); what tools/rollout and tools/rollback plan on
     provisioned: bool = False
+    machine: str = "x86_64"  # `uname -m` (the Arch fact): aarch64 for Grace hosts (GH200, GB200)
 
     def _dpkg_lines(self) -> list[str]:
         if self.provisioned:
@@ -183,7 +184,7 @@ class UbuntuHost:
         if cls in (DevCharLinks, DaemonReloadPending):  # no driver: no device nodes; no reload deferred
             return cls.default()
         if name == "Arch":
-            return "x86_64"
+            return self.machine
         if name == "TmpDir":
             return "/tmp"
         if name == "Date":

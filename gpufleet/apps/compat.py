@@ -14,7 +14,9 @@ import argparse
 import difflib
 import json
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+from gpufleet.version import add_version
 
 REFUSED = 3
 
@@ -50,12 +52,20 @@ def _gpu(text: str) -> Any:
 
     model = model_for_name(text) or (model_for_pci(text) if text.lower().startswith("0x") else None)
     if model is None:
-        close = difflib.get_close_matches(text, model_names(), n=3, cutoff=0.5)
+        close = similar_gpus(text, model_names())
         hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
         raise argparse.ArgumentTypeError(
             f"unknown GPU {text!r}{hint}; allowed: an nvidia-smi name or PCI device id from compat.yaml "
             "(tools/compat --list-gpus)")
     return model
+
+
+def similar_gpus(text: str, names: Sequence[str]) -> list[str]:
+    """The GPU names a mistyped or partial one may mean: those containing it as a word ("H100",
+    "nvidia a100"), else the closest spellings."""
+    words = text.lower().split()
+    containing = [n for n in names if words and all(w in n.lower().replace("-", " ").split() for w in words)]
+    return containing[:5] or difflib.get_close_matches(text, names, n=3, cutoff=0.5)
 
 
 def parser(prog: str = "compat") -> argparse.ArgumentParser:
@@ -71,6 +81,7 @@ def parser(prog: str = "compat") -> argparse.ArgumentParser:
                        help=f"as the inventory key {key} (default {default})")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--list-gpus", action="store_true", help="print the GPU names gpufleet knows and exit")
+    add_version(p)
     return p
 
 
@@ -106,7 +117,8 @@ def answer(gpus: list[Any], os_release: str, wishes: dict[str, Any]) -> dict[str
     try:
         r = resolve(gpus, wishes, os_release)
     except Incompatible as refused:
-        out.update(refused=refused.reason, refused_key=refused.key, allowed=refused.allowed)
+        allowed = [item.strip() for item in refused.allowed.split(",") if item.strip()] if refused.allowed else None
+        out.update(refused=refused.reason, refused_key=refused.key, allowed=allowed)
         return out
     out["driver"] = {"source": r.source, "branch": r.driver_branch, "version": r.driver_version,
                      "flavour": r.flavour, "packages": list(r.driver_packages)}
@@ -137,7 +149,7 @@ def render(out: dict[str, Any]) -> str:
         if out["refused_key"]:
             lines.append(f"key:     {out['refused_key']}")
         if out["allowed"]:
-            lines.append(f"allowed: {out['allowed']}")
+            lines.append(f"allowed: {', '.join(out['allowed'])}")
     else:
         d = out["driver"]
         lines.append(f"driver:  R{d['branch']} {d['version']} ({d['flavour']}, {d['source']}): {' '.join(d['packages'])}")

@@ -35,6 +35,7 @@ from gpufleet.facts.dcgm_diag import LEVEL_TIMEOUTS, DcgmDiag, DcgmDiagData
 from gpufleet.facts.health import GpuHealth, GpuHealthData
 from gpufleet.facts.slurm import SlurmNode, SlurmNodeData
 from gpufleet.health import ACTION, HostVerdict, all_findings, assess, rank, summary_line
+from gpufleet.version import add_version
 
 #: the reason gpufleet health drains a node with: it resumes only nodes whose reason starts so
 SLURM_REASON = "gpufleet health: "
@@ -231,6 +232,7 @@ def main(argv: list[str] | None = None, prog: str = "health") -> int:
     parser.add_argument("--workers", type=int, default=20, help="hosts read at once (default 20)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     inventory_source.add_arguments(parser)
+    add_version(parser)
     args = parser.parse_args(argv)
     if args.local:
         if args.inventory:

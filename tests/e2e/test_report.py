@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
+from jsonschema import validate as validate_schema
 
 from gpufleet.apps.report.render import SCHEMA_PATH
 from testing import testhosts
 from testing.inventory import OS_RELEASE, write_inventory
 from tests.e2e.pyinfra_cli import REPO, pyinfra
-from tests.unit.jsonschema_lite import validate as validate_schema
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
 LOADED, INSTALLED = "580.95.05", "580.126.09"

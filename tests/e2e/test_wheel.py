@@ -83,6 +83,47 @@ def test_compat_answers_from_the_installed_data(installed):
     assert answer["driver"] and answer["cuda"] and answer["pytorch"]["cuda_variant"].startswith("cu")
 
 
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_command_prints_gpufleets_version(installed, command):
+    import tomllib
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    proc = run(installed, command, "--version")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith(f"{command} (gpufleet) {version};"), proc.stdout  # not pyinfra's version
+
+
+def test_the_wheel_ships_the_license_the_changelog_and_the_settings_reference(installed):
+    wheel, _, _ = installed
+    archive = zipfile.ZipFile(wheel)
+    (info,) = {n.split("/")[0] for n in archive.namelist() if n.split("/")[0].endswith(".dist-info")}
+    assert "Apache License" in archive.read(f"{info}/licenses/LICENSE").decode()
+    assert "END OF TERMS AND CONDITIONS" in archive.read(f"{info}/licenses/LICENSE").decode()
+    assert "\n# Changelog\n" in archive.read(f"{info}/METADATA").decode()
+    settings = (REPO / "docs" / "settings.md").read_text()
+    assert archive.read("gpufleet/docs/settings.md").decode() == settings
+    shown = run(installed, "gpufleet-deploy", "--settings")
+    assert shown.returncode == 0 and shown.stdout == settings, shown.stderr
+
+
+def test_deploy_help_lists_every_area_and_a_missing_inventory_stops_first(installed):
+    helped = run(installed, "gpufleet-deploy", "--help")
+    assert helped.returncode == 0 and "monitoring" in helped.stdout, helped.stdout
+    missing = run(installed, "gpufleet-deploy", "/nonexistent/inventory.py", "all", "-y", timeout=120)
+    assert missing.returncode == 2, missing.stdout + missing.stderr
+    assert "no such inventory file: /nonexistent/inventory.py" in missing.stderr
+    assert "Loading" not in missing.stdout + missing.stderr  # pyinfra never started
+
+
+def test_compat_names_the_key_that_fixes_a_refusal_with_allowed_as_a_list(installed):
+    proc = run(installed, "gpufleet-compat", "--gpu", "NVIDIA B200", "--pytorch", "2.6", "--os", "ubuntu-24.04",
+               "--json")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    answer = json.loads(proc.stdout)
+    assert answer["refused_key"] == "pytorch_version"
+    assert isinstance(answer["allowed"], list) and "2.7" in answer["allowed"] and "2.6" not in answer["allowed"]
+
+
 @pytest.fixture(scope="module")
 def deployed(installed, hostpool, tmp_path_factory):
     (host,) = hostpool.get("wheel", 1, release="bookworm")

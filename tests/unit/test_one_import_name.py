@@ -13,6 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 AREAS = ("deploys", "facts", "operations", "templates")
+#: Folders shipped for their files alone: no module in them, nothing imports them.
+DATA_ONLY = {"gpufleet.docs": "docs"}
 
 
 def python_files() -> list[Path]:
@@ -62,7 +64,8 @@ def test_the_package_list_names_every_package_folder():
 
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     folders = {"gpufleet." + area: area for area in AREAS}
-    assert config["package-dir"] == folders
+    assert config["package-dir"] == {**folders, **DATA_ONLY}
+    folders.update(DATA_ONLY)
     found = {"gpufleet." + ".".join(p.parent.relative_to(REPO / "gpufleet").parts)
              for p in (REPO / "gpufleet").rglob("__init__.py")}
     found = {n.rstrip(".") for n in found} | set(folders)
@@ -75,3 +78,15 @@ def test_each_area_is_imported_from_its_top_level_folder(area):
 
     module = importlib.import_module(f"gpufleet.{area}")
     assert Path(module.__file__).resolve().parent == REPO / area
+
+
+def test_the_wheel_ships_the_license_the_changelog_and_the_settings_reference():
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert config["project"]["license"] == "Apache-2.0" and config["project"]["license-files"] == ["LICENSE"]
+    assert (REPO / "LICENSE").read_text().split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert "END OF TERMS AND CONDITIONS" in (REPO / "LICENSE").read_text()  # the full text
+    assert config["tool"]["setuptools"]["dynamic"]["readme"]["file"] == ["README.md", "CHANGELOG.md"]
+    assert config["tool"]["setuptools"]["package-data"]["gpufleet.docs"] == ["settings.md"]
+    assert not list((REPO / "docs").glob("*.py"))  # data only

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from jsonschema import validate
 
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.gpu_tuning import LockedClocks
@@ -27,7 +28,6 @@ from gpufleet.tiers import tier_defaults
 from gpufleet.tuning import clocks_summary, host_clocks
 from gpufleet.validation import FAIL, PASS, clocks_as_set
 from testing.chromium import parse_report
-from tests.unit.jsonschema_lite import validate
 from tests.unit.test_facts_gpu import recorded_gpu_state
 
 pytestmark = pytest.mark.unit

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from jsonschema import Draft202012Validator, validate
 
 from gpufleet.apps.report.gather import classify
 from gpufleet.apps.report.render import SCHEMA_PATH, cell, document, html_page, markdown, terminal, write_all
 from gpufleet.validation import Result
-from tests.unit.jsonschema_lite import errors, validate
 
 pytestmark = pytest.mark.unit
 
@@ -66,10 +66,10 @@ def test_the_schema_rejects_what_it_should(doc):
     del bad["hosts"][4]["error"]  # optional, fine
     bad["hosts"][1]["surprise"] = 1
     del bad["hosts"][2]["drift"]
-    problems = errors(bad, schema)
+    problems = [e.message for e in Draft202012Validator(schema).iter_errors(bad)]
     assert any("'fine'" in p for p in problems)
     assert any("surprise" in p for p in problems)
-    assert any("missing 'drift'" in p for p in problems)
+    assert any("'drift' is a required property" in p for p in problems)
 
 
 def test_cells(doc):

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
+from jsonschema import validate
 
 from gpufleet.apps.report.gather import _versions, component_versions
 from gpufleet.apps.report.render import SCHEMA_PATH, cell, document, html_page
@@ -21,7 +22,6 @@ from gpufleet.apps.report.view import (CHECK_OF, DRIVER_CHECK, KERNEL_CHECK, MIS
                                        attention, cells, fleet_summary, ordered, problems, upgrades, version_rows)
 from gpufleet.resolver import resolve
 from testing.chromium import parse_report
-from tests.unit.jsonschema_lite import validate
 
 pytestmark = pytest.mark.unit
 

@@ -2,9 +2,10 @@
 nvidia-smi commands still needed, refusals, thread counts, NCCL values and the rendered files."""
 from __future__ import annotations
 
-import pytest
-
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from gpufleet.facts.gpu import ClockPair, GpuInfo, parse_query_gpu, parse_supported_clocks
 from gpufleet.facts.gpu_tuning import parse_locked_clocks
@@ -238,9 +239,15 @@ def test_environment_files():
     for path, text in files.items():
         assert text.startswith("# Managed by gpufleet (deploys/tuning.py) for tier research."), path
     profile = files["/etc/profile.d/gpufleet-gpu.sh"]
-    assert "if [ -z \"${OMP_NUM_THREADS:-}\" ]; then OMP_NUM_THREADS='3'; fi\nexport OMP_NUM_THREADS\n" in profile
-    assert "MKL_NUM_THREADS='3'" in profile and "CUDA_DEVICE_ORDER='PCI_BUS_ID'" in profile
-    assert profile.count("expandable_segments:True,roundup_power2_divisions:[256:1,>:8]") == 2
+    # values quoted by shlex.quote where the shell needs it
+    assert "if [ -z \"${OMP_NUM_THREADS:-}\" ]; then OMP_NUM_THREADS=3; fi\nexport OMP_NUM_THREADS\n" in profile
+    assert "MKL_NUM_THREADS=3;" in profile and "CUDA_DEVICE_ORDER=PCI_BUS_ID;" in profile
+    assert profile.count("'expandable_segments:True,roundup_power2_divisions:[256:1,>:8]'") == 2
+    # what a login shell gets from it (sh reads the file as written, no value already set)
+    shell = subprocess.run(["sh", "-c", '. "$1"; echo "$OMP_NUM_THREADS|$PYTORCH_ALLOC_CONF|$CUDA_DEVICE_ORDER"', "sh",
+                            "/dev/stdin"], input=profile, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
+                           check=True)
+    assert shell.stdout == "3|expandable_segments:True,roundup_power2_divisions:[256:1,>:8]|PCI_BUS_ID\n"
     unit = files["/etc/systemd/system.conf.d/gpufleet-gpu-env.conf"]
     assert ('[Manager]\nDefaultEnvironment="CUDA_DEVICE_ORDER=PCI_BUS_ID" "OMP_NUM_THREADS=3" "MKL_NUM_THREADS=3" '
             '"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,roundup_power2_divisions:[256:1,>:8]" '

@@ -18,7 +18,7 @@ HEADERS_META = {"22.04": "linux-headers-generic-hwe-22.04", "24.04": "linux-head
 MOK = "/var/lib/shim-signed/mok/MOK.priv"
 
 
-def dry_run(tier: str, release: str) -> str:
+def dry_run(tier: str, release: str, machine: str = "x86_64") -> str:
     """All commands driver() and docker() plan for one simulated host, as text."""
     values = tier_defaults(tier)
     count = values["validate_gpu_count"] if isinstance(values["validate_gpu_count"], int) else values["validate_gpu_count"][0]
@@ -29,7 +29,7 @@ def dry_run(tier: str, release: str) -> str:
         files = {MOK: True, "/var/lib/shim-signed/mok/MOK.der": True}
     host = UbuntuHost(release, [values["validate_gpu_models"][0]] * count,
                       nvswitches=4 if values["validate_nvswitch"] == "required" else 0,
-                      rdma=values["validate_rdma"] == "required", files=files)
+                      rdma=values["validate_rdma"] == "required", files=files, machine=machine)
     name = f"{tier}-{release}"
     state = make_state({name: (host, data)})
     with canned({name: host}):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from gpufleet import inventory_source
 from gpufleet.failures import stop_line
+from gpufleet.version import add_version
 
 
 def main(argv: list[str] | None = None, prog: str = "fleet-report") -> int:
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None, prog: str = "fleet-report") -> int:
                         help="every column in full (kernel, holds, clocks, firewall, SSH, endpoints, each check's "
                              "wording), in inventory order; default: a table of at most 160 columns")
     inventory_source.add_arguments(parser)
+    add_version(parser)
     args = parser.parse_args(argv)
     if not Path(args.inventory).is_file():
         parser.error(f"no such inventory file: {args.inventory}")

@@ -8,6 +8,7 @@ from typing import Any, Callable
 from pathlib import Path
 
 from gpufleet import inventory_source
+from gpufleet.version import add_version
 
 
 def _logging(verbose: bool) -> None:
@@ -113,6 +114,7 @@ def rollout_main(argv: list[str] | None = None, prog: str = "tools/rollout") -> 
                         "(default 30; 0: none)")
     p.add_argument("-v", "--verbose", action="store_true", help="show pyinfra's operation log")
     inventory_source.add_arguments(p)
+    add_version(p)
     args = p.parse_args(argv)
     # checked here rather than as argparse types on their lines, which tools/rollout's target
     # arguments share: the same message and exit code 2 as argparse's own
@@ -147,6 +149,7 @@ def rollback_main(argv: list[str] | None = None, prog: str = "tools/rollback") -
                         "(the current one is kept next to it)")
     p.add_argument("-v", "--verbose", action="store_true")
     inventory_source.add_arguments(p, limit=False)   # the hosts are named
+    add_version(p)
     args = p.parse_args(argv)
     source = _source(p, args)
     _logging(args.verbose)
