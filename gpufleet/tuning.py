@@ -441,10 +441,11 @@ def applied_clocks(gpus: Sequence[GpuInfo], method: str, locked: Mapping[str, st
     return out
 
 
-def host_applied_clocks(host: Any, policy: Any) -> tuple[str, list[AppliedClocks], str | None] | None:
+def host_applied_clocks(host: Any, policy: Any, skip: frozenset[str] = frozenset()
+                        ) -> tuple[str, list[AppliedClocks], str | None] | None:
     """(method, per-GPU applied and planned pairs, refusal or None) from the host's nvidia-smi and
     gpufleet's lock records, with the plan the deploy applies and the gate checks (host_clocks);
-    None when nvidia-smi does not work."""
+    None when nvidia-smi does not work. `skip`: GPUs in MIG mode (no clock plan: not managed)."""
     from .hostfacts import gpu_state, locked_clocks
 
     state = gpu_state(host)
@@ -453,7 +454,7 @@ def host_applied_clocks(host: Any, policy: Any) -> tuple[str, list[AppliedClocks
     method = clock_method(state.driver_version, ac_deprecated_from())
     refused = None
     try:
-        plans = host_clocks(host, policy)
+        plans = host_clocks(host, policy, skip)
     except Refusal as error:
         plans, refused = [], str(error)
     locked = locked_clocks(host) if method == LGC else {}  # host_clocks asked already (answered from memory)
