@@ -27,8 +27,19 @@ def sim(tmp_path):
         wrapper = bin_dir / tool
         wrapper.write_text(f"#!/bin/sh\nexec {sim.python} {sim.root}/usr/lib/gpusim/{tool} \"$@\"\n")
         wrapper.chmod(0o755)
-    sim.env = dict(os.environ, GPUSIM_ROOT=str(sim.root), PATH=f"{bin_dir}:/usr/bin:/bin")
+    # systemctl stand-in: logs its arguments; `is-active` answers from the ACTIVE variable
+    (bin_dir / "systemctl").write_text(
+        '#!/bin/sh\necho "$*" >> "$SYSTEMCTL_LOG"\n'
+        'if [ "$1" = is-active ]; then case " $ACTIVE " in *" $3 "*) exit 0;; esac; exit 3; fi\nexit 0\n')
+    (bin_dir / "systemctl").chmod(0o755)
+    sim.systemctl_log = tmp_path / "systemctl.log"
+    sim.env = dict(os.environ, GPUSIM_ROOT=str(sim.root), PATH=f"{bin_dir}:/usr/bin:/bin", ACTIVE="",
+                   SYSTEMCTL_LOG=str(sim.systemctl_log))
     return sim
+
+
+def systemctl(sim) -> list[str]:
+    return sim.systemctl_log.read_text().splitlines() if sim.systemctl_log.exists() else []
 
 
 def script(cdi: str = "") -> str:
@@ -89,3 +100,19 @@ def test_gated_command_changes_nothing_while_a_gpu_process_runs(sim):
     assert log(sim) == [] and layout(sim) == []
     # (the idle case runs on a test host in tests/e2e/test_mig.py: here, processes of this machine
     # holding an NVIDIA device node would count as GPU work too)
+
+
+def test_dcgm_is_stopped_for_a_mode_change_and_started_again(sim):
+    sim.env["ACTIVE"] = "nvidia-dcgm.service nvidia-dcgm-exporter.service"
+    assert run(sim, "0=7g.141gb").returncode == 0
+    calls = [c for c in systemctl(sim) if not c.startswith("is-active")]
+    assert calls == ["stop nvidia-dcgm-exporter.service", "stop nvidia-dcgm.service",
+                     "start nvidia-dcgm.service", "start nvidia-dcgm-exporter.service"]
+    # instances only (no mode change): the running exporter is restarted to see them
+    sim.systemctl_log.unlink()
+    assert run(sim, "0=3g.71gb,3g.71gb").returncode == 0
+    assert [c for c in systemctl(sim) if not c.startswith("is-active")] == ["try-restart nvidia-dcgm-exporter.service"]
+    # nothing to change: systemd is not asked anything
+    sim.systemctl_log.unlink()
+    assert run(sim, "0=3g.71gb,3g.71gb").returncode == 0
+    assert systemctl(sim) == []
