@@ -11,7 +11,9 @@ operations themselves.
 
 Clocks: where nvidia-smi works, the pair each GPU gets, from its own supported-clocks list (the
 same plan deploys/tuning.py applies and the validation gate checks); before that, the compatibility
-catalogue's estimate, said to be one.
+catalogue's estimate, said to be one. GPUs in MIG mode (gpu_mig) are left out, and the plan says so.
+
+MIG: the partitions each GPU gets (gpu_mig), what it has now, and a refusal naming gpu_mig.
 """
 import click
 from pyinfra import host, state
@@ -24,7 +26,7 @@ from gpufleet.repos import TOOLKIT_PACKAGES, dpkg_arch, repository_lines
 from gpufleet.pytorch import mixed_gpus
 from gpufleet.rollout.snapshot import command_name
 from gpufleet.settings import host_settings, validate_inventory
-from gpufleet.tuning import Refusal, clocks_summary, host_clocks
+from gpufleet.tuning import Refusal, clocks_summary, host_clocks, host_mig, mig_clock_skip
 
 validate_inventory(state.inventory)
 settings = host_settings(host)
@@ -43,14 +45,34 @@ for problem in tier_mismatches(host, settings):
     lines.append(f"MISMATCH ({settings.tier_mismatch}): {problem}")
 
 
+def mig_lines() -> tuple[list[str], frozenset[str]]:
+    """The MIG plan in words (the same plan deploys/tuning.py applies and the gate checks), and
+    the GPUs whose clocks it takes out of the clock plan."""
+    try:
+        plan = host_mig(host, settings.gpu_mig)
+    except Refusal as refused:
+        return [f"mig: REFUSED: {refused}"], frozenset()
+    out = [f"mig: {plan.summary()}"]
+    out += [f"mig: {g.label}: has {g.found}; " + ("to change (only while the GPUs are idle)" if g.change else "as set")
+            for g in plan.gpus if plan.managed]
+    skip = mig_clock_skip(host, plan)
+    if skip and settings.clock_policy not in ("unmanaged", "default"):
+        out.append(f"mig: clocks are not settable in MIG mode: clock_policy {settings.clock_policy} leaves "
+                   f"{len(skip)} GPU(s) in MIG mode at the driver's clocks")
+    return out, skip
+
+
+MIG_LINES, MIG_SKIP = mig_lines()
+
+
 def host_clock_line() -> str | None:
     """The host's own clock plan, when its nvidia-smi works (else None: the estimate stands)."""
     try:
-        plans = host_clocks(host, settings.clock_policy)
+        plans = host_clocks(host, settings.clock_policy, MIG_SKIP)
     except Refusal as refused:
         return f"REFUSED: {refused}"
     if not plans:
-        return None
+        return "none set: every GPU is in MIG mode" if MIG_SKIP else None
     return f"{clocks_summary(plans)} (the GPUs' own supported clocks)"
 
 
@@ -83,6 +105,7 @@ try:
         lines.append(f"REFUSED (driver): {refusal[1]}. Fix: {refusal[2]} (key {refusal[0]})")
 except Incompatible as refused:
     lines.append(f"REFUSED: {refused.reason}" + (f" (key {refused.key})" if refused.key else ""))
+lines += MIG_LINES
 release = os_release(host)
 for what, line in repository_lines(settings, res, release.id, release.version_codename,
                                    dpkg_arch(host.get_fact(Arch) or "x86_64"), compat_data()):

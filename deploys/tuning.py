@@ -13,14 +13,22 @@ and every job, from a login shell or a service, starts with the right environmen
    ``-ac`` before R595 and ``-lgc``/``-lmc`` from R595 (``-ac`` is deprecated there); only the
    GPUs not already there get a command. ``gpufleet-gpu-clocks.service`` (oneshot, after
    nvidia-persistenced) re-applies them at every boot from ``/etc/gpufleet/gpu-clocks.env``.
-3. environment: ``/etc/nccl.conf`` for the tier's ``nccl_profile`` (socket interface from the
+3. MIG (``gpu_mig``): ``none`` turns MIG off, a layout (``{"all": ["3g.71gb", "3g.71gb"]}`` or by
+   GPU index) turns it on with those GPU instances, each with its full compute instance,
+   ``unmanaged`` leaves it alone; a layout a GPU cannot have is refused at planning. Changed
+   only through the gate: the idle check is in the very command that changes it, and with GPU
+   work running the change is reported PENDING, not applied. ``gpufleet-gpu-mig.service``
+   re-creates the partitions at every boot (before the clocks): a reboot or GPU reset loses
+   them. The CDI spec is regenerated after a change (``docker_cdi``, where nvidia-ctk is
+   installed). Clocks are not settable in MIG mode: clock_policy skips those GPUs, and says so.
+4. environment: ``/etc/nccl.conf`` for the tier's ``nccl_profile`` (socket interface from the
    host's real NICs, RDMA HCAs when present, debugging variables only with
    ``tuning_nccl_debug_vars``); ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` (physical cores per
    GPU, or ``tuning_omp_threads``), ``PYTORCH_CUDA_ALLOC_CONF`` = ``PYTORCH_ALLOC_CONF``
    (``tuning_pytorch_alloc_conf``) and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` for login shells
    (/etc/profile.d), system services (systemd DefaultEnvironment) and user services
    (environment.d). Every file names the tier it came from.
-4. CPU governor (``tuning_cpu_governor``): every CPU with cpufreq runs the tier's governor, kept
+5. CPU governor (``tuning_cpu_governor``): every CPU with cpufreq runs the tier's governor, kept
    across reboots by /etc/tmpfiles.d/gpufleet-cpu-governor.conf (and gpufleet-cpu-governor.service
    once the cpufreq drivers are loaded); a governor the host does not offer is refused at planning
    time; a host without cpufreq (a container, many VMs) is left alone with a no-op saying so.
@@ -40,11 +48,14 @@ from pyinfra.operations import apt, files, systemd
 
 from gpufleet.facts.gpu_tuning import LOCKED_CLOCKS_DIR
 from gpufleet import tuning as t
-from gpufleet.failures import refuse
+from gpufleet.failures import real_host, refuse
+from gpufleet.mig import setting_text
+from gpufleet.run_summary import SUMMARY
 from gpufleet.settings import host_settings
 from gpufleet.tuning import TuningPlan, ac_deprecated_from, plan_tuning, policy_text
 from gpufleet.operations import cpu, gpu
 from gpufleet.operations.daemon_reload import reload_when
+from gpufleet.operations.notice import say
 
 #: Debian (non-free/contrib) and NVIDIA's CUDA repository both call the daemon's package this.
 PERSISTENCED_PACKAGE = "nvidia-persistenced"
@@ -57,6 +68,11 @@ SYSTEMD_ENV = "/etc/systemd/system.conf.d/gpufleet-gpu-env.conf"
 GOVERNOR_TMPFILES = "/etc/tmpfiles.d/gpufleet-cpu-governor.conf"
 GOVERNOR_SERVICE = "gpufleet-cpu-governor.service"
 GOVERNOR_UNIT = "/etc/systemd/system/gpufleet-cpu-governor.service"
+MIG_SERVICE = "gpufleet-gpu-mig.service"
+MIG_UNIT = "/etc/systemd/system/gpufleet-gpu-mig.service"
+MIG_ENV = "/etc/gpufleet/gpu-mig.env"
+MIG_SCRIPT = gpu.MIG_SCRIPT
+CDI_SPEC = "/etc/cdi/nvidia.yaml"  # where deploys/docker.py has nvidia-ctk write it
 
 PROFILE_NAMES = {
     "/etc/nccl.conf": "Write NCCL's system-wide settings for the {profile} network profile",
@@ -111,6 +127,54 @@ def _profiles(settings: Any, plan: TuningPlan) -> Any:
     return changed[SYSTEMD_ENV]
 
 
+def _mig_busy(setting: Any) -> Any:
+    """mig_partitions' if_busy: GPU work found in the command that would change MIG (it started
+    after planning, or ran all along): nothing changed, reported pending; not a failure."""
+    def busy(h: Any, running: str) -> bool:
+        SUMMARY.mig_pending[h.name] = (f"gpu_mig: {setting_text(setting)}", running)
+        logger.warning(f"{h.print_prefix}MIG PENDING: partitions not changed, GPU work is running: {running}")
+        return True
+    return busy
+
+
+def _mig(settings: Any, plan: TuningPlan) -> None:
+    setting = settings.gpu_mig
+    mig = plan.mig
+    if not mig.managed or not mig.gpus:  # unmanaged, or no GPU with MIG: nothing to make or undo
+        return
+    keep = any(g.mig_on for g in mig.gpus)  # partitions to re-create at every boot
+    context = dict(tier=settings.tier, setting=setting_text(setting), plans=mig.gpus,
+                   cdi=CDI_SPEC if settings.docker_cdi else "")
+    script = t.render("usr/local/sbin/gpufleet-gpu-mig.j2", **context)
+    if not plan.nvidia_ok:
+        if keep:  # checked against the PCI models above; made by the first run nvidia-smi answers
+            logger.warning(f"{host.print_prefix}nvidia-smi does not work ({plan.nvidia_status}): the MIG partitions "
+                           "are made by the first run once the driver works")
+        return
+    if keep:
+        files.put(name="Install the script that makes the MIG partitions", src=StringIO(script), dest=MIG_SCRIPT,
+                  mode="755")
+        files.put(name="Record each GPU's MIG partitions for the boot unit",
+                  src=StringIO(t.render("etc/gpufleet/gpu-mig.env.j2", **context)), dest=MIG_ENV, mode="644")
+        unit = files.put(name="Install the unit that re-creates the MIG partitions at every boot",
+                         src=StringIO(t.render("etc/systemd/system/gpufleet-gpu-mig.service.j2", **context)),
+                         dest=MIG_UNIT, mode="644")
+        reload_when("Reload systemd so it sees the MIG unit", unit)
+        # enabled, not started now: the change itself goes through the gate (the operation below)
+        systemd.service(name="Re-create the MIG partitions at every boot", service=MIG_SERVICE, running=None,
+                        enabled=True)
+    else:
+        systemd.service(name="Stop re-creating MIG partitions at boot", service=MIG_SERVICE, running=None,
+                        enabled=False)
+        gone = [files.file(name=f"Remove {path} (gpu_mig: {setting_text(setting)})", path=path, present=False)
+                for path in (MIG_UNIT, MIG_ENV, MIG_SCRIPT)]
+        reload_when("Reload systemd so it forgets the MIG unit", gone[0])
+    for note in plan.notes:
+        say(note)
+    gpu.mig_partitions(name=f"Make the MIG partitions gpu_mig sets ({mig.summary()}) while the GPUs are idle",
+                       setting=setting, script=script, cdi=context["cdi"], if_busy=_mig_busy(setting))
+
+
 def _clocks(settings: Any, plan: TuningPlan, env_file: Any) -> None:
     policy = settings.clock_policy
     if policy == "unmanaged":
@@ -139,8 +203,12 @@ def _clocks(settings: Any, plan: TuningPlan, env_file: Any) -> None:
                      src=StringIO(t.render("etc/systemd/system/gpufleet-gpu-clocks.service.j2", **context)),
                      dest=CLOCKS_UNIT, mode="644")
     reload_when("Reload systemd so it sees the GPU environment and the clocks unit", env_file, unit)
+    skip = sorted(t.mig_clock_skip(host, plan.mig))
+    me = real_host(host)
     gpu.clocks(name=f"Set each GPU's clocks for clock policy {policy_text(policy)}",
-               policy=policy, ac_deprecated_from=ac_deprecated_from())
+               policy=policy, ac_deprecated_from=ac_deprecated_from(), skip=skip,
+               # a MIG change found GPU work and was not made: GPUs it would have freed stay in MIG mode
+               _if=lambda: me.name not in SUMMARY.mig_pending)
     systemd.service(name="Re-apply the GPU clocks at every boot", service=CLOCKS_SERVICE,
                     running=True, enabled=True)
 
@@ -176,6 +244,7 @@ def tuning() -> None:
         return
     _persistence(settings, plan)
     env_file = _profiles(settings, plan)
+    _mig(settings, plan)
     _clocks(settings, plan, env_file)
     _governor(settings, plan)
 

@@ -109,6 +109,7 @@ class CompatData:
     nccl_profiles: Mapping[str, Mapping[str, Any]]
     gpus_raw: tuple[Mapping[str, Any], ...]
     nvswitch_pci_ids: Mapping[str, str]
+    mig_profiles_raw: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # gpufleet/mig.py reads it
 
     @property
     def cudnn_versions(self) -> tuple[str, ...]:
@@ -248,6 +249,7 @@ def _from_mapping(data: Mapping[str, Any]) -> CompatData:
         nccl_profiles=data.get("nccl_profiles", {}),
         gpus_raw=tuple(data.get("gpus", ())),
         nvswitch_pci_ids={str(k).lower(): v for k, v in data["nvswitch"]["pci_ids"].items()},
+        mig_profiles_raw=data.get("mig_profiles") or {},
     )
 
 

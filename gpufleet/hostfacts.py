@@ -16,6 +16,7 @@ from gpufleet.facts.cpu import CpuFreq, CpuFreqData
 from gpufleet.facts.gpu import GpuState, GpuStateData
 from gpufleet.facts.gpu_tuning import LockedClocks
 from gpufleet.facts.kernel import DriverState, DriverStateData
+from gpufleet.facts.mig import MigState, MigStateData
 from gpufleet.facts.network import NetInterface, NetworkInterfaces, RdmaDevice, RdmaDevices
 from gpufleet.facts.packages import AptCandidates, PackageVersions
 from gpufleet.facts.pci import PciDevices
@@ -41,6 +42,11 @@ def gpu_state(host: Host) -> GpuStateData:
     """nvidia-smi's view (one remote command for GPUs, clocks, topology), without the compute
     processes: ask GpuState() itself where they matter (deploys/driver.py gpu_work)."""
     return _cached(host, "gpu_state", lambda: host.get_fact(GpuState, processes=False))
+
+
+def mig_state(host: Host) -> MigStateData:
+    """Every GPU's MIG mode and instances before this run."""
+    return _cached(host, "mig_state", lambda: host.get_fact(MigState))
 
 
 def driver_state(host: Host) -> DriverStateData:

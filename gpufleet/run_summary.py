@@ -31,6 +31,8 @@ class RunSummary:
     busy_at_reboot: set[str] = field(default_factory=set)
     #: host name -> (daemon.json keys, why): a Docker restart not done under running GPU containers
     docker_pending: dict[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
+    #: host name -> (the MIG layout not applied, what ran): GPU work found right before the change
+    mig_pending: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def pending(self, name: str) -> list[str]:
         """What all.py leaves alone on this host: drift all the same, each for tools/rollout."""
@@ -42,7 +44,7 @@ class RunSummary:
     def forget(self, name: str) -> None:
         """Drop every record of one host (a test's observation, taken)."""
         for records in (self.driver_pending, self.stack_pending, self.stack_by_hand, self.needs_reboot,
-                        self.docker_pending):
+                        self.docker_pending, self.mig_pending):
             records.pop(name, None)
         self.busy_at_reboot.discard(name)
 
@@ -76,6 +78,11 @@ class RunSummary:
                               for name, (keys, why) in sorted(self.docker_pending.items()))
             out.append(f"\n--> gpufleet: {len(self.docker_pending)} host(s) have a Docker configuration change "
                        f"PENDING (needs a Docker restart, not done under running GPU containers):\n{lines}\n")
+        if self.mig_pending:
+            lines = "\n".join(f"    {name}: {layout} (GPU work running: {running})"
+                              for name, (layout, running) in sorted(self.mig_pending.items()))
+            out.append(f"\n--> gpufleet: {len(self.mig_pending)} host(s) with MIG partitions PENDING (not changed: GPU "
+                       f"work was running right before the change); re-run deploys/all.py once the GPUs are idle:\n{lines}\n")
         return "".join(out)
 
 

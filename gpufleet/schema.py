@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping
 
+from . import mig
 from .compat import compat_data
 from .gpus import model_names
 from .pytorch import pytorch_data, unverified_releases
@@ -477,6 +478,14 @@ def _check_clock(value: Any) -> Any:
     raise BadValue(f"expected a policy name or a clock pair, got {_type_name(value)} {show(value)}", _CLOCK_ALLOWED)
 
 
+def _check_mig(value: Any) -> Any:
+    """gpu_mig's grammar (gpufleet/mig.py); each GPU's profiles are checked at planning."""
+    try:
+        return mig.check_setting(value)
+    except ValueError as error:
+        raise BadValue(str(error), mig.GRAMMAR) from None
+
+
 def _nccl_allowed() -> str:
     return " | ".join(compat_data().nccl_profiles)
 
@@ -743,6 +752,7 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "cudnn_version": KeySpec(_check_cudnn, _cudnn_allowed),
         "pytorch_version": KeySpec(_check_pytorch, _pytorch_allowed),
         "clock_policy": KeySpec(_check_clock, lambda: _CLOCK_ALLOWED),
+        "gpu_mig": KeySpec(_check_mig, lambda: mig.GRAMMAR),
         "nccl_profile": KeySpec(_check_nccl, _nccl_allowed),
         "docker_source": _enum("docker", "distro"),
         "docker_default_runtime": _enum("nvidia", "runc"),

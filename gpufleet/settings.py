@@ -58,6 +58,7 @@ class Settings:
     cudnn_version: str
     pytorch_version: str
     clock_policy: Any  # "max" | "default" | "unmanaged" | {"memory": int, "graphics": int}
+    gpu_mig: Any  # "none" | "unmanaged" | {"all" | GPU index: (profile, ...)}
     nccl_profile: str
     docker_source: str
     docker_default_runtime: str

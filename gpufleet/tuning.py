@@ -7,6 +7,8 @@ puts them together for one host, and the validation gate checks the host against
   ``-ac`` is deprecated), and the nvidia-smi commands needed to get there from the current
   state: none when the GPU is already there;
 * thread counts for OMP / MKL (physical cores per GPU, at least 1, or the tier's integer);
+* MIG (gpu_mig, gpufleet/mig.py): the partitions each GPU gets; a GPU in MIG mode has no
+  settable clocks, so the clock plan leaves out the GPUs that are (or are turned) in MIG mode;
 * NCCL values: the socket interface from the host's real NICs, the RDMA HCAs;
 * rendering of the templates in templates/.
 
@@ -328,19 +330,28 @@ def ac_deprecated_from() -> int:
     return int(compat_data().app_clocks_deprecated_from_branch)
 
 
+def _no_mig() -> Any:
+    from .mig import MigPlan
+
+    return MigPlan("unmanaged")
+
+
 @dataclass
 class TuningPlan:
     nvidia_ok: bool
     nvidia_status: str
     clocks: list[GpuClocks] = field(default_factory=list)
+    mig: Any = field(default_factory=_no_mig)  # gpufleet.mig.MigPlan
+    notes: list[str] = field(default_factory=list)  # what the plan leaves out, and why
     files: dict[str, str] = field(default_factory=dict)  # rendered environment files by path
     threads: int = 1
     governor: GovernorPlan = GovernorPlan(None)
 
 
-def host_clocks(host: Any, policy: Any) -> list[GpuClocks]:
+def host_clocks(host: Any, policy: Any, skip: frozenset[str] = frozenset()) -> list[GpuClocks]:
     """The clock plan of the host's GPUs from its nvidia-smi (empty when it does not work or the
-    policy is unmanaged): what the deploy applies, the gate checks and the plan view shows."""
+    policy is unmanaged): what the deploy applies, the gate checks and the plan view shows.
+    `skip`: bus ids of GPUs in MIG mode, whose clocks are not settable."""
     from .hostfacts import locked_clocks
 
     from .hostfacts import gpu_state
@@ -348,8 +359,47 @@ def host_clocks(host: Any, policy: Any) -> list[GpuClocks]:
     state = gpu_state(host)
     if not (state.ok and state.gpus) or policy == "unmanaged":
         return []
-    return plan_clocks(policy, state.gpus, state.supported_clocks, state.driver_version, locked_clocks(host),
+    gpus = [g for g in state.gpus if g.bus_id not in skip]
+    return plan_clocks(policy, gpus, state.supported_clocks, state.driver_version, locked_clocks(host),
                        ac_deprecated_from())
+
+
+def host_mig(host: Any, setting: Any) -> Any:
+    """The MIG plan of the host (gpufleet.mig.MigPlan) from its nvidia-smi; raises Refusal
+    naming gpu_mig for a layout a GPU cannot have."""
+    from .hostfacts import gpu_state, mig_state
+    from .mig import KEY, MigRefusal, plan_mig
+
+    from gpufleet.facts.mig import MigStateData
+
+    state = gpu_state(host)
+    if setting == "unmanaged":
+        return plan_mig(setting, [], MigStateData(ok=False))
+    try:
+        if not (state.ok and state.gpus):
+            # no nvidia-smi yet (the driver comes in this run): the layout is checked against the
+            # models PCI shows, in PCI order, and applied by a later run or the boot unit
+            from .hostfacts import hardware
+
+            gpus = [GpuInfo(index=i, uuid="", name=m.name, bus_id="PCI", device_id=None, driver_version=None,
+                            memory_mib=None, persistence=None, app_clocks=None, default_app_clocks=None,
+                            max_clocks=None, compute_cap=None) for i, m in enumerate(hardware(host).models)]
+            return plan_mig(setting, gpus, MigStateData(ok=False))
+        return plan_mig(setting, state.gpus, mig_state(host))
+    except MigRefusal as refused:
+        raise Refusal(KEY, refused.problem, refused.allowed) from None
+
+
+def mig_clock_skip(host: Any, mig: Any) -> frozenset[str]:
+    """GPUs whose clocks the plan leaves alone: in MIG mode after this run (turned on, or left on)."""
+    from .hostfacts import gpu_state, mig_state
+
+    if not mig.managed:
+        state = gpu_state(host)
+        if not (state.ok and state.gpus):
+            return frozenset()
+        return frozenset(g.bus_id for g in mig_state(host).gpus if g.current == "Enabled")
+    return frozenset(mig.mig_buses)
 
 
 #: how the report names the driver's clock method
@@ -391,10 +441,11 @@ def applied_clocks(gpus: Sequence[GpuInfo], method: str, locked: Mapping[str, st
     return out
 
 
-def host_applied_clocks(host: Any, policy: Any) -> tuple[str, list[AppliedClocks], str | None] | None:
+def host_applied_clocks(host: Any, policy: Any, skip: frozenset[str] = frozenset()
+                        ) -> tuple[str, list[AppliedClocks], str | None] | None:
     """(method, per-GPU applied and planned pairs, refusal or None) from the host's nvidia-smi and
     gpufleet's lock records, with the plan the deploy applies and the gate checks (host_clocks);
-    None when nvidia-smi does not work."""
+    None when nvidia-smi does not work. `skip`: GPUs in MIG mode (no clock plan: not managed)."""
     from .hostfacts import gpu_state, locked_clocks
 
     state = gpu_state(host)
@@ -403,7 +454,7 @@ def host_applied_clocks(host: Any, policy: Any) -> tuple[str, list[AppliedClocks
     method = clock_method(state.driver_version, ac_deprecated_from())
     refused = None
     try:
-        plans = host_clocks(host, policy)
+        plans = host_clocks(host, policy, skip)
     except Refusal as error:
         plans, refused = [], str(error)
     locked = locked_clocks(host) if method == LGC else {}  # host_clocks asked already (answered from memory)
@@ -429,7 +480,14 @@ def plan_tuning(host: Any, settings: Any) -> TuningPlan:
 
     state = gpu_state(host)
     plan = TuningPlan(nvidia_ok=state.ok and bool(state.gpus), nvidia_status=state.status)
-    plan.clocks = host_clocks(host, settings.clock_policy)
+    plan.mig = host_mig(host, settings.gpu_mig)
+    skip = mig_clock_skip(host, plan.mig)
+    plan.clocks = host_clocks(host, settings.clock_policy, skip)
+    if skip and settings.clock_policy not in ("unmanaged", "default"):
+        from .mig import CLOCKS_NOTE
+
+        plan.notes.append(CLOCKS_NOTE.format(gpus=", ".join(
+            f"GPU {g.index}" for g in state.gpus if g.bus_id in skip) or ", ".join(sorted(skip))))
 
     nics, rdma = interfaces(host), rdma_devices(host)
     ifname = socket_ifname(settings.tuning_nccl_socket_ifname, nics)

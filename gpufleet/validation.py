@@ -43,7 +43,7 @@ from .health import GpuVerdict, all_findings, assess, diag_findings, health_rule
 from .hostcontext import host_context
 from .sshd_policy import expected_sshd
 from .tiers import managed_marker
-from .tuning import Refusal, clocks_summary, plan_tuning
+from .tuning import Refusal, clocks_summary, host_mig, plan_tuning
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 STATUSES = (PASS, FAIL, WARN, SKIP)
@@ -459,6 +459,36 @@ def clocks_as_set(ctx: Context) -> Result:
     if off:
         return Result("tuning", name, FAIL, "; ".join(off), "run deploys/all.py (tuning sets the clocks)")
     return Result("tuning", name, PASS, f"{len(plan.clocks)} GPUs at policy {policy}: {clocks_summary(plan.clocks)}")
+
+
+@check("tuning")
+def mig_as_set(ctx: Context) -> Result:
+    name = "MIG partitions are what gpu_mig sets"
+    setting = ctx.settings.gpu_mig
+    if setting == "unmanaged":
+        return Result("tuning", name, SKIP, "gpu_mig: unmanaged")
+    skip = _gpus_or_skip(ctx, "tuning", name)
+    if skip:
+        return skip
+    try:
+        plan = host_mig(ctx.host, setting)
+    except Refusal as refused:  # the deploy refuses this host too
+        return Result("tuning", name, FAIL, f"the tuning deploy refuses this host: {refused}",
+                      "change gpu_mig for this host")
+    if not plan.gpus:
+        return Result("tuning", name, PASS, "no GPU with MIG on this host")
+    off = [f"{g.label}: has {g.found}, wants " + (" + ".join(g.wanted) if g.wanted is not None else "MIG off")
+           for g in plan.changes]
+    if not off:
+        return Result("tuning", name, PASS, plan.summary())
+    from .run_summary import SUMMARY
+
+    pending = SUMMARY.mig_pending.get(ctx.host.name)
+    if pending:
+        return Result("tuning", name, WARN, f"PENDING (GPU work was running right before the change: {pending[1]}): "
+                      + "; ".join(off), "re-run deploys/all.py once the GPUs are idle")
+    return Result("tuning", name, FAIL, "; ".join(off),
+                  "run deploys/all.py while the GPUs are idle (MIG changes only then)")
 
 
 @check("tuning")

@@ -4,17 +4,23 @@ asks, and yield only the nvidia-smi commands still needed; say so with host.noop
 * ``clocks``: application clocks (-ac) or locked clocks (-lgc/-lmc) per GPU, or a reset;
 * ``persistence_enabled``: check, after the daemon has started, that every GPU reports
   persistence mode Enabled (nothing to check when it already did before the run);
-* ``legacy_persistence``: ``nvidia-smi -pm 1`` for the GPUs without it (driver_persistence: legacy).
+* ``legacy_persistence``: ``nvidia-smi -pm 1`` for the GPUs without it (driver_persistence: legacy);
+* ``mig_partitions``: MIG on/off and the GPU and compute instances gpu_mig asks for, through the
+  gate: the idle check is in the very command that starts the change; busy = pending, not applied.
 """
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import Any
+from collections.abc import Generator, Sequence
+from typing import Any, Callable
 
-from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 
-from gpufleet.hostfacts import gpu_state, locked_clocks
+from gpufleet.hostfacts import gpu_state, locked_clocks, mig_state
+from gpufleet.mig import plan_mig
+from gpufleet.operations import as_op
+from gpufleet.operations.drain import BUSY_MARK, idle_check
+from gpufleet.printable import printable
 from gpufleet.tuning import plan_clocks
 from gpufleet.facts.gpu_tuning import LOCKED_CLOCKS_DIR
 
@@ -26,14 +32,15 @@ def _smi(*args: str) -> StringCommand:
 
 
 @operation()
-def clocks(policy: Any, ac_deprecated_from: int) -> Generator[StringCommand, None, None]:
+def clocks(policy: Any, ac_deprecated_from: int, skip: Sequence[str] = ()) -> Generator[StringCommand, None, None]:
     """Bring every GPU's clocks to the policy's target; nothing for GPUs already there.
 
+    + skip: bus ids of GPUs in MIG mode (their clocks are not settable)
     Refusals (an unsupported pair, a GPU without settable clocks) are raised at planning time
     by the deploy before this operation is added."""
     state = gpu_state(host)
-    plans = plan_clocks(policy, state.gpus, state.supported_clocks, state.driver_version,
-                        locked_clocks(host), ac_deprecated_from)
+    plans = plan_clocks(policy, [g for g in state.gpus if g.bus_id not in skip], state.supported_clocks,
+                        state.driver_version, locked_clocks(host), ac_deprecated_from)
     changed = False
     for plan in plans:
         for args in plan.commands:
@@ -82,3 +89,52 @@ def legacy_persistence() -> Generator[StringCommand, None, None]:
         yield _smi("-i", gpu.bus_id, "-pm", "1")
     if not missing:
         host.noop(f"persistence mode is Enabled on all {len(state.gpus)} GPUs")
+
+
+MIG_SCRIPT = "/usr/local/sbin/gpufleet-gpu-mig"
+# the idle check and the MIG change as one command: a job started after planning is seen, not broken
+MIG_IDLE_CHECK = idle_check("not changing the mig partitions")
+
+
+def mig_command(script: str, entries: Sequence[str], cdi: str = "") -> StringCommand:
+    """The gated command: the idle check, then the MIG script's text (the boot unit's script,
+    templates/usr/local/sbin/gpufleet-gpu-mig.j2) with its INDEX=... arguments."""
+    args = ([f"--cdi={cdi}"] if cdi else []) + list(entries)
+    return StringCommand("sh", "-c", QuoteString(MIG_IDLE_CHECK + "\n" + script), "gpufleet-gpu-mig",
+                         *(QuoteString(a) for a in args))
+
+
+def _mig_if_idle(state: State, host: Host, script: str, entries: tuple[str, ...], cdi: str,
+                 if_busy: Callable[[Host, str], bool]) -> bool:
+    ok, out = as_op.run(host, mig_command(script, entries, cdi))
+    lines = [printable(line.line) for line in out] if out else []
+    busy = next((line for line in lines if line.startswith(BUSY_MARK)), None)
+    if busy:  # "GPU work is running, not changing ...: <what runs>"
+        return bool(if_busy(host, busy[len(BUSY_MARK):].split(": ", 1)[-1].strip()))
+    for line in lines:
+        if ok:
+            host.log_styled(line, log_func=logger.info)
+        else:
+            host.log_styled(line, fg="red", log_func=logger.error)
+    return ok
+
+
+@operation(is_idempotent=False)
+def mig_partitions(setting: Any, script: str, cdi: str, if_busy: Callable[[Host, str], bool]
+                   ) -> Generator[FunctionCommand, None, None]:
+    """MIG mode and GPU/compute instances as gpu_mig sets them, on the GPUs not there yet; only
+    while no GPU work runs (checked right before, in the same command).
+
+    + setting: gpu_mig (checked at planning: a refused layout never reaches this operation)
+    + script: the MIG script's text (fixed; its values are its arguments)
+    + cdi: the CDI spec to regenerate after a change ("" = none)
+    + if_busy: called as if_busy(host, what runs) when GPU work runs; nothing is changed then
+    """
+    plan = plan_mig(setting, gpu_state(host).gpus, mig_state(host))
+    if not plan.managed:
+        host.noop("gpu_mig: unmanaged: MIG is left alone")
+        return
+    if not plan.changes:
+        host.noop(f"MIG partitions as gpu_mig sets them: {plan.summary()}")
+        return
+    yield FunctionCommand(_mig_if_idle, (script, tuple(g.entry for g in plan.changes), cdi, if_busy), {})

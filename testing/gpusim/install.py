@@ -168,7 +168,8 @@ def build_config(spec: GpuSpec) -> dict:
     gpus = []
     for index in range(spec.count):
         ident = dict(recorded["gpus"][index]) if recorded else _generated_gpu(spec, data, index)
-        gpu = {k: v for k, v in data.items() if k not in ("readings", "fabric", "sources", "unverified", "nvswitch")}
+        gpu = {k: v for k, v in data.items() if k not in ("readings", "fabric", "sources", "unverified", "nvswitch",
+                                                                  "mig_source")}
         gpu.update(ident)
         gpu["index"] = index
         gpu["gsp_fw"] = spec.driver_version if spec.flavour == "open" else "N/A"

@@ -224,3 +224,41 @@ def test_an_older_row_without_gpu_clocks_still_renders_its_text():
     del row["gpu_clocks"]
     cell = cells(row)["tuning"]
     assert (cell.text, cell.resolved) == ("persistence on\nclocks 5001,585", None)
+
+
+# --- MIG: no clock plan for GPUs in MIG mode (gpu_mig), as in the deploy and the gate ------------------
+
+
+class MigHost(FakeHost):
+    def __init__(self, gpu_output: list[str], mig_output: list[str]):
+        super().__init__(gpu_output)
+        from gpufleet.facts.mig import MigState
+
+        self.mig = MigState().process(mig_output)
+
+    def get_fact(self, cls: Any, *args: Any, **kwargs: Any) -> Any:
+        from gpufleet.facts.mig import MigState
+
+        return self.mig if cls is MigState else super().get_fact(cls, *args, **kwargs)
+
+
+def test_gpus_in_mig_mode_have_no_clock_plan_in_the_report():
+    from pathlib import Path
+
+    case = Path(__file__).parent / "facts/mig.MigState/one_partitioned_one_without_compute_instance.json"
+    host = MigHost(recorded_580(), json.loads(case.read_text())["output"])
+    layout = SimpleNamespace(**{**vars(settings("max")), "gpu_mig": {0: ("3g.71gb", "3g.71gb"), 1: ("7g.141gb",)}})
+    clocks = clock_column(host, layout, host.gpu.driver_version)
+    assert [(g["index"], g["planned"], g["at_plan"]) for g in clocks["gpus"]] == [(0, None, None), (1, None, None)]
+    # gpu_mig none: both GPUs are turned off this run, so both are back in the clock plan
+    clocks = clock_column(host, settings("max"), host.gpu.driver_version)
+    assert [(g["index"], g["planned"]) for g in clocks["gpus"]] == [(0, "3201,1980"), (1, "3201,1980")]
+
+
+def test_the_tuning_cell_names_the_mig_layout():
+    check = {"area": "tuning", "name": "MIG partitions are what gpu_mig sets", "status": "pass",
+             "message": "GPU 0, 1: 3g.71gb + 3g.71gb", "fix": ""}
+    row = {"host": "h", "status": "ok", "persistence": "on", "mig": "ok: GPU 0, 1: 3g.71gb + 3g.71gb",
+           "validation": {"checks": [check], "failed": []}}
+    cell = cells(row)["tuning"]
+    assert cell.text.splitlines() == ["persistence on", "MIG ok: GPU 0, 1: 3g.71gb + 3g.71gb"]

@@ -198,6 +198,7 @@ ALTERNATIVE: dict[str, tuple[Any, str]] = {
     "cudnn_version": ("none", "hgx"),
     "pytorch_version": ("none", "hgx"),
     "clock_policy": ("default", "hgx-provisioned"),
+    "gpu_mig": ({"all": ["3g.71gb", "3g.71gb"]}, "hgx-provisioned"),
     "nccl_profile": ("tcp", "hgx"),
     "docker_shm_size": ("2g", "hgx"),
     "docker_ulimits": ({"memlock": -1, "stack": 8388608}, "hgx"),

@@ -166,6 +166,11 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     row["firewall"] = summary("the host firewall is active")
     row["ssh_hardening"] = summary("sshd's effective configuration is hardened")
     row["marker"] = summary("the gpufleet marker matches the tier")
+    mig = by_name.get("MIG partitions are what gpu_mig sets")
+    row["mig"] = None  # quiet where MIG is off as set, or does not apply
+    if mig is not None and mig.status != "skip" and not (
+            mig.status == "pass" and mig.message.startswith(("no GPU", "MIG off"))):
+        row["mig"] = f"{'ok' if mig.status == 'pass' else mig.status}: {mig.message}"
     row["endpoints"] = endpoints(host, settings, by_name) if settings else []
     torch = by_name.get(PYTORCH_CHECK)
     row["pytorch"] = f"{'ok' if torch.status == 'pass' else torch.status}: {torch.message}" if torch else None
@@ -186,8 +191,16 @@ def clock_column(host: Any, settings: Any, driver: str | None) -> dict[str, Any]
     plan view shows and the gate checks (gpufleet.tuning). No settings: the applied pairs only."""
     from gpufleet.tuning import METHOD_NAMES, host_applied_clocks, policy_text
 
+    from gpufleet.tuning import Refusal, host_mig, mig_clock_skip
+
     policy = settings.clock_policy if settings is not None else "unmanaged"
-    found = host_applied_clocks(host, policy)
+    skip: frozenset[str] = frozenset()
+    if settings is not None:
+        try:  # GPUs in MIG mode have no clock plan, as in the deploy and the gate
+            skip = mig_clock_skip(host, host_mig(host, settings.gpu_mig))
+        except Refusal:
+            pass  # the gate's MIG check says why
+    found = host_applied_clocks(host, policy, skip)
     if found is None:
         return None
     method, gpus, refused = found

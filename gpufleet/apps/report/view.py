@@ -212,6 +212,8 @@ def _tuning(row: dict[str, Any]) -> Cell:
     checks = [f"{SYMBOLS[c['status']] or '-'} {_check_line(c)}" for c in tuning]
     clocks = row.get("gpu_clocks")
     persistence = f"persistence {row['persistence']}" if row.get("persistence") else ""
+    if row.get("mig"):
+        persistence += ("\n" if persistence else "") + f"MIG {row['mig']}"
     if not clocks:  # no GPU answering, or an older report: the text as gathered
         parts = [persistence, f"clocks {row['clocks']}" if row.get("clocks") else ""]
         return Cell(worst([c["status"] for c in tuning], empty="info"), "\n".join(p for p in parts if p) or "-",

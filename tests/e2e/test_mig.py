@@ -1,0 +1,128 @@
+"""End-to-end (issue 32): MIG partitions from the tier, on ONE sandbox-shaped HGX host (2 x H200,
+the recorded host's GPUs, SIMULATED: testing/gpusim, a test double; its MIG mode is kept across a
+reboot, its instances are not, as on a real GPU).
+
+The deploy is all.py's order cut to the steps tuning stands on (tests/e2e/test_tuning.py's), as
+the operator runs it, as root. In order, on the same host:
+
+1. ``gpu_mig: {"all": ["3g.40gb"]}`` (an H100 profile) is refused at planning naming gpu_mig, the
+   host and the H200's profiles; nothing changes;
+2. ``{"all": ["3g.71gb", "3g.71gb"]}`` with a GPU process running: the first run installs
+   everything else, and MIG is reported PENDING, not applied (no -mig command reaches the GPUs);
+3. the process gone: both GPUs in MIG mode with 2 GPU instances each (each with its compute
+   instance), the plan view and the gate say so, clocks left to the driver; a second run changes nothing;
+4. a real reboot of the test host loses the instances; the boot unit re-creates them;
+5. ``gpu_mig: none`` turns MIG off (instances destroyed first) and the clocks come back; the boot
+   unit goes; a second run changes nothing.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from testing import testhosts
+from testing.inventory import write_inventory
+from tests.e2e.pyinfra_cli import changed_operations, pyinfra
+from tests.e2e.test_tuning import HGX, deploy_file, sh
+
+pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
+
+LOG = "/run/gpusim/commands.log"
+LAYOUT = {"all": ["3g.71gb", "3g.71gb"]}
+MODES = "nvidia-smi --query-gpu=index,mig.mode.current,mig.mode.pending --format=csv,noheader"
+
+
+def instances(host) -> dict[int, list[str]]:
+    """GPU index -> the profiles of its GPU instances (nvidia-smi mig -lgi), and each has its
+    compute instance (nvidia-smi mig -lci)."""
+    out: dict[int, list[str]] = {}
+    for line in sh(host, "nvidia-smi mig -lgi 2>/dev/null; true").splitlines():
+        words = line.split()
+        if len(words) > 3 and words[0] == "|" and words[2] == "MIG":
+            out.setdefault(int(words[1]), []).append(words[3])
+    cis = [line for line in sh(host, "nvidia-smi mig -lci 2>/dev/null; true").splitlines()
+           if len(line.split()) > 4 and line.split()[3] == "MIG"]
+    assert len(cis) == sum(map(len, out.values())), cis
+    return out
+
+
+def set_commands(host) -> list[str]:
+    return [line.split(" nvidia-smi ", 1)[1] for line in sh(host, f"cat {LOG} 2>/dev/null; true").splitlines()]
+
+
+def test_mig_from_the_tier_gated_kept_across_reboot_and_turned_off(hostpool, tmp_path_factory):
+    (host,) = hostpool.get("mig-hgx", 1, release="bookworm", gpu="h200x2")
+    deploy = deploy_file(tmp_path_factory)
+    base = {**HGX, "validate_os_release": "debian-12"}
+
+    def inventory(gpu_mig):
+        return write_inventory(tmp_path_factory.mktemp("inv") / "inventory.py", [host],
+                               data={host.name: {**base, "gpu_mig": gpu_mig}})
+
+    t0 = time.monotonic()
+    # 1. a profile the H200 lacks: refused at planning, naming the key, the host, what is allowed
+    run = pyinfra(inventory({"all": ["3g.40gb"]}), deploy)
+    assert run.returncode != 0
+    assert (f"[{host.name}] refused (gpu_mig): GPU 0 NVIDIA H200 (00000000:00:06.0) has no MIG profile 3g.40gb. "
+            "Fix: set gpu_mig to what this host allows: none | unmanaged | 1g.18gb, 1g.18gb+me, 1g.35gb, 2g.35gb, "
+            "3g.71gb, 4g.71gb, 7g.141gb") in run.output, run.output
+    assert sh(host, MODES).splitlines() == ["0, Disabled, Disabled", "1, Disabled, Disabled"]
+    assert set_commands(host) == []
+    t1 = time.monotonic()
+
+    # 2. a GPU process runs: everything else is set up, MIG is pending, not applied
+    inv = inventory(LAYOUT)
+    sh(host, "gpusimctl add-process --gpu 1 --pid 4242 --name python3 --used-mib 2048")
+    run = pyinfra(inv, deploy)
+    assert run.returncode == 0, run.output
+    assert "MIG PENDING: partitions not changed, GPU work is running: 4242, python3" in run.output, run.output
+    assert "MIG partitions PENDING" in run.output[run.output.index("--> Results:"):], run.output
+    assert sh(host, MODES).splitlines() == ["0, Disabled, Disabled", "1, Disabled, Disabled"]
+    assert not [c for c in set_commands(host) if "mig" in c], set_commands(host)
+    assert sh(host, "systemctl is-enabled gpufleet-gpu-mig.service").strip() == "enabled"
+    sh(host, "gpusimctl remove-process --pid 4242")
+    t2 = time.monotonic()
+
+    # 3. idle: MIG on, 2 instances per GPU; clocks not touched on MIG GPUs; the plan and the gate agree
+    before = len(set_commands(host))
+    run = pyinfra(inv, deploy)
+    assert run.returncode == 0, run.output
+    assert sh(host, MODES).splitlines() == ["0, Enabled, Enabled", "1, Enabled, Enabled"]
+    assert instances(host) == {0: ["3g.71gb", "3g.71gb"], 1: ["3g.71gb", "3g.71gb"]}
+    new = set_commands(host)[before:]
+    assert [c for c in new if "-ac" in c or "-lgc" in c] == [], new   # not settable in MIG mode
+    assert "-i 0 -mig 1" in new and "mig -i 1 -cgi 3g.71gb,3g.71gb -C" in new, new
+    again = pyinfra(inv, deploy)
+    assert again.returncode == 0 and changed_operations(again) == [], again.output
+    t3 = time.monotonic()
+    plan = pyinfra(inv, "deploys/plan.py")
+    assert "mig: GPU 0, 1: 3g.71gb + 3g.71gb" in plan.output, plan.output
+    assert "mig: GPU 1 NVIDIA H200 (00000000:00:07.0): has MIG on: 3g.71gb + 3g.71gb; as set" in plan.output
+    assert ("mig: clocks are not settable in MIG mode: clock_policy max leaves 2 GPU(s) in MIG mode at the "
+            "driver's clocks") in plan.output
+    gate = pyinfra(inv, "deploys/validate.py")
+    assert "[PASS] tuning: MIG partitions are what gpu_mig sets: GPU 0, 1: 3g.71gb + 3g.71gb" in gate.output, gate.output
+    t4 = time.monotonic()
+
+    # 4. a real reboot loses the instances (/run); the boot unit re-creates them
+    testhosts.reboot(host)
+    assert instances(host) == {0: ["3g.71gb", "3g.71gb"], 1: ["3g.71gb", "3g.71gb"]}
+    assert [c for c in set_commands(host) if "-cgi" in c] == ["mig -i 0 -cgi 3g.71gb,3g.71gb -C",
+                                                              "mig -i 1 -cgi 3g.71gb,3g.71gb -C"]
+    t5 = time.monotonic()
+
+    # 5. none: MIG off, the clocks of the tier back, the boot unit gone; then nothing to do
+    inv = inventory("none")
+    run = pyinfra(inv, deploy)
+    assert run.returncode == 0, run.output
+    assert sh(host, MODES).splitlines() == ["0, Disabled, Disabled", "1, Disabled, Disabled"]
+    rows = sh(host, "nvidia-smi --query-gpu=clocks.applications.memory,clocks.applications.graphics "
+                    "--format=csv,noheader,nounits").splitlines()
+    assert rows == ["3201, 1980", "3201, 1980"], rows
+    assert sh(host, "ls /etc/systemd/system/gpufleet-gpu-mig.service /etc/gpufleet/gpu-mig.env 2>/dev/null; true") == ""
+    again = pyinfra(inv, deploy)
+    assert again.returncode == 0 and changed_operations(again) == [], again.output
+    t6 = time.monotonic()
+    print(f"\n[timing] refused {t1 - t0:.1f} s; first run, busy {t2 - t1:.1f} s; applied + no-op {t3 - t2:.1f} s; "
+          f"plan + gate {t4 - t3:.1f} s; reboot {t5 - t4:.1f} s; none + no-op {t6 - t5:.1f} s; total {t6 - t0:.1f} s")
