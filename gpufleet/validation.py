@@ -650,6 +650,37 @@ def firewall_active(ctx: Context) -> Result:
     return Result("hardening", name, PASS, f"table {TABLE} loaded")
 
 
+@check("hardening")
+def training_peers_let_in(ctx: Context) -> Result:
+    """Which networks the host trusts for training (gpufleet/cluster.py), and that the firewall
+    the host boots and has loaded lets them in: every rule of theirs is in /etc/nftables.conf."""
+    from . import cluster
+
+    name = "the firewall lets the training peers in"
+    settings = ctx.settings
+    said = cluster.training_networks(settings)
+    if not settings.firewall_enabled:
+        return Result("hardening", name, SKIP, said)
+    if not settings.firewall_cluster_cidrs:
+        if warning := cluster.missing_peers(settings):
+            return Result("hardening", name, WARN, warning.partition("; set ")[0],
+                          "set " + warning.partition("; set ")[2])
+        why = cluster.multi_node(settings)
+        return Result("hardening", name, PASS if why else SKIP,
+                      said if why else f"tier {settings.tier} trains on one host (nccl_profile: "
+                      f"{settings.nccl_profile}, no NVSwitch baseboard); {said}")
+    conf = [line.strip() for line in ctx.fact(FileContents, path="/etc/nftables.conf") or []]
+    missing = [rule["saddr"] + " " + rule["match"] for rule in cluster.rules(settings)
+               if f'{rule["family"]} saddr {rule["saddr"]} {rule["match"]} accept comment "{rule["comment"]}"' not in conf]
+    if missing:
+        return Result("hardening", name, FAIL, f"/etc/nftables.conf does not let in {', '.join(missing)}", FIX_DEPLOY)
+    nft = ctx.fact(NftablesCapability)
+    if nft.can_load and not nft.table_loaded:
+        return Result("hardening", name, FAIL, f"table {TABLE} is not loaded: {said}",
+                      "systemctl restart nftables, or run deploys/all.py")
+    return Result("hardening", name, PASS, said)
+
+
 # --- GPU health: the GPU to pull before a job finds it --------------------------------------------
 
 HEALTH_CHECK = "the GPUs are healthy (ECC, row remapper, throttling, PCIe, NVLink, XIDs)"
