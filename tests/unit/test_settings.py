@@ -280,6 +280,10 @@ def test_example_inventory_is_valid():
     assert host_settings(inv.get_host("dev-02.example.internal")).plan.driver_version == "550.163.01"
     for host in inv:
         assert host.name.endswith(".example.internal")
+    # every multi-node group names its training peers: the example plans without a warning
+    from gpufleet.cluster import missing_peers
+
+    assert [h.name for h in inv if missing_peers(host_settings(h))] == []
 
 
 def test_a_cluster_cidr_refused_in_a_group_names_the_host_the_key_and_the_tier_data():
