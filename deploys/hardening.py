@@ -49,7 +49,7 @@ from collections.abc import Iterable
 from typing import Any
 from io import StringIO
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import apt, files, systemd
@@ -63,7 +63,7 @@ from gpufleet.operations.ssh import connecting_user
 from gpufleet.apt_policy import APT_CACHE_SECONDS, GPU_PACKAGE_BLACKLIST, UNATTENDED_CONF
 from gpufleet.operations.needrestart import quiet_needrestart
 from gpufleet.rendering import render
-from gpufleet import factcache, monitoring
+from gpufleet import cluster, factcache, monitoring
 from gpufleet.failures import refuse
 from gpufleet.settings import Settings, host_settings
 from gpufleet.sshd_policy import deploy_user, dropin, dropin_lines, expected_sshd, lockouts, named_users
@@ -166,7 +166,7 @@ def nftables_context(settings: Settings, ssh_ports: list[int]) -> dict[str, Any]
                    if not any(o["proto"] == "tcp" and o["port"] == r["port"] for o in open_ports)
                    and r["port"] not in {str(p) for p in ssh_ports}]
     return {"table": TABLE, "ssh_ports": ssh_ports or [22], "open_ports": open_ports,
-            "trusted_cidrs": cidrs, "include_dir": None}
+            "trusted_cidrs": cidrs, "cluster_rules": cluster.rules(settings), "include_dir": None}
 
 
 # The deploy ----------------------------------------------------------------------------------
@@ -178,6 +178,8 @@ def hardening() -> None:
     if planned is None:
         return
     user, ctx = planned
+    if warning := cluster.missing_peers(settings):  # planning time: before anything changes
+        logger.warning(f"{host.print_prefix}{warning}")
     activation = host.get_fact(SshdActivation)
     _lockout_protection(ctx, user)   # 1. on failure the host stops here, nothing changed
     quiet_needrestart()

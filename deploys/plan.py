@@ -19,6 +19,7 @@ import click
 from pyinfra import host, state
 from pyinfra.facts.server import Arch
 
+from gpufleet.cluster import missing_peers, training_networks
 from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
 from gpufleet.hostfacts import driver_state, hardware, kernel_plan, os_name, os_release, resolution, tier_mismatches
@@ -43,6 +44,9 @@ if mixed := mixed_gpus(hardware(host).models):
     lines.append(f"MIXED: {mixed}")
 for problem in tier_mismatches(host, settings):
     lines.append(f"MISMATCH ({settings.tier_mismatch}): {problem}")
+lines.append(f"training peers: {training_networks(settings)}")
+if warning := missing_peers(settings):
+    lines.append(f"WARNING: {warning}")
 
 
 def mig_lines() -> tuple[list[str], frozenset[str]]:

@@ -32,6 +32,10 @@ and every job, from a login shell or a service, starts with the right environmen
    across reboots by /etc/tmpfiles.d/gpufleet-cpu-governor.conf (and gpufleet-cpu-governor.service
    once the cpufreq drivers are loaded); a governor the host does not offer is refused at planning
    time; a host without cpufreq (a container, many VMs) is left alone with a no-op saying so.
+5. GPUDirect RDMA (``nccl_profile`` ib / roce, on a host with RDMA devices): ``nvidia-peermem``,
+   the driver's own module, loaded now when it matches the loaded driver, and at every boot
+   (/etc/modules-load.d/gpufleet-nvidia-peermem.conf); a mismatch (a driver change waiting for
+   its reboot) or a module not built for the kernel is said, and the gate fails on it.
 
 Decisions use the host's state before this run (gpufleet.hostfacts): what this run installs
 (the daemon package, for one) is never assumed to be there already.
@@ -44,9 +48,12 @@ from typing import Any
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.facts.systemd import SystemdStatus
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import apt, files, server, systemd
 
 from gpufleet.facts.gpu_tuning import LOCKED_CLOCKS_DIR
+from gpufleet.facts.kernel import PeermemState
+from gpufleet import gpudirect
+from gpufleet.hostfacts import driver_state, rdma_devices
 from gpufleet import tuning as t
 from gpufleet.failures import real_host, refuse
 from gpufleet.mig import setting_text
@@ -247,6 +254,28 @@ def tuning() -> None:
     _mig(settings, plan)
     _clocks(settings, plan, env_file)
     _governor(settings, plan)
+    _gpudirect(settings)
+
+
+def _gpudirect(settings: Any) -> None:
+    """GPUDirect RDMA on the ib / roce profiles where the host has RDMA devices: nvidia-peermem
+    loaded now (when it is the loaded driver's) and at every boot (gpufleet/gpudirect.py)."""
+    rdma = rdma_devices(host)
+    if not gpudirect.rdma_tier(settings) or not rdma:
+        return  # nothing to load, nothing asked of the host (the gate says why)
+    plan = gpudirect.plan_peermem(settings.nccl_profile, rdma, driver_state(host), host.get_fact(PeermemState))
+    files.put(
+        name=f"Load {gpudirect.MODULE} (GPUDirect RDMA for NCCL) at every boot",
+        src=StringIO(gpudirect.BOOT_TEXT),
+        dest=gpudirect.BOOT_FILE,
+        mode="644",
+    )
+    if plan.load_now:
+        server.shell(name=f"Load {gpudirect.MODULE} now ({plan.reason})", commands=["modprobe nvidia-peermem"])
+    elif plan.problem:
+        logger.warning(f"{host.print_prefix}GPUDirect RDMA: {plan.problem}")
+    else:
+        host.noop(f"GPUDirect RDMA: {plan.reason}")
 
 
 # `pyinfra INVENTORY deploys/tuning.py`: this area on its own (deploys/standalone.py).

@@ -385,3 +385,85 @@ class DriverState(FactBase[DriverStateData]):
     @override
     def process(self, output: list[str]) -> DriverStateData:
         return parse_driver_state(output)
+
+
+# --- GPUDirect RDMA: nvidia-peermem --------------------------------------------------------------
+
+#: modules-load.d file gpufleet writes so that systemd-modules-load loads nvidia-peermem at boot
+PEERMEM_BOOT_FILE = "/etc/modules-load.d/gpufleet-nvidia-peermem.conf"
+
+
+@dataclass(frozen=True)
+class PeermemStateData(JsonMixin):
+    """nvidia-peermem (GPUDirect RDMA between the GPUs and the HCAs): the module built for the
+    running kernel, whether it is loaded and its version (the driver's: nvidia-peermem.c sets
+    MODULE_VERSION(NV_VERSION_STRING)), and which modules-load.d files load it at boot."""
+
+    available_version: str | None = None  # `modinfo -F version nvidia-peermem`, None: no module for this kernel
+    loaded: bool = False  # /sys/module/nvidia_peermem exists
+    loaded_version: str | None = None  # /sys/module/nvidia_peermem/version
+    boot_files: list[str] = field(default_factory=list)  # /etc/modules-load.d/*.conf naming it
+
+
+_MODULE_VERSION = re.compile(r"\d+\.\d+(?:\.\d+)?")
+_BOOT_LINE = re.compile(r"(/etc/modules-load\.d/[A-Za-z0-9._-]+\.conf):\s*nvidia[-_]peermem\s*")
+
+
+def parse_peermem_state(lines: Sequence[str]) -> PeermemStateData:
+    sections, _ = split_sections(lines)
+    for name in ("available", "loaded", "boot"):
+        if name not in sections:
+            raise fail(f"PeermemState output lacks the {name} section")
+    available = [line.strip() for line in nonblank(sections["available"])]
+    if len(available) > 1 or (available and not _MODULE_VERSION.fullmatch(available[0])):
+        raise fail("expected one version from modinfo", available[-1])
+    loaded = key_values(sections["loaded"], "PeermemState loaded section")
+    version = loaded.get("version") or None
+    if version is not None and not _MODULE_VERSION.fullmatch(version):
+        raise fail("unexpected nvidia_peermem version", version)
+    boot = []
+    for line in nonblank(sections["boot"]):
+        match = _BOOT_LINE.fullmatch(line.strip())
+        if not match:
+            raise fail("expected 'FILE:nvidia-peermem' from modules-load.d", line)
+        boot.append(match.group(1))
+    return PeermemStateData(available_version=available[0] if available else None,
+                            loaded=loaded.get("present") == "yes", loaded_version=version,
+                            boot_files=sorted(set(boot)))
+
+
+PEERMEM_STATE_COMMAND = "\n".join([
+    begin("available"),
+    "modinfo -F version nvidia-peermem 2>/dev/null | head -n1",
+    begin("loaded"),
+    "if [ -d /sys/module/nvidia_peermem ]; then echo present=yes; else echo present=no; fi",
+    "if [ -r /sys/module/nvidia_peermem/version ]; then echo \"version=$(head -n1 /sys/module/nvidia_peermem/version)\"; fi",
+    begin("boot"),
+    # only whole lines naming the module, comments aside (systemd-modules-load reads them so)
+    "grep -sHxE '[[:space:]]*nvidia[-_]peermem[[:space:]]*' /etc/modules-load.d/*.conf",
+    "true",
+])
+
+
+class PeermemState(FactBase[PeermemStateData]):
+    """
+    Returns nvidia-peermem's state:
+
+    .. code:: python
+
+        PeermemStateData(available_version="580.159.04", loaded=True, loaded_version="580.159.04",
+                         boot_files=["/etc/modules-load.d/gpufleet-nvidia-peermem.conf"])
+    """
+
+    @override
+    @staticmethod
+    def default() -> PeermemStateData:
+        return PeermemStateData()
+
+    @override
+    def command(self) -> str:
+        return PEERMEM_STATE_COMMAND
+
+    @override
+    def process(self, output: list[str]) -> PeermemStateData:
+        return parse_peermem_state(output)

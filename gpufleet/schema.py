@@ -634,6 +634,34 @@ def _check_trusted_cidr(item: Any) -> str:
     return _check_cidr(item)
 
 
+_CLUSTER_ALLOWED = (_CIDRS_ALLOWED + ": the networks of the host's training peers (their fabric or cluster "
+                    "network), each at most as wide as a /8 (IPv4) or a /16 (IPv6)")
+#: the widest network a list of training peers may name: 10.0.0.0/8 is the widest private block
+#: in IPv4; fd00::/8 (ULA) is one site's choice of prefix, a /16 leaves it room.
+_CLUSTER_WIDEST = {4: 8, 6: 16}
+
+
+def _check_cluster_cidr(item: Any) -> str:
+    """A network of training peers: every TCP port is open to it, so never the whole internet
+    (0.0.0.0/0, ::/0), nor anything as wide (0.0.0.0/1, 2000::/3 the global unicast space,
+    ::ffff:0:0/96 every IPv4 address as IPv6 sees it): a cluster fits in a /8."""
+    _string(item, _CLUSTER_ALLOWED)
+    try:
+        network = ipaddress.ip_network(item, strict=False)
+    except ValueError:
+        return _check_cidr(item)  # says what is wrong with it
+    mapped = isinstance(network, ipaddress.IPv6Network) and network.subnet_of(ipaddress.IPv6Network("::ffff:0:0/96"))
+    width = (network.prefixlen - 96, 4) if mapped else (network.prefixlen, network.version)
+    if width[0] == 0 and not mapped:
+        raise BadValue(f"{show(item)} is every address, the whole internet: every TCP port would be open to it",
+                       _CLUSTER_ALLOWED)
+    if width[0] < _CLUSTER_WIDEST[width[1]]:
+        what = "IPv4 addresses, as IPv6 writes them" if mapped else "addresses"
+        raise BadValue(f"{show(item)} spans 2^{(32 if width[1] == 4 else 128) - width[0]} {what}, a part of the "
+                       "whole internet, not a cluster: every TCP port would be open to it", _CLUSTER_ALLOWED)
+    return _check_cidr(item)
+
+
 _LISTEN_ALLOWED = "all, or one IP address of the host such as 10.0.0.5, 127.0.0.1 or fd00::5"
 
 
@@ -794,6 +822,7 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "firewall_enabled": _bool(),
         "firewall_open_ports": _list(_check_port, _PORTS_ALLOWED),
         "firewall_trusted_cidrs": _list(_check_trusted_cidr, _TRUSTED_ALLOWED),
+        "firewall_cluster_cidrs": _list(_check_cluster_cidr, _CLUSTER_ALLOWED),
         "firewall_revert_after": _int(10, 3600),
         "hardening_sshd_revert_after": _int(10, 3600),
         "monitoring_node_exporter": _bool(),

@@ -97,6 +97,7 @@ class Settings:
     firewall_enabled: bool
     firewall_open_ports: tuple[str, ...]
     firewall_trusted_cidrs: tuple[str, ...]
+    firewall_cluster_cidrs: tuple[str, ...]
     firewall_revert_after: int
     hardening_sshd_revert_after: int
     monitoring_node_exporter: bool

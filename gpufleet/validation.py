@@ -509,6 +509,61 @@ def profiles_current(ctx: Context) -> Result:
 
 
 @check("tuning")
+def gpudirect_rdma(ctx: Context) -> Result:
+    """nvidia-peermem on the ib / roce profiles where the host has RDMA devices: loaded, the
+    loaded driver's version, and loaded at boot (gpufleet/gpudirect.py, the deploy's own plan)."""
+    from . import gpudirect
+    from .facts.kernel import PeermemState
+    from .hostfacts import rdma_devices
+
+    name = "GPUDirect RDMA: nvidia-peermem is loaded, matches the driver and loads at boot"
+    rdma = rdma_devices(ctx.host)
+    if not gpudirect.rdma_tier(ctx.settings):
+        return Result("tuning", name, SKIP, f"nccl_profile: {ctx.settings.nccl_profile} has no RDMA between hosts")
+    if not rdma:
+        return Result("tuning", name, SKIP, "no RDMA device on this host (/sys/class/infiniband is empty)")
+    peermem = ctx.fact(PeermemState)
+    plan = gpudirect.plan_peermem(ctx.settings.nccl_profile, rdma, ctx.driver, peermem)
+    if plan.problem:
+        return Result("tuning", name, FAIL, plan.problem, FIX_DEPLOY if "reinstall" in plan.problem
+                      else "reboot the host when it is idle")
+    if not peermem.loaded:
+        return Result("tuning", name, FAIL, f"{gpudirect.MODULE} is not loaded: NCCL stages every transfer "
+                      "through host memory", f"modprobe {gpudirect.MODULE}, or {FIX_DEPLOY}")
+    if gpudirect.BOOT_FILE not in peermem.boot_files:
+        return Result("tuning", name, FAIL, f"{gpudirect.BOOT_FILE} is missing: it would not load at the next boot",
+                      FIX_DEPLOY)
+    return Result("tuning", name, PASS, f"{gpudirect.MODULE} {peermem.loaded_version} loaded with driver "
+                  f"{ctx.driver.module_version}, and at boot ({gpudirect.BOOT_FILE})")
+
+
+@check("tuning")
+def nccl_hcas_up(ctx: Context) -> Result:
+    """The HCAs /etc/nccl.conf gives NCCL (NCCL_IB_HCA, or every HCA) are there, up, fast enough."""
+    from . import gpudirect
+    from .hostfacts import rdma_devices
+    from .tuning import ib_hca
+
+    name = "the NCCL profile's HCAs are up at the tier's speed"
+    settings = ctx.settings
+    if not gpudirect.rdma_tier(settings):
+        return Result("tuning", name, SKIP, f"nccl_profile: {settings.nccl_profile} uses no HCA")
+    rdma = rdma_devices(ctx.host)
+    if not rdma:
+        return Result("tuning", name, SKIP, "no RDMA device on this host (/sys/class/infiniband is empty)")
+    try:
+        listed = ib_hca(settings.tuning_nccl_ib_hca, settings.nccl_profile, rdma)
+    except Refusal as refused:
+        return Result("tuning", name, FAIL, refused.problem, f"set tuning_nccl_ib_hca: {refused.allowed}")
+    problems, good = gpudirect.hca_problems(listed, rdma, settings.validate_min_nic_gbps)
+    said = f"NCCL_IB_HCA {listed}" if listed else "every HCA"
+    if problems:
+        return Result("tuning", name, FAIL, f"{said}: " + "; ".join(problems),
+                      "bring the link up (ibstat, the switch port), or name only the working HCAs in tuning_nccl_ib_hca")
+    return Result("tuning", name, PASS, f"{said}: " + ", ".join(good))
+
+
+@check("tuning")
 def cpu_governor_as_set(ctx: Context) -> Result:
     """The same plan as the deploy's: a CPU it would still write to is not on the tier's governor."""
     from .hostfacts import cpu_freq
@@ -678,6 +733,37 @@ def firewall_active(ctx: Context) -> Result:
         return Result("hardening", name, FAIL, f"table {TABLE} is not loaded",
                       "systemctl restart nftables, or run deploys/all.py")
     return Result("hardening", name, PASS, f"table {TABLE} loaded")
+
+
+@check("hardening")
+def training_peers_let_in(ctx: Context) -> Result:
+    """Which networks the host trusts for training (gpufleet/cluster.py), and that the firewall
+    the host boots and has loaded lets them in: every rule of theirs is in /etc/nftables.conf."""
+    from . import cluster
+
+    name = "the firewall lets the training peers in"
+    settings = ctx.settings
+    said = cluster.training_networks(settings)
+    if not settings.firewall_enabled:
+        return Result("hardening", name, SKIP, said)
+    if not settings.firewall_cluster_cidrs:
+        if warning := cluster.missing_peers(settings):
+            return Result("hardening", name, WARN, warning.partition("; set ")[0],
+                          "set " + warning.partition("; set ")[2])
+        why = cluster.multi_node(settings)
+        return Result("hardening", name, PASS if why else SKIP,
+                      said if why else f"tier {settings.tier} trains on one host (nccl_profile: "
+                      f"{settings.nccl_profile}, no NVSwitch baseboard); {said}")
+    conf = [line.strip() for line in ctx.fact(FileContents, path="/etc/nftables.conf") or []]
+    missing = [rule["saddr"] + " " + rule["match"] for rule in cluster.rules(settings)
+               if f'{rule["family"]} saddr {rule["saddr"]} {rule["match"]} accept comment "{rule["comment"]}"' not in conf]
+    if missing:
+        return Result("hardening", name, FAIL, f"/etc/nftables.conf does not let in {', '.join(missing)}", FIX_DEPLOY)
+    nft = ctx.fact(NftablesCapability)
+    if nft.can_load and not nft.table_loaded:
+        return Result("hardening", name, FAIL, f"table {TABLE} is not loaded: {said}",
+                      "systemctl restart nftables, or run deploys/all.py")
+    return Result("hardening", name, PASS, said)
 
 
 # --- GPU health: the GPU to pull before a job finds it --------------------------------------------

@@ -38,7 +38,8 @@ hgx_roce = (
 # --- Rented HGX capacity: Ethernet only, no RDMA ------------------------------------------------
 hgx_cloud = (
     ["gpu-c01.example.internal", "gpu-c02.example.internal"],
-    {**_ssh, "tier": "hgx-cloud", "firewall_trusted_cidrs": ["198.51.100.0/24"]},
+    # the VPC subnet the nodes train over: torchrun's rendezvous and NCCL's sockets, all TCP
+    {**_ssh, "tier": "hgx-cloud", "firewall_cluster_cidrs": ["198.51.100.0/24"]},
 )
 
 # --- Canary overlay: first hosts to take the next production branch ----------------------------
@@ -56,7 +57,8 @@ research = (
         # the lab's RTX A6000 box: two cards, and the lab wants boost behaviour, not pinned clocks
         ("gpu-r03.example.internal", {"validate_gpu_count": [2, 2], "clock_policy": "default"}),
     ],
-    {**_ssh, "tier": "research", "hardening_allow_users": ["gpufleet", "lab-admin"]},
+    {**_ssh, "tier": "research", "hardening_allow_users": ["gpufleet", "lab-admin"],
+     "firewall_cluster_cidrs": ["203.0.113.0/24"]},  # the lab's RoCE network: multi-node jobs between the boxes
 )
 
 # --- Inference: L4 / A10 serving nodes behind a load balancer ----------------------------------

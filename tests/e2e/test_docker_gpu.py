@@ -12,11 +12,17 @@ comes: live-restore is switched on by a reload and the restart keeps that contai
 job runs while daemon.json changes: restarted under live-restore (the job survives), or, with
 docker_restart_with_gpu_containers: never, the change is reported pending until the job ends.
 Every run is applied twice: the second changes nothing.
+
+On Debian 12 a 2-process DDP job (gloo, DataLoader workers, real CPU PyTorch from the machine's
+cache) runs in a container under the daemon defaults gpufleet set, and fails under Docker's own
+64m /dev/shm (issue 30 item 4).
 """
 from __future__ import annotations
 
 import json
+import shlex
 import textwrap
+import time
 
 import pytest
 
@@ -133,6 +139,105 @@ def test_smoke_test_runs_and_prints_the_simulated_gpus(gpu_host, first):
 def test_first_run_again_changes_nothing(first):
     assert first["two"].returncode == 0, first["two"].output[-3000:]
     assert changed_operations(first["two"]) == [], first["two"].output[-3000:]
+
+
+# A 2-process DDP job with DataLoader workers, in a container (issue 30 item 4): each rank reads
+# 8 items of 16 MB (4 x 1024 x 1024 float32, item i filled with i) in batches of 4 through two
+# workers (pin_memory=False: CPU), adds them up and all-reduces the sum over gloo: 2 x 28 = 56.
+# The workers hand each 64 MB batch to their rank through /dev/shm: more than Docker's own
+# 64m default holds, well within the 1g gpufleet sets.
+DDP_JOB = """
+import os, torch, torch.distributed as dist, torch.multiprocessing as mp
+from torch.utils.data import DataLoader, Dataset
+
+class Items(Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        return torch.full((4, 1024, 1024), float(i))
+
+def rank_main(rank):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29511")
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    total = torch.zeros(1)
+    for batch in DataLoader(Items(), batch_size=4, num_workers=2, pin_memory=False):
+        total += batch.sum() / (4 * 1024 * 1024)
+    dist.all_reduce(total)
+    if rank == 0:
+        print("all-reduced sum", total.item(), flush=True)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    shm = os.statvfs("/dev/shm")
+    print("shm KiB", shm.f_blocks * shm.f_frsize // 1024, flush=True)
+    mp.start_processes(rank_main, nprocs=2, start_method="fork")  # torch imported once
+"""
+SITE = "/usr/local/lib/python3.11/dist-packages"
+DDP_IMAGE = "gpufleet-ddp:local"
+# An image with Debian 12's python3.11, its standard library and the shared libraries python and
+# torch's own libraries load (torch itself is mounted read-only from the host, as a job mounts its
+# environment): built on the host, no registry is reachable.
+_DDP_BUILD = r"""set -e
+r=$(mktemp -d); trap 'rm -rf "$r"' EXIT
+py=$(readlink -f /usr/bin/python3)
+libs=$( (ldd /bin/dash; ldd "$py"; for f in /usr/lib/python3.11/lib-dynload/*.so "$SITE"/torch/lib/*.so* "$SITE"/torch/_C*.so; do ldd "$f"; done) 2>/dev/null \
+  | grep -o '/[^ ]*' | grep -v "^$SITE" | sort -u)
+for f in /bin/dash "$py" $libs; do mkdir -p "$r$(dirname "$f")"; cp -L "$f" "$r$f"; done
+mkdir -p "$r/usr/lib"; cp -a /usr/lib/python3.11 "$r/usr/lib/"
+ln -s dash "$r/bin/sh"; ln -s "$(basename "$py")" "$r/usr/bin/python3"
+mkdir -p "$r/etc" "$r/tmp" "$r/proc" "$r/sys" "$r/dev" "$r$SITE" "$r/job"
+tar -C "$r" -c . | docker import -m "gpufleet DDP test image" - "$IMAGE" >/dev/null
+"""
+
+
+@pytest.fixture(scope="module")
+def ddp_job(gpu_host, first):
+    """The job run under the daemon's defaults, and under Docker's own 64m /dev/shm."""
+    from testing import torch_cpu
+
+    h = gpu_host["host"]
+    if h.release != "bookworm":
+        pytest.skip("the cached PyTorch CPU wheel is cp311: Debian 12's python3")
+    torch_site, why = torch_cpu.site()
+    if torch_site is None:
+        pytest.fail(f"no PyTorch CPU build: {why}")
+    started = time.monotonic()
+    torch_cpu.install(h, torch_site)
+    (h.root / "root/ddp_job.py").write_text(DDP_JOB)
+    copied = time.monotonic()
+    testhosts.ssh(h, f"SITE={SITE} IMAGE={DDP_IMAGE} sh -c " + shlex.quote(_DDP_BUILD), timeout=300)
+    built = time.monotonic()
+    run = (f"docker run --rm -v {SITE}:{SITE}:ro -v /root/ddp_job.py:/job/ddp_job.py:ro {DDP_IMAGE} "
+           "sh -c 'ulimit -s; python3 /job/ddp_job.py'")
+    default = testhosts.ssh(h, run, check=False, timeout=300)
+    ran = time.monotonic()
+    docker_default = testhosts.ssh(h, run.replace("docker run --rm", "docker run --rm --shm-size 64m"),
+                                   check=False, timeout=300)
+    print(f"\nDDP in a container: torch copied {copied - started:.1f} s, image {built - copied:.1f} s, "
+          f"job {ran - built:.1f} s, under 64m {time.monotonic() - ran:.1f} s")
+    # the tests after this one know a host without PyTorch (the gate's probe would import it)
+    names = " ".join(shlex.quote(f"{SITE}/{p.name}") for p in torch_site.iterdir())
+    testhosts.ssh(h, f"rm -rf {names} /root/ddp_job.py; docker rmi -f {DDP_IMAGE} >/dev/null", timeout=120)
+    return {"default": default, "docker_default": docker_default}
+
+
+def test_ddp_job_with_dataloader_workers_runs_under_gpufleets_container_defaults(ddp_job):
+    """What a 2-process DDP job with DataLoader workers needs is what gpufleet's daemon.json
+    gives every container (docker_shm_size 1g, docker_ulimits stack 64 MiB): it runs; under
+    Docker's own 64m /dev/shm the same job fails."""
+    ok = ddp_job["default"]
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+    stack, shm, *rest = ok.stdout.splitlines()
+    assert stack.strip() == str(67108864 // 1024), stack  # ulimit -s, in KiB
+    assert shm == f"shm KiB {1024 * 1024}", shm  # 1g of /dev/shm
+    assert "all-reduced sum 56.0" in rest, ok.stdout
+    small = ddp_job["docker_default"]
+    assert small.returncode != 0 and "all-reduced sum" not in small.stdout, small.stdout[-3000:]
+    assert small.stdout.splitlines()[1] == f"shm KiB {64 * 1024}", small.stdout[-3000:]
+    said = small.stdout + small.stderr
+    print("under Docker's 64m /dev/shm:", next((ln for ln in said.splitlines() if "Bus error" in ln
+                                               or "No space left" in ln or "shared memory" in ln), "?"))
+    assert "Bus error" in said or "No space left on device" in said or "shared memory" in said, said[-3000:]
 
 
 @pytest.fixture(scope="module")

@@ -80,7 +80,7 @@ def test_parse_open_ports():
 def test_nftables_ruleset_replaces_only_its_own_table():
     text = h.render("etc/nftables.conf.j2", table="inet gpufleet", ssh_ports=[22],
                     open_ports=h.parse_open_ports([{"port": 9400, "comment": "DCGM exporter"}, "6817-6819"]),
-                    trusted_cidrs=["10.0.0.0/8", "fd00::/8"], include_dir=None)
+                    trusted_cidrs=["10.0.0.0/8", "fd00::/8"], cluster_rules=[], include_dir=None)
     rules = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
     assert not [line for line in rules if "flush" in line]
     assert "table inet gpufleet\ndelete table inet gpufleet\n" in text
@@ -92,7 +92,7 @@ def test_nftables_ruleset_replaces_only_its_own_table():
 
 
 def test_nftables_boot_version_loads_the_operators_tables_first():
-    context = dict(table="inet gpufleet", ssh_ports=[22], open_ports=[], trusted_cidrs=[])
+    context = dict(table="inet gpufleet", ssh_ports=[22], open_ports=[], trusted_cidrs=[], cluster_rules=[])
     live = h.render("etc/nftables.conf.j2", **context, include_dir=None)
     boot = h.render("etc/nftables.conf.j2", **context, include_dir="/etc/nftables.d")
     assert "include" not in live.replace("included", "")

@@ -95,6 +95,19 @@ LOCKOUTS = [
      "'::/0' trusts every address", "each at least a /1"),
     ("trust-the-internet-host-bits", {"firewall_trusted_cidrs": ["10.1.2.3/0"]}, "firewall_trusted_cidrs",
      "trusts every address", "each at least a /1"),
+    # training peers get every TCP port: the whole internet, or anything as wide, is refused
+    ("cluster-the-internet-v4", {"firewall_cluster_cidrs": ["10.0.0.0/8", "0.0.0.0/0"]}, "firewall_cluster_cidrs",
+     "'0.0.0.0/0' is every address, the whole internet", "the networks of the host's training peers"),
+    ("cluster-the-internet-v6", {"firewall_cluster_cidrs": ["::/0"]}, "firewall_cluster_cidrs",
+     "'::/0' is every address, the whole internet", "at most as wide as a /8 (IPv4) or a /16 (IPv6)"),
+    ("cluster-half-the-internet", {"firewall_cluster_cidrs": ["0.0.0.0/1"]}, "firewall_cluster_cidrs",
+     "'0.0.0.0/1' spans 2^31 addresses, a part of the whole internet", "at most as wide as a /8"),
+    ("cluster-global-unicast", {"firewall_cluster_cidrs": ["2000::/3"]}, "firewall_cluster_cidrs",
+     "'2000::/3' spans 2^125 addresses", "a /16 (IPv6)"),
+    ("cluster-v4-mapped", {"firewall_cluster_cidrs": ["::ffff:0.0.0.0/96"]}, "firewall_cluster_cidrs",
+     "spans 2^32 IPv4 addresses, as IPv6 writes them", "a /8 (IPv4)"),
+    ("cluster-wider-than-a-slash-8", {"firewall_cluster_cidrs": ["10.0.0.0/7"]}, "firewall_cluster_cidrs",
+     "'10.0.0.0/7' spans 2^25 addresses", "a /8 (IPv4)"),
 ]
 
 
@@ -113,7 +126,8 @@ def test_lockout_refused_at_planning(host_data, key, problem, allowed):
     {"ssh_user": "lab-7", "_sudo": True, "hardening_allow_users": ["lab-?", "gpufleet"]},  # sshd's wildcards count
     {"ssh_user": "root", "hardening_allow_users": ["root@10.0.0.*", "alice"]},  # USER@HOST: the user part
     {"firewall_trusted_cidrs": ["0.0.0.0/1", "::/1", "10.0.0.0/8"]},
-], ids=["root-off-sudo-user", "deploy-user-listed", "pattern", "user-at-host", "half-the-internet"])
+    {"firewall_cluster_cidrs": ["10.0.0.0/8", "fd00::/16", "100.64.0.0/10", "::ffff:10.1.0.0/112", "192.0.2.7"]},
+], ids=["root-off-sudo-user", "deploy-user-listed", "pattern", "user-at-host", "half-the-internet", "cluster-networks"])
 def test_no_lockout_passes(host_data):
     validate_inventory(inventory(host_data))
 
@@ -266,3 +280,47 @@ def test_example_inventory_is_valid():
     assert host_settings(inv.get_host("dev-02.example.internal")).plan.driver_version == "550.163.01"
     for host in inv:
         assert host.name.endswith(".example.internal")
+    # every multi-node group names its training peers: the example plans without a warning
+    from gpufleet.cluster import missing_peers
+
+    assert [h.name for h in inv if missing_peers(host_settings(h))] == []
+
+
+def test_a_cluster_cidr_refused_in_a_group_names_the_host_the_key_and_the_tier_data():
+    """Set per group (the pod's fabric), refused for each of the group's hosts by name."""
+    problems = problems_of(inventory({}, {"tier": "research", "firewall_cluster_cidrs": ["10.0.0.0/24", "0.0.0.0/0"]}))
+    assert problems == ["host gpu-a01: key 'firewall_cluster_cidrs': '0.0.0.0/0' is every address, the whole internet: "
+                        "every TCP port would be open to it; allowed: list of CIDRs such as 10.0.0.0/16 or fd00::/8: "
+                        "the networks of the host's training peers (their fabric or cluster network), each at most as "
+                        "wide as a /8 (IPv4) or a /16 (IPv6)"], problems
+
+
+def test_cluster_cidrs_are_per_group_and_normalised():
+    inv = inventory({}, {"tier": "research", "firewall_cluster_cidrs": ["10.10.0.0/16", "fd00:1::5"]})
+    validate_inventory(inv)
+    assert host_settings(inv.get_host("gpu-a01")).firewall_cluster_cidrs == ("10.10.0.0/16", "fd00:1::5/128")
+
+
+# --- multi-node tiers: training peers or a warning, at planning ------------------------------------
+
+@pytest.mark.parametrize("data, warns", [
+    ({"tier": "research"}, "tier research trains across hosts (nccl_profile: roce) but firewall_cluster_cidrs is empty"),
+    ({"tier": "hgx", "firewall_cluster_cidrs": []}, "tier hgx trains across hosts (nccl_profile: ib)"),
+    ({"tier": "hgx-cloud"}, "tier hgx-cloud trains across hosts (validate_nvswitch: required (an HGX baseboard))"),
+    ({"tier": "research", "firewall_cluster_cidrs": ["10.10.0.0/16"]}, None),
+    ({"tier": "research", "firewall_trusted_cidrs": ["10.10.0.0/16"]}, None),  # trusted: every port already
+    ({"tier": "research", "firewall_enabled": False}, None),  # nothing filtered
+    ({"tier": "inference"}, None),  # nccl_profile tcp, no NVSwitch: one host serves alone
+    ({"tier": "dev"}, None),
+], ids=["research", "hgx-emptied", "hgx-cloud", "research-peers", "research-trusted", "no-firewall", "inference", "dev"])
+def test_a_multi_node_tier_without_training_peers_warns(data, warns):
+    from gpufleet.cluster import missing_peers
+
+    inv = Inventory(([("gpu-a01", data)], {}))
+    validate_inventory(inv)
+    found = missing_peers(host_settings(inv.get_host("gpu-a01")))
+    if warns is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(warns), found
+        assert "29500/tcp" in found and "set firewall_cluster_cidrs" in found

@@ -223,6 +223,7 @@ ALTERNATIVE: dict[str, tuple[Any, str]] = {
     "hardening_moduli_min_bits": (4096, "hgx"),
     "firewall_open_ports": (["22/tcp", "443/tcp"], "hgx"),
     "firewall_trusted_cidrs": (["10.0.0.0/8"], "hgx"),
+    "firewall_cluster_cidrs": (["10.0.0.0/8"], "hgx"),
     "firewall_revert_after": (120, "hgx-nftables"),
     "hardening_sshd_revert_after": (120, "hgx"),
     "monitoring_node_exporter_port": (9101, "hgx"),

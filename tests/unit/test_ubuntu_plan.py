@@ -192,3 +192,21 @@ def test_compat_shows_the_prebuilt_modules_per_kernel_flavour(release, flavour):
     # NVIDIA's repository: its DKMS packages are the driver's own; no modules line
     nvidia = answer([model_for_name("Tesla T4")], f"ubuntu-{release}", wishes | {"driver_source": "nvidia"})
     assert "modules" not in nvidia["driver"] and "modules:" not in render(nvidia)
+
+
+def test_the_plan_view_says_which_networks_each_host_trusts_for_training():
+    """firewall_cluster_cidrs (issue 30): the plan view's 'training peers:' line, and the warning
+    of a multi-node tier without them."""
+    hosts = {"hgx-peers": (simulated("hgx", "24.04"), {"tier": "hgx", "validate_os_release": "ubuntu-24.04",
+                                                        "firewall_cluster_cidrs": ["10.10.0.0/16"]}),
+             "research-alone": (simulated("research", "24.04"), {"tier": "research"}),
+             "dev": (simulated("dev", "24.04"), {"tier": "dev"})}
+    got = {name: [ln.strip() for ln in body.splitlines()] for name, body in plans(hosts).items()}
+    assert ("training peers: 10.10.0.0/16 (firewall_cluster_cidrs): all TCP (torchrun's rendezvous, 29500 by "
+            "default, and NCCL's ephemeral ports), RoCEv2 (4791/udp)") in got["hgx-peers"]
+    assert not any(ln.startswith("WARNING") for ln in got["hgx-peers"])
+    assert ("training peers: none: training peers reach only the tier's open ports (firewall_open_ports)"
+            in got["research-alone"])
+    assert any(ln.startswith("WARNING: tier research trains across hosts (nccl_profile: roce) but "
+                             "firewall_cluster_cidrs is empty") for ln in got["research-alone"]), got["research-alone"]
+    assert not any(ln.startswith("WARNING") for ln in got["dev"])
