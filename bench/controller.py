@@ -106,15 +106,16 @@ def check(record: dict, recording: dict, hosts: int) -> list[str]:
     return problems[:20]
 
 
-def bench(hosts: int, profile: bool, keep_work: bool = False) -> dict:
-    recording = replay.load()
+def bench(hosts: int, profile: bool, keep_work: bool = False, recording_path: Path | None = None) -> dict:
+    recording_path = Path(recording_path or replay.RECORDING)
+    recording = replay.load(recording_path)
     work = Path(tempfile.mkdtemp(prefix="gpufleet-controller-"))
     try:
         inventory = work / "replay_inventory.py"
         inventory.write_text(replay.inventory_source(hosts, recording))
         plans = work / ".gpufleet" / "factplans"
         write_plans(plans, [replay.host_name(i) for i in range(hosts)], recording["plan"])
-        env = {"GPUFLEET_REPLAY_PLANS": str(plans), "GPUFLEET_REPLAY_RECORDING": str(replay.RECORDING)}
+        env = {"GPUFLEET_REPLAY_PLANS": str(plans), "GPUFLEET_REPLAY_RECORDING": str(recording_path)}
         result = run_once(inventory, work / "run.json", env, work / "run.log")
         if result["rc"] != 0:
             sys.stderr.write((work / "run.log").read_text()[-4000:])
@@ -142,7 +143,7 @@ def top_entries(stats_path: Path, n: int) -> list[tuple[float, float, int, str]]
     """(own s, cumulative s, calls, function) of the n functions with the most own time."""
     stats = pstats.Stats(str(stats_path))
     rows = []
-    for (filename, line, func), (cc, nc, tt, ct, _) in stats.stats.items():  # type: ignore[attr-defined]
+    for (filename, line, func), (_cc, nc, tt, ct, _) in stats.stats.items():  # type: ignore[attr-defined]
         short = re.sub(r".*/site-packages/", "", filename).replace(str(REPO) + "/", "")
         rows.append((tt, ct, nc, f"{short}:{line}({func})"))
     return sorted(rows, reverse=True)[:n]
@@ -211,12 +212,13 @@ def main() -> int:
     ap.add_argument("--json", help="write the figures and checks here")
     ap.add_argument("--keep-work", action="store_true", help="keep the inventory, plans and pyinfra's output")
     ap.add_argument("--record", action="store_true", help="re-record from a kept real host (needs root)")
+    ap.add_argument("--recording", type=Path, help=f"replay this recording (default {replay.RECORDING.relative_to(REPO)})")
     args = ap.parse_args()
     if args.record:
         return record(os.environ.get("GPUFLEET_BENCH_POOL", "bench-fleet"))
     if not args.hosts:
         ap.error("--hosts N (or --record)")
-    r = bench(args.hosts, not args.no_profile, args.keep_work)
+    r = bench(args.hosts, not args.no_profile, args.keep_work, args.recording)
     load = "/".join(f"{x:.2f}" for x in r["load"])
     print(f"pyinfra exit status {r['rc']}; {r['log_lines']} lines of output; load average {load} (1/5/15 min)")
     print(f"test double (the hosts' side of the prefetch, in this process): "
