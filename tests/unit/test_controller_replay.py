@@ -58,7 +58,6 @@ def test_replayed_answers_are_what_the_fact_cache_accepts(recording: dict) -> No
     texts = [s["text"] for s in recording["sections"]]
     script = factcache.Script(single=[(None, None, None, None, t) for t in texts])
     renamer = replay.Renamer(recording["host"]["name"], recording["host"]["address"], "gpu0042", "127.31.0.44")
-    replay.load(replay.RECORDING)["_renamed_sections"] = True
     lines = replay.answer_prefetch(script.nonce, texts, renamer, "gpu0042")
     import base64
 
