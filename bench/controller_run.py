@@ -37,6 +37,12 @@ if REPLAY:
     factcache.PLAN_DIR = Path(os.environ["GPUFLEET_REPLAY_PLANS"])
 PROFILE = os.environ.get("GPUFLEET_CONTROLLER_PROFILE")
 profiler = cProfile.Profile() if PROFILE else None
+# GPUFLEET_CONTROLLER_MEMORY=FILE: what holds the memory at exit (tracemalloc, by line; slow)
+MEMORY = os.environ.get("GPUFLEET_CONTROLLER_MEMORY")
+if MEMORY:
+    import tracemalloc
+
+    tracemalloc.start(int(os.environ.get("GPUFLEET_CONTROLLER_MEMORY_FRAMES", "1")))
 
 
 def _operations(state: object, host: object) -> list[str]:
@@ -51,6 +57,13 @@ def _write() -> None:
         profiler.dump_stats(PROFILE)
     from pyinfra.context import ctx_state
 
+    if MEMORY:
+        snapshot = tracemalloc.take_snapshot()
+        with open(MEMORY, "w") as fh:
+            for stat in snapshot.statistics("traceback")[:40]:
+                fh.write(f"{stat.size / 2**20:8.1f} MiB {stat.count:>9} blocks\n")
+                for line in stat.traceback.format()[-6:]:
+                    fh.write(f"      {line}\n")
     record: dict = {"hosts": {}}
     if ctx_state.isset():
         state = ctx_state.get()
