@@ -159,7 +159,14 @@ def gunzip_capped(data: bytes, limit: int = MAX_ANSWERS) -> bytes:
 
 
 def _fact_path(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+    # one string per class, shared by every host's memo keys and plan (not one per question)
+    path = _PATHS.get(cls)
+    if path is None:
+        path = _PATHS[cls] = f"{cls.__module__}.{cls.__qualname__}"
+    return path
+
+
+_PATHS: dict[type, str] = {}
 
 
 def _key(state: Any, host: Host, cls: type, args: Any, kwargs: Any) -> tuple[Any, ...] | None:
