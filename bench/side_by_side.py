@@ -9,7 +9,8 @@ Plain pyinfra's side is bench/plain_noop.py: five tasks (a package, a directory,
 in it, a running service), pyinfra's own fact path, no gpufleet. It is applied once first (its
 converge), then the pairs run: plain, all.py, plain, all.py... each `pyinfra -y INVENTORY
 DEPLOY`, timed from start to exit, so that both sides meet the same moments of a shared
-machine. One more run of each with --debug counts its remote commands per host (not timed).
+machine; the hosts' CPU (their cgroups) is read around each run. One more run of each with
+--debug counts its remote commands per host (not timed).
 Prints each run, the medians and `ratio N hosts: all.py / plain = R (A s / P s), C commands/host`.
 """
 from __future__ import annotations
@@ -33,7 +34,17 @@ ALL = "deploys/all.py"
 COMMAND_RE = re.compile(r"Running command on (\S+?):")
 
 
+def hosts_cpu_s() -> float | None:
+    """CPU seconds the pool's test hosts have used so far (bench/fleet.py's reading of their cgroups)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import fleet
+    from testing import testhosts
+
+    return fleet.hosts_cpu_s(testhosts.list_hosts(fleet.POOL))
+
+
 def run(inventory: str, deploy: str, debug: bool = False) -> dict:
+    cpu_before = hosts_cpu_s()
     cmd = [str(PYINFRA), "-y", *(["--debug"] if debug else []), inventory, deploy]
     t0 = time.monotonic()
     with tempfile.TemporaryFile("w+") as out:
@@ -46,7 +57,9 @@ def run(inventory: str, deploy: str, debug: bool = False) -> dict:
     if rc:
         sys.stderr.write(text[-3000:])
     m = re.search(r"^\s*Grand total\s+(\S+)\s+(\S+)", text, re.M)
+    cpu_after = hosts_cpu_s()
     return {"rc": rc, "wall_s": wall, "cpu_s": rusage.ru_utime + rusage.ru_stime,
+            "hosts_cpu_s": None if cpu_before is None or cpu_after is None else cpu_after - cpu_before,
             "changed": 0 if not m or m[2] == "-" else int(m[2]),
             "commands": collections.Counter(x[1] for x in COMMAND_RE.finditer(text))}
 
@@ -67,7 +80,8 @@ def main() -> int:
             load = os.getloadavg()[0]
             r = run(inventory, deploy)
             rows.append((label, r))
-            print(f"  {i + 1} {label:<7} {r['wall_s']:6.2f} s wall  {r['cpu_s']:5.2f} s controller CPU  "
+            hosts = "" if r["hosts_cpu_s"] is None else f"{r['hosts_cpu_s'] * 1000 / args.hosts:5.0f} ms CPU per host  "
+            print(f"  {i + 1} {label:<7} {r['wall_s']:6.2f} s wall  {r['cpu_s']:5.2f} s controller CPU  {hosts}"
                   f"{r['changed']} changed  rc {r['rc']}  load {load:.2f}", flush=True)
     counts = {}
     for label, deploy in (("plain", PLAIN), ("all.py", ALL)):
