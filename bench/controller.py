@@ -149,7 +149,7 @@ def top_entries(stats_path: Path, n: int) -> list[tuple[float, float, int, str]]
     return sorted(rows, reverse=True)[:n]
 
 
-def record(pool: str) -> int:
+def record(pool: str, out: Path | None = None) -> int:
     """Record the no-op of the kept 1-host fleet of `pool` (bench/fleet.py --hosts 1 --keep)."""
     from gpufleet import factcache
     from testing import testhosts
@@ -198,10 +198,11 @@ def record(pool: str) -> int:
         "commands": [],
         "noop": {"commands_per_host": len(commands), "operations": operations, "operations_digest": digest},
     }
-    replay.RECORDING.parent.mkdir(parents=True, exist_ok=True)
-    replay.RECORDING.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    out = Path(out or replay.RECORDING)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     print(f"recorded {name}: {len(doc['sections'])} prefetch sections, {len(plan)} plan entries, "
-          f"{len(operations)} operations, {len(commands)} command(s) in the real no-op -> {replay.RECORDING}")
+          f"{len(operations)} operations, {len(commands)} command(s) in the real no-op -> {out}")
     return 0
 
 
@@ -212,10 +213,11 @@ def main() -> int:
     ap.add_argument("--json", help="write the figures and checks here")
     ap.add_argument("--keep-work", action="store_true", help="keep the inventory, plans and pyinfra's output")
     ap.add_argument("--record", action="store_true", help="re-record from a kept real host (needs root)")
-    ap.add_argument("--recording", type=Path, help=f"replay this recording (default {replay.RECORDING.relative_to(REPO)})")
+    ap.add_argument("--recording", type=Path, help=f"replay (with --record: write) this recording "
+                    f"(default {replay.RECORDING.relative_to(REPO)})")
     args = ap.parse_args()
     if args.record:
-        return record(os.environ.get("GPUFLEET_BENCH_POOL", "bench-fleet"))
+        return record(os.environ.get("GPUFLEET_BENCH_POOL", "bench-fleet"), args.recording)
     if not args.hosts:
         ap.error("--hosts N (or --record)")
     r = bench(args.hosts, not args.no_profile, args.keep_work, args.recording)

@@ -105,3 +105,19 @@ def test_a_recording_that_does_not_match_shows(recording: dict, tmp_path: Path) 
     assert r["problems"]
     hosts = r["record"]["hosts"].values()
     assert all(h["commands"] > 1 or h["uploads"] > 0 for h in hosts)
+
+
+def test_renaming_takes_whole_names_and_addresses_only() -> None:
+    renamer = replay.Renamer("gf-h31-1", "127.0.2.10", "gpu0007", "127.31.0.9")
+    assert renamer.to_host("listenaddress 127.0.2.10:22 root@gf-h31-1") == "listenaddress 127.31.0.9:22 root@gpu0007"
+    for other in ("127.0.2.100", "127.0.2.10.5", "10.127.0.2.10", "gf-h31-10", "xgf-h31-1", "gf-h31-1-b"):
+        assert renamer.to_host(other) == other
+    assert renamer.to_recorded("127.31.0.9 gpu0007") == "127.0.2.10 gf-h31-1"
+
+
+def test_replayed_hosts_have_their_own_names_and_addresses(recording: dict) -> None:
+    names = list(replay.ReplayConnector.make_names_data("300"))
+    assert len({n for n, _, _ in names}) == len({d["ssh_hostname"] for _, d, _ in names}) == 300
+    assert all(d["ssh_hostname"].startswith("127.") for _, d, _ in names)  # loopback, never connected to
+    source = replay.inventory_source(3, recording)
+    assert "@replay/3" in source and "'ssh_hostname'" not in source  # each host's own, from the connector
