@@ -237,9 +237,12 @@ class ReplayConnector(SSHConnector):
 def register() -> Path:
     """Make `@replay/NAME` known to pyinfra in this process: a `pyinfra.connectors` entry point
     in a distribution folder put on sys.path (pyinfra finds its connectors by entry point)."""
+    import atexit
+    import shutil
     import sys
 
     root = Path(tempfile.mkdtemp(prefix="gpufleet-replay-ep-"))
+    atexit.register(shutil.rmtree, root, True)
     info = root / "gpufleet_replay_test_double-0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gpufleet-replay-test-double\nVersion: 0\n")
