@@ -32,8 +32,9 @@ record, take it down:
     sudo GPUFLEET_BENCH_POOL=h31 .venv/bin/python bench/fleet.py --down
 
 --record runs a real no-op on that host (counting its commands from pyinfra's --debug output,
-its operations from pyinfra's state), then the fact cache's prefetch script for the host's fact
-plan, exactly as a no-op sends it, over SSH, and keeps each section's lines and exit status.
+its operations from pyinfra's state, the prefetch script it sent from that output), then the
+fact cache's prefetch script for the host's fact plan, which must be the one the no-op sent,
+over SSH, and keeps each section's lines and exit status.
 """
 from __future__ import annotations
 
@@ -98,6 +99,8 @@ def check(record: dict, recording: dict, hosts: int) -> list[str]:
                             f"sent {real['commands_per_host']} and no upload")
         if host["unrecorded"]:
             problems.append(f"{name}: {host['unrecorded']} commands or prefetch sections not in the recording")
+        if real.get("prefetch_digest") and host["prefetch_digest"] != real["prefetch_digest"]:
+            problems.append(f"{name}: its prefetch asked other sections than the real no-op's prefetch")
         if host["prefetch_sections"] != len(recording["sections"]):
             problems.append(f"{name}: a prefetch of {host['prefetch_sections']} sections, the real one had "
                             f"{len(recording['sections'])}")
@@ -166,7 +169,9 @@ def record(pool: str, out: Path | None = None) -> int:
             if real["rc"] != 0:
                 sys.stderr.write((Path(tmp) / "real.log").read_text()[-4000:])
                 return 1
-        commands = [m[1] for m in COMMAND_RE.finditer((Path(tmp) / "real.log").read_text())]
+        log = (Path(tmp) / "real.log").read_text()
+        commands = [m[1] for m in COMMAND_RE.finditer(log)]
+        real_texts = replay.prefetch_texts_in_log(log, name)
     ops_record = real["record"]
     (digest, operations), = ops_record["operation_lists"].items()
     plan = factcache.read_plan(factcache.PLAN_DIR / f"{name}.json", name)
@@ -185,6 +190,9 @@ def record(pool: str, out: Path | None = None) -> int:
     lines = testhosts.ssh(host, "sh -c " + shlex.quote(script.text())).stdout.splitlines()
     if lines and lines[0] == factcache._PACKED:
         lines = factcache.gunzip_capped(base64.b64decode("".join(lines[1:]))).decode().splitlines()
+    if real_texts != script._texts():
+        sys.exit("the real no-op's prefetch (its --debug output) is not the one built from the host's fact plan: "
+                 f"{'none found' if real_texts is None else f'{len(real_texts)} sections'} against {len(script._texts())}")
     sections = script.sections(lines)
     if sections is None:
         sys.exit(f"the host's prefetch output was refused: {script.refused}")
@@ -196,7 +204,8 @@ def record(pool: str, out: Path | None = None) -> int:
         "plan": [list(e) for e in plan],
         "sections": [{"text": t, "lines": out, "status": rc} for t, (out, rc) in zip(script._texts(), sections)],
         "commands": [],
-        "noop": {"commands_per_host": len(commands), "operations": operations, "operations_digest": digest},
+        "noop": {"commands_per_host": len(commands), "operations": operations, "operations_digest": digest,
+                 "prefetch_digest": replay.sections_digest(real_texts)},
     }
     out = Path(out or replay.RECORDING)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -76,7 +76,8 @@ def _write() -> None:
             if REPLAY:
                 entry.update(commands=replay.COMMANDS[host.name], uploads=replay.UPLOADS[host.name],
                              unrecorded=replay.UNRECORDED[host.name],
-                             prefetch_sections=replay.PREFETCH_SECTIONS.get(host.name, 0))
+                             prefetch_sections=replay.PREFETCH_SECTIONS.get(host.name, 0),
+                             prefetch_digest=replay.PREFETCH_DIGESTS.get(host.name))
             record["hosts"][host.name] = entry
         record["operation_lists"] = lists
         record["failed_hosts"] = sorted(h.name for h in state.failed_hosts)

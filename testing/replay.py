@@ -49,6 +49,7 @@ COMMANDS: Counter[str] = Counter()        # host name -> commands run (facts and
 UPLOADS: Counter[str] = Counter()         # host name -> files put or got
 UNRECORDED: Counter[str] = Counter()      # host name -> commands or prefetch sections not in the recording
 PREFETCH_SECTIONS: dict[str, int] = {}    # host name -> sections of its prefetch script
+PREFETCH_DIGESTS: dict[str, str] = {}     # host name -> sections_digest() of its prefetch script
 FIRST_COMMANDS: dict[str, list[str]] = {}  # the first few hosts: a short label of each command
 REPLAY_CPU_S = [0.0]                      # CPU spent here doing the hosts' side (framing, gzip)
 _LABELLED_HOSTS = 5
@@ -109,6 +110,30 @@ def prefetch_sections(script: str) -> tuple[str, list[str]] | None:
     if start < 0 or end < start:
         return None
     return m[1], script[start + len(prefix):end].split(suffix + prefix)
+
+
+def sections_digest(texts: list[str]) -> str:
+    """One SHA-1 over a prefetch script's section texts, in order: what a host was asked."""
+    import hashlib
+
+    return hashlib.sha1("\0".join(texts).encode()).hexdigest()
+
+
+def prefetch_texts_in_log(log: str, host_name: str) -> list[str] | None:
+    """The section texts of the prefetch pyinfra sent `host_name`, from its --debug output
+    (`Running command on HOST: (pty=False) sh -c '...'`, up to the next log record)."""
+    import shlex
+
+    m = re.search(r"Running command on " + re.escape(host_name) + r": \(pty=\w+\) (.*?)\n(?=    \[[\w.-]+\] |--> )",
+                  log, re.S)
+    if not m:
+        return None
+    try:
+        script = shlex.split(m[1])[-1]
+    except ValueError:
+        return None
+    found = prefetch_sections(script)
+    return None if found is None else found[1]
 
 
 class Renamer:
@@ -206,6 +231,7 @@ class ReplayConnector(SSHConnector):
             if parsed is not None:
                 nonce, texts = parsed
                 PREFETCH_SECTIONS[name] = len(texts)
+                PREFETCH_DIGESTS[name] = sections_digest([self.renamer.to_recorded(t) for t in texts])
                 self._label(f"prefetch: {len(texts)} sections")
                 lines = answer_prefetch(nonce, texts, self.renamer, name)
                 return True, CommandOutput([OutputLine("stdout", line) for line in lines])

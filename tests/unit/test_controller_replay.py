@@ -5,7 +5,8 @@ answers to its no-op prefetch, the operations pyinfra planned for it and the com
 sent, all taken from a real run (bench/controller.py --record). Here deploys/all.py runs for
 real (pyinfra's command line, gpufleet's deploys and fact cache) over 3 replayed hosts, each
 with its own name and address, and each must get the same operations in the same order, the
-same number of commands (1: the prefetch), the same prefetch sections, no upload; and a
+same number of commands (1: the prefetch), the same prefetch sections as the real host was sent,
+no upload; and a
 recording whose file checksums no longer match must make the replay change files (the check
 can fail). About 6 s (two pyinfra runs of 3 hosts).
 """
@@ -82,6 +83,8 @@ def test_replayed_hosts_match_the_real_no_op(recording: dict) -> None:
         assert host["uploads"] == 0 and host["unrecorded"] == 0
         assert host["operations_digest"] == recording["noop"]["operations_digest"]
         assert host["prefetch_sections"] == len(recording["sections"])
+        # the very sections the fact cache sent the real host in its no-op (its --debug output)
+        assert host["prefetch_digest"] == recording["noop"]["prefetch_digest"]
     (operations,) = r["record"]["operation_lists"].values()
     assert operations == recording["noop"]["operations"]
 
