@@ -107,6 +107,18 @@ def connector_name(host: Host) -> str:
 
 
 _verified_by_class: dict[type, bool] = {}
+#: connector classes a benchmark declared test doubles of the network (admit_test_double_connector)
+_test_doubles: list[type] = []
+
+
+def admit_test_double_connector(cls: type) -> None:
+    """Let the fact memo and prefetch run over `cls`, a TEST DOUBLE of the network that answers
+    run_shell_command as a verified connector would (testing/replay.py's, for
+    bench/controller.py). Only bench code calls this, in its own process, before install();
+    gpufleet itself never does, so no real connector gets in this way."""
+    if cls not in _test_doubles:
+        _test_doubles.append(cls)
+        _verified_by_class.pop(cls, None)
 
 
 def connector_verified(host: Host) -> bool:
@@ -115,7 +127,7 @@ def connector_verified(host: Host) -> bool:
     cls = host.connector_cls
     ok = _verified_by_class.get(cls)
     if ok is None:
-        ok = _verified_by_class[cls] = cls in verified_connector_classes()
+        ok = _verified_by_class[cls] = cls in verified_connector_classes() or cls in _test_doubles
         if not ok:
             _warn_once(f"connector:{cls.__module__}.{cls.__qualname__}",
                        f"gpufleet: {host.name} is reached through the {connector_name(host)} connector, which "

@@ -496,6 +496,27 @@ def resolve(
     os_name = normalise_os(os_release)
     has_nvswitch = seen_nvswitch if nvswitch is None else nvswitch
     wishes = Wishes.of(wishes)
+    # A fleet's hosts share a few (hardware, settings, OS) combinations: each is resolved once
+    # per process (a Resolution is frozen), not once per host (bench/controller.py: ~0.5 ms a
+    # host). Refusals are not remembered: they stop a run.
+    try:
+        key: Any = (tuple(models), wishes, os_name, has_nvswitch, id(data))
+        hash(key)
+    except TypeError:
+        key = None
+    if key is not None and key in _RESOLVED and _RESOLVED[key][0] is data:
+        return _RESOLVED[key][1]
+    found = _resolve(models, wishes, os_name, has_nvswitch, data)
+    if key is not None:
+        _RESOLVED[key] = (data, found)
+    return found
+
+
+#: (models, wishes, OS, NVSwitch, id(data)) -> (data, its resolution); data kept so its id stays its own
+_RESOLVED: dict[Any, tuple[CompatData, Resolution]] = {}
+
+
+def _resolve(models: list[GpuModel], wishes: Wishes, os_name: str, has_nvswitch: bool, data: CompatData) -> Resolution:
     source = wishes.driver_source
     branch_wish = AUTO if wishes.driver_branch == AUTO else normalise_branch(wishes.driver_branch)
 
