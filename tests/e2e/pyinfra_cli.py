@@ -104,6 +104,28 @@ class Run:
     def errors(self) -> int:
         return self.table.total.error
 
+    @property
+    def why(self) -> str:
+        """For a failing assertion: the operations that failed, each with its own output (what the
+        host said, pyinfra's error), first; then the output's tail. The tail alone hid the failing
+        operation behind later output (a daemon's journal, the results table)."""
+        return failed_operations(self.output) + "\n--- end of pyinfra's output:\n" + self.output[-2500:]
+
+
+_ERROR = re.compile(r"\[[^\]]+\] (Error|error|Failed|failed|refused)\b")
+
+
+def failed_operations(output: str, max_lines: int = 40) -> str:
+    """Each operation section of pyinfra's output in which a host reported an error, whole (up to
+    `max_lines` lines each), in order; "" when no operation failed."""
+    sections: list[list[str]] = [[]]
+    for line in (_ANSI.sub("", raw) for raw in output.splitlines()):
+        if line.startswith("--> "):
+            sections.append([])
+        sections[-1].append(line)
+    failed = [section for section in sections if any(_ERROR.search(line) for line in section)]
+    return "\n".join("\n".join(section[:max_lines]) for section in failed)
+
 
 def pyinfra(inventory: Path, deploy: str = "deploys/all.py", *args: str, timeout: int = 1800,
             netns: str | None = None) -> Run:

@@ -66,3 +66,16 @@ def test_a_cut_or_garbled_table_fails_too():
 def test_colour_codes_are_ignored():
     text = recorded("tuning-first").replace("Grand total", "\x1b[1mGrand total\x1b[0m")
     assert len(changed_operations(text)) == 11
+
+
+def test_a_failing_runs_explanation_starts_with_the_operation_that_failed():
+    """Run.why, which e2e assertions print: the failed operation's own section first, so later
+    output (a daemon's journal appended, the results table) cannot push it out of sight."""
+    from tests.e2e.pyinfra_cli import Run, failed_operations
+
+    recorded = (FIXTURES / "op-failed.out").read_text()
+    assert failed_operations(recorded).splitlines() == [
+        "--> Starting operation: server.shell (false)", "    [gf-exitcodes-1] Error: executed 0 commands"]
+    why = Run(1, recorded + "\n--- journalctl -u docker\n" + "dockerd: noise\n" * 500).why
+    assert why.startswith("--> Starting operation: server.shell (false)\n    [gf-exitcodes-1] Error:")
+    assert failed_operations((FIXTURES / "tuning-second.out").read_text()) == ""
