@@ -23,12 +23,23 @@ if TYPE_CHECKING:
 def real_object(obj: Any) -> Any:
     """The object behind one of pyinfra's context proxies (`pyinfra.host`, `pyinfra.state`,
     `pyinfra.inventory`); any other object as it is."""
-    from pyinfra.context import ctx_host, ctx_inventory, ctx_state
-
-    for ctx in (ctx_host, ctx_state, ctx_inventory):
-        if obj is ctx.context:
+    for proxy, ctx in _proxies():
+        if obj is proxy:
             return ctx.get()
     return obj
+
+
+_PROXIES: list[tuple[Any, Any]] = []
+
+
+def _proxies() -> list[tuple[Any, Any]]:
+    """(proxy, its context manager) of pyinfra's host, state and inventory: made once by
+    pyinfra.context, looked up once here (real_object runs ~1,500 times a host and run)."""
+    if not _PROXIES:
+        from pyinfra.context import ctx_host, ctx_inventory, ctx_state
+
+        _PROXIES.extend((ctx.context, ctx) for ctx in (ctx_host, ctx_state, ctx_inventory))
+    return _PROXIES
 
 
 @dataclass
