@@ -215,10 +215,13 @@ def parse_xids(lines: list[str]) -> list[tuple[str, int]]:
 
 # What NVML adds to nvidia-smi's query (nvidia-ml-py's pynvml, the functions named by the keys of
 # the recording tests/fixtures/nvidia/h200-x1/health/nvml-health.txt): one JSON line per GPU, an
-# unanswered call "ERR ..." as there. It runs only where `import pynvml` works.
+# unanswered call "ERR ..." as there. Without `pynvml` it prints nothing and exits 0.
 NVML_SCRIPT = r"""
 import json
-import pynvml as n
+try:
+    import pynvml as n
+except ImportError:
+    raise SystemExit(0)  # no nvidia-ml-py on the host: nothing to read, not an error
 def get(f, *a):
     try:
         return f(*a)
@@ -289,7 +292,8 @@ if log=$(dmesg 2>/dev/null) || log=$(journalctl -k -b --no-pager -q -o cat 2>/de
 else echo '::gpufleet:: kernel-log no'; fi
 {begin_nvml}
 # -I: isolated, no user site-packages or PYTHON* variables: the system's nvidia-ml-py or none
-if command -v python3 >/dev/null 2>&1 && python3 -I -c 'import pynvml' 2>/dev/null; then
+# (the script itself prints nothing without it: one python3 start, not an import check first)
+if command -v python3 >/dev/null 2>&1; then
 python3 -I - <<'GPUFLEET_NVML'
 {nvml}
 GPUFLEET_NVML
