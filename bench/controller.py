@@ -47,10 +47,8 @@ import re
 import runpy
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,13 +64,12 @@ def run_once(inventory: Path, out_json: Path, env: dict[str, str], log: Path, re
     """One pyinfra run through controller_run.py: its wall, CPU, peak RSS and record."""
     cmd = [sys.executable, str(RUN), str(out_json), *(["--replay"] if replayed else []), "-y",
            *(["--debug"] if debug else []), str(inventory), "deploys/all.py"]
-    t0 = time.monotonic()
+    import measure
+
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
-        _, status, rusage = os.wait4(proc.pid, 0)
-    wall = time.monotonic() - t0
+        rc, wall, rusage = measure.run(cmd, out, env={**os.environ, **env})
     record = json.loads(out_json.read_text()) if out_json.exists() else {}
-    return {"rc": os.waitstatus_to_exitcode(status), "wall_s": wall,
+    return {"rc": rc, "wall_s": wall,
             "cpu_s": rusage.ru_utime + rusage.ru_stime, "peak_mib": rusage.ru_maxrss / 1024, "record": record}
 
 

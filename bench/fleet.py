@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+import measure  # noqa: E402  (bench/measure.py)
 from testing import aptrepo, testhosts  # noqa: E402
 from testing.inventory import TEST_DRIVER, environment_data, write_inventory  # noqa: E402
 
@@ -61,17 +61,10 @@ def run_pyinfra(inventory: Path, debug: bool, hosts: list, log: Path | None = No
         timings_path = Path(tmp) / "timings.json"
         cmd = [sys.executable, str(TIMED), str(timings_path), "-y", *(["--debug"] if debug else []),
                str(inventory), "deploys/all.py"]
-        t0 = time.monotonic()
-        with tempfile.TemporaryFile("w+") as out:
-            proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
-            _, status, rusage = os.wait4(proc.pid, 0)
-            wall = time.monotonic() - t0
-            out.seek(0)
-            text = out.read()
+        text, rc, wall, rusage = measure.run_captured(cmd)
         if log:
             log.write_text(text)
         timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
-    rc = os.waitstatus_to_exitcode(status)
     per_host = collections.Counter(m[1] for m in COMMAND_RE.finditer(text))
     m = re.search(r"^\s*Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", text, re.M)
     changed = 0 if not m or m[2] == "-" else int(m[2])

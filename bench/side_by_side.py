@@ -21,10 +21,7 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,15 +42,10 @@ def hosts_cpu_s() -> float | None:
 
 def run(inventory: str, deploy: str, debug: bool = False) -> dict:
     cpu_before = hosts_cpu_s()
+    import measure
+
     cmd = [str(PYINFRA), "-y", *(["--debug"] if debug else []), inventory, deploy]
-    t0 = time.monotonic()
-    with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
-        _, status, rusage = os.wait4(proc.pid, 0)
-        wall = time.monotonic() - t0
-        out.seek(0)
-        text = out.read()
-    rc = os.waitstatus_to_exitcode(status)
+    text, rc, wall, rusage = measure.run_captured(cmd)
     if rc:
         sys.stderr.write(text[-3000:])
     m = re.search(r"^\s*Grand total\s+(\S+)\s+(\S+)", text, re.M)

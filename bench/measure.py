@@ -1,0 +1,29 @@
+"""How the benchmarks run a command: from the checkout, its output to a file, and what it cost the
+controller, read with wait4 (the child's own CPU time and peak RSS, not the benchmark's)."""
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import IO
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(cmd: list[str], out: IO, env: dict[str, str] | None = None) -> tuple[int, float, resource.struct_rusage]:
+    """(exit code, wall seconds, resource use) of `cmd`, its stdout and stderr written to `out`."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+    _, status, rusage = os.wait4(proc.pid, 0)
+    return os.waitstatus_to_exitcode(status), time.monotonic() - t0, rusage
+
+
+def run_captured(cmd: list[str]) -> tuple[str, int, float, resource.struct_rusage]:
+    """run(), the output read back as text: (output, exit code, wall seconds, resource use)."""
+    with tempfile.TemporaryFile("w+") as out:
+        rc, wall, rusage = run(cmd, out)
+        out.seek(0)
+        return out.read(), rc, wall, rusage
