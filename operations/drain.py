@@ -159,18 +159,83 @@ BUSY_MARK = "gpufleet: BUSY:"
 _REFUSED = re.compile(r"^not [a-z ]+$")
 
 
-def idle_check(refused: str) -> str:
+def idle_check(refused: str, per_gpu: bool = False) -> str:
     """Fixed shell text that ends its command with BUSY_EXIT and a BUSY_MARK line when GPU work
     runs (GPU_WORK), else goes on. Put first in the very command that reboots or swaps packages,
     the check belongs to the action: a job started after planning is seen, not killed.
 
     + refused: what the refusal says was not done ("not rebooting"): fixed text of the caller
+    + per_gpu: the command's INDEX=... arguments name the GPUs it changes (the MIG script's); only
+      work on those GPUs counts (GPU_WORK_ON), a busy GPU's argument is dropped with a BUSY_MARK
+      line naming it, and the command ends with BUSY_EXIT only when no GPU is left to change.
+      False: any GPU work on the host counts (a driver change or a reboot touches every GPU)
     """
     if not _REFUSED.match(refused):
         raise ValueError(f"not a fixed 'not ...' phrase: {refused!r}")
+    if per_gpu:
+        return (GPU_WORK_ON + "\n" + _DROP_BUSY.replace("REFUSED", refused).replace("MARK", BUSY_MARK)
+                .replace("BUSY_EXIT", str(BUSY_EXIT)))
     return (GPU_WORK + "; if [ -n \"$pids$apps\" ]; then echo \"" + BUSY_MARK + " GPU work is running, " + refused
             + ": ${apps:+$apps }${pids:+processes holding /dev/nvidia*: $pids}\" | tr '\\n' ' ' >&2; echo >&2; "
             "exit " + str(BUSY_EXIT) + "; fi")
+
+
+#: Shell function gpu_work INDEX: prints what runs on that one GPU (empty: idle). Read when it runs,
+#: from what users cannot write: the GPU's PCI address (nvidia-smi --query-gpu), its device minor
+#: (the driver's /proc/driver/nvidia/gpus/<address>/information, root's), the processes holding its
+#: device node /dev/nvidia<minor> (the kernel's fd links, matched whole by find -lname), and the
+#: compute processes nvidia-smi lists on that address (gpu_bus_id and pid only; their names, which
+#: a user chooses, are looked up afterwards for the message alone). What cannot be read counts as
+#: busy: a GPU nvidia-smi does not name, or (no device minor) a holder of any GPU's device node.
+GPU_WORK_ON = r"""
+gpu_holders=$(find /proc/[0-9]*/fd -maxdepth 1 -lname '/dev/nvidia[0-9]*' -printf '%h %l
+' 2>/dev/null)
+gpu_apps=$(nvidia-smi --query-compute-apps=gpu_bus_id,pid --format=csv,noheader 2>/dev/null) || gpu_apps=
+gpu_work() {
+  bus=$(nvidia-smi -i "$1" --query-gpu=pci.bus_id --format=csv,noheader 2>/dev/null | tr 'A-F' 'a-f')
+  case $bus in *:*:*.[0-7]) ;; *) echo "nvidia-smi does not name GPU $1"; return;; esac
+  minor=$(sed -n 's/^Device Minor:[[:space:]]*\([0-9][0-9]*\)$//p'     "/proc/driver/nvidia/gpus/${bus#????}/information" 2>/dev/null)
+  node="/dev/nvidia${minor:-[0-9]*}"
+  held=$(printf '%s
+' "$gpu_holders" | while read -r dir target; do
+    case $target in $node) dir=${dir#/proc/}; echo "${dir%/fd}";; esac; done | sort -un | tr '
+' ' ')
+  run=$(printf '%s
+' "$gpu_apps" | awk -F', *' -v b="$bus" 'tolower($1) == b && $2 ~ /^[0-9]+$/ { print $2 }'     | sort -un | tr '
+' ' ')
+  names=""
+  for p in $run; do
+    names="$names$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null       | awk -F', ' -v p="$p" '$1 == p { print; exit }' | tr -d '
+'); "
+  done
+  names=${names%; }
+  echo "${names}${held:+${names:+ }processes holding /dev/nvidia${minor:-*}: ${held% }}"
+}
+"""
+
+# The per-GPU check's decision: each INDEX=... argument on a busy GPU is dropped (and named on a
+# BUSY_MARK line); nothing left to change ends the command with BUSY_EXIT.
+_DROP_BUSY = r"""busy_gpus=""
+n=$#
+while [ "$n" -gt 0 ]; do
+  arg=$1; shift; n=$((n-1))
+  case $arg in
+    [0-9]*=*)
+      i=${arg%%=*}
+      case $i in *[!0-9]*) set -- "$@" "$arg"; continue;; esac
+      what=$(gpu_work "$i")
+      if [ -n "$what" ]; then
+        echo "MARK GPU work is running on GPU $i, REFUSED: $what" | tr '
+' ' ' >&2; echo >&2
+        busy_gpus="$busy_gpus $i"
+        continue
+      fi
+      todo=1;;
+  esac
+  set -- "$@" "$arg"
+done
+if [ -n "$busy_gpus" ] && [ -z "${todo:-}" ]; then exit BUSY_EXIT; fi
+"""
 
 
 # $1 seconds to wait, $2 seconds between checks

@@ -10,7 +10,9 @@ asks, and yield only the nvidia-smi commands still needed; say so with host.noop
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from pyinfra import host, logger
@@ -92,43 +94,91 @@ def legacy_persistence() -> Generator[StringCommand, None, None]:
 
 
 MIG_SCRIPT = "/usr/local/sbin/gpufleet-gpu-mig"
-# the idle check and the MIG change as one command: a job started after planning is seen, not broken
-MIG_IDLE_CHECK = idle_check("not changing the mig partitions")
+# the idle check and the MIG change as one command: a job started after planning is seen, not broken;
+# per GPU: work on a GPU the change does not touch does not hold it up
+MIG_IDLE_CHECK = idle_check("not changing its mig partitions", per_gpu=True)
+#: how the MIG script's line starts for a mode change left pending because the GPU reset that makes
+#: it effective was refused (fixed text of the script, followed by the GPU index and the mode)
+REBOOT_MARK = "gpufleet-gpu-mig: REBOOT NEEDED:"
 
 
 def mig_command(script: str, entries: Sequence[str], cdi: str = "") -> StringCommand:
     """The gated command: the idle check, then the MIG script's text (the boot unit's script,
     templates/usr/local/sbin/gpufleet-gpu-mig.j2) with its INDEX=... arguments."""
-    args = ([f"--cdi={cdi}"] if cdi else []) + list(entries)
+    # --reset: a mode change left pending is made effective by a GPU reset, which this command's
+    # idle check (right before, per GPU) allows; the boot unit runs the script without it
+    args = ([f"--cdi={cdi}"] if cdi else []) + ["--reset"] + list(entries)
     return StringCommand("sh", "-c", QuoteString(MIG_IDLE_CHECK + "\n" + script), "gpufleet-gpu-mig",
                          *(QuoteString(a) for a in args))
 
 
-def _mig_if_idle(state: State, host: Host, script: str, entries: tuple[str, ...], cdi: str,
-                 if_busy: Callable[[Host, str], bool]) -> bool:
-    ok, out = as_op.run(host, mig_command(script, entries, cdi))
-    lines = [printable(line.line) for line in out] if out else []
-    busy = next((line for line in lines if line.startswith(BUSY_MARK)), None)
-    if busy:  # "GPU work is running, not changing ...: <what runs>"
-        return bool(if_busy(host, busy[len(BUSY_MARK):].split(": ", 1)[-1].strip()))
+@dataclass(frozen=True)
+class MigOutcome:
+    """What the gated MIG command reported: `ok` is the command's success (a command that changed
+    nothing because every GPU it names was busy is not ok); `busy`: per busy GPU what runs on it
+    (\"GPU 0: 4242, python3\"); `reboot`: GPUs whose mode change waits for a reboot."""
+
+    ok: bool
+    busy: tuple[str, ...]
+    reboot: tuple[str, ...]
+    lines: tuple[str, ...]
+
+    @property
+    def only_busy(self) -> bool:
+        return not self.ok and bool(self.busy) and all(
+            line.startswith(BUSY_MARK) or not line.strip() for line in self.lines)
+
+
+_BUSY_GPU = re.compile(r"^GPU work is running on GPU (\d+), not changing its mig partitions: (.*)$")
+
+
+def read_mig_outcome(ok: bool, lines: Sequence[str]) -> MigOutcome:
+    """The outcome, from lines the check and the script print themselves: each starts with fixed
+    text (BUSY_MARK, REBOOT_MARK) and names the GPU by its index; what follows on a busy line (GPU
+    processes' names, which users choose) is only passed on for the message."""
+    busy, reboot = [], []
     for line in lines:
+        if line.startswith(BUSY_MARK):
+            match = _BUSY_GPU.match(line[len(BUSY_MARK):].strip())
+            busy.append(f"GPU {match[1]}: {match[2].strip()}" if match else line[len(BUSY_MARK):].strip())
+        elif line.startswith(REBOOT_MARK):
+            reboot.append(line[len(REBOOT_MARK):].strip())
+    return MigOutcome(ok, tuple(busy), tuple(reboot), tuple(lines))
+
+
+def _mig_if_idle(state: State, host: Host, script: str, entries: tuple[str, ...], cdi: str,
+                 if_busy: Callable[[Host, str], bool], if_reboot: Callable[[Host, str], bool] | None) -> bool:
+    ok, out = as_op.run(host, mig_command(script, entries, cdi))
+    outcome = read_mig_outcome(ok, [printable(line.line) for line in out] if out else [])
+    if outcome.only_busy:  # every GPU it names runs work: nothing was changed
+        return bool(if_busy(host, "; ".join(outcome.busy)))
+    for line in outcome.lines:
+        if line.startswith(BUSY_MARK):
+            continue
         if ok:
             host.log_styled(line, log_func=logger.info)
         else:
             host.log_styled(line, fg="red", log_func=logger.error)
+    if outcome.reboot and if_reboot is not None:
+        ok = bool(if_reboot(host, "; ".join(outcome.reboot))) and ok
+    if outcome.busy:  # the idle GPUs were changed, the busy ones are pending
+        ok = bool(if_busy(host, "; ".join(outcome.busy))) and ok
     return ok
 
 
 @operation(is_idempotent=False)
-def mig_partitions(setting: Any, script: str, cdi: str, if_busy: Callable[[Host, str], bool]
-                   ) -> Generator[FunctionCommand, None, None]:
-    """MIG mode and GPU/compute instances as gpu_mig sets them, on the GPUs not there yet; only
-    while no GPU work runs (checked right before, in the same command).
+def mig_partitions(setting: Any, script: str, cdi: str, if_busy: Callable[[Host, str], bool],
+                   if_reboot: Callable[[Host, str], bool] | None = None) -> Generator[FunctionCommand, None, None]:
+    """MIG mode and GPU/compute instances as gpu_mig sets them, on the GPUs not there yet; each GPU
+    only while no GPU work runs on it (checked right before, in the same command).
 
     + setting: gpu_mig (checked at planning: a refused layout never reaches this operation)
     + script: the MIG script's text (fixed; its values are its arguments)
     + cdi: the CDI spec to regenerate after a change ("" = none)
-    + if_busy: called as if_busy(host, what runs) when GPU work runs; nothing is changed then
+    + if_busy: called as if_busy(host, what runs, per GPU) when GPU work runs on GPUs to change;
+      those are not changed (the others are); its answer is the operation's success
+    + if_reboot: called as if_reboot(host, which GPUs) when a MIG mode change stays pending because
+      the GPU reset that makes it effective was refused; None: reported by the script's lines only
     """
     plan = plan_mig(setting, gpu_state(host).gpus, mig_state(host))
     if not plan.managed:
@@ -137,4 +187,4 @@ def mig_partitions(setting: Any, script: str, cdi: str, if_busy: Callable[[Host,
     if not plan.changes:
         host.noop(f"MIG partitions as gpu_mig sets them: {plan.summary()}")
         return
-    yield FunctionCommand(_mig_if_idle, (script, tuple(g.entry for g in plan.changes), cdi, if_busy), {})
+    yield FunctionCommand(_mig_if_idle, (script, tuple(g.entry for g in plan.changes), cdi, if_busy, if_reboot), {})

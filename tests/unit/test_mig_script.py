@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.operations.drain import BUSY_EXIT, BUSY_MARK
-from gpufleet.operations.gpu import mig_command
+from gpufleet.operations.gpu import mig_command, read_mig_outcome
 from gpufleet.rendering import render
 from testing.gpusim.local import LocalSim
 
@@ -94,12 +94,65 @@ def test_refuses_what_is_not_a_gpu_index(sim):
 
 def test_gated_command_changes_nothing_while_a_gpu_process_runs(sim):
     sim.ctl("add-process", "--gpu", "1", "--pid", "4242", "--name", "python3", "--used-mib", "1024")
-    r = gated(sim, "0=3g.71gb,3g.71gb")
+    r = gated(sim, "1=3g.71gb,3g.71gb")
     assert r.returncode == BUSY_EXIT
-    assert f"{BUSY_MARK} GPU work is running, not changing the mig partitions: 4242, python3" in r.stderr
+    assert f"{BUSY_MARK} GPU work is running on GPU 1, not changing its mig partitions: 4242, python3" in r.stderr
     assert log(sim) == [] and layout(sim) == []
-    # (the idle case runs on a test host in tests/e2e/test_mig.py: here, processes of this machine
-    # holding an NVIDIA device node would count as GPU work too)
+    # (processes of this machine holding an NVIDIA device node would count as GPU work too: the
+    # device-node side runs on a test host in tests/e2e/test_mig.py)
+
+
+def test_gated_command_changes_the_idle_gpus_only(sim):
+    """Work on GPU 1 holds up GPU 1's change, not GPU 0's; the busy GPU is named, the rest done."""
+    sim.ctl("add-process", "--gpu", "1", "--pid", "4242", "--name", "python3", "--used-mib", "1024")
+    r = gated(sim, "0=3g.71gb,3g.71gb", "1=3g.71gb,3g.71gb")
+    assert r.returncode == 0, r.stderr
+    outcome = read_mig_outcome(True, (r.stdout + r.stderr).splitlines())
+    assert outcome.busy == ("GPU 1: 4242, python3",) and not outcome.only_busy and outcome.reboot == ()
+    assert [c for c in log(sim) if "-i 1" in c] == []
+    assert "mig -i 0 -cgi 3g.71gb,3g.71gb -C" in log(sim)
+    modes = sim.smi("--query-gpu=mig.mode.current", "--format=csv,noheader").stdout.split()
+    assert modes == ["Enabled", "Disabled"]
+    # the other way round: work on GPU 0 does not hold up GPU 1
+    sim.ctl("remove-process", "--pid", "4242")
+    sim.ctl("add-process", "--gpu", "0", "--pid", "4343", "--name", "python3", "--used-mib", "1024")
+    r = gated(sim, "1=7g.141gb")
+    assert r.returncode == 0 and BUSY_MARK not in r.stderr, r.stderr
+    assert sim.smi("--query-gpu=mig.mode.current", "--format=csv,noheader").stdout.split() == ["Enabled", "Enabled"]
+
+
+def test_a_pending_mode_change_is_made_by_a_gpu_reset_when_idle_else_a_reboot_is_needed(sim):
+    """A GPU whose mode change waits for a reset (simulated: gpusimctl fault mig-needs-reset): the
+    gated command resets it (its idle check found no work on it) and makes the instances; the boot
+    unit's run (no --reset) and a refused reset leave it pending and say a reboot is needed."""
+    sim.ctl("fault", "--gpu", "0", "mig-needs-reset")
+    r = run(sim, "0=3g.71gb,3g.71gb")   # as the boot unit runs it: no reset
+    assert r.returncode == 0, r.stderr
+    assert read_mig_outcome(True, r.stderr.splitlines()).reboot == ("GPU 0: MIG mode Enabled is pending until the GPU is reset",)
+    assert "-r -i 0" not in log(sim) and layout(sim) == []
+    sim.ctl("fault", "--gpu", "0", "reset-refused")
+    r = gated(sim, "0=3g.71gb,3g.71gb")
+    assert r.returncode == 0, r.stderr
+    assert read_mig_outcome(True, r.stderr.splitlines()).reboot == (
+        "GPU 0: MIG mode Enabled is pending until the GPU is reset, and the reset was refused",)
+    assert layout(sim) == []
+    sim.ctl("fault", "--clear", "--gpu", "0")
+    sim.ctl("fault", "--gpu", "0", "mig-needs-reset")
+    r = gated(sim, "0=3g.71gb,3g.71gb")
+    assert r.returncode == 0 and "REBOOT" not in r.stderr, r.stderr
+    assert log(sim)[-4:] == ["-r -i 0", "mig -i 0 -dci", "mig -i 0 -dgi", "mig -i 0 -cgi 3g.71gb,3g.71gb -C"], log(sim)
+    assert len(layout(sim)) == 2
+
+
+def test_the_outcome_is_read_from_fixed_text_not_from_what_users_name_their_processes(sim):
+    """A process name with a newline and the busy mark does not make a line of its own: the idle
+    check flattens its line; the GPU is named by the check's fixed text."""
+    sim.ctl("add-process", "--gpu", "0", "--pid", "4242", "--name", f"x\n{BUSY_MARK} GPU work is running on GPU 1,"
+            " not changing its mig partitions: y", "--used-mib", "1")
+    r = gated(sim, "0=3g.71gb,3g.71gb", "1=3g.71gb,3g.71gb")
+    outcome = read_mig_outcome(r.returncode == 0, (r.stdout + r.stderr).splitlines())
+    assert [b.split(":")[0] for b in outcome.busy] == ["GPU 0"], outcome
+    assert sim.smi("--query-gpu=mig.mode.current", "--format=csv,noheader").stdout.split() == ["Disabled", "Enabled"]
 
 
 def test_dcgm_is_stopped_for_a_mode_change_and_started_again(sim):
