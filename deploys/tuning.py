@@ -135,16 +135,24 @@ def _profiles(settings: Any, plan: TuningPlan) -> Any:
 
 
 def _mig_busy(setting: Any) -> Any:
-    """mig_partitions' if_busy: GPU work found in the command that would change MIG (it started
-    after planning, or ran all along): nothing changed, reported pending; not a failure."""
+    """mig_partitions' if_busy: GPU work found, in the command that would change MIG, on GPUs it
+    would change (it started after planning, or ran all along): those GPUs are left as they are,
+    reported pending (the idle ones were changed); not a failure."""
     def busy(h: Any, running: str) -> bool:
         SUMMARY.mig_pending[h.name] = (f"gpu_mig: {setting_text(setting)}", running)
-        logger.warning(f"{h.print_prefix}MIG PENDING: partitions not changed, GPU work is running: {running}")
+        logger.warning(f"{h.print_prefix}MIG PENDING: partitions not changed where GPU work is running: {running}")
         return True
     return busy
 
 
-def _mig(settings: Any, plan: TuningPlan) -> None:
+def _mig_reboot(h: Any, gpus: str) -> bool:
+    """mig_partitions' if_reboot: a MIG mode change waits for a GPU reset that was refused."""
+    SUMMARY.mig_reboot[h.name] = gpus
+    logger.warning(f"{h.print_prefix}MIG NEEDS A REBOOT: {gpus}")
+    return True
+
+
+def _mig(settings: Any, plan: TuningPlan, if_busy: Any = None, if_reboot: Any = _mig_reboot) -> None:
     setting = settings.gpu_mig
     mig = plan.mig
     if not mig.managed or not mig.gpus:  # unmanaged, or no GPU with MIG: nothing to make or undo
@@ -179,7 +187,22 @@ def _mig(settings: Any, plan: TuningPlan) -> None:
     for note in plan.notes:
         say(note)
     gpu.mig_partitions(name=f"Make the MIG partitions gpu_mig sets ({mig.summary()}) while the GPUs are idle",
-                       setting=setting, script=script, cdi=context["cdi"], if_busy=_mig_busy(setting))
+                       setting=setting, script=script, cdi=context["cdi"], if_busy=if_busy or _mig_busy(setting),
+                       if_reboot=if_reboot)
+
+
+@deploy("MIG partitions, as tools/rollout makes them on a drained host")
+def mig_partitions(if_busy: Any = None, if_reboot: Any = None) -> None:
+    """The MIG part of tuning() alone (script, boot unit and its record, the gated change), with
+    the rollout's answers to GPU work found right before the change and to a refused GPU reset
+    (the host's step fails: busy, or reboot-pending) instead of all.py's (reported pending)."""
+    settings = host_settings(host)
+    try:
+        plan = plan_tuning(host, settings)
+    except t.Refusal as refusal:
+        refuse(host, refusal.key, refusal.problem, f"set {refusal.key} to what this host allows: {refusal.allowed}")
+        return
+    _mig(settings, plan, if_busy=if_busy, if_reboot=if_reboot or _mig_reboot)
 
 
 def _clocks(settings: Any, plan: TuningPlan, env_file: Any) -> None:

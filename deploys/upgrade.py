@@ -10,15 +10,21 @@ one left (after a reboot, after a wait):
               prebuilt modules with the driver, and the kernels they follow with them)
     reboot    only when the loaded module is not the target (and driver_reboot allows it); by
               gpufleet, or by Slurm (rollout_slurm_reboot: slurm), the node left DOWN until undrain
+    mig       the MIG partitions gpu_mig sets, where the GPUs' layout differs (the runner's step:
+              deploys/tuning.py's MIG part, through the same per-GPU gate; a host whose only
+              change is its MIG layout goes through every step, each a no-op but this one)
     tune      persistence and clocks back as recorded in the manifest (with --retune the runner
               applies deploys/tuning.py instead: the tier's tuning, as all.py does)
     validate  loaded module = installed = target, nvidia-smi healthy, GPUs and settings as before
+              (clocks not compared on GPUs in MIG mode: not settable there), MIG layout as gpu_mig sets
     undrain   Slurm: the node's driver feature (gpufleet_driver_<version>), then resume
 
 Every step reads the host's real state first and changes only what differs, so a re-run after
 a failure picks up where it stopped.
 """
 from __future__ import annotations
+
+from typing import Any
 
 
 from pyinfra import host
@@ -35,6 +41,8 @@ from gpufleet.rollout.context import RolloutContext
 from gpufleet.package_plan import toolkit_release
 from gpufleet.settings import host_settings
 from gpufleet.validation import FAIL, PASS, diag_result
+from gpufleet.hostfacts import gpu_state, mig_state
+from gpufleet.tuning import Refusal, host_mig
 from gpufleet.cuda_stack import stack_fact_packages
 from gpufleet.operations.apt_index import index_refreshed
 from gpufleet.operations.drain import (gpu_containers_stopped, gpus_idle, gpus_idle_now, slurm_driver_feature, slurm_node,
@@ -74,7 +82,28 @@ def survey_host(ctx: RolloutContext) -> None:
                       for name, versions in candidates.items()},
         "holds": host.get_fact(HeldPackages),
         "slurm": host.get_fact(SlurmNode, node=settings.rollout_slurm_node_name).scontrol is not None,
+        **mig_survey(settings.gpu_mig),
     }
+
+
+def mig_survey(setting: object) -> dict[str, object]:
+    """The MIG plan's part of the survey: what changes (one line per GPU), or why the layout is
+    refused for this host; the same plan (gpufleet.tuning.host_mig) all.py, the plan view and the
+    gate read."""
+    try:
+        plan = host_mig(host, setting)
+    except Refusal as refused:
+        return {"mig_changes": [], "mig_error": f"refused ({refused.key}): {refused.problem}. Fix: set "
+                                                f"{refused.key} to what this host allows: {refused.allowed}"}
+    changes = [f"{g.label}: {g.found} -> " + (" + ".join(g.wanted) if g.wanted is not None else "MIG off")
+               for g in plan.changes]
+    return {"mig_changes": changes, "mig_error": None, "mig_summary": plan.summary()}
+
+
+def driver_moves(ctx: RolloutContext) -> bool:
+    """Does this host's driver (or CUDA toolkit / cuDNN) move in this rollout? No: only its MIG layout."""
+    info = ctx.survey.get(host.name, {})
+    return not (info.get("installed") == info.get("loaded") == ctx.target and not info.get("stack_moves"))
 
 
 @deploy("Take the host out of service")
@@ -98,8 +127,8 @@ def drain(ctx: RolloutContext) -> None:
                    "let them finish and re-run, wait for them with --wait-idle SECONDS, or upgrade anyway "
                    "with --force", outcome="busy")
         return
-    slurm_node(name=f"Drain the Slurm node for the driver upgrade to {ctx.target}", drained=True,
-               reason=f"gpufleet driver upgrade to {ctx.target}", node=node)
+    what = f"driver upgrade to {ctx.target}" if driver_moves(ctx) else "MIG change (gpu_mig)"
+    slurm_node(name=f"Drain the Slurm node for the {what}", drained=True, reason=f"gpufleet {what}", node=node)
     slurm_node_drained(name="Wait for the Slurm jobs on the node to finish (DRAINED)", node=node,
                        timeout=settings.rollout_drain_timeout)
     if ctx.stop_containers:
@@ -238,7 +267,14 @@ def tune(ctx: RolloutContext) -> None:
         host.noop("no manifest for this rollout: nothing recorded to restore")
         return
     gpu_settings_restored(name="Restore the persistence mode and application clocks recorded before the upgrade",
-                          gpus=doc.get("gpus", []))
+                          gpus=doc.get("gpus", []), skip=sorted(mig_on(host)))
+
+
+def mig_on(host: Any) -> frozenset[str]:
+    """UUIDs of the GPUs in MIG mode now: their clocks are not settable (not restored, not compared)."""
+    state = mig_state(host)
+    buses = {g.bus_id for g in state.gpus if g.current == "Enabled"}
+    return frozenset(g.uuid for g in gpu_state(host).gpus if g.bus_id in buses)
 
 
 @deploy("Validate the upgraded host")
@@ -251,7 +287,13 @@ def validate(ctx: RolloutContext) -> None:
     settings = host_settings(host)
     problems = mf.validation_problems(ctx.target, driver, gpus, holds, ctx.manifests.get(host.name),
                                       stack=stack, stack_installed=found.installed,
-                                      stack_held=settings.driver_hold)
+                                      stack_held=settings.driver_hold, mig_on=mig_on(host))
+    try:
+        problems += [f"MIG layout: {g.label} has {g.found}, gpu_mig sets "
+                     + (" + ".join(g.wanted) if g.wanted is not None else "MIG off")
+                     for g in host_mig(host, settings.gpu_mig).changes]
+    except Refusal as refused:
+        problems.append(f"gpu_mig refused for this host: {refused.problem}")
     level = settings.rollout_canary_diag_level if host.name in ctx.canaries else 0
     diag = ""
     if level:
@@ -270,8 +312,10 @@ def validate(ctx: RolloutContext) -> None:
                    "tools/rollback INVENTORY HOST --reboot", area="validation")
     else:
         exact = [f"{p} {v}" for p, v in sorted(stack.items()) if found.installed.get(p)]
+        mig = mig_survey(settings.gpu_mig).get("mig_summary")
         host.noop(f"driver {ctx.target} loaded" + (f", {', '.join(exact)}" if exact else "")
-                  + f", {len(gpus.gpus)} GPU(s) healthy{diag}, settings and holds as before")
+                  + f", {len(gpus.gpus)} GPU(s) healthy{diag}, settings and holds as before"
+                  + (f", MIG as gpu_mig sets ({mig})" if mig else ""))
 
 
 @deploy("Put the host back in service")

@@ -483,6 +483,10 @@ def mig_as_set(ctx: Context) -> Result:
         return Result("tuning", name, PASS, plan.summary())
     from .run_summary import SUMMARY
 
+    reboot = SUMMARY.mig_reboot.get(ctx.host.name)
+    if reboot:
+        return Result("tuning", name, WARN, f"NEEDS A REBOOT (the GPU reset was refused: {reboot}): " + "; ".join(off),
+                      "reboot the host while its GPUs are idle; the boot unit makes the partitions")
     pending = SUMMARY.mig_pending.get(ctx.host.name)
     if pending:
         return Result("tuning", name, WARN, f"PENDING (GPU work was running right before the change: {pending[1]}): "

@@ -221,10 +221,12 @@ def upgrade_plan(installed: dict[str, Any], holds: list[str], available: dict[st
 
 def validation_problems(target: str, driver: DriverStateData, gpus: GpuStateData, holds: list[str],
                         manifest: dict[str, Any] | None, stack: dict[str, str] | None = None,
-                        stack_installed: dict[str, Any] | None = None, stack_held: bool = False) -> list[str]:
+                        stack_installed: dict[str, Any] | None = None, stack_held: bool = False,
+                        mig_on: frozenset[str] = frozenset()) -> list[str]:
     """What is wrong with an upgraded host (empty = healthy). `stack`: the CUDA toolkit / cuDNN
     releases it must have; with `stack_held`, the ones the rollout moved (other than in the
-    manifest) must be held."""
+    manifest) must be held. `mig_on`: UUIDs of GPUs in MIG mode, whose clocks are not compared
+    (not settable in MIG mode; a MIG mode change resets them)."""
     installed = stack_installed or {}
     problems = [f"{p} is {upstream(installed[p])}, not {want}" for p, want in sorted((stack or {}).items())
                 if installed.get(p) and not is_exact(installed[p], want)]
@@ -253,7 +255,8 @@ def validation_problems(target: str, driver: DriverStateData, gpus: GpuStateData
                 continue
             if want.get("persistence") and not gpu.persistence:
                 problems.append(f"GPU {want['index']}: persistence mode is off (was on)")
-            if want.get("app_clocks") and gpu.app_clocks and list(gpu.app_clocks) != want["app_clocks"]:
+            if want.get("app_clocks") and gpu.app_clocks and list(gpu.app_clocks) != want["app_clocks"] \
+                    and gpu.uuid not in mig_on:
                 problems.append(f"GPU {want['index']}: application clocks {list(gpu.app_clocks)}, "
                                 f"were {want['app_clocks']}")
         lost = sorted(set(manifest.get("holds", [])) - set(holds) - {p for p in manifest.get("holds", [])

@@ -5,7 +5,7 @@ atomically after every step of every host. A host is:
 
     pending         not started (or nothing changed yet)
     busy            refused: GPU processes were running, at the drain or found right before the
-                    package change or the reboot (not a failure; tried again next run)
+                    package change, the reboot or the MIG change (not a failure; tried again next run)
     skipped         named with --skip on the last run
     in-progress     a step started and has not finished (the run was killed)
     failed          a step failed (message says which and why)
@@ -33,9 +33,10 @@ from typing import Any
 from gpufleet import controller_files
 from gpufleet.printable import printable
 
-STEPS = ("drain", "snapshot", "upgrade", "reboot", "tune", "validate", "undrain")
-#: after these steps started, packages may have changed: a failed host stays out of service
-CHANGING_STEPS = ("upgrade", "reboot", "tune", "validate")
+STEPS = ("drain", "snapshot", "upgrade", "reboot", "mig", "tune", "validate", "undrain")
+#: after these steps started, packages (or MIG partitions) may have changed: a failed host stays
+#: out of service
+CHANGING_STEPS = ("upgrade", "reboot", "mig", "tune", "validate")
 FORMAT = 1
 
 
@@ -126,7 +127,7 @@ class HostRecord:
         """Out of service: drained and not given back (counts against max_unavailable)."""
         if self.status in ("reboot-pending", "in-progress"):
             return True
-        if self.status == "busy" and self.step_ok("upgrade"):
+        if self.status == "busy" and self.step_ok("upgrade") and not self.step_ok("reboot"):
             return True   # upgraded, its reboot refused by a GPU job: drained until it reboots
         return self.status == "failed" and self.changed
 

@@ -77,3 +77,15 @@ def test_a_done_host_is_rolled_out_again_when_its_stack_target_moves(tmp_path):
     assert "half-way through a rollout to CUDA/cuDNN libcudnn9-cuda-12 9.17.0.29" in why
     st.save()
     assert RolloutState.load(tmp_path / "s.json", "inventory", "inv.py").host("h1").stack == new
+
+
+def test_validation_leaves_the_clocks_of_gpus_in_mig_mode_alone():
+    """Clocks are not settable in MIG mode (and a mode change resets them): not compared there."""
+    driver = SimpleNamespace(module_version="580.126.09", userspace_version="580.126.09")
+    gpu = SimpleNamespace(uuid="GPU-a", index=0, persistence=True, app_clocks=(3201, 1785))
+    gpus = SimpleNamespace(ok=True, driver_version="580.126.09", gpus=[gpu])
+    manifest = {"packages": {}, "holds": [], "gpus": [{"uuid": "GPU-a", "index": 0, "persistence": True,
+                                                       "app_clocks": [3201, 1980]}]}
+    assert validation_problems("580.126.09", driver, gpus, [], manifest) == [
+        "GPU 0: application clocks [3201, 1785], were [3201, 1980]"]
+    assert validation_problems("580.126.09", driver, gpus, [], manifest, mig_on=frozenset({"GPU-a"})) == []

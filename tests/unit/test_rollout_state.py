@@ -53,7 +53,7 @@ def test_resume_never_redoes_a_finished_host_nor_a_taken_snapshot(tmp_path):
     st.finish("h", "validate", False, "loaded module is old")
     assert st.host("h").status == "failed"
     # drain again (re-checks GPU processes), no second snapshot, then every later step
-    assert st.host("h").steps_to_run() == ["drain", "upgrade", "reboot", "tune", "validate", "undrain"]
+    assert st.host("h").steps_to_run() == ["drain", "upgrade", "reboot", "mig", "tune", "validate", "undrain"]
     st.finish("fresh", "drain", False, "busy", status="busy")
     assert st.host("fresh").steps_to_run()[:2] == ["drain", "snapshot"]
 
@@ -67,6 +67,19 @@ def test_unavailable_means_out_of_service(tmp_path):
     st.finish("busy", "drain", False, "busy", status="busy")
     assert sorted(st.unavailable()) == ["late", "manual"]
     assert sorted(st.failed()) == ["early", "late"]
+
+
+def test_a_mig_change_busy_on_a_drained_host_gives_it_back_an_upgrade_busy_at_its_reboot_does_not(tmp_path):
+    st = RolloutState.load(tmp_path / "s.json", "V", "inv")
+    for step in ("drain", "snapshot", "upgrade"):
+        st.finish("upgraded", step, True)
+        st.finish("mig-only", step, True)
+    st.finish("upgraded", "reboot", False, "busy, pending (upgraded, not rebooted)", status="busy")
+    st.finish("mig-only", "reboot", True)
+    st.finish("mig-only", "mig", False, "busy, pending (MIG partitions not changed ...)", status="busy")
+    assert st.unavailable() == ["upgraded"]
+    st.finish("mig-failed", "mig", False, "the MIG script failed")
+    assert st.host("mig-failed").changed and "mig-failed" in st.unavailable()   # may have changed: stays out
 
 
 # --- atomic writes and the state lock ------------------------------------------------------------

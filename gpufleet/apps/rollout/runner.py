@@ -88,6 +88,31 @@ def tune_and_cdi(ctx: RolloutContext) -> None:
     cdi_after_driver_change()
 
 
+def mig_change(ctx: RolloutContext) -> None:
+    """The MIG partitions gpu_mig sets (deploys/tuning.py's MIG part), on the drained host,
+    through the same per-GPU gate as all.py; GPU work found right before the change makes the
+    host busy (its idle GPUs are changed, the busy ones are not), and a mode change whose GPU
+    reset was refused makes it reboot-pending, instead of all.py's "pending" report."""
+    from gpufleet.deploys.tuning import mig_partitions
+    from gpufleet.hostcontext import real_object
+
+    def busy(h: Any, running: str) -> bool:
+        h = real_object(h)
+        ctx.outcomes[h.name] = "busy"
+        ctx.reasons[h.name] = (f"busy, pending (MIG partitions not changed where GPU work started after the drain: "
+                               f"{running}). Fix: re-run once it has ended")
+        return False
+
+    def reboot(h: Any, gpus: str) -> bool:
+        h = real_object(h)
+        ctx.outcomes[h.name] = "reboot-pending"
+        ctx.reasons[h.name] = (f"MIG mode change pending until a GPU reset, which was refused ({gpus}). "
+                               "Fix: reboot the host by hand (the boot unit makes the partitions), then re-run")
+        return False
+
+    mig_partitions(if_busy=busy, if_reboot=reboot)
+
+
 def hostlock_stale(name: str, record: str) -> str:
     from gpufleet.hostlock import stale_message
     return stale_message(name, record)
@@ -217,6 +242,8 @@ class Runner:
         # one that does not fit stops the rollout here, before any host is touched
         refused = [targets.refusal_line(n, info[n]["target_error"], opts.target) for n in hosts
                    if n not in unreachable and targets.rollable(info[n]) and info[n].get("target_error")]
+        refused += [f"{n}: {info[n]['mig_error']}" for n in hosts
+                    if n not in unreachable and targets.rollable(info[n]) and info[n].get("mig_error")]
         if refused:
             for line in refused:
                 self.say(f"error: {line}")
@@ -241,8 +268,12 @@ class Runner:
                 self.say(f"error: {clash}")
                 return EXIT_USAGE
             rec = state.host(name)
+            if rec.status == "done" and info[name]["mig_changes"]:
+                # done at this target, but its MIG layout is not what gpu_mig sets now: a new round
+                state.hosts[name] = rec = type(rec)(name, target=rec.target, stack=rec.stack)
             fresh = not rec.steps and rec.status in ("pending", "skipped", "busy")
-            if fresh and info[name]["installed"] == info[name]["loaded"] == target and not info[name]["stack_moves"]:
+            if fresh and info[name]["installed"] == info[name]["loaded"] == target and not info[name]["stack_moves"] \
+                    and not info[name]["mig_changes"]:
                 stack = ", ".join(f"{p} {v}" for p, v in sorted(info[name]["stack"].items())
                                   if p in info[name]["packages"])
                 notes[name] = f"at {target} already{f' (and {stack})' if stack else ''}: nothing to do"
@@ -419,7 +450,7 @@ class Runner:
         active = list(wave)
         funcs: dict[str, Callable[..., Any]] = {
             "drain": steps.drain, "snapshot": steps.snapshot, "upgrade": steps.upgrade, "reboot": steps.reboot,
-            "tune": tune_and_cdi, "validate": steps.validate, "undrain": steps.undrain}
+            "mig": mig_change, "tune": tune_and_cdi, "validate": steps.validate, "undrain": steps.undrain}
         give_back: list[str] = []
         for step in STEPS:
             names = [n for n in active if step in todo[n]]
@@ -458,6 +489,11 @@ class Runner:
                                                  f"{why}. Re-run once it has ended", status="busy")
                     if step == "upgrade":
                         give_back.append(n)   # nothing changed: back in service
+                elif outcome == "busy" and step == "mig":
+                    # GPU work on a GPU the change touches, on a drained host: the driver steps
+                    # before it are done; the MIG change waits for the next run, the host goes back
+                    state.finish(n, step, False, why, status="busy")
+                    give_back.append(n)
                 elif outcome == "busy" or (step == "drain" and ("Wait for running GPU processes" in why
                                                                or "Wait for the Slurm jobs" in why)):
                     state.finish(n, step, False, why, status="busy")
@@ -548,7 +584,11 @@ class Runner:
                              f"{'manifest' + ('+' + s['snapshot'] if s['snapshot'] != 'none' else ''):<9} {status}")
                 if s["stack_moves"]:
                     lines.append(f"  {'':<8}   CUDA/cuDNN: " + ", ".join(s["stack_moves"]))
-                moving = s["moving"] if s["installed"] != target or not s["stack_moves"] else []
+                for change in s.get("mig_changes", []):
+                    # the same plan all.py, deploys/plan.py and the gate read (gpufleet.tuning.host_mig)
+                    lines.append(f"  {'':<8}   MIG: {change} (drained, changed while its GPUs are idle)")
+                driver_moves = not (s["installed"] == s["loaded"] == target and not s["stack_moves"])
+                moving = s["moving"] if driver_moves and (s["installed"] != target or not s["stack_moves"]) else []
                 if moving:
                     missing = [p for p in moving if not s["available"].get(p)]
                     lines.append(f"  {'':<8}   packages: {' '.join(moving)}"
