@@ -7,9 +7,11 @@ the operator runs it, as root. In order, on the same host:
 
 1. ``gpu_mig: {"all": ["3g.40gb"]}`` (an H100 profile) is refused at planning naming gpu_mig, the
    host and the H200's profiles; nothing changes;
-2. ``{"all": ["3g.71gb", "3g.71gb"]}`` with a GPU process running: the first run installs
-   everything else, and MIG is reported PENDING, not applied (no -mig command reaches the GPUs);
-3. the process gone: both GPUs in MIG mode with 2 GPU instances each (each with its compute
+2. ``{"all": ["3g.71gb", "3g.71gb"]}`` with a GPU process running on GPU 0 (listed by nvidia-smi and
+   holding GPU 0's device node): the first run installs everything else, GPU 1 gets its partitions
+   (work on GPU 0 does not hold it up) and GPU 0 is reported PENDING, not changed (no command for it
+   reaches the GPUs);
+3. the process gone: GPU 0 too in MIG mode with 2 GPU instances (each with its compute
    instance), the plan view and the gate say so, clocks left to the driver; a second run changes nothing;
 4. a real reboot of the test host loses the instances; the boot unit re-creates them;
 5. ``gpu_mig: none`` turns MIG off (instances destroyed first) and the clocks come back; the boot
@@ -71,17 +73,21 @@ def test_mig_from_the_tier_gated_kept_across_reboot_and_turned_off(hostpool, tmp
     assert set_commands(host) == []
     t1 = time.monotonic()
 
-    # 2. a GPU process runs: everything else is set up, MIG is pending, not applied
+    # 2. a GPU process runs on GPU 0: everything else is set up, GPU 1 partitioned, GPU 0 pending
     inv = inventory(LAYOUT)
-    sh(host, "gpusimctl add-process --gpu 1 --pid 4242 --name python3 --used-mib 2048")
+    pid = sh(host, "[ -e /dev/nvidia0 ] || touch /dev/nvidia0; "
+                   "(nohup sh -c 'exec sleep 3600 3</dev/nvidia0' >/dev/null 2>&1 & echo $!)").strip()
+    sh(host, f"gpusimctl add-process --gpu 0 --pid {pid} --name python3 --used-mib 2048")
     run = pyinfra(inv, deploy)
     assert run.returncode == 0, run.output
-    assert "MIG PENDING: partitions not changed, GPU work is running: 4242, python3" in run.output, run.output
+    assert (f"MIG PENDING: partitions not changed where GPU work is running: GPU 0: {pid}, python3 "
+            f"processes holding /dev/nvidia0: {pid}") in run.output, run.output
     assert "MIG partitions PENDING" in run.output[run.output.index("--> Results:"):], run.output
-    assert sh(host, MODES).splitlines() == ["0, Disabled, Disabled", "1, Disabled, Disabled"]
-    assert not [c for c in set_commands(host) if "mig" in c], set_commands(host)
+    assert sh(host, MODES).splitlines() == ["0, Disabled, Disabled", "1, Enabled, Enabled"]
+    assert instances(host) == {1: ["3g.71gb", "3g.71gb"]}
+    assert not [c for c in set_commands(host) if "-i 0" in c], set_commands(host)
     assert sh(host, "systemctl is-enabled gpufleet-gpu-mig.service").strip() == "enabled"
-    sh(host, "gpusimctl remove-process --pid 4242")
+    sh(host, f"gpusimctl remove-process --pid {pid}; kill {pid}; rm -f /dev/nvidia0")
     t2 = time.monotonic()
 
     # 3. idle: MIG on, 2 instances per GPU; clocks not touched on MIG GPUs; the plan and the gate agree
@@ -92,7 +98,8 @@ def test_mig_from_the_tier_gated_kept_across_reboot_and_turned_off(hostpool, tmp
     assert instances(host) == {0: ["3g.71gb", "3g.71gb"], 1: ["3g.71gb", "3g.71gb"]}
     new = set_commands(host)[before:]
     assert [c for c in new if "-ac" in c or "-lgc" in c] == [], new   # not settable in MIG mode
-    assert "-i 0 -mig 1" in new and "mig -i 1 -cgi 3g.71gb,3g.71gb -C" in new, new
+    assert "-i 0 -mig 1" in new and "mig -i 0 -cgi 3g.71gb,3g.71gb -C" in new, new
+    assert not [c for c in new if "-i 1" in c], new   # made in the first run
     again = pyinfra(inv, deploy)
     assert again.returncode == 0 and changed_operations(again) == [], again.output
     t3 = time.monotonic()

@@ -171,3 +171,44 @@ def test_health_drains_a_sick_node_with_its_finding_and_resumes_only_its_own(clu
     assert slurm.node_state(ctl, names[admin.name])[1] == ADMIN_REASON   # not gpufleet health's drain: kept
     # the admin's node is healthy but was not drained by gpufleet health: exit 0 all the same
     assert well.returncode == 0, well.stdout
+
+
+def test_a_mig_layout_change_is_drained_applied_and_validated(cluster, aptrepo):  # noqa: F811
+    """Issue 32: a host whose planned MIG layout differs from its GPUs' is one tools/rollout
+    drains (Slurm drain, reason "gpufleet MIG change (gpu_mig)"), changes through the per-GPU gate
+    (step mig), validates (the layout read back) and resumes, with no driver change and no reboot;
+    its clocks, not settable in MIG mode, are neither restored nor compared; a re-run has nothing to do."""
+    ctl, (busy, admin), names, work = cluster
+    node = names[busy.name]
+    t0 = time.monotonic()
+    assert slurm.settled_state(ctl, node) == ("idle", "")
+    driver, boot_id = rf.loaded(busy), rf.sh(busy, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    layout = ["3g.20gb", "3g.20gb"]   # the A100-SXM4-40GB's (compat.yaml: derived from NVIDIA's MIG user guide)
+    rf.inventory(work / "mig.py", [busy, admin], aptrepo,
+                 extra={busy.name: {"rollout_slurm_node_name": node, "gpu_mig": {"all": layout}}})
+    updates = len(rf.slurm_updates(ctl, node))
+    # the driver each host has loaded: the only change left is the MIG layout
+    r = subprocess.run([str(REPO / "tools/rollout"), "mig.py", "--driver-version", driver, "-y"],
+                       cwd=work, capture_output=True, text=True, timeout=1200)
+    print(r.stdout, r.stderr)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "MIG: GPU 0 NVIDIA A100-SXM4-40GB" in r.stdout and "MIG off -> 3g.20gb + 3g.20gb" in r.stdout, r.stdout
+    st = json.loads((work / ".gpufleet/rollouts/mig.json").read_text())["hosts"]
+    assert st[busy.name]["status"] == "done" and st[busy.name]["steps"]["mig"]["ok"], st[busy.name]
+    assert admin.name not in st   # at its driver, no MIG change: not in the rollout
+    lgi = rf.sh(busy, "nvidia-smi mig -lgi").stdout
+    assert [line.split()[3] for line in lgi.splitlines() if " MIG " in line] == ["3g.20gb"] * 4, lgi
+    modes = rf.sh(busy, "nvidia-smi --query-gpu=mig.mode.current --format=csv,noheader").stdout.split()
+    assert modes == ["Enabled", "Enabled"]
+    assert rf.sh(busy, "systemctl is-enabled gpufleet-gpu-mig.service").stdout.strip() == "enabled"
+    # drained by gpufleet for the MIG change, resumed after; no driver change, no reboot
+    texts = [text for _, text in rf.slurm_updates(ctl, node)[updates:]]
+    assert any("reason set to: gpufleet MIG change (gpu_mig)" in t for t in texts), texts
+    assert slurm.settled_state(ctl, node) == ("idle", "")
+    assert rf.loaded(busy) == driver and rf.sh(busy, "cat /proc/sys/kernel/random/boot_id").stdout.strip() == boot_id
+    # nothing left: a re-run leaves the host alone
+    again = subprocess.run([str(REPO / "tools/rollout"), "mig.py", "--driver-version", driver, "-y"],
+                           cwd=work, capture_output=True, text=True, timeout=900)
+    print(again.stdout, again.stderr)
+    assert again.returncode == 0 and "MIG:" not in again.stdout, again.stdout
+    print(f"[timing] MIG rollout + re-run {time.monotonic() - t0:.1f} s")
