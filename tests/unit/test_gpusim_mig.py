@@ -126,3 +126,37 @@ def test_a100_profiles_from_the_mig_user_guide(tmp_path):
     assert "MIG 4g.20gb          5" in lgi and "MIG 2g.10gb         14" in lgi and "MIG 1g.5gb          19" in lgi
     r = a100.smi("mig", "-i", "2", "-cgi", "3g.40gb")
     assert r.returncode == 2 and "Invalid Argument" in r.stdout
+
+
+def test_a_pending_mode_is_made_current_by_a_gpu_reset_or_a_boot(h200x2):
+    """`-r -i N` (simulated; messages UNVERIFIED) makes a pending MIG mode current unless a process
+    uses the GPU or the reset is refused (gpusimctl fault reset-refused); a boot (gpusim-load-module)
+    makes it current too."""
+    import os
+    import subprocess
+    import sys
+
+    sim = h200x2
+    sim.ctl("fault", "--gpu", "1", "mig-needs-reset")
+    assert sim.smi("-i", "1", "-mig", "1").returncode == 0
+    assert modes(sim) == ["0, Disabled, Disabled", "1, Disabled, Enabled"]
+    assert sim.smi("-r").returncode == 2                       # which GPU: -i is needed
+    assert sim.smi("-r", "-i", "1", uid=1000).returncode == 4  # root only
+    sim.ctl("add-process", "--gpu", "1", "--pid", "7", "--name", "python3", "--used-mib", "1")
+    r = sim.smi("-r", "-i", "1")
+    assert r.returncode == 19 and "is currently in use by another process" in r.stdout
+    sim.ctl("remove-process", "--pid", "7")
+    sim.ctl("fault", "--gpu", "1", "reset-refused")
+    assert sim.smi("-r", "-i", "1").returncode == 19
+    sim.ctl("fault", "--clear", "--gpu", "1")
+    sim.ctl("fault", "--gpu", "1", "mig-needs-reset")
+    r = sim.smi("-r", "-i", "1")
+    assert (r.returncode, r.stdout) == (0, "GPU 00000000:00:07.0 was successfully reset.\nAll done.\n")
+    assert modes(sim) == ["0, Disabled, Disabled", "1, Enabled, Enabled"]
+    # pending again (disable), then a boot
+    assert sim.smi("-i", "1", "-mig", "0").returncode == 0
+    assert modes(sim)[1] == "1, Enabled, Disabled"
+    sim.reboot()
+    subprocess.run([sys.executable, str(sim.root / "usr/lib/gpusim/gpusim-load-module")], check=True,
+                   env=dict(os.environ, GPUSIM_ROOT=str(sim.root)), capture_output=True)
+    assert modes(sim)[1] == "1, Disabled, Disabled"
