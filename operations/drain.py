@@ -188,30 +188,31 @@ def idle_check(refused: str, per_gpu: bool = False) -> str:
 #: a user chooses, are looked up afterwards for the message alone). What cannot be read counts as
 #: busy: a GPU nvidia-smi does not name, or (no device minor) a holder of any GPU's device node.
 GPU_WORK_ON = r"""
-gpu_holders=$(find /proc/[0-9]*/fd -maxdepth 1 -lname '/dev/nvidia[0-9]*' -printf '%h %l
-' 2>/dev/null)
+gpu_holders=$(find /proc/[0-9]*/fd -maxdepth 1 -lname '/dev/nvidia[0-9]*' -printf '%h %l\n' 2>/dev/null)
 gpu_apps=$(nvidia-smi --query-compute-apps=gpu_bus_id,pid --format=csv,noheader 2>/dev/null) || gpu_apps=
 gpu_work() {
   bus=$(nvidia-smi -i "$1" --query-gpu=pci.bus_id --format=csv,noheader 2>/dev/null | tr 'A-F' 'a-f')
   case $bus in *:*:*.[0-7]) ;; *) echo "nvidia-smi does not name GPU $1"; return;; esac
-  minor=$(sed -n 's/^Device Minor:[[:space:]]*\([0-9][0-9]*\)$//p'     "/proc/driver/nvidia/gpus/${bus#????}/information" 2>/dev/null)
-  node="/dev/nvidia${minor:-[0-9]*}"
-  held=$(printf '%s
-' "$gpu_holders" | while read -r dir target; do
-    case $target in $node) dir=${dir#/proc/}; echo "${dir%/fd}";; esac; done | sort -un | tr '
-' ' ')
-  run=$(printf '%s
-' "$gpu_apps" | awk -F', *' -v b="$bus" 'tolower($1) == b && $2 ~ /^[0-9]+$/ { print $2 }'     | sort -un | tr '
-' ' ')
+  minor=$(sed -n 's/^Device Minor:[[:space:]]*\([0-9][0-9]*\)$/\1/p' \
+    "/proc/driver/nvidia/gpus/${bus#????}/information" 2>/dev/null)
+  held=$(printf '%s\n' "$gpu_holders" | while read -r dir target; do
+    if [ -n "$minor" ]; then [ "$target" = "/dev/nvidia$minor" ] || continue
+    else case "$target" in /dev/nvidia[0-9]*) ;; *) continue;; esac; fi
+    dir=${dir#/proc/}; echo "${dir%/fd}"
+  done | sort -un | tr '\n' ' ')
+  run=$(printf '%s\n' "$gpu_apps" | awk -F', *' -v b="$bus" 'tolower($1) == b && $2 ~ /^[0-9]+$/ { print $2 }' \
+    | sort -un | tr '\n' ' ')
   names=""
   for p in $run; do
-    names="$names$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null       | awk -F', ' -v p="$p" '$1 == p { print; exit }' | tr -d '
-'); "
+    names="$names$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null \
+      | awk -F', ' -v p="$p" '$1 == p { print; exit }' | tr -d '\n'); "
   done
   names=${names%; }
-  echo "${names}${held:+${names:+ }processes holding /dev/nvidia${minor:-*}: ${held% }}"
+  node="/dev/nvidia${minor:-*}"
+  echo "${names}${held:+${names:+ }processes holding $node: ${held% }}"
 }
 """
+
 
 # The per-GPU check's decision: each INDEX=... argument on a busy GPU is dropped (and named on a
 # BUSY_MARK line); nothing left to change ends the command with BUSY_EXIT.
@@ -225,8 +226,7 @@ while [ "$n" -gt 0 ]; do
       case $i in *[!0-9]*) set -- "$@" "$arg"; continue;; esac
       what=$(gpu_work "$i")
       if [ -n "$what" ]; then
-        echo "MARK GPU work is running on GPU $i, REFUSED: $what" | tr '
-' ' ' >&2; echo >&2
+        echo "MARK GPU work is running on GPU $i, REFUSED: $what" | tr '\n' ' ' >&2; echo >&2
         busy_gpus="$busy_gpus $i"
         continue
       fi

@@ -52,7 +52,11 @@ def run(sim, *entries: str) -> subprocess.CompletedProcess:
 
 
 def gated(sim, *entries: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", "-c", mig_command(script(), entries).get_raw_value()], env=sim.env,
+    """The gated command in a PID namespace of its own with its own /proc: the idle check's
+    device-node side sees only the test's processes, not those of this machine (test hosts of
+    other e2e runs hold their simulated /dev/nvidia0, and would count as GPU work here)."""
+    alone = ["unshare", "--pid", "--fork", "--mount", "--mount-proc"] if os.geteuid() == 0 else []
+    return subprocess.run([*alone, "sh", "-c", mig_command(script(), entries).get_raw_value()], env=sim.env,
                           capture_output=True, text=True, check=False)
 
 
@@ -98,8 +102,7 @@ def test_gated_command_changes_nothing_while_a_gpu_process_runs(sim):
     assert r.returncode == BUSY_EXIT
     assert f"{BUSY_MARK} GPU work is running on GPU 1, not changing its mig partitions: 4242, python3" in r.stderr
     assert log(sim) == [] and layout(sim) == []
-    # (processes of this machine holding an NVIDIA device node would count as GPU work too: the
-    # device-node side runs on a test host in tests/e2e/test_mig.py)
+    # (the device-node side, a process holding /dev/nvidia0, runs on a test host: tests/e2e/test_mig.py)
 
 
 def test_gated_command_changes_the_idle_gpus_only(sim):
