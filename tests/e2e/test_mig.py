@@ -12,7 +12,8 @@ the operator runs it, as root. In order, on the same host:
    (work on GPU 0 does not hold it up) and GPU 0 is reported PENDING, not changed (no command for it
    reaches the GPUs);
 3. the process gone: GPU 0 too in MIG mode with 2 GPU instances (each with its compute
-   instance), the plan view and the gate say so, clocks left to the driver; a second run changes nothing;
+   instance; its mode change, left pending by the simulated GPU, made effective by a GPU reset in
+   the same gated command), the plan view and the gate say so, clocks left to the driver; a second run changes nothing;
 4. a real reboot of the test host loses the instances; the boot unit re-creates them;
 5. ``gpu_mig: none`` turns MIG off (instances destroyed first) and the clocks come back; the boot
    unit goes; a second run changes nothing.
@@ -90,15 +91,20 @@ def test_mig_from_the_tier_gated_kept_across_reboot_and_turned_off(hostpool, tmp
     sh(host, f"gpusimctl remove-process --pid {pid}; kill {pid}; rm -f /dev/nvidia0")
     t2 = time.monotonic()
 
-    # 3. idle: MIG on, 2 instances per GPU; clocks not touched on MIG GPUs; the plan and the gate agree
+    # 3. idle: MIG on, 2 instances per GPU; clocks not touched on MIG GPUs; the plan and the gate agree.
+    # GPU 0's mode change waits for a GPU reset (simulated: gpusimctl fault mig-needs-reset): the
+    # gated command, whose idle check found GPU 0 idle, resets it (nvidia-smi -r -i 0)
+    sh(host, "gpusimctl fault --gpu 0 mig-needs-reset")
     before = len(set_commands(host))
     run = pyinfra(inv, deploy)
+    sh(host, "gpusimctl fault --clear")
     assert run.returncode == 0, run.output
     assert sh(host, MODES).splitlines() == ["0, Enabled, Enabled", "1, Enabled, Enabled"]
     assert instances(host) == {0: ["3g.71gb", "3g.71gb"], 1: ["3g.71gb", "3g.71gb"]}
     new = set_commands(host)[before:]
     assert [c for c in new if "-ac" in c or "-lgc" in c] == [], new   # not settable in MIG mode
     assert "-i 0 -mig 1" in new and "mig -i 0 -cgi 3g.71gb,3g.71gb -C" in new, new
+    assert new[new.index("-i 0 -mig 1") + 1] == "-r -i 0" and "-r -i 1" not in new, new
     assert not [c for c in new if "-i 1" in c], new   # made in the first run
     again = pyinfra(inv, deploy)
     assert again.returncode == 0 and changed_operations(again) == [], again.output
