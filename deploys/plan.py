@@ -57,8 +57,8 @@ def mig_lines() -> tuple[list[str], frozenset[str]]:
     except Refusal as refused:
         return [f"mig: REFUSED: {refused}"], frozenset()
     out = [f"mig: {plan.summary()}"]
-    out += [f"mig: {g.label}: has {g.found}; " + ("to change (only while the GPUs are idle)" if g.change else "as set")
-            for g in plan.gpus if plan.managed]
+    change = "to change (only while this GPU is idle; tools/rollout drains the host for it)"
+    out += [f"mig: {g.label}: has {g.found}; " + (change if g.change else "as set") for g in plan.gpus if plan.managed]
     skip = mig_clock_skip(host, plan)
     if skip and settings.clock_policy not in ("unmanaged", "default"):
         out.append(f"mig: clocks are not settable in MIG mode: clock_policy {settings.clock_policy} leaves "

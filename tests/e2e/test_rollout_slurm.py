@@ -193,6 +193,7 @@ def test_a_mig_layout_change_is_drained_applied_and_validated(cluster, aptrepo):
     print(r.stdout, r.stderr)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "MIG: GPU 0 NVIDIA A100-SXM4-40GB" in r.stdout and "MIG off -> 3g.20gb + 3g.20gb" in r.stdout, r.stdout
+    assert "the inventory does not say" not in r.stdout   # the driver did not move: no inventory advice
     st = json.loads((work / ".gpufleet/rollouts/mig.json").read_text())["hosts"]
     assert st[busy.name]["status"] == "done" and st[busy.name]["steps"]["mig"]["ok"], st[busy.name]
     assert admin.name not in st   # at its driver, no MIG change: not in the rollout
@@ -211,4 +212,16 @@ def test_a_mig_layout_change_is_drained_applied_and_validated(cluster, aptrepo):
                            cwd=work, capture_output=True, text=True, timeout=900)
     print(again.stdout, again.stderr)
     assert again.returncode == 0 and "MIG:" not in again.stdout, again.stdout
-    print(f"[timing] MIG rollout + re-run {time.monotonic() - t0:.1f} s")
+    t1 = time.monotonic()
+    # and back: gpu_mig none is a change the rollout drains for too (the done host starts a new round)
+    rf.inventory(work / "mig.py", [busy, admin], aptrepo,
+                 extra={busy.name: {"rollout_slurm_node_name": node, "gpu_mig": "none"}})
+    off = subprocess.run([str(REPO / "tools/rollout"), "mig.py", "--driver-version", driver, "-y"],
+                         cwd=work, capture_output=True, text=True, timeout=1200)
+    print(off.stdout, off.stderr)
+    assert off.returncode == 0 and "3g.20gb + 3g.20gb -> MIG off" in off.stdout, off.stdout + off.stderr
+    modes = rf.sh(busy, "nvidia-smi --query-gpu=mig.mode.current --format=csv,noheader").stdout.split()
+    assert modes == ["Disabled", "Disabled"]
+    assert rf.sh(busy, "systemctl is-enabled gpufleet-gpu-mig.service", check=False).stdout.strip() != "enabled"
+    assert slurm.settled_state(ctl, node) == ("idle", "")
+    print(f"[timing] MIG rollout + re-run {t1 - t0:.1f} s; back to none {time.monotonic() - t1:.1f} s")

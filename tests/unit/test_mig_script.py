@@ -172,3 +172,12 @@ def test_dcgm_is_stopped_for_a_mode_change_and_started_again(sim):
     sim.systemctl_log.unlink()
     assert run(sim, "0=3g.71gb,3g.71gb").returncode == 0
     assert systemctl(sim) == []
+
+
+def test_a_gpu_the_check_cannot_read_counts_as_busy(sim):
+    """No answer for a GPU index (here: one the host does not have) is not "idle"."""
+    r = gated(sim, "5=3g.71gb")
+    assert r.returncode == BUSY_EXIT
+    assert f"{BUSY_MARK} GPU work is running on GPU 5, not changing its mig partitions: nvidia-smi does not name GPU 5" \
+        in r.stderr
+    assert log(sim) == []

@@ -603,7 +603,9 @@ class Runner:
         """After an override: the inventory lines that make it say what the hosts now run."""
         if not self.opts.target:
             return
-        moved = [n for n in eligible if self.state.host(n).status == "done"]
+        # a host whose only change was its MIG layout ran this driver before: nothing to say
+        moved = [n for n in eligible if self.state.host(n).status == "done"
+                 and self.state.host(n).from_version != self.opts.target]
         lines = targets.inventory_lines(inventory_arg(self.opts.inventory), moved, self.opts.target) if moved else []
         if not lines:
             return
