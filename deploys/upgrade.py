@@ -97,7 +97,8 @@ def mig_survey(setting: object) -> dict[str, object]:
                                                 f"{refused.key} to what this host allows: {refused.allowed}"}
     changes = [f"{g.label}: {g.found} -> " + (" + ".join(g.wanted) if g.wanted is not None else "MIG off")
                for g in plan.changes]
-    return {"mig_changes": changes, "mig_error": None, "mig_summary": plan.summary()}
+    return {"mig_changes": changes, "mig_error": None, "mig_summary": plan.summary(),
+            "mig_on": any(g.mig_on for g in plan.gpus)}
 
 
 def driver_moves(ctx: RolloutContext) -> bool:

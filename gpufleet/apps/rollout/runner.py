@@ -447,6 +447,12 @@ class Runner:
         if batch.index == 0:
             ctx.canaries.update(wave)
         todo = {name: state.host(name).steps_to_run() for name in wave}
+        for name in wave:
+            mig = ctx.survey.get(name, {})
+            if not (mig.get("mig_changes") or mig.get("mig_on")):
+                # no MIG layout to make or keep: the step has nothing to do (validate still reads
+                # the layout); skipped, not run as a pyinfra run of its own
+                todo[name] = [s for s in todo[name] if s != "mig"]
         active = list(wave)
         funcs: dict[str, Callable[..., Any]] = {
             "drain": steps.drain, "snapshot": steps.snapshot, "upgrade": steps.upgrade, "reboot": steps.reboot,
