@@ -127,9 +127,15 @@ class HostRecord:
         """Out of service: drained and not given back (counts against max_unavailable)."""
         if self.status in ("reboot-pending", "in-progress"):
             return True
-        if self.status == "busy" and self.step_ok("upgrade") and not self.step_ok("reboot"):
+        if self.status == "busy" and self.step_ok("upgrade") and self.last_step() != "mig":
             return True   # upgraded, its reboot refused by a GPU job: drained until it reboots
+        # busy at the mig step: the host was given back (its MIG change waits for the next run)
         return self.status == "failed" and self.changed
+
+    def last_step(self) -> str | None:
+        """The step that finished last (None: none has)."""
+        done = [s for s in self.steps if self.steps[s].get("finished")]
+        return max(done, key=lambda s: float(self.steps[s]["finished"]), default=None)
 
     def steps_to_run(self) -> list[str]:
         if self.status == "done":
