@@ -65,6 +65,22 @@ def test_profiles_come_from_the_compat_data():
     assert {"NVIDIA H100 80GB HBM3", "NVIDIA A30", "NVIDIA A100 80GB PCIe"} <= set(mig.mig_models())
 
 
+def test_b200_and_gh200_profiles_from_nvidia_mig_parted():
+    """Derived (not recorded on a real GPU): NVIDIA mig-parted's default config (compat.yaml S38)."""
+    b200 = [gpu(0, "NVIDIA B200"), gpu(1, "NVIDIA B200")]
+    plan = mig.plan_mig(mig.check_setting({"all": ["1g.23gb", "1g.23gb", "2g.45gb", "3g.90gb"]}), b200,
+                        state(off(0), off(1)))
+    # largest first does not fit (the 2g would take slices 4-5, the 1g's have no start at 7): 1g, 1g, 2g, 3g does
+    assert [g.wanted for g in plan.changes] == [("1g.23gb", "1g.23gb", "2g.45gb", "3g.90gb")] * 2
+    with pytest.raises(mig.MigRefusal, match="has no MIG profile 3g.71gb"):
+        mig.plan_mig(mig.check_setting(LAYOUT), b200, state(off(0), off(1)))
+    assert [p.name for p in mig.model_profiles("NVIDIA GH200 144G HBM3e") or ()][-1] == "7g.144gb"
+    from gpufleet.compat import compat_data
+
+    # named as the GPU catalogue names them (nvidia-smi's names)
+    assert {"NVIDIA B200", "NVIDIA GH200 144G HBM3e"} <= {g["name"] for g in compat_data().gpus_raw}
+
+
 def test_plan_enables_and_partitions_then_is_a_no_op():
     setting = mig.check_setting(LAYOUT)
     plan = mig.plan_mig(setting, [gpu(0), gpu(1)], state(off(0), off(1)))
