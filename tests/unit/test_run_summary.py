@@ -21,16 +21,21 @@ def test_what_the_run_leaves_is_said_per_host_and_read_back_by_the_report():
     s.stack_by_hand["gpu-b02"] = {"CUDA toolkit": ["cuda-toolkit-13-0 13.0.1 installed by hand"]}
     s.needs_reboot["gpu-c03"] = "loaded 580.95.05 differs; BUSY, PENDING: not rebooted"
     s.docker_pending["gpu-d04"] = (("default-ulimits",), "GPU containers running")
+    s.mig_pending["gpu-e05"] = ("gpu_mig: all GPUs: 3g.71gb, 3g.71gb", "GPU 0: 4242, python3")
+    s.mig_reboot["gpu-f06"] = "GPU 1: MIG mode Enabled is pending until the GPU is reset, and the reset was refused"
     text = s.report()
     for banner in ("1 host(s) with a DRIVER UPGRADE PENDING", "1 host(s) with a CUDA/cuDNN UPGRADE PENDING",
                    "whose CUDA toolkit or cuDNN was CHANGED BY HAND", "1 host(s) NEED A REBOOT",
-                   "have a Docker configuration change PENDING"):
+                   "have a Docker configuration change PENDING", "1 host(s) with MIG partitions PENDING",
+                   "1 host(s) NEED A REBOOT for a MIG mode change"):
         assert banner in text, banner
     assert "580.95.05" in text and "gpu-d04: default-ulimits (GPU containers running)" in text
+    assert "gpu-e05: gpu_mig: all GPUs: 3g.71gb, 3g.71gb (GPU work running: GPU 0: 4242, python3)" in text
+    assert "gpu-f06: GPU 1: MIG mode Enabled is pending" in text
     pending = s.pending("gpu-a01")
     assert len(pending) == 2 and "580.126.09" in pending[0] and "9.17.0.29" in pending[1]
     assert s.pending("gpu-b02") == ["cuda-toolkit-13-0 13.0.1 installed by hand"]
-    for name in ("gpu-a01", "gpu-b02", "gpu-c03", "gpu-d04"):
+    for name in ("gpu-a01", "gpu-b02", "gpu-c03", "gpu-d04", "gpu-e05", "gpu-f06"):
         s.forget(name)
     assert s.report() == ""
 
