@@ -27,9 +27,11 @@ MARK = "::gpufleet::"
 # driver/library mismatch): GPU work is running when either is non-empty. The one test of "the
 # GPUs are idle" that the commands which interrupt GPU work (operations/drain.py's idle_check) and
 # the facts that load the GPUs (facts/dcgm_diag.py) put first in their own command.
+# The device nodes are found by their fd links matched whole (find -lname), not in `ls -l` text:
+# a file a user names "x -> /dev/nvidia0" must not make a host look busy.
 GPU_WORK = (
-    "pids=$(for p in /proc/[0-9]*; do ls -l \"$p/fd\" 2>/dev/null | grep -q ' /dev/nvidia[0-9][0-9]*$' "
-    "&& echo \"${p#/proc/}\"; done); "
+    "pids=$(find /proc/[0-9]*/fd -maxdepth 1 -lname '/dev/nvidia[0-9]*' -printf '%h\\n' 2>/dev/null "
+    "| sed -n 's|^/proc/\\([0-9][0-9]*\\)/fd$|\\1|p' | sort -un); "
     "apps=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null) || apps="
 )
 

@@ -126,3 +126,31 @@ def test_reboot_refused_in_its_own_command_when_busy(stubs, tmp_path):
 def test_idle_check_takes_only_fixed_phrases():
     with pytest.raises(ValueError):
         idle_check("not rebooting; reboot")
+
+
+def test_gpu_work_matches_device_node_links_whole(tmp_path):
+    """GPU_WORK's holders: a process whose fd link is the node; not one holding a file a user named
+    "... -> /dev/nvidia0" (which `ls -l` text would show ending in " /dev/nvidia0"). Run with the
+    node's folder swapped for a scratch one: /dev is not this test's to write."""
+    import subprocess
+    from pathlib import Path
+
+    from gpufleet.facts._common import GPU_WORK
+
+    node = tmp_path / "nvidia0"
+    node.touch()
+    # a folder named "x " holding the node's path again: its link text ends in " <tmp>/nvidia0"
+    spoof = Path(f"{tmp_path}/x {tmp_path}")
+    spoof.mkdir(parents=True)
+    (spoof / "nvidia0").touch()
+    text = GPU_WORK.replace("/dev/nvidia", f"{tmp_path}/nvidia") + '\necho "pids=$pids"'
+    holder = subprocess.Popen(["sleep", "30"], stdin=open(node))
+    user = subprocess.Popen(["sleep", "30"], stdin=open(spoof / "nvidia0"))
+    try:
+        out = subprocess.run(["sh", "-c", text], capture_output=True, text=True, check=True).stdout
+    finally:
+        holder.kill()
+        user.kill()
+        holder.wait()
+        user.wait()
+    assert out.strip() == f"pids={holder.pid}"
