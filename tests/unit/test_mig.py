@@ -66,7 +66,7 @@ def test_profiles_come_from_the_compat_data():
 
 
 def test_b200_and_gh200_profiles_from_nvidia_mig_parted():
-    """Derived (not recorded on a real GPU): NVIDIA mig-parted's default config (compat.yaml S38)."""
+    """Derived (not recorded on a real GPU): NVIDIA mig-parted's default config (compat.yaml S40)."""
     b200 = [gpu(0, "NVIDIA B200"), gpu(1, "NVIDIA B200")]
     plan = mig.plan_mig(mig.check_setting({"all": ["1g.23gb", "1g.23gb", "2g.45gb", "3g.90gb"]}), b200,
                         state(off(0), off(1)))
