@@ -7,6 +7,7 @@ programs that replay the recorded H200 output and the failure modes.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -17,6 +18,7 @@ import pytest
 
 from gpufleet.facts.gpu import GPU_QUERY_FIELDS, GpuState
 from gpufleet.facts.kernel import DriverState
+from gpufleet.facts.mig import MigState
 from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
 from gpufleet.facts.packages import HeldPackages, PackageVersions
 from gpufleet.facts.pci import MellanoxPciDevices, NvidiaPciDevices, PciDevices
@@ -215,3 +217,31 @@ def test_gpu_state_script_failure_modes(tmp_path, body, status, error):
     assert error in state.error
     # The script stops after the failed query instead of running three more.
     assert "::gpufleet:: begin topology" not in result.stdout
+
+
+# --- MigState's script against a stub nvidia-smi -----------------------------
+
+
+@pytest.mark.parametrize("case, calls", [("mig_off", 1), ("no_mig_t4", 1),
+                                         ("one_partitioned_one_without_compute_instance", 3)])
+def test_mig_state_lists_instances_only_where_mig_is_on(tmp_path, case, calls):
+    """The instance listings cost two nvidia-smi calls; a host with no MIG-enabled GPU (every
+    no-op of a non-MIG fleet) skips them, and the fact is the same as with them."""
+    recorded = json.loads((Path(__file__).parent / "facts" / "mig.MigState" / f"{case}.json").read_text())
+    out = recorded["output"]
+    lgi = out.index("--gpufleet-mig lgi") if "--gpufleet-mig lgi" in out else len(out)
+    lci = out.index("--gpufleet-mig lci") if "--gpufleet-mig lci" in out else len(out)
+    for name, lines in (("modes", out[:lgi]), ("lgi", out[lgi + 1:lci]), ("lci", out[lci + 1:])):
+        (tmp_path / name).write_text("".join(line + "\n" for line in lines))
+    stub = write_stub(tmp_path / "bin", f"""echo "$*" >> {tmp_path}/calls
+case "$1 $2" in
+  '--query-gpu=index,pci.bus_id,mig.mode.current,mig.mode.pending --format=csv,noheader') cat {tmp_path}/modes ;;
+  'mig -lgi') cat {tmp_path}/lgi ;;
+  'mig -lci') cat {tmp_path}/lci ;;
+  *) echo "unexpected arguments: $*"; exit 2 ;;
+esac
+""")
+    result = run(MigState().command(), env=stub_env(stub))
+    assert result.returncode == 0 and result.stderr == ""
+    assert len((tmp_path / "calls").read_text().splitlines()) == calls
+    assert MigState().process(result.stdout.splitlines()) == MigState().process(out)
