@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.facts.gpu import GPU_QUERY_FIELDS, GpuState
+from gpufleet.facts.gpu import GPU_QUERY_FIELDS, GpuState, GpuStateData, gpu_state_command
 from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.mig import MigState
 from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
@@ -168,7 +168,8 @@ def test_gpu_state_script_with_recorded_h200_x2_stub(tmp_path):
 esac
 """,
     )
-    result = run(GpuState().command(), env=stub_env(stub))
+    cache = tmp_path / "cache"  # the script's STATIC_CACHE, here a folder of the test's own
+    result = run(gpu_state_command(static_cache=str(cache)), env=stub_env(stub))
     assert result.returncode == 0 and result.stderr == ""
     state = GpuState().process(result.stdout.splitlines())
     assert state.status == "ok", state
@@ -179,13 +180,60 @@ esac
     assert 3201 in state.supported_clocks["00000000:00:06.0"]
 
     # Without the compute processes: one nvidia-smi call fewer, the rest the same, no warning
+    # (another nvidia-smi, so the cache below is not used)
     logged = write_stub(tmp_path / "bin2", f'echo "$*" >> {tmp_path}/calls\nexec {stub}/nvidia-smi "$@"\n')
-    result = run(GpuState().command(processes=False), env=stub_env(logged))
+    result = run(gpu_state_command(processes=False, static_cache=str(cache)), env=stub_env(logged))
     assert result.returncode == 0 and result.stderr == ""
     without = GpuState().process(result.stdout.splitlines())
     assert without == state  # the recorded host had no compute processes
     calls = (tmp_path / "calls").read_text().splitlines()
     assert len(calls) == 3 and not any("compute-apps" in c for c in calls)
+
+
+def _static_calls(tmp_path: Path, cache: Path, query: str) -> tuple[list[str], GpuStateData]:
+    """Run GpuState's script (no processes) on a stub whose clock list is `query`'s GPU's; the
+    nvidia-smi calls made, and the fact."""
+    host = FIXTURES / "h200-x2"
+    (tmp_path / "query.txt").write_text(query)
+    stub = write_stub(tmp_path / "bin", f"""echo "$*" >> {tmp_path}/calls
+case "$*" in
+  --query-gpu=*) cat {tmp_path}/query.txt ;;
+  '-q -d SUPPORTED_CLOCKS') cat {host}/q-supported-clocks.txt ;;
+  'topo -m') cat {host}/topo.txt ;;
+esac
+""")
+    (tmp_path / "calls").write_text("")
+    result = run(gpu_state_command(processes=False, static_cache=str(cache)), env=stub_env(stub))
+    assert result.returncode == 0 and result.stderr == ""
+    return (tmp_path / "calls").read_text().splitlines(), GpuState().process(result.stdout.splitlines())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the cache is root's: only root's runs keep the supported clocks")
+def test_gpu_state_keeps_supported_clocks_only_where_only_root_writes(tmp_path):
+    query = query_gpu_from_recording("h200-x2")
+    cache = tmp_path / "cache"
+    first, state = _static_calls(tmp_path, cache, query)
+    assert len(first) == 3 and 3201 in state.supported_clocks["00000000:00:06.0"]
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert stat.S_IMODE((cache / "gpu-static").stat().st_mode) == 0o600
+    again, cached = _static_calls(tmp_path, cache, query)
+    assert again == [first[0], "topo -m"] and cached == state
+    # another answer to the query (here: another driver version) asks nvidia-smi again
+    changed, _ = _static_calls(tmp_path, cache, query.replace("580.159.04", "580.126.20"))
+    assert "-q -d SUPPORTED_CLOCKS" in changed
+    # a folder that is not root's 0700 one is never read from, nor written to
+    planted = tmp_path / "planted"
+    planted.mkdir(mode=0o755)
+    (planted / "gpu-static").write_text("forged\n::gpufleet:: begin supported-clocks\n")
+    calls, fact = _static_calls(tmp_path, planted, query)
+    assert "-q -d SUPPORTED_CLOCKS" in calls and fact == state
+    assert (planted / "gpu-static").read_text().startswith("forged")
+    # a link in place of the folder is not followed
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(target)
+    calls, fact = _static_calls(tmp_path, tmp_path / "link", query)
+    assert "-q -d SUPPORTED_CLOCKS" in calls and fact == state and list(target.iterdir()) == []
 
 
 @pytest.mark.parametrize(
