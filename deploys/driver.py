@@ -193,7 +193,7 @@ def driver() -> None:
     _holds(settings, d, present, pinning, held_now)             #    then holds
     _cuda_environment(d.res)                                    # 4. CUDA environment
     _reboot(settings, d, install, me)                           # 5. reboot
-    _profiling_pending(settings, me)                            #    profiling option still to load
+    _profiling_pending(settings, d, install, me)                #    profiling option still to load
     if d.res.fabricmanager_needed:
         _fabric_manager(me)
 
@@ -559,7 +559,7 @@ def _profiling_stale(h: Host, setting: str) -> bool:
         return False
 
 
-def _profiling_report(state: State, host: Host, h: Host, setting: str) -> bool:
+def _profiling_report(state: State | None, host: Host, h: Host, setting: str) -> bool:
     """Executing (python.call): record a profiling setting the loaded module does not have yet."""
     SUMMARY.profiling_pending[h.name] = f"{KEY}: {setting}: the loaded nvidia module has the other setting"
     logger.warning(f"{h.print_prefix}PROFILING PENDING: {KEY}: {setting} takes effect at the next load of the nvidia "
@@ -567,12 +567,17 @@ def _profiling_report(state: State, host: Host, h: Host, setting: str) -> bool:
     return True
 
 
-def _profiling_pending(settings: Settings, me: Any) -> None:
-    """Said at the end of the run, after this run's own reboot (if any): a setting the loaded
-    module does not have yet. No reboot of its own: tools/rollout's gate reboots for it."""
+def _profiling_pending(settings: Settings, d: Decided, install: Any, me: Any) -> None:
+    """Said at the end of the run: a setting the loaded module does not have yet. No reboot of its
+    own: tools/rollout's gate reboots for it. When this run may reboot (a driver change), asked
+    again after that reboot; else decided now, from the facts before the run (no operation: a
+    re-run while it waits changes nothing)."""
     setting = settings.tuning_profiling
-    python.call(name=f"Report that the loaded nvidia module waits for a reboot to get {KEY}: {setting}, if it does",
-                function=_profiling_report, h=me, setting=setting, _if=lambda: _profiling_stale(me, setting))
+    if install.will_change or d.before.mismatch:
+        python.call(name=f"Report that the loaded nvidia module waits for a reboot to get {KEY}: {setting}, if it does",
+                    function=_profiling_report, h=me, setting=setting, _if=lambda: _profiling_stale(me, setting))
+    elif d.profiling.pending:
+        _profiling_report(state=None, host=me, h=me, setting=setting)
 
 
 def _fabric_manager(me: Any) -> None:

@@ -478,19 +478,18 @@ PROFILING_PARAM = "RmProfilingAdminOnly"
 PROFILING_OPTION = "NVreg_RestrictProfilingToAdminUsers"
 # Where modprobe reads its configuration (modprobe.d(5)); /lib/modprobe.d is /usr/lib/modprobe.d on
 # merged-/usr systems (Debian 12+, Ubuntu 22.04+). Every one is root's: no user can write there.
-MODPROBE_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/lib/modprobe.d")
+MODPROBE_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/lib/modprobe.d")  # as PROFILING_STATE_COMMAND reads them
 
 PROFILING_STATE_COMMAND = "\n".join([
     begin("params"),
-    f"if [ -r {PARAMS_FILE} ]; then echo present=yes; grep -m1 '^{PROFILING_PARAM}:' {PARAMS_FILE}; "
-    "else echo present=no; fi",
+    "if [ -r /proc/driver/nvidia/params ]; then echo present=yes; "
+    "grep -m1 '^RmProfilingAdminOnly:' /proc/driver/nvidia/params; else echo present=no; fi",
     begin("options"),
     # every modprobe.d line that sets the option for the nvidia module, with its file
-    f"grep -sHE '^[[:space:]]*options[[:space:]]+nvidia[[:space:]].*{PROFILING_OPTION}=' "
-    + " ".join(f"{d}/*.conf" for d in MODPROBE_DIRS),
+    "grep -sHE '^[[:space:]]*options[[:space:]]+nvidia[[:space:]].*NVreg_RestrictProfilingToAdminUsers=' "
+    "/etc/modprobe.d/*.conf /run/modprobe.d/*.conf /usr/lib/modprobe.d/*.conf",
     "true",
 ])
-
 
 @dataclass(frozen=True)
 class ProfilingStateData(JsonMixin):
