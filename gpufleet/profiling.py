@@ -25,7 +25,7 @@ counters.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from gpufleet.facts.kernel import PROFILING_OPTION, ProfilingStateData
 
@@ -131,12 +131,11 @@ def plan_profiling(setting: str, state: ProfilingStateData, cuda_release: str | 
     return ProfilingPlan(setting, FILE_TEXT, 0, state.admin_only if state.loaded else None, others, nsight, note)
 
 
-def host_profiling(host: object, settings: object, res: object) -> ProfilingPlan:
-    """plan_profiling for a pyinfra host: its ProfilingState fact and the resolution `res` (the
-    one deploy, gate, plan view and report all read). Raises ProfilingRefusal."""
+def host_profiling(host: Any, settings: Any, res: Any) -> ProfilingPlan:
+    """plan_profiling for a pyinfra host: its ProfilingState fact and the resolution `res` (None:
+    nothing resolves; the one deploy, gate, plan view and report all read). Raises ProfilingRefusal."""
     from gpufleet.facts.kernel import ProfilingState
 
-    state = host.get_fact(ProfilingState)  # type: ignore[attr-defined]
-    release = getattr(res, "cuda_release", None)
-    return plan_profiling(getattr(settings, "tuning_profiling"), state, release,
-                          getattr(res, "source", None) == "nvidia" and bool(getattr(res, "cuda_package", None)))
+    release = res.cuda_release if res is not None else None
+    from_nvidia = res is not None and res.source == "nvidia" and bool(res.cuda_package)
+    return plan_profiling(settings.tuning_profiling, host.get_fact(ProfilingState), release, from_nvidia)
