@@ -224,6 +224,8 @@ def test_profiling_for_users_pending_until_the_gates_reboot_then_admins_again(ho
     rolled = rollout(inv)
     assert rolled.returncode == 0, rolled.stdout + rolled.stderr
     assert "yes (tuning_profiling)" in rolled.stdout, rolled.stdout
+    assert "tuning_profiling: the loaded nvidia module lacks it: a reboot, no package change" in rolled.stdout
+    assert "packages:" not in rolled.stdout, rolled.stdout
     assert "reboot ok" in rolled.stdout, rolled.stdout
     assert admin_only(host) == "0"   # read back from the module loaded at boot, as on the recorded H200
     t2 = time.monotonic()

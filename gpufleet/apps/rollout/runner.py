@@ -551,7 +551,10 @@ class Runner:
                              f"{'manifest' + ('+' + s['snapshot'] if s['snapshot'] != 'none' else ''):<9} {status}")
                 if s["stack_moves"]:
                     lines.append(f"  {'':<8}   CUDA/cuDNN: " + ", ".join(s["stack_moves"]))
-                moving = s["moving"] if s["installed"] != target or not s["stack_moves"] else []
+                at_target = s["installed"] == s["loaded"] == target and not s["stack_moves"]
+                moving = s["moving"] if (s["installed"] != target or not s["stack_moves"]) and not at_target else []
+                if at_target and s.get("profiling_pending"):
+                    lines.append(f"  {'':<8}   tuning_profiling: the loaded nvidia module lacks it: a reboot, no package change")
                 if moving:
                     missing = [p for p in moving if not s["available"].get(p)]
                     lines.append(f"  {'':<8}   packages: {' '.join(moving)}"
