@@ -17,6 +17,16 @@ reboot on a new host (the file is written before the driver is installed), else 
 which takes such a host through its gate (drain, idle right before, reboot, validate). A plain
 re-run of deploys/all.py never reboots for it.
 
+The initramfs is refreshed when the file changes (deploys/driver.py, with the nouveau blacklist):
+a module loaded from the initramfs reads the modprobe.d copied into it, not /etc. Ubuntu's
+packages put the nvidia modules there: nvidia-kernel-common-580(-server) installs the
+initramfs-tools hook framebuffer-nvidia, which adds every updates/dkms/nvidia*.ko to the image, and
+its postinst runs update-initramfs -u "so that the blacklist ends up in the initramfs"
+(canonical/nvidia-graphics-drivers, branch 580-server: debian/framebuffer-nvidia,
+debian/templates/nvidia-kernel-common-flavour.install.in and .postinst.in); mkinitramfs copies
+/etc/modprobe.d/* into every image it builds (initramfs-tools' mkinitramfs, "module-init-tools").
+A host without update-initramfs or dracut (a container) has nothing to refresh.
+
 Another modprobe.d file setting the option (not gpufleet's) decides with it: with ``users``, one
 that restricts is refused at planning (which line wins depends on file order: the operator
 decides); with ``admins`` gpufleet leaves it alone, and the gate warns that users can read the
