@@ -81,10 +81,11 @@ def survey_host(ctx: RolloutContext) -> None:
 
 
 def _profiling_pending(setting: str) -> bool:
-    """The loaded nvidia module gives the GPU performance counters otherwise than tuning_profiling
-    (gpufleet/profiling.py): its next load, a reboot through these steps, makes it so."""
+    """The loaded nvidia module gives the GPU performance counters otherwise than the modprobe.d
+    files gpufleet wrote for tuning_profiling say (gpufleet/profiling.py): its next load, a reboot
+    through these steps, makes it so (a setting all.py has not written yet is all.py's first)."""
     try:
-        return plan_profiling(setting, host.get_fact(ProfilingState), None, False).pending
+        return plan_profiling(setting, host.get_fact(ProfilingState), None, False).reboot_helps
     except ProfilingRefusal:  # all.py refuses the host: nothing of it is rolled out
         return False
 

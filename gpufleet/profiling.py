@@ -73,11 +73,18 @@ class ProfilingPlan:
     others: Mapping[str, int] = field(default_factory=dict)  # other modprobe.d files setting the option
     nsight: Mapping[str, str] = field(default_factory=dict)  # package -> release, with the CUDA toolkit
     note: str = ""  # why no Nsight tools, when users get none
+    next_load: int = DRIVER_DEFAULT  # what the next load gives with the files as they are now (before this run)
 
     @property
     def pending(self) -> bool:
         """The loaded module restricts otherwise than the next load will: a reboot makes it so."""
         return self.loaded is not None and self.loaded != self.wanted
+
+    @property
+    def reboot_helps(self) -> bool:
+        """A reboot now changes the loaded module's value (the files already say the other one):
+        what tools/rollout reboots a host for."""
+        return self.loaded is not None and self.loaded != self.next_load
 
     def who(self, value: int | None) -> str:
         return "not loaded" if value is None else "admins only" if value else "every user"
@@ -117,10 +124,11 @@ def plan_profiling(setting: str, state: ProfilingStateData, cuda_release: str | 
     if setting not in VALUES:
         raise ProfilingRefusal(f"unknown value {setting!r}", " | ".join(VALUES))
     others = {p: v for p, v in state.options.items() if p != MODPROBE_FILE}
+    loaded = state.admin_only if state.loaded else None
+    now = _last(state.options)
     if setting == ADMINS:
-        # gpufleet's file goes; another file's value (the last in modprobe's file order) stays
-        wanted = others[sorted(others, key=lambda p: p.rsplit("/", 1)[1])[-1]] if others else DRIVER_DEFAULT
-        return ProfilingPlan(setting, None, int(bool(wanted)), state.admin_only if state.loaded else None, others)
+        # gpufleet's file goes; another file's value stays
+        return ProfilingPlan(setting, None, _last(others), loaded, others, next_load=now)
     against = {p: v for p, v in others.items() if v != 0}
     if against:
         raise ProfilingRefusal(", ".join(f"{p} sets {PROFILING_OPTION}={v}" for p, v in against.items())
@@ -138,7 +146,15 @@ def plan_profiling(setting: str, state: ProfilingStateData, cuda_release: str | 
                                    f"{ADMINS}, or a cuda_version whose release has them: "
                                    + ", ".join(nsight_releases()))
         nsight = found
-    return ProfilingPlan(setting, FILE_TEXT, 0, state.admin_only if state.loaded else None, others, nsight, note)
+    return ProfilingPlan(setting, FILE_TEXT, 0, loaded, others, nsight, note, next_load=now)
+
+
+def _last(options: Mapping[str, int]) -> int:
+    """The value the module gets from these files: the last in modprobe's order (by file name),
+    as 0 or 1; none: the driver's default."""
+    if not options:
+        return DRIVER_DEFAULT
+    return int(bool(options[sorted(options, key=lambda p: p.rsplit("/", 1)[1])[-1]]))
 
 
 def host_profiling(host: Any, settings: Any, res: Any) -> ProfilingPlan:

@@ -44,6 +44,13 @@ def test_admins_leaves_another_files_option_alone_and_the_next_load_follows_it()
     assert plan.others == other and plan.wanted == 0 and not plan.pending
 
 
+def test_a_reboot_helps_only_once_the_file_says_it_what_tools_rollout_reboots_for():
+    assert not plan_profiling("users", state(1), "13.0.2", True).reboot_helps      # all.py has not written it
+    assert plan_profiling("users", state(1, OURS), "13.0.2", True).reboot_helps
+    assert plan_profiling("admins", state(0), None, False).reboot_helps             # gone: the default again
+    assert not plan_profiling("admins", state(0, OURS), None, False).reboot_helps   # all.py removes it first
+
+
 def test_users_refuses_another_file_that_restricts_naming_it():
     with pytest.raises(ProfilingRefusal) as refused:
         plan_profiling("users", state(1, {"/usr/lib/modprobe.d/site.conf": 1}), "13.0.2", True)
