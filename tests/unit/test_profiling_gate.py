@@ -43,8 +43,8 @@ def check(setting: str, host: Host) -> validation.Result:
     return validation.profiling_as_set(ctx)
 
 
-def users_host(admin_only: int, installed: dict[str, str] = NSIGHT, held: list[str] = list(NSIGHT)) -> Host:
-    return Host(ProfilingStateData(True, admin_only, {MODPROBE_FILE: 0}), FILE_TEXT, installed, held)
+def users_host(admin_only: int, installed: dict[str, str] = NSIGHT, held: tuple[str, ...] = tuple(NSIGHT)) -> Host:
+    return Host(ProfilingStateData(True, admin_only, {MODPROBE_FILE: 0}), FILE_TEXT, installed, list(held))
 
 
 def test_users_written_not_loaded_warns_pending_naming_the_rollout():
@@ -63,7 +63,7 @@ def test_users_with_an_nsight_package_off_its_release_or_not_held_fails():
     moved = {**NSIGHT, "nsight-compute-2025.3.1": "2025.3.1.9-1"}
     r = check("users", users_host(0, installed=moved))
     assert r.status == "fail" and "nsight-compute-2025.3.1 2025.3.1.9-1 (wants 2025.3.1.4)" in r.message
-    r = check("users", users_host(0, held=[p for p in NSIGHT if p != "nsight-systems-2025.3.2"]))
+    r = check("users", users_host(0, held=tuple(p for p in NSIGHT if p != "nsight-systems-2025.3.2")))
     assert r.status == "fail" and r.message == "nsight-systems-2025.3.2 not held"
 
 
