@@ -33,6 +33,8 @@ class RunSummary:
     docker_pending: dict[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
     #: host name -> (the MIG layout not applied, what ran): GPU work found right before the change
     mig_pending: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: host name -> the tuning_profiling setting the loaded nvidia module does not have yet (next boot)
+    profiling_pending: dict[str, str] = field(default_factory=dict)
 
     def pending(self, name: str) -> list[str]:
         """What all.py leaves alone on this host: drift all the same, each for tools/rollout."""
@@ -44,7 +46,7 @@ class RunSummary:
     def forget(self, name: str) -> None:
         """Drop every record of one host (a test's observation, taken)."""
         for records in (self.driver_pending, self.stack_pending, self.stack_by_hand, self.needs_reboot,
-                        self.docker_pending, self.mig_pending):
+                        self.docker_pending, self.mig_pending, self.profiling_pending):
             records.pop(name, None)
         self.busy_at_reboot.discard(name)
 
@@ -83,6 +85,11 @@ class RunSummary:
                               for name, (layout, running) in sorted(self.mig_pending.items()))
             out.append(f"\n--> gpufleet: {len(self.mig_pending)} host(s) with MIG partitions PENDING (not changed: GPU "
                        f"work was running right before the change); re-run deploys/all.py once the GPUs are idle:\n{lines}\n")
+        if self.profiling_pending:
+            lines = "\n".join(f"    {name}: {what}" for name, what in sorted(self.profiling_pending.items()))
+            out.append(f"\n--> gpufleet: {len(self.profiling_pending)} host(s) with GPU profiling PENDING (the nvidia "
+                       "module gets it at its next load; deploys/all.py does not reboot for it): reboot them through "
+                       f"the gate: tools/rollout INVENTORY\n{lines}\n")
         return "".join(out)
 
 
