@@ -65,6 +65,7 @@ from gpufleet.operations.package_steps import packages_at_releases
 from gpufleet.operations.driver_upgrade import package_change_settled
 from gpufleet.operations.holds import held
 from gpufleet.operations.reboot import rebooted
+from gpufleet.profiling import KEY, MODPROBE_FILE, ProfilingRefusal, host_profiling, plan_profiling
 
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/gpufleet-blacklist-nouveau.conf"
 CUDA_PROFILE = "/etc/profile.d/gpufleet-cuda.sh"
@@ -192,6 +193,7 @@ def driver() -> None:
     _holds(settings, d, present, pinning, held_now)             #    then holds
     _cuda_environment(d.res)                                    # 4. CUDA environment
     _reboot(settings, d, install, me)                           # 5. reboot
+    _profiling_pending(settings, d, install, me)                #    profiling option still to load
     if d.res.fabricmanager_needed:
         _fabric_manager(me)
 
@@ -210,6 +212,7 @@ class Decided:
     drifted: dict[str, list[str]]
     in_place: bool
     left: set[str]
+    profiling: Any = None  # gpufleet/profiling.py's plan (tuning_profiling)
 
 
 def _decide(settings: Settings) -> Decided | None:
@@ -265,8 +268,13 @@ def _decide(settings: Settings) -> Decided | None:
         logger.warning(f"{host.print_prefix}{pending_message(*pending)} "
                        "(deploys/all.py changes no driver of a provisioned host)")
 
+    try:
+        profiling = host_profiling(host, settings, res)
+    except ProfilingRefusal as refused:
+        refuse(host, refused.key, refused.problem, f"set {refused.key} to what this host allows: {refused.allowed}")
+        return None
     return Decided(res=res, before=before, kernel=kernel, pending=pending, stack=stack, found=found,
-                   stack_moves=stack_moves, drifted=drifted, in_place=in_place, left=left)
+                   stack_moves=stack_moves, drifted=drifted, in_place=in_place, left=left, profiling=profiling)
 
 
 def _machine() -> str:
@@ -323,7 +331,9 @@ def _preconditions(settings: Settings, d: Decided) -> None:
                      "blacklist nouveau\noptions nouveau modeset=0\n"),
         dest=NOUVEAU_BLACKLIST, mode="644",
     )
-    refresh_initramfs(name="Refresh the initramfs so that nouveau stays out at boot", _if=blacklist.did_change)
+    option = _profiling_option(settings, d)
+    refresh_initramfs(name="Refresh the initramfs so that nouveau stays out at boot and the nvidia module gets "
+                           "its options there too", _if=any_changed(blacklist, *option))
     if settings.driver_module_signing_key != "none":
         signing_key = settings.driver_module_signing_key
         files.put(
@@ -371,6 +381,8 @@ def _install(settings: Settings, d: Decided, settled: bool) -> tuple[Any, list[s
     for what, group in stack_groups(res).items():
         if what not in left:
             versions.update(group)
+    nsight = _nsight(d)
+    versions.update(nsight)
     if in_place:
         # driver_upgrade_in_place (dev boxes): the gate's rules still hold, for this one host:
         # the manifest (and the disk snapshot rollout_snapshot names) first, idle right before.
@@ -396,13 +408,15 @@ def _install(settings: Settings, d: Decided, settled: bool) -> tuple[Any, list[s
                 if res.cuda_version and "CUDA toolkit" not in left else "")
              + (f", cuDNN {res.cudnn_release or res.cudnn_version}"
                 if res.cudnn_version and "cuDNN" not in left else "")
+             + (f", Nsight {', '.join(f'{p} {v}' for p, v in nsight.items())}" if nsight else "")
              + ": unhold, change and re-hold as one step"
              + (f" (in place: {', '.join(moves)}; the GPUs checked idle right before, in the same command)"
                 if in_place else ""),
         releases=versions, present=present, pinning=pinning,
         hold=settings.driver_hold, old_pins=old_pins, require_idle=in_place, settled=settled,
-        keys={p: "cuda_version" if what == "CUDA toolkit" else "cudnn_version"
-              for what, group in stack_groups(res).items() for p in group},
+        keys={**{p: "cuda_version" if what == "CUDA toolkit" else "cudnn_version"
+                 for what, group in stack_groups(res).items() for p in group},
+              **{p: KEY for p in nsight}},
     )
     return install, present, pinning, held_now
 
@@ -435,7 +449,7 @@ def _holds(settings: Settings, d: Decided, present: list[str], pinning: str | No
     # hold someone released)
     components = sorted(found.components) if res.cuda_package in stack_held else []
     managed = [*res.package_versions, *present, *stack_held, *components, *([pinning] if pinning else []),
-               *installed_extra]
+               *installed_extra, *_nsight(d)]
     held(
         name=("Hold" if settings.driver_hold else "Release") + " the driver, CUDA, cuDNN, container toolkit "
              "and running kernel packages"
@@ -513,6 +527,57 @@ def _reboot(settings: Settings, d: Decided, install: Any, me: Any) -> None:
             function=_report, h=me, policy=policy,
             _if=lambda: _mismatch(me) is not None,
         )
+
+
+def _profiling_option(settings: Settings, d: Decided) -> list[Any]:
+    """tuning_profiling's modprobe.d file (gpufleet/profiling.py), written with the nouveau
+    blacklist: before the driver is installed, so that the module loaded after this run's
+    reboot (a new host) already has it."""
+    plan = d.profiling
+    if plan.file_text is not None:
+        return [files.put(name=f"Let every user read the GPU performance counters from the next load of the "
+                               f"nvidia module ({KEY}: users)",
+                          src=StringIO(plan.file_text), dest=MODPROBE_FILE, mode="644")]
+    return [files.file(name=f"No gpufleet profiling option for the nvidia module ({KEY}: {settings.tuning_profiling})",
+                       path=MODPROBE_FILE, present=False)]
+
+
+def _nsight(d: Decided) -> dict[str, str]:
+    """Nsight Systems / Compute at the CUDA toolkit release's versions, with the toolkit (not
+    while the toolkit itself is left pending or changed by hand)."""
+    return {} if "CUDA toolkit" in d.left else dict(d.profiling.nsight)
+
+
+def _profiling_stale(h: Host, setting: str) -> bool:
+    """Executing: whether the loaded nvidia module gives the counters otherwise than the next load
+    will (read then: after this run's own reboot, if it made one)."""
+    from gpufleet.facts.kernel import ProfilingState
+
+    try:
+        return plan_profiling(setting, h.get_fact(ProfilingState), None, False).pending
+    except ProfilingRefusal:  # refused at planning already
+        return False
+
+
+def _profiling_report(state: State | None, host: Host, h: Host, setting: str) -> bool:
+    """Executing (python.call): record a profiling setting the loaded module does not have yet."""
+    SUMMARY.profiling_pending[h.name] = f"{KEY}: {setting}: the loaded nvidia module has the other setting"
+    logger.warning(f"{h.print_prefix}PROFILING PENDING: {KEY}: {setting} takes effect at the next load of the nvidia "
+                   "module: reboot it through tools/rollout (deploys/all.py does not reboot for it)")
+    return True
+
+
+def _profiling_pending(settings: Settings, d: Decided, install: Any, me: Any) -> None:
+    """Said at the end of the run: a setting the loaded module does not have yet. No reboot of its
+    own: tools/rollout's gate reboots for it. When this run may reboot (a driver change), asked
+    again after that reboot; else decided now, from the facts before the run (no operation: a
+    re-run while it waits changes nothing)."""
+    setting = settings.tuning_profiling
+    if install.will_change or d.before.mismatch:
+        python.call(name=f"Report that the loaded nvidia module waits for a reboot to get {KEY}: {setting}, if it does",
+                    function=_profiling_report, h=me, setting=setting, _if=lambda: _profiling_stale(me, setting))
+    elif d.profiling.pending:
+        _profiling_report(state=None, host=me, h=me, setting=setting)
 
 
 def _fabric_manager(me: Any) -> None:

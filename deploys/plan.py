@@ -28,6 +28,7 @@ from gpufleet.pytorch import mixed_gpus
 from gpufleet.rollout.snapshot import command_name
 from gpufleet.settings import host_settings, validate_inventory
 from gpufleet.tuning import Refusal, clocks_summary, host_clocks, host_mig, mig_clock_skip
+from gpufleet.profiling import ProfilingRefusal, host_profiling
 
 validate_inventory(state.inventory)
 settings = host_settings(host)
@@ -67,6 +68,14 @@ def mig_lines() -> tuple[list[str], frozenset[str]]:
 
 
 MIG_LINES, MIG_SKIP = mig_lines()
+
+
+def profiling_line(res: object) -> str:
+    """tuning_profiling's plan in words: the one the driver deploy applies and the gate checks."""
+    try:
+        return host_profiling(host, settings, res).summary()
+    except ProfilingRefusal as refused:
+        return f"REFUSED: {refused}"
 
 
 def host_clock_line() -> str | None:
@@ -110,6 +119,7 @@ try:
 except Incompatible as refused:
     lines.append(f"REFUSED: {refused.reason}" + (f" (key {refused.key})" if refused.key else ""))
 lines += MIG_LINES
+lines.append("profiling: " + profiling_line(res))
 release = os_release(host)
 for what, line in repository_lines(settings, res, release.id, release.version_codename,
                                    dpkg_arch(host.get_fact(Arch) or "x86_64"), compat_data()):

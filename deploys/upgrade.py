@@ -8,7 +8,8 @@ one left (after a reboot, after a wait):
     upgrade   unhold -> install the target driver's exact versions, and the CUDA toolkit /
               cuDNN packages at the releases the inventory resolves to -> hold again (Ubuntu's
               prebuilt modules with the driver, and the kernels they follow with them)
-    reboot    only when the loaded module is not the target (and driver_reboot allows it); by
+    reboot    only when the loaded module is not the target, or lacks the tier's tuning_profiling
+              (a module option, read at its load), and driver_reboot allows it; by
               gpufleet, or by Slurm (rollout_slurm_reboot: slurm), the node left DOWN until undrain
     mig       the MIG partitions gpu_mig sets, where the GPUs' layout differs (the runner's step:
               deploys/tuning.py's MIG part, through the same per-GPU gate; a host whose only
@@ -32,13 +33,14 @@ from pyinfra.api import deploy
 
 from gpufleet.facts.dcgm_diag import DcgmDiag
 from gpufleet.facts.gpu import GpuState
-from gpufleet.facts.kernel import DriverState
+from gpufleet.facts.kernel import DriverState, ProfilingState
 from gpufleet.facts.packages import TOOLKIT, HeldPackages, PackageVersions, StackPackages, ToolkitIndex
 from gpufleet.facts.packages import AptVersions
 from gpufleet.facts.slurm import SlurmNode
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
 from gpufleet.package_plan import toolkit_release
+from gpufleet.profiling import ProfilingRefusal, plan_profiling
 from gpufleet.settings import host_settings
 from gpufleet.validation import FAIL, PASS, diag_result
 from gpufleet.hostfacts import gpu_state, mig_state
@@ -82,6 +84,7 @@ def survey_host(ctx: RolloutContext) -> None:
                       for name, versions in candidates.items()},
         "holds": host.get_fact(HeldPackages),
         "slurm": host.get_fact(SlurmNode, node=settings.rollout_slurm_node_name).scontrol is not None,
+        "profiling_pending": _profiling_pending(settings.tuning_profiling),
         **mig_survey(settings.gpu_mig),
     }
 
@@ -107,6 +110,16 @@ def driver_moves(ctx: RolloutContext) -> bool:
     return not (info.get("installed") == info.get("loaded") == ctx.target and not info.get("stack_moves"))
 
 
+def _profiling_pending(setting: str) -> bool:
+    """The loaded nvidia module gives the GPU performance counters otherwise than the modprobe.d
+    files gpufleet wrote for tuning_profiling say (gpufleet/profiling.py): its next load, a reboot
+    through these steps, makes it so (a setting all.py has not written yet is all.py's first)."""
+    try:
+        return plan_profiling(setting, host.get_fact(ProfilingState), None, False).reboot_helps
+    except ProfilingRefusal:  # all.py refuses the host: nothing of it is rolled out
+        return False
+
+
 @deploy("Take the host out of service")
 def drain(ctx: RolloutContext) -> None:
     settings = host_settings(host)
@@ -128,7 +141,8 @@ def drain(ctx: RolloutContext) -> None:
                    "let them finish and re-run, wait for them with --wait-idle SECONDS, or upgrade anyway "
                    "with --force", outcome="busy")
         return
-    what = f"driver upgrade to {ctx.target}" if driver_moves(ctx) else "MIG change (gpu_mig)"
+    mig_only = not driver_moves(ctx) and bool(ctx.survey.get(host.name, {}).get("mig_changes"))
+    what = "MIG change (gpu_mig)" if mig_only else f"driver upgrade to {ctx.target}"
     slurm_node(name=f"Drain the Slurm node for the {what}", drained=True, reason=f"gpufleet {what}", node=node)
     slurm_node_drained(name="Wait for the Slurm jobs on the node to finish (DRAINED)", node=node,
                        timeout=settings.rollout_drain_timeout)
@@ -235,11 +249,14 @@ def upgrade(ctx: RolloutContext) -> None:
 def reboot(ctx: RolloutContext) -> None:
     settings = host_settings(host)
     loaded = host.get_fact(DriverState).module_version
-    if loaded == ctx.target:
+    profiling = _profiling_pending(settings.tuning_profiling)
+    if loaded == ctx.target and not profiling:
         host.noop(f"driver {ctx.target} is loaded: no reboot needed")
         return
+    why = (f"load driver {ctx.target} (loaded: {loaded})" if loaded != ctx.target
+           else f"load the nvidia module with tuning_profiling: {settings.tuning_profiling}")
     if settings.driver_reboot == "never":
-        ctx.refuse(host, f"driver {ctx.target} installed, {loaded} still loaded, and driver_reboot is never",
+        ctx.refuse(host, f"a reboot is needed to {why}, and driver_reboot is never",
                    "reboot the host by hand, then re-run the rollout", outcome="reboot-pending",
                    area="driver_reboot")
         return
@@ -252,11 +269,11 @@ def reboot(ctx: RolloutContext) -> None:
                              f"{slurm.error or 'no scontrol on the host'}",
                        "set rollout_slurm_reboot: gpufleet for hosts outside Slurm", area="rollout_slurm_reboot")
             return
-        slurm_rebooted(name=f"Let Slurm reboot node {slurm.node} to load driver {ctx.target} (loaded: {loaded})",
+        slurm_rebooted(name=f"Let Slurm reboot node {slurm.node} to {why}",
                        node=slurm.node, reason=f"gpufleet driver upgrade to {ctx.target}", timeout=ctx.reboot_timeout,
                        require_idle=settings.rollout_require_idle and not ctx.force)
         return
-    rebooted(name=f"Reboot to load driver {ctx.target} (loaded: {loaded})",
+    rebooted(name=f"Reboot to {why}",
              reason=f"gpufleet driver upgrade to {ctx.target}", timeout=ctx.reboot_timeout,
              require_idle=settings.rollout_require_idle and not ctx.force)
 
@@ -295,6 +312,9 @@ def validate(ctx: RolloutContext) -> None:
                      for g in host_mig(host, settings.gpu_mig).changes]
     except Refusal as refused:
         problems.append(f"gpu_mig refused for this host: {refused.problem}")
+    if _profiling_pending(settings.tuning_profiling):
+        problems.append(f"the loaded nvidia module still lacks tuning_profiling: {settings.tuning_profiling} "
+                        "after its reboot (RmProfilingAdminOnly in /proc/driver/nvidia/params): is the initramfs current?")
     level = settings.rollout_canary_diag_level if host.name in ctx.canaries else 0
     diag = ""
     if level:

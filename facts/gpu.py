@@ -433,8 +433,40 @@ _APPS = ",".join(COMPUTE_APPS_FIELDS)
 # nvidia-smi is looked for in PATH and in the usual driver locations (a
 # non-login SSH shell may have a short PATH). The script always exits 0: a
 # failing nvidia-smi is a state to report, not a failed fact.
-GPU_STATE_COMMAND = with_values("\n".join(
-    [
+#
+# The supported clock pairs are fixed for a board and driver, and printing them is one of the
+# slower nvidia-smi calls, so root keeps them for the boot: in STATIC_CACHE (/run: gone at
+# reboot), a folder only root can enter (created 0700 by root; used only when it is a real folder,
+# root's, 0700, so nobody else can have put or linked anything there), keyed by the boot, the
+# nvidia-smi used and the whole query-gpu answer (GPU identities, driver version, clocks): any
+# change to those asks nvidia-smi again. The topology is not kept: an NVLink that goes down must
+# show in the next run. Not root (no sudo): nothing kept, every call made.
+STATIC_CACHE = "/run/gpufleet-facts"
+_STATIC_PART = "\n".join([
+    "k=$( { cat /proc/sys/kernel/random/boot_id; echo \"$smi\"; printf '%s\\n' \"$q\"; } 2>/dev/null | cksum)",
+    'f=$static_cache/gpu-static; ok=',
+    'if [ "$(id -u)" = 0 ]; then',
+    '  [ -e "$static_cache" ] || mkdir -m 700 "$static_cache" 2>/dev/null',
+    '  if [ -d "$static_cache" ] && [ ! -L "$static_cache" ] && [ "$(stat -c \'%u %a\' "$static_cache" 2>/dev/null)" = "0 700" ]; then ok=1; fi',
+    "fi",
+    'if [ -n "$ok" ] && [ -f "$f" ] && [ ! -L "$f" ] && [ "$(head -n 1 "$f")" = "$k" ]; then',
+    '  tail -n +2 "$f"',
+    "else",
+    "  s=$(" + begin("supported-clocks") + '; $t "$smi" -q -d SUPPORTED_CLOCKS 2>&1; '
+    'echo "::gpufleet:: rc supported-clocks $?")',
+    "  printf '%s\\n' \"$s\"",
+    '  case "$s" in',
+    '    *"::gpufleet:: rc supported-clocks 0") if [ -n "$ok" ]; then',
+    '      n=$(mktemp "$static_cache/.gpu-static.XXXXXX" 2>/dev/null) && printf \'%s\\n%s\\n\' "$k" "$s" > "$n" && mv -f "$n" "$f" 2>/dev/null',
+    "    fi ;;",
+    "  esac",
+    "fi",
+])
+
+
+def gpu_state_command(processes: bool = True, static_cache: str = STATIC_CACHE) -> str:
+    """GpuState's script (tests give `static_cache` a folder of their own)."""
+    lines = [
         "smi=$(command -v nvidia-smi 2>/dev/null) || smi=",
         'if [ -z "$smi" ]; then',
         "  for p in /usr/bin/nvidia-smi /usr/local/nvidia/bin/nvidia-smi"
@@ -445,28 +477,27 @@ GPU_STATE_COMMAND = with_values("\n".join(
         'if [ -z "$smi" ]; then echo "::gpufleet:: status no-nvidia-smi"; exit 0; fi',
         "t=; if command -v timeout >/dev/null 2>&1; then t='timeout 60'; fi",
         begin("query-gpu"),
-        '$t "$smi" --query-gpu="$gpu_query" --format=csv,noheader,nounits 2>&1',
+        'q=$($t "$smi" --query-gpu="$gpu_query" --format=csv,noheader,nounits 2>&1)',
         "rc=$?",
+        "if [ -n \"$q\" ]; then printf '%s\\n' \"$q\"; fi",
         'echo "::gpufleet:: rc query-gpu $rc"',
         'if [ "$rc" -ne 0 ]; then exit 0; fi',
-        begin("supported-clocks"),
-        '$t "$smi" -q -d SUPPORTED_CLOCKS 2>&1',
-        'echo "::gpufleet:: rc supported-clocks $?"',
+        _STATIC_PART,
         begin("topology"),
         '$t "$smi" topo -m 2>&1',
         'echo "::gpufleet:: rc topology $?"',
-        begin("compute-apps"),
-        '$t "$smi" --query-compute-apps="$gpu_apps" --format=csv,noheader,nounits 2>&1',
-        'echo "::gpufleet:: rc compute-apps $?"',
-        "exit 0",
     ]
-), gpu_query=_QUERY, gpu_apps=_APPS)
-# The same without the compute processes: planning and validation never look at them, and a
-# no-op run saves an nvidia-smi call per host (only a possible reboot or upgrade asks for them).
-GPU_STATE_COMMAND_WITHOUT_PROCESSES = GPU_STATE_COMMAND.replace(
-    "\n".join([begin("compute-apps"),
-               '$t "$smi" --query-compute-apps="$gpu_apps" --format=csv,noheader,nounits 2>&1',
-               'echo "::gpufleet:: rc compute-apps $?"']) + "\n", "")
+    if processes:  # planning and validation never look at them: a no-op saves the call
+        lines += [
+            begin("compute-apps"),
+            '$t "$smi" --query-compute-apps="$gpu_apps" --format=csv,noheader,nounits 2>&1',
+            'echo "::gpufleet:: rc compute-apps $?"',
+        ]
+    return with_values("\n".join([*lines, "exit 0"]), gpu_query=_QUERY, gpu_apps=_APPS, static_cache=static_cache)
+
+
+GPU_STATE_COMMAND = gpu_state_command()
+GPU_STATE_COMMAND_WITHOUT_PROCESSES = gpu_state_command(processes=False)
 
 
 def _failure_status(rc: int, text: str) -> GpuStatus:

@@ -467,3 +467,91 @@ class PeermemState(FactBase[PeermemStateData]):
     @override
     def process(self, output: list[str]) -> PeermemStateData:
         return parse_peermem_state(output)
+
+
+# --- GPU performance counters for users (tuning_profiling) -------------------------------------
+
+#: The loaded module's value of NVreg_RestrictProfilingToAdminUsers, as /proc prints it (recorded
+#: on a live H200: tests/fixtures/nvidia/h200-x1/proc-params.txt, "RmProfilingAdminOnly: 0").
+PARAMS_FILE = "/proc/driver/nvidia/params"
+PROFILING_PARAM = "RmProfilingAdminOnly"
+PROFILING_OPTION = "NVreg_RestrictProfilingToAdminUsers"
+# Where modprobe reads its configuration (modprobe.d(5)); /lib/modprobe.d is /usr/lib/modprobe.d on
+# merged-/usr systems (Debian 12+, Ubuntu 22.04+). Every one is root's: no user can write there.
+MODPROBE_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/lib/modprobe.d")  # as PROFILING_STATE_COMMAND reads them
+
+PROFILING_STATE_COMMAND = "\n".join([
+    begin("params"),
+    "if [ -r /proc/driver/nvidia/params ]; then echo present=yes; "
+    "grep -m1 '^RmProfilingAdminOnly:' /proc/driver/nvidia/params; else echo present=no; fi",
+    begin("options"),
+    # every modprobe.d line that sets the option for the nvidia module, with its file
+    "grep -sHE '^[[:space:]]*options[[:space:]]+nvidia[[:space:]].*NVreg_RestrictProfilingToAdminUsers=' "
+    "/etc/modprobe.d/*.conf /run/modprobe.d/*.conf /usr/lib/modprobe.d/*.conf",
+    "true",
+])
+
+@dataclass(frozen=True)
+class ProfilingStateData(JsonMixin):
+    """Who may read the GPU performance counters: the loaded nvidia module's RmProfilingAdminOnly
+    (1: admins only, the driver's default; 0: every user) and the modprobe.d files that set
+    NVreg_RestrictProfilingToAdminUsers for the next load of the module."""
+
+    loaded: bool = False  # /proc/driver/nvidia/params exists: an nvidia module is loaded
+    admin_only: int | None = None  # its RmProfilingAdminOnly
+    options: dict[str, int] = field(default_factory=dict)  # modprobe.d file -> the value it sets (its last)
+
+
+_PARAM_LINE = re.compile(rf"{PROFILING_PARAM}: ([0-9]+)")
+_OPTION_FILE = re.compile(r"(/(?:etc|run|usr/lib)/modprobe\.d/[A-Za-z0-9._-]+\.conf):(.*)")
+_OPTION_VALUE = re.compile(rf"(?:^|\s){PROFILING_OPTION}=([0-9]+)(?=\s|$)")
+
+
+def parse_profiling_state(lines: Sequence[str]) -> ProfilingStateData:
+    sections, _ = split_sections(lines)
+    for name in ("params", "options"):
+        if name not in sections:
+            raise fail(f"ProfilingState output lacks the {name} section")
+    params = nonblank(sections["params"])
+    if not params or params[0].strip() not in ("present=yes", "present=no"):
+        raise fail("expected present=yes|no first", params[0] if params else "")
+    loaded = params[0].strip() == "present=yes"
+    admin_only = None
+    for line in params[1:]:
+        match = _PARAM_LINE.fullmatch(line.strip())
+        if not match:
+            raise fail(f"unexpected line from {PARAMS_FILE}", line)
+        admin_only = int(match.group(1))
+    options: dict[str, int] = {}
+    for line in nonblank(sections["options"]):
+        match = _OPTION_FILE.fullmatch(line.strip())
+        if not match:
+            raise fail("expected 'FILE:options nvidia ...' from modprobe.d", line)
+        values = _OPTION_VALUE.findall(match.group(2).split("#", 1)[0])
+        if values:  # a later option line (or word) wins, as the module parses them in order
+            options[match.group(1)] = int(values[-1])
+    return ProfilingStateData(loaded=loaded, admin_only=admin_only, options=dict(sorted(options.items())))
+
+
+class ProfilingState(FactBase[ProfilingStateData]):
+    """
+    Returns who may read the GPU performance counters, now and after the next module load:
+
+    .. code:: python
+
+        ProfilingStateData(loaded=True, admin_only=1,
+                           options={"/etc/modprobe.d/gpufleet-nvidia-profiling.conf": 0})
+    """
+
+    @override
+    @staticmethod
+    def default() -> ProfilingStateData:
+        return ProfilingStateData()
+
+    @override
+    def command(self) -> str:
+        return PROFILING_STATE_COMMAND
+
+    @override
+    def process(self, output: list[str]) -> ProfilingStateData:
+        return parse_profiling_state(output)

@@ -108,6 +108,15 @@ def parse_mig(lines: Sequence[str]) -> MigStateData:
     return MigStateData(ok=answered, gpus=tuple(gpus))
 
 
+# Instances exist only on a GPU whose MIG mode is enabled: without one, the two listings
+# would say "No MIG-enabled devices found.", so a host without MIG (the usual no-op) pays
+# for one nvidia-smi call, not three.
+MIG_STATE_COMMAND = ("m=$(nvidia-smi --query-gpu=index,pci.bus_id,mig.mode.current,mig.mode.pending --format=csv,noheader "
+                     "2>/dev/null) || exit 0; printf '%s\\n' \"$m\"; case \"$m\" in *Enabled*) ;; *) exit 0 ;; esac; "
+                     "echo '--gpufleet-mig lgi'; nvidia-smi mig -lgi 2>&1; echo '--gpufleet-mig lci'; nvidia-smi mig -lci 2>&1; "
+                     "true")
+
+
 class MigState(FactBase[MigStateData]):
     """
     Returns every GPU's MIG mode and instances:
@@ -125,10 +134,7 @@ class MigState(FactBase[MigStateData]):
 
     @override
     def command(self) -> str:
-        return ("nvidia-smi --query-gpu=index,pci.bus_id,mig.mode.current,mig.mode.pending --format=csv,noheader "
-                "2>/dev/null || exit 0; "
-                "echo '--gpufleet-mig lgi'; nvidia-smi mig -lgi 2>&1; echo '--gpufleet-mig lci'; nvidia-smi mig -lci 2>&1; "
-                "true")
+        return MIG_STATE_COMMAND
 
     @override
     def process(self, output: list[str]) -> MigStateData:

@@ -110,6 +110,7 @@ class CompatData:
     gpus_raw: tuple[Mapping[str, Any], ...]
     nvswitch_pci_ids: Mapping[str, str]
     mig_profiles_raw: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # gpufleet/mig.py reads it
+    nsight_tools_raw: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # gpufleet/profiling.py reads it
 
     @property
     def cudnn_versions(self) -> tuple[str, ...]:
@@ -250,6 +251,7 @@ def _from_mapping(data: Mapping[str, Any]) -> CompatData:
         gpus_raw=tuple(data.get("gpus", ())),
         nvswitch_pci_ids={str(k).lower(): v for k, v in data["nvswitch"]["pci_ids"].items()},
         mig_profiles_raw=data.get("mig_profiles") or {},
+        nsight_tools_raw=data.get("nsight_tools") or {},
     )
 
 

@@ -35,6 +35,8 @@ class RunSummary:
     mig_pending: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: host name -> the GPUs whose MIG mode change waits for a reboot (the GPU reset was refused)
     mig_reboot: dict[str, str] = field(default_factory=dict)
+    #: host name -> the tuning_profiling setting the loaded nvidia module does not have yet (next boot)
+    profiling_pending: dict[str, str] = field(default_factory=dict)
 
     def pending(self, name: str) -> list[str]:
         """What all.py leaves alone on this host: drift all the same, each for tools/rollout."""
@@ -46,7 +48,7 @@ class RunSummary:
     def forget(self, name: str) -> None:
         """Drop every record of one host (a test's observation, taken)."""
         for records in (self.driver_pending, self.stack_pending, self.stack_by_hand, self.needs_reboot,
-                        self.docker_pending, self.mig_pending, self.mig_reboot):
+                        self.docker_pending, self.mig_pending, self.mig_reboot, self.profiling_pending):
             records.pop(name, None)
         self.busy_at_reboot.discard(name)
 
@@ -90,6 +92,11 @@ class RunSummary:
             out.append(f"\n--> gpufleet: {len(self.mig_reboot)} host(s) NEED A REBOOT for a MIG mode change (the GPU "
                        "reset that makes it effective was refused); the boot unit makes the partitions after it:\n"
                        f"{lines}\n")
+        if self.profiling_pending:
+            lines = "\n".join(f"    {name}: {what}" for name, what in sorted(self.profiling_pending.items()))
+            out.append(f"\n--> gpufleet: {len(self.profiling_pending)} host(s) with GPU profiling PENDING (the nvidia "
+                       "module gets it at its next load; deploys/all.py does not reboot for it): reboot them through "
+                       f"the gate: tools/rollout INVENTORY\n{lines}\n")
         return "".join(out)
 
 

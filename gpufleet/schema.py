@@ -804,6 +804,7 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "tuning_nccl_ib_hca": _nccl_list(_HCA, "auto, or an NCCL HCA list: [^][=]hca[:port][,hca[:port]...], "
                                          "such as =mlx5_0,mlx5_1"),
         "tuning_cpu_governor": _enum("performance", "schedutil", "ondemand", "unmanaged"),
+        "tuning_profiling": _enum("admins", "users"),
         "hardening_permit_root_login": _enum("no", "prohibit-password"),
         "hardening_password_auth": _bool(),
         "hardening_allow_users": _list(_check_login_name, "list of user names"),

@@ -79,6 +79,7 @@ class Settings:
     tuning_nccl_socket_ifname: str
     tuning_nccl_ib_hca: str
     tuning_cpu_governor: str
+    tuning_profiling: str
     hardening_permit_root_login: str
     hardening_password_auth: bool
     hardening_allow_users: tuple[str, ...]

@@ -568,6 +568,56 @@ def nccl_hcas_up(ctx: Context) -> Result:
 
 
 @check("tuning")
+def profiling_as_set(ctx: Context) -> Result:
+    """tuning_profiling: who the loaded nvidia module lets read the GPU performance counters
+    (/proc/driver/nvidia/params, RmProfilingAdminOnly), gpufleet's modprobe.d file for the next
+    load, and with users the Nsight packages at the toolkit release's versions, held (the
+    deploy's own plan, gpufleet/profiling.py)."""
+    from gpufleet.facts.packages import HeldPackages
+    from .profiling import FILE_TEXT, KEY, MODPROBE_FILE, USERS, ProfilingRefusal, host_profiling
+
+    name = "GPU performance counters are for whom tuning_profiling says"
+    setting = ctx.settings.tuning_profiling
+    try:
+        res = ctx.resolution()
+    except Incompatible:
+        res = None
+    try:
+        plan = host_profiling(ctx.host, ctx.settings, res)
+    except ProfilingRefusal as refused:
+        return Result("tuning", name, FAIL, f"the driver deploy refuses this host: {refused}",
+                      f"set {KEY} to what this host allows: {refused.allowed}")
+    digest = ctx.fact(Sha256File, path=MODPROBE_FILE)
+    if plan.file_text is not None and digest != hashlib.sha256(FILE_TEXT.encode()).hexdigest():
+        return Result("tuning", name, FAIL, f"{MODPROBE_FILE} is {'changed' if digest else 'missing'}: the next load "
+                      "of the nvidia module would not let users read the counters", FIX_DEPLOY)
+    if plan.file_text is None and digest is not None:
+        return Result("tuning", name, FAIL, f"{MODPROBE_FILE} is there though {KEY} is {setting}", FIX_DEPLOY)
+    if plan.nsight:
+        have = ctx.fact(PackageVersions, packages=list(plan.nsight))
+        held = set(ctx.fact(HeldPackages))
+        off = [f"{p} {have.get(p) or 'not installed'} (wants {v})" for p, v in plan.nsight.items()
+               if not (have.get(p) or "").split(":")[-1].startswith(v + "-")]
+        loose = [p for p in plan.nsight if p not in held] if ctx.settings.driver_hold else []
+        if off or loose:
+            return Result("tuning", name, FAIL, "; ".join(off + [f"{p} not held" for p in loose]), FIX_DEPLOY)
+    if plan.loaded is None:
+        return Result("tuning", name, SKIP, f"no nvidia module loaded: {KEY}: {setting} applies at its first load")
+    if plan.pending:
+        return Result("tuning", name, WARN, f"PENDING: the loaded nvidia module gives them to {plan.who(plan.loaded)} "
+                      f"(RmProfilingAdminOnly {plan.loaded}); {KEY}: {setting} takes effect at its next load",
+                      "tools/rollout INVENTORY reboots it through the gate (drained, the GPUs idle right before); "
+                      "deploys/all.py does not reboot for it")
+    if setting != USERS and plan.wanted == 0:
+        return Result("tuning", name, WARN, f"{KEY}: {setting}, but every user may read them: "
+                      + ", ".join(f"{p} sets the option to {v}" for p, v in plan.others.items())
+                      + " (not gpufleet's file)", f"remove that line and reboot, or set {KEY}: {USERS}")
+    shown = [f"{plan.who(plan.loaded)} (RmProfilingAdminOnly {plan.loaded})"]
+    shown += [", ".join(f"{p} {v}" for p, v in plan.nsight.items()) + " held"] if plan.nsight else []
+    return Result("tuning", name, PASS, "; ".join(shown))
+
+
+@check("tuning")
 def cpu_governor_as_set(ctx: Context) -> Result:
     """The same plan as the deploy's: a CPU it would still write to is not on the tier's governor."""
     from .hostfacts import cpu_freq

@@ -117,6 +117,10 @@ SOURCES = {
     "keyring": "cuda-keyring_1.1-1_all.deb installs /usr/share/keyrings/cuda-archive-keyring.gpg and "
                "/etc/apt/sources.list.d/cuda-<distro>-x86_64.list",
     "stand-in": "structure only: not verified against NVIDIA's Packages file; kept small on purpose",
+    "nsight": "nsight-systems-2025.3.2 2025.3.2.474-1 and nsight-compute-2025.3.1 2025.3.1.4-1 as the CUDA repo's "
+              "ubuntu2404/x86_64 .deb names in public Dockerfiles; meta packages cuda-nsight-systems-X-Y / "
+              "cuda-nsight-compute-X-Y at the toolkit release, depending on the release-named package "
+              "(compat.yaml S38, S39); the (>=) bounds and the later builds are STAND-INS",
 }
 
 # One branch, two real driver versions. Add a version (or branch) here.
@@ -136,6 +140,11 @@ CUDA_NVCC = {"13.0.1-1": "13.0.88-1", "13.0.2-1": "13.0.88-1", "13.0.3-1": "13.0
 # for CUDA 12, 9.10.2 -> 9.10.2.21 with newer ones to move to
 CUDNN = (("13", "9.16.0.29-1"), ("13", "9.17.0.29-1"), ("13", "9.17.1.4-1"),
          ("12", "9.10.2.21-1"), ("12", "9.16.0.29-1"), ("12", "9.17.0.29-1"))
+# (toolkit major-minor, meta package version, Nsight Systems package and version, Nsight Compute
+# package and version). 13.0.2 as compat.yaml's nsight_tools; 13.0.3 (a hypothetical update, as
+# cuda-later) names later builds, so that a test proves the pin, not apt's newest.
+NSIGHT = (("13-0", "13.0.2-1", "nsight-systems-2025.3.2", "2025.3.2.474-1", "nsight-compute-2025.3.1", "2025.3.1.4-1"),
+          ("13-0", "13.0.3-1", "nsight-systems-2025.3.2", "2025.3.2.999-1", "nsight-compute-2025.3.1", "2025.3.1.9-1"))
 DCGM = ("1:4.4.0-1",)
 DCGM_EXPORTERS = ("4.5.0-1",)
 CONTAINER_TOOLKITS = ("1.17.8-1", "1.18.0-1")
@@ -489,6 +498,22 @@ def default_packages() -> list[Pkg]:
                  f"cuda-toolkit-{mm}-config-common", f"cuda-compiler-{mm} (>= {upstream})"),
                 description=f"CUDA Toolkit {rel} meta-package",
                 source="cuda-later" if ver == "13.0.3-1" else "cuda"),
+        ]
+    for mm, meta, nsys, nsys_ver, ncu, ncu_ver in NSIGHT:
+        nsys_rel, ncu_rel = nsys.rsplit("-", 1)[1], ncu.rsplit("-", 1)[1]
+        pkgs += [
+            Pkg(nsys, nsys_ver, files=(
+                (f"/opt/nvidia/nsight-systems/{nsys_rel}/bin/nsys",
+                 _script("nsys", f'echo "NVIDIA Nsight Systems version {nsys_ver.rsplit("-", 1)[0]} (gpufleet stand-in)"'),
+                 0o755),), description=f"Nsight Systems {nsys_rel}", source="nsight"),
+            Pkg(ncu, ncu_ver, files=(
+                (f"/opt/nvidia/nsight-compute/{ncu_rel}/ncu",
+                 _script("ncu", f'echo "NVIDIA (R) Nsight Compute Command Line Profiler, version {ncu_ver.rsplit("-", 1)[0]} '
+                                '(gpufleet stand-in)"'), 0o755),), description=f"Nsight Compute {ncu_rel}", source="nsight"),
+            Pkg(f"cuda-nsight-systems-{mm}", meta, (f"{nsys} (>= {nsys_ver.rsplit('-', 1)[0]})",),
+                description=f"Nsight Systems meta-package for CUDA {mm.replace('-', '.')}", source="nsight"),
+            Pkg(f"cuda-nsight-compute-{mm}", meta, (f"{ncu} (>= {ncu_ver.rsplit('-', 1)[0]})",),
+                description=f"Nsight Compute meta-package for CUDA {mm.replace('-', '.')}", source="nsight"),
         ]
     for cuda_major, ver in CUDNN:
         pkgs += [

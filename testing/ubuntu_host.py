@@ -35,7 +35,7 @@ from gpufleet.facts._common import MARK
 from gpufleet.facts.docker import DaemonJson, DockerEngine
 from gpufleet.facts.driver import DebianArchiveSources, GpuDeviceUsers
 from gpufleet.facts.gpu import GpuState
-from gpufleet.facts.kernel import DriverState
+from gpufleet.facts.kernel import DriverState, ProfilingState
 from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
 from gpufleet.facts.packages import AptCandidates, HeldPackages, KeyringFingerprints, PackageVersions, StackPackages
 from gpufleet.facts.pci import NvidiaPciDevices, PciDevices
@@ -181,7 +181,8 @@ class UbuntuHost:
             return DaemonJson().process([f"{MARK} exists no"])
         if cls is DockerEngine:
             return DockerEngine().process([f"{MARK} begin version"])
-        if cls in (DevCharLinks, DaemonReloadPending):  # no driver: no device nodes; no reload deferred
+        if cls in (DevCharLinks, DaemonReloadPending, ProfilingState):  # no driver: no device nodes, no
+            # nvidia module loaded, no profiling option; no reload deferred
             return cls.default()
         if name == "Arch":
             return self.machine

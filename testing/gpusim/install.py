@@ -286,6 +286,18 @@ def _install_load_module(root: pathlib.Path) -> None:
 
 
 
+def _load_module_script():  # type: ignore[no-untyped-def]
+    """gpusim-load-module (a host-side script without .py) as a module: one reading of modprobe.d."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("gpusim_load_module", str(HERE / "gpusim-load-module"))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
 #: inside the host root: what the container sees as /proc/driver
 PROC_DRIVER_DIR = "usr/lib/gpusim/kernel/proc-driver"
 
@@ -335,6 +347,8 @@ def install(root: pathlib.Path, spec: str, work: pathlib.Path) -> list[str]:
         shutil.rmtree(proc_driver)
     if parsed.driver_loaded:
         _build_proc(config, proc_driver / "nvidia")
+        # the module's parameters as loaded at the first boot (gpusim-load-module writes them again at every boot)
+        _load_module_script().write_params(proc=str(proc_driver / "nvidia"), root=str(root))
     else:
         proc_driver.mkdir(parents=True)
     args.append(f"--bind-ro=/{PROC_DRIVER_DIR}:/proc/driver")

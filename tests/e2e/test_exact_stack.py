@@ -169,6 +169,95 @@ def test_gate_passes_the_exact_releases(cuda13, monkeypatch):
     assert "[PASS]" in line and "CUDA 13.0.2, cuDNN 9.17.0.29" in line, line
 
 
+NSIGHT13 = {"cuda-nsight-systems-13-0": "13.0.2-1", "nsight-systems-2025.3.2": "2025.3.2.474-1",
+            "cuda-nsight-compute-13-0": "13.0.2-1", "nsight-compute-2025.3.1": "2025.3.1.4-1"}
+PROFILING_CHECK = "tuning: GPU performance counters are for whom tuning_profiling says"
+OPTION_FILE = "/etc/modprobe.d/gpufleet-nvidia-profiling.conf"
+
+
+def admin_only(host) -> str:
+    """RmProfilingAdminOnly of the loaded (simulated: testing/gpusim) nvidia module, from /proc."""
+    (line,) = [x for x in sh(host, "cat /proc/driver/nvidia/params").splitlines() if x.startswith("RmProfilingAdminOnly:")]
+    return line.split(": ", 1)[1]
+
+
+def gate_line(run, check: str) -> str:
+    lines = [line for line in run.output.splitlines() if check in line]
+    assert len(lines) == 1, run.output
+    return lines[0]
+
+
+def test_profiling_for_users_pending_until_the_gates_reboot_then_admins_again(host, aptrepo, runner, cuda13,  # noqa: F811
+                                                                               tmp_path_factory, monkeypatch):
+    """tuning_profiling (issue 33, item 3), on this host at CUDA 13.0.2: users -> the option file
+    and Nsight Systems / Compute of 13.0.2, exact and held, in the driver deploy's one package
+    change; PENDING (plan view, run summary, gate) while the loaded module restricts; tools/rollout
+    reboots the host through the gate (drained, GPUs idle right before): the module reads the
+    option at its load and /proc/driver/nvidia/params says RmProfilingAdminOnly: 0; a second run
+    changes nothing. Then admins: the file goes, pending again until a reboot (by hand here), 1 again."""
+    import time
+
+    t0 = time.monotonic()
+    wishes = dict(cuda_version="13.0", cudnn_version="9.17", driver_reboot="if-idle")
+    inv = _inventory(host, aptrepo, tmp_path_factory, tuning_profiling="users", **wishes)
+    assert admin_only(host) == "1"   # the driver's default, as the simulated module was loaded
+    first = pyinfra(inv, runner)
+    assert first.returncode == 0, first.output
+    assert installed(host, *NSIGHT13) == NSIGHT13        # exact, not the later 13.0.3 builds the repo offers
+    assert set(NSIGHT13) <= holds(host)
+    assert "options nvidia NVreg_RestrictProfilingToAdminUsers=0" in sh(host, f"cat {OPTION_FILE}").splitlines()
+    assert sh(host, f"stat -c '%a %U' {OPTION_FILE}").split() == ["644", "root"]
+    assert admin_only(host) == "1"   # written, not loaded: all.py does not reboot for it
+    assert "PROFILING PENDING: tuning_profiling: users takes effect at the next load" in first.output, first.output
+    assert "GPU profiling PENDING" in first.output[first.output.index("--> Results:"):], first.output
+    again = pyinfra(inv, runner)
+    assert again.returncode == 0 and changed_operations(again) == [], again.output   # pending is said, not redone
+    plan = pyinfra(inv, "deploys/plan.py")
+    assert ("profiling: tuning_profiling: users: GPU performance counters for every user from the next module load; "
+            "loaded module: admins only (RmProfilingAdminOnly 1); PENDING until a reboot (tools/rollout)") in plan.output, \
+        plan.output
+    line = gate_line(gate(inv, monkeypatch), PROFILING_CHECK)
+    assert f"[WARN] {PROFILING_CHECK}: PENDING: the loaded nvidia module gives them to admins only" in line, line
+    t1 = time.monotonic()
+
+    # the gate's reboot: tools/rollout takes the host though its driver is at the target
+    rolled = rollout(inv)
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert "yes (tuning_profiling)" in rolled.stdout, rolled.stdout
+    assert "tuning_profiling: the loaded nvidia module lacks it: a reboot, no package change" in rolled.stdout
+    assert "packages:" not in rolled.stdout, rolled.stdout
+    assert "reboot ok" in rolled.stdout, rolled.stdout
+    assert admin_only(host) == "0"   # read back from the module loaded at boot, as on the recorded H200
+    t2 = time.monotonic()
+    settled = pyinfra(inv, runner)
+    assert settled.returncode == 0 and changed_operations(settled) == [], settled.output
+    assert "PENDING" not in settled.output, settled.output
+    line = gate_line(gate(inv, monkeypatch), PROFILING_CHECK)
+    assert (f"[PASS] {PROFILING_CHECK}: every user (RmProfilingAdminOnly 0); cuda-nsight-systems-13-0 13.0.2, "
+            "nsight-systems-2025.3.2 2025.3.2.474, cuda-nsight-compute-13-0 13.0.2, nsight-compute-2025.3.1 2025.3.1.4 "
+            "held") in line, line
+    t3 = time.monotonic()
+
+    # back to admins (what the rest of this file's runs say): the file goes; the module still
+    # lets users in until it is loaded again; the Nsight packages stay, held
+    inv = _inventory(host, aptrepo, tmp_path_factory, **wishes)
+    back = pyinfra(inv, runner)
+    assert back.returncode == 0, back.output
+    assert sh(host, f"ls {OPTION_FILE} 2>/dev/null; true") == ""
+    assert "PROFILING PENDING: tuning_profiling: admins" in back.output, back.output
+    assert admin_only(host) == "0"
+    from testing import testhosts
+
+    testhosts.reboot(host)   # the operator's own reboot this time
+    assert admin_only(host) == "1"
+    assert installed(host, *NSIGHT13) == NSIGHT13 and set(NSIGHT13) <= holds(host)
+    settled = pyinfra(inv, runner)
+    assert settled.returncode == 0 and changed_operations(settled) == [], settled.output
+    t4 = time.monotonic()
+    print(f"\n[timing] users + pending + plan + gate {t1 - t0:.1f} s; rollout reboot {t2 - t1:.1f} s; "
+          f"no-op + gate {t3 - t2:.1f} s; admins + reboot + no-op {t4 - t3:.1f} s; total {t4 - t0:.1f} s")
+
+
 def test_apt_upgrade_moves_no_toolkit_component(host, cuda13):
     """What unattended-upgrades or an operator's `apt upgrade` does: the held toolkit, its held
     components and cuDNN stay where the release put them. apt reads only the CUDA repository's

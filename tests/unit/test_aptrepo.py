@@ -30,6 +30,7 @@ DOCUMENTED = {
     "libcudnn9-cuda-12", "libcudnn9-dev-cuda-12", "libcudnn9-headers-cuda-12",
     "datacenter-gpu-manager-4-core", "datacenter-gpu-manager-4-cuda12", "datacenter-gpu-manager-4-cuda13",
     "datacenter-gpu-manager-exporter",
+    "cuda-nsight-systems-13-0", "cuda-nsight-compute-13-0", "nsight-systems-2025.3.2", "nsight-compute-2025.3.1",
     "nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
     "libnvidia-container1",
 }
@@ -64,6 +65,18 @@ def test_toolkit_components_are_versioned_on_their_own_and_asked_for_with_ge():
     assert compiler.depends == ("cuda-nvcc-13-0 (>= 13.0.88)",)
     assert {p.version for p in _by("cuda-nvcc-13-0")} == {"13.0.88-1", "13.0.96-1"}
     assert {p.version for p in _by("cuda-nvcc-12-8")} == {"12.8.61-1", "12.8.93-1"}
+
+
+def test_nsight_meta_packages_ask_for_their_release_with_ge_and_a_later_build_exists():
+    """The pin has something to prove: 13.0.3's meta asks for later Nsight builds than 13.0.2's."""
+    (meta,) = _by("cuda-nsight-compute-13-0", "13.0.2-1")
+    assert meta.depends == ("nsight-compute-2025.3.1 (>= 2025.3.1.4)",)
+    assert {p.version for p in _by("nsight-systems-2025.3.2")} == {"2025.3.2.474-1", "2025.3.2.999-1"}
+    from gpufleet.profiling import nsight_packages
+    wanted = nsight_packages("13.0.2")
+    assert wanted is not None and set(wanted) <= {p.name for p in PKGS}
+    for name, release in wanted.items():
+        assert f"{release}-1" in {p.version for p in _by(name)}, name
 
 
 def test_every_package_version_pair_is_unique_and_well_formed():

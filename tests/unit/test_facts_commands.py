@@ -7,6 +7,7 @@ programs that replay the recorded H200 output and the failure modes.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -15,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.facts.gpu import GPU_QUERY_FIELDS, GpuState
+from gpufleet.facts.gpu import GPU_QUERY_FIELDS, GpuState, GpuStateData, gpu_state_command
 from gpufleet.facts.kernel import DriverState
+from gpufleet.facts.mig import MigState
 from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
 from gpufleet.facts.packages import HeldPackages, PackageVersions
 from gpufleet.facts.pci import MellanoxPciDevices, NvidiaPciDevices, PciDevices
@@ -166,7 +168,8 @@ def test_gpu_state_script_with_recorded_h200_x2_stub(tmp_path):
 esac
 """,
     )
-    result = run(GpuState().command(), env=stub_env(stub))
+    cache = tmp_path / "cache"  # the script's STATIC_CACHE, here a folder of the test's own
+    result = run(gpu_state_command(static_cache=str(cache)), env=stub_env(stub))
     assert result.returncode == 0 and result.stderr == ""
     state = GpuState().process(result.stdout.splitlines())
     assert state.status == "ok", state
@@ -177,13 +180,60 @@ esac
     assert 3201 in state.supported_clocks["00000000:00:06.0"]
 
     # Without the compute processes: one nvidia-smi call fewer, the rest the same, no warning
+    # (another nvidia-smi, so the cache below is not used)
     logged = write_stub(tmp_path / "bin2", f'echo "$*" >> {tmp_path}/calls\nexec {stub}/nvidia-smi "$@"\n')
-    result = run(GpuState().command(processes=False), env=stub_env(logged))
+    result = run(gpu_state_command(processes=False, static_cache=str(cache)), env=stub_env(logged))
     assert result.returncode == 0 and result.stderr == ""
     without = GpuState().process(result.stdout.splitlines())
     assert without == state  # the recorded host had no compute processes
     calls = (tmp_path / "calls").read_text().splitlines()
     assert len(calls) == 3 and not any("compute-apps" in c for c in calls)
+
+
+def _static_calls(tmp_path: Path, cache: Path, query: str) -> tuple[list[str], GpuStateData]:
+    """Run GpuState's script (no processes) on a stub whose clock list is `query`'s GPU's; the
+    nvidia-smi calls made, and the fact."""
+    host = FIXTURES / "h200-x2"
+    (tmp_path / "query.txt").write_text(query)
+    stub = write_stub(tmp_path / "bin", f"""echo "$*" >> {tmp_path}/calls
+case "$*" in
+  --query-gpu=*) cat {tmp_path}/query.txt ;;
+  '-q -d SUPPORTED_CLOCKS') cat {host}/q-supported-clocks.txt ;;
+  'topo -m') cat {host}/topo.txt ;;
+esac
+""")
+    (tmp_path / "calls").write_text("")
+    result = run(gpu_state_command(processes=False, static_cache=str(cache)), env=stub_env(stub))
+    assert result.returncode == 0 and result.stderr == ""
+    return (tmp_path / "calls").read_text().splitlines(), GpuState().process(result.stdout.splitlines())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the cache is root's: only root's runs keep the supported clocks")
+def test_gpu_state_keeps_supported_clocks_only_where_only_root_writes(tmp_path):
+    query = query_gpu_from_recording("h200-x2")
+    cache = tmp_path / "cache"
+    first, state = _static_calls(tmp_path, cache, query)
+    assert len(first) == 3 and 3201 in state.supported_clocks["00000000:00:06.0"]
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert stat.S_IMODE((cache / "gpu-static").stat().st_mode) == 0o600
+    again, cached = _static_calls(tmp_path, cache, query)
+    assert again == [first[0], "topo -m"] and cached == state
+    # another answer to the query (here: another driver version) asks nvidia-smi again
+    changed, _ = _static_calls(tmp_path, cache, query.replace("580.159.04", "580.126.20"))
+    assert "-q -d SUPPORTED_CLOCKS" in changed
+    # a folder that is not root's 0700 one is never read from, nor written to
+    planted = tmp_path / "planted"
+    planted.mkdir(mode=0o755)
+    (planted / "gpu-static").write_text("forged\n::gpufleet:: begin supported-clocks\n")
+    calls, fact = _static_calls(tmp_path, planted, query)
+    assert "-q -d SUPPORTED_CLOCKS" in calls and fact == state
+    assert (planted / "gpu-static").read_text().startswith("forged")
+    # a link in place of the folder is not followed
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(target)
+    calls, fact = _static_calls(tmp_path, tmp_path / "link", query)
+    assert "-q -d SUPPORTED_CLOCKS" in calls and fact == state and list(target.iterdir()) == []
 
 
 @pytest.mark.parametrize(
@@ -215,3 +265,31 @@ def test_gpu_state_script_failure_modes(tmp_path, body, status, error):
     assert error in state.error
     # The script stops after the failed query instead of running three more.
     assert "::gpufleet:: begin topology" not in result.stdout
+
+
+# --- MigState's script against a stub nvidia-smi -----------------------------
+
+
+@pytest.mark.parametrize("case, calls", [("mig_off", 1), ("no_mig_t4", 1),
+                                         ("one_partitioned_one_without_compute_instance", 3)])
+def test_mig_state_lists_instances_only_where_mig_is_on(tmp_path, case, calls):
+    """The instance listings cost two nvidia-smi calls; a host with no MIG-enabled GPU (every
+    no-op of a non-MIG fleet) skips them, and the fact is the same as with them."""
+    recorded = json.loads((Path(__file__).parent / "facts" / "mig.MigState" / f"{case}.json").read_text())
+    out = recorded["output"]
+    lgi = out.index("--gpufleet-mig lgi") if "--gpufleet-mig lgi" in out else len(out)
+    lci = out.index("--gpufleet-mig lci") if "--gpufleet-mig lci" in out else len(out)
+    for name, lines in (("modes", out[:lgi]), ("lgi", out[lgi + 1:lci]), ("lci", out[lci + 1:])):
+        (tmp_path / name).write_text("".join(line + "\n" for line in lines))
+    stub = write_stub(tmp_path / "bin", f"""echo "$*" >> {tmp_path}/calls
+case "$1 $2" in
+  '--query-gpu=index,pci.bus_id,mig.mode.current,mig.mode.pending --format=csv,noheader') cat {tmp_path}/modes ;;
+  'mig -lgi') cat {tmp_path}/lgi ;;
+  'mig -lci') cat {tmp_path}/lci ;;
+  *) echo "unexpected arguments: $*"; exit 2 ;;
+esac
+""")
+    result = run(MigState().command(), env=stub_env(stub))
+    assert result.returncode == 0 and result.stderr == ""
+    assert len((tmp_path / "calls").read_text().splitlines()) == calls
+    assert MigState().process(result.stdout.splitlines()) == MigState().process(out)

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from testing.gpusim.local import LocalSim
-from testing.gpusim.install import PROC_DRIVER_DIR
+from testing.gpusim.install import PROC_DRIVER_DIR, _load_module_script
 
 pytestmark = [pytest.mark.unit, pytest.mark.gpusim]
 
@@ -22,7 +22,7 @@ HOSTS = {"h200x1": "h200-x1", "h200x2": "h200-x2"}
 # health/: its one query line is compared field by field in test_gpusim_faults.py; its -q views,
 # MIG profiles and NVML readings are not simulated
 NOT_SIMULATED = {"nvml.json", "health"}
-NON_SMI = {"proc-version.txt", "proc-gpus.txt", "sys-pci.txt"}
+NON_SMI = {"proc-version.txt", "proc-gpus.txt", "sys-pci.txt", "proc-params.txt"}
 
 
 def commands(folder):
@@ -75,6 +75,15 @@ def test_output_identical_to_recording(tmp_path_factory, spec, name, cmd, reques
         actual = proc_gpus_listing(sim.root / PROC_DRIVER_DIR / "nvidia")
     elif name == "sys-pci.txt":
         actual = sys_pci_listing(sim.work / "gpusim-sys-bus-pci-devices")
+    elif name == "proc-params.txt":
+        # recorded in the shell's own words ("$ cat ...", "[rc=0]"); the recorded host ran with
+        # profiling for users (RmProfilingAdminOnly: 0): the same option, read at the module's load
+        conf = sim.root / "etc/modprobe.d/recorded-host.conf"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text("options nvidia NVreg_RestrictProfilingToAdminUsers=0\n")
+        _load_module_script().write_params(proc=str(sim.root / PROC_DRIVER_DIR / "nvidia"), root=str(sim.root))
+        conf.unlink()
+        actual = f"$ {cmd}\n" + (sim.root / PROC_DRIVER_DIR / "nvidia" / "params").read_text() + "[rc=0]\n"
     else:
         argv = shlex.split(cmd)
         assert argv[0] == "nvidia-smi"

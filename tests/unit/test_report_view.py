@@ -294,3 +294,18 @@ def test_a_host_all_py_refuses_is_failed(doc):
     assert attention(row) == "ok"
     row["drift"]["error"] = REFUSED
     assert cells(row)["drift"].status == "fail" and attention(row) == "fail"
+
+
+def test_a_pending_profiling_setting_shows_in_the_tuning_cell_and_warns_it(doc):
+    """The gate's profiling check (tuning_profiling) in the report: its line in the tuning cell, its
+    WARN the cell's status; the row's field matches the schema."""
+    row = copy.deepcopy(_rows(doc)[HEALTHY])
+    name = "GPU performance counters are for whom tuning_profiling says"
+    message = ("PENDING: the loaded nvidia module gives them to admins only (RmProfilingAdminOnly 1); "
+               "tuning_profiling: users takes effect at its next load")
+    row["profiling"] = f"warn: {message}"
+    row["validation"]["checks"].append({"area": "tuning", "name": name, "status": "warn", "message": message,
+                                        "fix": "tools/rollout INVENTORY reboots it through the gate"})
+    cell = cells(row)["tuning"]
+    assert cell.status == "warn" and f"profiling warn: {message}" in cell.text
+    validate(document([row], "inv.py", 1.0), json.loads(SCHEMA_PATH.read_text()))

@@ -40,6 +40,16 @@ def test_what_the_run_leaves_is_said_per_host_and_read_back_by_the_report():
     assert s.report() == ""
 
 
+def test_profiling_pending_is_said_with_the_way_through_the_gate_and_forgotten_per_host():
+    s = RunSummary()
+    s.profiling_pending["gpu-e05"] = "tuning_profiling: users: the loaded nvidia module has the other setting"
+    text = s.report()
+    assert "1 host(s) with GPU profiling PENDING" in text and "tools/rollout INVENTORY" in text
+    assert "    gpu-e05: tuning_profiling: users: the loaded nvidia module has the other setting" in text
+    s.forget("gpu-e05")
+    assert s.report() == ""
+
+
 def test_no_deploy_hooks_the_exit_and_nobody_reads_sys_modules_but_pyinfra_private():
     found = []
     for top in ("deploys", "operations", "facts", "gpufleet"):

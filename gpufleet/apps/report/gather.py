@@ -171,6 +171,12 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     if mig is not None and mig.status != "skip" and not (
             mig.status == "pass" and mig.message.startswith(("no GPU", "MIG off"))):
         row["mig"] = f"{'ok' if mig.status == 'pass' else mig.status}: {mig.message}"
+    # the gate's profiling check (gpufleet/profiling.py's plan): quiet where admins only is as set
+    profiling = by_name.get("GPU performance counters are for whom tuning_profiling says")
+    row["profiling"] = None
+    if profiling is not None and profiling.status != "skip" and not (
+            profiling.status == "pass" and settings is not None and settings.tuning_profiling == "admins"):
+        row["profiling"] = f"{'ok' if profiling.status == 'pass' else profiling.status}: {profiling.message}"
     row["endpoints"] = endpoints(host, settings, by_name) if settings else []
     torch = by_name.get(PYTORCH_CHECK)
     row["pytorch"] = f"{'ok' if torch.status == 'pass' else torch.status}: {torch.message}" if torch else None

@@ -214,6 +214,8 @@ def _tuning(row: dict[str, Any]) -> Cell:
     persistence = f"persistence {row['persistence']}" if row.get("persistence") else ""
     if row.get("mig"):
         persistence += ("\n" if persistence else "") + f"MIG {row['mig']}"
+    if row.get("profiling"):
+        persistence += ("\n" if persistence else "") + f"profiling {row['profiling']}"
     if not clocks:  # no GPU answering, or an older report: the text as gathered
         parts = [persistence, f"clocks {row['clocks']}" if row.get("clocks") else ""]
         return Cell(worst([c["status"] for c in tuning], empty="info"), "\n".join(p for p in parts if p) or "-",

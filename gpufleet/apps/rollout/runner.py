@@ -272,8 +272,8 @@ class Runner:
                 # done at this target, but its MIG layout is not what gpu_mig sets now: a new round
                 state.hosts[name] = rec = type(rec)(name, target=rec.target, stack=rec.stack)
             fresh = not rec.steps and rec.status in ("pending", "skipped", "busy")
-            if fresh and info[name]["installed"] == info[name]["loaded"] == target and not info[name]["stack_moves"] \
-                    and not info[name]["mig_changes"]:
+            if (fresh and info[name]["installed"] == info[name]["loaded"] == target and not info[name]["stack_moves"]
+                    and not info[name].get("profiling_pending") and not info[name].get("mig_changes")):
                 stack = ", ".join(f"{p} {v}" for p, v in sorted(info[name]["stack"].items())
                                   if p in info[name]["packages"])
                 notes[name] = f"at {target} already{f' (and {stack})' if stack else ''}: nothing to do"
@@ -575,8 +575,10 @@ class Runner:
                 rec = self.state.host(n)
                 target = self.target_of(n)
                 frm = f"{s['loaded'] or '-'}/{s['installed'] or '-'}"
-                if s["loaded"] == target and s["installed"] == target:
+                if s["loaded"] == target and s["installed"] == target and not s.get("profiling_pending"):
                     reboot = "no (at target)"
+                elif s["loaded"] == target and s["installed"] == target and s["driver_reboot"] != "never":
+                    reboot = "yes (tuning_profiling)"
                 elif s["driver_reboot"] == "never":
                     reboot = "needed, driver_reboot never"
                 else:
@@ -593,8 +595,10 @@ class Runner:
                 for change in s.get("mig_changes", []):
                     # the same plan all.py, deploys/plan.py and the gate read (gpufleet.tuning.host_mig)
                     lines.append(f"  {'':<8}   MIG: {change} (drained, changed while its GPUs are idle)")
-                driver_moves = not (s["installed"] == s["loaded"] == target and not s["stack_moves"])
-                moving = s["moving"] if driver_moves and (s["installed"] != target or not s["stack_moves"]) else []
+                at_target = s["installed"] == s["loaded"] == target and not s["stack_moves"]
+                moving = s["moving"] if (s["installed"] != target or not s["stack_moves"]) and not at_target else []
+                if at_target and s.get("profiling_pending"):
+                    lines.append(f"  {'':<8}   tuning_profiling: the loaded nvidia module lacks it: a reboot, no package change")
                 if moving:
                     missing = [p for p in moving if not s["available"].get(p)]
                     lines.append(f"  {'':<8}   packages: {' '.join(moving)}"
