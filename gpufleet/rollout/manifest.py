@@ -294,6 +294,19 @@ def stack_changes(installed: dict[str, Any], wanted: dict[str, str]) -> list[str
                for gone, old, new in stack_renames(wanted, installed).values()])
 
 
+def purpose(survey: dict[str, Any], target: str) -> str:
+    """What the rollout takes a surveyed host out of service for, in the words of its Slurm drain
+    reason and reboot message: the driver upgrade, else the CUDA toolkit / cuDNN move, else the
+    reboot that loads the nvidia module with the tier's tuning_profiling (nothing else changes)."""
+    if survey.get("installed") != target or survey.get("loaded") != target or not survey:
+        return f"driver upgrade to {target}"
+    if survey.get("stack_moves"):
+        return f"CUDA toolkit / cuDNN move (driver {target} stays)"
+    if survey.get("profiling_pending"):
+        return f"reboot for tuning_profiling (driver {target} and packages stay)"
+    return f"driver upgrade to {target}"
+
+
 def stack_plan(installed: dict[str, Any], wanted: dict[str, str], available: dict[str, list[str]]
                ) -> tuple[dict[str, str], list[str], list[str]]:
     """(install {pkg: Debian version}, remove [pkg], missing ["pkg release"]) for moving the CUDA
