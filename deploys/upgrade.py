@@ -7,7 +7,8 @@ one left (after a reboot, after a wait):
     snapshot  disk snapshot (lvm | btrfs | zfs | command) and the manifest, copied to the controller
     upgrade   unhold -> install the target driver's exact versions, and the CUDA toolkit /
               cuDNN packages at the releases the inventory resolves to -> hold again (Ubuntu's
-              prebuilt modules with the driver, and the kernels they follow with them)
+              prebuilt modules with the driver, and the kernels they follow with them; a
+              toolkit's components with it, Nsight included: package_plan.toolkit_move)
     reboot    only when the loaded module is not the target, or lacks the tier's tuning_profiling
               (a module option, read at its load), and driver_reboot allows it; by
               gpufleet, or by Slurm (rollout_slurm_reboot: slurm), the node left DOWN until undrain
