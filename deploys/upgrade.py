@@ -7,7 +7,8 @@ one left (after a reboot, after a wait):
     snapshot  disk snapshot (lvm | btrfs | zfs | command) and the manifest, copied to the controller
     upgrade   unhold -> install the target driver's exact versions, and the CUDA toolkit /
               cuDNN packages at the releases the inventory resolves to -> hold again (Ubuntu's
-              prebuilt modules with the driver, and the kernels they follow with them)
+              prebuilt modules with the driver, and the kernels they follow with them; a
+              toolkit's components with it, Nsight included: package_plan.toolkit_move)
     reboot    only when the loaded module is not the target, or lacks the tier's tuning_profiling
               (a module option, read at its load), and driver_reboot allows it; by
               gpufleet, or by Slurm (rollout_slurm_reboot: slurm), the node left DOWN until undrain
@@ -39,8 +40,8 @@ from gpufleet.facts.packages import AptVersions
 from gpufleet.facts.slurm import SlurmNode
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
-from gpufleet.package_plan import toolkit_release
-from gpufleet.profiling import ProfilingRefusal, plan_profiling
+from gpufleet.package_plan import toolkit_move
+from gpufleet.profiling import USERS, ProfilingRefusal, nsight_packages, nsight_releases, plan_profiling
 from gpufleet.settings import host_settings
 from gpufleet.validation import FAIL, PASS, diag_result
 from gpufleet.hostfacts import gpu_state, mig_state
@@ -141,9 +142,8 @@ def drain(ctx: RolloutContext) -> None:
                    "let them finish and re-run, wait for them with --wait-idle SECONDS, or upgrade anyway "
                    "with --force", outcome="busy")
         return
-    mig_only = not driver_moves(ctx) and bool(ctx.survey.get(host.name, {}).get("mig_changes"))
-    what = "MIG change (gpu_mig)" if mig_only else f"driver upgrade to {ctx.target}"
-    slurm_node(name=f"Drain the Slurm node for the {what}", drained=True, reason=f"gpufleet {what}", node=node)
+    why = mf.purpose(ctx.survey.get(host.name, {}), ctx.target)
+    slurm_node(name=f"Drain the Slurm node for the {why}", drained=True, reason=f"gpufleet {why}", node=node)
     slurm_node_drained(name="Wait for the Slurm jobs on the node to finish (DRAINED)", node=node,
                        timeout=settings.rollout_drain_timeout)
     if ctx.stop_containers:
@@ -157,6 +157,24 @@ def drain(ctx: RolloutContext) -> None:
                     url=host_settings(host).driver_repo_url)
 
 
+def _nsight_with(ctx: RolloutContext, wanted: dict[str, str]) -> dict[str, str] | None:
+    """tuning_profiling users: the Nsight packages (package -> release) of the CUDA toolkit
+    release the rollout moves to ({}: admins, or no toolkit); None when that release has none
+    recorded (refused, as all.py refuses it: nothing moves on this host)."""
+    settings = host_settings(host)
+    release = next((v for p, v in sorted(wanted.items()) if TOOLKIT.match(p)), None)
+    if settings.tuning_profiling != USERS or release is None or settings.driver_source != "nvidia":
+        return {}
+    found = nsight_packages(release)
+    if found is None:
+        ctx.refuse(host, f"no Nsight Systems / Nsight Compute release is recorded for CUDA {release} "
+                         "(compat.yaml nsight_tools): tuning_profiling users would lose its tools; not upgraded",
+                   "tuning_profiling: admins, or a cuda_version whose release has them: "
+                   + ", ".join(nsight_releases()), area="tuning_profiling")
+        return None
+    return found
+
+
 @deploy("Snapshot the host before its upgrade")
 def snapshot(ctx: RolloutContext) -> None:
     snapshot_and_manifest(ctx)
@@ -166,7 +184,12 @@ def snapshot(ctx: RolloutContext) -> None:
 def upgrade(ctx: RolloutContext) -> None:
     installed = installed_packages()
     wanted = ctx.stack.get(host.name, {})
-    names = sorted({n for n, v in installed.items() if v and mf.DRIVER_PACKAGE.match(n)}
+    toolkit_moves = any(TOOLKIT.match(p) for p in [*mf.stack_moves(installed, wanted),
+                                                   *mf.renamed_packages(installed, wanted)[0]])
+    nsight = _nsight_with(ctx, wanted) if toolkit_moves else {}
+    if nsight is None:
+        return
+    names = sorted(set(nsight) | {n for n, v in installed.items() if v and mf.DRIVER_PACKAGE.match(n)}
                    | {f"nvidia-driver-pinning-{ctx.target}"} | set(mf.stack_moves(installed, wanted))
                    | set(mf.renamed_packages(installed, wanted)[0])
                    | {n for n, v in installed.items() if v and mf.MODULES_PACKAGE.match(n)}
@@ -195,18 +218,13 @@ def upgrade(ctx: RolloutContext) -> None:
     install.update(prebuilt_install)
     stack_install, stack_remove, stack_missing = mf.stack_plan(installed, wanted, available)
     # a toolkit moves with its components at the versions its release names (apt alone would
-    # bring the newest ones its >= dependencies allow)
-    loose: list[str] = []
-    for meta, version in sorted(stack_install.items()):
-        if TOOLKIT.match(meta):
-            index: dict[str, dict[str, str]] = host.get_fact(ToolkitIndex, package=meta)
-            walk = toolkit_release(index, meta, version)
-            for component, at in walk.versions.items():
-                if at:
-                    stack_install[component] = at
-                else:
-                    stack_missing.append(f"{component} {walk.bounds[component]} (named by {meta} {mf.upstream(version)})")
-            loose += walk.loose
+    # bring the newest ones its >= dependencies allow), Nsight with it (its components when the
+    # toolkit depends on it; tuning_profiling users' exact releases either way)
+    indexes = {meta: host.get_fact(ToolkitIndex, package=meta) for meta in stack_install if TOOLKIT.match(meta)}
+    move = toolkit_move(stack_install, wanted, indexes, nsight, available)
+    stack_install.update(move.install)
+    stack_missing += move.missing
+    loose = list(move.loose)
     if stack_missing:
         ctx.refuse(host, "the configured repositories offer no " + ", ".join(stack_missing)
                          + ": CUDA toolkit / cuDNN not moved",
@@ -270,11 +288,12 @@ def reboot(ctx: RolloutContext) -> None:
                        "set rollout_slurm_reboot: gpufleet for hosts outside Slurm", area="rollout_slurm_reboot")
             return
         slurm_rebooted(name=f"Let Slurm reboot node {slurm.node} to {why}",
-                       node=slurm.node, reason=f"gpufleet driver upgrade to {ctx.target}", timeout=ctx.reboot_timeout,
+                       node=slurm.node, reason=f"gpufleet {mf.purpose(ctx.survey.get(host.name, {}), ctx.target)}",
+                       timeout=ctx.reboot_timeout,
                        require_idle=settings.rollout_require_idle and not ctx.force)
         return
     rebooted(name=f"Reboot to {why}",
-             reason=f"gpufleet driver upgrade to {ctx.target}", timeout=ctx.reboot_timeout,
+             reason=f"gpufleet {mf.purpose(ctx.survey.get(host.name, {}), ctx.target)}", timeout=ctx.reboot_timeout,
              require_idle=settings.rollout_require_idle and not ctx.force)
 
 

@@ -252,6 +252,13 @@ class StackPackagesData(JsonMixin):
 # cuda-nvcc-12-8, libcublas-12-8, libnpp-12-8, gds-tools-12-8 ..., NVIDIA/nvidia-container-toolkit#883)
 COMPONENT_PREFIXES = ("cuda-", "lib", "gds-")
 TOOLKIT = re.compile(r"^cuda-toolkit-(\d+-\d+)$")
+# Nsight Systems / Compute as NVIDIA's CUDA repository names them: one package per tool release
+# (nsight-systems-2025.3.2), several side by side, behind the CUDA minor's cuda-nsight-systems-X-Y /
+# cuda-nsight-compute-X-Y, which cuda-visual-tools-X-Y (cuda-tools-X-Y, cuda-toolkit-X-Y) depends on
+# (compat.yaml nsight_tools): reached from a toolkit, they are its components though their name
+# does not end in its -X-Y, so they are pinned, held and moved with it like the others
+NSIGHT_RELEASE = re.compile(r"^nsight-(?:systems|compute)-\d{4}\.\d+\.\d+$")
+NSIGHT_GLOBS = ("nsight-systems-20*", "nsight-compute-20*")
 
 
 def component_globs(suffixes: Iterable[str], prefixes: Iterable[str] = COMPONENT_PREFIXES) -> list[str]:
@@ -280,7 +287,8 @@ def toolkit_closure(meta: str, depends_of: Callable[[str, str | None], str]) -> 
         name = queue.pop(0)
         for item in (part.strip() for part in depends_of(name, out.get(name)).split(",")):
             dep = _DEPENDS_ITEM.match(item)
-            if (not dep or not dep.group(1).endswith(suffix) or dep.group(2) not in (None, ">=")
+            if (not dep or not (dep.group(1).endswith(suffix) or NSIGHT_RELEASE.match(dep.group(1)))
+                    or dep.group(2) not in (None, ">=")
                     or dep.group(1) in out or dep.group(1) == meta):
                 continue
             out[dep.group(1)] = dep.group(3)
@@ -332,7 +340,8 @@ class StackPackages(FactBase[StackPackagesData]):
             parts += [begin("components"), " ".join([
                 "if command -v dpkg-query >/dev/null 2>&1; then dpkg-query -W",
                 "-f=" + shlex.quote(r"${Package}\t${Version}\t${db:Status-Abbrev}\t${Depends}\n"),
-                quoted_package_names(component_globs(suffixes), globs=True), "2>/dev/null || true; fi"])]
+                quoted_package_names([*component_globs(suffixes), *NSIGHT_GLOBS], globs=True),
+                "2>/dev/null || true; fi"])]
         return "; ".join(parts)
 
     @override
@@ -364,7 +373,7 @@ class StackPackages(FactBase[StackPackagesData]):
 # index as apt reads it, its sources' signatures checked by apt-get update).
 _TOOLKIT_INDEX_SCRIPT = r"""
 command -v apt-cache >/dev/null 2>&1 || exit 0
-apt-cache pkgnames 2>/dev/null | grep -E -e "^(cuda-|lib|gds-)[a-z0-9.+-]*-$1\$" \
+apt-cache pkgnames 2>/dev/null | grep -E -e "^(cuda-|lib|gds-)[a-z0-9.+-]*-$1\$" -e "^nsight-(systems|compute)-[0-9]{4}[.][0-9]+[.][0-9]+\$" \
   | xargs -r apt-cache show 2>/dev/null | grep -E -e '^(Package|Version|Depends):' -e '^$' || true
 """
 _STANZA_FIELD = re.compile(r"^(Package|Version|Depends): ?(.*)$")

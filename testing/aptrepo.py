@@ -120,7 +120,11 @@ SOURCES = {
     "nsight": "nsight-systems-2025.3.2 2025.3.2.474-1 and nsight-compute-2025.3.1 2025.3.1.4-1 as the CUDA repo's "
               "ubuntu2404/x86_64 .deb names in public Dockerfiles; meta packages cuda-nsight-systems-X-Y / "
               "cuda-nsight-compute-X-Y at the toolkit release, depending on the release-named package "
-              "(compat.yaml S38, S39); the (>=) bounds and the later builds are STAND-INS",
+              "(compat.yaml S38, S39); the (>=) bounds and the later builds are STAND-INS; the 13.0.1 meta "
+              "packages name the 13.0.2 builds (STAND-IN); the chain cuda-toolkit-X-Y -> cuda-tools-X-Y -> "
+              "cuda-visual-tools-X-Y -> cuda-nsight-compute-X-Y, cuda-nsight-systems-X-Y as apt's install lists "
+              "of NVIDIA's repository show it for 10.1, 12.2 and 12.8 (compat.yaml S41; not seen for 13.0; "
+              "modelled for the 13-0 toolkits only, without the chain's other members)",
 }
 
 # One branch, two real driver versions. Add a version (or branch) here.
@@ -143,7 +147,8 @@ CUDNN = (("13", "9.16.0.29-1"), ("13", "9.17.0.29-1"), ("13", "9.17.1.4-1"),
 # (toolkit major-minor, meta package version, Nsight Systems package and version, Nsight Compute
 # package and version). 13.0.2 as compat.yaml's nsight_tools; 13.0.3 (a hypothetical update, as
 # cuda-later) names later builds, so that a test proves the pin, not apt's newest.
-NSIGHT = (("13-0", "13.0.2-1", "nsight-systems-2025.3.2", "2025.3.2.474-1", "nsight-compute-2025.3.1", "2025.3.1.4-1"),
+NSIGHT = (("13-0", "13.0.1-1", "nsight-systems-2025.3.2", "2025.3.2.474-1", "nsight-compute-2025.3.1", "2025.3.1.4-1"),
+          ("13-0", "13.0.2-1", "nsight-systems-2025.3.2", "2025.3.2.474-1", "nsight-compute-2025.3.1", "2025.3.1.4-1"),
           ("13-0", "13.0.3-1", "nsight-systems-2025.3.2", "2025.3.2.999-1", "nsight-compute-2025.3.1", "2025.3.1.9-1"))
 DCGM = ("1:4.4.0-1",)
 DCGM_EXPORTERS = ("4.5.0-1",)
@@ -465,6 +470,11 @@ def _pin_file(branch: str, pattern: str) -> str:
             f"Package: {names}\nPin: version {pattern}\nPin-Priority: 1000\n")
 
 
+def _has_nsight(mm: str, version: str) -> bool:
+    """Whether the stand-in toolkit release brings Nsight meta packages (NSIGHT has a row)."""
+    return any(row[0] == mm and row[1] == version for row in NSIGHT)
+
+
 def default_packages() -> list[Pkg]:
     pkgs: list[Pkg] = []
     branches = sorted({d.split(".")[0] for d in DRIVERS})
@@ -495,13 +505,24 @@ def default_packages() -> list[Pkg]:
                 description=f"CUDA compiler {rel} meta-package", source="nvcc"),
             Pkg(f"cuda-toolkit-{mm}", ver,
                 ("cuda-toolkit-config-common", f"cuda-toolkit-{major}-config-common",
-                 f"cuda-toolkit-{mm}-config-common", f"cuda-compiler-{mm} (>= {upstream})"),
+                 f"cuda-toolkit-{mm}-config-common", f"cuda-compiler-{mm} (>= {upstream})",
+                 *((f"cuda-tools-{mm} (>= {upstream})",) if _has_nsight(mm, ver) else ())),
                 description=f"CUDA Toolkit {rel} meta-package",
                 source="cuda-later" if ver == "13.0.3-1" else "cuda"),
         ]
+        if _has_nsight(mm, ver):
+            # the toolkit brings Nsight through its tools (source "nsight")
+            pkgs += [
+                Pkg(f"cuda-tools-{mm}", ver, (f"cuda-visual-tools-{mm} (>= {upstream})",),
+                    description=f"CUDA Tools {rel} meta-package", source="nsight"),
+                Pkg(f"cuda-visual-tools-{mm}", ver,
+                    (f"cuda-nsight-compute-{mm} (>= {upstream})", f"cuda-nsight-systems-{mm} (>= {upstream})"),
+                    description=f"CUDA visual tools {rel} meta-package", source="nsight"),
+            ]
+    seen: set[tuple[str, str]] = set()
     for mm, meta, nsys, nsys_ver, ncu, ncu_ver in NSIGHT:
         nsys_rel, ncu_rel = nsys.rsplit("-", 1)[1], ncu.rsplit("-", 1)[1]
-        pkgs += [
+        pkgs += [] if (nsys, nsys_ver) in seen else [
             Pkg(nsys, nsys_ver, files=(
                 (f"/opt/nvidia/nsight-systems/{nsys_rel}/bin/nsys",
                  _script("nsys", f'echo "NVIDIA Nsight Systems version {nsys_ver.rsplit("-", 1)[0]} (gpufleet stand-in)"'),
@@ -510,6 +531,9 @@ def default_packages() -> list[Pkg]:
                 (f"/opt/nvidia/nsight-compute/{ncu_rel}/ncu",
                  _script("ncu", f'echo "NVIDIA (R) Nsight Compute Command Line Profiler, version {ncu_ver.rsplit("-", 1)[0]} '
                                 '(gpufleet stand-in)"'), 0o755),), description=f"Nsight Compute {ncu_rel}", source="nsight"),
+        ]
+        seen.add((nsys, nsys_ver))
+        pkgs += [
             Pkg(f"cuda-nsight-systems-{mm}", meta, (f"{nsys} (>= {nsys_ver.rsplit('-', 1)[0]})",),
                 description=f"Nsight Systems meta-package for CUDA {mm.replace('-', '.')}", source="nsight"),
             Pkg(f"cuda-nsight-compute-{mm}", meta, (f"{ncu} (>= {ncu_ver.rsplit('-', 1)[0]})",),

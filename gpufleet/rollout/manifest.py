@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from gpufleet.facts.packages import COMPONENT_PREFIXES, TOOLKIT, component_globs
+from gpufleet.facts.packages import COMPONENT_PREFIXES, NSIGHT_GLOBS, TOOLKIT, component_globs
 from gpufleet.cuda_stack import STACK_FAMILIES, is_exact, stack_renames
 from gpufleet.versions import upstream_of
 
@@ -99,10 +99,12 @@ def kernel_metapackages(installed: Mapping[str, str | None]) -> list[str]:
 def toolkit_component_patterns(installed: Mapping[str, str | None]) -> list[str]:
     """dpkg-query globs for the components of each installed cuda-toolkit-X-Y that PACKAGE_PATTERNS
     does not reach: its -X-Y libraries and GPUDirect Storage tools (libcublas-13-0, libnpp-13-0,
-    gds-tools-13-0 ...; the cuda-*-X-Y ones are in "cuda-*"). deploys/driver.py installs and holds
-    them at the release's versions, so the manifest records them and rollback puts them back."""
+    gds-tools-13-0 ...; the cuda-*-X-Y ones are in "cuda-*") and the release-named Nsight packages
+    it may reach (nsight-systems-2025.3.2 ...). deploys/driver.py installs and holds them at the
+    release's versions, so the manifest records them and rollback puts them back."""
     suffixes = sorted({m.group(1) for name, ver in installed.items() if ver and (m := TOOLKIT.match(name))})
-    return component_globs(suffixes, [prefix for prefix in COMPONENT_PREFIXES if prefix != "cuda-"])
+    globs = component_globs(suffixes, [prefix for prefix in COMPONENT_PREFIXES if prefix != "cuda-"])
+    return [*globs, *NSIGHT_GLOBS] if globs else []
 
 
 def prebuilt_plan(installed: Mapping[str, str | None], available: Mapping[str, list[str]]
@@ -295,6 +297,22 @@ def stack_changes(installed: dict[str, Any], wanted: dict[str, str]) -> list[str
     return ([f"{p} {have} -> {want}" for p, (have, want) in stack_moves(installed, wanted).items()]
             + [f"{old} -> {new} (replaces {', '.join(gone)})"
                for gone, old, new in stack_renames(wanted, installed).values()])
+
+
+def purpose(survey: dict[str, Any], target: str) -> str:
+    """What the rollout takes a surveyed host out of service for, in the words of its Slurm drain
+    reason and reboot message: the driver upgrade, else the CUDA toolkit / cuDNN move, else the
+    reboot that loads the nvidia module with the tier's tuning_profiling, else the MIG layout
+    (nothing else changes)."""
+    if survey.get("installed") != target or survey.get("loaded") != target or not survey:
+        return f"driver upgrade to {target}"
+    if survey.get("stack_moves"):
+        return f"CUDA toolkit / cuDNN move (driver {target} stays)"
+    if survey.get("profiling_pending"):
+        return f"reboot for tuning_profiling (driver {target} and packages stay)"
+    if survey.get("mig_changes"):
+        return "MIG change (gpu_mig)"
+    return f"driver upgrade to {target}"
 
 
 def stack_plan(installed: dict[str, Any], wanted: dict[str, str], available: dict[str, list[str]]

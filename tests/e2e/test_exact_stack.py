@@ -40,6 +40,11 @@ CUDNN13 = ("libcudnn9-cuda-13", "libcudnn9-dev-cuda-13", "libcudnn9-headers-cuda
 CUDNN12 = ("libcudnn9-cuda-12", "libcudnn9-dev-cuda-12", "libcudnn9-headers-cuda-12")
 # the toolkit's components at the versions its release names (the meta packages ask with >= only)
 COMPONENTS13 = {"cuda-compiler-13-0": "13.0.2-1", "cuda-nvcc-13-0": "13.0.88-1"}
+# the toolkit reaches Nsight through its tools (testing/aptrepo.py, compat.yaml S40): components
+# too, at 13.0.2's builds (not the later 2025.3.2.999 / 2025.3.1.9 the repository offers)
+TOOLS13 = {"cuda-tools-13-0": "13.0.2-1", "cuda-visual-tools-13-0": "13.0.2-1",
+           "cuda-nsight-systems-13-0": "13.0.2-1", "nsight-systems-2025.3.2": "2025.3.2.474-1",
+           "cuda-nsight-compute-13-0": "13.0.2-1", "nsight-compute-2025.3.1": "2025.3.1.4-1"}
 COMPONENTS12 = {"cuda-compiler-12-8": "12.8.1-1", "cuda-nvcc-12-8": "12.8.93-1"}
 CHECK = "driver: the CUDA toolkit and cuDNN are the resolved releases"
 REPO = Path(__file__).resolve().parents[2]
@@ -152,6 +157,9 @@ def test_exact_cuda_and_cudnn_releases_installed_and_held(host, cuda13):
     # its components too: exactly what 13.0.2 names (not the newer 13.0.96 nvcc), held with it
     assert installed(host, *COMPONENTS13) == COMPONENTS13
     assert set(COMPONENTS13) <= holds(host)
+    # Nsight as the toolkit's components, with tuning_profiling admins (the tier's default): exact, held
+    assert installed(host, *TOOLS13) == TOOLS13
+    assert set(TOOLS13) <= holds(host)
     # what gpufleet installed, recorded on the host: root's, 0600 in a 0700 folder
     assert recorded(host) == {"cuda-toolkit-13-0": "13.0.2", **{p: "9.17.0.29" for p in CUDNN13}}
     assert sh(host, f"stat -c '%a %U' {RECORD} $(dirname {RECORD})").split() == ["600", "root", "700", "root"]
@@ -263,7 +271,7 @@ def test_apt_upgrade_moves_no_toolkit_component(host, cuda13):
     components and cuDNN stay where the release put them. apt reads only the CUDA repository's
     index here (where every newer CUDA package comes from), so that Debian's own updates do not
     make the test slow."""
-    exact = {"cuda-toolkit-13-0": "13.0.2-1", **COMPONENTS13, **{p: "9.17.0.29-1" for p in CUDNN13}}
+    exact = {"cuda-toolkit-13-0": "13.0.2-1", **COMPONENTS13, **TOOLS13, **{p: "9.17.0.29-1" for p in CUDNN13}}
     apt = ("d=$(mktemp -d) && cp /etc/apt/sources.list.d/gpufleet-cuda.list \"$d\" && DEBIAN_FRONTEND=noninteractive "
            "apt-get -o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts=\"$d\" ")
     # the premise: apt's candidate for the component is the newer point release

@@ -31,6 +31,7 @@ DOCUMENTED = {
     "datacenter-gpu-manager-4-core", "datacenter-gpu-manager-4-cuda12", "datacenter-gpu-manager-4-cuda13",
     "datacenter-gpu-manager-exporter",
     "cuda-nsight-systems-13-0", "cuda-nsight-compute-13-0", "nsight-systems-2025.3.2", "nsight-compute-2025.3.1",
+    "cuda-tools-13-0", "cuda-visual-tools-13-0",  # the toolkit reaches Nsight through them (compat.yaml S41)
     "nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
     "libnvidia-container1",
 }

@@ -36,9 +36,10 @@ def _host():
 
 def test_component_patterns_follow_the_installed_toolkits():
     installed = {"cuda-toolkit-13-0": "13.0.2-1", "cuda-toolkit-12-8": None, "libcudnn9-cuda-13": "9.17.0.29-1"}
-    assert mf.toolkit_component_patterns(installed) == ["lib*-13-0", "gds-*-13-0"]
+    nsight = ["nsight-systems-20*", "nsight-compute-20*"]   # the release-named Nsight a toolkit may reach
+    assert mf.toolkit_component_patterns(installed) == ["lib*-13-0", "gds-*-13-0", *nsight]
     assert mf.toolkit_component_patterns({"cuda-toolkit-12-8": "12.8.1-1", "cuda-toolkit-13-0": "13.0.2-1"}) == [
-        "lib*-12-8", "gds-*-12-8", "lib*-13-0", "gds-*-13-0"]
+        "lib*-12-8", "gds-*-12-8", "lib*-13-0", "gds-*-13-0", *nsight]
     assert mf.toolkit_component_patterns({"nvidia-open": "580.126.09-1"}) == []
 
 
