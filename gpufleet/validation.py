@@ -269,6 +269,29 @@ def fast_enough_nic(ctx: Context) -> Result:
                   "check the link (ethtool), move the host to a tier that fits it, or set validate_min_nic_gbps for it")
 
 
+@check("preflight")
+def enough_nvme(ctx: Context) -> Result:
+    """The local NVMe capacity for data (gpufleet.storage.data_nvme_bytes: NVMe disks that do not
+    carry the system), in TB of 10^12 bytes as drives are sold."""
+    from .hostfacts import block_devices
+    from .storage import data_nvme_bytes
+
+    name = "the host has the tier's local NVMe capacity"
+    minimum = ctx.settings.validate_min_nvme_tb
+    if not minimum:
+        return Result("preflight", name, SKIP, "validate_min_nvme_tb: 0")
+    total, disks = data_nvme_bytes(block_devices(ctx.host))
+    found = total / 1e12
+    if found >= minimum:
+        return Result("preflight", name, PASS, f"{found:.2f} TB on {len(disks)} NVMe drives "
+                      f"(validate_min_nvme_tb: {minimum:g})")
+    return Result("preflight", name, _hardware_status(ctx),
+                  f"{found:.2f} TB of local NVMe for data ({', '.join(disks) or 'no NVMe drive besides the system'}; "
+                  f"lsblk), tier {ctx.settings.tier} expects at least {minimum:g} TB "
+                  f"(validate_min_nvme_tb; tier_mismatch: {ctx.settings.tier_mismatch})",
+                  "add drives, move the host to a tier that fits it, or set validate_min_nvme_tb for it")
+
+
 # --- driver -----------------------------------------------------------------------------------
 
 @check("driver")
