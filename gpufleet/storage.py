@@ -44,9 +44,9 @@ def describe(node: BlockDevice) -> str:
     if node.type not in ("disk", "loop"):
         why.append(f"a {node.type or 'device of unknown type'}, not a whole disk")
     if node.seen("TYPE"):
-        why.append(f"has a {node.seen('TYPE')} signature")
+        why.append(f"carries a signature ({node.seen('TYPE')})")
     if node.seen("PTTYPE"):
-        why.append(f"has a {node.seen('PTTYPE')} partition table")
+        why.append(f"has a partition table ({node.seen('PTTYPE')})")
     mounts = [m for n in node.walk() for m in n.mountpoints]
     if mounts:
         why.append("mounted at " + ", ".join(mounts))
@@ -127,14 +127,27 @@ def plan_scratch(setting: str, wanted: Any, path: str, devices: BlockDevicesData
         if not uuid:
             raise Refusal("storage_scratch", f"gpufleet's scratch filesystem on {ours.path} shows no UUID",
                           "none, or repair it by hand")
-        spare = [d.path for d in _candidates(devices, wanted)[0] if d.path != ours.path]
-        notes = tuple(f"{p} is blank but not added: the scratch on {ours.path} is kept as it is "
-                      "(a RAID0 is not grown in place)" for p in spare)
+        notes = _beside(devices, wanted, ours)
         return ScratchPlan(KEEP, path, (ours.path,), uuid, mounted is not None, notes)
     chosen, notes = _candidates(devices, wanted)
     if not chosen:
         return ScratchPlan(NOTHING, path, notes=notes + ("no blank local NVMe drive: no scratch filesystem made",))
     return ScratchPlan(MAKE, path, tuple(d.path for d in chosen), notes=notes)
+
+
+def _beside(devices: BlockDevicesData, wanted: Any, ours: BlockDevice) -> tuple[str, ...]:
+    """What becomes of the other drives while the scratch exists: nothing, said."""
+    members = {top.path for top in devices.devices if any(n.path == ours.path for n in top.walk())}
+    others = nvme_disks(devices) if wanted == "auto" else [devices.find(p) for p in wanted]
+    notes = []
+    for disk in others:
+        if disk is None or disk.path in members:
+            continue
+        why = describe(disk)
+        notes.append(f"{disk.path} left alone: {why}" if why else
+                     f"{disk.path} is blank but not added: the scratch on {ours.path} is kept as it is "
+                     "(a RAID0 is not grown in place)")
+    return tuple(notes)
 
 
 def _candidates(devices: BlockDevicesData, wanted: Any) -> tuple[list[BlockDevice], tuple[str, ...]]:

@@ -784,6 +784,18 @@ def down(pool: str | None = DEFAULT_POOL) -> int:
     return len(hosts)
 
 
+def stop(host: Host, timeout: float = 15) -> None:
+    """Stop one host (a clean halt, then whatever is left is killed) and remove it: for a test
+    that booted a host of its own (devices bound in) and must release them before it ends."""
+    if host.pid and _alive(host.pid) and _is_launcher(host.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(host.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _alive(host.pid) and _is_launcher(host.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    _destroy(host)
+
+
 def _is_launcher(pid: int) -> bool:
     try:
         return b"testing.testhosts" in Path(f"/proc/{pid}/cmdline").read_bytes()
