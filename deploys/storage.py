@@ -64,7 +64,7 @@ def _scratch(settings: Any, plan: s.ScratchPlan) -> None:
                  packages=["xfsprogs", "mdadm"] if raid else ["xfsprogs"], no_recommends=True)
     group = settings.storage_scratch_group
     if group not in host.get_fact(Groups):
-        server.group(name=f"Make the group {group} that owns the scratch", group=group, system=True)
+        server.group(name=f"Make the group {group} that owns the scratch", group=group)
     if plan.action == s.MAKE:
         ops.scratch_filesystem(name=f"Make the scratch filesystem: {plan.summary()}", path=plan.path,
                                label=s.SCRATCH_LABEL, md_name=s.MD_NAME, options=s.MOUNT_OPTIONS,

@@ -14,7 +14,9 @@ The deploy is the storage area alone (deploys/storage.py, behind validate_invent
 operator runs it: through sudo, tier hgx. In order, on the same host:
 
 1. both drives listed: refused at planning, naming the ext4 one; nothing changes (the blank
-   one is still blank, the other byte-identical);
+   one is still blank, the other byte-identical); the format command itself, run on the host
+   with both drives (as if the ext4 had appeared after planning), refuses naming it, touching
+   neither;
 2. the blank drive only: XFS on it, mounted at /scratch with noatime, in fstab by UUID with
    nofail, owned by root:users (hgx's group) mode 3770: a user in the group writes there, a
    second local user outside it cannot; /dev/shm at half of RAM (hgx's storage_shm_size), now
@@ -25,6 +27,7 @@ operator runs it: through sudo, tier hgx. In order, on the same host:
 from __future__ import annotations
 
 import hashlib
+import shlex
 import subprocess
 import textwrap
 import time
@@ -32,6 +35,7 @@ import time
 import pytest
 
 from testing import testhosts
+from gpufleet.operations import storage as storage_ops
 from testing.inventory import write_inventory
 from tests.e2e.pyinfra_cli import changed_operations, pyinfra
 from tests.e2e.test_tuning import HGX, sh
@@ -101,6 +105,15 @@ def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool
                 "gpufleet never formats a drive that holds data") in run.output, run.output
         assert blank_now(blank) and not sh(host, "findmnt -n /scratch; true").strip()
         assert _sha256(data) == data_hash
+        # ... and the format command itself, given the drive as if it gained ext4 after planning
+        # (with the blank one first), refuses on the host, naming it, before touching either
+        sh(host, "apt-get install -y -q --no-install-recommends xfsprogs >/dev/null")
+        script = shlex.join(["sh", "-c", storage_ops._MAKE_SCRATCH, "gpufleet-scratch", "/scratch", "gpufleet-scr",
+                             "gpufleet-scratch", "noatime,nofail", blank, data])
+        refused = testhosts.ssh(host, script, check=False)
+        assert refused.returncode == storage_ops.REFUSED_EXIT, refused
+        assert refused.stderr.startswith(f"{storage_ops.REFUSED_MARK} {data} is not blank now (blkid -p exit 0: "), refused
+        assert blank_now(blank) and _sha256(data) == data_hash
 
         # 2. the blank drive: XFS at /scratch, group users, fstab by UUID; /dev/shm half of RAM
         inv = inventory([blank])
