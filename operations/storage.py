@@ -6,6 +6,10 @@ only drives blank by lsblk and by a blkid -p probe; the command is a fixed scrip
 drives as arguments that probes each again on the host, in the same command, right before
 mdadm and mkfs, and refuses all of them (exit 65, naming the drive) when one gained a
 signature, a partition, a holder or a mount since planning: nothing is formatted then.
+
+The array is recorded in /etc/mdadm/mdadm.conf; the initramfs is not rebuilt for it (nothing
+in early boot needs the scratch: udev's incremental assembly, or gpufleet-scratch.service,
+assembles it from the root filesystem).
 """
 from __future__ import annotations
 
@@ -38,7 +42,6 @@ else
   mdadm --create "/dev/md/$md" --run --level=0 --metadata=1.2 --homehost=any --name="$md" --raid-devices=$# "$@"
   target=/dev/md/$md
   mdadm --detail --brief "$target" >> /etc/mdadm/mdadm.conf
-  if command -v update-initramfs >/dev/null; then update-initramfs -u; fi
 fi
 mkfs.xfs -q -L "$label" "$target"
 uuid=$(blkid -p -s UUID -o value "$target")
