@@ -115,7 +115,10 @@ def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool
         assert refused.stderr.startswith(f"{storage_ops.REFUSED_MARK} {data} is not blank now (blkid -p exit 0: "), refused
         assert blank_now(blank) and _sha256(data) == data_hash
 
-        # 2. the blank drive: XFS at /scratch, group users, fstab by UUID; /dev/shm half of RAM
+        # 2. the blank drive: XFS at /scratch, group users, fstab by UUID; /dev/shm half of RAM.
+        # The mount point was made by hand already, with the right owner: the new filesystem's
+        # root (root:root 755 from mkfs) must get the group and mode all the same
+        sh(host, "mkdir /scratch && chown root:users /scratch && chmod 3770 /scratch")
         inv = inventory([blank])
         run = pyinfra(inv, str(deploy))
         assert run.returncode == 0, run.output
