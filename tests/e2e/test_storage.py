@@ -17,7 +17,7 @@ operator runs it: through sudo, tier hgx. In order, on the same host:
    one is still blank, the other byte-identical); the format command itself, run on the host
    with both drives (as if the ext4 had appeared after planning), refuses naming it, touching
    neither;
-2. the blank drive only: XFS on it, mounted at /scratch with noatime, in fstab by UUID with
+2. the blank drive only (the plan view names it first): XFS on it, mounted at /scratch with noatime, in fstab by UUID with
    nofail, owned by root:users (hgx's group) mode 3770: a user in the group writes there, a
    second local user outside it cannot; /dev/shm at half of RAM (hgx's storage_shm_size), now
    and in fstab; a second run changes nothing;
@@ -120,6 +120,9 @@ def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool
         # root (root:root 755 from mkfs) must get the group and mode all the same
         sh(host, "mkdir /scratch && chown root:users /scratch && chmod 3770 /scratch")
         inv = inventory([blank])
+        plan = pyinfra(inv, "deploys/plan.py")  # what the operator reads before a drive is formatted
+        assert f"scratch: XFS on {blank}, mounted at /scratch" in plan.output, plan.output
+        assert "shm: /dev/shm size=50%, now and at boot" in plan.output, plan.output
         run = pyinfra(inv, str(deploy))
         assert run.returncode == 0, run.output
         uuid = sh(host, f"blkid -p -s UUID -o value {blank}").strip()
