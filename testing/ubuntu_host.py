@@ -183,6 +183,8 @@ class UbuntuHost:
             return DockerEngine().process([f"{MARK} begin version"])
         if cls in (DevCharLinks, DaemonReloadPending):  # no driver: no device nodes; no reload deferred
             return cls.default()
+        if name == "BlockDevices":  # no block devices recorded for it: no drive known, none blank
+            return cls.default()  # type: ignore[attr-defined]
         if name == "Arch":
             return self.machine
         if name == "TmpDir":

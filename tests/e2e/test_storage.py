@@ -22,7 +22,8 @@ operator runs it: through sudo, tier hgx. In order, on the same host:
    second local user outside it cannot; /dev/shm at half of RAM (hgx's storage_shm_size), now
    and in fstab; a second run changes nothing;
 3. a real reboot of the test host: /scratch and the /dev/shm size are back; a run after it
-   changes nothing. The ext4 drive is byte-identical at the end.
+   changes nothing. The ext4 drive is byte-identical at the end. The validation gate passes the
+   scratch and /dev/shm, and fails the scratch once it is unmounted.
 """
 from __future__ import annotations
 
@@ -80,8 +81,10 @@ def drives(tmp_path):
             subprocess.run(["losetup", "-d", device], check=False)
 
 
-def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool, drives, tmp_path_factory):
+def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool, drives, tmp_path_factory,
+                                                                         monkeypatch):
     blank, data = drives
+    monkeypatch.setenv("GPUFLEET_VALIDATE_PROBE", "0")  # the gate below: no DCGM or performance probe
     data_hash = _sha256(data)
     t0 = time.monotonic()
     (host,) = testhosts.up(1, pool=hostpool.pool, devices=[blank, data])
@@ -128,6 +131,9 @@ def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool
         uuid = sh(host, f"blkid -p -s UUID -o value {blank}").strip()
         assert sh(host, f"blkid -p -s TYPE -o value {blank}").strip() == "xfs"
 
+        def pages_now() -> int:
+            return int(sh(host, "awk '/^MemTotal:/ {print $2}' /proc/meminfo")) // 4 * 50 // 100 * 4096
+
         def check_mounted() -> None:
             source, fstype, options = sh(host, "findmnt -n -o SOURCE,FSTYPE,OPTIONS /scratch").split()
             assert (source, fstype) == (blank, "xfs") and "noatime" in options.split(",")
@@ -149,6 +155,21 @@ def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool
         assert sh(host, "cat /scratch/a").strip() == "x"
         assert changed_operations(pyinfra(inv, str(deploy))) == []
         assert _sha256(data) == data_hash
+
+        # the gate reads the same plan from the host as it is: passes, then fails once unmounted
+        def storage_lines() -> list[str]:
+            gate = pyinfra(inv, "deploys/validate.py")  # other areas fail here (no driver): read storage's
+            return [line.split(f"[{host.name}] ", 1)[1] for line in gate.output.splitlines()
+                    if f"[{host.name}] [" in line and "] storage: " in line]
+
+        assert storage_lines() == [
+            f"[PASS] storage: the local scratch is mounted where the tier says: /scratch: XFS {uuid} on {blank} (mounted)",
+            f"[PASS] storage: /dev/shm has the size the tier sets: size=50%: /dev/shm is {pages_now()} bytes, "
+            f"size=50% gives {pages_now()}"]
+        sh(host, "umount /scratch")
+        assert storage_lines()[0] == (f"[FAIL] storage: the local scratch is mounted where the tier says: gpufleet's "
+                                      f"scratch on {blank} is not mounted at /scratch -> fix: run deploys/all.py "
+                                      f"(it mounts it); if a drive failed, see dmesg and mdadm --detail {blank}")
     finally:
         testhosts.stop(host)
     print(f"test_storage: {time.monotonic() - t0:.0f} s")
