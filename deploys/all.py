@@ -8,9 +8,10 @@
 3. driver     matching NVIDIA driver, CUDA toolkit, cuDNN, held
 4. docker     Docker engine and the NVIDIA container toolkit
 5. tuning     persistence, clocks, NCCL / OMP / PyTorch profiles
-6. monitoring Prometheus node exporter, DCGM and its exporter, where the tier says so
-7. hardening  SSH keys only, firewall (last change: it must not cut off the steps above)
-8. validate   read-only gate: the host as it is now against its tier; a failed check fails it
+6. storage    local NVMe scratch (blank drives only), /dev/shm sized from the tier
+7. monitoring Prometheus node exporter, DCGM and its exporter, where the tier says so
+8. hardening  SSH keys only, firewall (last change: it must not cut off the steps above)
+9. validate   read-only gate: the host as it is now against its tier; a failed check fails it
 """
 from pyinfra import host, state
 
@@ -27,6 +28,7 @@ from gpufleet.deploys.driver import driver  # noqa: E402
 from gpufleet.deploys.hardening import hardening  # noqa: E402
 from gpufleet.deploys.monitoring import monitoring  # noqa: E402
 from gpufleet.deploys.preflight import preflight  # noqa: E402
+from gpufleet.deploys.storage import storage  # noqa: E402
 from gpufleet.deploys.tuning import tuning  # noqa: E402
 from gpufleet.deploys.validate import validate  # noqa: E402
 from gpufleet.failures import host_failed  # noqa: E402
@@ -48,6 +50,8 @@ if not host_failed(host):
     docker()
 if not host_failed(host):
     tuning()
+if not host_failed(host):
+    storage()
 if not host_failed(host):
     monitoring()
 if not host_failed(host):

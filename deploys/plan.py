@@ -14,6 +14,9 @@ same plan deploys/tuning.py applies and the validation gate checks); before that
 catalogue's estimate, said to be one. GPUs in MIG mode (gpu_mig) are left out, and the plan says so.
 
 MIG: the partitions each GPU gets (gpu_mig), what it has now, and a refusal naming gpu_mig.
+
+Scratch: which drives storage_scratch would format (the same plan deploys/storage.py applies),
+the drives it leaves alone and why, or its refusal; and /dev/shm's size (storage_shm_size).
 """
 import click
 from pyinfra import host, state
@@ -27,6 +30,7 @@ from gpufleet.repos import TOOLKIT_PACKAGES, dpkg_arch, repository_lines
 from gpufleet.pytorch import mixed_gpus
 from gpufleet.rollout.snapshot import command_name
 from gpufleet.settings import host_settings, validate_inventory
+from gpufleet.storage import plan_scratch
 from gpufleet.tuning import Refusal, clocks_summary, host_clocks, host_mig, mig_clock_skip
 from gpufleet.profiling import ProfilingRefusal, host_profiling
 
@@ -120,6 +124,25 @@ except Incompatible as refused:
     lines.append(f"REFUSED: {refused.reason}" + (f" (key {refused.key})" if refused.key else ""))
 lines += MIG_LINES
 lines.append("profiling: " + profiling_line(res))
+
+
+def storage_lines() -> list[str]:
+    """The scratch plan in words (the same plan deploys/storage.py applies), and /dev/shm's size."""
+    from gpufleet.hostfacts import block_devices
+
+    shm = settings.storage_shm_size
+    out = ["shm: /dev/shm " + ("left as it is (unmanaged)" if shm == "unmanaged" else f"size={shm}, now and at boot")]
+    if settings.storage_scratch == "none":
+        return ["scratch: none"] + out
+    try:
+        plan = plan_scratch(settings.storage_scratch, settings.storage_scratch_devices, settings.storage_scratch_path,
+                            block_devices(host))
+    except Refusal as refused:
+        return [f"scratch: REFUSED: {refused}"] + out
+    return [f"scratch: {plan.summary()}"] + [f"scratch: {note}" for note in plan.notes] + out
+
+
+lines += storage_lines()
 release = os_release(host)
 for what, line in repository_lines(settings, res, release.id, release.version_codename,
                                    dpkg_arch(host.get_fact(Arch) or "x86_64"), compat_data()):

@@ -20,6 +20,7 @@ from gpufleet.facts.mig import MigState, MigStateData
 from gpufleet.facts.network import NetInterface, NetworkInterfaces, RdmaDevice, RdmaDevices
 from gpufleet.facts.packages import AptCandidates, PackageVersions
 from gpufleet.facts.pci import PciDevices
+from gpufleet.facts.storage import BlockDevices, BlockDevicesData
 from gpufleet.facts.system import OsRelease, OsReleaseData, SystemResources, SystemResourcesData
 
 from .errors import Incompatible
@@ -59,6 +60,12 @@ def os_release(host: Host) -> OsReleaseData:
 
 def resources(host: Host) -> SystemResourcesData:
     return _cached(host, "resources", lambda: host.get_fact(SystemResources))
+
+
+def block_devices(host: Host) -> BlockDevicesData:
+    """lsblk's tree with a blkid -p verdict per drive, before this run (the preflight's NVMe
+    capacity and the scratch plan read the same answer)."""
+    return _cached(host, "block_devices", lambda: host.get_fact(BlockDevices))
 
 
 def interfaces(host: Host) -> list[NetInterface]:

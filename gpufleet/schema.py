@@ -751,6 +751,81 @@ def _check_argv_word(item: Any) -> str:
     return item
 
 
+_SCRATCH_DEVICES_ALLOWED = ("auto (every blank local NVMe disk), or a list of whole drives such as "
+                            "[/dev/nvme1n1, /dev/nvme2n1] (/dev/nvme<c>n<n>, /dev/sd<x>, /dev/vd<x>, "
+                            "/dev/xvd<x>, /dev/loop<n>), each blank")
+_DRIVE = re.compile(r"/dev/(nvme\d+n\d+|sd[a-z]{1,3}|vd[a-z]{1,3}|xvd[a-z]{1,3}|loop\d+)", re.ASCII)
+
+
+def _check_scratch_devices(value: Any) -> Any:
+    if value == AUTO:
+        return value
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+        raise BadValue(f"expected auto or a non-empty list, got {_type_name(value)} {show(value)}",
+                       _SCRATCH_DEVICES_ALLOWED)
+    out: list[str] = []
+    for item in value:
+        _string(item, _SCRATCH_DEVICES_ALLOWED)
+        if not _DRIVE.fullmatch(item):
+            raise BadValue(f"{show(item)} is not a whole drive's device path", _SCRATCH_DEVICES_ALLOWED)
+        if item in out:
+            raise BadValue(f"{show(item)} is listed twice", _SCRATCH_DEVICES_ALLOWED + ", each once")
+        out.append(item)
+    return tuple(out)
+
+
+_SCRATCH_PATH_ALLOWED = ("an absolute path for the mount point, not / or a system directory "
+                         "(A-Z a-z 0-9 . _ + @ - and /, no ..), such as /scratch or /mnt/nvme")
+#: mount points that are the system's: a scratch mounted over one hides what is there
+_SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/root",
+                "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/mnt", "/media")
+
+
+def _check_scratch_path(value: Any) -> str:
+    _check_abs_path(value, _SCRATCH_PATH_ALLOWED)
+    if value in _SYSTEM_DIRS or value.startswith(("/dev/", "/proc/", "/sys/", "/run/", "/boot/", "/etc/", "/usr/")):
+        raise BadValue(f"{show(value)} is a system directory", _SCRATCH_PATH_ALLOWED)
+    return value
+
+
+_SHM_ALLOWED = "unmanaged, a size from 64m to 16t such as 64g, or a share of RAM from 1% to 100% such as 50%"
+
+
+def _check_shm_size(value: Any) -> str:
+    _string(value, _SHM_ALLOWED)
+    if value == "unmanaged":
+        return value
+    percent = re.fullmatch(r"([0-9]{1,3})%", value, re.ASCII)
+    if percent:
+        if not 1 <= int(percent[1]) <= 100:
+            raise BadValue(f"{show(value)} out of range", _SHM_ALLOWED)
+        return value
+    match = re.fullmatch(r"([0-9]{1,19})([kmgtKMGT]?)", value, re.ASCII)
+    if not match:
+        raise BadValue(f"malformed size {show(value)}", _SHM_ALLOWED)
+    size = int(match[1]) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[match[2].lower()]
+    if not 64 << 20 <= size <= 16 << 40:
+        raise BadValue(f"{show(value)} out of range", _SHM_ALLOWED)
+    return value
+
+
+def _check_group_name(value: Any) -> str:
+    allowed = "a group name: a-z 0-9 _ -, starting with a letter or _, at most 32 characters (made if missing)"
+    _string(value, allowed)
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", value, re.ASCII):
+        raise BadValue(f"bad group name {show(value)}", allowed)
+    return value
+
+
+def _check_terabytes(value: Any) -> float:
+    allowed = "a number of TB (10^12 bytes) from 0 to 10000, such as 30 or 3.84; 0 = not checked"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadValue(f"expected a number, got {_type_name(value)} {show(value)}", allowed)
+    if not 0 <= value <= 10000:
+        raise BadValue(f"{show(value)} out of range", allowed)
+    return value
+
+
 PRESENCE = _enum("required", "absent", "any")
 FINGERPRINT = _text(r"[0-9A-F]{40}", "40 upper-case hex digits (OpenPGP fingerprint, no spaces)")
 
@@ -805,6 +880,11 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
                                          "such as =mlx5_0,mlx5_1"),
         "tuning_cpu_governor": _enum("performance", "schedutil", "ondemand", "unmanaged"),
         "tuning_profiling": _enum("admins", "users"),
+        "storage_scratch": _enum("none", "auto"),
+        "storage_scratch_devices": KeySpec(_check_scratch_devices, lambda: _SCRATCH_DEVICES_ALLOWED),
+        "storage_scratch_path": KeySpec(_check_scratch_path, lambda: _SCRATCH_PATH_ALLOWED),
+        "storage_scratch_group": KeySpec(_check_group_name, lambda: "a group name (a-z 0-9 _ -), made if missing"),
+        "storage_shm_size": KeySpec(_check_shm_size, lambda: _SHM_ALLOWED, permits=""),
         "hardening_permit_root_login": _enum("no", "prohibit-password"),
         "hardening_password_auth": _bool(),
         "hardening_allow_users": _list(_check_login_name, "list of user names"),
@@ -852,6 +932,7 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "validate_rdma": PRESENCE,
         "validate_min_ram_gb": _int(0, 1 << 16),
         "validate_min_nic_gbps": _int(0, 3200),
+        "validate_min_nvme_tb": KeySpec(_check_terabytes, lambda: "a number of TB from 0 to 10000; 0 = not checked"),
         "extra_packages": _list(_check_package, PACKAGE_ALLOWED, key=lambda item: item.partition("=")[0]),
     }
 )

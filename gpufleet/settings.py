@@ -80,6 +80,11 @@ class Settings:
     tuning_nccl_ib_hca: str
     tuning_cpu_governor: str
     tuning_profiling: str
+    storage_scratch: str
+    storage_scratch_devices: Any  # "auto" | (device path, ...)
+    storage_scratch_path: str
+    storage_scratch_group: str
+    storage_shm_size: str
     hardening_permit_root_login: str
     hardening_password_auth: bool
     hardening_allow_users: tuple[str, ...]
@@ -127,6 +132,7 @@ class Settings:
     validate_rdma: str
     validate_min_ram_gb: int
     validate_min_nic_gbps: int
+    validate_min_nvme_tb: float
     extra_packages: tuple[str, ...]
     #: keys the inventory set explicitly (the rest came from the tier)
     overridden: tuple[str, ...] = ()

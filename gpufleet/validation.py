@@ -52,7 +52,8 @@ FIX_DEPLOY = "run deploys/all.py"
 FIX_ROLLOUT = "tools/rollout INVENTORY (canary, batches, drain, snapshot); all.py changes no driver of a provisioned host"
 
 
-AREAS = ("base", "preflight", "driver", "docker", "tuning", "monitoring", "hardening", "health", "probe", "pytorch")
+AREAS = ("base", "preflight", "driver", "docker", "tuning", "storage", "monitoring", "hardening", "health", "probe",
+         "pytorch")
 
 
 @dataclass(frozen=True)
@@ -267,6 +268,75 @@ def fast_enough_nic(ctx: Context) -> Result:
                   f"fastest data NIC {nic.name} runs at {gbps:g} Gbit/s, tier {ctx.settings.tier} expects at least "
                   f"{minimum} Gbit/s (validate_min_nic_gbps; tier_mismatch: {ctx.settings.tier_mismatch})",
                   "check the link (ethtool), move the host to a tier that fits it, or set validate_min_nic_gbps for it")
+
+
+@check("preflight")
+def enough_nvme(ctx: Context) -> Result:
+    """The local NVMe capacity for data (gpufleet.storage.data_nvme_bytes: NVMe disks that do not
+    carry the system), in TB of 10^12 bytes as drives are sold."""
+    from .hostfacts import block_devices
+    from .storage import data_nvme_bytes
+
+    name = "the host has the tier's local NVMe capacity"
+    minimum = ctx.settings.validate_min_nvme_tb
+    if not minimum:
+        return Result("preflight", name, SKIP, "validate_min_nvme_tb: 0")
+    total, disks = data_nvme_bytes(block_devices(ctx.host))
+    found = total / 1e12
+    if found >= minimum:
+        return Result("preflight", name, PASS, f"{found:.2f} TB on {len(disks)} NVMe drives "
+                      f"(validate_min_nvme_tb: {minimum:g})")
+    return Result("preflight", name, _hardware_status(ctx),
+                  f"{found:.2f} TB of local NVMe for data ({', '.join(disks) or 'no NVMe drive besides the system'}; "
+                  f"lsblk), tier {ctx.settings.tier} expects at least {minimum:g} TB "
+                  f"(validate_min_nvme_tb; tier_mismatch: {ctx.settings.tier_mismatch})",
+                  "add drives, move the host to a tier that fits it, or set validate_min_nvme_tb for it")
+
+
+# --- storage ----------------------------------------------------------------------------------
+
+@check("storage")
+def scratch_in_place(ctx: Context) -> Result:
+    """The scratch the same plan as deploys/storage.py's says is there: mounted at its path."""
+    from .hostfacts import block_devices
+    from .storage import KEEP, MAKE, plan_scratch
+
+    name = "the local scratch is mounted where the tier says"
+    settings = ctx.settings
+    if settings.storage_scratch == "none":
+        return Result("storage", name, SKIP, "storage_scratch: none")
+    try:
+        plan = plan_scratch(settings.storage_scratch, settings.storage_scratch_devices, settings.storage_scratch_path,
+                            block_devices(ctx.host))
+    except Refusal as refused:
+        return Result("storage", name, FAIL, str(refused), f"set {refused.key} to what this host allows")
+    if plan.action == KEEP and plan.mounted:
+        return Result("storage", name, PASS, plan.summary())
+    if plan.action == KEEP:
+        return Result("storage", name, FAIL, f"gpufleet's scratch on {plan.devices[0]} is not mounted at {plan.path}",
+                      f"{FIX_DEPLOY} (it mounts it); if a drive failed, see dmesg and mdadm --detail {plan.devices[0]}")
+    if plan.action == MAKE:
+        return Result("storage", name, FAIL, f"no scratch yet: {plan.summary()} is planned", FIX_DEPLOY)
+    return Result("storage", name, SKIP, "; ".join(plan.notes) or "no scratch planned")
+
+
+@check("storage")
+def shm_sized(ctx: Context) -> Result:
+    from .facts.storage import ShmSize
+    from .hostfacts import resources
+    from .storage import plan_shm
+
+    name = "/dev/shm has the size the tier sets"
+    setting = ctx.settings.storage_shm_size
+    if setting == "unmanaged":
+        return Result("storage", name, SKIP, "storage_shm_size: unmanaged")
+    try:
+        plan = plan_shm(setting, ctx.host.get_fact(ShmSize), resources(ctx.host).memory_total_kib)
+    except Refusal as refused:
+        return Result("storage", name, FAIL, str(refused), f"set {refused.key} to what this host allows")
+    if plan.remount:
+        return Result("storage", name, FAIL, plan.note, FIX_DEPLOY)
+    return Result("storage", name, PASS, f"size={setting}: {plan.note}")
 
 
 # --- driver -----------------------------------------------------------------------------------

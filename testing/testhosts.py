@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import shlex
+import re
 import signal
 import socket
 import subprocess
@@ -196,6 +197,9 @@ class Host:
     netns: str | None = None
     forward: list[int] = dataclasses.field(default_factory=list)  # machine ports the host reaches
     containers: bool = False  # booted so that dockerd can start containers (CONTAINER_NSPAWN)
+    # block devices of the machine bound into the host (loop devices a test made, standing in
+    # for drives): only these nodes, nothing else of the machine's, appear in its /dev
+    devices: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def host_netns(self) -> str | None:
@@ -319,7 +323,7 @@ def _alive(pid: int) -> bool:
 def up(count: int, release: str = "bookworm", gpu: str | None = None, pool: str = DEFAULT_POOL,
        names: list[str] | None = None, timeout: float = 120, private_network: bool = False,
        forward: list[int] | tuple[int, ...] = (), containers: bool = False,
-       ssh_user: str = SSH_USER) -> list[Host]:
+       ssh_user: str = SSH_USER, devices: list[str] | tuple[str, ...] = ()) -> list[Host]:
     """Boot `count` new hosts in `pool` and wait until systemd reports them running.
 
     `ssh_user`: who tests and deploys log in as (SSH_USER, through sudo; or "root").
@@ -358,10 +362,10 @@ def up(count: int, release: str = "bookworm", gpu: str | None = None, pool: str 
             hosts.append(Host(name=name, address=f"{PRIVATE_NET_PREFIX}.{net}.{last}", release=release,
                               gpu=gpu, pool=pool, ssh_key=str(key), ssh_user=ssh_user,
                               netns=_client_netns(pool), forward=[int(p) for p in forward],
-                              containers=containers))
+                              containers=containers, devices=list(devices)))
         else:
             hosts.append(Host(name=name, address=f"127.0.{net}.{last}", release=release, gpu=gpu,
-                              pool=pool, ssh_key=str(key), ssh_user=ssh_user))
+                              pool=pool, ssh_key=str(key), ssh_user=ssh_user, devices=list(devices)))
     for host in hosts:
         _boot(host, base)
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(hosts)))) as ex:
@@ -571,6 +575,10 @@ def _boot(host: Host, base: Path) -> None:
         # The host owns its namespace: CAP_NET_ADMIN there touches nothing of the machine's.
         extra += [f"--network-namespace-path={NETNS_DIR / host.host_netns}", "--capability=CAP_NET_ADMIN"]
         (hdir / "network.json").write_text(json.dumps({"netns": host.host_netns, "relays": _relays(host)}))
+    for device in host.devices:
+        if not re.fullmatch(r"/dev/loop[0-9]+", device):
+            raise ValueError(f"only loop devices stand in for a test host's drives, not {device!r}")
+        extra.append(f"--bind={device}")
     nspawn = [
         "systemd-nspawn", "--quiet", "--register=no", "--keep-unit", f"--machine={host.name}",
         "--console=read-only", "-D", str(host.root), *extra,
@@ -774,6 +782,18 @@ def down(pool: str | None = DEFAULT_POOL) -> int:
         if run(["umount", str(NSPAWN_RUNTIME)], check=False).returncode == 0:
             NSPAWN_RUNTIME_MARK.unlink(missing_ok=True)
     return len(hosts)
+
+
+def stop(host: Host, timeout: float = 15) -> None:
+    """Stop one host (a clean halt, then whatever is left is killed) and remove it: for a test
+    that booted a host of its own (devices bound in) and must release them before it ends."""
+    if host.pid and _alive(host.pid) and _is_launcher(host.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(host.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _alive(host.pid) and _is_launcher(host.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    _destroy(host)
 
 
 def _is_launcher(pid: int) -> bool:

@@ -184,6 +184,8 @@ class UbuntuHost:
         if cls in (DevCharLinks, DaemonReloadPending, ProfilingState):  # no driver: no device nodes, no
             # nvidia module loaded, no profiling option; no reload deferred
             return cls.default()
+        if name == "BlockDevices":  # no block devices recorded for it: no drive known, none blank
+            return cls.default()  # type: ignore[attr-defined]
         if name == "Arch":
             return self.machine
         if name == "TmpDir":

@@ -41,6 +41,7 @@ from pyinfra.api.exceptions import PyinfraError
 import gpufleet.facts.nftables as nf
 import gpufleet.facts.ssh as fs
 import gpufleet.facts.sshd_files as sf
+import gpufleet.facts.storage as st
 from gpufleet.errors import InventoryError
 from gpufleet.facts.cpu import CpuFreqData
 from gpufleet.facts.gpu import GpuState
@@ -51,7 +52,7 @@ from gpufleet.tiers import tier_defaults
 from testing.ubuntu_host import FIXTURES, REPO, UbuntuHost, canned, make_state, on_host
 
 #: all.py's areas before the gate, in its order
-AREAS = ("preflight", "base", "driver", "docker", "tuning", "monitoring", "hardening")
+AREAS = ("preflight", "base", "driver", "docker", "tuning", "storage", "monitoring", "hardening")
 OBSERVABLES = ("inventory", "plan", "deploy", "log", "gate", "rollout", "lock")
 NAME = "gpu01.example.internal"
 
@@ -78,6 +79,10 @@ def _recorded() -> dict[str, Any]:
         "AuthorizedKeys": fs.parse_authorized_keys(_lines(SSH / "authorized-keys-trixie-root.txt")),
         "SmallModuli": fs.parse_moduli_counts(_lines(SSH / "moduli-trixie-debian-default.txt")),
         "SshdFiles": sf.parse_sshd_files(_lines(SSH / "sshd-files-trixie-debian-default.txt")),
+        # eight blank NVMe data drives beside the system's two (written in the DGX H100's layout),
+        # /dev/shm as recorded on a test host
+        "BlockDevices": st.parse_block_devices(_lines(FIXTURES / "storage" / "lsblk-probe-hgx-shape-written.txt")),
+        "ShmSize": st.parse_shm(_lines(FIXTURES / "storage" / "shm-nspawn-50pct.txt")),
         "NftablesCapability": nf.parse_nftables_state(_lines(SSH / "nftables-state-trixie-container.txt")),
         "NetworkInterfaces": NetworkInterfaces().process(_lines(FIXTURES / "facts/samples/sys-class-net.txt")),
         "RdmaDevices": RdmaDevices().process(_lines(FIXTURES / "facts/samples/sys-class-infiniband.txt")),

@@ -212,6 +212,10 @@ ALTERNATIVE: dict[str, tuple[Any, str]] = {
     "tuning_pytorch_alloc_conf": ("expandable_segments:False", "hgx"),
     "tuning_nccl_socket_ifname": ("=eth0", "hgx"),
     "tuning_nccl_ib_hca": ("=mlx5_1", "hgx"),
+    "storage_scratch_devices": (["/dev/nvme2n1", "/dev/nvme3n1"], "hgx"),
+    "storage_scratch_path": ("/data", "hgx"),
+    "storage_scratch_group": ("mlteam", "hgx"),
+    "storage_shm_size": ("64g", "hgx"),
     "hardening_allow_users": (["root"], "hgx"),
     "hardening_allow_groups": (["sudo"], "hgx"),
     "hardening_max_auth_tries": (4, "hgx"),
@@ -244,6 +248,7 @@ ALTERNATIVE: dict[str, tuple[Any, str]] = {
     "validate_gpu_count": (4, "hgx"),
     "validate_min_ram_gb": (4096, "hgx"),
     "validate_min_nic_gbps": (400, "hgx"),
+    "validate_min_nvme_tb": (40, "hgx"),
     "extra_packages": (["nvtop"], "hgx"),
 }
 #: keys of an enum or a boolean tried on another scenario than hgx

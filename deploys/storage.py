@@ -1,0 +1,118 @@
+"""The data path: local NVMe scratch and /dev/shm, sized from the tier.
+
+Story of a host, part 6: training reads its datasets from local NVMe and shares tensors
+between DataLoader workers through /dev/shm.
+
+1. scratch (``storage_scratch``: none | auto): the blank local drives become one XFS
+   filesystem at ``storage_scratch_path`` (default /scratch): XFS on a single drive, md RAID0
+   (``/dev/md/gpufleet-scratch``) then XFS on several. Which drives: ``storage_scratch_devices``
+   (``auto`` = every blank NVMe disk; or a list). A drive with anything on it (filesystem,
+   partition table, md or LVM member, a mount) is never formatted: ``auto`` leaves it alone and
+   says so, a list naming it refuses the host at planning. The format command probes each
+   drive again right before mkfs and refuses, naming it, one that gained a signature since.
+   Mounted with noatime, in /etc/fstab by UUID with nofail; owned by root and the tier's group
+   (``storage_scratch_group``), mode 3770 (the group writes, files keep the group, only their
+   owner deletes them). ``gpufleet-scratch.service`` assembles the array and mounts it at boot
+   where fstab did not. An existing scratch is kept as it is, never rebuilt or grown.
+2. /dev/shm (``storage_shm_size``: a size such as 64g, a share of RAM such as 50%, or
+   unmanaged): remounted now when its size differs, and in /etc/fstab for every boot
+   (systemd-remount-fs applies it). Containers get their own /dev/shm (docker_shm_size).
+
+Formatting blank drives interrupts nothing running, so it does not wait for idle GPUs; what
+protects data is that only blank drives are ever touched.
+"""
+from __future__ import annotations
+
+import re
+from io import StringIO
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.server import Groups
+from pyinfra.operations import apt, files, server, systemd
+
+from gpufleet import storage as s
+from gpufleet.facts.storage import ShmSize
+from gpufleet.failures import refuse
+from gpufleet.hostfacts import block_devices, resources
+from gpufleet.rendering import render
+from gpufleet.settings import host_settings
+from gpufleet.operations import storage as ops
+from gpufleet.operations.daemon_reload import reload_when
+from gpufleet.operations.notice import say
+
+SCRATCH_SERVICE = "gpufleet-scratch.service"
+SCRATCH_UNIT = "/etc/systemd/system/gpufleet-scratch.service"
+SCRATCH_SCRIPT = "/usr/local/sbin/gpufleet-scratch-mount"
+SCRATCH_MODE = "3770"
+
+
+def _fstab_regex(path: str) -> str:
+    return "^[^#[:space:]]+[[:space:]]+" + re.escape(path) + "[[:space:]]"
+
+
+def _scratch(settings: Any, plan: s.ScratchPlan) -> None:
+    for note in plan.notes:
+        say(f"storage_scratch: {note}")
+    if plan.action == s.NOTHING:
+        if settings.storage_scratch == "none":
+            host.noop("storage_scratch: none: no scratch filesystem")
+        return
+    raid = plan.layout == "raid0" or plan.devices[0].startswith("/dev/md")
+    apt.packages(name="Install XFS tools" + (" and mdadm" if raid else ""),
+                 packages=["xfsprogs", "mdadm"] if raid else ["xfsprogs"], no_recommends=True)
+    group = settings.storage_scratch_group
+    if group not in host.get_fact(Groups):
+        server.group(name=f"Make the group {group} that owns the scratch", group=group)
+    if plan.action == s.MAKE:
+        ops.scratch_filesystem(name=f"Make the scratch filesystem: {plan.summary()}", path=plan.path,
+                               label=s.SCRATCH_LABEL, md_name=s.MD_NAME, options=s.MOUNT_OPTIONS,
+                               devices=list(plan.devices))
+    else:
+        assert plan.uuid
+        files.line(name=f"Mount the scratch at {plan.path} by UUID at every boot (/etc/fstab)", path="/etc/fstab",
+                   line=_fstab_regex(plan.path), extended_regex=True,
+                   replace=f"UUID={plan.uuid} {plan.path} xfs {s.MOUNT_OPTIONS} 0 0")
+        ops.mounted(name=f"Mount the scratch at {plan.path}", path=plan.path, is_mounted=plan.mounted)
+    files.directory(name=f"Give the scratch to the group {group} (mode {SCRATCH_MODE})", path=plan.path,
+                    user="root", group=group, mode=SCRATCH_MODE)
+    context = dict(tier=settings.tier, path=plan.path, md_name=s.MD_NAME if raid else "")
+    files.put(name="Install the script that mounts the scratch at boot",
+              src=StringIO(render("usr/local/sbin/gpufleet-scratch-mount.j2", **context)), dest=SCRATCH_SCRIPT,
+              mode="755")
+    unit = files.put(name="Install the unit that assembles and mounts the scratch at boot",
+                     src=StringIO(render("etc/systemd/system/gpufleet-scratch.service.j2", **context)),
+                     dest=SCRATCH_UNIT, mode="644")
+    reload_when("Reload systemd so it sees the scratch unit", unit)
+    systemd.service(name="Mount the scratch at every boot", service=SCRATCH_SERVICE, running=None, enabled=True)
+
+
+def _shm(plan: s.ShmPlan) -> None:
+    if not plan.line:
+        host.noop("storage_shm_size: unmanaged: /dev/shm left as it is")
+        return
+    files.line(name=f"Size /dev/shm at every boot (size={plan.setting}, /etc/fstab)", path="/etc/fstab",
+               line=_fstab_regex("/dev/shm"), replace=plan.line, extended_regex=True)
+    ops.shm_size(name=f"Size /dev/shm now (size={plan.setting})", setting=plan.setting, remount=plan.remount,
+                 why=plan.note)
+
+
+@deploy("Local NVMe scratch and /dev/shm")
+def storage() -> None:
+    settings = host_settings(host)
+    try:
+        scratch = s.plan_scratch(settings.storage_scratch, settings.storage_scratch_devices,
+                                 settings.storage_scratch_path, block_devices(host))
+        shm = s.plan_shm(settings.storage_shm_size, host.get_fact(ShmSize), resources(host).memory_total_kib)
+    except s.Refusal as refusal:
+        refuse(host, refusal.key, refusal.problem, f"set {refusal.key} to what this host allows: {refusal.allowed}")
+        return
+    _scratch(settings, scratch)
+    _shm(shm)
+
+
+# `pyinfra INVENTORY deploys/storage.py`: this area on its own (deploys/standalone.py).
+from gpufleet.deploys.standalone import run_alone  # noqa: E402
+
+run_alone(__name__, __file__)

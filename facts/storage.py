@@ -1,0 +1,256 @@
+"""
+Storage facts: the host's block devices (lsblk -J) with a signature probe of each whole device,
+and the size of /dev/shm.
+
+Why a probe beside lsblk: lsblk takes FSTYPE and PTTYPE from udev's database and probes the
+device itself only where it can open it. Without udev (a container, an early boot) or without
+the device node, a disk full of data shows ``"fstype": null`` (recorded on a live H200 VM:
+its root disk vda, mounted at /, has no fstype in lsblk -J). So "blank" is never decided from
+lsblk alone: ``blkid -p`` (low-level probe, no cache) must also have found nothing on the device
+(exit status 2), read by this very command.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+from ._common import MARK, JsonMixin, fail, split_sections
+
+#: lsblk's columns; -b: sizes in bytes. Older util-linux (< 2.37) has no MOUNTPOINTS: MOUNTPOINT
+#: (one of them) is asked instead and read the same way.
+LSBLK_COLUMNS = "NAME,PATH,TYPE,TRAN,SIZE,RO,FSTYPE,PTTYPE,LABEL,UUID,MOUNTPOINT"
+
+#: The probe verdicts: nothing found (blkid -p exit 2), a signature found (exit 0), no device
+#: node to open here, or blkid could not tell (any other exit: unreadable, I/O error).
+BLANK, SIGNATURE, ABSENT, UNKNOWN = "blank", "signature", "absent", "unknown"
+
+BLOCK_DEVICES_COMMAND = (
+    "lsblk -J -b -o " + LSBLK_COLUMNS + " 2>/dev/null\n"
+    "echo '" + MARK + " begin probe'\n"
+    # every disk, loop device and md array lsblk lists (an array once, though it shows under
+    # each member): the path and blkid's exit status, then what it found, indented
+    "lsblk -nrp -o PATH,TYPE 2>/dev/null | sort -u | while read -r dev type; do\n"
+    "  case $type in disk|loop|raid*) ;; *) continue;; esac\n"
+    "  if [ ! -b \"$dev\" ]; then echo \"$dev absent\"; continue; fi\n"
+    "  found=$(blkid -p -o export \"$dev\" 2>/dev/null); rc=$?\n"
+    "  echo \"$dev $rc\"; [ -z \"$found\" ] || printf '%s\\n' \"$found\" | sed 's/^/  /'\n"
+    "done\n"
+    "true"
+)
+
+
+@dataclass(frozen=True)
+class BlockDevice(JsonMixin):
+    """One node of lsblk's tree. None = the column was not printed or had no value."""
+
+    name: str
+    path: str
+    type: str | None = None  # disk | part | loop | raid0 | lvm | crypt | rom ...
+    tran: str | None = None  # nvme | sata | usb | virtio ...
+    size: int | None = None  # bytes
+    ro: bool = False
+    fstype: str | None = None  # xfs | linux_raid_member | LVM2_member ...
+    pttype: str | None = None  # gpt | dos
+    label: str | None = None
+    uuid: str | None = None
+    mountpoints: tuple[str, ...] = ()
+    children: tuple[BlockDevice, ...] = ()
+    probe: str | None = None  # disks, loops, arrays: BLANK | SIGNATURE | ABSENT | UNKNOWN; None = not probed
+    #: what blkid -p found on it (TYPE, UUID, LABEL, PTTYPE...): udev-less hosts' lsblk has no fstype
+    found: tuple[tuple[str, str], ...] = ()
+
+    def seen(self, key: str) -> str | None:
+        """lsblk's column, else what the probe found (key as blkid names it: TYPE, UUID...)."""
+        column = {"TYPE": self.fstype, "UUID": self.uuid, "LABEL": self.label, "PTTYPE": self.pttype}[key]
+        return column or dict(self.found).get(key)
+
+    def walk(self) -> list[BlockDevice]:
+        """This node and every node below it."""
+        return [self] + [node for child in self.children for node in child.walk()]
+
+    @property
+    def nvme(self) -> bool:
+        """A local NVMe namespace: lsblk's transport, or the kernel's nvme<ctrl>n<ns> name
+        where the transport was not printed."""
+        return self.tran == "nvme" or bool(re.fullmatch(r"nvme\d+n\d+", self.name.rsplit("/", 1)[-1]))
+
+
+@dataclass(frozen=True)
+class BlockDevicesData(JsonMixin):
+    devices: tuple[BlockDevice, ...] = ()
+    probed: bool = False  # the probe section was printed (a recorded plain `lsblk -J` has none)
+
+    def find(self, path: str) -> BlockDevice | None:
+        for top in self.devices:
+            for node in top.walk():
+                if node.path == path:
+                    return node
+        return None
+
+
+def _bool(value: Any) -> bool:
+    # lsblk < 2.33 prints "0"/"1" as strings, newer versions booleans
+    return value in (True, 1, "1", "true")
+
+
+def _size(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit():  # lsblk < 2.33 prints numbers as strings
+        return int(value)
+    return None  # "7T": not asked with -b
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+Probes = dict[str, tuple[str, tuple[tuple[str, str], ...]]]
+
+
+def _node(raw: Any, probes: Probes) -> BlockDevice:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise fail("expected a block device object with a name", json.dumps(raw)[:200])
+    name = raw["name"]
+    path = _text(raw.get("path")) or (name if name.startswith("/") else f"/dev/{name}")
+    if "mountpoints" in raw:
+        mounts = raw.get("mountpoints") or []
+    else:
+        mounts = [raw.get("mountpoint")]
+    children = raw.get("children") or []
+    if not isinstance(mounts, list) or not isinstance(children, list):
+        raise fail("expected lists for mountpoints and children", name)
+    return BlockDevice(
+        name=name,
+        path=path,
+        type=_text(raw.get("type")),
+        tran=_text(raw.get("tran")),
+        size=_size(raw.get("size")),
+        ro=_bool(raw.get("ro")),
+        fstype=_text(raw.get("fstype")),
+        pttype=_text(raw.get("pttype")),
+        label=_text(raw.get("label")),
+        uuid=_text(raw.get("uuid")),
+        mountpoints=tuple(m for m in mounts if isinstance(m, str) and m),
+        children=tuple(_node(child, probes) for child in children),
+        probe=probes[path][0] if path in probes else None,
+        found=probes[path][1] if path in probes else (),
+    )
+
+
+_PROBE = re.compile(r"(/dev/\S+) (absent|\d+)")
+
+
+def parse_block_devices(lines: Sequence[str]) -> BlockDevicesData:
+    """lsblk -J's tree, each whole device with its probe verdict (see the module's docstring)."""
+    sections, _ = split_sections(lines)
+    text = "\n".join(sections[""]).strip()
+    probes: Probes = {}
+    device = ""
+    for line in sections.get("probe", []):
+        if line.startswith("  ") and device:
+            key, sep, value = line.strip().partition("=")
+            if sep and re.fullmatch(r"[A-Z_]+", key):
+                verdict, found = probes[device]
+                probes[device] = (verdict, found + ((key, value),))
+                continue
+        match = _PROBE.fullmatch(line.strip())
+        if not match:
+            raise fail("expected '<device> <blkid exit status>' in the probe", line)
+        device, status = match[1], match[2]
+        probes[device] = (ABSENT if status == "absent" else BLANK if status == "2"
+                          else SIGNATURE if status == "0" else UNKNOWN, ())
+    if not text:  # no lsblk: nothing known, so nothing is blank
+        return BlockDevicesData((), "probe" in sections)
+    try:
+        data = json.loads(text)
+    except ValueError as error:
+        raise fail(f"lsblk -J printed no JSON ({error})", text[:200]) from error
+    devices = data.get("blockdevices") if isinstance(data, dict) else None
+    if not isinstance(devices, list):
+        raise fail("expected {\"blockdevices\": [...]} from lsblk -J", text[:200])
+    return BlockDevicesData(tuple(_node(raw, probes) for raw in devices), "probe" in sections)
+
+
+class BlockDevices(FactBase[BlockDevicesData]):
+    """
+    Every block device lsblk lists (a tree: disks, their partitions, arrays and volumes on
+    them), each whole disk or loop device probed for a signature with ``blkid -p``:
+
+    .. code:: python
+
+        BlockDevicesData(devices=(BlockDevice(name="nvme1n1", path="/dev/nvme1n1", type="disk",
+                         tran="nvme", size=3840755982336, probe="blank"), ...), probed=True)
+    """
+
+    @override
+    @staticmethod
+    def default() -> BlockDevicesData:
+        return BlockDevicesData()
+
+    @override
+    def command(self) -> str:
+        return BLOCK_DEVICES_COMMAND
+
+    @override
+    def process(self, output: list[str]) -> BlockDevicesData:
+        return parse_block_devices(output)
+
+
+@dataclass(frozen=True)
+class ShmData(JsonMixin):
+    fstype: str | None = None  # "tmpfs" where /dev/shm is one
+    size_bytes: int | None = None  # its size limit (statfs blocks x block size); None = not read
+    fstab: tuple[str, ...] = field(default_factory=tuple)  # /etc/fstab lines for /dev/shm
+
+
+SHM_COMMAND = (
+    "stat -f -c '%T %b %S' /dev/shm 2>/dev/null\n"
+    "echo '" + MARK + " begin fstab'\n"
+    "awk '$1 !~ /^#/ && $2 == \"/dev/shm\"' /etc/fstab 2>/dev/null\n"
+    "true"
+)
+
+
+def parse_shm(lines: Sequence[str]) -> ShmData:
+    sections, _ = split_sections(lines)
+    stat = [line.split() for line in sections[""] if line.strip()]
+    fstab = tuple(line.strip() for line in sections.get("fstab", []) if line.strip())
+    if not stat:
+        return ShmData(fstab=fstab)
+    words = stat[0]
+    if len(words) != 3 or not words[1].isdigit() or not words[2].isdigit():
+        raise fail("expected '<fs type> <blocks> <block size>' from stat -f", " ".join(words))
+    return ShmData(words[0], int(words[1]) * int(words[2]), fstab)
+
+
+class ShmSize(FactBase[ShmData]):
+    """
+    /dev/shm's filesystem type and size limit (``stat -f``), and its /etc/fstab lines:
+
+    .. code:: python
+
+        ShmData(fstype="tmpfs", size_bytes=135089487872, fstab=("tmpfs /dev/shm tmpfs ...",))
+    """
+
+    @override
+    @staticmethod
+    def default() -> ShmData:
+        return ShmData()
+
+    @override
+    def command(self) -> str:
+        return SHM_COMMAND
+
+    @override
+    def process(self, output: list[str]) -> ShmData:
+        return parse_shm(output)

@@ -1,0 +1,222 @@
+"""What deploys/storage.py decides, as functions of the settings and the host's facts.
+
+* scratch (``storage_scratch``): which drives become the local scratch filesystem. A drive is a
+  candidate only when it is blank by every account read right before: a whole disk (or, named
+  in ``storage_scratch_devices``, a loop device), writable, without partitions or anything
+  stacked on it, not mounted, no filesystem or partition table in lsblk, and ``blkid -p`` found
+  no signature on it. ``auto`` takes the local NVMe disks (lsblk TRAN nvme, or nvme<c>n<n>
+  names) that are blank and leaves every other one alone, saying so; a list takes exactly the
+  drives listed and refuses the host, naming the drive, when one of them is not blank. One
+  drive: XFS on it; several: md RAID0 across them, XFS on the array. The scratch already there
+  (an XFS filesystem labelled SCRATCH_LABEL, mounted or not) is kept, never rebuilt.
+* /dev/shm (``storage_shm_size``): its size as tmpfs computes it, compared with what it is.
+* validate_min_nvme_tb: the NVMe capacity the preflight counts.
+
+A request the host cannot honour raises Refusal (key, problem, allowed values).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.facts.storage import BLANK, BlockDevice, BlockDevicesData, ShmData
+from gpufleet.tuning import Refusal
+
+#: the XFS label of gpufleet's scratch filesystem (XFS labels: at most 12 characters)
+SCRATCH_LABEL = "gpufleet-scr"
+#: the md array's name (mdadm --name; /dev/md/<name>)
+MD_NAME = "gpufleet-scratch"
+MD_DEVICE = f"/dev/md/{MD_NAME}"
+#: mount options of the scratch filesystem in /etc/fstab
+MOUNT_OPTIONS = "noatime,nofail"
+#: mounts that make the disk under them a system disk: never counted as scratch capacity
+SYSTEM_MOUNTS = ("/", "/boot", "/boot/efi", "/usr", "/var", "/home", "[SWAP]")
+
+KEEP, MAKE, NOTHING = "keep", "make", "nothing"
+
+
+def describe(node: BlockDevice) -> str:
+    """Why a device is not blank, in words ('' when it is)."""
+    why = []
+    if node.ro:
+        why.append("read-only")
+    if node.type not in ("disk", "loop"):
+        why.append(f"a {node.type or 'device of unknown type'}, not a whole disk")
+    if node.seen("TYPE"):
+        why.append(f"carries a signature ({node.seen('TYPE')})")
+    if node.seen("PTTYPE"):
+        why.append(f"has a partition table ({node.seen('PTTYPE')})")
+    mounts = [m for n in node.walk() for m in n.mountpoints]
+    if mounts:
+        why.append("mounted at " + ", ".join(mounts))
+    if node.children:
+        why.append("holds " + ", ".join(f"{c.name} ({c.type})" for c in node.children))
+    if not why and node.probe != BLANK:
+        why.append({None: "not probed (no blkid -p verdict)", "absent": "no device node to probe",
+                    "signature": "blkid -p found a signature"}.get(node.probe, "blkid -p could not read it"))
+    return "; ".join(why)
+
+
+def nvme_disks(devices: BlockDevicesData) -> list[BlockDevice]:
+    return [d for d in devices.devices if d.type == "disk" and d.nvme]
+
+
+def data_nvme_bytes(devices: BlockDevicesData) -> tuple[int, list[str]]:
+    """The local NVMe capacity for data: every NVMe disk except those carrying the system
+    (a mount of SYSTEM_MOUNTS anywhere below them); and the disks counted."""
+    total, counted = 0, []
+    for disk in nvme_disks(devices):
+        if any(m in SYSTEM_MOUNTS for n in disk.walk() for m in n.mountpoints):
+            continue
+        total += disk.size or 0
+        counted.append(disk.name)
+    return total, counted
+
+
+@dataclass(frozen=True)
+class ScratchPlan:
+    action: str  # KEEP | MAKE | NOTHING
+    path: str
+    devices: tuple[str, ...] = ()  # MAKE: the drives; KEEP: the filesystem's device
+    uuid: str | None = None  # KEEP: the filesystem's UUID
+    mounted: bool = False  # KEEP: mounted at path now
+    notes: tuple[str, ...] = field(default_factory=tuple)  # drives left alone, and why
+
+    @property
+    def layout(self) -> str:
+        if self.action != MAKE:
+            return ""
+        return "xfs" if len(self.devices) == 1 else "raid0"
+
+    def summary(self) -> str:
+        if self.action == MAKE:
+            what = (f"XFS on {self.devices[0]}" if self.layout == "xfs"
+                    else f"md RAID0 ({MD_DEVICE}) across {', '.join(self.devices)}, XFS on it")
+            return f"{what}, mounted at {self.path}"
+        if self.action == KEEP:
+            return f"{self.path}: XFS {self.uuid} on {self.devices[0]} ({'mounted' if self.mounted else 'to mount'})"
+        return "no scratch filesystem"
+
+
+def _existing(devices: BlockDevicesData, path: str) -> tuple[BlockDevice | None, BlockDevice | None]:
+    """(what is mounted at path, gpufleet's scratch filesystem wherever it is)."""
+    mounted = ours = None
+    for top in devices.devices:
+        for node in top.walk():
+            if path in node.mountpoints:
+                mounted = node
+            if node.seen("LABEL") == SCRATCH_LABEL and node.seen("TYPE") == "xfs":
+                ours = node
+    return mounted, ours
+
+
+def plan_scratch(setting: str, wanted: Any, path: str, devices: BlockDevicesData) -> ScratchPlan:
+    """The scratch plan for one host (see the module's docstring). `wanted`: storage_scratch_devices
+    (``auto`` or a tuple of device paths)."""
+    if setting == "none":
+        return ScratchPlan(NOTHING, path)
+    mounted, ours = _existing(devices, path)
+    if mounted is not None and (ours is None or mounted.path != ours.path):
+        raise Refusal("storage_scratch_path",
+                      f"{path} is already the mount point of {mounted.path} "
+                      f"({mounted.seen('TYPE') or 'unknown filesystem'}), not of gpufleet's scratch filesystem",
+                      "a path where nothing is mounted, or storage_scratch: none")
+    if ours is not None:
+        uuid = ours.seen("UUID")
+        if not uuid:
+            raise Refusal("storage_scratch", f"gpufleet's scratch filesystem on {ours.path} shows no UUID",
+                          "none, or repair it by hand")
+        notes = _beside(devices, wanted, ours)
+        return ScratchPlan(KEEP, path, (ours.path,), uuid, mounted is not None, notes)
+    chosen, notes = _candidates(devices, wanted)
+    if not chosen:
+        return ScratchPlan(NOTHING, path, notes=notes + ("no blank local NVMe drive: no scratch filesystem made",))
+    return ScratchPlan(MAKE, path, tuple(d.path for d in chosen), notes=notes)
+
+
+def _beside(devices: BlockDevicesData, wanted: Any, ours: BlockDevice) -> tuple[str, ...]:
+    """What becomes of the other drives while the scratch exists: nothing, said."""
+    members = {top.path for top in devices.devices if any(n.path == ours.path for n in top.walk())}
+    others = nvme_disks(devices) if wanted == "auto" else [devices.find(p) for p in wanted]
+    notes = []
+    for disk in others:
+        if disk is None or disk.path in members:
+            continue
+        why = describe(disk)
+        notes.append(f"{disk.path} left alone: {why}" if why else
+                     f"{disk.path} is blank but not added: the scratch on {ours.path} is kept as it is "
+                     "(a RAID0 is not grown in place)")
+    return tuple(notes)
+
+
+def _candidates(devices: BlockDevicesData, wanted: Any) -> tuple[list[BlockDevice], tuple[str, ...]]:
+    if wanted == "auto":
+        chosen, notes = [], []
+        for disk in nvme_disks(devices):
+            why = describe(disk)
+            if why:
+                notes.append(f"{disk.path} left alone: {why}")
+            else:
+                chosen.append(disk)
+        return chosen, tuple(notes)
+    listed = []
+    for path in wanted:
+        node = devices.find(path)
+        if node is None:
+            raise Refusal("storage_scratch_devices", f"{path} is not a block device of this host (lsblk)",
+                          "auto, or a list of blank drives of the host")
+        why = describe(node)
+        if why:
+            raise Refusal("storage_scratch_devices", f"{path} is not blank: {why}; gpufleet never formats a drive "
+                          "that holds data", "auto, or a list of blank drives (no filesystem, no partition "
+                          "table, not mounted, no md member)")
+        listed.append(node)
+    return listed, ()
+
+
+# --- /dev/shm -----------------------------------------------------------------------------------
+
+PAGE = 4096
+_FACTOR = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def shm_bytes(setting: str, memory_kib: int | None) -> int | None:
+    """The size tmpfs gives /dev/shm for `size=<setting>` (whole pages; a percentage of RAM as
+    the kernel counts it: MemTotal in pages x N / 100); None when it cannot be known."""
+    percent = re.fullmatch(r"(\d{1,3})%", setting)
+    if percent:
+        if memory_kib is None:
+            return None
+        return (memory_kib * 1024 // PAGE) * int(percent[1]) // 100 * PAGE
+    match = re.fullmatch(r"(\d+)([kmgtKMGT]?)", setting)
+    if not match:
+        raise ValueError(f"not a tmpfs size: {setting!r}")
+    size = int(match[1]) * _FACTOR[match[2].lower()]
+    return -(-size // PAGE) * PAGE
+
+
+def shm_fstab_line(setting: str) -> str:
+    return f"tmpfs /dev/shm tmpfs rw,nosuid,nodev,size={setting} 0 0"
+
+
+@dataclass(frozen=True)
+class ShmPlan:
+    setting: str
+    line: str = ""  # the /etc/fstab line ("" = unmanaged)
+    remount: bool = False  # the size differs now: remount
+    note: str = ""
+
+
+def plan_shm(setting: str, shm: ShmData, memory_kib: int | None) -> ShmPlan:
+    if setting == "unmanaged":
+        return ShmPlan(setting)
+    line = shm_fstab_line(setting)
+    if shm.fstype != "tmpfs":
+        raise Refusal("storage_shm_size", f"/dev/shm is {shm.fstype or 'not mounted'}, not a tmpfs",
+                      "unmanaged on this host")
+    wanted = shm_bytes(setting, memory_kib)
+    if wanted is None:
+        return ShmPlan(setting, line, True, "MemTotal unknown: /dev/shm remounted to be sure")
+    return ShmPlan(setting, line, wanted != shm.size_bytes,
+                   f"/dev/shm is {shm.size_bytes} bytes, size={setting} gives {wanted}")

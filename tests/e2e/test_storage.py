@@ -1,0 +1,175 @@
+"""End-to-end (issue 33): local scratch and /dev/shm from the tier, on ONE test host.
+
+LOOP DEVICES STAND IN FOR NVMe DRIVES: the test makes two loop devices on files in a temp
+folder of this machine and binds exactly those two nodes into a host of its own
+(testhosts.up(devices=...)); nothing else of the machine's block devices has a node there. One
+is blank; the other carries an ext4 filesystem made on its file before. They are named in
+``storage_scratch_devices`` (auto takes NVMe disks only). The test host is a systemd-nspawn
+container: it shares this machine's kernel, which has no md, so the md RAID0 layout (two
+drives) is not run here (tests/unit/test_storage.py covers its plan and its command); and
+without udev, systemd's fstab generator ignores device entries in a container, so at boot
+gpufleet-scratch.service mounts what fstab lists (a real host has both paths).
+
+The deploy is the storage area alone (deploys/storage.py, behind validate_inventory), as the
+operator runs it: through sudo, tier hgx. In order, on the same host:
+
+1. both drives listed: refused at planning, naming the ext4 one; nothing changes (the blank
+   one is still blank, the other byte-identical); the format command itself, run on the host
+   with both drives (as if the ext4 had appeared after planning), refuses naming it, touching
+   neither;
+2. the blank drive only (the plan view names it first): XFS on it, mounted at /scratch with noatime, in fstab by UUID with
+   nofail, owned by root:users (hgx's group) mode 3770: a user in the group writes there, a
+   second local user outside it cannot; /dev/shm at half of RAM (hgx's storage_shm_size), now
+   and in fstab; a second run changes nothing;
+3. a real reboot of the test host: /scratch and the /dev/shm size are back; a run after it
+   changes nothing. The ext4 drive is byte-identical at the end. The validation gate passes the
+   scratch and /dev/shm, and fails the scratch once it is unmounted.
+"""
+from __future__ import annotations
+
+import hashlib
+import shlex
+import subprocess
+import textwrap
+import time
+
+import pytest
+
+from testing import testhosts
+from gpufleet.operations import storage as storage_ops
+from testing.inventory import write_inventory
+from tests.e2e.pyinfra_cli import changed_operations, pyinfra
+from tests.e2e.test_tuning import HGX, sh
+
+pytestmark = [pytest.mark.e2e]
+
+DEPLOY = textwrap.dedent("""\
+    from pyinfra import state
+    from gpufleet.deploys.storage import storage
+    from gpufleet.settings import validate_inventory
+
+    validate_inventory(state.inventory)
+    storage()
+    """)
+SIZE = 320 << 20  # mkfs.xfs (xfsprogs 6) wants at least 300 MB
+
+
+def _sha256(device: str) -> str:
+    digest = hashlib.sha256()
+    with open(device, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@pytest.fixture
+def drives(tmp_path):
+    """(blank loop device, loop device with ext4); detached at the end, each by its name."""
+    made: list[str] = []
+    try:
+        for name, fs in (("blank.img", None), ("ext4.img", "ext4")):
+            backing = tmp_path / name
+            with open(backing, "wb") as fh:
+                fh.truncate(SIZE)
+            if fs:
+                subprocess.run(["mkfs.ext4", "-q", "-F", "-L", "somedata", str(backing)], check=True)
+            made.append(subprocess.run(["losetup", "--find", "--show", str(backing)], check=True,
+                                       capture_output=True, text=True).stdout.strip())
+        yield made[0], made[1]
+    finally:
+        for device in made:
+            subprocess.run(["losetup", "-d", device], check=False)
+
+
+def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool, drives, tmp_path_factory,
+                                                                         monkeypatch):
+    blank, data = drives
+    monkeypatch.setenv("GPUFLEET_VALIDATE_PROBE", "0")  # the gate below: no DCGM or performance probe
+    data_hash = _sha256(data)
+    t0 = time.monotonic()
+    (host,) = testhosts.up(1, pool=hostpool.pool, devices=[blank, data])
+    try:
+        deploy = tmp_path_factory.mktemp("deploy") / "storage_deploy.py"
+        deploy.write_text(DEPLOY)
+        sh(host, "useradd -m -G users alice && useradd -m bob")  # bob: a second user, not in the group
+
+        def inventory(devices):
+            return write_inventory(tmp_path_factory.mktemp("inv") / "inventory.py", [host],
+                                   data={host.name: {**HGX, "validate_os_release": "debian-12",
+                                                     "storage_scratch_devices": devices}})
+
+        def blank_now(device: str) -> bool:
+            return testhosts.ssh(host, f"blkid -p {device}", check=False).returncode == 2
+
+        # 1. the drive with data named: refused at planning, naming it; nothing changes
+        run = pyinfra(inventory([blank, data]), str(deploy))
+        assert run.returncode != 0
+        assert (f"[{host.name}] refused (storage_scratch_devices): {data} is not blank: carries a signature (ext4); "
+                "gpufleet never formats a drive that holds data") in run.output, run.output
+        assert blank_now(blank) and not sh(host, "findmnt -n /scratch; true").strip()
+        assert _sha256(data) == data_hash
+        # ... and the format command itself, given the drive as if it gained ext4 after planning
+        # (with the blank one first), refuses on the host, naming it, before touching either
+        sh(host, "apt-get install -y -q --no-install-recommends xfsprogs >/dev/null")
+        script = shlex.join(["sh", "-c", storage_ops._MAKE_SCRATCH, "gpufleet-scratch", "/scratch", "gpufleet-scr",
+                             "gpufleet-scratch", "noatime,nofail", blank, data])
+        refused = testhosts.ssh(host, script, check=False)
+        assert refused.returncode == storage_ops.REFUSED_EXIT, refused
+        assert refused.stderr.startswith(f"{storage_ops.REFUSED_MARK} {data} is not blank now (blkid -p exit 0: "), refused
+        assert blank_now(blank) and _sha256(data) == data_hash
+
+        # 2. the blank drive: XFS at /scratch, group users, fstab by UUID; /dev/shm half of RAM.
+        # The mount point was made by hand already, with the right owner: the new filesystem's
+        # root (root:root 755 from mkfs) must get the group and mode all the same
+        sh(host, "mkdir /scratch && chown root:users /scratch && chmod 3770 /scratch")
+        inv = inventory([blank])
+        plan = pyinfra(inv, "deploys/plan.py")  # what the operator reads before a drive is formatted
+        assert f"scratch: XFS on {blank}, mounted at /scratch" in plan.output, plan.output
+        assert "shm: /dev/shm size=50%, now and at boot" in plan.output, plan.output
+        run = pyinfra(inv, str(deploy))
+        assert run.returncode == 0, run.output
+        uuid = sh(host, f"blkid -p -s UUID -o value {blank}").strip()
+        assert sh(host, f"blkid -p -s TYPE -o value {blank}").strip() == "xfs"
+
+        def pages_now() -> int:
+            return int(sh(host, "awk '/^MemTotal:/ {print $2}' /proc/meminfo")) // 4 * 50 // 100 * 4096
+
+        def check_mounted() -> None:
+            source, fstype, options = sh(host, "findmnt -n -o SOURCE,FSTYPE,OPTIONS /scratch").split()
+            assert (source, fstype) == (blank, "xfs") and "noatime" in options.split(",")
+            assert sh(host, "stat -c '%U %G %a' /scratch").split() == ["root", "users", "3770"]
+            fstab = [line.split() for line in sh(host, "cat /etc/fstab").splitlines() if line.strip()]
+            assert ["UUID=" + uuid, "/scratch", "xfs", "noatime,nofail", "0", "0"] in fstab
+            assert ["tmpfs", "/dev/shm", "tmpfs", "rw,nosuid,nodev,size=50%", "0", "0"] in fstab
+            pages = int(sh(host, "awk '/^MemTotal:/ {print $2}' /proc/meminfo")) // 4 * 50 // 100
+            assert sh(host, "stat -f -c '%T %b %S' /dev/shm").split() == ["tmpfs", str(pages), "4096"]
+
+        check_mounted()
+        assert sh(host, "su alice -c 'echo x > /scratch/a && stat -c %G /scratch/a'").strip() == "users"
+        assert testhosts.ssh(host, "su bob -c 'echo x > /scratch/b'", check=False).returncode != 0
+        assert changed_operations(pyinfra(inv, str(deploy))) == []
+
+        # 3. a real reboot: mounted again, /dev/shm sized again; then a run changes nothing
+        testhosts.reboot(host)
+        check_mounted()
+        assert sh(host, "cat /scratch/a").strip() == "x"
+        assert changed_operations(pyinfra(inv, str(deploy))) == []
+        assert _sha256(data) == data_hash
+
+        # the gate reads the same plan from the host as it is: passes, then fails once unmounted
+        def storage_lines() -> list[str]:
+            gate = pyinfra(inv, "deploys/validate.py")  # other areas fail here (no driver): read storage's
+            return [line.split(f"[{host.name}] ", 1)[1] for line in gate.output.splitlines()
+                    if f"[{host.name}] [" in line and "] storage: " in line]
+
+        assert storage_lines() == [
+            f"[PASS] storage: the local scratch is mounted where the tier says: /scratch: XFS {uuid} on {blank} (mounted)",
+            f"[PASS] storage: /dev/shm has the size the tier sets: size=50%: /dev/shm is {pages_now()} bytes, "
+            f"size=50% gives {pages_now()}"]
+        sh(host, "umount /scratch")
+        assert storage_lines()[0] == (f"[FAIL] storage: the local scratch is mounted where the tier says: gpufleet's "
+                                      f"scratch on {blank} is not mounted at /scratch -> fix: run deploys/all.py "
+                                      f"(it mounts it); if a drive failed, see dmesg and mdadm --detail {blank}")
+    finally:
+        testhosts.stop(host)
+    print(f"test_storage: {time.monotonic() - t0:.0f} s")
