@@ -25,7 +25,12 @@ from ._common import MARK, JsonMixin, fail, split_sections
 
 #: lsblk's columns; -b: sizes in bytes. Older util-linux (< 2.37) has no MOUNTPOINTS: MOUNTPOINT
 #: (one of them) is asked instead and read the same way.
-LSBLK_COLUMNS = "NAME,PATH,TYPE,TRAN,SIZE,RO,FSTYPE,PTTYPE,LABEL,UUID,MOUNTPOINT"
+LSBLK_COLUMNS = "NAME,PATH,TYPE,TRAN,MODEL,SIZE,RO,FSTYPE,PTTYPE,LABEL,UUID,MOUNTPOINT"
+
+#: NVMe models of network volumes (model prefix, what it is): never local scratch drives
+NETWORK_VOLUME_MODELS = (("Amazon Elastic Block Store", "Amazon EBS"),
+                         ("nvme_card-pd", "Google Cloud Persistent Disk / Hyperdisk"),
+                         ("MSFT NVMe Accelerator", "Azure remote disk"))
 
 #: The probe verdicts: nothing found (blkid -p exit 2), a signature found (exit 0), no device
 #: node to open here, or blkid could not tell (any other exit: unreadable, I/O error).
@@ -54,6 +59,7 @@ class BlockDevice(JsonMixin):
     path: str
     type: str | None = None  # disk | part | loop | raid0 | lvm | crypt | rom ...
     tran: str | None = None  # nvme | sata | usb | virtio ...
+    model: str | None = None  # the drive's model ("Amazon Elastic Block Store": a network volume)
     size: int | None = None  # bytes
     ro: bool = False
     fstype: str | None = None  # xfs | linux_raid_member | LVM2_member ...
@@ -80,6 +86,19 @@ class BlockDevice(JsonMixin):
         """A local NVMe namespace: lsblk's transport, or the kernel's nvme<ctrl>n<ns> name
         where the transport was not printed."""
         return self.tran == "nvme" or bool(re.fullmatch(r"nvme\d+n\d+", self.name.rsplit("/", 1)[-1]))
+
+    @property
+    def network_volume(self) -> str | None:
+        """The cloud's name for it when this NVMe namespace is a network volume, not a local drive,
+        by its model (tests/fixtures/storage/README.md cites each): EC2's EBS "Amazon Elastic
+        Block Store" (instance store: "Amazon EC2 NVMe Instance Storage"), Google Cloud's
+        Persistent Disk and Hyperdisk "nvme_card-pd" (Local SSD: "nvme_card", "nvme_cardN"),
+        Azure's remote disks "MSFT NVMe Accelerator v1.0" (local: "Microsoft NVMe Direct Disk")."""
+        model = (self.model or "").strip()
+        for prefix, name in NETWORK_VOLUME_MODELS:
+            if model.startswith(prefix):
+                return name
+        return None
 
 
 @dataclass(frozen=True)
@@ -134,6 +153,7 @@ def _node(raw: Any, probes: Probes) -> BlockDevice:
         path=path,
         type=_text(raw.get("type")),
         tran=_text(raw.get("tran")),
+        model=_text(raw.get("model")),
         size=_size(raw.get("size")),
         ro=_bool(raw.get("ro")),
         fstype=_text(raw.get("fstype")),

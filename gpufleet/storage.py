@@ -5,7 +5,8 @@
   in ``storage_scratch_devices``, a loop device), writable, without partitions or anything
   stacked on it, not mounted, no filesystem or partition table in lsblk, and ``blkid -p`` found
   no signature on it. ``auto`` takes the local NVMe disks (lsblk TRAN nvme, or nvme<c>n<n>
-  names) that are blank and leaves every other one alone, saying so; a list takes exactly the
+  names; not a cloud's network volume presented as NVMe, such as EBS) that are blank and leaves
+  every other one alone, saying so; a list takes exactly the
   drives listed and refuses the host, naming the drive, when one of them is not blank. One
   drive: XFS on it; several: md RAID0 across them, XFS on the array. The scratch already there
   (an XFS filesystem labelled SCRATCH_LABEL, mounted or not) is kept, never rebuilt.
@@ -59,7 +60,12 @@ def describe(node: BlockDevice) -> str:
 
 
 def nvme_disks(devices: BlockDevicesData) -> list[BlockDevice]:
-    return [d for d in devices.devices if d.type == "disk" and d.nvme]
+    """The local NVMe disks: a cloud's network volume presented as NVMe (EBS) is not one."""
+    return [d for d in devices.devices if d.type == "disk" and d.nvme and not d.network_volume]
+
+
+def network_volumes(devices: BlockDevicesData) -> list[BlockDevice]:
+    return [d for d in devices.devices if d.type == "disk" and d.nvme and d.network_volume]
 
 
 def data_nvme_bytes(devices: BlockDevicesData) -> tuple[int, list[str]]:
@@ -153,6 +159,8 @@ def _beside(devices: BlockDevicesData, wanted: Any, ours: BlockDevice) -> tuple[
 def _candidates(devices: BlockDevicesData, wanted: Any) -> tuple[list[BlockDevice], tuple[str, ...]]:
     if wanted == "auto":
         chosen, notes = [], []
+        for volume in network_volumes(devices):
+            notes.append(f"{volume.path} left alone: a network volume ({volume.network_volume}), not a local drive")
         for disk in nvme_disks(devices):
             why = describe(disk)
             if why:

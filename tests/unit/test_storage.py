@@ -43,6 +43,30 @@ def test_the_hgx_layout_makes_one_raid0_of_the_eight_blank_drives_and_leaves_the
                               "mounted at /scratch")
 
 
+def test_a_blank_network_volume_presented_as_nvme_is_never_taken_by_auto():
+    """EC2 presents EBS volumes as NVMe namespaces, model "Amazon Elastic Block Store" (its local
+    instance store: "Amazon EC2 NVMe Instance Storage"; README.md here): a blank EBS volume
+    attached for something else is left alone, named, and not counted as scratch capacity."""
+    hgx = recorded(HGX)
+    ebs = tuple(replace(d, model="Amazon Elastic Block Store") if d.path == "/dev/nvme9n1" else
+                replace(d, model="Amazon EC2 NVMe Instance Storage") if d.path in DATA_DRIVES else d
+                for d in hgx.devices)
+    devices = replace(hgx, devices=ebs)
+    plan = s.plan_scratch("auto", "auto", "/scratch", devices)
+    assert plan.devices == DATA_DRIVES[:-1]
+    assert "/dev/nvme9n1 left alone: a network volume (Amazon EBS), not a local drive" in plan.notes
+    total, disks = s.data_nvme_bytes(devices)
+    assert total == 7 * 3840755982336 and "nvme9n1" not in disks
+    # lsblk's MODEL column reaches the fact (lsblk pads it: the padding is not part of it)
+    parsed = parse_block_devices(['{"blockdevices": [{"name": "nvme1n1", "path": "/dev/nvme1n1", "type": "disk",'
+                                  ' "tran": "nvme", "model": "Amazon Elastic Block Store              "}]}'])
+    assert parsed.devices[0].network_volume == "Amazon EBS"
+    for model, local in (("nvme_card-pd", False), ("nvme_card3", True), ("nvme_card", True),
+                         ("MSFT NVMe Accelerator v1.0", False), ("Microsoft NVMe Direct Disk v2", True),
+                         ("Amazon EC2 NVMe Instance Storage", True), ("SAMSUNG MZQL23T8HCLS-00A07", True)):
+        assert (replace(parsed.devices[0], model=model).network_volume is None) is local, model
+
+
 def test_one_listed_blank_drive_is_plain_xfs():
     plan = s.plan_scratch("auto", ("/dev/nvme5n1",), "/scratch", recorded(HGX))
     assert (plan.action, plan.layout, plan.devices, plan.notes) == (s.MAKE, "xfs", ("/dev/nvme5n1",), ())
