@@ -346,6 +346,14 @@ sys.exit(226 if failed else 0)
 # request asks the simulator's nvidia-smi afresh. Like the real exporter pointed at a host engine
 # (DCGM_REMOTE_HOSTENGINE_INFO) it refuses to start unless nvidia-dcgm.service runs, and it
 # listens where DCGM_EXPORTER_LISTEN says (":9400" = every address).
+# MIG, as the real exporter's default (flex) mode does it (NVIDIA/dcgm-exporter
+# internal/pkg/devicemonitoring/device_monitoring.go, monitorAllGPUInstances: a GPU with GPU
+# instances is watched per instance instead of as a whole; rendermetrics/render_metrics.go adds
+# GPU_I_PROFILE and GPU_I_ID, the instance's profile name and NVML instance id, between modelName
+# and Hostname): one line per GPU instance, learnt from the simulator's `nvidia-smi mig -lgi` ONCE
+# at start, as the real exporter reads DCGM's entity hierarchy when it starts (instances made later
+# need a restart to be seen). Simplification of this double: each instance's line carries its
+# GPU's values.
 _DCGM_EXPORTER = f"#!/usr/bin/python3\n# dcgm-exporter: {STAND_IN_NOTE}\n# It serves the GPU simulator's values.\n" + r"""import http.server, os, socket, subprocess, sys
 FIELDS = (("temperature.gpu", "DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)."),
           ("power.draw", "DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)."),
@@ -357,6 +365,15 @@ FIELDS = (("temperature.gpu", "DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).")
 if subprocess.run(["systemctl", "is-active", "--quiet", "nvidia-dcgm.service"]).returncode:
     sys.exit("dcgm-exporter (stand-in): cannot connect to the DCGM host engine at "
              + os.environ.get("DCGM_REMOTE_HOSTENGINE_INFO", "localhost:5555"))
+def gpu_instances():
+    found = {}
+    lgi = subprocess.run(["nvidia-smi", "mig", "-lgi"], capture_output=True, text=True, timeout=20).stdout
+    for line in lgi.splitlines():
+        w = line.split()  # |  GPU  MIG  PROFILE  PROFILE-ID  GI-ID  PLACEMENT |
+        if len(w) > 5 and w[0] == "|" and w[2] == "MIG" and w[1].isdigit() and w[5].isdigit():
+            found.setdefault(w[1], []).append(f',GPU_I_PROFILE="{w[3]}",GPU_I_ID="{w[5]}"')
+    return found
+INSTANCES = gpu_instances()
 def metrics():
     query = "index,uuid,name,pci.bus_id," + ",".join(f for f, _, _ in FIELDS)
     rows = subprocess.run(["nvidia-smi", "--query-gpu=" + query, "--format=csv,noheader,nounits"],
@@ -371,9 +388,10 @@ def metrics():
                 float(value)
             except ValueError:
                 continue
-            labels = (f'gpu="{g[0]}",UUID="{g[1]}",pci_bus_id="{g[3]}",device="nvidia{g[0]}",'
-                      f'modelName="{g[2]}",Hostname="{socket.gethostname()}"')
-            out.append(f"{name}{{{labels}}} {value}")
+            for instance in INSTANCES.get(g[0], [""]):
+                labels = (f'gpu="{g[0]}",UUID="{g[1]}",pci_bus_id="{g[3]}",device="nvidia{g[0]}",'
+                          f'modelName="{g[2]}"{instance},Hostname="{socket.gethostname()}"')
+                out.append(f"{name}{{{labels}}} {value}")
     return ("\n".join(out) + "\n").encode()
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
