@@ -2,8 +2,16 @@
 the recorded host's GPUs, SIMULATED: testing/gpusim, a test double; its MIG mode is kept across a
 reboot, its instances are not, as on a real GPU).
 
-The deploy is all.py's order cut to the steps tuning stands on (tests/e2e/test_tuning.py's), as
-the operator runs it, as root. In order, on the same host:
+The deploy is all.py's order cut to the steps MIG stands on and the ones that must keep working
+around it: preflight, base, the driver (which installs DCGM, from the stand-in CUDA repository,
+testing/aptrepo.py), tuning, and monitoring (DCGM's host engine and its exporter: stand-ins from
+that repository, test doubles serving the simulated GPUs), as the operator runs it, as root.
+After the layout is applied, after the real reboot and after ``gpu_mig: none``,
+nvidia-dcgm.service and nvidia-dcgm-exporter.service are active and the exporter, asked from
+outside the host, answers /metrics with every GPU: in MIG mode with a line per GPU instance
+labelled GPU_I_PROFILE and GPU_I_ID, as NVIDIA's exporter does (its stand-in learns the instances
+only when it starts: they show only if it was restarted after they were made). In order, on the
+same host:
 
 1. ``gpu_mig: {"all": ["3g.40gb"]}`` (an H100 profile) is refused at planning naming gpu_mig, the
    host and the H200's profiles; nothing changes;
@@ -20,20 +28,43 @@ the operator runs it, as root. In order, on the same host:
 """
 from __future__ import annotations
 
+import re
+import textwrap
 import time
 
 import pytest
 
 from testing import testhosts
-from testing.inventory import write_inventory
+from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
+from testing.inventory import TEST_DRIVER, environment_data, write_inventory
 from tests.e2e.pyinfra_cli import changed_operations, pyinfra
-from tests.e2e.test_tuning import HGX, deploy_file, sh
+from tests.e2e.test_monitoring import scrape
+from tests.e2e.test_tuning import HGX, sh
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
 
 LOG = "/run/gpusim/commands.log"
 LAYOUT = {"all": ["3g.71gb", "3g.71gb"]}
 MODES = "nvidia-smi --query-gpu=index,mig.mode.current,mig.mode.pending --format=csv,noheader"
+DCGM_UNITS = ("nvidia-dcgm.service", "nvidia-dcgm-exporter.service")
+
+# all.py's order, cut to the steps MIG stands on (driver: DCGM; tuning: MIG) and monitoring
+DEPLOY = textwrap.dedent("""\
+    from pyinfra import host, state
+    from gpufleet.deploys.base import base
+    from gpufleet.deploys.driver import driver
+    from gpufleet.deploys.monitoring import monitoring
+    from gpufleet.deploys.preflight import preflight
+    from gpufleet.deploys.tuning import tuning
+    from gpufleet.failures import host_failed
+    from gpufleet.settings import validate_inventory
+
+    validate_inventory(state.inventory)
+    for step in (preflight, base, driver, tuning, monitoring):
+        if host_failed(host):
+            break
+        step()
+    """)
 
 
 def instances(host) -> dict[int, list[str]]:
@@ -50,14 +81,48 @@ def instances(host) -> dict[int, list[str]]:
     return out
 
 
+def dcgm_serving(host, lines_per_gpu: int) -> None:
+    """DCGM's host engine and its exporter are active (waited for a little: after a reboot they
+    start with the host) and the exporter, asked from outside the host, answers /metrics with a
+    temperature for every GPU: for a GPU in MIG mode one line per GPU instance, labelled with its
+    profile and id (GPU_I_PROFILE, GPU_I_ID) as nvidia-smi mig -lgi lists them, as the real
+    dcgm-exporter does; the stand-in learns them only when it starts, so they are there only if
+    the exporter was restarted after the instances were made."""
+    deadline = time.monotonic() + 60
+    while True:
+        states = sh(host, "systemctl is-active " + " ".join(DCGM_UNITS) + "; true").split()
+        if states == ["active", "active"] or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert states == ["active", "active"], (states, sh(host, "journalctl -b -n 40 --no-pager -u 'nvidia-dcgm*'; true"))
+    lgi: dict[str, list[tuple[str, str]]] = {}
+    for line in sh(host, "nvidia-smi mig -lgi 2>/dev/null; true").splitlines():
+        words = line.split()
+        if len(words) > 5 and words[0] == "|" and words[2] == "MIG":
+            lgi.setdefault(words[1], []).append((words[3], words[5]))
+    want = [(gpu, bus, *instance) for gpu, bus in (("0", "00000000:00:06.0"), ("1", "00000000:00:07.0"))
+            for instance in lgi.get(gpu, [("", "")])]
+    text = scrape(f"http://{host.address}:9400/metrics")
+    have = re.findall(r'^DCGM_FI_DEV_GPU_TEMP\{gpu="(\d+)",UUID="GPU-[^"]+",pci_bus_id="([^"]+)",device="nvidia\d+",'
+                      r'modelName="NVIDIA H200"(?:,GPU_I_PROFILE="([^"]+)",GPU_I_ID="(\d+)")?,Hostname=', text, re.M)
+    assert have == want and [[h[0] for h in have].count(g) for g in "01"] == [lines_per_gpu] * 2, text
+
+
+def dcgm_started(run) -> list[str]:
+    """The run's changed operations (their own names, after the deploy's) that concern DCGM."""
+    return [op for op in changed_operations(run) if "DCGM" in op.split(" | ")[-1]]
+
+
 def set_commands(host) -> list[str]:
     return [line.split(" nvidia-smi ", 1)[1] for line in sh(host, f"cat {LOG} 2>/dev/null; true").splitlines()]
 
 
-def test_mig_from_the_tier_gated_kept_across_reboot_and_turned_off(hostpool, tmp_path_factory):
-    (host,) = hostpool.get("mig-hgx", 1, release="bookworm", gpu="h200x2")
-    deploy = deploy_file(tmp_path_factory)
-    base = {**HGX, "validate_os_release": "debian-12"}
+def test_mig_from_the_tier_gated_kept_across_reboot_and_turned_off(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
+    (host,) = hostpool.get("mig-hgx", 1, release="bookworm", gpu=f"h200x2@{TEST_DRIVER}")
+    deploy = tmp_path_factory.mktemp("deploy") / "mig_deploy.py"
+    deploy.write_text(DEPLOY)
+    deploy = str(deploy)
+    base = {**environment_data(host, "hgx", aptrepo), **HGX}
 
     def inventory(gpu_mig):
         return write_inventory(tmp_path_factory.mktemp("inv") / "inventory.py", [host],
@@ -106,6 +171,10 @@ def test_mig_from_the_tier_gated_kept_across_reboot_and_turned_off(hostpool, tmp
     assert "-i 0 -mig 1" in new and "mig -i 0 -cgi 3g.71gb,3g.71gb -C" in new, new
     assert new[new.index("-i 0 -mig 1") + 1] == "-r -i 0" and "-r -i 1" not in new, new
     assert not [c for c in new if "-i 1" in c], new   # made in the first run
+    # DCGM and its exporter, stopped for GPU 0's mode change, were started again by the MIG script
+    # itself: the monitoring step after it found them running (nothing of DCGM's changed)
+    assert dcgm_started(run) == [], dcgm_started(run)
+    dcgm_serving(host, 2)   # 2 instances on each GPU
     again = pyinfra(inv, deploy)
     assert again.returncode == 0 and changed_operations(again) == [], again.output
     t3 = time.monotonic()
@@ -116,6 +185,7 @@ def test_mig_from_the_tier_gated_kept_across_reboot_and_turned_off(hostpool, tmp
             "driver's clocks") in plan.output
     gate = pyinfra(inv, "deploys/validate.py")
     assert "[PASS] tuning: MIG partitions are what gpu_mig sets: GPU 0, 1: 3g.71gb + 3g.71gb" in gate.output, gate.output
+    assert "[PASS] monitoring: the DCGM exporter serves metrics" in gate.output, gate.output
     t4 = time.monotonic()
 
     # 4. a real reboot loses the instances (/run); the boot unit re-creates them
@@ -123,17 +193,20 @@ def test_mig_from_the_tier_gated_kept_across_reboot_and_turned_off(hostpool, tmp
     assert instances(host) == {0: ["3g.71gb", "3g.71gb"], 1: ["3g.71gb", "3g.71gb"]}
     assert [c for c in set_commands(host) if "-cgi" in c] == ["mig -i 0 -cgi 3g.71gb,3g.71gb -C",
                                                               "mig -i 1 -cgi 3g.71gb,3g.71gb -C"]
+    dcgm_serving(host, 2)
     t5 = time.monotonic()
 
     # 5. none: MIG off, the clocks of the tier back, the boot unit gone; then nothing to do
     inv = inventory("none")
     run = pyinfra(inv, deploy)
     assert run.returncode == 0, run.output
+    assert dcgm_started(run) == [], dcgm_started(run)
     assert sh(host, MODES).splitlines() == ["0, Disabled, Disabled", "1, Disabled, Disabled"]
     rows = sh(host, "nvidia-smi --query-gpu=clocks.applications.memory,clocks.applications.graphics "
                     "--format=csv,noheader,nounits").splitlines()
     assert rows == ["3201, 1980", "3201, 1980"], rows
     assert sh(host, "ls /etc/systemd/system/gpufleet-gpu-mig.service /etc/gpufleet/gpu-mig.env 2>/dev/null; true") == ""
+    dcgm_serving(host, 1)
     again = pyinfra(inv, deploy)
     assert again.returncode == 0 and changed_operations(again) == [], again.output
     t6 = time.monotonic()
