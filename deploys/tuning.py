@@ -197,12 +197,18 @@ def mig_partitions(if_busy: Any = None, if_reboot: Any = None) -> None:
     the rollout's answers to GPU work found right before the change and to a refused GPU reset
     (the host's step fails: busy, or reboot-pending) instead of all.py's (reported pending)."""
     settings = host_settings(host)
+    plan = _plan_or_refuse(settings)
+    if plan is not None:
+        _mig(settings, plan, if_busy=if_busy, if_reboot=if_reboot or _mig_reboot)
+
+
+def _plan_or_refuse(settings: Any) -> TuningPlan | None:
+    """The host's tuning plan, or None once a refusal has been reported for it."""
     try:
-        plan = plan_tuning(host, settings)
+        return plan_tuning(host, settings)
     except t.Refusal as refusal:
         refuse(host, refusal.key, refusal.problem, f"set {refusal.key} to what this host allows: {refusal.allowed}")
-        return
-    _mig(settings, plan, if_busy=if_busy, if_reboot=if_reboot or _mig_reboot)
+        return None
 
 
 def _clocks(settings: Any, plan: TuningPlan, env_file: Any) -> None:
@@ -267,10 +273,8 @@ def _governor(settings: Any, plan: TuningPlan) -> None:
 @deploy("GPU persistence, clocks and environment profiles")
 def tuning() -> None:
     settings = host_settings(host)
-    try:
-        plan = plan_tuning(host, settings)
-    except t.Refusal as refusal:
-        refuse(host, refusal.key, refusal.problem, f"set {refusal.key} to what this host allows: {refusal.allowed}")
+    plan = _plan_or_refuse(settings)
+    if plan is None:
         return
     _persistence(settings, plan)
     env_file = _profiles(settings, plan)
