@@ -216,6 +216,17 @@ def _hardware_status(ctx: Context) -> str:
     return FAIL if ctx.settings.tier_mismatch == "fail" else WARN
 
 
+def _against_minimum(ctx: Context, name: str, key: str, minimum: float, unit: str, found: float,
+                     passed: str, short: str, remedy: str) -> Result:
+    """A preflight minimum (RAM, NIC speed, NVMe capacity): PASS naming what was found, else the
+    tier_mismatch status naming what was found, the tier, its minimum and the key to change."""
+    if found >= minimum:
+        return Result("preflight", name, PASS, f"{passed} ({key}: {minimum:g})")
+    return Result("preflight", name, _hardware_status(ctx),
+                  f"{short}, tier {ctx.settings.tier} expects at least {minimum:g} {unit} "
+                  f"({key}; tier_mismatch: {ctx.settings.tier_mismatch})", remedy)
+
+
 #: interfaces that carry no data between hosts, whatever speed they report
 _NOT_DATA_NIC = ("lo", "docker", "veth", "br-", "virbr", "ifb", "dummy", "tun", "tap", "wg", "tailscale")
 
@@ -241,12 +252,9 @@ def enough_ram(ctx: Context) -> Result:
     if kib is None:
         return Result("preflight", name, SKIP, "/proc/meminfo gave no MemTotal")
     found = kib * 1024 / 1e9
-    if found >= minimum:
-        return Result("preflight", name, PASS, f"{found:.0f} GB (validate_min_ram_gb: {minimum})")
-    return Result("preflight", name, _hardware_status(ctx),
-                  f"{found:.1f} GB of RAM (MemTotal), tier {ctx.settings.tier} expects at least {minimum} GB "
-                  f"(validate_min_ram_gb; tier_mismatch: {ctx.settings.tier_mismatch})",
-                  "add RAM, move the host to a tier that fits it, or set validate_min_ram_gb for it")
+    return _against_minimum(ctx, name, "validate_min_ram_gb", minimum, "GB", found, f"{found:.0f} GB",
+                            f"{found:.1f} GB of RAM (MemTotal)",
+                            "add RAM, move the host to a tier that fits it, or set validate_min_ram_gb for it")
 
 
 @check("preflight")
@@ -262,12 +270,10 @@ def fast_enough_nic(ctx: Context) -> Result:
         return Result("preflight", name, SKIP, f"no Ethernet or InfiniBand interface reports its link speed "
                       f"(/sys/class/net/*/speed), so validate_min_nic_gbps: {minimum} cannot be checked")
     gbps = nic.speed_mbps / 1000
-    if gbps >= minimum:
-        return Result("preflight", name, PASS, f"{nic.name} {gbps:g} Gbit/s (validate_min_nic_gbps: {minimum})")
-    return Result("preflight", name, _hardware_status(ctx),
-                  f"fastest data NIC {nic.name} runs at {gbps:g} Gbit/s, tier {ctx.settings.tier} expects at least "
-                  f"{minimum} Gbit/s (validate_min_nic_gbps; tier_mismatch: {ctx.settings.tier_mismatch})",
-                  "check the link (ethtool), move the host to a tier that fits it, or set validate_min_nic_gbps for it")
+    return _against_minimum(ctx, name, "validate_min_nic_gbps", minimum, "Gbit/s", gbps, f"{nic.name} {gbps:g} Gbit/s",
+                            f"fastest data NIC {nic.name} runs at {gbps:g} Gbit/s",
+                            "check the link (ethtool), move the host to a tier that fits it, "
+                            "or set validate_min_nic_gbps for it")
 
 
 @check("preflight")
@@ -283,14 +289,11 @@ def enough_nvme(ctx: Context) -> Result:
         return Result("preflight", name, SKIP, "validate_min_nvme_tb: 0")
     total, disks = data_nvme_bytes(block_devices(ctx.host))
     found = total / 1e12
-    if found >= minimum:
-        return Result("preflight", name, PASS, f"{found:.2f} TB on {len(disks)} NVMe drives "
-                      f"(validate_min_nvme_tb: {minimum:g})")
-    return Result("preflight", name, _hardware_status(ctx),
-                  f"{found:.2f} TB of local NVMe for data ({', '.join(disks) or 'no NVMe drive besides the system'}; "
-                  f"lsblk), tier {ctx.settings.tier} expects at least {minimum:g} TB "
-                  f"(validate_min_nvme_tb; tier_mismatch: {ctx.settings.tier_mismatch})",
-                  "add drives, move the host to a tier that fits it, or set validate_min_nvme_tb for it")
+    return _against_minimum(ctx, name, "validate_min_nvme_tb", minimum, "TB", found,
+                            f"{found:.2f} TB on {len(disks)} NVMe drives",
+                            f"{found:.2f} TB of local NVMe for data "
+                            f"({', '.join(disks) or 'no NVMe drive besides the system'}; lsblk)",
+                            "add drives, move the host to a tier that fits it, or set validate_min_nvme_tb for it")
 
 
 # --- storage ----------------------------------------------------------------------------------
