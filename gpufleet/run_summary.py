@@ -10,11 +10,15 @@ one hook at the interpreter's exit is this module's.
 from __future__ import annotations
 
 import atexit
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import click
 
 from gpufleet.cuda_stack import pending_message, stack_pending_message
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -54,50 +58,39 @@ class RunSummary:
 
     def report(self) -> str:
         """The end-of-run summary ("" when the run leaves nothing)."""
-        out = []
-        if self.driver_pending:
-            lines = "\n".join(f"    {name}: {pending_message(*versions)}"
-                              for name, versions in sorted(self.driver_pending.items()))
-            out.append(f"\n--> gpufleet: {len(self.driver_pending)} host(s) with a DRIVER UPGRADE PENDING; "
-                       "deploys/all.py changed no driver (driver_upgrade_in_place: false). Roll it out with canary "
-                       f"and batches: tools/rollout INVENTORY\n{lines}\n")
-        if self.stack_pending:
-            lines = "\n".join(f"    {name}: " + "; ".join(stack_pending_message(what, *v) for what, v in pending.items())
-                              for name, pending in sorted(self.stack_pending.items()))
-            out.append(f"\n--> gpufleet: {len(self.stack_pending)} host(s) with a CUDA/cuDNN UPGRADE PENDING; "
-                       "deploys/all.py changed neither (driver_upgrade_in_place: false). Roll it out with canary "
-                       f"and batches: tools/rollout INVENTORY\n{lines}\n")
-        if self.stack_by_hand:
-            lines = "\n".join(f"    {name}: " + "; ".join(m for messages in drift.values() for m in messages)
-                              for name, drift in sorted(self.stack_by_hand.items()))
-            out.append(f"\n--> gpufleet: {len(self.stack_by_hand)} host(s) whose CUDA toolkit or cuDNN was CHANGED BY "
-                       "HAND; deploys/all.py left it (the validation gate fails it). tools/rollout INVENTORY puts it "
-                       f"back at the resolved release:\n{lines}\n")
-        if self.needs_reboot:
-            lines = "\n".join(f"    {name}: {why}" for name, why in sorted(self.needs_reboot.items()))
-            out.append(f"\n--> gpufleet: {len(self.needs_reboot)} host(s) NEED A REBOOT to load the installed NVIDIA "
-                       f"driver:\n{lines}\n")
-        if self.docker_pending:
-            lines = "\n".join(f"    {name}: {', '.join(keys)} ({why})"
-                              for name, (keys, why) in sorted(self.docker_pending.items()))
-            out.append(f"\n--> gpufleet: {len(self.docker_pending)} host(s) have a Docker configuration change "
-                       f"PENDING (needs a Docker restart, not done under running GPU containers):\n{lines}\n")
-        if self.mig_pending:
-            lines = "\n".join(f"    {name}: {layout} (GPU work running: {running})"
-                              for name, (layout, running) in sorted(self.mig_pending.items()))
-            out.append(f"\n--> gpufleet: {len(self.mig_pending)} host(s) with MIG partitions PENDING (not changed: GPU "
-                       f"work was running right before the change); re-run deploys/all.py once the GPUs are idle:\n{lines}\n")
-        if self.mig_reboot:
-            lines = "\n".join(f"    {name}: {gpus}" for name, gpus in sorted(self.mig_reboot.items()))
-            out.append(f"\n--> gpufleet: {len(self.mig_reboot)} host(s) NEED A REBOOT for a MIG mode change (the GPU "
-                       "reset that makes it effective was refused); the boot unit makes the partitions after it:\n"
-                       f"{lines}\n")
-        if self.profiling_pending:
-            lines = "\n".join(f"    {name}: {what}" for name, what in sorted(self.profiling_pending.items()))
-            out.append(f"\n--> gpufleet: {len(self.profiling_pending)} host(s) with GPU profiling PENDING (the nvidia "
-                       "module gets it at its next load; deploys/all.py does not reboot for it): reboot them through "
-                       f"the gate: tools/rollout INVENTORY\n{lines}\n")
-        return "".join(out)
+        return "".join((
+            _section(self.driver_pending, lambda versions: pending_message(*versions),
+                     "with a DRIVER UPGRADE PENDING; deploys/all.py changed no driver (driver_upgrade_in_place: "
+                     "false). Roll it out with canary and batches: tools/rollout INVENTORY"),
+            _section(self.stack_pending,
+                     lambda pending: "; ".join(stack_pending_message(what, *v) for what, v in pending.items()),
+                     "with a CUDA/cuDNN UPGRADE PENDING; deploys/all.py changed neither (driver_upgrade_in_place: "
+                     "false). Roll it out with canary and batches: tools/rollout INVENTORY"),
+            _section(self.stack_by_hand, lambda drift: "; ".join(m for messages in drift.values() for m in messages),
+                     "whose CUDA toolkit or cuDNN was CHANGED BY HAND; deploys/all.py left it (the validation gate "
+                     "fails it). tools/rollout INVENTORY puts it back at the resolved release:"),
+            _section(self.needs_reboot, str, "NEED A REBOOT to load the installed NVIDIA driver:"),
+            _section(self.docker_pending, lambda record: f"{', '.join(record[0])} ({record[1]})",
+                     "have a Docker configuration change PENDING (needs a Docker restart, not done under running "
+                     "GPU containers):"),
+            _section(self.mig_pending, lambda record: f"{record[0]} (GPU work running: {record[1]})",
+                     "with MIG partitions PENDING (not changed: GPU work was running right before the change); "
+                     "re-run deploys/all.py once the GPUs are idle:"),
+            _section(self.mig_reboot, str,
+                     "NEED A REBOOT for a MIG mode change (the GPU reset that makes it effective was refused); "
+                     "the boot unit makes the partitions after it:"),
+            _section(self.profiling_pending, str,
+                     "with GPU profiling PENDING (the nvidia module gets it at its next load; deploys/all.py does "
+                     "not reboot for it): reboot them through the gate: tools/rollout INVENTORY"),
+        ))
+
+
+def _section(records: Mapping[str, T], line: Callable[[T], str], headline: str) -> str:
+    """One kind of record: how many hosts and what to do, then a line per host ("" for none)."""
+    if not records:
+        return ""
+    lines = "\n".join(f"    {name}: {line(record)}" for name, record in sorted(records.items()))
+    return f"\n--> gpufleet: {len(records)} host(s) {headline}\n{lines}\n"
 
 
 #: This run's records (one pyinfra run per process).
