@@ -224,6 +224,15 @@ def _name(text: Any) -> str:
     return text if all(32 <= ord(c) < 127 for c in text) else repr(text)[1:-1]
 
 
+def _path(text: Any) -> str:
+    """The inventory file's path in a message: whole, as the operator needs it to find the file
+    (escaped like a name; only a path longer than any real one, 4096 bytes, is shortened)."""
+    text = str(text)
+    if len(text) > 4096:
+        return show(text, limit=4096)
+    return text if all(32 <= ord(c) < 127 for c in text) else repr(text)[1:-1]
+
+
 def _line(host: str, key: str, problem: str, allowed: str) -> str:
     return f"host {_name(host)}: key '{_name(key)}': {problem}; allowed: {allowed}"
 
@@ -513,7 +522,7 @@ def _file_problems(source: Path | str | None, inventory: Any) -> list[str]:
                 continue
             if target.id in KEYS or isinstance(getattr(node, "value", None), _LITERAL_DATA):
                 problems.append(
-                    f"inventory {_name(source)}: key '{_name(target.id)}': top-level data that pyinfra ignores "
+                    f"inventory {_path(source)}: key '{_name(target.id)}': top-level data that pyinfra ignores "
                     "(only lists of hosts and (hosts, data) tuples are read); allowed: settings in a group's or "
                     "a host's data, or in group_data/all.py")
     return problems

@@ -316,6 +316,16 @@ def test_top_level_data_the_inventory_file_would_lose(tmp_path):
     assert all("allowed: settings in a group's or a host's data" in line for line in lines)
 
 
+def test_the_inventory_path_is_named_whole_however_deep(tmp_path):
+    # the operator looks for the file by this path: a long one is not shortened like a value
+    folder = tmp_path / ("fleet-inventories-of-the-lab-" * 4) / "site-a" / "rack-12"
+    folder.mkdir(parents=True)
+    source = folder / "inventory.py"
+    source.write_text('tier = "hgx"\n')
+    (line,) = problems({}, source=source)
+    assert len(str(source)) > 100 and line.startswith(f"inventory {source}: key 'tier': top-level data")
+
+
 def test_every_message_is_one_line_with_host_key_and_allowed():
     lines = problems({"tier": "dev", "cuda_verison": "13.0", "extra_packages": ["a\nb"], "driver_repo_url": "x" * 5000})
     assert len(lines) == 3
