@@ -8,7 +8,10 @@ import pytest
 
 from testing import testhosts
 
-POOL = os.environ.get("GPUFLEET_TESTHOSTS_POOL", "pytest")
+# Under pytest-xdist (tools/test runs the end-to-end tests on two workers), each worker has a pool
+# of its own: a pool is one process's hosts, torn down whole when its session ends.
+POOL = os.environ.get("GPUFLEET_TESTHOSTS_POOL", "pytest") + (
+    f"-{os.environ['PYTEST_XDIST_WORKER']}" if os.environ.get("PYTEST_XDIST_WORKER") else "")
 
 
 def pytest_configure(config) -> None:
@@ -66,6 +69,20 @@ def hostpool():
     pool = HostPool(POOL)
     yield pool
     pool.down()
+
+
+# The slowest end-to-end files (CI's "seconds per test file") start first: on two workers
+# (tools/test) the run ends with the short files, not with one worker alone on a long one.
+_SLOWEST_FIRST = ("test_rollout.py", "test_gate.py", "test_firewall_private.py", "test_exact_stack.py",
+                  "test_driver.py", "test_rollout_directions.py", "test_docker_gpu.py", "test_sandbox.py",
+                  "test_tuning.py", "test_rollout_slurm.py", "test_bad_input.py", "test_report.py")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    def rank(item) -> int:
+        name = item.path.name
+        return _SLOWEST_FIRST.index(name) if name in _SLOWEST_FIRST else len(_SLOWEST_FIRST)
+    items.sort(key=rank)   # stable: a file's own tests keep their order
 
 
 # Where the suite's time goes, a line per test file (setup, call and teardown added up): CI's
