@@ -3,7 +3,11 @@
 run (its plan in .gpufleet/factplans/, the same commands the prefetch sends) one by one over
 ssh, with their host-side wall and CPU time, slowest first.
 
-    bench/fact_cost.py HOST_NAME [--pool POOL] [--repeat N]
+    bench/fact_cost.py HOST_NAME [--pool POOL] [--repeat N] [--sections]
+
+--sections: the host CPU (not wall) of each section of the script as the prefetch sends it
+(batches included, one section per batch family), each run --repeat times in a row on the host,
+from the shell's children's CPU ticks in /proc (10 ms a tick: repeat 10 or more).
 
 Needs root (test hosts) and a host of a kept fleet (bench/fleet.py --keep).
 """
@@ -34,6 +38,7 @@ def main() -> int:
     ap.add_argument("host")
     ap.add_argument("--pool", default=os.environ.get("GPUFLEET_BENCH_POOL", "bench-fleet"))
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--sections", action="store_true", help="host CPU of each section of the prefetch script")
     args = ap.parse_args()
     host = next(h for h in testhosts.list_hosts(args.pool) if h.name == args.host)
     plan = factcache.read_plan(factcache.PLAN_DIR / f"{args.host}.json", args.host)
@@ -47,6 +52,8 @@ def main() -> int:
         text = factcache._command_text(fact, json.loads(kwargs_json))
         if text:
             entries.append((cls, kwargs_json, executor_json, fact, text))
+    if args.sections:
+        return sections(host, entries, args.repeat)
     script = "".join(_WRAP.format(text=entry[-1], i=i) for i, entry in enumerate(entries))
     best: dict[int, float] = {}
     for _ in range(args.repeat):
@@ -65,6 +72,30 @@ def main() -> int:
     for i, wall_ms in sorted(best.items(), key=lambda kv: -kv[1]):
         cls, kwargs_json = entries[i][:2]
         print(f"{wall_ms:>8.1f} ms  {cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}({kwargs_json[:40]})")
+    return 0
+
+
+# The children's CPU ticks of this shell (bash), fields 16 and 17 of /proc/PID/stat
+_TICKS = "ct() { read -r -a a < /proc/$$/stat; echo $(( a[15] + a[16] )); }\n"
+_SECTION = "b=$(ct); for r in $(seq {repeat}); do ( {text} ) >/dev/null 2>&1; done; echo \"{i} $(( $(ct) - b ))\"\n"
+
+
+def sections(host, entries: list, repeat: int) -> int:
+    """Print each section's host CPU per run, highest first (the script's own framing aside)."""
+    script = factcache.prefetch_script(entries)
+    names = [f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}({kwargs_json[:40]})"
+             for cls, kwargs_json, *_ in script.single]
+    names += [f"batch {name} ({len(keys)} keys)" for name, keys in script.batch_keys.items()]
+    body = _TICKS + "".join(_SECTION.format(repeat=repeat, text=text, i=i) for i, text in enumerate(script._texts()))
+    whole = shlex.quote(script.text())
+    body += f"b=$(ct); for r in $(seq {repeat}); do sh -c {whole} >/dev/null 2>&1; done; echo \"whole $(( $(ct) - b ))\"\n"
+    out = testhosts.ssh(host, "exec bash -s", input=body, timeout=900).stdout.split("\n")
+    per_run = {key: int(ticks) * 10 / repeat for key, ticks in (line.split() for line in out if line.strip())}
+    whole_ms = per_run.pop("whole")
+    print(f"the prefetch script: {whole_ms:.1f} ms of host CPU a run ({repeat} runs); its {len(names)} sections "
+          f"one by one, {sum(per_run.values()):.1f} ms in all:")
+    for key, ms in sorted(per_run.items(), key=lambda kv: -kv[1]):
+        print(f"{ms:>8.1f} ms  {names[int(key)]}")
     return 0
 
 

@@ -19,7 +19,8 @@ from typing import Literal, NamedTuple
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import JsonMixin, begin, fail, nonblank, opt_int, opt_str, split_sections, with_values
+from ._common import FactParseError, JsonMixin, begin, fail, nonblank, opt_int, opt_str, split_sections, with_values
+from .mig import MigStateData, parse_mig
 
 GpuStatus = Literal["ok", "no-nvidia-smi", "driver-not-loaded", "mismatch", "error"]
 
@@ -42,6 +43,11 @@ GPU_QUERY_FIELDS: tuple[str, ...] = (
     "clocks.max.memory",
     "compute_cap",
 )
+
+# Asked in the same query, after GPU_QUERY_FIELDS, and printed apart in MigState's shape
+# (index, bus id, these): a no-op needs MigState's own nvidia-smi call only when a GPU has MIG
+# on or pending (gpufleet/hostfacts.py mig_state), one nvidia-smi start fewer per run.
+MIG_MODE_FIELDS: tuple[str, ...] = ("mig.mode.current", "mig.mode.pending")
 
 COMPUTE_APPS_FIELDS: tuple[str, ...] = ("pid", "process_name", "used_memory", "gpu_uuid")
 
@@ -143,6 +149,8 @@ class GpuStateData(JsonMixin):
     warnings: list[str] = field(default_factory=list)
     # On a mismatch, newer nvidia-smi prints the user-space NVML version.
     nvml_version: str | None = None
+    # Every GPU's MIG mode (no instances), as MigState's own query reads it; None: not asked.
+    mig_modes: MigStateData | None = None
 
     @property
     def ok(self) -> bool:
@@ -477,11 +485,19 @@ def gpu_state_command(processes: bool = True, static_cache: str = STATIC_CACHE) 
         'if [ -z "$smi" ]; then echo "::gpufleet:: status no-nvidia-smi"; exit 0; fi',
         "t=; if command -v timeout >/dev/null 2>&1; then t='timeout 60'; fi",
         begin("query-gpu"),
-        'q=$($t "$smi" --query-gpu="$gpu_query" --format=csv,noheader,nounits 2>&1)',
+        'q=$($t "$smi" --query-gpu="$gpu_query,$mig_query" --format=csv,noheader,nounits 2>&1)',
         "rc=$?",
+        # the MIG columns go to a section of their own, in MigState's shape; the query-gpu
+        # section (and the static cache's key) stay what they were without them
+        'if [ "$rc" -eq 0 ]; then',
+        "  m=$(printf '%s\\n' \"$q\" | cut -d, -f1,4,$((gpu_columns + 1))-)",
+        "  q=$(printf '%s\\n' \"$q\" | cut -d, -f1-$gpu_columns)",
+        "fi",
         "if [ -n \"$q\" ]; then printf '%s\\n' \"$q\"; fi",
         'echo "::gpufleet:: rc query-gpu $rc"',
         'if [ "$rc" -ne 0 ]; then exit 0; fi',
+        begin("mig-modes"),
+        "printf '%s\\n' \"$m\"",
         _STATIC_PART,
         begin("topology"),
         '$t "$smi" topo -m 2>&1',
@@ -493,7 +509,8 @@ def gpu_state_command(processes: bool = True, static_cache: str = STATIC_CACHE) 
             '$t "$smi" --query-compute-apps="$gpu_apps" --format=csv,noheader,nounits 2>&1',
             'echo "::gpufleet:: rc compute-apps $?"',
         ]
-    return with_values("\n".join([*lines, "exit 0"]), gpu_query=_QUERY, gpu_apps=_APPS, static_cache=static_cache)
+    return with_values("\n".join([*lines, "exit 0"]), gpu_query=_QUERY, gpu_apps=_APPS, static_cache=static_cache,
+                       mig_query=",".join(MIG_MODE_FIELDS), gpu_columns=len(GPU_QUERY_FIELDS))
 
 
 GPU_STATE_COMMAND = gpu_state_command()
@@ -545,6 +562,12 @@ def parse_gpu_state(lines: Sequence[str]) -> GpuStateData:
         "topology": parse_topology,
         "compute-apps": parse_compute_apps,
     }
+    mig_modes = None
+    if "mig-modes" in sections:
+        try:
+            mig_modes = parse_mig(nonblank(sections["mig-modes"]))
+        except FactParseError:  # not in MigState's shape: MigState is asked on its own
+            warnings.append("mig-modes: not in the expected shape")
     for name, parser in parsers.items():
         part_rc = values.get(f"rc {name}")
         if name == "compute-apps" and part_rc is None and name not in sections:
@@ -562,6 +585,7 @@ def parse_gpu_state(lines: Sequence[str]) -> GpuStateData:
         topology=parsed.get("topology", GpuTopology()),  # type: ignore[arg-type]
         processes=parsed.get("compute-apps", []),  # type: ignore[arg-type]
         warnings=warnings,
+        mig_modes=mig_modes,
     )
 
 

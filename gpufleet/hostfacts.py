@@ -47,7 +47,20 @@ def gpu_state(host: Host) -> GpuStateData:
 
 def mig_state(host: Host) -> MigStateData:
     """Every GPU's MIG mode and instances before this run."""
-    return _cached(host, "mig_state", lambda: host.get_fact(MigState))
+    return _cached(host, "mig_state", lambda: mig_from_gpu_state(gpu_state(host)) or host.get_fact(MigState))
+
+
+def mig_from_gpu_state(state: GpuStateData) -> MigStateData | None:
+    """MigState's answer from GpuState's query, or None to ask MigState. MigState's own command
+    queries the same modes and stops there when no GPU has MIG on or pending (nothing else to
+    list), so for such a host GpuState's MIG columns, read in the same nvidia-smi call as the
+    GPUs, are exactly its answer; with MIG on or pending anywhere the instances are asked."""
+    modes = state.mig_modes
+    if not (state.ok and modes is not None and modes.ok and len(modes.gpus) == len(state.gpus)):
+        return None
+    if any("Enabled" in (gpu.current, gpu.pending) for gpu in modes.gpus):
+        return None
+    return modes
 
 
 def driver_state(host: Host) -> DriverStateData:

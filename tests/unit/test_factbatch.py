@@ -54,3 +54,34 @@ def test_only_plain_questions_join_a_batch():
     assert factbatch.family(File, {"path": "/etc/x"}) == "stat"
     assert factbatch.family(File, {"path": "~/x"}) is None
     assert factbatch.family(Sha1File, {"path": "/etc/x"}) == "sha1sum"
+
+
+# `dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\n' bash coreutils libc6
+# nosuch-gpufleet-pkg` on a Debian 12 machine (the unknown name prints nothing on stdout)
+DPKG = ["bash 5.2.15-2+b8 ii ", "coreutils 9.1-1 ii ", "libc6 2.36-9+deb12u14 ii "]
+PACKAGES = ["bash", "coreutils", "libc6", "nosuch-gpufleet-pkg"]
+
+
+@pytest.mark.parametrize("asked", [["bash"], ["libc6", "nosuch-gpufleet-pkg"], ["coreutils", "bash"]])
+def test_package_versions_get_their_own_packages_lines(asked):
+    from gpufleet.facts.packages import PackageVersions
+
+    missing, found = factbatch.split("dpkg-query", PACKAGES, DPKG)
+    known, versions = factbatch.answer(PackageVersions(), asked, missing, found)
+    own = [line for line in DPKG if line.split()[0] in asked]  # what its own dpkg-query prints
+    assert known and versions == PackageVersions().process(
+        ["::gpufleet:: want " + " ".join(asked), "::gpufleet:: begin dpkg", *own])
+    assert set(versions) == set(asked)
+    assert versions.get("nosuch-gpufleet-pkg", "absent") in (None, "absent")
+    assert versions.get("bash", "2") == "2" or versions["bash"] == "5.2.15-2+b8"
+
+
+def test_package_versions_with_an_architecture_or_a_glob_keep_their_own_command():
+    from gpufleet.facts.packages import PackageVersions
+
+    assert factbatch.family(PackageVersions, {"packages": ["bash", "libc6"]}) == "dpkg-query"
+    assert factbatch.family(PackageVersions, {"packages": "bash"}) == "dpkg-query"
+    # dpkg-query prints "libc6 ..." for libc6:amd64, and other names for a glob
+    assert factbatch.family(PackageVersions, {"packages": ["libc6:amd64"]}) is None
+    assert factbatch.family(PackageVersions, {"packages": ["cuda-toolkit-[0-9]*"]}) is None
+    assert factbatch.family(PackageVersions, {"packages": []}) is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 from pyinfra.api import Config, Inventory, State
@@ -124,6 +125,23 @@ def test_file_facts_asked_in_batches_answer_as_pyinfra_does(local, tmp_path):
     # the path with quotes in it, never written to the plan (not a plain argument).
     assert len(calls) == 1 + 4 + 4, calls
     assert sum("quoted" in str(c) for c in calls) == 4
+
+
+@pytest.mark.skipif(not shutil.which("dpkg-query"), reason="needs dpkg-query (Debian)")
+def test_package_versions_asked_in_one_dpkg_query_answer_as_their_own_commands(local):
+    from gpufleet.facts.packages import PackageVersions
+
+    questions = [["bash", "coreutils"], ["libc6", "nosuch-gpufleet-pkg"], ["bash"], "coreutils",
+                 ["cuda-toolkit-[0-9]*", "bash"]]  # the last, with a glob: its own command
+    state, host, calls = local()
+    expected = [get_fact(state, host, PackageVersions, kwargs={"packages": q}) for q in questions]
+    factcache._save_plans()
+
+    state, host, calls = local()  # the next run: one script, one dpkg-query for the plain names
+    answers = [get_fact(state, host, PackageVersions, kwargs={"packages": q}) for q in questions]
+    assert answers == expected
+    assert expected[0]["bash"] and expected[1] == {"libc6": expected[1]["libc6"], "nosuch-gpufleet-pkg": None}
+    assert len(calls) == 1 and str(calls[0]).count("dpkg-query -W") == 2  # the batch's, the glob's own
 
 
 def test_remembered_fact_keys_are_pyinfras_own(local):

@@ -13,12 +13,13 @@ import shutil
 import stat
 import subprocess
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
-from gpufleet.facts.gpu import GPU_QUERY_FIELDS, GpuState, GpuStateData, gpu_state_command
+from gpufleet.facts.gpu import GPU_QUERY_FIELDS, MIG_MODE_FIELDS, GpuState, GpuStateData, gpu_state_command
+from gpufleet.facts.mig import MigGpu, MigState, MigStateData
 from gpufleet.facts.kernel import DriverState
-from gpufleet.facts.mig import MigState
 from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
 from gpufleet.facts.packages import HeldPackages, PackageVersions
 from gpufleet.facts.pci import MellanoxPciDevices, NvidiaPciDevices, PciDevices
@@ -137,15 +138,19 @@ def write_stub(directory: Path, body: str) -> Path:
 
 
 def query_gpu_from_recording(host: str) -> str:
-    """The recorded header-ful CSV cut down to GpuState's fields, units dropped."""
+    """The recorded header-ful CSV cut down to GpuState's fields, units dropped, then the MIG
+    mode columns GpuState asks after them: the current mode from the same CSV, the pending one
+    from the recorded `nvidia-smi -q -x` (the CSV did not ask for it), GPU by GPU."""
     rows = (FIXTURES / host / "query-gpu-csv.txt").read_text().splitlines()
     header = [name.strip().split(" [")[0] for name in rows[0].split(",")]
+    pending = [gpu.findtext("mig_mode/pending_mig") for gpu in
+               ElementTree.parse(FIXTURES / host / "q-xml.txt").getroot().iter("gpu")]
     out = []
-    for row in rows[1:]:
+    for row, mig_pending in zip(rows[1:], pending, strict=True):
         values = dict(zip(header, (value.strip() for value in row.split(","))))
-        out.append(
-            ", ".join(values[f] if f == "name" else values[f].split(" ")[0] for f in GPU_QUERY_FIELDS)
-        )
+        values["mig.mode.pending"] = mig_pending or ""
+        out.append(", ".join(values[f] if f == "name" else values[f].split(" ")[0]
+                             for f in (*GPU_QUERY_FIELDS, *MIG_MODE_FIELDS)))
     return "\n".join(out) + "\n"
 
 
@@ -156,7 +161,7 @@ def stub_env(directory: Path) -> dict[str, str]:
 def test_gpu_state_script_with_recorded_h200_x2_stub(tmp_path):
     host = FIXTURES / "h200-x2"
     (tmp_path / "query.txt").write_text(query_gpu_from_recording("h200-x2"))
-    expected_query = "--query-gpu=" + ",".join(GPU_QUERY_FIELDS) + " --format=csv,noheader,nounits"
+    expected_query = "--query-gpu=" + ",".join((*GPU_QUERY_FIELDS, *MIG_MODE_FIELDS)) + " --format=csv,noheader,nounits"
     stub = write_stub(
         tmp_path / "bin",
         f"""case "$*" in
@@ -178,6 +183,12 @@ esac
     assert state.gpus[0].app_clocks == (3201, 1980)
     assert state.topology.link("GPU0", "GPU1") == "NV18"
     assert 3201 in state.supported_clocks["00000000:00:06.0"]
+    # the MIG modes, in MigState's shape, from the same query (the H200s had MIG off)
+    assert state.mig_modes == MigStateData(ok=True, gpus=(MigGpu(0, "00000000:00:06.0", "Disabled", "Disabled"),
+                                                          MigGpu(1, "00000000:00:07.0", "Disabled", "Disabled")))
+    # what MigState's own query prints there (index, pci.bus_id, the two modes; --format=csv,noheader)
+    assert state.mig_modes == MigState().process(["0, 00000000:00:06.0, Disabled, Disabled",
+                                                  "1, 00000000:00:07.0, Disabled, Disabled"])
 
     # Without the compute processes: one nvidia-smi call fewer, the rest the same, no warning
     # (another nvidia-smi, so the cache below is not used)

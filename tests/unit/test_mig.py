@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet import mig
-from gpufleet.facts.gpu import GpuInfo
+from gpufleet.facts.gpu import GpuInfo, GpuStateData, GpuStatus
 from gpufleet.facts.mig import MigGpu, MigInstance, MigStateData
 from gpufleet.schema import KEYS, BadValue
 
@@ -126,3 +126,28 @@ def test_creation_order_is_one_the_driver_can_place():
     assert mig.creation_order(["1g.18gb", "4g.71gb", "3g.71gb"], profiles) is None   # 8 compute slices of 7
     assert mig.creation_order(["1g.18gb"] * 7, profiles) == ("1g.18gb",) * 7
     assert mig.creation_order(["1g.18gb"] * 8, profiles) is None
+
+
+# --- the no-op's MIG modes from GpuState's query (issue 31) --------------------------------
+
+
+def gpu_state_with(modes: MigStateData | None, count: int = 2, status: GpuStatus = "ok") -> GpuStateData:
+    return GpuStateData(status=status, gpus=[gpu(i) for i in range(count)] if status == "ok" else [], mig_modes=modes)
+
+
+def test_modes_from_gpu_states_query_stand_for_mig_state_only_with_mig_off_everywhere():
+    from gpufleet.hostfacts import mig_from_gpu_state
+
+    no_mig = MigGpu(1, "00000000:00:07.0", None, None)  # a GPU without MIG: N/A
+    both_off = state(off(0), off(1))
+    assert mig_from_gpu_state(gpu_state_with(both_off)) == both_off
+    assert mig_from_gpu_state(gpu_state_with(state(off(0), no_mig))) == state(off(0), no_mig)
+    # MIG on, or pending (on after the next reset), on any GPU: MigState lists the instances
+    assert mig_from_gpu_state(gpu_state_with(state(off(0), MigGpu(1, "00000000:00:07.0", "Enabled", "Enabled")))) is None
+    assert mig_from_gpu_state(gpu_state_with(state(MigGpu(0, "00000000:00:06.0", "Disabled", "Enabled"), off(1)))) is None
+    assert mig_from_gpu_state(gpu_state_with(state(MigGpu(0, "00000000:00:06.0", "Enabled", "Disabled"), off(1)))) is None
+    # not asked (an older answer), not answered, not one line per GPU, or nvidia-smi failed
+    assert mig_from_gpu_state(gpu_state_with(None)) is None
+    assert mig_from_gpu_state(gpu_state_with(MigStateData(ok=False))) is None
+    assert mig_from_gpu_state(gpu_state_with(state(off(0)))) is None
+    assert mig_from_gpu_state(gpu_state_with(both_off, status="mismatch")) is None
