@@ -490,7 +490,7 @@ def gpu_state_command(processes: bool = True, static_cache: str = STATIC_CACHE) 
         # the MIG columns go to a section of their own, in MigState's shape; the query-gpu
         # section (and the static cache's key) stay what they were without them
         'if [ "$rc" -eq 0 ]; then',
-        "  m=$(printf '%s\\n' \"$q\" | cut -d, -f1,4,$((gpu_columns + 1))-)",
+        "  m=$(printf '%s\\n' \"$q\" | cut -d, -f1,$bus_column,$((gpu_columns + 1))-)",
         "  q=$(printf '%s\\n' \"$q\" | cut -d, -f1-$gpu_columns)",
         "fi",
         "if [ -n \"$q\" ]; then printf '%s\\n' \"$q\"; fi",
@@ -510,7 +510,8 @@ def gpu_state_command(processes: bool = True, static_cache: str = STATIC_CACHE) 
             'echo "::gpufleet:: rc compute-apps $?"',
         ]
     return with_values("\n".join([*lines, "exit 0"]), gpu_query=_QUERY, gpu_apps=_APPS, static_cache=static_cache,
-                       mig_query=",".join(MIG_MODE_FIELDS), gpu_columns=len(GPU_QUERY_FIELDS))
+                       mig_query=",".join(MIG_MODE_FIELDS), gpu_columns=len(GPU_QUERY_FIELDS),
+                       bus_column=GPU_QUERY_FIELDS.index("pci.bus_id") + 1)
 
 
 GPU_STATE_COMMAND = gpu_state_command()
