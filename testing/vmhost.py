@@ -194,6 +194,7 @@ def up(pool: str, drives: list[Drive], name: str = "vm1", timeout: float = 300,
     with open(hdir / "qemu.log", "ab") as logf:
         proc = subprocess.Popen(qemu, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
     host.pid = proc.pid
+    _STARTED[proc.pid] = proc
     (hdir / "meta.json").write_text(json.dumps(host.as_dict(), indent=1))
     try:
         _wait_ready(host, timeout)
@@ -210,7 +211,9 @@ def _wait_ready(host: Host, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         if not _alive(host):
-            raise RuntimeError(f"{host.name}: qemu exited: {_tail(vm_dir(host) / 'qemu.log')}")
+            proc = _STARTED.get(host.pid or 0)
+            status = proc.returncode if proc else "?"
+            raise RuntimeError(f"{host.name}: qemu exited (status {status}): {_tail(vm_dir(host) / 'qemu.log')}")
         with contextlib.suppress(subprocess.TimeoutExpired):
             if testhosts.ssh(host, "true", check=False, timeout=10).returncode == 0:
                 break
@@ -257,7 +260,16 @@ def _is_our_qemu(pid: int, hdir: Path) -> bool:
     return cmd.startswith(QEMU.encode()) and str(hdir).encode() in cmd
 
 
+#: qemu processes this process started, by PID. Popen, not /proc/PID/cmdline, says whether
+#: they run: right after Popen returns, exec may not have set the new command line up yet
+#: (an empty cmdline made a booting VM look dead, twice in ten runs), and Popen reaps them.
+_STARTED: dict[int, subprocess.Popen] = {}
+
+
 def _alive(host: Host) -> bool:
+    proc = _STARTED.get(host.pid or 0)
+    if proc is not None:
+        return proc.poll() is None
     return bool(host.pid) and _is_our_qemu(host.pid or 0, vm_dir(host))
 
 
@@ -265,18 +277,22 @@ def stop(host: Host, timeout: float = 10) -> None:
     """Stop the VM by its qemu PID (the guest's disks are files: nothing to flush for a test
     that throws them away) and remove its files."""
     hdir = vm_dir(host)
-    pid = host.pid
-    if pid and _is_our_qemu(pid, hdir):
+    pid = host.pid or 0
+    proc = _STARTED.pop(pid, None)
+
+    def running() -> bool:
+        # started here: Popen knows (and reaps it); else the PID must still be this VM's qemu
+        return proc.poll() is None if proc is not None else _is_our_qemu(pid, hdir)
+
+    if pid and running():
         for sig in (signal.SIGTERM, signal.SIGKILL):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
             deadline = time.monotonic() + timeout
-            while _is_our_qemu(pid, hdir) and time.monotonic() < deadline:
+            while running() and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if not _is_our_qemu(pid, hdir):
+            if not running():
                 break
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)  # started by this process: reap it, leave no zombie
     shutil.rmtree(hdir, ignore_errors=True)
 
 
