@@ -20,7 +20,9 @@ operator runs it: through sudo, tier hgx. In order, on the same VM:
 3. a real reboot (systemctl reboot in the guest; qemu resets the machine, the drives persist):
    the array is assembled again and /scratch mounted from it by systemd's fstab mount (udev
    runs here), with gpufleet-scratch.service after it finding it mounted, not mounting it a
-   second time; a run after it changes nothing. After the VM stops, the ext4 drive's image
+   second time; a run after it changes nothing. (With the unit ordered only after
+   local-fs.target, as it was, the service won the race and systemd's own mount failed,
+   status 32: this test failed on that, measured once.) After the VM stops, the ext4 drive's image
    file is byte-identical (sha256) to what it was before boot.
 """
 from __future__ import annotations
