@@ -12,8 +12,9 @@ between DataLoader workers through /dev/shm.
    drive again right before mkfs and refuses, naming it, one that gained a signature since.
    Mounted with noatime, in /etc/fstab by UUID with nofail; owned by root and the tier's group
    (``storage_scratch_group``), mode 3770 (the group writes, files keep the group, only their
-   owner deletes them). ``gpufleet-scratch.service`` assembles the array and mounts it at boot
-   where fstab did not. An existing scratch is kept as it is, never rebuilt or grown.
+   owner deletes them). At boot systemd's fstab mount mounts it (udev assembles the array);
+   ``gpufleet-scratch.service``, ordered after that mount, assembles and mounts it only where
+   it did not happen (a container without udev, an array udev did not assemble). An existing scratch is kept as it is, never rebuilt or grown.
 2. /dev/shm (``storage_shm_size``: a size such as 64g, a share of RAM such as 50%, or
    unmanaged): remounted now when its size differs, and in /etc/fstab for every boot
    (systemd-remount-fs applies it). Containers get their own /dev/shm (docker_shm_size).
@@ -77,7 +78,8 @@ def _scratch(settings: Any, plan: s.ScratchPlan) -> None:
         ops.mounted(name=f"Mount the scratch at {plan.path}", path=plan.path, is_mounted=plan.mounted)
     files.directory(name=f"Give the scratch to the group {group} (mode {SCRATCH_MODE})", path=plan.path,
                     user="root", group=group, mode=SCRATCH_MODE)
-    context = dict(tier=settings.tier, path=plan.path, md_name=s.MD_NAME if raid else "")
+    context = dict(tier=settings.tier, path=plan.path, md_name=s.MD_NAME if raid else "",
+                   mount_unit=s.mount_unit(plan.path))
     files.put(name="Install the script that mounts the scratch at boot",
               src=StringIO(render("usr/local/sbin/gpufleet-scratch-mount.j2", **context)), dest=SCRATCH_SCRIPT,
               mode="755")

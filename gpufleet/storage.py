@@ -105,6 +105,21 @@ class ScratchPlan:
         return "no scratch filesystem"
 
 
+def mount_unit(path: str) -> str:
+    """systemd's name for the mount unit of `path` (as `systemd-escape --path --suffix=mount`):
+    /scratch -> scratch.mount, /mnt/fast-nvme -> mnt-fast\\x2dnvme.mount."""
+    text = "/".join(part for part in path.split("/") if part)
+    out = []
+    for i, char in enumerate(text):
+        if char == "/":
+            out.append("-")
+        elif char.isascii() and (char.isalnum() or char in ":_.") and not (i == 0 and char == "."):
+            out.append(char)
+        else:
+            out.append(f"\\x{ord(char):02x}")
+    return "".join(out) + ".mount"
+
+
 def _existing(devices: BlockDevicesData, path: str) -> tuple[BlockDevice | None, BlockDevice | None]:
     """(what is mounted at path, gpufleet's scratch filesystem wherever it is)."""
     mounted = ours = None
@@ -190,13 +205,17 @@ _FACTOR = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def shm_bytes(setting: str, memory_kib: int | None) -> int | None:
-    """The size tmpfs gives /dev/shm for `size=<setting>` (whole pages; a percentage of RAM as
-    the kernel counts it: MemTotal in pages x N / 100); None when it cannot be known."""
+    """The size tmpfs gives /dev/shm for `size=<setting>` (whole pages, rounded UP as mm/shmem.c
+    does; a percentage of RAM as the kernel counts it: N x PAGE x MemTotal in pages / 100 bytes,
+    then rounded up to pages); None when it cannot be known. Rounded down, a host whose page
+    count x N is not a multiple of 100 (the VM test host: 374511 pages, 50% = 187255.5)
+    remounted /dev/shm at every run after a boot had applied fstab's size."""
     percent = re.fullmatch(r"(\d{1,3})%", setting)
     if percent:
         if memory_kib is None:
             return None
-        return (memory_kib * 1024 // PAGE) * int(percent[1]) // 100 * PAGE
+        size = int(percent[1]) * PAGE * (memory_kib * 1024 // PAGE) // 100
+        return -(-size // PAGE) * PAGE
     match = re.fullmatch(r"(\d+)([kmgtKMGT]?)", setting)
     if not match:
         raise ValueError(f"not a tmpfs size: {setting!r}")

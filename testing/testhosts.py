@@ -756,6 +756,9 @@ def down(pool: str | None = DEFAULT_POOL) -> int:
         for hdir in (pool_dir(p) / "hosts").glob("*"):
             if not (hdir / "meta.json").exists():
                 hosts.append(Host(name=hdir.name, address="", release="", gpu=None, pool=p, ssh_key=""))
+    # VM test hosts (testing/vmhost.py) of the same pools: stopped by their qemu PIDs.
+    from testing import vmhost
+    vms = sum(vmhost.down(p) for p in pools)
     # Ask all to halt at once (each takes ~2 s), then make sure.
     for host in hosts:
         if host.pid and _alive(host.pid) and _is_launcher(host.pid):
@@ -781,7 +784,7 @@ def down(pool: str | None = DEFAULT_POOL) -> int:
     if NSPAWN_RUNTIME_MARK.exists() and not list_hosts(None) and _is_mountpoint(NSPAWN_RUNTIME):
         if run(["umount", str(NSPAWN_RUNTIME)], check=False).returncode == 0:
             NSPAWN_RUNTIME_MARK.unlink(missing_ok=True)
-    return len(hosts)
+    return len(hosts) + vms
 
 
 def stop(host: Host, timeout: float = 15) -> None:
@@ -865,7 +868,8 @@ def _leftovers() -> list[str]:
             if cmd.startswith(b"systemd-nspawn") and str(STATE_ROOT).encode() in cmd:
                 shown = cmd.replace(b"\0", b" ").decode(errors="replace")[:80]
                 found.append(f"process {proc.name} {shown}")
-    return found
+    from testing import vmhost
+    return found + vmhost.leftovers()
 
 
 # --------------------------------------------------------------------------------------------

@@ -176,6 +176,12 @@ def test_shm_size_is_computed_as_tmpfs_does():
     assert s.plan_shm("64g", shm, 24683664).remount
     assert s.shm_bytes("64g", None) == 64 << 30 and s.shm_bytes("100000", None) == 102400
     assert s.plan_shm("unmanaged", ShmData(), None) == s.ShmPlan("unmanaged")
+    # recorded on the VM test host (testing/vmhost.py) after a boot applied fstab's size=50%:
+    # MemTotal 1498044 kB (374511 pages), findmnt size=749024k: tmpfs rounds the half page UP
+    # (the kernel's default size, without size=, is 187255 pages: totalram / 2 rounded down)
+    assert s.shm_bytes("50%", 1498044) == 749024 * 1024 == 187256 * 4096
+    assert not s.plan_shm("50%", ShmData("tmpfs", 187256 * 4096, ()), 1498044).remount
+    assert s.plan_shm("50%", ShmData("tmpfs", 187255 * 4096, ()), 1498044).remount
     with pytest.raises(Refusal, match="not a tmpfs"):
         s.plan_shm("50%", ShmData(), 1)
 
@@ -249,3 +255,26 @@ def test_bad_values_are_refused_with_what_is_allowed(key, value, problem):
 ])
 def test_good_values_pass(key, value):
     assert KEYS[key].validate(value) == (tuple(value) if isinstance(value, list) else value)
+
+
+@pytest.mark.parametrize(("path", "unit"), [
+    ("/scratch", "scratch.mount"),
+    ("/mnt/fast-nvme", "mnt-fast\\x2dnvme.mount"),  # as `systemd-escape --path --suffix=mount` says
+    ("/data/a+b@c/", "data-a\\x2bb\\x40c.mount"),
+    ("/x.y", "x.y.mount"),
+])
+def test_mount_unit_is_systemds_name_for_the_path(path, unit):
+    assert s.mount_unit(path) == unit
+
+
+def test_the_boot_unit_runs_after_systemds_own_mount_of_the_scratch():
+    """On a host with udev, systemd's fstab mount and gpufleet-scratch.service would otherwise
+    race to mount the same path (tests/e2e/test_storage_raid.py boots one and checks)."""
+    from gpufleet.rendering import render
+    unit = render("etc/systemd/system/gpufleet-scratch.service.j2", tier="hgx", path="/mnt/fast-nvme",
+                  md_name=s.MD_NAME, mount_unit=s.mount_unit("/mnt/fast-nvme"))
+    assert "After=local-fs.target mnt-fast\\x2dnvme.mount\n" in unit
+    script = render("usr/local/sbin/gpufleet-scratch-mount.j2", tier="hgx")
+    assert script.rstrip().endswith('mount "$path" && exit 0\n'
+                                     '# mounted meanwhile by another path (systemd\'s fstab mount): not an error, '
+                                     'and not mounted twice\nmountpoint -q "$path"')
