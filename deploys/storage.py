@@ -15,6 +15,9 @@ between DataLoader workers through /dev/shm.
    owner deletes them). At boot systemd's fstab mount mounts it (udev assembles the array);
    ``gpufleet-scratch.service``, ordered after that mount, assembles and mounts it only where
    it did not happen (a container without udev, an array udev did not assemble). An existing scratch is kept as it is, never rebuilt or grown.
+   A changed ``storage_scratch_path`` moves it: mounted at the new path, fstab's line moved (not
+   a second one); the old path stays mounted, since jobs may hold files there, until the
+   operator unmounts it or the host reboots, which the run says at its end.
 2. /dev/shm (``storage_shm_size``: a size such as 64g, a share of RAM such as 50%, or
    unmanaged): remounted now when its size differs, and in /etc/fstab for every boot
    (systemd-remount-fs applies it). Containers get their own /dev/shm (docker_shm_size).
@@ -28,7 +31,7 @@ import re
 from io import StringIO
 from typing import Any
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.facts.server import Groups
 from pyinfra.operations import apt, files, server, systemd
@@ -38,6 +41,7 @@ from gpufleet.facts.storage import ShmSize
 from gpufleet.failures import refuse
 from gpufleet.hostfacts import block_devices, resources
 from gpufleet.rendering import render
+from gpufleet.run_summary import SUMMARY
 from gpufleet.settings import host_settings
 from gpufleet.operations import storage as ops
 from gpufleet.operations.daemon_reload import reload_when
@@ -53,9 +57,19 @@ def _fstab_regex(path: str) -> str:
     return "^[^#[:space:]]+[[:space:]]+" + re.escape(path) + "[[:space:]]"
 
 
+def _scratch_fstab_regex(path: str, uuid: str) -> str:
+    """fstab's line for the scratch: the one at `path`, or the one of its UUID at another path
+    (storage_scratch_path changed), which then becomes the line at `path`, not a second one."""
+    return f"^(UUID={re.escape(uuid)}[[:space:]]|[^#[:space:]]+[[:space:]]+{re.escape(path)}[[:space:]])"
+
+
 def _scratch(settings: Any, plan: s.ScratchPlan) -> None:
     for note in plan.notes:
         say(f"storage_scratch: {note}")
+    if plan.also_mounted:  # said now and at the end of the run: the operator has a step to take
+        SUMMARY.scratch_moved[host.name] = f"still mounted at {', '.join(plan.also_mounted)} (now {plan.path})"
+        for old in plan.also_mounted:
+            logger.warning(f"{host.print_prefix}storage_scratch: {s.moved_note(plan.devices[0], old, plan.path)}")
     if plan.action == s.NOTHING:
         if settings.storage_scratch == "none":
             host.noop("storage_scratch: none: no scratch filesystem")
@@ -73,7 +87,7 @@ def _scratch(settings: Any, plan: s.ScratchPlan) -> None:
     else:
         assert plan.uuid
         files.line(name=f"Mount the scratch at {plan.path} by UUID at every boot (/etc/fstab)", path="/etc/fstab",
-                   line=_fstab_regex(plan.path), extended_regex=True,
+                   line=_scratch_fstab_regex(plan.path, plan.uuid), extended_regex=True,
                    replace=f"UUID={plan.uuid} {plan.path} xfs {s.MOUNT_OPTIONS} 0 0")
         ops.mounted(name=f"Mount the scratch at {plan.path}", path=plan.path, is_mounted=plan.mounted)
     files.directory(name=f"Give the scratch to the group {group} (mode {SCRATCH_MODE})", path=plan.path,

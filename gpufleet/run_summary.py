@@ -41,6 +41,8 @@ class RunSummary:
     mig_reboot: dict[str, str] = field(default_factory=dict)
     #: host name -> the tuning_profiling setting the loaded nvidia module does not have yet (next boot)
     profiling_pending: dict[str, str] = field(default_factory=dict)
+    #: host name -> the old mount points of a scratch that moved (storage_scratch_path), left mounted
+    scratch_moved: dict[str, str] = field(default_factory=dict)
 
     def pending(self, name: str) -> list[str]:
         """What all.py leaves alone on this host: drift all the same, each for tools/rollout."""
@@ -52,7 +54,8 @@ class RunSummary:
     def forget(self, name: str) -> None:
         """Drop every record of one host (a test's observation, taken)."""
         for records in (self.driver_pending, self.stack_pending, self.stack_by_hand, self.needs_reboot,
-                        self.docker_pending, self.mig_pending, self.mig_reboot, self.profiling_pending):
+                        self.docker_pending, self.mig_pending, self.mig_reboot, self.profiling_pending,
+                        self.scratch_moved):
             records.pop(name, None)
         self.busy_at_reboot.discard(name)
 
@@ -82,6 +85,9 @@ class RunSummary:
             _section(self.profiling_pending, str,
                      "with GPU profiling PENDING (the nvidia module gets it at its next load; deploys/all.py does "
                      "not reboot for it): reboot them through the gate: tools/rollout INVENTORY"),
+            _section(self.scratch_moved, str,
+                     "whose scratch MOVED (storage_scratch_path) and is STILL MOUNTED at the old path too (jobs may "
+                     "use it; gpufleet does not unmount it): unmount it once nothing uses it, or reboot:"),
         ))
 
 

@@ -88,6 +88,7 @@ class ScratchPlan:
     uuid: str | None = None  # KEEP: the filesystem's UUID
     mounted: bool = False  # KEEP: mounted at path now
     notes: tuple[str, ...] = field(default_factory=tuple)  # drives left alone, and why
+    also_mounted: tuple[str, ...] = ()  # KEEP: old mount points (storage_scratch_path changed), left mounted
 
     @property
     def layout(self) -> str:
@@ -132,6 +133,13 @@ def _existing(devices: BlockDevicesData, path: str) -> tuple[BlockDevice | None,
     return mounted, ours
 
 
+def moved_note(device: str, old: str, path: str) -> str:
+    """storage_scratch_path changed under a mounted scratch: the old mount is left to the operator,
+    since jobs may hold files there (unmounted, their writes would land on the root disk)."""
+    return (f"{device} is still mounted at {old} too: the scratch moved to {path} (storage_scratch_path); "
+            f"unmount {old} once nothing uses it, or reboot: from the next boot it is mounted at {path} only")
+
+
 def plan_scratch(setting: str, wanted: Any, path: str, devices: BlockDevicesData) -> ScratchPlan:
     """The scratch plan for one host (see the module's docstring). `wanted`: storage_scratch_devices
     (``auto`` or a tuple of device paths)."""
@@ -148,8 +156,9 @@ def plan_scratch(setting: str, wanted: Any, path: str, devices: BlockDevicesData
         if not uuid:
             raise Refusal("storage_scratch", f"gpufleet's scratch filesystem on {ours.path} shows no UUID",
                           "none, or repair it by hand")
-        notes = _beside(devices, wanted, ours)
-        return ScratchPlan(KEEP, path, (ours.path,), uuid, mounted is not None, notes)
+        also = tuple(old for old in ours.mountpoints if old != path)
+        notes = _beside(devices, wanted, ours) + tuple(moved_note(ours.path, old, path) for old in also)
+        return ScratchPlan(KEEP, path, (ours.path,), uuid, mounted is not None, notes, also)
     chosen, notes = _candidates(devices, wanted)
     if not chosen:
         return ScratchPlan(NOTHING, path, notes=notes + ("no blank local NVMe drive: no scratch filesystem made",))

@@ -76,11 +76,12 @@ def scratch_filesystem(path: str, label: str, md_name: str, options: str,
 
 @operation()
 def mounted(path: str, is_mounted: bool) -> Generator[StringCommand, None, None]:
-    """Mount `path` as /etc/fstab says, unless it was mounted when planned."""
+    """Mount `path` as /etc/fstab says, unless it was mounted when planned. The mount point is
+    made first: after storage_scratch_path changed, the new path does not exist yet."""
     if is_mounted:
         host.noop(f"{path} is mounted")
         return
-    yield StringCommand("mount", QuoteString(path))
+    yield StringCommand("mkdir", "-p", "--", QuoteString(path), "&&", "mount", "--", QuoteString(path))
 
 
 @operation()

@@ -94,10 +94,11 @@ def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool
         deploy.write_text(DEPLOY)
         sh(host, "useradd -m -G users alice && useradd -m bob")  # bob: a second user, not in the group
 
-        def inventory(devices):
+        def inventory(devices, path="/scratch"):
             return write_inventory(tmp_path_factory.mktemp("inv") / "inventory.py", [host],
                                    data={host.name: {**HGX, "validate_os_release": "debian-12",
-                                                     "storage_scratch_devices": devices}})
+                                                     "storage_scratch_devices": devices,
+                                                     "storage_scratch_path": path}})
 
         def blank_now(device: str) -> bool:
             return testhosts.ssh(host, f"blkid -p {device}", check=False).returncode == 2
@@ -172,6 +173,32 @@ def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool
         assert storage_lines()[0] == (f"[FAIL] storage: the local scratch is mounted where the tier says: gpufleet's "
                                       f"scratch on {blank} is not mounted at /scratch -> fix: run deploys/all.py "
                                       f"(it mounts it); if a drive failed, see dmesg and mdadm --detail {blank}")
+
+        # 4. storage_scratch_path changed while /scratch is mounted (and may be in use): mounted at
+        # /data now, fstab's line moved (not a second one), /scratch left mounted and said; from
+        # the next boot /data only; each second run changes nothing
+        sh(host, "mount /scratch")
+        moved = inventory([blank], "/data")
+        run = pyinfra(moved, str(deploy))
+        assert run.returncode == 0, run.output
+        assert f"{blank} is still mounted at /scratch too: the scratch moved to /data" in run.output, run.output
+
+        def mounts() -> dict[str, str]:
+            return dict(line.split() for line in sh(host, "findmnt -n -l -o TARGET,SOURCE -t xfs").splitlines())
+
+        def scratch_fstab() -> list[list[str]]:
+            return [line.split() for line in sh(host, "cat /etc/fstab").splitlines() if line.startswith("UUID=" + uuid)]
+
+        assert mounts() == {"/scratch": blank, "/data": blank}
+        assert scratch_fstab() == [["UUID=" + uuid, "/data", "xfs", "noatime,nofail", "0", "0"]]
+        assert sh(host, "stat -c '%U %G %a' /data").split() == ["root", "users", "3770"]
+        assert sh(host, "cat /data/a").strip() == "x"
+        assert changed_operations(pyinfra(moved, str(deploy))) == []
+        testhosts.reboot(host)
+        assert mounts() == {"/data": blank}
+        assert scratch_fstab() == [["UUID=" + uuid, "/data", "xfs", "noatime,nofail", "0", "0"]]
+        assert changed_operations(pyinfra(moved, str(deploy))) == []
+        assert _sha256(data) == data_hash
     finally:
         testhosts.stop(host)
     print(f"test_storage: {time.monotonic() - t0:.0f} s")

@@ -50,6 +50,17 @@ def test_profiling_pending_is_said_with_the_way_through_the_gate_and_forgotten_p
     assert s.report() == ""
 
 
+def test_a_moved_scratch_still_mounted_at_the_old_path_is_said_with_what_to_do():
+    s = RunSummary()
+    s.scratch_moved["gpu-g07"] = "still mounted at /scratch (now /data)"
+    text = s.report()
+    assert "1 host(s) whose scratch MOVED (storage_scratch_path) and is STILL MOUNTED at the old path" in text
+    assert "unmount it once nothing uses it, or reboot" in text
+    assert "    gpu-g07: still mounted at /scratch (now /data)" in text
+    s.forget("gpu-g07")
+    assert s.report() == ""
+
+
 def test_no_deploy_hooks_the_exit_and_nobody_reads_sys_modules_but_pyinfra_private():
     found = []
     for top in ("deploys", "operations", "facts", "gpufleet"):

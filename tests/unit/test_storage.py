@@ -123,7 +123,13 @@ def test_the_existing_scratch_is_kept_mounted_or_not():
     # the recorded XFS loop carries gpufleet's label too, not mounted: kept, to be mounted
     plan = s.plan_scratch("auto", "auto", "/scratch", recorded("lsblk-probe-nspawn-loop-xfs.txt"))
     assert (plan.action, plan.mounted) == (s.KEEP, False)
-    # mounted at another path: that path gets nothing of it, and it is not reformatted either
+    # storage_scratch_path changed: the same filesystem, kept, to be mounted at the new path;
+    # the old mount stays (jobs may use it) and the plan says how it goes
+    plan = s.plan_scratch("auto", ("/dev/loop0",), "/data", mounted)
+    assert (plan.action, plan.path, plan.uuid, plan.mounted) == (
+        s.KEEP, "/data", "0d485266-04d3-424a-8b42-bbb17499422c", False)
+    assert [n for n in plan.notes if "still mounted at /scratch too" in n and "moved to /data" in n]
+    # without gpufleet's label, a filesystem mounted elsewhere is not ours: nothing is taken
     with pytest.raises(Refusal, match="storage_scratch_devices"):
         s.plan_scratch("auto", ("/dev/loop0",), "/data", replace(mounted, devices=tuple(
             replace(d, found=tuple(kv for kv in d.found if kv[0] != "LABEL")) for d in mounted.devices)))
