@@ -29,6 +29,7 @@ operator runs it: through sudo, tier hgx. In order, on the same host:
 from __future__ import annotations
 
 import hashlib
+import os
 import shlex
 import subprocess
 import textwrap
@@ -55,9 +56,10 @@ DEPLOY = textwrap.dedent("""\
 SIZE = 320 << 20  # mkfs.xfs (xfsprogs 6) wants at least 300 MB
 
 
-def _sha256(device: str) -> str:
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The sha256 of a file or a block device, read whole (a drive must come out byte-identical)."""
     digest = hashlib.sha256()
-    with open(device, "rb") as fh:
+    with open(path, "rb") as fh:
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
@@ -86,7 +88,7 @@ def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool
                                                                          monkeypatch):
     blank, data = drives
     monkeypatch.setenv("GPUFLEET_VALIDATE_PROBE", "0")  # the gate below: no DCGM or performance probe
-    data_hash = _sha256(data)
+    data_hash = file_sha256(data)
     t0 = time.monotonic()
     (host,) = testhosts.up(1, pool=hostpool.pool, devices=[blank, data])
     try:
@@ -109,7 +111,7 @@ def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool
         assert (f"[{host.name}] refused (storage_scratch_devices): {data} is not blank: carries a signature (ext4); "
                 "gpufleet never formats a drive that holds data") in run.output, run.output
         assert blank_now(blank) and not sh(host, "findmnt -n /scratch; true").strip()
-        assert _sha256(data) == data_hash
+        assert file_sha256(data) == data_hash
         # ... and the format command itself, given the drive as if it gained ext4 after planning
         # (with the blank one first), refuses on the host, naming it, before touching either
         sh(host, "apt-get install -y -q --no-install-recommends xfsprogs >/dev/null")
@@ -118,7 +120,7 @@ def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool
         refused = testhosts.ssh(host, script, check=False)
         assert refused.returncode == storage_ops.REFUSED_EXIT, refused
         assert refused.stderr.startswith(f"{storage_ops.REFUSED_MARK} {data} is not blank now (blkid -p exit 0: "), refused
-        assert blank_now(blank) and _sha256(data) == data_hash
+        assert blank_now(blank) and file_sha256(data) == data_hash
 
         # 2. the blank drive: XFS at /scratch, group users, fstab by UUID; /dev/shm half of RAM.
         # The mount point was made by hand already, with the right owner: the new filesystem's
@@ -157,7 +159,7 @@ def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool
         check_mounted()
         assert sh(host, "cat /scratch/a").strip() == "x"
         assert changed_operations(pyinfra(inv, str(deploy))) == []
-        assert _sha256(data) == data_hash
+        assert file_sha256(data) == data_hash
 
         # the gate reads the same plan from the host as it is: passes, then fails once unmounted
         def storage_lines() -> list[str]:
@@ -198,7 +200,7 @@ def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool
         assert mounts() == {"/data": blank}
         assert scratch_fstab() == [["UUID=" + uuid, "/data", "xfs", "noatime,nofail", "0", "0"]]
         assert changed_operations(pyinfra(moved, str(deploy))) == []
-        assert _sha256(data) == data_hash
+        assert file_sha256(data) == data_hash
     finally:
         testhosts.stop(host)
     print(f"test_storage: {time.monotonic() - t0:.0f} s")

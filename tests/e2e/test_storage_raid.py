@@ -27,10 +27,8 @@ operator runs it: through sudo, tier hgx. In order, on the same VM:
 """
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
-import textwrap
 import time
 
 import pytest
@@ -38,29 +36,14 @@ import pytest
 from testing import testhosts, vmhost
 from testing.inventory import write_inventory
 from tests.e2e.pyinfra_cli import changed_operations, pyinfra
+from tests.e2e.test_storage import DEPLOY, file_sha256
 from tests.e2e.test_tuning import HGX, sh
 
 pytestmark = [pytest.mark.e2e]
 
-DEPLOY = textwrap.dedent("""\
-    from pyinfra import state
-    from gpufleet.deploys.storage import storage
-    from gpufleet.settings import validate_inventory
-
-    validate_inventory(state.inventory)
-    storage()
-    """)
 SIZE = 320 << 20  # mkfs.xfs (xfsprogs 6) wants at least 300 MB; RAID0 of two: 640 MB
 SERIALS = ("gfscratch0", "gfscratch1", "gfdata")
 MD = "/dev/md/gpufleet-scratch"
-
-
-def _sha256(path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @pytest.fixture
@@ -91,7 +74,7 @@ def vm(hostpool, tmp_path):
 def test_raid0_scratch_on_two_blank_nvme_drives_survives_reboot(vm, tmp_path_factory):
     host, drives = vm
     t0 = time.monotonic()
-    data_hash = _sha256(drives[2].image)
+    data_hash = file_sha256(drives[2].image)
     by_serial = dict(line.split() for line in sh(host, "lsblk -dn -o SERIAL,PATH").splitlines()
                      if len(line.split()) == 2)  # the root disk (virtio) has no serial
     blank0, blank1, data = (by_serial[s] for s in SERIALS)
@@ -173,4 +156,4 @@ def test_raid0_scratch_on_two_blank_nvme_drives_survives_reboot(vm, tmp_path_fac
     assert changed_operations(pyinfra(inv, str(deploy))) == []
     print(f"test_storage_raid: test body {time.monotonic() - t0:.0f} s")
     vmhost.stop(host)
-    assert _sha256(drives[2].image) == data_hash
+    assert file_sha256(drives[2].image) == data_hash
