@@ -216,21 +216,18 @@ def explicit_data(host: Any) -> dict[str, Any]:
     return merged
 
 
-def _name(text: Any) -> str:
-    """A host or key name as it may appear in a one-line message (newlines and the like escaped)."""
+def _name(text: Any, limit: int = 80) -> str:
+    """A host or key name as it may appear in a one-line message (newlines and the like escaped,
+    longer than `limit` shortened)."""
     text = str(text)
-    if len(text) > 80:
-        return show(text, limit=80)
+    if len(text) > limit:
+        return show(text, limit=limit)
     return text if all(32 <= ord(c) < 127 for c in text) else repr(text)[1:-1]
 
 
-def _path(text: Any) -> str:
-    """The inventory file's path in a message: whole, as the operator needs it to find the file
-    (escaped like a name; only a path longer than any real one, 4096 bytes, is shortened)."""
-    text = str(text)
-    if len(text) > 4096:
-        return show(text, limit=4096)
-    return text if all(32 <= ord(c) < 127 for c in text) else repr(text)[1:-1]
+#: an inventory file's path is named whole, as the operator needs it to find the file: only a
+#: path longer than any real one (PATH_MAX) is shortened
+_PATH_LIMIT = 4096
 
 
 def _line(host: str, key: str, problem: str, allowed: str) -> str:
@@ -522,7 +519,7 @@ def _file_problems(source: Path | str | None, inventory: Any) -> list[str]:
                 continue
             if target.id in KEYS or isinstance(getattr(node, "value", None), _LITERAL_DATA):
                 problems.append(
-                    f"inventory {_path(source)}: key '{_name(target.id)}': top-level data that pyinfra ignores "
+                    f"inventory {_name(source, _PATH_LIMIT)}: key '{_name(target.id)}': top-level data that pyinfra ignores "
                     "(only lists of hosts and (hosts, data) tuples are read); allowed: settings in a group's or "
                     "a host's data, or in group_data/all.py")
     return problems
