@@ -48,19 +48,26 @@ _HASH_TOOLS_BY_NAME = {tool: tool for tool in _HASH_TOOLS.values()}
 _PLAIN_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]{0,255}")
 
 
+# The families whose facts ask about names (units, packages), and the argument that holds them
+_NAMES_ARGUMENT = {"systemctl": "services", "dpkg-query": "packages"}
+
+
+def _names(value: Any) -> Any:
+    """A fact's names argument as a list: one name may be given as a string."""
+    return [value] if isinstance(value, str) else value
+
+
 def family(cls: type, kwargs: dict[str, Any]) -> str | None:
     """The batch a fact asked with these arguments can join, or None to run it on its own."""
     if cls in (pyinfra_systemd.SystemdStatus, pyinfra_systemd.SystemdEnabled):
-        services = kwargs.get("services")
         plain = not kwargs.get("user_mode") and kwargs.get("machine") is None and kwargs.get("user_name") is None
-        names = [services] if isinstance(services, str) else services
+        names = _names(kwargs.get("services"))
         if plain and isinstance(names, list) and names and all(
                 isinstance(n, str) and n and "*" not in n and "\n" not in n for n in names):
             return "systemctl"
         return None
     if cls is PackageVersions:
-        packages = kwargs.get("packages")
-        names = [packages] if isinstance(packages, str) else packages
+        names = _names(kwargs.get("packages"))
         if set(kwargs) == {"packages"} and isinstance(names, list) and names and all(
                 isinstance(n, str) and _PLAIN_PACKAGE.fullmatch(n) for n in names):
             return "dpkg-query"
@@ -75,13 +82,9 @@ def family(cls: type, kwargs: dict[str, Any]) -> str | None:
 
 
 def keys(name: str, kwargs: dict[str, Any]) -> list[str]:
-    """What one fact of family `name` asks about: its path, or its units."""
-    if name == "systemctl":
-        services = kwargs["services"]
-        return [services] if isinstance(services, str) else list(services)
-    if name == "dpkg-query":
-        packages = kwargs["packages"]
-        return [packages] if isinstance(packages, str) else list(packages)
+    """What one fact of family `name` asks about: its path, or its units or packages."""
+    if name in _NAMES_ARGUMENT:
+        return list(_names(kwargs[_NAMES_ARGUMENT[name]]))
     return [kwargs["path"]]
 
 
