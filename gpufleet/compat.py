@@ -12,8 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
+from . import yamlload
 from .errors import CompatDataError
 from .versions import is_version, parse
 
@@ -258,11 +257,11 @@ def _from_mapping(data: Mapping[str, Any]) -> CompatData:
 def load_compat_file(path: Path | str) -> CompatData:
     """Parse a compat.yaml at ``path`` (tests use this for variant data)."""
     with open(path, encoding="utf-8") as handle:
-        return _from_mapping(yaml.safe_load(handle))
+        return _from_mapping(yamlload.safe_load(handle))
 
 
 @lru_cache(maxsize=1)
 def compat_data() -> CompatData:
     """The packaged compatibility data, parsed once per process."""
     text = resources.files("gpufleet").joinpath("data/compat.yaml").read_text(encoding="utf-8")
-    return _from_mapping(yaml.safe_load(text))
+    return _from_mapping(yamlload.safe_load(text))

@@ -14,8 +14,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-import yaml
-
+from gpufleet import yamlload
 from gpufleet.facts.dcgm_diag import DcgmDiagData, DiagResult, DiagWarning
 from gpufleet.facts.health import GpuHealthData, GpuHealthReading
 
@@ -129,7 +128,7 @@ def rules_from(doc: Any) -> HealthRules:
 @cache
 def health_rules() -> HealthRules:
     text = resources.files("gpufleet").joinpath("data/health.yaml").read_text(encoding="utf-8")
-    return rules_from(yaml.safe_load(text))
+    return rules_from(yamlload.safe_load(text))
 
 
 def _found(rules: HealthRules, check: str, **values: Any) -> Finding:

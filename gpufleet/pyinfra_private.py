@@ -39,9 +39,10 @@ VERIFIED_CONNECTORS: tuple[str, ...] = ("ssh", "local")
 # decorator, not its module). available() is False unless all of them are present.
 REQUIRED: dict[str, tuple[str, ...]] = {
     "pyinfra.api.facts": ("_get_fact", "_handle_fact_kwargs", "_make_command",
-                          "_MISSING_COMMAND_MARKER", "all_global_arguments"),
-    "pyinfra.api.arguments": ("all_global_arguments", "CONNECTOR_ARGUMENT_KEYS"),
-    "pyinfra.api.operation": ("get_operation_order_from_stack",),
+                          "_MISSING_COMMAND_MARKER", "all_global_arguments", "pop_global_arguments"),
+    "pyinfra.api.arguments": ("all_global_arguments", "CONNECTOR_ARGUMENT_KEYS", "pop_global_arguments"),
+    "pyinfra.api.deploy": ("pop_global_arguments",),
+    "pyinfra.api.operation": ("get_operation_order_from_stack", "pop_global_arguments"),
     "pyinfra.api.util": ("get_operation_order_from_stack", "PYINFRA_INSTALL_DIR"),
     "pyinfra.facts.files": ("LINUX_STAT_COMMAND",),
 }
@@ -209,6 +210,13 @@ def original_all_global_arguments() -> Callable[[], list[tuple[str, type]]]:
     return fn
 
 
+@lru_cache(maxsize=1)
+def original_pop_global_arguments() -> Callable[..., Any]:
+    """pyinfra.api.arguments.pop_global_arguments (that module's name is never replaced)."""
+    fn: Callable[..., Any] = _get("pyinfra.api.arguments", "pop_global_arguments")
+    return fn
+
+
 def planned_change(operation_meta: Any) -> bool:
     """Whether planning found that an operation would change its host, as `pyinfra --dry`
     prints it (OperationMeta._maybe_is_change; the public will_change would run the
@@ -254,14 +262,19 @@ def _replace(path: str, name: str, new: Any, key: str) -> None:
 
 
 def patch_planning(operation_order: Callable[[Any], list[int]],
-                   global_arguments: Callable[[], list[tuple[str, type]]]) -> bool:
-    """Put gpufleet/speedups.py's two functions where pyinfra looks them up."""
+                   global_arguments: Callable[[], list[tuple[str, type]]],
+                   pop_arguments: Callable[..., Any]) -> bool:
+    """Put gpufleet/speedups.py's functions where pyinfra looks them up. pop_global_arguments
+    is replaced where it is called (operations, facts, deploys), not in pyinfra.api.arguments,
+    whose own is what the replacement calls."""
     if not usable():
         return False
     _ORIGINALS.setdefault("all_global_arguments", _get("pyinfra.api.arguments", "all_global_arguments"))
     _replace("pyinfra.api.operation", "get_operation_order_from_stack", operation_order, "order")
     _replace("pyinfra.api.arguments", "all_global_arguments", global_arguments, "all_global_arguments")
     _replace("pyinfra.api.facts", "all_global_arguments", global_arguments, "facts.all_global_arguments")
+    for path in ("pyinfra.api.operation", "pyinfra.api.facts", "pyinfra.api.deploy"):
+        _replace(path, "pop_global_arguments", pop_arguments, f"{path}.pop_global_arguments")
     return True
 
 

@@ -20,8 +20,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping, Sequence
 
-import yaml
-
+from . import yamlload
 from .compat import UNVERIFIED, CompatData, compat_data
 from .errors import CompatDataError, Incompatible
 from .gpus import GpuModel
@@ -120,7 +119,7 @@ def parse_pytorch(raw: Mapping[str, Any], data: CompatData | None = None) -> Pyt
 def pytorch_data() -> PytorchData:
     """The packaged PyTorch wheel data, parsed once per process."""
     text = resources.files("gpufleet").joinpath("data/compat.yaml").read_text(encoding="utf-8")
-    return parse_pytorch(yaml.safe_load(text))
+    return parse_pytorch(yamlload.safe_load(text))
 
 
 @lru_cache(maxsize=1)
@@ -129,7 +128,7 @@ def unverified_releases() -> tuple[str, ...]:
     per process, as pytorch_data(): the grammar asks for every host, and parsing compat.yaml
     took a third of a second each time."""
     text = resources.files("gpufleet").joinpath("data/compat.yaml").read_text(encoding="utf-8")
-    releases = (yaml.safe_load(text).get("pytorch") or {}).get("releases") or {}
+    releases = (yamlload.safe_load(text).get("pytorch") or {}).get("releases") or {}
     return tuple(v for v, info in releases.items() if info.get("status") == UNVERIFIED)
 
 

@@ -1,5 +1,6 @@
-"""Two exact replacements for pyinfra 3 planning hot spots, measured with py-spy on a 20-host
-no-op run of deploys/all.py (bench/fleet.py), where they took over half the controller's CPU:
+"""Exact replacements for pyinfra 3 planning hot spots, measured with py-spy on a 20-host
+no-op run of deploys/all.py (bench/fleet.py), where the first two took over half the
+controller's CPU, and with bench/controller.py's profile, where the third took a third of it:
 
 - `get_operation_order_from_stack` builds each operation's order key from `inspect.stack()`,
   which reads the source file of every frame for context lines it then throws away
@@ -7,14 +8,22 @@ no-op run of deploys/all.py (bench/fleet.py), where they took over half the cont
   line number are used, and both are on the frame itself.
 - `all_global_arguments` calls `typing.get_type_hints(AllArguments)` anew for every operation
   and every fact (1.2 s); the class never changes during a run, so it is computed once.
+- `pop_global_arguments`, once per operation, fact and deploy call, looks each of the 32 global
+  arguments up in `host.data`, and every lookup calls each of the host's five data sources
+  again (override, host, groups, inventory, @deploy data): `get_groups_data` merges the
+  groups' dicts anew each time. 95 calls per host in a no-op, 300,000 lookups for 100 hosts:
+  4.2 of 12 s under the profiler. The replacement runs pyinfra's own function over a view of
+  the host whose data reads each source once per call, in pyinfra's order, with the same
+  copy() of each value.
 
-Both return exactly what the originals return (tests/unit/test_speedups.py compares them);
+All three return exactly what the originals return (tests/unit/test_speedups.py compares them);
 install() swaps them in where pyinfra looks them up, through gpufleet/pyinfra_private.py (only on
 a pyinfra release and connectors they were verified with).
 """
 from __future__ import annotations
 
 import sys
+from copy import copy
 from functools import lru_cache
 from types import FrameType
 from typing import Any
@@ -63,6 +72,45 @@ def all_global_arguments() -> list[tuple[str, type]]:
     return list(_global_arguments())
 
 
+class _DataReadOnce:
+    """host.data for one pop_global_arguments call, which asks it for the global arguments
+    only: each source evaluated once, and each global argument they have set as an attribute
+    up front, from the first source that has it, shallow-copied (HostData.__getattr__'s order
+    and copy). A missing one is a plain missing attribute: getattr's default, no exception."""
+
+    def __init__(self, sources: tuple[Any, ...]) -> None:
+        found = [source() if callable(source) else source for source in sources]
+        for key, _ in _global_arguments():
+            for source in found:
+                if key in source:
+                    self.__dict__[key] = copy(source[key])
+                    break
+
+
+class _HostView:
+    """The host as pop_global_arguments sees it: the same host, its data read once. A view, not
+    a change to the host: another greenlet never sees it."""
+
+    __slots__ = ("_host", "data")
+
+    def __init__(self, host: Any, sources: tuple[Any, ...]) -> None:
+        self._host = host
+        self.data = _DataReadOnce(sources)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._host, name)
+
+
+def pop_global_arguments(state: Any, host: Any, kwargs: dict[str, Any]) -> Any:
+    """pyinfra.api.arguments.pop_global_arguments over _HostView(host)."""
+    original = pyinfra_private.original_pop_global_arguments()
+    # HostData keeps its sources in its own __dict__; without them, pyinfra's path as it is
+    sources = vars(host.data).get("datas") if hasattr(host, "data") else None
+    if not isinstance(sources, tuple):
+        return original(state, host, kwargs)
+    return original(state, _HostView(host, sources), kwargs)
+
+
 # The releases these were compared with: pyinfra_private.VERIFIED_PYINFRA (one gate for all).
 VERIFIED_PYINFRA = pyinfra_private.VERIFIED_PYINFRA
 
@@ -72,4 +120,4 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    pyinfra_private.patch_planning(operation_order_from_stack, all_global_arguments)
+    pyinfra_private.patch_planning(operation_order_from_stack, all_global_arguments, pop_global_arguments)

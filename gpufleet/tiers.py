@@ -7,8 +7,7 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Any, Mapping
 
-import yaml
-
+from . import yamlload
 from .errors import CompatDataError
 
 SUPPORTED_SCHEMA = 1
@@ -21,7 +20,7 @@ def _freeze(data: Mapping[str, Any]) -> Mapping[str, Any]:
 @lru_cache(maxsize=1)
 def _load() -> tuple[Mapping[str, Any], Mapping[str, Mapping[str, Any]]]:
     text = resources.files("gpufleet").joinpath("data/tiers.yaml").read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
+    data = yamlload.safe_load(text)
     if data.get("schema_version") != SUPPORTED_SCHEMA:
         raise CompatDataError(f"tiers.yaml: schema_version {data.get('schema_version')!r}; allowed: {SUPPORTED_SCHEMA}")
     defaults = data.get("defaults") or {}

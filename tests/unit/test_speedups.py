@@ -69,3 +69,80 @@ def test_pinned_to_the_pyinfra_release_it_was_compared_with():
     # Failing here means pyinfra was upgraded: re-run this file against the new release and
     # add it to VERIFIED_PYINFRA (until then the speed-ups stay off, pyinfra's own code runs).
     assert version("pyinfra").startswith(speedups.VERIFIED_PYINFRA)
+
+
+# -- pop_global_arguments: pyinfra's own function, the host's data read once per call ---------
+
+def _fleet():
+    from pyinfra.api import Config, Inventory, State
+
+    inventory = Inventory(
+        ([("web1", {"_sudo": True, "_env": {"A": "host"}, "tier": "research"}),
+          ("web2", {"_sudo_user": "gpu"}), ("web3", {})],
+         {"_retries": 2, "_env": {"A": "global"}}),
+        gpus=(["web1", "web2"], {"_sudo": False, "_shell_executable": "bash", "_env": {"A": "gpus"}}),
+        late=(["web2"], {"_shell_executable": "dash"}),
+    )
+    return inventory, State(inventory, Config(SUDO_PASSWORD=None))
+
+
+def _both(state, host, kwargs):
+    original = pyinfra_arguments.pop_global_arguments
+    mine, theirs = dict(kwargs), dict(kwargs)
+    return speedups.pop_global_arguments(state, host, mine), mine, original(state, host, theirs), theirs
+
+
+@pytest.mark.parametrize("name", ["web1", "web2", "web3"])
+@pytest.mark.parametrize("kwargs", [{}, {"_sudo": False, "path": "/x"}, {"_env": {"B": "op"}, "_retries": 5}])
+@pytest.mark.parametrize("deploy", [None, ({"_sudo_user": "deployer", "_if": []}, {"_shell_executable": "zsh"})])
+@pytest.mark.parametrize("override", [{}, {"_retries": 9, "_sudo": True}])
+def test_pop_global_arguments_matches_pyinfra(name, kwargs, deploy, override):
+    from contextlib import nullcontext
+
+    inventory, state = _fleet()
+    host = inventory.get_host(name)
+    for key, value in override.items():
+        setattr(host.data, key, value)  # `host.data.x = ...` in a deploy: the override layer
+    scope = host.deploy("d", *deploy) if deploy else nullcontext()
+    with scope:
+        mine, my_left, theirs, their_left = _both(state, host, kwargs)
+    assert mine == theirs and my_left == their_left  # the arguments, the keys found, what is left
+    assert my_left == {k: v for k, v in kwargs.items() if not k.startswith("_")}
+
+
+def test_pop_global_arguments_copies_what_it_hands_out():
+    inventory, state = _fleet()
+    host = inventory.get_host("web1")
+    arguments, _ = speedups.pop_global_arguments(state, host, {})
+    assert arguments["_env"] == {"A": "host"}
+    arguments["_env"]["A"] = "changed"  # a shallow copy, as HostData gives: the host keeps its own
+    assert host.data._env == {"A": "host"}
+    assert speedups.pop_global_arguments(state, host, {})[0]["_env"] == {"A": "host"}
+
+
+def test_pop_global_arguments_reads_each_data_source_once_per_call():
+    inventory, state = _fleet()
+    host = inventory.get_host("web2")
+    calls = []
+    counted = inventory.get_groups_data
+
+    def counting(groups):
+        calls.append(1)
+        return counted(groups)
+
+    inventory.get_groups_data = counting
+    speedups.pop_global_arguments(state, host, {})
+    assert len(calls) == 1
+    calls.clear()
+    pyinfra_arguments.pop_global_arguments(state, host, {})
+    assert len(calls) > 20  # pyinfra's own: once per global argument the earlier layers lack
+
+
+def test_install_replaces_pop_global_arguments_where_it_is_called():
+    import importlib
+
+    speedups.install()
+    for path in ("pyinfra.api.operation", "pyinfra.api.facts", "pyinfra.api.deploy"):
+        assert importlib.import_module(path).pop_global_arguments is speedups.pop_global_arguments
+    # pyinfra's own stays in its module: the replacement calls it
+    assert pyinfra_arguments.pop_global_arguments is not speedups.pop_global_arguments
