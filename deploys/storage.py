@@ -64,12 +64,14 @@ def _scratch_fstab_regex(path: str, uuid: str) -> str:
 
 
 def _scratch(settings: Any, plan: s.ScratchPlan) -> None:
+    moved = tuple(s.moved_note(plan.devices[0], old, plan.path) for old in plan.also_mounted)
     for note in plan.notes:
-        say(f"storage_scratch: {note}")
+        if note not in moved:  # those are warnings (below), not said a second time under -v
+            say(f"storage_scratch: {note}")
     if plan.also_mounted:  # said now and at the end of the run: the operator has a step to take
         SUMMARY.scratch_moved[host.name] = f"still mounted at {', '.join(plan.also_mounted)} (now {plan.path})"
-        for old in plan.also_mounted:
-            logger.warning(f"{host.print_prefix}storage_scratch: {s.moved_note(plan.devices[0], old, plan.path)}")
+        for note in moved:
+            logger.warning(f"{host.print_prefix}storage_scratch: {note}")
     if plan.action == s.NOTHING:
         if settings.storage_scratch == "none":
             host.noop("storage_scratch: none: no scratch filesystem")
