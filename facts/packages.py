@@ -312,6 +312,17 @@ def toolkit_components(entries: dict[str, tuple[str, str, str]], metas: Iterable
     return out
 
 
+#: StackPackages' format for the components of a toolkit: package, version, status, Depends
+COMPONENTS_FORMAT = r"${Package}\t${Version}\t${db:Status-Abbrev}\t${Depends}\n"
+
+
+def stack_component_patterns(packages: Sequence[str]) -> list[str]:
+    """The dpkg-query patterns StackPackages asks with its packages' Depends: the -X-Y components
+    of every toolkit meta package among ``packages`` and the Nsight releases ([]: no toolkit)."""
+    suffixes = sorted({m.group(1) for m in map(TOOLKIT.match, packages) if m})
+    return [*component_globs(suffixes), *NSIGHT_GLOBS] if suffixes else []
+
+
 class StackPackages(FactBase[StackPackagesData]):
     """
     The installed versions of the CUDA toolkit and cuDNN packages (one dpkg-query call, as
@@ -334,13 +345,12 @@ class StackPackages(FactBase[StackPackagesData]):
     def command(self, packages: Sequence[str]) -> str:
         parts = [PackageVersions().command(packages), begin("record"),
                  with_values('cat "$record" 2>/dev/null || true', record=STACK_RECORD)]
-        suffixes = sorted({m.group(1) for m in map(TOOLKIT.match, packages) if m})
-        if suffixes:
+        components = stack_component_patterns(packages)
+        if components:
             # the installed packages of each toolkit's -X-Y with their Depends: process() walks them
             parts += [begin("components"), " ".join([
                 "if command -v dpkg-query >/dev/null 2>&1; then dpkg-query -W",
-                "-f=" + shlex.quote(r"${Package}\t${Version}\t${db:Status-Abbrev}\t${Depends}\n"),
-                quoted_package_names([*component_globs(suffixes), *NSIGHT_GLOBS], globs=True),
+                "-f=" + shlex.quote(COMPONENTS_FORMAT), quoted_package_names(components, globs=True),
                 "2>/dev/null || true; fi"])]
         return "; ".join(parts)
 

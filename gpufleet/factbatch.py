@@ -16,13 +16,30 @@ The same holds for pyinfra's SystemdStatus and SystemdEnabled (every systemd.ser
 each a `systemctl show` of its own): one `systemctl show` with both properties for all units,
 whose blocks come back one per unit in argument order, each handed to the asking fact.
 
-And for gpufleet's PackageVersions asked with plain package names (a no-op asks it five times,
-each a `dpkg-query` that parses dpkg's whole status file: about 4 ms of host CPU a call): one
-`dpkg-query` over every name asked, in the fact's own format; each fact is handed its own want
-line and the lines dpkg-query printed for its names (dpkg-query prints a line per package, the
-name first; filtering by it gives what the fact's own call prints, in the same order per name).
-Names with an architecture (`foo:amd64`) or a glob print lines that do not start with the name
-asked: those facts keep their own command.
+And for the facts that read dpkg's database (a no-op asks PackageVersions five times,
+StackPackages, HeldPackages and pyinfra's DebPackages, `dpkg -l`: each a `dpkg-query` that
+parses dpkg's whole status file, about 4-8 ms of host CPU a call): one fixed `dpkg-query -W '*'`
+(no name from a plan on its command line) prints every package dpkg knows, installed or not,
+with its status, names, version and Depends, and each fact is handed what its own command would
+have printed, built from those rows, to its own process() (dpkg 1.19-1.23, src/query/main.c):
+
+- `dpkg-query -W NAMES...` (PackageVersions, StackPackages): the rows of the packages a name
+  equals or a glob matches (fnmatch on the package name, every architecture), each once, in
+  dpkg's order: the order `'*'` prints them in. Globs are taken only in a small grammar whose
+  Python match is fnmatch's (letters, digits, + . -, `*`, `?`, ascending [a-z] [0-9] ranges);
+  others keep their own command;
+- `dpkg-query -W` with no name (HeldPackages) and `dpkg -l` (DebPackages): the rows whose
+  status is not not-installed, as both list them; `dpkg -l`'s row is its first four columns
+  (status, name with its architecture where dpkg shows one, version), all pyinfra's pattern
+  reads, and the row of an installed package without a version (`<none>`, translated) is left
+  to its own command;
+- StackPackages' record file is read in the same section, after the rows.
+
+Anything the section cannot vouch for, a row not of the expected shape, dpkg-query failing,
+no `dpkg` for `dpkg -l`, no dpkg-query for HeldPackages (its own command then asks apt-mark),
+leaves those facts to their own commands. `dpkg --audit` (PackageChange) reads more than the
+status file (each package's .list and .md5sums files, the database lock) and keeps its own
+command; so does DriverState's script, whose package list is one part of a larger answer.
 """
 from __future__ import annotations
 
@@ -33,9 +50,12 @@ from typing import Any
 from pyinfra.facts import files as pyinfra_files
 from pyinfra.facts import systemd as pyinfra_systemd
 
+from pyinfra.facts import deb as pyinfra_deb
+
 from gpufleet import pyinfra_private
 from gpufleet.facts._common import MARK, with_values
-from gpufleet.facts.packages import DPKG_FORMAT, PackageVersions
+from gpufleet.facts.packages import (STACK_RECORD, HeldPackages, PackageVersions, StackPackages,
+                                     stack_component_patterns)
 
 _PATH = "::gpufleet-path::"
 _MISSING = "::gpufleet-missing::"
@@ -44,12 +64,38 @@ _MISSING = "::gpufleet-missing::"
 _STAT_FORMAT = (shlex.split(pyinfra_private.linux_stat_command()) + ["", "", ""])[2]
 _HASH_TOOLS: dict[type, str] = {pyinfra_files.Sha1File: "sha1sum", pyinfra_files.Sha256File: "sha256sum"}
 _HASH_TOOLS_BY_NAME = {tool: tool for tool in _HASH_TOOLS.values()}
-# A package name dpkg-query prints as asked (${Package}): no architecture, no glob
+# A package name as dpkg-query is asked it: no architecture, no glob
 _PLAIN_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]{0,255}")
+# A glob whose fnmatch (dpkg's, flags 0) is the regular expression _glob_regex() makes of it: a
+# name's characters, * and ?, and bracket sets of those characters and ascending ranges of digits
+# or of lower-case letters (no negation, no backslash, no - alone in a set)
+_GLOB = re.compile(r"[a-z0-9](?:[a-z0-9+.*?-]|\[(?:[0-9]-[0-9]|[a-z]-[a-z]|[a-z0-9+.])+\]){0,255}")
+_GLOB_PART = re.compile(r"\[([^]]+)\]|\*|\?|[a-z0-9+.-]")
 
 
 # The families whose facts ask about names (units, packages), and the argument that holds them
-_NAMES_ARGUMENT = {"systemctl": "services", "dpkg-query": "packages"}
+_NAMES_ARGUMENT = {"systemctl": "services", "dpkg": "packages"}
+_DPKG_LISTS = (HeldPackages, pyinfra_deb.DebPackages)  # facts without arguments, reading all packages
+
+
+def _glob_regex(spec: str) -> re.Pattern[str] | None:
+    """The package names `spec` stands for to dpkg-query (a name, or a glob of _GLOB), as a
+    regular expression; None when it is outside that grammar (its fact keeps its own command)."""
+    if _PLAIN_PACKAGE.fullmatch(spec):
+        return re.compile(re.escape(spec))
+    if not _GLOB.fullmatch(spec):
+        return None
+    parts = []
+    for match in _GLOB_PART.finditer(spec):
+        token, bracket = match.group(0), match.group(1)
+        if bracket is not None:
+            ranges = re.findall(r"(.)-(.)|(.)", bracket)
+            if any(low and low > high for low, high, _ in ranges):
+                return None
+            parts.append("[" + "".join(f"{low}-{high}" if low else re.escape(one) for low, high, one in ranges) + "]")
+        else:
+            parts.append({"*": ".*", "?": "."}.get(token, re.escape(token)))
+    return re.compile("".join(parts), re.DOTALL)
 
 
 def _names(value: Any) -> Any:
@@ -66,11 +112,14 @@ def family(cls: type, kwargs: dict[str, Any]) -> str | None:
                 isinstance(n, str) and n and "*" not in n and "\n" not in n for n in names):
             return "systemctl"
         return None
-    if cls is PackageVersions:
-        names = _names(kwargs.get("packages"))
+    if cls in _DPKG_LISTS:
+        return "dpkg" if not kwargs else None
+    if cls in (PackageVersions, StackPackages):
+        # StackPackages reads a string's characters as names for its toolkits: a list only
+        names = _names(kwargs.get("packages")) if cls is PackageVersions else kwargs.get("packages")
         if set(kwargs) == {"packages"} and isinstance(names, list) and names and all(
-                isinstance(n, str) and _PLAIN_PACKAGE.fullmatch(n) for n in names):
-            return "dpkg-query"
+                isinstance(n, str) and _glob_regex(n) is not None for n in names):
+            return "dpkg"
         return None
     path = kwargs.get("path")
     if set(kwargs) != {"path"} or not isinstance(path, str) or not path.startswith("/") \
@@ -84,7 +133,7 @@ def family(cls: type, kwargs: dict[str, Any]) -> str | None:
 def keys(name: str, kwargs: dict[str, Any]) -> list[str]:
     """What one fact of family `name` asks about: its path, or its units or packages."""
     if name in _NAMES_ARGUMENT:
-        return list(_names(kwargs[_NAMES_ARGUMENT[name]]))
+        return list(_names(kwargs.get(_NAMES_ARGUMENT[name], [])))
     return [kwargs["path"]]
 
 
@@ -94,8 +143,8 @@ def command(name: str, paths: list[str]) -> str:
     args = " ".join(["set --", *(shlex.quote(p) for p in paths)])  # the paths, each one quoted word
     if name == "systemctl":
         return args + "\n" + _SYSTEMCTL
-    if name == "dpkg-query":
-        return args + "\n" + with_values(_DPKG_QUERY, fmt=DPKG_FORMAT)
+    if name == "dpkg":  # every package: the names are picked on the controller
+        return with_values(_DPKG_ALL, mark=_DPKG_MARK, fmt=_DPKG_ROW_FORMAT, record=STACK_RECORD)
     script = _MISSING_LOOP + (_STAT if name == "stat" else _HASH)
     return args + "\n" + with_values(script, missing=_MISSING, fmt=_PATH + "%n\\n" + _STAT_FORMAT + "\\n",
                                      tool=_HASH_TOOLS_BY_NAME.get(name, "false"))
@@ -103,8 +152,18 @@ def command(name: str, paths: list[str]) -> str:
 
 # The fixed scripts of command(): the paths (units) are "$@".
 _SYSTEMCTL = 'systemctl show --all --property Id --property SubState --property UnitFileState -- "$@"'
-# PackageVersions' own call, for all names at once (no dpkg-query: no lines, every name None)
-_DPKG_QUERY = 'if command -v dpkg-query >/dev/null 2>&1; then dpkg-query -W -f="$fmt" "$@" 2>/dev/null; fi; true'
+# Every package dpkg knows ('*': installed or not, as a name or glob asked prints them), its
+# status and exit status, whether `dpkg` is there, then StackPackages' record file
+_DPKG_ALL = ('if command -v dpkg-query >/dev/null 2>&1; then echo "${mark}rows"; '
+             'dpkg-query -W -f="$fmt" \'*\' 2>/dev/null; echo "${mark}status $?"; '
+             'if command -v dpkg >/dev/null 2>&1; then echo "${mark}dpkg"; fi; fi; '
+             'echo "${mark}record"; cat "$record" 2>/dev/null; echo "${mark}end"')
+_DPKG_MARK = "::gpufleet-dpkg::"
+# status (want, state, error: 'ii ', 'hi ', 'un ', 'rc ', 'iUR'), name, name as `dpkg -l` shows it
+# (with its architecture for Multi-Arch: same and foreign ones), version, Depends
+_DPKG_ROW_FORMAT = r"${db:Status-Abbrev}\t${Package}\t${binary:Package}\t${Version}\t${Depends}\n"
+_DPKG_ROW = re.compile(r"([uihrp][ncHUFWti][ R])\t([a-z0-9][a-z0-9+._-]{0,255})\t(\2(?::[a-z0-9-]{1,64})?)"
+                       r"\t([^\t\s]{0,256})\t([^\t]*)")
 _MISSING_LOOP = 'for p in "$@"; do [ -e "$p" ] || [ -L "$p" ] || echo "$missing$p"; done; '
 _STAT = 'stat --printf "$fmt" -- "$@" 2>/dev/null; true'
 _HASH = '"$tool" -- "$@" 2>/dev/null; true'
@@ -124,13 +183,8 @@ def split(name: str, paths: list[str], lines: list[str]) -> tuple[set[str], dict
         blocks = [b for b in blocks if b]
         if len(blocks) == len(paths):  # one block per unit, in order; otherwise trust none
             found = dict(zip(paths, blocks))
-    elif name == "dpkg-query":
-        asked = set(paths)
-        found = {package: [] for package in paths}
-        for line in lines:
-            package = line.split(" ", 1)[0]
-            if package in asked:
-                found[package].append(line)
+    elif name == "dpkg":
+        found = _dpkg_split(lines)
     elif name == "stat":
         current = None
         for line in lines:
@@ -152,15 +206,82 @@ def answer(fact: Any, asked: list[str], missing: set[str], found: dict[str, list
     when pyinfra must ask it itself."""
     if len(asked) == 1 and asked[0] in missing:
         return True, fact.default()
-    if isinstance(fact, PackageVersions):
-        if not all(key in found for key in asked):
-            return False, None
-        # what its own command prints: the names asked, then dpkg-query's lines for them
-        return True, fact.process([" ".join([MARK + " want", *asked]), MARK + " begin dpkg",
-                                   *(line for key in dict.fromkeys(asked) for line in found[key])])
+    if isinstance(fact, (PackageVersions, StackPackages, *_DPKG_LISTS)):
+        output = _dpkg_output(fact, asked, found)
+        return (False, None) if output is None else (True, fact.process(output))
     if all(key in found for key in asked):
         lines: list[str] = []
         for key in asked:
             lines += [*found[key], ""]  # blocks apart, as systemctl show prints them
         return True, fact.process(lines[:-1])
     return False, None
+
+
+def _dpkg_split(lines: list[str]) -> dict[str, list[str]]:
+    """The dpkg section's parts: "rows" (each checked), "record" (StackPackages' record file, when
+    it ended in a newline), "dpkg" (present when `dpkg` is), "no dpkg-query" (present when it is
+    not); no rows when dpkg-query failed or printed a row of another shape."""
+    found: dict[str, list[str]] = {}
+    try:
+        record = lines.index(_DPKG_MARK + "record")
+    except ValueError:
+        return found
+    if lines[-1:] == [_DPKG_MARK + "end"]:
+        found["record"] = lines[record + 1:-1]
+    if lines[:1] != [_DPKG_MARK + "rows"]:
+        found["no dpkg-query"] = []
+        return found
+    rows, rest = lines[1:record], []
+    for at, line in enumerate(rows):
+        if line.startswith(_DPKG_MARK):
+            rows, rest = rows[:at], rows[at:]
+            break
+    if rest[:1] != [_DPKG_MARK + "status 0"] or rest[1:] not in ([], [_DPKG_MARK + "dpkg"]):
+        return found  # dpkg-query failed (or listed nothing: it then says so with status 1)
+    if not all(_DPKG_ROW.fullmatch(row) for row in rows):
+        return found
+    found["rows"] = rows
+    if rest[1:]:
+        found["dpkg"] = []
+    return found
+
+
+def _dpkg_output(fact: Any, asked: list[str], found: dict[str, list[str]]) -> list[str] | None:
+    """What the fact's own command would have printed, from the dpkg section's rows (None: ask
+    it with its own command)."""
+    if "rows" not in found and "no dpkg-query" not in found:
+        return None   # dpkg-query failed, or printed what the section cannot vouch for
+    rows = [row.split("\t") for row in found.get("rows", [])]
+    if isinstance(fact, HeldPackages):
+        if "rows" not in found:
+            return None   # without dpkg-query its own command asks apt-mark
+        # `dpkg-query -W -f='${db:Status-Want} ${Package}\n' | sed -n 's/^hold //p'`
+        return [name for status, name, *_ in rows if status[1] != "n" and status[0] == "h"]
+    if isinstance(fact, pyinfra_deb.DebPackages):
+        if "rows" not in found or "dpkg" not in found:
+            return None
+        listed = [(status, shown, version) for status, _, shown, version, _ in rows if status[1] != "n"]
+        if any(status[:2] in ("ii", "hi") and not version for status, _, version in listed):
+            return None   # `<none>` (translated) in dpkg -l: left to its own command
+        # dpkg -l's first columns: what pyinfra's pattern reads (^[i|h]i\s+name:?arch\s+version.+$)
+        return [f"{status} {shown} {version} -" for status, shown, version in listed]
+    specs = [_glob_regex(spec) for spec in asked]
+    if any(spec is None for spec in specs):
+        return None
+
+    def matching(patterns: list[re.Pattern[str] | None]) -> list[list[str]]:
+        return [row for row in rows if any(p is not None and p.fullmatch(row[1]) for p in patterns)]
+
+    # PackageVersions' own output: the names it echoes, then dpkg-query's lines in DPKG_FORMAT
+    output = [" ".join([MARK + " want", *(n for n in asked if not set("*?[") & set(n))]), MARK + " begin dpkg",
+              *(f"{name} {version} {status}" for status, name, _, version, _ in matching(specs))]
+    if isinstance(fact, StackPackages):
+        if "record" not in found:
+            return None
+        output += [MARK + " begin record", *found["record"]]
+        components = stack_component_patterns(asked)
+        if components:
+            output += [MARK + " begin components",
+                       *(f"{name}\t{version}\t{status}\t{depends}"
+                         for status, name, _, version, depends in matching([_glob_regex(c) for c in components]))]
+    return output

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from testing import testhosts
+
 pytestmark = [pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,6 +33,7 @@ from pyinfra.facts import deb, files, server, systemd
 
 from gpufleet import factcache, pyinfra_private
 from gpufleet.facts.gpu import GpuState
+from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages
 from gpufleet.facts.ssh import SshdVersion
 from gpufleet.facts.system import OsRelease
 
@@ -51,6 +54,9 @@ QUESTIONS = [
     (systemd.SystemdEnabled, {"services": ["systemd-journald.service", "no-such-unit.service"]}),
     (deb.DebPackages, {}), (deb.DebPackage, {"package": "openssh-server"}), (server.Arch, {}), (server.Os, {}),
     (OsRelease, {}), (SshdVersion, {}), (GpuState, {}),
+    # gpufleet's facts that read dpkg's database: with DebPackages, one dpkg-query in the prefetch
+    (HeldPackages, {}), (PackageVersions, {"packages": ["openssh-server", "nosuch-gpufleet-pkg", "libc[0-9]*"]}),
+    (PackageVersions, {"packages": "sudo"}), (StackPackages, {"packages": ["openssh-server", "lib*"]}),
 ]
 inventory = Inventory(([(name, data)], {}))
 state = State(inventory, Config())
@@ -82,6 +88,8 @@ def _ask(mode: str, host, plans: Path) -> dict:
 @pytest.fixture(scope="module")
 def answers(hostpool, tmp_path_factory):
     host = hostpool.get("pyinfra-private", 1)[0]
+    # a package on hold, for HeldPackages and DebPackages' "hi" to have one
+    testhosts.ssh(host, "apt-mark hold openssh-server >/dev/null")
     plans = tmp_path_factory.mktemp("plans")
     _ask("off", host, tmp_path_factory.mktemp("unused"))  # every file read once: atimes settle
     got = {"off": _ask("off", host, tmp_path_factory.mktemp("unused")),

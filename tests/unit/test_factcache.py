@@ -128,20 +128,30 @@ def test_file_facts_asked_in_batches_answer_as_pyinfra_does(local, tmp_path):
 
 
 @pytest.mark.skipif(not shutil.which("dpkg-query"), reason="needs dpkg-query (Debian)")
-def test_package_versions_asked_in_one_dpkg_query_answer_as_their_own_commands(local):
-    from gpufleet.facts.packages import PackageVersions
+def test_the_facts_reading_dpkg_asked_in_one_dpkg_query_answer_as_their_own_commands(local):
+    """This machine's own dpkg database, read by each fact's own command in the first run and by
+    the prefetch's one `dpkg-query -W '*'` in the next."""
+    from pyinfra.facts.deb import DebPackages
 
-    questions = [["bash", "coreutils"], ["libc6", "nosuch-gpufleet-pkg"], ["bash"], "coreutils",
-                 ["cuda-toolkit-[0-9]*", "bash"]]  # the last, with a glob: its own command
+    from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages
+
+    questions = [(PackageVersions, {"packages": q}) for q in (
+        ["bash", "coreutils"], ["libc6", "nosuch-gpufleet-pkg"], ["bash"], "coreutils",
+        ["cuda-toolkit-[0-9]*", "bash"], ["lib*", "python3-[a-m]*"], ["bas[h-]"])]  # the last: its own command
+    questions += [(StackPackages, {"packages": ["cuda-toolkit-13-0", "libcudnn[0-9]*", "libc6"]}),
+                  (StackPackages, {"packages": ["libc6", "lib*"]}), (HeldPackages, {}), (DebPackages, {})]
     state, host, calls = local()
-    expected = [get_fact(state, host, PackageVersions, kwargs={"packages": q}) for q in questions]
+    expected = [get_fact(state, host, cls, kwargs=kwargs) for cls, kwargs in questions]
+    assert len(calls) == len(questions)
     factcache._save_plans()
 
-    state, host, calls = local()  # the next run: one script, one dpkg-query for the plain names
-    answers = [get_fact(state, host, PackageVersions, kwargs={"packages": q}) for q in questions]
+    state, host, calls = local()  # the next run: one script, one dpkg-query for all but one
+    answers = [get_fact(state, host, cls, kwargs=kwargs) for cls, kwargs in questions]
     assert answers == expected
     assert expected[0]["bash"] and expected[1] == {"libc6": expected[1]["libc6"], "nosuch-gpufleet-pkg": None}
-    assert len(calls) == 1 and str(calls[0]).count("dpkg-query -W") == 2  # the batch's, the glob's own
+    assert expected[-1]["bash"] and len(expected[5]) > 10
+    assert len(calls) == 1 and str(calls[0]).count("dpkg-query -W") == 2, calls  # the batch's, bas[h-]'s own
+    assert "dpkg -l" not in str(calls[0]) and "sed -n" not in str(calls[0])
 
 
 def test_remembered_fact_keys_are_pyinfras_own(local):
