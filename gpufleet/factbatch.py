@@ -47,10 +47,9 @@ import re
 import shlex
 from typing import Any
 
+from pyinfra.facts import deb as pyinfra_deb
 from pyinfra.facts import files as pyinfra_files
 from pyinfra.facts import systemd as pyinfra_systemd
-
-from pyinfra.facts import deb as pyinfra_deb
 
 from gpufleet import pyinfra_private
 from gpufleet.facts._common import MARK, with_values
