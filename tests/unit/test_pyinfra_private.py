@@ -63,6 +63,8 @@ before = {
     "_get_fact": facts_mod._get_fact, "facts.all_global_arguments": facts_mod.all_global_arguments,
     "arguments.all_global_arguments": modules["pyinfra.api.arguments"].all_global_arguments,
     "get_operation_order_from_stack": modules["pyinfra.api.operation"].get_operation_order_from_stack,
+    "operation.pop_global_arguments": modules["pyinfra.api.operation"].pop_global_arguments,
+    "facts.pop_global_arguments": facts_mod.pop_global_arguments,
     "run_shell_command": Host.run_shell_command, "put_file": Host.put_file,
 }
 inventory = Inventory(([("@local", {})], {}))
@@ -76,6 +78,8 @@ after = {
     "_get_fact": facts_mod._get_fact, "facts.all_global_arguments": facts_mod.all_global_arguments,
     "arguments.all_global_arguments": modules["pyinfra.api.arguments"].all_global_arguments,
     "get_operation_order_from_stack": modules["pyinfra.api.operation"].get_operation_order_from_stack,
+    "operation.pop_global_arguments": modules["pyinfra.api.operation"].pop_global_arguments,
+    "facts.pop_global_arguments": facts_mod.pop_global_arguments,
     "run_shell_command": Host.run_shell_command, "put_file": Host.put_file,
 }
 connect_all(state)
@@ -103,8 +107,8 @@ def _run(tmp_path, version: str, connector: str = "local") -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-ALL = ["_get_fact", "arguments.all_global_arguments", "facts.all_global_arguments",
-       "get_operation_order_from_stack", "put_file", "run_shell_command"]
+ALL = ["_get_fact", "arguments.all_global_arguments", "facts.all_global_arguments", "facts.pop_global_arguments",
+       "get_operation_order_from_stack", "operation.pop_global_arguments", "put_file", "run_shell_command"]
 HELLO_SHA1 = "f572d396fae9206628714fb2ce00f72e94f2258f"
 
 
