@@ -40,7 +40,7 @@ from testing.testhosts import CACHE_ROOT, Host, log, run
 
 RELEASE = "bookworm"
 # What the image adds to the base; changing it (or the version) changes the cache key.
-VM_PACKAGES = ("linux-image-amd64", "mdadm", "xfsprogs", "udev", "libnss-myhostname", "e2fsprogs")
+VM_PACKAGES = ("linux-image-amd64", "mdadm", "xfsprogs", "udev", "libnss-myhostname", "e2fsprogs", "lvm2")
 # MODULES=list: only what finds the root (virtio block on PCI, ext4) goes into the initramfs,
 # plus what its hooks add (mdadm's adds md and raid0). A few MB instead of ~30.
 INITRAMFS_MODULES = ("virtio_pci", "virtio_blk", "virtio_net", "ext4", "crc32c_generic", "nvme")

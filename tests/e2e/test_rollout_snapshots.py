@@ -1,7 +1,8 @@
 """The lvm and btrfs snapshot providers' exact commands, run for real on the controller against
 loop devices (the test hosts are containers: no block devices). LVM needs the kernel's
 device-mapper; where it is missing (as in the CI container) that test is skipped with the reason
-and the commands are covered by tests/unit/test_rollout_snapshot.py."""
+and the commands are covered by tests/unit/test_rollout_snapshot.py.
+tests/e2e/test_rollout_lvm_vm.py proves LVM on a VM test host, whose Debian kernel has it."""
 from __future__ import annotations
 
 import os
@@ -62,7 +63,8 @@ def test_lvm_provider_snapshots_a_logical_volume(loopdev):
         pytest.skip("lvm2 is not installed (apt-get install lvm2)")
     if run("dmsetup", "version", check=False).returncode != 0:
         pytest.skip("the kernel has no device-mapper here (/dev/mapper/control): LVM snapshots cannot be made; "
-                    "the exact commands are checked in tests/unit/test_rollout_snapshot.py")
+                    "the exact commands are checked in tests/unit/test_rollout_snapshot.py, and run on a VM test host "
+                    "in tests/e2e/test_rollout_lvm_vm.py")
     vg = f"gftest{os.getpid()}"
     run("pvcreate", "-q", loopdev)
     try:
