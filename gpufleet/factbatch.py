@@ -221,9 +221,9 @@ def answer(fact: Any, asked: list[str], missing: set[str], found: dict[str, Any]
 
 def _dpkg_split(lines: list[str]) -> dict[str, Any]:
     """The dpkg section's parts: "rows" (each checked, split into its fields; "index": each
-    name's rows), "record" (StackPackages' record file, when
-    it ended in a newline), "dpkg" (present when `dpkg` is), "no dpkg-query" (present when it is
-    not); no rows when dpkg-query failed or printed a row of another shape."""
+    name's rows), "record" (StackPackages' record file, when it ended in a newline), "dpkg"
+    (present when `dpkg` is), "no dpkg-query" (present when it is not); no rows when dpkg-query
+    failed or printed a row of another shape."""
     found: dict[str, Any] = {}
     try:
         record = lines.index(_DPKG_MARK + "record")
@@ -276,17 +276,19 @@ def _dpkg_output(fact: Any, asked: list[str], found: dict[str, Any]) -> list[str
             return None   # `<none>` (translated) in dpkg -l: left to its own command
         # dpkg -l's first columns: what pyinfra's pattern reads (^[i|h]i\s+name:?arch\s+version.+$)
         return [f"{status} {shown} {version} -" for status, shown, version in listed]
-    if any(_glob_regex(spec) is None for spec in asked):
-        return None
+    components = stack_component_patterns(asked) if isinstance(fact, StackPackages) else []
+    if any(_glob_regex(spec) is None for spec in [*asked, *components]):
+        return None   # a pattern whose dpkg match this module cannot reproduce: its own command
 
     def matching(specs: list[str]) -> list[list[str]]:
-        """The rows a name equals or a glob matches, each once, in dpkg's order (a spec outside
-        the glob grammar matches none)."""
+        """The rows a name equals or a glob matches, each once, in dpkg's order."""
         picked: set[int] = set()
         for spec in specs:
             if _PLAIN_PACKAGE.fullmatch(spec):
                 picked.update(index.get(spec, ()))
-            elif (pattern := _glob_regex(spec)) is not None:
+            else:
+                pattern = _glob_regex(spec)
+                assert pattern is not None  # every spec was checked above
                 picked.update(at for at, row in enumerate(rows) if pattern.fullmatch(row[1]))
         return [rows[at] for at in sorted(picked)]
 
@@ -297,7 +299,6 @@ def _dpkg_output(fact: Any, asked: list[str], found: dict[str, Any]) -> list[str
         if "record" not in found:
             return None
         output += [MARK + " begin record", *found["record"]]
-        components = stack_component_patterns(asked)
         if components:
             output += [MARK + " begin components",
                        *(f"{name}\t{version}\t{status}\t{depends}"

@@ -191,6 +191,16 @@ def test_other_globs_keep_their_own_command(spec):
     assert factbatch.family(PackageVersions, {"packages": ["bash", spec]}) is None
 
 
+def test_a_component_pattern_outside_the_grammar_leaves_stackpackages_to_its_own_command(monkeypatch):
+    from gpufleet.facts.packages import StackPackages
+
+    missing, found = factbatch.split("dpkg", [], _section(ROWS))
+    assert factbatch.answer(StackPackages(), ["cuda-toolkit-13-0"], missing, found)[0]
+    # StackPackages' Depends walk asked with a glob whose match the batch cannot reproduce
+    monkeypatch.setattr(factbatch, "stack_component_patterns", lambda packages: ["cuda-[!x]*-13-0"])
+    assert factbatch.answer(StackPackages(), ["cuda-toolkit-13-0"], missing, found) == (False, None)
+
+
 def test_which_dpkg_questions_join_the_batch():
     from pyinfra.facts.deb import DebPackages
 
