@@ -261,7 +261,15 @@ def load_compat_file(path: Path | str) -> CompatData:
 
 
 @lru_cache(maxsize=1)
+def packaged_mapping() -> Mapping[str, Any]:
+    """gpufleet/data/compat.yaml as parsed, once per process, for compat_data() and the PyTorch
+    tables (gpufleet/pytorch.py), which used to read and parse it again each. Read only."""
+    text = resources.files("gpufleet").joinpath("data/compat.yaml").read_text(encoding="utf-8")
+    data: Mapping[str, Any] = yamlload.safe_load(text)
+    return data
+
+
+@lru_cache(maxsize=1)
 def compat_data() -> CompatData:
     """The packaged compatibility data, parsed once per process."""
-    text = resources.files("gpufleet").joinpath("data/compat.yaml").read_text(encoding="utf-8")
-    return _from_mapping(yamlload.safe_load(text))
+    return _from_mapping(packaged_mapping())

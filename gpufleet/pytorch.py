@@ -17,11 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from typing import Any, Mapping, Sequence
 
-from . import yamlload
-from .compat import UNVERIFIED, CompatData, compat_data
+from .compat import UNVERIFIED, CompatData, compat_data, packaged_mapping
 from .errors import CompatDataError, Incompatible
 from .gpus import GpuModel
 from .versions import at_least, major, major_minor, parse
@@ -118,8 +116,7 @@ def parse_pytorch(raw: Mapping[str, Any], data: CompatData | None = None) -> Pyt
 @lru_cache(maxsize=1)
 def pytorch_data() -> PytorchData:
     """The packaged PyTorch wheel data, parsed once per process."""
-    text = resources.files("gpufleet").joinpath("data/compat.yaml").read_text(encoding="utf-8")
-    return parse_pytorch(yamlload.safe_load(text))
+    return parse_pytorch(packaged_mapping())
 
 
 @lru_cache(maxsize=1)
@@ -127,8 +124,7 @@ def unverified_releases() -> tuple[str, ...]:
     """Releases compat.yaml names but cannot decide on (so the grammar can say why). Parsed once
     per process, as pytorch_data(): the grammar asks for every host, and parsing compat.yaml
     took a third of a second each time."""
-    text = resources.files("gpufleet").joinpath("data/compat.yaml").read_text(encoding="utf-8")
-    releases = (yamlload.safe_load(text).get("pytorch") or {}).get("releases") or {}
+    releases = (packaged_mapping().get("pytorch") or {}).get("releases") or {}
     return tuple(v for v, info in releases.items() if info.get("status") == UNVERIFIED)
 
 
