@@ -1,8 +1,9 @@
 """YAML through libyaml's parser where PyYAML was built with it.
 
-PyYAML's pure-Python SafeLoader took 70 ms to parse gpufleet/data/compat.yaml (50 KB), and a
-run of deploys/all.py parses it three times and tiers.yaml once: a quarter of a second of the
-controller's fixed cost per run (bench/controller.py's profile). CSafeLoader is the same safe
+PyYAML's pure-Python SafeLoader took 70 ms to parse gpufleet/data/compat.yaml (50 KB), which a
+run of deploys/all.py then parsed three times (now once, gpufleet/compat.py's packaged_mapping),
+and tiers.yaml once: a quarter of a second of the controller's fixed cost per run
+(bench/controller.py's profile). CSafeLoader is the same safe
 constructor and resolver over libyaml's scanner (9x faster here); tests/unit/test_yamlload.py
 checks that both give the same data for every YAML file gpufleet ships.
 """

@@ -205,6 +205,21 @@ def up(pool: str, drives: list[Drive], name: str = "vm1", timeout: float = 300,
     return host
 
 
+@contextlib.contextmanager
+def running(pool: str, drives: list[Drive], name: str = "vm1"):
+    """A VM test host (up()) for the with-block, stopped by its qemu PID after it, whatever
+    happens; a clear error first where qemu is not installed."""
+    if not shutil.which(QEMU):
+        raise RuntimeError(f"{QEMU} is missing: run tools/bootstrap (it installs qemu-system-x86)")
+    t0 = time.monotonic()
+    host = up(pool, drives, name)
+    log(f"{host.name}: VM up in {time.monotonic() - t0:.1f} s")
+    try:
+        yield host
+    finally:
+        stop(host)
+
+
 def _wait_ready(host: Host, timeout: float) -> None:
     """Wait for the guest's sshd, then for systemd (testhosts.wait_ready). qemu accepts on the
     forwarded port before the guest listens, so a connection proves nothing: log in."""

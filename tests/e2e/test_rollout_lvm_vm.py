@@ -11,7 +11,6 @@ reboot) is followed as an operator would, and the volume is back to its state at
 from __future__ import annotations
 
 import shlex
-import shutil
 import textwrap
 import time
 
@@ -41,19 +40,11 @@ DEPLOY = textwrap.dedent(f"""\
 @pytest.fixture
 def vm(hostpool, tmp_path):
     """A VM test host with one blank emulated NVMe drive; stopped by its qemu PID at the end."""
-    if not shutil.which(vmhost.QEMU):
-        pytest.fail(f"{vmhost.QEMU} is missing: run tools/bootstrap (it installs qemu-system-x86)")
     image = tmp_path / f"{SERIAL}.img"
     with open(image, "wb") as fh:
         fh.truncate(SIZE)
-    vmhost.ensure_image()
-    t0 = time.monotonic()
-    host = vmhost.up(hostpool.pool, [vmhost.Drive(image, SERIAL)], name="vmlvm")
-    print(f"test_rollout_lvm_vm: VM up in {time.monotonic() - t0:.1f} s")
-    try:
+    with vmhost.running(hostpool.pool, [vmhost.Drive(image, SERIAL)], name="vmlvm") as host:
         yield host
-    finally:
-        vmhost.stop(host)
 
 
 def lvs(host) -> dict[str, str]:

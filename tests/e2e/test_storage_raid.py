@@ -27,7 +27,6 @@ operator runs it: through sudo, tier hgx. In order, on the same VM:
 """
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 
@@ -49,8 +48,6 @@ MD = "/dev/md/gpufleet-scratch"
 @pytest.fixture
 def vm(hostpool, tmp_path):
     """(VM test host, its three drives); stopped (by its qemu PID) and its files removed at the end."""
-    if not shutil.which(vmhost.QEMU):
-        pytest.fail(f"{vmhost.QEMU} is missing: run tools/bootstrap (it installs qemu-system-x86)")
     drives = []
     for serial in SERIALS:
         image = tmp_path / f"{serial}.img"
@@ -59,16 +56,8 @@ def vm(hostpool, tmp_path):
         if serial == "gfdata":
             subprocess.run(["mkfs.ext4", "-q", "-F", "-L", "somedata", str(image)], check=True)
         drives.append(vmhost.Drive(image, serial))
-    t0 = time.monotonic()
-    vmhost.ensure_image()
-    print(f"test_storage_raid: VM image ready in {time.monotonic() - t0:.1f} s")
-    t0 = time.monotonic()
-    host = vmhost.up(hostpool.pool, drives)
-    print(f"test_storage_raid: VM up in {time.monotonic() - t0:.1f} s")
-    try:
+    with vmhost.running(hostpool.pool, drives) as host:
         yield host, drives
-    finally:
-        vmhost.stop(host)
 
 
 def test_raid0_scratch_on_two_blank_nvme_drives_survives_reboot(vm, tmp_path_factory):
