@@ -13,21 +13,20 @@ import resource
 import subprocess
 import tempfile
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import IO
 
 REPO = Path(__file__).resolve().parents[1]
 #: the checkout's Python that a pyinfra run of deploys/all.py imports
 COMPILED = ("gpufleet", "deploys", "facts", "operations", "inventories", "testing")
-_compiled: list[bool] = []
 
 
+@lru_cache(maxsize=1)
 def compile_checkout() -> None:
     """Byte-compile COMPILED once per process (files already compiled are skipped)."""
-    if not _compiled:
-        for name in COMPILED:
-            compileall.compile_dir(REPO / name, quiet=1)
-        _compiled.append(True)
+    for name in COMPILED:
+        compileall.compile_dir(REPO / name, quiet=1)
 
 
 def run(cmd: list[str], out: IO, env: dict[str, str] | None = None) -> tuple[int, float, resource.struct_rusage]:
