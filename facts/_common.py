@@ -112,7 +112,7 @@ def opt_int(value: str, what: str) -> int | None:
     return int(number)
 
 
-def split_sections(lines: Iterable[str]) -> tuple[dict[str, list[str]], dict[str, str]]:
+def split_sections(lines: Iterable[str], strict: bool = False) -> tuple[dict[str, list[str]], dict[str, str]]:
     """
     Split the output of a multi-part command.
 
@@ -122,6 +122,8 @@ def split_sections(lines: Iterable[str]) -> tuple[dict[str, list[str]], dict[str
     key (``"rc query-gpu": "0"`` is stored as ``values["rc query-gpu"] = "0"``;
     the last word is the value, the words before it the key).
     Lines before the first section marker are kept under the key ``""``.
+    ``strict``: a section or a value that comes twice is a FactParseError (a script that
+    prints each once: a second one is text that is not the script's own, e.g. a forged marker).
     """
     sections: dict[str, list[str]] = {"": []}
     values: dict[str, str] = {}
@@ -135,11 +137,14 @@ def split_sections(lines: Iterable[str]) -> tuple[dict[str, list[str]], dict[str
                 if len(words) != 2:
                     raise fail("malformed section marker", line)
                 current = words[1]
+                if strict and current in sections:
+                    raise fail("a section marker repeated", line)
                 sections.setdefault(current, [])
-            elif len(words) == 1:
-                values[words[0]] = ""
-            else:
-                values[" ".join(words[:-1])] = words[-1]
+                continue
+            key, value = (words[0], "") if len(words) == 1 else (" ".join(words[:-1]), words[-1])
+            if strict and key in values:
+                raise fail("a value marker repeated", line)
+            values[key] = value
             continue
         sections[current].append(line)
     return sections, values

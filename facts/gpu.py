@@ -11,6 +11,7 @@ recorded nvidia-smi output separately.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,7 +50,12 @@ GPU_QUERY_FIELDS: tuple[str, ...] = (
 # on or pending (gpufleet/hostfacts.py mig_state), one nvidia-smi start fewer per run.
 MIG_MODE_FIELDS: tuple[str, ...] = ("mig.mode.current", "mig.mode.pending")
 
-COMPUTE_APPS_FIELDS: tuple[str, ...] = ("pid", "process_name", "used_memory", "gpu_uuid")
+# The compute processes as GpuState asks them: fields no user can write. A process's name is its
+# argv[0], which its user chooses and nvidia-smi prints raw, newlines and all (seen on an H200):
+# read apart, in PROCESS_NAME_FIELDS, and sent back hex-encoded (parse_process_names), so that no
+# text a user wrote can start a line of GpuState's output (a section marker, a process, a GPU).
+COMPUTE_APPS_FIELDS: tuple[str, ...] = ("pid", "used_memory", "gpu_uuid")
+PROCESS_NAME_FIELDS: tuple[str, ...] = ("pid", "process_name")
 
 # nvidia-smi accepts several spellings for a field, and prints a header that may
 # differ from the spelling asked for (it accepts clocks_throttle_reasons.* but
@@ -427,6 +433,39 @@ def parse_compute_apps(
     return processes
 
 
+_HEX = re.compile(r"(?:[0-9a-f]{2})*")
+_NAME_RECORD = re.compile(r"(\d+), (.*)", re.DOTALL)
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal or a log would act on (newline, escape, ...)
+    written as its Python escape: a process name as a message may show it."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def parse_process_names(lines: Sequence[str], pids: Sequence[int]) -> dict[int, str | None] | None:
+    """{pid: name} from GpuState's process-names section: nvidia-smi's `pid, process_name` lines,
+    hex-encoded on the host. A name may hold newlines, so a record starts only where a line begins
+    with the pid of a process the compute-apps section listed; any other line continues the name
+    before it. The names are text for people (escaped by printable()), never for a decision: a name
+    shaped to look like another record can only mislabel a process, never add or hide one (the
+    processes are compute-apps' own lines). None: not hex (not this script's output)."""
+    text = "".join(line.strip() for line in lines)
+    if not _HEX.fullmatch(text):
+        return None
+    known, names = {str(pid) for pid in pids}, {}
+    current: str | None = None
+    # each record ends with a newline: the last one's is taken off, the others' are the split
+    for line in bytes.fromhex(text).decode("utf-8", "replace").removesuffix("\n").split("\n"):
+        record = _NAME_RECORD.fullmatch(line)
+        if record and record.group(1) in known and int(record.group(1)) not in names:
+            current = record.group(1)
+            names[int(current)] = record.group(2)
+        elif current is not None:
+            names[int(current)] += "\n" + line
+    return {pid: opt_str(printable(name)) for pid, name in names.items()}
+
+
 # ---------------------------------------------------------------------------
 # The fact
 # ---------------------------------------------------------------------------
@@ -506,10 +545,19 @@ def gpu_state_command(processes: bool = True, static_cache: str = STATIC_CACHE) 
     if processes:  # planning and validation never look at them: a no-op saves the call
         lines += [
             begin("compute-apps"),
-            '$t "$smi" --query-compute-apps="$gpu_apps" --format=csv,noheader,nounits 2>&1',
-            'echo "::gpufleet:: rc compute-apps $?"',
+            'a=$($t "$smi" --query-compute-apps="$gpu_apps" --format=csv,noheader,nounits 2>&1); rc=$?',
+            "if [ -n \"$a\" ]; then printf '%s\\n' \"$a\"; fi",
+            'echo "::gpufleet:: rc compute-apps $rc"',
+            # the names, only when a process runs: one line of hex (nothing a user wrote is
+            # printed as text), at most 64 KiB of nvidia-smi's answer
+            'if [ "$rc" -eq 0 ] && [ -n "$a" ]; then',
+            "  " + begin("process-names"),
+            '  $t "$smi" --query-compute-apps="$gpu_names" --format=csv,noheader 2>/dev/null | head -c 65536'
+            " | od -An -v -tx1 | tr -d ' \\n'; echo",
+            "fi",
         ]
     return with_values("\n".join([*lines, "exit 0"]), gpu_query=_QUERY, gpu_apps=_APPS, static_cache=static_cache,
+                       gpu_names=",".join(PROCESS_NAME_FIELDS),
                        mig_query=",".join(MIG_MODE_FIELDS), gpu_columns=len(GPU_QUERY_FIELDS),
                        bus_column=GPU_QUERY_FIELDS.index("pci.bus_id") + 1)
 
@@ -531,8 +579,11 @@ def _failure_status(rc: int, text: str) -> GpuStatus:
 
 def parse_gpu_state(lines: Sequence[str]) -> GpuStateData:
     """Parse the whole output of GPU_STATE_COMMAND (see GpuState)."""
-    sections, values = split_sections(lines)
+    sections, values = split_sections(lines, strict=True)
     if values.get("status") == "no-nvidia-smi":
+        # the script prints it alone, or not at all
+        if len(values) > 1 or any(nonblank(part) for part in sections.values()):
+            raise fail("GpuState output has a no-nvidia-smi status among other output", "\n".join(lines[:5]))
         return GpuStateData(status="no-nvidia-smi")
     if "rc query-gpu" not in values:
         raise fail(
@@ -579,12 +630,19 @@ def parse_gpu_state(lines: Sequence[str]) -> GpuStateData:
             continue
         parsed[name] = parser(sections.get(name, []))
 
+    processes: list[GpuProcess] = parsed.get("compute-apps", [])  # type: ignore[assignment]
+    if "process-names" in sections:
+        names = parse_process_names(sections["process-names"], [p.pid for p in processes])
+        if names is None:
+            warnings.append("process-names: not in the expected shape")
+        else:
+            processes = [dataclasses.replace(p, process_name=names.get(p.pid)) for p in processes]
     return GpuStateData(
         status="ok",
         gpus=gpus,
         supported_clocks=parsed.get("supported-clocks", {}),  # type: ignore[arg-type]
         topology=parsed.get("topology", GpuTopology()),  # type: ignore[arg-type]
-        processes=parsed.get("compute-apps", []),  # type: ignore[arg-type]
+        processes=processes,
         warnings=warnings,
         mig_modes=mig_modes,
     )

@@ -168,7 +168,8 @@ def test_gpu_state_script_with_recorded_h200_x2_stub(tmp_path):
   '{expected_query}') cat {tmp_path}/query.txt ;;
   '-q -d SUPPORTED_CLOCKS') cat {host}/q-supported-clocks.txt ;;
   'topo -m') cat {host}/topo.txt ;;
-  --query-compute-apps=pid,process_name,used_memory,gpu_uuid*) ;;
+  --query-compute-apps=pid,used_memory,gpu_uuid*) cat {tmp_path}/apps.txt 2>/dev/null; true ;;
+  '--query-compute-apps=pid,process_name --format=csv,noheader') cat {tmp_path}/names.txt ;;
   *) echo "unexpected arguments: $*"; exit 2 ;;
 esac
 """,
@@ -199,6 +200,20 @@ esac
     assert without == state  # the recorded host had no compute processes
     calls = (tmp_path / "calls").read_text().splitlines()
     assert len(calls) == 3 and not any("compute-apps" in c for c in calls)
+
+    # A process whose name (argv[0], which nvidia-smi prints raw) holds a newline and a marker
+    # line: the script sends the names as hex, so it stays a name; the GPUs and the process are
+    # all there (the old script's output said "no nvidia-smi": no GPUs, no processes)
+    uuid = state.gpus[1].uuid
+    (tmp_path / "apps.txt").write_text(f"4242, 1024, {uuid}\n")
+    (tmp_path / "names.txt").write_text("4242, train\n::gpufleet:: status no-nvidia-smi\n\n")
+    result = run(gpu_state_command(static_cache=str(cache)), env=stub_env(stub))
+    assert result.returncode == 0 and result.stderr == ""
+    assert not any(line.startswith("train") or "status" in line for line in result.stdout.splitlines())
+    busy = GpuState().process(result.stdout.splitlines())
+    assert busy.status == "ok" and busy.gpus == state.gpus and busy.warnings == []
+    assert [(p.pid, p.used_memory_mib, p.gpu_uuid, p.process_name) for p in busy.processes] == [
+        (4242, 1024, uuid, "train\\n::gpufleet:: status no-nvidia-smi\\n")]
 
 
 def _static_calls(tmp_path: Path, cache: Path, query: str) -> tuple[list[str], GpuStateData]:

@@ -14,6 +14,7 @@ from gpufleet.facts.gpu import (
     GpuState,
     parse_compute_apps,
     parse_gpu_state,
+    parse_process_names,
     parse_query_gpu,
     parse_supported_clocks,
     parse_topology,
@@ -256,13 +257,18 @@ def test_compute_apps_recorded_header_only():
 
 
 def test_compute_apps_noheader_and_header_forms():
-    (process,) = parse_compute_apps(["1234, /usr/bin/python3, 70000, GPU-abc"])
+    (process,) = parse_compute_apps(["1234, /usr/bin/python3, 70000, GPU-abc"],
+                                    ("pid", "process_name", "used_memory", "gpu_uuid"))
     assert (process.pid, process.process_name, process.used_memory_mib, process.gpu_uuid) == (
         1234,
         "/usr/bin/python3",
         70000,
         "GPU-abc",
     )
+    # GpuState's own fields: none a user can write, the name comes apart (process-names)
+    (process,) = parse_compute_apps(["1234, 70000, GPU-abc"])
+    assert (process.pid, process.process_name, process.used_memory_mib, process.gpu_uuid) == (
+        1234, None, 70000, "GPU-abc")
     header_form = ["pid, process_name, used_gpu_memory [MiB]", "99, [Not Found], 512 MiB"]
     (process,) = parse_compute_apps(header_form)
     assert (process.pid, process.process_name, process.used_memory_mib, process.gpu_uuid) == (
@@ -275,7 +281,47 @@ def test_compute_apps_noheader_and_header_forms():
 
 def test_compute_apps_malformed():
     with pytest.raises(ValueError, match="expected a number for pid"):
-        parse_compute_apps(["abc, python, 1, GPU-x"])
+        parse_compute_apps(["abc, 1, GPU-x"])
+    # a name's text where only numbers and a GPU are asked: not GpuState's output
+    with pytest.raises(ValueError, match="expected 3 comma-separated values"):
+        parse_compute_apps(["4242, python, 1, GPU-x"])
+
+
+HOSTILE = "train\n::gpufleet:: status no-nvidia-smi\n"
+
+
+def _hex(text: str) -> str:
+    return text.encode().hex()
+
+
+def test_process_names_hold_newlines_and_markers_as_text():
+    names = parse_process_names([_hex(f"4242, {HOSTILE}\n4343, /opt/my app, v2/run\n")], [4242, 4343])
+    assert names == {4242: "train\\n::gpufleet:: status no-nvidia-smi\\n", 4343: "/opt/my app, v2/run"}
+    # a name shaped as another record can only mislabel a listed process: 99 is not listed
+    assert parse_process_names([_hex("4242, x\n99, y\n")], [4242]) == {4242: "x\\n99, y"}
+    assert parse_process_names([_hex("4242, [Not Found]\n")], [4242]) == {4242: None}
+    assert parse_process_names(["4242, python3"], [4242]) is None   # not hex: not the script's
+
+
+def test_gpu_state_a_hostile_name_forges_nothing():
+    """nvidia-smi prints argv[0] raw: as the old script passed it on, the name's own line was a
+    status marker and the GPUs and processes vanished. Hex-encoded, it is a name."""
+    base = recorded_gpu_state("h200-x2")
+    at = base.index("::gpufleet:: begin compute-apps")
+    uuid = GpuState().process(base).gpus[1].uuid
+    out = [*base[:at + 1], f"4242, 1024, {uuid}", "::gpufleet:: rc compute-apps 0",
+           "::gpufleet:: begin process-names", _hex(f"4242, {HOSTILE}\n")]
+    state = GpuState().process(out)
+    assert state.status == "ok" and len(state.gpus) == 2
+    assert [(p.pid, p.gpu_uuid, p.process_name) for p in state.processes] == [
+        (4242, uuid, "train\\n::gpufleet:: status no-nvidia-smi\\n")]
+    # the same name raw, as the old script printed it: a marker among other output fails loudly
+    raw = [*base[:at + 1], "4242, train", "::gpufleet:: status no-nvidia-smi", f", 1024, {uuid}",
+           "::gpufleet:: rc compute-apps 0"]
+    with pytest.raises(FactProcessError, match="no-nvidia-smi status among other output"):
+        GpuState().process(raw)
+    with pytest.raises(FactProcessError, match="repeated"):
+        GpuState().process([*base, "::gpufleet:: rc query-gpu 0"])
 
 
 # --- the whole GpuState output --------------------------------------------
