@@ -29,9 +29,13 @@ MARK = "::gpufleet::"
 # the facts that load the GPUs (facts/dcgm_diag.py) put first in their own command.
 # The device nodes are found by their fd links matched whole (find -lname), not in `ls -l` text:
 # a file a user names "x -> /dev/nvidia0" must not make a host look busy.
+# (The names in $apps, which their users chose, are for the refusal's message alone, on one line.)
+GPU_HOLDERS = (
+    "find /proc/[0-9]*/fd -maxdepth 1 -lname '/dev/nvidia[0-9]*' -printf '%h\\n' 2>/dev/null "
+    "| sed -n 's|^/proc/\\([0-9][0-9]*\\)/fd$|\\1|p' | sort -un"
+)
 GPU_WORK = (
-    "pids=$(find /proc/[0-9]*/fd -maxdepth 1 -lname '/dev/nvidia[0-9]*' -printf '%h\\n' 2>/dev/null "
-    "| sed -n 's|^/proc/\\([0-9][0-9]*\\)/fd$|\\1|p' | sort -un); "
+    "pids=$(" + GPU_HOLDERS + "); "
     "apps=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null) || apps="
 )
 

@@ -154,3 +154,31 @@ def test_gpu_work_matches_device_node_links_whole(tmp_path):
         holder.wait()
         user.wait()
     assert out.strip() == f"pids={holder.pid}"
+
+
+def test_gpu_device_users_match_links_whole(tmp_path):
+    """GpuDeviceUsers (deploys/driver.py's and tools/rollback's holders of a GPU): the same whole-link
+    test. A user's file named "x -> <node>" or "x<newline><node>" is no holder (the old `ls -l | grep`
+    took both for one), the node's own holder is."""
+    import subprocess
+    from pathlib import Path
+
+    from gpufleet.facts.driver import GpuDeviceUsers
+
+    node = tmp_path / "nvidia0"
+    node.touch()
+    # folders named so that a held file's link text ends in " <node>", or in a line "<node>"
+    spoofs = [Path(f"{tmp_path}/x -> {tmp_path}/nvidia0"), Path(f"{tmp_path}/y\n{tmp_path}/nvidia0")]
+    for spoof in spoofs:
+        spoof.parent.mkdir(parents=True)
+        spoof.touch()
+    fact = GpuDeviceUsers()
+    text = fact.command().replace("/dev/nvidia", f"{tmp_path}/nvidia")
+    holders = [subprocess.Popen(["sleep", "30"], stdin=open(path)) for path in (node, *spoofs)]
+    try:
+        out = subprocess.run(["sh", "-c", text], capture_output=True, text=True, check=True).stdout
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+    assert fact.process(out.splitlines()) == [holders[0].pid]
