@@ -44,10 +44,9 @@ from pyinfra.operations.util import any_changed
 
 from gpufleet.apt_policy import APT_CACHE_SECONDS, GPU_PACKAGE_BLACKLIST, UNATTENDED_CONF
 from gpufleet.driver_preconditions import dkms_signing_conf, preconditions
+from gpufleet.operations.drain import gpu_work
 from gpufleet.rendering import render
 from gpufleet.run_summary import SUMMARY
-from gpufleet.facts.driver import GpuDeviceUsers
-from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.kernel import DriverState, DriverStateData
 from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages
 from gpufleet.compat import compat_data
@@ -123,16 +122,6 @@ def stack_drift(res: Resolution, installed: dict[str, str | None], recorded: dic
     return out
 
 
-
-
-def gpu_work(h: Host) -> list[str]:
-    """GPU work running before this run: nvidia-smi's compute processes, and processes holding a
-    /dev/nvidiaN open (still visible when NVML fails, e.g. on a driver/library mismatch)."""
-    state = h.get_fact(GpuState)  # with its compute processes (the shared gpu_state has none)
-    found = [f"{p.pid} {p.process_name or '?'}" for p in state.processes]
-    seen = {p.pid for p in state.processes}
-    found += [f"{pid} (holds /dev/nvidia*)" for pid in h.get_fact(GpuDeviceUsers) if pid not in seen]
-    return found
 
 
 def _mismatch(h: Host) -> str | None:

@@ -3,7 +3,9 @@
     tools/rollback INVENTORY HOST [HOST ...] [--manifest FILE] [--reboot]
 
 Steps (run by gpufleet/apps/rollout/rollback.py, each its own pyinfra run):
-    restore   unhold -> apt-get install --allow-downgrades pkg=recorded version ... (and remove
+    restore   refused (busy) while GPU work runs, unless --force: nvidia-smi's processes or a
+              process holding /dev/nvidia*, at planning and again in the command that starts the
+              package change; then unhold -> apt-get install --allow-downgrades pkg=recorded version ... (and remove
               driver packages the manifest did not have, e.g. a newer pinning package) -> hold
               exactly what was held; then put back recorded /etc files that changed since
     reboot    (with --reboot) only when the loaded module is not the recorded one
@@ -18,7 +20,6 @@ from collections.abc import Generator
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, deploy, operation
 
-from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.packages import HeldPackages
 from gpufleet.facts.system import EtcFiles
 from gpufleet.rollout import manifest as mf
@@ -26,6 +27,7 @@ from gpufleet.rollout import snapshot as snap
 from gpufleet.rollout.context import RolloutContext
 from gpufleet.cuda_stack import STACK_FAMILIES, STACK_GLOBS
 from gpufleet.operations.driver import stack_recorded
+from gpufleet.operations.drain import gpu_work
 from gpufleet.operations.driver_upgrade import package_change_settled, packages_at_versions
 from gpufleet.operations.snapshot import disk_snapshot_restored
 from gpufleet.operations.manifest_steps import installed_packages
@@ -58,11 +60,13 @@ def restore(ctx: RolloutContext) -> None:
                          + "; ".join(problems[:4]), "roll back from a manifest tools/rollout took (tools/rollback "
                                                    "--manifest), or restore the host by hand")
         return
-    processes = host.get_fact(GpuState).processes
-    if processes and not ctx.force:
-        running = ", ".join(f"{p.pid} {p.process_name}" for p in processes)
-        ctx.refuse(host, f"busy: GPU processes running ({running})", "drain the host first or use --force",
-                   outcome="busy")
+    # the project's one idle test, as the rollout and all.py make it: nvidia-smi's processes and
+    # the holders of a GPU device node at planning, and again in the very command that swaps the
+    # packages (a job started since is seen there, not broken); --force: neither
+    busy = gpu_work(host)
+    if busy and not ctx.force:
+        ctx.refuse(host, f"busy: GPU work running ({', '.join(busy)}); nothing changed",
+                   "let it finish (or drain the host) and re-run, or roll back anyway with --force", outcome="busy")
         return
     installed = installed_packages()   # with the kernel metapackages prebuilt modules follow
     package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
@@ -70,7 +74,8 @@ def restore(ctx: RolloutContext) -> None:
     install = dict(spec.split("=", 1) for spec in todo)
     remove = mf.rollback_removals(doc, installed)
     packages_at_versions(name=f"Put back the package versions of manifest {doc['id']} (unhold, downgrade, hold)",
-                         install=install, remove=remove, hold=list(doc["holds"]), downgrade=True)
+                         install=install, remove=remove, hold=list(doc["holds"]), downgrade=True,
+                         require_idle=not ctx.force)
     # gpufleet's record says what it installed: the manifest's CUDA toolkit / cuDNN releases again
     # (else the gate would take the rolled-back packages for a hand change)
     stack = {p: release for p, v in doc["packages"].items()

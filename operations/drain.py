@@ -6,13 +6,27 @@ import re
 from collections.abc import Generator
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import Host, QuoteString, StringCommand, operation
 
 from gpufleet.facts._common import GPU_WORK
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.docker import GpuContainers
+from gpufleet.facts.driver import GpuDeviceUsers
 from gpufleet.facts.slurm import SLURM_REASON_TAG, SlurmNode
 from gpufleet.failures import refuse
+
+
+def gpu_work(h: Host) -> list[str]:
+    """GPU work running now, as planning sees it ("PID NAME" each): nvidia-smi's compute processes,
+    and processes holding a /dev/nvidiaN open (still visible when NVML fails, e.g. on a
+    driver/library mismatch). The names are their users' text, for messages only; what decides is
+    that the list is not empty. The same test runs again in the command that makes the change
+    (idle_check): a job started after planning is seen there."""
+    state = h.get_fact(GpuState)  # with its compute processes (the shared gpu_state has none)
+    found = [f"{p.pid} {p.process_name or '?'}" for p in state.processes]
+    seen = {p.pid for p in state.processes}
+    found += [f"{pid} (holds /dev/nvidia*)" for pid in h.get_fact(GpuDeviceUsers) if pid not in seen]
+    return found
 
 
 @operation()

@@ -87,6 +87,12 @@ def test_the_manifest_records_the_modules_and_the_kernel_metapackages_and_rollba
     assert "install=nvidia-utils-580-server=580.82.07-0ubuntu0.22.04.1" in args
     assert "downgrade" in args
     assert {f"hold={p}" for p in (ABI, MODULES_META, *KERNEL_METAS)} <= set(args)
+    # the idle check in the very command that starts the change, as the rollout's (--force: none)
+    [change] = [c for _, commands in ops for c in commands if "gpufleet-package-change" in c]
+    assert "GPU work is running, not changing the driver packages" in change
+    forced, _ = run_step(restore, RolloutContext(target="580.82.07", manifests={name: doc}, force=True))
+    [change] = [c for _, commands in forced for c in commands if "gpufleet-package-change" in c]
+    assert "GPU work is running" not in change
 
 
 def test_prebuilt_plan_moves_kernels_with_their_modules_or_refuses():

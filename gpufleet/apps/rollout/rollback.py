@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from gpufleet.failures import stop_line
+from gpufleet.operations.drain import BUSY_MARK
 from gpufleet.inventory_source import InventorySource
 
 from gpufleet.rollout.context import RolloutContext
@@ -92,7 +93,9 @@ def rollback(inventory: str | InventorySource, hosts: list[str], manifest: Path 
             for h in result.ok:
                 print(f"  {h}: {step} ok ({time.monotonic() - t:.1f}s)", file=out, flush=True)
             for h, why in result.failed.items():
-                print(f"  {h}: {step} FAILED: {why}", file=out, flush=True)
+                # GPU work found at planning, or by the idle check in the package change's command
+                busy = ctx.outcomes.get(h) == "busy" or BUSY_MARK in why
+                print(f"  {h}: {step} {'BUSY, not rolled back' if busy else 'FAILED'}: {why}", file=out, flush=True)
                 active.remove(h)
                 failed[h] = f"{step}: {why}"
                 code = 1
