@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -216,15 +217,16 @@ def test_fleet_report_with_an_unreachable_host_exits_non_zero_naming_it(with_gho
     assert f"fleet-report: 1 of 2 host(s) not reported: {GHOST}" in r.stderr
 
 
-def _manifest(work: Path, name: str) -> Path:
+def _manifest(work: Path, name: str, packages: dict[str, str] | None = None) -> Path:
     """A manifest as tools/rollout's snapshot step writes one (mf.build: tools/rollback refuses
-    anything else), 0600 in 0700 folders as gpufleet keeps them."""
+    anything else), 0600 in 0700 folders as gpufleet keeps them; `packages` recorded (and held)."""
     ident = "20261202T100000Z"
     path = work / ".gpufleet" / "manifests" / name / f"{ident}.json"
     for folder in (path.parent.parent.parent, path.parent.parent, path.parent):
         folder.mkdir(mode=0o700, exist_ok=True)
+    packages = packages or {"nvidia-open": "580.95.05-1"}
     doc = mf.build(host=name, ident=ident, created=time.time(), reason="before driver 580.126.09",
-                   packages={"nvidia-open": "580.95.05-1"}, holds=["nvidia-open"], etc_files={},
+                   packages=packages, holds=sorted(packages), etc_files={},
                    driver={"installed": "580.95.05", "loaded": "580.95.05"}, gpus=[], disk_snapshot=None)
     assert mf.manifest_problems(doc, name) == []
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -281,3 +283,75 @@ def test_rollout_asks_before_draining_and_no_changes_nothing(with_ghost):
     # the rollout locks a host (gpufleet/hostlock.py) before its first change: never taken
     assert testhosts.ssh(c, "ls -A /run/lock/gpufleet 2>/dev/null; true").stdout.strip() == ""
     # (-y and a stdin that is no terminal go on without asking: tests/unit/test_rollout_progress.py)
+
+
+# --- a GPU process's name is its user's text (issue 44 item 3) ---------------------------------------
+
+#: argv[0] of a local user's GPU job: nvidia-smi prints it raw, and this one's second line is the
+#: status line GpuState's script prints where a host has no nvidia-smi
+HOSTILE = "train\n::gpufleet:: status no-nvidia-smi\n"
+HELD = "procps"   # what the rollback below puts back: a hold on a package every test host has
+
+
+def _gpu_state(work: Path, inventory: Path) -> dict:
+    proc = subprocess.run([str(REPO / ".venv/bin/pyinfra"), "-y", str(inventory), "fact", "gpufleet.facts.gpu.GpuState"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    return json.loads(out[out.index("{", out.index("--> Fact data for")):out.rindex("}") + 1])
+
+
+def test_a_gpu_process_name_forges_no_gpu_fact_and_rollback_refuses_its_host_as_busy(fleet):
+    """`student` runs a job holding a GPU device node (simulated: the simulator lists it as a compute
+    process under its real argv[0]), named with a newline and a GpuState marker. The GPU facts still
+    show every GPU and the job; tools/rollback refuses the host as busy (the name forged "no
+    nvidia-smi", so no processes, and the rollback went ahead: the test failed on that code), also
+    when only the device node is held; --force rolls it back, as its help says."""
+    a, b, c = fleet["hosts"]
+    work = fleet["work"] / "procname"
+    work.mkdir()
+    inventory = write_inventory(work / "inventory.py", [b], data={b.name: _data(b)})
+    version = testhosts.ssh(b, f"dpkg-query -W -f '${{Version}}' {HELD}").stdout.strip()
+    _manifest(work, b.name, packages={HELD: version})
+    testhosts.ssh(b, f"apt-mark unhold {HELD} >/dev/null")
+    job = ("import os; fd = os.open('/dev/nvidia0', os.O_RDONLY); os.set_inheritable(fd, True); "
+           f"os.execv('/bin/sleep', [{HOSTILE!r}, '600'])")
+    testhosts.ssh(b, "[ -e /dev/nvidia0 ] || { touch /dev/nvidia0; touch /run/test-made-nvidia0; }; "
+                     f"systemd-run --quiet --unit=student-job --uid=student python3 -c {shlex.quote(job)}")
+    pid = ""
+    try:
+        pid = testhosts.ssh(b, "for i in $(seq 50); do p=$(systemctl show -p MainPID --value student-job); "
+                               "[ \"$(stat -c %U /proc/$p 2>/dev/null)\" = student ] && "
+                               "[ \"$(readlink /proc/$p/exe)\" = /usr/bin/sleep ] && break; sleep 0.1; done; "
+                               "echo $p").stdout.strip()
+        argv0 = testhosts.ssh(b, f"python3 -c \"print(open('/proc/{pid}/cmdline', 'rb').read().split(bytes(1))[0].hex())\"")
+        assert bytes.fromhex(argv0.stdout.strip()).decode() == HOSTILE   # the job's real name
+        sim = json.loads(testhosts.ssh(b, "cat /etc/gpusim/gpus.json").stdout)
+        testhosts.ssh(b, f"gpusimctl add-process --gpu 0 --pid {pid} --name {shlex.quote(HOSTILE)} --used-mib 1024")
+
+        state = _gpu_state(work, inventory)[b.name]
+        assert state["status"] == "ok", state
+        assert [g["uuid"] for g in state["gpus"]] == [g["uuid"] for g in sim["gpus"]]
+        assert [(p["pid"], p["gpu_uuid"], p["used_memory_mib"], p["process_name"]) for p in state["processes"]] == [
+            (int(pid), sim["gpus"][0]["uuid"], 1024, "train\\n::gpufleet:: status no-nvidia-smi\\n")]
+
+        r = tool(work, "rollback", "inventory.py", b.name)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert f"  {b.name}: restore BUSY, not rolled back: busy: GPU work running ({pid} train\\n::gpufleet::" \
+            in r.stdout, r.stdout
+        assert HELD not in testhosts.ssh(b, "apt-mark showhold").stdout.split()   # nothing rolled back
+
+        # what nvidia-smi does not list (NVML failing, say): the device node's holder alone is GPU work
+        testhosts.ssh(b, f"gpusimctl remove-process --pid {pid}")
+        r = tool(work, "rollback", "inventory.py", b.name)
+        assert r.returncode == 1 and f"busy: GPU work running ({pid} (holds /dev/nvidia*))" in r.stdout, r.stdout
+        assert HELD not in testhosts.ssh(b, "apt-mark showhold").stdout.split()
+
+        r = tool(work, "rollback", "inventory.py", b.name, "--force")
+        assert r.returncode == 0 and f"  {b.name}: restore ok" in r.stdout, r.stdout + r.stderr
+        assert HELD in testhosts.ssh(b, "apt-mark showhold").stdout.split()
+        assert testhosts.ssh(b, f"kill -0 {pid}", check=False).returncode == 0   # the job was left running
+    finally:
+        testhosts.ssh(b, f"systemctl stop student-job; gpusimctl remove-process --pid {pid or 0} 2>/dev/null; "
+                         f"apt-mark unhold {HELD} >/dev/null; [ -e /run/test-made-nvidia0 ] && "
+                         "rm -f /dev/nvidia0 /run/test-made-nvidia0; true", check=False)
