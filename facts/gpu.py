@@ -556,8 +556,8 @@ def gpu_state_command(processes: bool = True, static_cache: str = STATIC_CACHE) 
             " | od -An -v -tx1 | tr -d ' \\n'; echo",
             "fi",
         ]
-    return with_values("\n".join([*lines, "exit 0"]), gpu_query=_QUERY, gpu_apps=_APPS, static_cache=static_cache,
-                       gpu_names=",".join(PROCESS_NAME_FIELDS),
+    apps = {"gpu_apps": _APPS, "gpu_names": ",".join(PROCESS_NAME_FIELDS)} if processes else {}
+    return with_values("\n".join([*lines, "exit 0"]), gpu_query=_QUERY, **apps, static_cache=static_cache,
                        mig_query=",".join(MIG_MODE_FIELDS), gpu_columns=len(GPU_QUERY_FIELDS),
                        bus_column=GPU_QUERY_FIELDS.index("pci.bus_id") + 1)
 
