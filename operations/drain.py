@@ -138,13 +138,14 @@ def slurm_node_drained(node: str = "", timeout: int = 3600) -> Generator[StringC
                         str(int(timeout)))
 
 
-# $1 polls, $2 seconds between polls, $3 the wait in seconds (for the message)
+# $1 polls, $2 seconds between polls, $3 the wait in seconds (for the message). What runs is told
+# by pid alone; the names (their users' text, newlines and all) are for the message, on one line.
 _WAIT_IDLE = r"""
 busy() { [ -n "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ]; }
 for i in $(seq "$1"); do busy || exit 0; sleep "$2"; done
 if busy; then
-  echo "GPU processes still running after $3 s:" >&2
-  nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader >&2
+  { echo "GPU processes still running after $3 s:"; nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader; } \
+    | tr '\n' ' ' >&2; echo >&2
   exit 1
 fi
 """
