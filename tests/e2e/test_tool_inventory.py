@@ -5,7 +5,9 @@ on 3 real test hosts (GPUs SIMULATED by testing/gpusim, a test double):
   with a broken host (a tier that does not exist) elsewhere in the inventory;
 - `--data key=value` overrides a setting (and a bad value is refused by the settings grammar);
 - a `config.py` beside the inventory is honoured: `config.SUDO = True` with a non-root SSH user,
-  and the host's own sudo log shows the run's commands went through sudo.
+  and the host's own sudo log shows the run's commands went through sudo;
+- a local user's GPU job named with a newline and a GpuState marker forges no GPU fact, and
+  tools/rollback refuses its host as busy (issue 44 item 3).
 """
 from __future__ import annotations
 
