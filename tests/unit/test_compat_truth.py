@@ -1,0 +1,70 @@
+"""Issue 47: `tools/compat --json` answers every case of tests/unit/compat_truth/cases.yaml as the
+published source named in the case says (tests as data: a case is a row, with its source)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufleet import yamlload
+from gpufleet.apps import compat
+
+pytestmark = pytest.mark.unit
+
+CASES = yamlload.safe_load((Path(__file__).parent / "compat_truth" / "cases.yaml").read_text(encoding="utf-8"))["cases"]
+
+
+def _argv(args: dict[str, Any]) -> list[str]:
+    argv = ["--json"]
+    for flag, value in args.items():
+        for one in value if isinstance(value, list) else [value]:
+            argv += [f"--{flag}", str(one)]
+    return argv
+
+
+def _at(answer: Any, path: str) -> Any:
+    for part in path.split("."):
+        answer = answer[part] if isinstance(answer, dict) else None
+    return answer
+
+
+def test_every_case_names_its_source():
+    ids = [case["id"] for case in CASES]
+    assert len(ids) == len(set(ids))
+    assert all(case.get("source") for case in CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_compat_json_answers_as_the_source_says(case: dict[str, Any], capsys: pytest.CaptureFixture[str]):
+    code = compat.main(_argv(case["args"]))
+    answer = json.loads(capsys.readouterr().out)
+    refused = "refused_key" in case["expect"]
+    assert code == (compat.REFUSED if refused else 0), answer
+    for path, want in case["expect"].items():
+        assert _at(answer, path) == want, (path, answer)
+    for value in case.get("allowed_has", []):
+        assert value in answer["allowed"], answer
+    for value in case.get("allowed_lacks", []):
+        assert value not in answer["allowed"], answer
+
+
+def test_a_gpu_newer_than_the_branch_default_takes_a_newer_release_of_the_branch():
+    """The class of item 1, on any constraint: a branch whose default is older than what a GPU
+    needs is not refused while a known release of it fits (here R580 with its default moved back
+    to 580.65.06: B300 needs 580.82.07, S11/S15)."""
+    import dataclasses
+
+    from gpufleet.compat import compat_data
+    from gpufleet.resolver import resolve
+
+    data = compat_data()
+    older = dataclasses.replace(data.driver_branches["580"], default="580.65.06")
+    variant = dataclasses.replace(data, driver_branches={**data.driver_branches, "580": older})
+    res = resolve(["NVIDIA B300 SXM6 AC"], {"driver_branch": "580"}, "ubuntu-24.04", data=variant)
+    assert res.driver_version == "580.82.07"
+    # with no update asked, the GA driver keeps the default and CUDA 13.0 is its GA update
+    res = resolve(["NVIDIA H100 80GB HBM3"], {"driver_branch": "580", "cuda_version": "13.0"}, "ubuntu-24.04",
+                  data=variant)
+    assert (res.driver_version, res.cuda_release) == ("580.65.06", "13.0.0")
