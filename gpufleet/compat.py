@@ -38,7 +38,7 @@ class CudaRelease:
 
     def updates_for(self, driver: str) -> tuple[str, ...]:
         """The updates whose Table 3 driver ``driver`` meets, newest first."""
-        return tuple(u for u in reversed(self.updates) if at_least(driver, self.updates[u]))
+        return tuple(u for u in reversed(list(self.updates)) if at_least(driver, self.updates[u]))
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from gpufleet.facts.gpu import ClockPair
 
 from .compat import CompatData, DistroOffer, DriverBranch, compat_data
 from .errors import Incompatible
+from .gpu_support import stack_hint
 from .gpus import GpuModel, to_models
 from .pytorch import PytorchChoice, choose_pytorch, pytorch_data
 from .versions import at_least, branch_of, major, normalise_branch, parse
@@ -217,7 +218,8 @@ def _check_driver(models: Sequence[GpuModel], info: DriverBranch, version: str, 
             arch = data.architectures[model.arch]
             why = f"; the last branch for {model.arch} is R{arch.last_branch}" if arch.last_branch else ""
             raise Incompatible(
-                f"{model.name} ({model.arch}) is not supported by driver branch R{info.branch}{why}",
+                f"{model.name} ({model.arch}) is not supported by driver branch R{info.branch}{why}"
+                + stack_hint([model], data),
                 key="driver_branch",
                 allowed=allowed,
             )
@@ -327,7 +329,7 @@ def _check_cuda(models: Sequence[GpuModel], cuda: str, update: str | None, versi
         if parse(model.compute_capability) < parse(family.min_compute_capability):
             raise Incompatible(
                 f"CUDA {family.major}.x drops compute capability < {family.min_compute_capability}; "
-                f"{model.name} is {model.compute_capability}",
+                f"{model.name} is {model.compute_capability}" + stack_hint([model], data),
                 key="cuda_version",
                 allowed=allowed,
             )
@@ -338,7 +340,8 @@ def _check_cuda(models: Sequence[GpuModel], cuda: str, update: str | None, versi
             )
         if arch.last_cuda_major and int(major(cuda)) > int(arch.last_cuda_major):
             raise Incompatible(
-                f"{model.arch} GPUs end with CUDA {arch.last_cuda_major}.x; {model.name} cannot use CUDA {cuda}",
+                f"{model.arch} GPUs end with CUDA {arch.last_cuda_major}.x; {model.name} cannot use CUDA {cuda}"
+                + stack_hint([model], data),
                 key="cuda_version",
                 allowed=allowed,
             )
@@ -439,7 +442,7 @@ def cuda_wish(cuda: str, data: CompatData) -> tuple[str, str | None]:
         + (f" (CUDA {minor}'s updates: {', '.join(release.updates)})" if release and release.updates else ""),
         key="cuda_version",
         allowed="none, " + ", ".join(sorted(data.cuda_releases, key=parse, reverse=True))
-        + ("".join(f", {u}" for u in reversed(release.updates)) if release else ""),
+        + ("".join(f", {u}" for u in reversed(list(release.updates))) if release else ""),
     )
 
 
@@ -574,12 +577,20 @@ def _resolve(models: list[GpuModel], wishes: Wishes, os_name: str, has_nvswitch:
                 return _resolve_on(models, wishes, os_name, has_nvswitch, data, source, branch, auto=True)
             except Incompatible as exc:
                 refusals.append((branch, exc))
-        reason = "no driver branch fits: " + "; ".join(f"R{b}: {exc.reason}" for b, exc in refusals)
+        hint = stack_hint(models, data)  # said once, not once per branch
+        reason = ("no driver branch fits: " + "; ".join(f"R{b}: {exc.reason.replace(hint, '') if hint else exc.reason}"
+                                                        for b, exc in refusals) + hint)
         fitting = _branches_for(models, data)
-        for key in dict.fromkeys(exc.key for b, exc in refusals if b in fitting and exc.key):
+        keys = dict.fromkeys(exc.key for b, exc in refusals if b in fitting and exc.key)
+        for key in keys:
             values = _values_that_fit(key, models, wishes, os_name, has_nvswitch, data)
             if values:  # every branch is already tried: the key whose change fixes it is another one
                 raise Incompatible(reason, key=key, allowed=", ".join(values))
+        # every branch that drives the GPUs refused for one other wish (driver_flavour: open on
+        # Pascal, proprietary on Blackwell): that wish is the key, with what it allows
+        if len(keys) == 1 and (only := next(iter(keys))) not in ("driver_branch", None):
+            first = next(exc for b, exc in refusals if b in fitting and exc.key == only)
+            raise Incompatible(reason, key=only, allowed=first.allowed)
         raise Incompatible(reason, key="driver_branch", allowed=", ".join(f"R{b}" for b in fitting) or "none")
     return _resolve_on(models, wishes, os_name, has_nvswitch, data, source, branch_wish, auto=False)
 
@@ -797,7 +808,11 @@ def _resolve_at(
         dcgm = tuple(p.format(cuda_major=dcgm_cuda) for p in data.nvidia_repo["dcgm_packages"])
 
     # every GPU must be covered by the wheel: in auto mode a branch whose driver is too old for it is skipped
-    pytorch = choose_pytorch(models, wishes.pytorch_version, version, data)
+    try:
+        pytorch = choose_pytorch(models, wishes.pytorch_version, version, data)
+    except Incompatible as refused:  # a GPU only an older stack supports: say which stack
+        hint = stack_hint(models, data) if "no kernel image" in refused.reason else ""
+        raise Incompatible(refused.reason + hint, key=refused.key, allowed=refused.allowed) from None
     notes += pytorch.notes if pytorch else ()
 
     return Resolution(

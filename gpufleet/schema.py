@@ -415,7 +415,7 @@ def _check_cuda(value: Any) -> str:
             return value
         if minor in releases:
             raise BadValue(f"CUDA {show(value)} is not an update of CUDA {minor} in the compatibility data",
-                           ", ".join(["none", minor, *reversed(releases[minor].updates)]))
+                           ", ".join(["none", minor, *reversed(list(releases[minor].updates))]))
     if not isinstance(value, str) or value not in releases:
         raise BadValue(f"CUDA {show(value)} is not in the compatibility data", _cuda_allowed())
     return value

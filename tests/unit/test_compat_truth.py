@@ -68,3 +68,30 @@ def test_a_gpu_newer_than_the_branch_default_takes_a_newer_release_of_the_branch
     res = resolve(["NVIDIA H100 80GB HBM3"], {"driver_branch": "580", "cuda_version": "13.0"}, "ubuntu-24.04",
                   data=variant)
     assert (res.driver_version, res.cuda_release) == ("580.65.06", "13.0.0")
+
+
+LIST_GPUS = yamlload.safe_load((Path(__file__).parent / "compat_truth" / "cases.yaml").read_text(encoding="utf-8"))["list_gpus"]
+
+
+def test_list_gpus_names_the_newest_stack_of_each_gpu(capsys: pytest.CaptureFixture[str]):
+    assert compat.main(["--list-gpus", "--json"]) == 0
+    rows = {row["gpu"]: row for row in json.loads(capsys.readouterr().out)}
+    for want in LIST_GPUS:
+        row = rows[want["gpu"]]
+        for key, value in want.items():
+            if key != "source":
+                assert row[key] == value, (want["gpu"], key, row)
+    assert compat.main(["--list-gpus"]) == 0  # the table: a header and one line per GPU
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split("\t")[:3] == ["gpu", "arch", "cc"] and len(lines) == len(rows) + 1
+    assert any(line.startswith("Tesla P40\tpascal\t6.1\t") and "R580 (580.173.02), last R580\tno\t12.9" in line
+               for line in lines)
+
+
+def test_the_cases_cover_every_gpu_generation_of_the_catalogue():
+    from gpufleet.gpus import catalog, model_for_name
+
+    asked = {model_for_name(g).arch for case in CASES for g in case["args"]["gpu"]}  # type: ignore[union-attr]
+    assert {m.arch for m in catalog()} <= asked
+    classes = {model_for_name(g).gpu_class for case in CASES for g in case["args"]["gpu"]}  # type: ignore[union-attr]
+    assert classes == {"datacenter", "workstation", "geforce"}
