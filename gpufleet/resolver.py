@@ -809,7 +809,8 @@ def _resolve_at(
 
     # every GPU must be covered by the wheel: in auto mode a branch whose driver is too old for it is skipped
     try:
-        pytorch = choose_pytorch(models, wishes.pytorch_version, version, data)
+        host_cuda = (offer.cuda_version if offer is not None else cuda) if cuda != NONE else None
+        pytorch = choose_pytorch(models, wishes.pytorch_version, version, data, host_cuda=host_cuda)
     except Incompatible as refused:  # a GPU only an older stack supports: say which stack
         hint = stack_hint(models, data) if "no kernel image" in refused.reason else ""
         raise Incompatible(refused.reason + hint, key=refused.key, allowed=refused.allowed) from None

@@ -48,6 +48,10 @@ def test_compat_json_answers_as_the_source_says(case: dict[str, Any], capsys: py
         assert value in answer["allowed"], answer
     for value in case.get("allowed_lacks", []):
         assert value not in answer["allowed"], answer
+    for text in case.get("notes_has", []):
+        assert any(text in note for note in answer["notes"]), answer["notes"]
+    for text in case.get("notes_lack", []):
+        assert not any(text in note for note in answer["notes"]), answer["notes"]
 
 
 def test_a_gpu_newer_than_the_branch_default_takes_a_newer_release_of_the_branch():
