@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from . import yamlload
 from .errors import CompatDataError
-from .versions import is_version, parse
+from .versions import at_least, is_version, parse
 
 SUPPORTED_SCHEMA = 1
 UNVERIFIED = "unverified"
@@ -33,6 +33,12 @@ class CudaRelease:
     ga_driver: str
     toolkit_driver: str  # driver of the newest update of this minor
     release: str | None = None  # that update ("13.0.2"): the version cuda-toolkit-X-Y is held at
+    #: every update of the minor ("13.0.0" GA, "13.0.1", ...) -> its Table 3 driver, oldest first
+    updates: Mapping[str, str] = field(default_factory=dict)
+
+    def updates_for(self, driver: str) -> tuple[str, ...]:
+        """The updates whose Table 3 driver ``driver`` meets, newest first."""
+        return tuple(u for u in reversed(list(self.updates)) if at_least(driver, self.updates[u]))
 
 
 @dataclass(frozen=True)
@@ -166,6 +172,25 @@ def _branches(raw: Mapping[str, Any]) -> dict[str, DriverBranch]:
     return out
 
 
+def _cuda_release(minor: str, raw: Mapping[str, Any]) -> CudaRelease:
+    release = _version(raw["release"], minor) if raw.get("release") is not None else None
+    toolkit = _version(raw["toolkit_driver"], minor)
+    ga = _version(raw["ga_driver"], minor)
+    updates = {_version(u, minor): _version(d, minor) for u, d in (raw.get("updates") or {}).items()}
+    if not updates and release is not None:
+        updates = {release: toolkit}
+    updates = dict(sorted(updates.items(), key=lambda item: parse(item[0])))
+    # the three summary fields must say what the update table says (one fact, written twice)
+    if updates and (release != list(updates)[-1] or toolkit != updates[list(updates)[-1]]):
+        raise CompatDataError(f"compat.yaml: cuda_releases.{minor}: release {release} / toolkit_driver {toolkit} "
+                              f"is not the newest of its updates {updates}")
+    if updates and any(".".join(u.split(".")[:2]) != minor for u in updates):
+        raise CompatDataError(f"compat.yaml: cuda_releases.{minor}: updates {list(updates)} are not all of {minor}")
+    if updates and list(updates)[0].endswith(".0") and updates[list(updates)[0]] != ga:
+        raise CompatDataError(f"compat.yaml: cuda_releases.{minor}: ga_driver {ga} is not the GA update's driver")
+    return CudaRelease(minor, ga, toolkit, release, updates)
+
+
 def _from_mapping(data: Mapping[str, Any]) -> CompatData:
     if data.get("schema_version") != SUPPORTED_SCHEMA:
         raise CompatDataError(
@@ -177,10 +202,7 @@ def _from_mapping(data: Mapping[str, Any]) -> CompatData:
         if _verified(v)
     }
     releases = {
-        str(k): CudaRelease(str(k), _version(v["ga_driver"], k), _version(v["toolkit_driver"], k),
-                            _version(v["release"], k) if v.get("release") is not None else None)
-        for k, v in _req(data, "cuda_releases", "top").items()
-        if _verified(v)
+        str(k): _cuda_release(str(k), v) for k, v in _req(data, "cuda_releases", "top").items() if _verified(v)
     }
     cudnn = tuple(
         CudnnBuild(

@@ -30,6 +30,9 @@ class GpuModel:
     max_clocks: ClockPair | None = None
     supported_memory_mhz: tuple[int, ...] = ()
     aliases: tuple[str, ...] = ()
+    #: datacenter | workstation | geforce: NVIDIA's product lines (CUDA forward compatibility,
+    #: cuda-compat, is for data-centre GPUs only [S4])
+    gpu_class: str = "datacenter"
 
     @property
     def cc_tuple(self) -> tuple[int, ...]:
@@ -84,6 +87,7 @@ def _model(raw: Mapping[str, Any]) -> GpuModel:
         max_clocks=_clock(raw.get("max_clocks")),
         supported_memory_mhz=tuple(mem.get("values", ())) if mem.get("status") != UNVERIFIED else (),
         aliases=tuple(raw.get("aliases", ())),
+        gpu_class=str(raw.get("class", "datacenter")),
     )
 
 

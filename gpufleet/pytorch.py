@@ -15,7 +15,7 @@ in, a PytorchChoice or Incompatible out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
@@ -191,11 +191,21 @@ def fitting_releases(models: Sequence[GpuModel], driver: str, data: CompatData |
             if any(_why_not(models, v, driver, data) is None for v in torch.releases[r])]
 
 
+#: torch/utils/cpp_extension.py _check_cuda_version: the host nvcc's CUDA against torch.version.cuda
+#: (PT5 in compat.yaml): another major raises, another minor only warns
+EXTENSION_MISMATCH = "The detected CUDA version ({0}) mismatches the version that was used to compile PyTorch ({1})"
+
+
 def choose_pytorch(models: Sequence[GpuModel], wish: Any, driver: str, data: CompatData | None = None,
-                   torch: PytorchData | None = None) -> PytorchChoice | None:
+                   torch: PytorchData | None = None, host_cuda: str | None = None) -> PytorchChoice | None:
     """The newest CUDA variant of PyTorch ``wish`` that runs on every GPU of the host with
     ``driver`` (stable variants before experimental ones); None for ``wish`` none. Raises Incompatible naming the GPU, its compute capability
-    and the missing architecture, or the driver floor."""
+    and the missing architecture, or the driver floor.
+
+    ``host_cuda``: the CUDA toolkit the host gets ("12.8"), or None. A wheel runs on its own
+    bundled runtime whatever the host has, but CUDA extensions (torch.utils.cpp_extension) are
+    built by the host's nvcc, which must have the wheel's CUDA major: a variant of that major
+    is preferred, and a note says when none fits."""
     if wish in (None, NONE):
         return None
     data, torch = data or compat_data(), torch or pytorch_data()
@@ -206,10 +216,21 @@ def choose_pytorch(models: Sequence[GpuModel], wish: Any, driver: str, data: Com
                            allowed="none, " + ", ".join(torch.versions))
     reasons: dict[str, list[str]] = {}  # reason -> variants, so a shared reason is said once
     # stable variants first (newest CUDA first); an experimental one only when no stable one fits
-    for variant in sorted(variants, key=lambda v: v.experimental):
+    def rank(v: Variant) -> tuple[bool, bool]:
+        return v.experimental, host_cuda is not None and major(v.cuda) != major(host_cuda)
+
+    for variant in sorted(variants, key=rank):
         why = _why_not(models, variant, driver, data)
         if why is None:
-            return _choice(variant, driver, data, torch)
+            choice = _choice(variant, driver, data, torch)
+            if host_cuda is not None and major(variant.cuda) != major(host_cuda):
+                shown = ", ".join(v.name for v in variants if major(v.cuda) == major(host_cuda)) or "none"
+                note = (f"PyTorch {version} {variant.name} (CUDA {variant.cuda}) and the host's CUDA toolkit "
+                        f"{host_cuda} differ in major: building CUDA extensions with the host's nvcc fails "
+                        f"(\"{EXTENSION_MISMATCH.format(host_cuda, variant.cuda)}\"); {version}'s CUDA "
+                        f"{major(host_cuda)} variants: {shown}")
+                choice = replace(choice, notes=(*choice.notes, note))
+            return choice
         reasons.setdefault(why, []).append(variant.name)
     allowed = fitting_releases(models, driver, data, torch)
     said = "; ".join(f"{', '.join(names)}: {why}" for why, names in reasons.items())

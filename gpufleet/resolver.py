@@ -16,6 +16,7 @@ from gpufleet.facts.gpu import ClockPair
 
 from .compat import CompatData, DistroOffer, DriverBranch, compat_data
 from .errors import Incompatible
+from .gpu_support import stack_hint
 from .gpus import GpuModel, to_models
 from .pytorch import PytorchChoice, choose_pytorch, pytorch_data
 from .versions import at_least, branch_of, major, normalise_branch, parse
@@ -190,10 +191,24 @@ def _branches_for(models: Sequence[GpuModel], data: CompatData) -> list[str]:
     out = []
     for branch in sorted(data.usable_branches, key=int):
         info = data.driver_branches[branch]
-        version = info.default or ""
+        version = _newest_known(info)  # the default may be older than a GPU's first driver: a newer one fits
         if all(m.arch in info.architectures and (m.min_driver is None or at_least(version, m.min_driver)) for m in models):
             out.append(branch)
     return out
+
+
+def _newest_known(info: DriverBranch) -> str:
+    return max([info.default or "0", *info.versions], key=parse)
+
+
+def driver_candidates(info: DriverBranch) -> list[str]:
+    """The releases of a branch a `driver_version: auto` may resolve to, in the order tried: the
+    branch's default, then each newer known release, oldest first. A toolkit update, a GPU or a
+    cuDNN build may need a newer driver of the same branch than its default (CUDA 13.2 Update 2
+    needs 595.71.05, R595's default is 595.45.04): the first release that fits is the one closest
+    to the default, which is what NVIDIA's tables then support."""
+    default = info.default or ""
+    return [default, *sorted((v for v in info.versions if parse(v) > parse(default)), key=parse)]
 
 
 def _check_driver(models: Sequence[GpuModel], info: DriverBranch, version: str, data: CompatData) -> None:
@@ -203,13 +218,17 @@ def _check_driver(models: Sequence[GpuModel], info: DriverBranch, version: str, 
             arch = data.architectures[model.arch]
             why = f"; the last branch for {model.arch} is R{arch.last_branch}" if arch.last_branch else ""
             raise Incompatible(
-                f"{model.name} ({model.arch}) is not supported by driver branch R{info.branch}{why}",
+                f"{model.name} ({model.arch}) is not supported by driver branch R{info.branch}{why}"
+                + stack_hint([model], data),
                 key="driver_branch",
                 allowed=allowed,
             )
         if model.min_driver and not at_least(version, model.min_driver):
+            newest = _newest_known(info)
             raise Incompatible(
-                f"{model.name} needs driver >= {model.min_driver}; R{info.branch} resolves to {version}",
+                f"{model.name} needs driver >= {model.min_driver}; "
+                + (f"R{info.branch} resolves to {version}" if at_least(newest, model.min_driver)
+                   else f"the newest known R{info.branch} release is {newest}"),
                 key="driver_branch",
                 allowed=allowed,
             )
@@ -273,13 +292,18 @@ def _by_branch(schemes: Sequence[Mapping[str, Any]], branch: str, **fill: str) -
 # --- CUDA / cuDNN -------------------------------------------------------------------------------
 
 
-def _check_cuda(models: Sequence[GpuModel], cuda: str, version: str, mode: str, data: CompatData) -> list[str]:
+def _check_cuda(models: Sequence[GpuModel], cuda: str, update: str | None, version: str, mode: str,
+                data: CompatData) -> tuple[list[str], str | None]:
+    """Check CUDA minor ``cuda`` (at the asked ``update``, or None) on driver ``version``; return the
+    notes and the update to install: the asked one, else the newest the driver supports (S1 Table 3)."""
     notes: list[str] = []
     family = data.cuda_families.get(major(cuda))
     release = data.cuda_releases[cuda]
     if family is None:
         raise Incompatible(f"CUDA {major(cuda)}.x has no verified driver floor", key="cuda_version")
-    supported = [c for c in data.cuda_releases if _cuda_fits(models, c, version, mode, data)]
+    supported = [c for c in data.cuda_releases if _cuda_fits(models, c, None, version, mode, data)]
+    if update is not None:  # the other updates of the asked minor this driver takes
+        supported += [u for u in release.updates if _cuda_fits(models, cuda, u, version, mode, data)]
     allowed = "none, " + ", ".join(sorted(supported, key=parse, reverse=True)) if supported else NONE
     if not at_least(version, family.min_driver):
         raise Incompatible(
@@ -287,20 +311,25 @@ def _check_cuda(models: Sequence[GpuModel], cuda: str, version: str, mode: str, 
             key="cuda_version",
             allowed=allowed,
         )
-    if mode == "toolkit" and not at_least(version, release.toolkit_driver):
+    native = release.updates_for(version)
+    chosen = update or (native[0] if native else release.release)
+    floor = release.updates.get(chosen or "", release.toolkit_driver)
+    if mode == "toolkit" and not at_least(version, floor):
+        floors = ", ".join(f"{u} >= {d}" for u, d in release.updates.items())
+        lowest = floor if update else min(release.updates.values(), key=parse, default=floor)
         raise Incompatible(
-            f"CUDA {cuda} (newest update) needs driver >= {release.toolkit_driver}; driver is {version} "
-            "(cuda_driver_compat: minor accepts the family floor with limited features)",
+            f"CUDA {chosen if update else cuda} needs driver >= {lowest}; driver is {version} (NVIDIA's Table 3: "
+            f"{floors}; cuda_driver_compat: minor accepts the family floor with limited features)",
             key="cuda_version",
             allowed=allowed,
         )
-    if mode == "minor" and not at_least(version, release.toolkit_driver):
-        notes.append(f"CUDA {cuda} runs in minor-version compatibility (driver {version} < {release.toolkit_driver})")
+    if mode == "minor" and not at_least(version, floor):
+        notes.append(f"CUDA {chosen} runs in minor-version compatibility (driver {version} < {floor})")
     for model in models:
         if parse(model.compute_capability) < parse(family.min_compute_capability):
             raise Incompatible(
                 f"CUDA {family.major}.x drops compute capability < {family.min_compute_capability}; "
-                f"{model.name} is {model.compute_capability}",
+                f"{model.name} is {model.compute_capability}" + stack_hint([model], data),
                 key="cuda_version",
                 allowed=allowed,
             )
@@ -311,26 +340,30 @@ def _check_cuda(models: Sequence[GpuModel], cuda: str, version: str, mode: str, 
             )
         if arch.last_cuda_major and int(major(cuda)) > int(arch.last_cuda_major):
             raise Incompatible(
-                f"{model.arch} GPUs end with CUDA {arch.last_cuda_major}.x; {model.name} cannot use CUDA {cuda}",
+                f"{model.arch} GPUs end with CUDA {arch.last_cuda_major}.x; {model.name} cannot use CUDA {cuda}"
+                + stack_hint([model], data),
                 key="cuda_version",
                 allowed=allowed,
             )
-    return notes
+    return notes, chosen
 
 
-def _cuda_fits(models: Sequence[GpuModel], cuda: str, version: str, mode: str, data: CompatData) -> bool:
+def _cuda_fits(models: Sequence[GpuModel], cuda: str, update: str | None, version: str, mode: str,
+               data: CompatData) -> bool:
     try:
-        _check_cuda_quiet(models, cuda, version, mode, data)
+        _check_cuda_quiet(models, cuda, update, version, mode, data)
     except Incompatible:
         return False
     return True
 
 
-def _check_cuda_quiet(models: Sequence[GpuModel], cuda: str, version: str, mode: str, data: CompatData) -> None:
+def _check_cuda_quiet(models: Sequence[GpuModel], cuda: str, update: str | None, version: str, mode: str,
+                      data: CompatData) -> None:
     family = data.cuda_families.get(major(cuda))
     release = data.cuda_releases[cuda]
-    floor = release.toolkit_driver if mode == "toolkit" else (family.min_driver if family else None)
-    if family is None or floor is None or not at_least(version, floor) or not at_least(version, family.min_driver):
+    if family is None or not at_least(version, family.min_driver):
+        raise Incompatible("driver")
+    if mode == "toolkit" and not (at_least(version, release.updates[update]) if update else release.updates_for(version)):
         raise Incompatible("driver")
     for model in models:
         arch = data.architectures[model.arch]
@@ -342,6 +375,16 @@ def _check_cuda_quiet(models: Sequence[GpuModel], cuda: str, version: str, mode:
             raise Incompatible("last")
 
 
+def cudnn_covers(listed: Sequence[str], cc: str) -> bool:
+    """Whether a cuDNN build whose support-matrix row lists compute capabilities ``listed`` runs on
+    a GPU of ``cc``: listed, or a listed one of the same major and a lower minor (CUDA's binary
+    compatibility: SASS for X.y runs on X.z, z >= y). The matrix names architectures beside the
+    CCs ("NVIDIA Blackwell": 10.0, 12.0) and is silent on 10.3 (B300) and 12.1; this rule reads
+    them as their architecture's row does."""
+    have = parse(cc)
+    return any(c == cc or (major(c) == major(cc) and parse(c) <= have) for c in listed)
+
+
 def _check_cudnn(models: Sequence[GpuModel], cudnn: str, cuda: str, version: str, data: CompatData) -> None:
     same_major = [b for b in data.cudnn_builds if b.cuda_major == major(cuda)]
     builds = [b for b in same_major if b.version == cudnn]
@@ -351,7 +394,7 @@ def _check_cudnn(models: Sequence[GpuModel], cudnn: str, cuda: str, version: str
             for b in same_major
             if cuda in b.cuda_versions
             and at_least(version, b.min_driver)
-            and all(m.compute_capability in b.compute_capabilities for m in models)
+            and all(cudnn_covers(b.compute_capabilities, m.compute_capability) for m in models)
         },
         key=parse,
         reverse=True,
@@ -367,7 +410,7 @@ def _check_cudnn(models: Sequence[GpuModel], cudnn: str, cuda: str, version: str
         )
     problems = []
     for build in for_cuda:
-        missing = [m for m in models if m.compute_capability not in build.compute_capabilities]
+        missing = [m for m in models if not cudnn_covers(build.compute_capabilities, m.compute_capability)]
         if missing:
             problems.append(
                 f"cuDNN {cudnn} for CUDA {cuda} does not support compute capability "
@@ -381,18 +424,25 @@ def _check_cudnn(models: Sequence[GpuModel], cudnn: str, cuda: str, version: str
 
 
 def exact_cuda(cuda: str, data: CompatData) -> str:
-    """The CUDA minor a user's `cuda_version` names: "13.0" or its exact release "13.0.2"."""
+    """The CUDA minor a user's `cuda_version` names: "13.2", or one of its updates "13.2.0" / "13.2.2"."""
+    return cuda_wish(cuda, data)[0]
+
+
+def cuda_wish(cuda: str, data: CompatData) -> tuple[str, str | None]:
+    """A `cuda_version` as (minor, asked update or None): "13.2" -> ("13.2", None), "13.2.0" (GA)
+    -> ("13.2", "13.2.0"). An update not in NVIDIA's Table 3 rows of compat.yaml is refused."""
     if cuda in data.cuda_releases:
-        return cuda
+        return cuda, None
     minor = ".".join(cuda.split(".")[:2])
     release = data.cuda_releases.get(minor)
-    if release is not None and release.release == cuda:
-        return minor
+    if release is not None and cuda in release.updates:
+        return minor, cuda
     raise Incompatible(
         f"CUDA {cuda} is not a release in the compatibility data"
-        + (f" (CUDA {minor} is installed at its release {release.release})" if release and release.release else ""),
+        + (f" (CUDA {minor}'s updates: {', '.join(release.updates)})" if release and release.updates else ""),
         key="cuda_version",
-        allowed="none, " + ", ".join(sorted(data.cuda_releases, key=parse, reverse=True)),
+        allowed="none, " + ", ".join(sorted(data.cuda_releases, key=parse, reverse=True))
+        + ("".join(f", {u}" for u in reversed(list(release.updates))) if release else ""),
     )
 
 
@@ -527,12 +577,20 @@ def _resolve(models: list[GpuModel], wishes: Wishes, os_name: str, has_nvswitch:
                 return _resolve_on(models, wishes, os_name, has_nvswitch, data, source, branch, auto=True)
             except Incompatible as exc:
                 refusals.append((branch, exc))
-        reason = "no driver branch fits: " + "; ".join(f"R{b}: {exc.reason}" for b, exc in refusals)
+        hint = stack_hint(models, data)  # said once, not once per branch
+        reason = ("no driver branch fits: " + "; ".join(f"R{b}: {exc.reason.replace(hint, '') if hint else exc.reason}"
+                                                        for b, exc in refusals) + hint)
         fitting = _branches_for(models, data)
-        for key in dict.fromkeys(exc.key for b, exc in refusals if b in fitting and exc.key):
+        keys = dict.fromkeys(exc.key for b, exc in refusals if b in fitting and exc.key)
+        for key in keys:
             values = _values_that_fit(key, models, wishes, os_name, has_nvswitch, data)
             if values:  # every branch is already tried: the key whose change fixes it is another one
                 raise Incompatible(reason, key=key, allowed=", ".join(values))
+        # every branch that drives the GPUs refused for one other wish (driver_flavour: open on
+        # Pascal, proprietary on Blackwell): that wish is the key, with what it allows
+        if len(keys) == 1 and (only := next(iter(keys))) not in ("driver_branch", None):
+            first = next(exc for b, exc in refusals if b in fitting and exc.key == only)
+            raise Incompatible(reason, key=only, allowed=first.allowed)
         raise Incompatible(reason, key="driver_branch", allowed=", ".join(f"R{b}" for b in fitting) or "none")
     return _resolve_on(models, wishes, os_name, has_nvswitch, data, source, branch_wish, auto=False)
 
@@ -574,10 +632,8 @@ def _resolve_on(
     version_wish = wishes.driver_version
     cuda = wishes.cuda_version
     cudnn = wishes.cudnn_version
-    cuda = cuda if cuda == NONE else exact_cuda(cuda, data)
+    cuda, update = (cuda, None) if cuda == NONE else cuda_wish(cuda, data)
     cudnn = cudnn if cudnn == NONE else exact_cudnn(cudnn, data)
-    mode = wishes.cuda_driver_compat
-    notes: list[str] = []
     offer: DistroOffer | None = None
 
     if source == "distro":
@@ -607,15 +663,16 @@ def _resolve_on(
                 key="cuda_version",
                 allowed="none",
             )
-        if cuda not in (NONE, offer.cuda_version):
+        if cuda not in (NONE, offer.cuda_version) or update is not None:
             raise Incompatible(
-                f"{os_name} ships CUDA toolkit {offer.cuda_version} only, not {cuda}",
+                f"{os_name} ships CUDA toolkit {offer.cuda_version} only (its own build), not "
+                f"{update or cuda}",
                 key="cuda_version",
                 allowed=f"none, {offer.cuda_version}",
             )
         if cudnn != NONE and not offer.cudnn:
             raise Incompatible(f"{os_name} does not package cuDNN", key="cudnn_version", allowed="none")
-        branch, version = offer.driver_branch, offer.driver_version
+        branch, candidates = offer.driver_branch, [offer.driver_version]
     elif source == "nvidia":
         if os_name not in data.nvidia_repo["os_dirs"]:
             raise Incompatible(
@@ -631,16 +688,47 @@ def _resolve_on(
                 key="driver_branch",
                 allowed=", ".join(data.usable_branches),
             )
-        version = str(info.default if version_wish == AUTO or auto else version_wish)
-        if version not in info.versions or branch_of(version) != branch:
-            raise Incompatible(
-                f"driver {version} is not a known R{branch} release",
-                key="driver_version",
-                allowed="auto, " + ", ".join(info.versions),
-            )
+        if version_wish == AUTO or auto:
+            candidates = driver_candidates(info)
+        else:
+            candidates = [str(version_wish)]
+            if version_wish not in info.versions or branch_of(version_wish) != branch:
+                raise Incompatible(
+                    f"driver {version_wish} is not a known R{branch} release",
+                    key="driver_version",
+                    allowed="auto, " + ", ".join(info.versions),
+                )
     else:
         raise Incompatible(f"unknown driver source {source!r}", key="driver_source", allowed="nvidia, distro")
 
+    refusals: list[Incompatible] = []
+    for version in candidates:
+        try:
+            return _resolve_at(models, wishes, os_name, has_nvswitch, data, source, branch, version, offer,
+                               cuda, update, cudnn)
+        except Incompatible as exc:
+            refusals.append(exc)
+    # every release of the branch refused: the newest one's reason is what the branch cannot do
+    raise refusals[-1]
+
+
+def _resolve_at(
+    models: list[GpuModel],
+    wishes: Wishes,
+    os_name: str,
+    has_nvswitch: bool,
+    data: CompatData,
+    source: str,
+    branch: str,
+    version: str,
+    offer: DistroOffer | None,
+    cuda: str,
+    update: str | None,
+    cudnn: str,
+) -> Resolution:
+    """The resolution on one exact driver ``version`` of ``branch``; Incompatible if it cannot be."""
+    mode = wishes.cuda_driver_compat
+    notes: list[str] = []
     info = data.driver_branches[branch]
     _check_driver(models, info, version, data)
     notes += _eol_note(info, data)
@@ -655,14 +743,15 @@ def _resolve_on(
     cuda_version = cuda_package = cudnn_version = cudnn_package = cuda_release = cudnn_release = None
     cudnn_packages: tuple[str, ...] = ()
     if cuda != NONE:
-        notes += _check_cuda(models, cuda, version, mode, data)
+        cuda_notes, chosen_update = _check_cuda(models, cuda, update, version, mode, data)
+        notes += cuda_notes
         cuda_version = cuda
         if offer is not None:
             cuda_package = offer.cuda_package  # Debian's own version, whatever the release ships
         else:
             cuda_major, cuda_minor = cuda.split(".")[:2]
             cuda_package = data.nvidia_repo["cuda_package"].format(cuda_major=cuda_major, cuda_minor=cuda_minor)
-            cuda_release = data.cuda_releases[cuda].release
+            cuda_release = chosen_update
             if cuda_release is None:
                 raise Incompatible(f"CUDA {cuda} has no exact release in compat.yaml", key="cuda_version")
     if cudnn != NONE:
@@ -719,7 +808,12 @@ def _resolve_on(
         dcgm = tuple(p.format(cuda_major=dcgm_cuda) for p in data.nvidia_repo["dcgm_packages"])
 
     # every GPU must be covered by the wheel: in auto mode a branch whose driver is too old for it is skipped
-    pytorch = choose_pytorch(models, wishes.pytorch_version, version, data)
+    try:
+        host_cuda = (offer.cuda_version if offer is not None else cuda) if cuda != NONE else None
+        pytorch = choose_pytorch(models, wishes.pytorch_version, version, data, host_cuda=host_cuda)
+    except Incompatible as refused:  # a GPU only an older stack supports: say which stack
+        hint = stack_hint(models, data) if "no kernel image" in refused.reason else ""
+        raise Incompatible(refused.reason + hint, key=refused.key, allowed=refused.allowed) from None
     notes += pytorch.notes if pytorch else ()
 
     return Resolution(

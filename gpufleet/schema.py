@@ -409,10 +409,13 @@ def _check_cuda(value: Any) -> str:
         raise BadValue(f"CUDA version given as a number {value!r}; quote it (\"{value}\")", _cuda_allowed())
     releases = compat_data().cuda_releases
     if isinstance(value, str) and value not in releases:
-        # the exact release "13.0.2" names its minor "13.0" (installed at exactly that release)
+        # an update "13.2.0" (GA) / "13.2.2" asks for exactly that update of its minor: kept as written
         minor = ".".join(value.split(".")[:2])
-        if minor in releases and releases[minor].release == value:
-            return minor
+        if minor in releases and value in releases[minor].updates:
+            return value
+        if minor in releases:
+            raise BadValue(f"CUDA {show(value)} is not an update of CUDA {minor} in the compatibility data",
+                           ", ".join(["none", minor, *reversed(list(releases[minor].updates))]))
     if not isinstance(value, str) or value not in releases:
         raise BadValue(f"CUDA {show(value)} is not in the compatibility data", _cuda_allowed())
     return value

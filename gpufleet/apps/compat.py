@@ -80,7 +80,9 @@ def parser(prog: str = "compat") -> argparse.ArgumentParser:
         p.add_argument(flag, dest=key, type=_grammar(key), default=default, metavar=key.upper(),
                        help=f"as the inventory key {key} (default {default})")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("--list-gpus", action="store_true", help="print the GPU names gpufleet knows and exit")
+    p.add_argument("--list-gpus", action="store_true",
+                   help="print every GPU gpufleet knows (architecture, compute capability, the newest driver branch, "
+                        "CUDA and PyTorch wheel that support it, open/proprietary modules) and exit; with --json, a list")
     add_version(p)
     return p
 
@@ -138,6 +140,42 @@ def answer(gpus: list[Any], os_release: str, wishes: dict[str, Any]) -> dict[str
     return out
 
 
+def gpu_rows() -> list[dict[str, Any]]:
+    """--list-gpus: every GPU of the catalogue with the newest stack that still supports it."""
+    from dataclasses import asdict
+
+    from gpufleet.gpu_support import newest_stack
+    from gpufleet.gpus import catalog
+
+    rows = []
+    for model in catalog():
+        row = asdict(newest_stack(model))
+        row["modules"] = list(row["modules"])
+        row["pci_ids"] = list(model.pci_ids)
+        rows.append(row)
+    return rows
+
+
+GPU_COLUMNS = ("gpu", "arch", "cc", "class", "newest branch", "CUDA 13", "newest CUDA", "newest PyTorch", "modules")
+
+
+def render_gpus(rows: list[dict[str, Any]]) -> str:
+    """One line per GPU, tab-separated, under a header: the newest branch (and the
+    architecture's last one, when it has ended), CUDA and PyTorch wheel that support it."""
+    lines = ["\t".join(GPU_COLUMNS)]
+    for r in rows:
+        branch = f"R{r['branch']} ({r['driver']})" if r["branch"] else "none"
+        if r["last_branch"]:
+            branch += f", last R{r['last_branch']}"
+        lines.append("\t".join([
+            r["gpu"], r["arch"], r["compute_capability"], r["gpu_class"], branch, "yes" if r["cuda13"] else "no",
+            f"{r['cuda']} ({r['cuda_release']})" if r["cuda"] else "none",
+            f"{r['pytorch']} {r['pytorch_variant']}" if r["pytorch"] else "none",
+            "/".join(r["modules"]) or "none",
+        ]))
+    return "\n".join(lines)
+
+
 def render(out: dict[str, Any]) -> str:
     gpus: dict[str, int] = {}
     for g in out["gpus"]:
@@ -182,10 +220,8 @@ def main(argv: list[str] | None = None, prog: str = "compat") -> int:
     p = parser(prog)
     args = p.parse_args(argv)
     if args.list_gpus:
-        from gpufleet.gpus import catalog
-
-        for model in catalog():
-            print(f"{model.name}\t{model.compute_capability}\t{model.arch}")
+        rows = gpu_rows()
+        print(json.dumps(rows, indent=2) if args.json else render_gpus(rows))
         return 0
     if not args.gpu:
         p.error("at least one --gpu is needed")

@@ -49,7 +49,7 @@ def test_source_tags_exist_and_come_from_the_reference():
     raw = _raw("compat.yaml")
     reference = yaml.safe_load(resources.files("gpufleet").joinpath("data/reference/compat-data.yaml").read_text())
     known = set(raw["sources"])
-    added_here = {"S32", "S33", "S34", "S35", "S36", "S37", "S38", "S39", "S40", "S41", "PT1", "PT2", "PT3", "PT4"}  # PT*: PyTorch wheel data, read for gpufleet (compat.yaml pytorch)
+    added_here = {"S32", "S33", "S34", "S35", "S36", "S37", "S38", "S39", "S40", "S41", "S43", "S44", "PT1", "PT2", "PT3", "PT4", "PT5"}  # PT*: PyTorch wheel data, read for gpufleet (compat.yaml pytorch)
     assert known - added_here <= set(reference["sources"])
     for path, node in _walk(raw):
         tags = node.get("source") if isinstance(node, dict) else None

@@ -43,8 +43,10 @@ def test_proprietary_flavour_is_cuda_drivers_and_refused_on_blackwell():
 
 def test_cuda_too_new_for_the_driver_names_the_key():
     with pytest.raises(Incompatible) as info:
-        resolve([H100], wish(driver_version="580.65.06", cuda_version="13.0"), DEBIAN12)
+        resolve([H100], wish(driver_version="580.65.06", cuda_version="13.0.2"), DEBIAN12)
     assert info.value.key == "cuda_version" and "needs driver >= 580.95.05" in info.value.reason
+    assert "13.0.0" in info.value.allowed  # the GA update is what 580.65.06 drives (S1 Table 3)
+    assert resolve([H100], wish(driver_version="580.65.06", cuda_version="13.0"), DEBIAN12).cuda_release == "13.0.0"
 
 
 def test_distro_versions_per_package_debian12():

@@ -67,9 +67,9 @@ def test_cudnn_build_per_release_and_cuda_major(gpus, cuda, cudnn, build, packag
 
 def test_a_release_not_in_the_data_is_refused_with_what_is_allowed():
     with pytest.raises(Incompatible) as info:
-        resolve([H100], wish(cuda_version="13.0.1"), DEBIAN)  # an older update: not what is checked
-    assert info.value.key == "cuda_version" and "installed at its release 13.0.2" in info.value.reason
-    assert "13.0" in info.value.allowed
+        resolve([H100], wish(cuda_version="13.0.7"), DEBIAN)  # no such update in NVIDIA's Table 3
+    assert info.value.key == "cuda_version" and "13.0.0, 13.0.1, 13.0.2" in info.value.reason
+    assert "13.0" in info.value.allowed and "13.0.1" in info.value.allowed
     with pytest.raises(Incompatible) as info:
         resolve([H100], wish(cuda_version="13.0", cudnn_version="9.16"), DEBIAN)
     assert info.value.key == "cudnn_version" and "9.17.0" in info.value.allowed
@@ -86,10 +86,12 @@ def test_a_cudnn_release_without_a_package_build_is_refused():
 
 
 def test_schema_accepts_the_precise_forms():
-    assert _check_cuda("13.0.2") == "13.0" and _check_cuda("13.0") == "13.0"
+    # an update is kept as written: the resolver installs exactly it (13.0 = the newest the driver takes)
+    assert _check_cuda("13.0.2") == "13.0.2" and _check_cuda("13.0.1") == "13.0.1" and _check_cuda("13.0") == "13.0"
     assert _check_cudnn("9.17") == "9.17.0"
-    with pytest.raises(BadValue):
-        _check_cuda("13.0.1")
+    with pytest.raises(BadValue) as bad:
+        _check_cuda("13.0.7")
+    assert bad.value.allowed == "none, 13.0, 13.0.2, 13.0.1, 13.0.0"
 
 
 def test_distro_cuda_is_not_pinned_to_an_nvidia_release():

@@ -55,9 +55,11 @@ def test_cuda_toolkit_driver_table3_vs_minor_compat():
     assert err.key == "cuda_version" and "595.71.05" in err.reason
     ok = resolve([H100], wish(cuda_version="13.2", cuda_driver_compat="minor"), UBUNTU)
     assert ok.cuda_version == "13.2" and any("minor-version compatibility" in n for n in ok.notes)
-    # the toolkit rule uses the newest update's driver: 580.82.07 is below 13.0 Update 2 (580.95.05)
-    err = refused([H100], wish(cuda_version="13.0", driver_version="580.82.07"))
-    assert "580.95.05" in err.reason
+    # the toolkit rule uses the driver of the update installed: on 580.82.07 "13.0" is 13.0 Update 1
+    # (S1 Table 3: >= 580.82.07), and Update 2 (>= 580.95.05), asked by name, is refused
+    assert resolve([H100], wish(cuda_version="13.0", driver_version="580.82.07"), UBUNTU).cuda_release == "13.0.1"
+    err = refused([H100], wish(cuda_version="13.0.2", driver_version="580.82.07"))
+    assert err.key == "cuda_version" and "580.95.05" in err.reason and "13.0.1" in err.allowed
 
 
 def test_cuda13_drops_compute_capability_below_7_5():
@@ -92,9 +94,11 @@ def test_cudnn_against_compute_capability():
     assert ok.cudnn_package == "libcudnn9-cuda-12"
     err = refused([V100], wish(cuda_version="12.8", cudnn_version="9.17.0"))
     assert err.key == "cudnn_version" and "7.0" in err.reason and err.allowed.startswith("none, 9.10.2")
-    # Blackwell on cuDNN 9.17 / CUDA 12 is only footnoted (unverified) in the matrix: refused
-    err = refused([B200], wish(cuda_version="12.8", cudnn_version="9.17.0"))
-    assert "10.0" in err.reason
+    # the support matrix lists Blackwell (10.0, 12.0) for cuDNN 9.17.0's CUDA 12 build (issue 47);
+    # Blackwell itself needs CUDA >= 12.8 (S6), so on 12.6 the CUDA key is refused first
+    assert resolve([B200], wish(cuda_version="12.8", cudnn_version="9.17.0"), UBUNTU).cudnn_release == "9.17.0.29"
+    err = refused([B200], wish(driver_branch="570", cuda_version="12.6", cudnn_version="9.17.0"))
+    assert err.key == "cuda_version" and "needs CUDA >= 12.8" in err.reason
     assert resolve([B200], wish(cuda_version="12.8", cudnn_version="9.10.2"), UBUNTU).cudnn_version == "9.10.2"
 
 

@@ -156,8 +156,10 @@ SCENARIOS = {
     "research": Scenario("research", {"tier_mismatch": "warn", "monitoring_dcgm_exporter": False}),
     "render": Scenario("render", {"tier_mismatch": "warn"}),
     "inference": Scenario("inference", {"tier_mismatch": "warn"}),
-    # the driver pinned below CUDA 13.0's toolkit driver (580.95.05) but in its family
-    "hgx-old-driver": Scenario("hgx", {"tier_mismatch": "warn", "driver_version": "580.82.07"}),
+    # the driver pinned below CUDA 13.0 Update 2's toolkit driver (580.95.05), that update asked
+    # for by name, but in its family ("13.0" alone would be Update 1, which 580.82.07 drives)
+    "hgx-old-driver": Scenario("hgx", {"tier_mismatch": "warn", "driver_version": "580.82.07",
+                                       "cuda_version": "13.0.2"}),
     # a provisioned host (580.159.04) whose inventory now asks for another driver
     "hgx-pending": Scenario("hgx", {"tier_mismatch": "warn", "validate_gpu_count": [1, 8],
                                     "driver_version": "580.126.09"}, so.provisioned()),
