@@ -1,6 +1,6 @@
 """PyTorch for the host's users, matched to its GPUs and driver (pytorch_runtime: venv).
 
-Story of a host, part 5b: the wheel the resolver chose (gpufleet/pytorch.py: the release of
+Story of a host, part 6 (after tuning): the wheel the resolver chose (gpufleet/pytorch.py: the release of
 `pytorch_version`, its CUDA variant that runs on every GPU with the resolved driver; the one
 tools/compat and the plan view name) is installed into one shared environment, root-owned and
 readable by every user (`pytorch_venv_path`, /opt/gpufleet/pytorch: jobs run

@@ -12,7 +12,7 @@ from gpufleet.facts.gpu_checks import PerfProbe
 from gpufleet.facts.pytorch import TorchBuild
 from gpufleet.pytorch import choose_pytorch
 from gpufleet.gpus import model_for_name
-from gpufleet.pytorch_runtime import runtime_of, venv_plan
+from gpufleet.pytorch_runtime import INSTALL_SCRIPT, MARKER, runtime_of, venv_plan
 from gpufleet.validation import SKIP, WARN, performance
 from tests.unit.test_settings import inventory, problems_of
 
@@ -75,6 +75,8 @@ def test_the_venv_installs_the_resolvers_wheel_from_where_the_tier_says():
     assert offline.source == ("--no-index", "--find-links", "/srv/wheels")
     # the record names the wheel, not where it came from: a new mirror installs nothing again
     assert plan.record == mirror.record == offline.record == "torch==2.11.* cu130\n"
+    # the script writes the record where the operation reads it, last
+    assert INSTALL_SCRIPT.rstrip().splitlines()[-2] == f'mv -f "$venv/.gpufleet-torch.new" "$venv/{MARKER}"'
 
 
 def test_the_runtime_names_its_interpreter():
