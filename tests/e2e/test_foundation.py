@@ -69,7 +69,7 @@ def test_probes_run_only_after_a_run_that_changed_the_host(fleet):
     # all.py made (the stand-in torch wheel, TEST DOUBLE, sees no CUDA device on simulated GPUs),
     # the research host with its system python3, which has none (a warning naming the key);
     # the no-op re-run left the GPUs alone, saying why.
-    assert first.output.count("(runtime venv /opt/gpufleet/pytorch (gpufleet's, pytorch_runtime)): matmul: "
+    assert first.output.count("runtime venv /opt/gpufleet/pytorch (gpufleet's, pytorch_runtime)): matmul: "
                               "no CUDA device") == 2, first.output
     assert first.output.count("no PyTorch to run it with: /usr/bin/python3") == 2, first.output  # probe, check
     assert "PyTorch not installed" not in first.output
