@@ -8,10 +8,11 @@
 3. driver     matching NVIDIA driver, CUDA toolkit, cuDNN, held
 4. docker     Docker engine and the NVIDIA container toolkit
 5. tuning     persistence, clocks, NCCL / OMP / PyTorch profiles
-6. storage    local NVMe scratch (blank drives only), /dev/shm sized from the tier
-7. monitoring Prometheus node exporter, DCGM and its exporter, where the tier says so
-8. hardening  SSH keys only, firewall (last change: it must not cut off the steps above)
-9. validate   read-only gate: the host as it is now against its tier; a failed check fails it
+6. pytorch    the resolved PyTorch wheel in a shared venv, where the tier says so (pytorch_runtime: venv)
+7. storage    local NVMe scratch (blank drives only), /dev/shm sized from the tier
+8. monitoring Prometheus node exporter, DCGM and its exporter, where the tier says so
+9. hardening  SSH keys only, firewall (last change: it must not cut off the steps above)
+10. validate  read-only gate: the host as it is now against its tier; a failed check fails it
 """
 from pyinfra import host, state
 
@@ -28,6 +29,7 @@ from gpufleet.deploys.driver import driver  # noqa: E402
 from gpufleet.deploys.hardening import hardening  # noqa: E402
 from gpufleet.deploys.monitoring import monitoring  # noqa: E402
 from gpufleet.deploys.preflight import preflight  # noqa: E402
+from gpufleet.deploys.pytorch import pytorch  # noqa: E402
 from gpufleet.deploys.storage import storage  # noqa: E402
 from gpufleet.deploys.tuning import tuning  # noqa: E402
 from gpufleet.deploys.validate import validate  # noqa: E402
@@ -50,6 +52,8 @@ if not host_failed(host):
     docker()
 if not host_failed(host):
     tuning()
+if not host_failed(host):
+    pytorch()
 if not host_failed(host):
     storage()
 if not host_failed(host):

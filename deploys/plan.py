@@ -142,6 +142,18 @@ def storage_lines() -> list[str]:
     return [f"scratch: {plan.summary()}"] + [f"scratch: {note}" for note in plan.notes] + out
 
 
+def pytorch_runtime_line() -> str:
+    """Where the gate finds PyTorch, and what deploys/pytorch.py installs (pytorch_runtime: venv)."""
+    from gpufleet.pytorch_runtime import VENV, runtime_of, venv_plan
+
+    runtime = runtime_of(settings)
+    choice = res.pytorch if res is not None else None
+    if runtime.kind == VENV and choice is not None:
+        return f"{runtime.describe()}: installs {venv_plan(settings, choice).describe()}"
+    return runtime.describe()
+
+
+lines.append("pytorch_runtime: " + pytorch_runtime_line())
 lines += storage_lines()
 release = os_release(host)
 for what, line in repository_lines(settings, res, release.id, release.version_codename,

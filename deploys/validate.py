@@ -10,7 +10,9 @@ driver = installed = resolved and no mismatch pending, persistence, clocks, Fabr
 where NVSwitch is present, containers seeing the GPUs, the tuning profiles, sshd's effective
 configuration and the firewall; then, where DCGM or PyTorch exist, `dcgmi diag -r 1` and a
 short bf16 matmul / memory / all-reduce probe against per-model minimums (gpufleet/perf.py),
-and whether the PyTorch build python3 imports runs on the GPUs with this driver (facts/pytorch.py).
+and whether the PyTorch build runs on the GPUs with this driver (facts/pytorch.py), both with the
+tier's PyTorch runtime (pytorch_runtime: gpufleet's venv, an interpreter the site keeps, or none;
+each line names it; a runtime without torch is a WARN naming what to set).
 
 Every check prints one line (PASS, FAIL with its fix, WARN, or SKIP with the reason). Any FAIL fails the host, so the run
 exits non-zero naming the host and what changed. The checks live in gpufleet/validation.py.

@@ -15,6 +15,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 from ._common import JsonMixin
+from .pytorch import interpreter
 
 # ------------------------------------------------------------------------------------------
 # What containers see
@@ -129,9 +130,10 @@ PROBE_SCRIPT = importlib.resources.files("gpufleet").joinpath("perf_probe.py").r
 
 class PerfProbe(FactBase[list[str]]):
     """
-    The JSON lines of gpufleet/perf_probe.py run with the host's python3: first line
+    The JSON lines of gpufleet/perf_probe.py run with ``python`` (the PyTorch runtime's
+    interpreter, gpufleet/pytorch_runtime.py; default the host's python3): first line
     ``{"status": "ok"|"skipped", ...}``, then one raw measurement per line.
-    Hosts without python3 say so the same way.
+    A host without that interpreter says so the same way.
     """
 
     gpufleet_no_prefetch = True  # loads every GPU for seconds: never in a later run's prefetch
@@ -139,20 +141,20 @@ class PerfProbe(FactBase[list[str]]):
     @override
     @staticmethod
     def default() -> list[str]:
-        return ['{"status": "skipped", "reason": "python3 not installed"}']
+        return ['{"status": "skipped", "reason": "no such interpreter"}']
 
     @override
-    def requires_command(self, *args, **kwargs) -> str:
-        return "python3"
+    def requires_command(self, *args, python: str = "python3", **kwargs) -> str:
+        return interpreter(python)
 
     @override
     def command(self, device: str = "cuda", size: int = 8192, iters: int = 20,
-                copy_mib: int = 1024, allreduce_mib: int = 2048) -> StringCommand:
+                copy_mib: int = 1024, allreduce_mib: int = 2048, python: str = "python3") -> StringCommand:
         if device not in ("cuda", "cpu"):
             raise ValueError(f"probe device must be cuda or cpu, not {device!r}")
         numbers = [int(size), int(iters), int(copy_mib), int(allreduce_mib)]
         return StringCommand(
-            "python3", "-c", QuoteString(PROBE_SCRIPT), "--device", device,
+            interpreter(python), "-c", QuoteString(PROBE_SCRIPT), "--device", device,
             "--size", str(numbers[0]), "--iters", str(numbers[1]),
             "--copy-mib", str(numbers[2]), "--allreduce-mib", str(numbers[3]),
         )

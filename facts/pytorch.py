@@ -11,6 +11,7 @@ when its probes run, and the fact is never prefetched on a later run (gpufleet/f
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
@@ -108,16 +109,27 @@ def parse_torch_build(lines: list[str]) -> TorchBuildData:
     return TorchBuildData(status="unknown", reason=f"the probe printed no answer{': ' + shown if shown else ''}")
 
 
+def interpreter(python: str) -> str:
+    """The interpreter to run: python3 on the PATH, or an absolute path (the tier's
+    pytorch_python or gpufleet's venv, checked by gpufleet/schema.py; checked again here, as
+    the value lands on a command line)."""
+    if python == "python3" or (python.startswith("/") and re.fullmatch(r"[A-Za-z0-9._+@/-]+", python)
+                               and ".." not in python.split("/")):
+        return python
+    raise ValueError(f"not an interpreter path: {python!r}")
+
+
 class TorchBuild(FactBase[TorchBuildData]):
     """
-    The PyTorch build the host's ``python3`` imports:
+    The PyTorch build an interpreter imports (``python``: the runtime's absolute path, default
+    the host's ``python3``; gpufleet/pytorch_runtime.py):
 
     .. code:: python
 
         TorchBuildData(status="ok", torch="2.11.0+cu128", cuda="12.8",
                        arch_list=["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], python="3.11.2")
         TorchBuildData(status="no-torch", reason="No module named 'torch'")
-        TorchBuildData(status="no-python")  # no python3 on the host
+        TorchBuildData(status="no-python")  # no such interpreter on the host
     """
 
     # never part of a later run's prefetch: importing torch costs seconds (gpufleet/factcache.py)
@@ -126,15 +138,15 @@ class TorchBuild(FactBase[TorchBuildData]):
     @override
     @staticmethod
     def default() -> TorchBuildData:
-        return TorchBuildData(status="no-python", reason="python3 not installed")
+        return TorchBuildData(status="no-python", reason="no such interpreter")
 
     @override
-    def requires_command(self, *args, **kwargs) -> str:
-        return "python3"
+    def requires_command(self, python: str = "python3") -> str:
+        return interpreter(python)
 
     @override
-    def command(self) -> StringCommand:
-        return StringCommand("timeout", "120", "python3", "-c", QuoteString(SCRIPT), QuoteString(MARK),
+    def command(self, python: str = "python3") -> StringCommand:
+        return StringCommand("timeout", "120", interpreter(python), "-c", QuoteString(SCRIPT), QuoteString(MARK),
                              "2>/dev/null", "||", "true")
 
     @override

@@ -1,6 +1,7 @@
-"""gpufleet performance probe: runs ON THE HOST with the host's python3 (stdlib + PyTorch).
+"""gpufleet performance probe: runs ON THE HOST with the tier's PyTorch runtime (stdlib + PyTorch).
 
-Sent by facts/gpu_checks.py as `python3 -c <this file's text> ARGS`. Prints one JSON object per
+Sent by facts/gpu_checks.py as `<python> -c <this file's text> ARGS`, <python> the interpreter of
+the tier's pytorch_runtime (gpufleet/pytorch_runtime.py), which the first line names. Prints one JSON object per
 line: first {"status": "ok", ...} (or "skipped" with the reason, when PyTorch is missing), then
 one record per measurement with raw counts only (sizes, iterations, seconds); the controller
 turns them into TFLOP/s and GB/s (gpufleet/perf.py), so no arithmetic lives here.
@@ -35,12 +36,12 @@ def main(argv: list[str]) -> int:
     try:
         import torch
     except Exception:  # ImportError, or a broken install
-        emit(status="skipped", reason="PyTorch not installed")
+        emit(status="skipped", reason="PyTorch not installed", python=sys.executable)
         return 0
 
     cuda = bool(torch.cuda.is_available())
     count = torch.cuda.device_count() if cuda else 0
-    emit(status="ok", torch=torch.__version__, cuda_devices=count, device=args.device)
+    emit(status="ok", torch=torch.__version__, cuda_devices=count, device=args.device, python=sys.executable)
 
     if args.device == "cuda" and not cuda:
         for metric in ("matmul", "memory", "allreduce"):

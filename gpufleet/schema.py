@@ -461,6 +461,57 @@ def _check_pytorch(value: Any) -> str:
     return value
 
 
+# --- where PyTorch lives (gpufleet/pytorch_runtime.py) ---------------------------------------
+
+_PYTHON_ALLOWED = ("the absolute path of a python interpreter on the host, such as /opt/conda/envs/ml/bin/python "
+                   "(A-Z a-z 0-9 . _ + @ - and /, no .., no shell metacharacters)")
+_VENV_PATH_ALLOWED = ("an absolute path for gpufleet's shared PyTorch environment, such as /opt/gpufleet/pytorch: "
+                      "at least two components, not / or a system directory, not under a world-writable or "
+                      "per-user place (/tmp, /var/tmp, /dev, /run, /home, /root) (A-Z a-z 0-9 . _ + @ - and /, no ..)")
+_INDEX_ALLOWED = ("auto (PyTorch's index for the resolved CUDA variant), or " + URL_ALLOWED
+                  + "; {variant} in the path stands for the variant (cu130, cu128...)")
+_WHEEL_DIR_ALLOWED = ("none, or the absolute path of a folder of wheels on the host (pip --no-index --find-links), "
+                      "such as /srv/wheels/pytorch (A-Z a-z 0-9 . _ + @ - and /, no ..)")
+#: where no shared environment goes: the system's own folders, and places other users write in
+_NO_VENV_UNDER = ("/tmp/", "/var/tmp/", "/dev/", "/proc/", "/sys/", "/run/", "/home/", "/root/", "/boot/", "/etc/")
+
+
+def _check_interpreter(value: Any) -> str:
+    _check_abs_path(value, _PYTHON_ALLOWED)
+    if value.endswith("/"):
+        raise BadValue(f"{show(value)} is a folder, not an interpreter", _PYTHON_ALLOWED)
+    return value
+
+
+def _check_venv_path(value: Any) -> str:
+    _check_abs_path(value, _VENV_PATH_ALLOWED)
+    if value.count("/") < 2 or value in _SYSTEM_DIRS or value in ("/usr/local", "/var/lib", "/opt/conda") \
+            or (value + "/").startswith(_NO_VENV_UNDER):
+        raise BadValue(f"{show(value)} is a system, per-user or world-writable place", _VENV_PATH_ALLOWED)
+    return value
+
+
+def _check_index_url(value: Any) -> str:
+    if value == AUTO:
+        return AUTO
+    _string(value, _INDEX_ALLOWED)
+    if "@" in urllib.parse.urlsplit(value).netloc:
+        raise BadValue(f"{show(value)} carries credentials (user@ or user:password@): they would be on pip's "
+                       "command line on every host", _INDEX_ALLOWED)
+    bare = value.replace("{variant}", "cu130")
+    if "{" in bare or "}" in bare:
+        raise BadValue(f"{show(value)}: braces only as {{variant}}", _INDEX_ALLOWED)
+    _check_url(bare, _INDEX_ALLOWED)
+    return value
+
+
+def _check_wheel_dir(value: Any) -> str:
+    if value == NONE:
+        return NONE
+    return _check_abs_path(value, _WHEEL_DIR_ALLOWED)
+
+
+
 MAX_CLOCK_MHZ = 10000
 _CLOCK_ALLOWED = f"max | default | unmanaged | {{memory: MHz, graphics: MHz}} (1-{MAX_CLOCK_MHZ})"
 
@@ -857,6 +908,11 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "cuda_driver_compat": _enum("toolkit", "minor"),
         "cudnn_version": KeySpec(_check_cudnn, _cudnn_allowed),
         "pytorch_version": KeySpec(_check_pytorch, _pytorch_allowed),
+        "pytorch_runtime": _enum("venv", "python", "none"),
+        "pytorch_python": KeySpec(_check_interpreter, lambda: _PYTHON_ALLOWED),
+        "pytorch_venv_path": KeySpec(_check_venv_path, lambda: _VENV_PATH_ALLOWED),
+        "pytorch_index_url": KeySpec(_check_index_url, lambda: _INDEX_ALLOWED),
+        "pytorch_wheel_dir": KeySpec(_check_wheel_dir, lambda: _WHEEL_DIR_ALLOWED),
         "clock_policy": KeySpec(_check_clock, lambda: _CLOCK_ALLOWED),
         "gpu_mig": KeySpec(_check_mig, lambda: mig.GRAMMAR),
         "nccl_profile": KeySpec(_check_nccl, _nccl_allowed),

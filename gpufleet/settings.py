@@ -57,6 +57,11 @@ class Settings:
     cuda_driver_compat: str
     cudnn_version: str
     pytorch_version: str
+    pytorch_runtime: str
+    pytorch_python: str
+    pytorch_venv_path: str
+    pytorch_index_url: str
+    pytorch_wheel_dir: str
     clock_policy: Any  # "max" | "default" | "unmanaged" | {"memory": int, "graphics": int}
     gpu_mig: Any  # "none" | "unmanaged" | {"all" | GPU index: (profile, ...)}
     nccl_profile: str
@@ -317,6 +322,10 @@ def _cross_checks(host: str, values: Mapping[str, Any]) -> list[str]:
             known = ", ".join(data.driver_branches[branch].versions)
             problems.append(_line(host, "driver_version", f"{version} is not a known R{branch} release", f"auto, {known}"))
     problems += _snapshot_checks(host, values)
+    if values["pytorch_runtime"] == "venv" and values["pytorch_version"] == "none":
+        problems.append(_line(host, "pytorch_runtime", "venv installs the wheel of pytorch_version, which is none",
+                              "python (an interpreter the site keeps: pytorch_python), none, or venv with "
+                              "pytorch_version set to a release"))
     needs_rdma = data.nccl_profiles[values["nccl_profile"]].get("needs_rdma", False)
     if needs_rdma and values["validate_rdma"] == "absent":
         problems.append(

@@ -122,6 +122,20 @@ class Context:
     def driver(self) -> DriverStateData:
         return cast(DriverStateData, self.fact(DriverState))
 
+    @property
+    def runtime(self) -> Any:
+        """Where the host's PyTorch lives (gpufleet/pytorch_runtime.py: the tier's pytorch_runtime)."""
+        from .pytorch_runtime import runtime_of
+
+        return runtime_of(self.settings)
+
+    def wanted_pytorch(self) -> Any:
+        """The resolver's PyTorch wheel for this host (None: none asked, or none fits)."""
+        try:
+            return self.resolution().pytorch
+        except Incompatible:
+            return None
+
     def hardware(self) -> Any:
         from .hostfacts import hardware
 
@@ -967,12 +981,28 @@ def probe_arguments() -> dict[str, Any]:
     return {}
 
 
+def no_torch(ctx: Context, area: str, name: str, what: str) -> Result:
+    """The runtime imports no torch: a WARN naming what to set (the tier asked for a runtime;
+    only pytorch_runtime: none says the host has no PyTorch on purpose)."""
+    runtime = ctx.runtime
+    return Result(area, name, WARN, f"no PyTorch to run it with: {what} ({runtime.describe()})",
+                  runtime.missing_fix(ctx.wanted_pytorch()))
+
+
+def no_runtime(area: str, name: str) -> Result:
+    return Result(area, name, SKIP, "no PyTorch on this host (pytorch_runtime: none): set pytorch_runtime to "
+                                    "venv or python to check it")
+
+
 @check("probe")
 def performance(ctx: Context) -> Result:
     name = "bf16 matmul, memory and all-reduce bandwidth reach the expected minimums"
     if not ctx.probe:
         return Result("probe", name, SKIP, ctx.probe_skip)
-    lines = ctx.fact(PerfProbe, **probe_arguments())
+    runtime = ctx.runtime
+    if runtime.kind == "none":
+        return no_runtime("probe", name)
+    lines = ctx.fact(PerfProbe, python=runtime.python, **probe_arguments())
     models = {g.index: g.name for g in ctx.gpu.gpus} if ctx.gpu.ok else {}
     nvlink = False
     if ctx.gpu.ok and len(ctx.gpu.gpus) > 1:
@@ -983,10 +1013,14 @@ def performance(ctx: Context) -> Result:
     except ValueError as error:
         return Result("probe", name, FAIL, f"probe output not understood: {error}", "")
     if result.status != "ok":
-        return Result("probe", name, SKIP, f"skipped: {result.reason}")
+        if result.reason in ("PyTorch not installed", "no such interpreter"):
+            missing = "no such interpreter" if result.reason == "no such interpreter" else "it imports no torch"
+            return no_torch(ctx, "probe", name, f"{runtime.python}: {missing}")
+        return Result("probe", name, SKIP, f"skipped ({runtime.describe()}): {result.reason}")
+    used = f"torch {result.torch}, {runtime.describe()}"
     if not result.measurements:
-        return Result("probe", name, SKIP, "skipped: " + "; ".join(result.skipped))
-    text = "; ".join(m.describe() for m in result.measurements)
+        return Result("probe", name, SKIP, f"skipped ({used}): " + "; ".join(result.skipped))
+    text = "; ".join(m.describe() for m in result.measurements) + f" ({used})"
     if result.failures:
         return Result("probe", name, FAIL, text, "check clocks, power and thermals (nvidia-smi -q -d "
                       "PERFORMANCE), PCIe width and NVLink state (nvidia-smi nvlink -s)")
@@ -1039,19 +1073,21 @@ def pytorch_build_runs_here(ctx: Context) -> Result:
     name = PYTORCH_CHECK
     if not ctx.torch_probe:
         return Result("pytorch", name, SKIP, ctx.probe_skip)
-    build = ctx.fact(TorchBuild)
+    runtime = ctx.runtime
+    if runtime.kind == "none":
+        return no_runtime("pytorch", name)
+    build = ctx.fact(TorchBuild, python=runtime.python)
     if build.status == "no-python":
-        return Result("pytorch", name, SKIP, "nothing to check: no python3 on the host")
+        return no_torch(ctx, "pytorch", name, f"{runtime.python}: no such interpreter")
     if build.status == "no-torch":
-        python = f"python3 {build.python}" if build.python else "python3"
-        return Result("pytorch", name, SKIP, f"nothing to check: {python} imports no torch "
-                      f"({build.reason or 'not installed'})")
+        python = f"{runtime.python} (python {build.python})" if build.python else runtime.python
+        return no_torch(ctx, "pytorch", name, f"{python} imports no torch ({build.reason or 'not installed'})")
     if build.status == "broken":
-        return Result("pytorch", name, FAIL, f"python3 finds torch but importing it fails: {build.reason}",
+        return Result("pytorch", name, FAIL, f"{runtime.python} finds torch but importing it fails: {build.reason}",
                       "reinstall PyTorch (pip install --force-reinstall torch==... --index-url ...)")
     if build.status != "ok":
         return Result("pytorch", name, WARN, f"the PyTorch probe's answer was not understood: {build.reason}", "")
-    where = f"torch {build.torch} ({build.path or 'python3'})"
+    where = f"torch {build.torch} ({build.path or runtime.python})"
     models = ctx.hardware().models
     if not models:
         return Result("pytorch", name, SKIP, f"nothing to check against: no known NVIDIA GPU ({where})")
@@ -1066,13 +1102,14 @@ def pytorch_build_runs_here(ctx: Context) -> Result:
         status = WARN if wanted in (None, NONE) else FAIL
         return Result("pytorch", name, status, f"{where} is a CPU-only build (torch.version.cuda is None): "
                       f"torch.cuda.is_available() is False, jobs run on the CPU and not on the "
-                      f"{len(models)} GPU{'s' if len(models) != 1 else ''}", fix)
+                      f"{len(models)} GPU{'s' if len(models) != 1 else ''} ({runtime.describe()})", fix)
     verdict = check_build(models, build.torch or "?", build.cuda or "", build.arch_list, driver)
+    message = f"{verdict.message} ({runtime.describe()})"
     if verdict.status == "pass":
-        return Result("pytorch", name, PASS, verdict.message)
+        return Result("pytorch", name, PASS, message)
     if verdict.status == "unknown":
-        return Result("pytorch", name, WARN, verdict.message, fix)
-    return Result("pytorch", name, FAIL, verdict.message, fix)
+        return Result("pytorch", name, WARN, message, fix)
+    return Result("pytorch", name, FAIL, message, fix)
 
 
 # --- running ----------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ Layout served (the same flat form as production, so a deploy's sources line has 
         InRelease Release Release.gpg Packages Packages.gz *.deb  cuda-keyring_1.1-1_all.deb
     http://127.0.0.1:PORT/libnvidia-container/stable/deb/amd64/        (container toolkit repo)
     http://127.0.0.1:PORT/unsigned/...   http://127.0.0.1:PORT/wrongkey/...   (negative variants)
+    http://127.0.0.1:PORT/pytorch/whl/<variant>/torch/   (a PyTorch index holding the TEST DOUBLE
+        torch wheel of testing/torch_standin.py, as download.pytorch.org/whl/<variant>)
 
     deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] http://127.0.0.1:PORT/compute/cuda/repos/debian12/x86_64/ /
 
@@ -799,6 +801,11 @@ class AptRepo:
             raise ValueError(variant)
         return f"{self.origin}/{variant}/compute/cuda/repos/{distro}/x86_64/"
 
+    @property
+    def pytorch_index_url(self) -> str:
+        """The value for the `pytorch_index_url` setting: the stand-in PyTorch index per variant."""
+        return f"{self.origin}/pytorch/whl/{{variant}}"
+
     def sources_line(self, distro: str, keyring_path: str = "/usr/share/keyrings/cuda-archive-keyring.gpg") -> str:
         return f"deb [signed-by={keyring_path}] {self.base_url(distro)} /"
 
@@ -867,6 +874,9 @@ def serve(work: Path, packages: list[Pkg] | None = None) -> AptRepo:
         write_flat_repo(root / "libnvidia-container/stable/deb/amd64", ctk_debs, material["home"],
                         material["fpr"], "https://nvidia.github.io/libnvidia-container/stable/deb/amd64",
                         "libnvidia-container")
+        from testing import torch_standin
+
+        torch_standin.serve_index(root)
         repo.timings = {"debs_s": material["t_debs"], "keys_s": material["t_key"],
                         "repo_metadata_s": time.monotonic() - t1, "total_s": time.monotonic() - t0}
     except BaseException:

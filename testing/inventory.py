@@ -45,8 +45,8 @@ TEST_DRIVER = "580.126.09"
 def environment_data(host: Host, tier: str, repo=None) -> dict:
     """Host data for a test host of `tier`, plus what describes the test environment rather
     than the tier: the OS the host runs, no kernel headers for the machine's kernel, and, given
-    a served stand-in repository (testing/aptrepo.AptRepo), NVIDIA's repositories replaced by
-    it, as an air-gapped fleet points gpufleet at its mirror."""
+    a served stand-in repository (testing/aptrepo.AptRepo), NVIDIA's repositories and PyTorch's
+    index replaced by it, as an air-gapped fleet points gpufleet at its mirror."""
     from gpufleet.tiers import tier_defaults
 
     data = {
@@ -74,6 +74,8 @@ def environment_data(host: Host, tier: str, repo=None) -> dict:
             "docker_toolkit_repo_url": repo.container_repo_base(),
             "docker_toolkit_repo_fingerprint": repo.fingerprint,
             "docker_smoke_image": "none",  # no registry is reachable from the test hosts
+            # PyTorch's index neither: the stand-in torch wheel (TEST DOUBLE) on the same server
+            "pytorch_index_url": repo.pytorch_index_url,
         })
         if tier_defaults(tier)["driver_source"] == "nvidia":
             data["driver_version"] = TEST_DRIVER  # what the stand-in repository carries

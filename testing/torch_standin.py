@@ -7,7 +7,15 @@ This package answers exactly those with values recorded from real wheels, and no
 (`torch.cuda.is_available()` is False, `device_count()` 0: the performance probe then skips, as
 on a host whose GPUs torch cannot use).
 
-It lives in a test-only directory on the host (/opt/gpufleet-testing/torch-standin), put on
+Two ways onto a host. `wheel()` builds it as a pure-Python wheel named torch (version
+`2.11.0+cu130` and the like), which the stand-in apt repository's server also offers as a PyTorch
+index on loopback (testing/aptrepo.py: `AptRepo.pytorch_index_url`, one index per CUDA variant as
+download.pytorch.org/whl/<variant>): gpufleet's own install (pytorch_runtime: venv) then runs
+pip against it, as a site's mirror. Its values: RECORDED where a real wheel printed them, else the
+compatibility data's arch list of that variant (DERIVED, compat.yaml) written as get_arch_list()
+spells it.
+
+Or `install()` puts it in a test-only directory on the host (/opt/gpufleet-testing/torch-standin), put on
 python3's path by a `.pth` file in /usr/local/lib/python3.X/dist-packages; `remove(host)`
 takes both away. Recorded builds (RECORDED):
 
@@ -19,8 +27,12 @@ takes both away. Recorded builds (RECORDED):
 """
 from __future__ import annotations
 
+import base64
+import hashlib
 import shutil
 import subprocess
+import zipfile
+from pathlib import Path
 
 from testing import testhosts
 
@@ -59,20 +71,81 @@ def device_count():
 '''
 
 
+def values(version: str) -> dict:
+    """RECORDED values, else DERIVED ones: compat.yaml's arch list of the version's variant
+    ("9.0" -> sm_90, "12.0+PTX" -> sm_120 and compute_120), torch.version.cuda from its tag."""
+    if version in RECORDED:
+        return RECORDED[version]
+    from gpufleet.pytorch import pytorch_data
+
+    release, _, variant = version.partition("+")
+    for v in pytorch_data().releases[".".join(release.split(".")[:2])]:
+        if v.name == variant:
+            archs: list[str] = []
+            for arch in v.archs:
+                base, _, ptx = arch.partition("+")
+                archs.append("sm_" + base.replace(".", ""))
+                if ptx:
+                    archs.append("compute_" + base.replace(".", ""))
+            return {"cuda": v.cuda, "arch_list": archs}
+    raise KeyError(f"no variant {variant} of PyTorch {release} in compat.yaml")
+
+
+def _files(version: str) -> dict[str, str]:
+    record = {"version": version, **values(version)}
+    return {"torch/__init__.py": _INIT.format(**record), "torch/version.py": _VERSION.format(**record),
+            "torch/cuda/__init__.py": _CUDA.format(**record)}
+
+
+def wheel(version: str, dest: Path) -> Path:
+    """The stand-in as a wheel file (py3-none-any) in `dest`: what pip installs from an index.
+    Fixed timestamps: the same version gives the same bytes."""
+    dist = f"torch-{version}.dist-info"
+    files = dict(_files(version))
+    files[f"{dist}/METADATA"] = (f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n"
+                                 "Summary: TEST DOUBLE (gpufleet testing/torch_standin.py): NOT PyTorch\n")
+    files[f"{dist}/WHEEL"] = ("Wheel-Version: 1.0\nGenerator: gpufleet-testing\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n")
+    rows = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        rows.append(f"{name},sha256={digest},{len(text.encode())}")
+    files[f"{dist}/RECORD"] = "\n".join(rows + [f"{dist}/RECORD,,"]) + "\n"
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / f"torch-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, text in files.items():
+            info = zipfile.ZipInfo(name, date_time=(2025, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, text)
+    return path
+
+
+def serve_index(root: Path, release: str = "2.11") -> None:
+    """Under `root` (a web server's document root): pytorch/whl/<variant>/torch/index.html and
+    the stand-in wheel of `release` for each of its variants (PEP 503 simple index), as
+    download.pytorch.org/whl/<variant>/torch/ lists the real ones."""
+    from gpufleet.pytorch import pytorch_data
+
+    for variant in pytorch_data().releases[release]:
+        folder = root / "pytorch" / "whl" / variant.name / "torch"
+        made = wheel(f"{release}.0+{variant.name}", folder)
+        link = made.name.replace("+", "%2B")
+        (folder / "index.html").write_text(
+            f'<!DOCTYPE html>\n<html><body>\n<a href="{link}">{made.name}</a>\n</body></html>\n')
+
+
 def _python(host: testhosts.Host) -> str:
     return testhosts.ssh(host, "python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'").stdout.strip()
 
 
 def install(host: testhosts.Host, version: str) -> None:
     """Make the host's python3 import the stand-in for the recorded build `version`."""
-    record = RECORDED[version]
     package = host.root / DIR / "torch"
     shutil.rmtree(package, ignore_errors=True)
     (package / "cuda").mkdir(parents=True)
-    values = {"version": version, **record}
-    (package / "__init__.py").write_text(_INIT.format(**values))
-    (package / "version.py").write_text(_VERSION.format(**values))
-    (package / "cuda" / "__init__.py").write_text(_CUDA.format(**values))
+    for name, text in _files(version).items():
+        (package.parent / name).write_text(text)
     site = host.root / f"usr/local/lib/python{_python(host)}/dist-packages"
     site.mkdir(parents=True, exist_ok=True)
     (site / PTH).write_text("/" + DIR + "\n")

@@ -17,7 +17,8 @@ the GPUs: on a host where GPU work runs they run nothing and say so. With a diag
 for, a host whose diagnostic did not pass (failed, busy, no DCGM) also exits 1.
 
 Local (`--local`, on the node itself, as root): the same reading and verdict, one line on stdout,
-exit 0 when nothing needs action, 1 when something does: Slurm's HealthCheckProgram.
+exit 0 when nothing needs action, 1 when something does: Slurm's HealthCheckProgram. With
+`--json`, the fleet form's object with this one host (named by its host name) instead.
 
 `--slurm` (either way) is the one change it makes: it drains a host's Slurm node when its worst
 class is drain or worse (reason "gpufleet health: <the finding>"), and resumes a node only when
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import subprocess
 import sys
 from typing import Any
@@ -193,20 +195,32 @@ def slurm_action(verdict: HostVerdict, node: SlurmNodeData) -> list[str] | None:
 
 
 def local_main(args: argparse.Namespace) -> int:
+    """The node itself: one line (Slurm's HealthCheckProgram reads it), or with --json the fleet
+    form's object for this one host (its name: the node's host name)."""
     verdict = assess(read_local(), nvlink=args.nvlink, diag=diag_local(args.diag) if args.diag else None)
-    print(summary_line(verdict) + (f"; {diag_line(verdict, args.diag)}" if verdict.diag_status else ""))
+    if not args.json:
+        print(summary_line(verdict) + (f"; {diag_line(verdict, args.diag)}" if verdict.diag_status else ""))
+    slurm, failed = "", False
     if args.slurm:
         node = SlurmNode().process(_run(SlurmNode().command()))
         action = slurm_action(verdict, node)
+        slurm = "nothing to do"
         if action:
             done = subprocess.run(action, capture_output=True, text=True, check=False)
             what = "drained" if "State=DRAIN" in action else "resumed"
             if done.returncode != 0:
-                print(f"gpufleet health: could not set Slurm node {node.node} {what}: "
-                      f"{(done.stderr or done.stdout).strip()}", file=sys.stderr)
-                return 1
-            print(f"gpufleet health: Slurm node {node.node} {what}")
-    return 1 if needs_attention(verdict) else 0
+                failed = True
+                slurm = f"failed: could not set Slurm node {node.node} {what}: {(done.stderr or done.stdout).strip()}"
+                print(f"gpufleet health: {slurm.removeprefix('failed: ')}", file=sys.stderr)
+            else:
+                slurm = f"Slurm node {node.node} {what}"
+                if not args.json:
+                    print(f"gpufleet health: {slurm}")
+    if args.json:
+        row = {"status": "ok", "diag_level": args.diag}
+        host = {**verdict_json(socket.gethostname(), verdict, row), **({"slurm": slurm} if args.slurm else {})}
+        print(json.dumps({"hosts": [host]}, indent=1))
+    return 1 if failed or needs_attention(verdict) else 0
 
 
 def main(argv: list[str] | None = None, prog: str = "health") -> int:

@@ -65,9 +65,14 @@ def test_second_run_reports_no_changes(fleet):
 
 def test_probes_run_only_after_a_run_that_changed_the_host(fleet):
     hosts, first, second = fleet
-    # The converge probed (test hosts have no PyTorch, so the probe says why it could not run);
+    # The converge probed, each host with its tier's PyTorch runtime: the hgx hosts with the venv
+    # all.py made (the stand-in torch wheel, TEST DOUBLE, sees no CUDA device on simulated GPUs),
+    # the research host with its system python3, which has none (a warning naming the key);
     # the no-op re-run left the GPUs alone, saying why.
-    assert first.output.count("skipped: PyTorch not installed") >= len(hosts), first.output
+    assert first.output.count("runtime venv /opt/gpufleet/pytorch (gpufleet's, pytorch_runtime)): matmul: "
+                              "no CUDA device") == 2, first.output
+    assert first.output.count("no PyTorch to run it with: /usr/bin/python3") == 2, first.output  # probe, check
+    assert "PyTorch not installed" not in first.output
     assert "this run changed nothing" not in first.output
     for host in hosts:
         assert f"[{host.name}] [SKIP] probe:" in second.output, second.output

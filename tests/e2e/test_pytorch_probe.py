@@ -2,9 +2,9 @@
 imports (torch.__version__, torch.version.cuda, torch.cuda.get_arch_list(), by the probe on the
 host) and judge it against the host's GPUs and driver.
 
-One Debian 12 test host with a SIMULATED V100 (testing/gpusim) and driver 580.126.09 loaded.
-In turn its python3 has:
-- no torch: nothing to check, said so (not a pass);
+One Debian 12 test host with a SIMULATED V100 (testing/gpusim) and driver 580.126.09 loaded,
+tier research: pytorch_runtime python, the system's /usr/bin/python3. In turn it has:
+- no torch: a WARN naming what to set (pytorch_runtime, pytorch_python), not a pass;
 - a clearly marked TEST DOUBLE (testing/torch_standin.py) reporting the recorded build values
   of the real 2.11.0+cu128 wheel, whose arch list lacks sm_70 (pytorch/pytorch#182250): FAIL,
   naming the GPU, its compute capability and the missing sm_70, with the wheel that fits;
@@ -52,10 +52,12 @@ def gate_line(run, h) -> str:
 def test_pytorch_build_judged_on_the_host(volta):
     h, inv, tmp, torch_site = volta
 
-    # no torch at all: nothing to check, and it says so
+    # no torch at all in the tier's runtime (research: python, the system python3): a warning
+    # naming what to set
     line = gate_line(pyinfra(inv, "deploys/validate.py"), h)
-    assert line.startswith(f"[{h.name}] [SKIP] {CHECK}: nothing to check: python3 3.11."), line
+    assert line.startswith(f"[{h.name}] [WARN] {CHECK}: no PyTorch to run it with: /usr/bin/python3 (python 3.11."), line
     assert "imports no torch (No module named 'torch')" in line
+    assert "-> fix: set pytorch_runtime: venv (gpufleet installs torch 2.11 cu126 for the host's users)" in line, line
 
     # the real 2.11.0+cu128 wheel's arch list (stand-in): no sm_70 -> no kernel image on a V100
     torch_standin.install(h, "2.11.0+cu128")
@@ -73,7 +75,8 @@ def test_pytorch_build_judged_on_the_host(volta):
     torch_standin.install(h, "2.11.0+cu126")
     line = gate_line(pyinfra(inv, "deploys/validate.py"), h)
     assert line == (f"[{h.name}] [PASS] {CHECK}: torch 2.11.0+cu126 (CUDA 12.6, built for sm_50, sm_60, sm_70, "
-                    f"sm_75, sm_80, sm_86, sm_90) runs on {V100} (7.0) with driver {TEST_DRIVER}"), line
+                    f"sm_75, sm_80, sm_86, sm_90) runs on {V100} (7.0) with driver {TEST_DRIVER} "
+                    "(runtime python /usr/bin/python3 (pytorch_python))"), line
 
     # real PyTorch, CPU build: torch.version.cuda is None on a GPU host
     torch_standin.remove(h)

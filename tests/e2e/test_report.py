@@ -161,9 +161,10 @@ def test_validate_fails_a_changed_host_and_names_what_changed(fleet):
     for host in fleet["roles"]["provisioned"]:
         assert f"[{host.name}] [FAIL]" not in output
         assert f"[{host.name}] failed (validation)" not in output
-    # read-only: nothing changed on any host, the probe was skipped with its reason
+    # read-only: nothing changed on any host; the probe found no PyTorch in the tier's runtime and said so
     assert run.changed == 0, run.output
-    assert "skipped: PyTorch not installed" in run.output
+    assert "no PyTorch to run it with: /usr/bin/python3: it imports no torch (runtime python /usr/bin/python3 " \
+           "(pytorch_python))" in run.output
 
 
 def test_validate_fails_a_mismatch_pending_with_its_fix(fleet):

@@ -11,7 +11,9 @@ from testing import testhosts
 from tests.e2e.pyinfra_cli import REPO
 
 pytestmark = pytest.mark.e2e
-POOL = "pytest-sandbox"
+# the session's own pool name (tests/conftest.py's) with -sandbox: two sessions, two sandboxes
+POOL = os.environ.get("GPUFLEET_TESTHOSTS_POOL", "pytest") + (
+    f"-{os.environ['PYTEST_XDIST_WORKER']}" if os.environ.get("PYTEST_XDIST_WORKER") else "") + "-sandbox"
 
 
 def exact_stack(h, sandbox: dict) -> dict[str, str]:
@@ -71,6 +73,14 @@ def test_sandbox_quick_start(hostpool, monkeypatch):
         exact = {h.gpu.split("@")[0]: exact_stack(h, SANDBOX) for h in hosts}
         # the tiers that install CUDA and cuDNN from NVIDIA's repository: exactly the resolved releases
         assert exact["a100x4"] and exact["h200x2"], exact
+        # hgx's PyTorch runtime is gpufleet's venv (the stand-in index's TEST DOUBLE wheel here): the
+        # gate's PyTorch check and probe ran with it, the simulated GPUs no CUDA device to it
+        (hgx,) = [h for h in hosts if h.gpu.startswith("h200x2")]
+        gate = [" ".join(ln.split()) for ln in out.splitlines() if ln.strip().startswith(f"[{hgx.name}]")]
+        venv = "runtime venv /opt/gpufleet/pytorch (gpufleet's, pytorch_runtime)"
+        assert any("[PASS] pytorch: " in ln and ln.endswith(f"({venv})") for ln in gate), gate
+        assert any("[SKIP] probe: bf16 matmul" in ln and f"{venv}): matmul: no CUDA device" in ln for ln in gate), gate
+        assert "PyTorch not installed" not in out
     finally:
         down = subprocess.run(["tools/sandbox", "down"], cwd=REPO, env=env, capture_output=True,
                               text=True, timeout=300)

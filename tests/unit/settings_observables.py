@@ -52,7 +52,7 @@ from gpufleet.tiers import tier_defaults
 from testing.ubuntu_host import FIXTURES, REPO, UbuntuHost, canned, make_state, on_host
 
 #: all.py's areas before the gate, in its order
-AREAS = ("preflight", "base", "driver", "docker", "tuning", "storage", "monitoring", "hardening")
+AREAS = ("preflight", "base", "driver", "docker", "tuning", "pytorch", "storage", "monitoring", "hardening")
 OBSERVABLES = ("inventory", "plan", "deploy", "log", "gate", "rollout", "lock")
 NAME = "gpu01.example.internal"
 

@@ -63,3 +63,28 @@ def test_usage_errors_exit_2(capsys):
         with pytest.raises(SystemExit) as stop:
             main(argv)
         assert stop.value.code == 2
+
+
+def test_local_json_is_the_fleet_form_for_this_one_host(monkeypatch, capsys):
+    """tools/health --local --json prints the same JSON as without --local (it printed the text
+    line before), the host named by its host name; the exit status is the same as the line's."""
+    import socket
+
+    from gpufleet.apps import health
+
+    recorded = json.loads((CASES / "failing_gpus.json").read_text())["output"]
+    monkeypatch.setattr(health, "_run", lambda command: recorded)
+    assert main(["--local", "--json"]) == 1
+    out = capsys.readouterr().out
+    doc = json.loads(out)
+    assert list(doc) == ["hosts"] and len(doc["hosts"]) == 1
+    assert doc["hosts"][0] == verdict_json(socket.gethostname(), verdict("failing_gpus"), {"status": "ok"})
+    assert set(doc["hosts"][0]) == {"name", "status", "worst", "error", "findings", "gpus"}
+
+    healthy = json.loads((CASES / "healthy_h200.json").read_text())["output"]
+    monkeypatch.setattr(health, "_run", lambda command: healthy)
+    assert main(["--local", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["hosts"][0]["worst"] == verdict("healthy_h200").worst
+    # without --json: the one line Slurm's HealthCheckProgram reads
+    assert main(["--local"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1

@@ -17,6 +17,7 @@ from gpufleet.facts.kernel import DriverStateData
 from gpufleet.facts.pytorch import MARK, SCRIPT, TorchBuild, TorchBuildData, parse_torch_build
 from gpufleet.gpus import model_for_name
 from gpufleet.pytorch import arch_entries, check_build
+from gpufleet.pytorch_runtime import runtime_of
 from gpufleet.validation import FAIL, PASS, SKIP, WARN, pytorch_build_runs_here
 
 pytestmark = pytest.mark.unit
@@ -65,7 +66,7 @@ def test_unexpected_answers_are_unknown_not_a_pass(lines, reason):
 
 def test_fact_runs_a_fixed_script_and_survives_no_python():
     fact = TorchBuild()
-    assert fact.default() == TorchBuildData(status="no-python", reason="python3 not installed")
+    assert fact.default() == TorchBuildData(status="no-python", reason="no such interpreter")
     assert fact.requires_command() == "python3"
     command = fact.command()
     assert isinstance(command, StringCommand)
@@ -121,9 +122,15 @@ def test_ptx_only_coverage_needs_the_builds_toolkit_driver():
 # --- the gate's check ------------------------------------------------------------------------------
 
 
-def _ctx(build: TorchBuildData, models=(B200,), pytorch_version="2.11", torch_probe=True, driver=DRIVER):
+def _ctx(build: TorchBuildData, models=(B200,), pytorch_version="2.11", torch_probe=True, driver=DRIVER,
+         runtime="python", asked=None):
+    settings = SimpleNamespace(pytorch_version=pytorch_version, pytorch_runtime=runtime,
+                               pytorch_python="/usr/bin/python3", pytorch_venv_path="/opt/gpufleet/pytorch")
+
     def fact(cls, **kwargs):
         assert cls is TorchBuild
+        if asked is not None:
+            asked.append(kwargs)
         return build
 
     def resolution():
@@ -134,7 +141,8 @@ def _ctx(build: TorchBuildData, models=(B200,), pytorch_version="2.11", torch_pr
         torch_probe=torch_probe, probe_skip="probes turned off", fact=fact,
         hardware=lambda: SimpleNamespace(models=tuple(models)), resolution=resolution,
         driver=DriverStateData(module_version=driver, userspace_version=driver),
-        gpu=SimpleNamespace(ok=False), settings=SimpleNamespace(pytorch_version=pytorch_version))
+        gpu=SimpleNamespace(ok=False), settings=settings, runtime=runtime_of(settings),
+        wanted_pytorch=lambda: None)
 
 
 def _built(version, cuda, archs):
@@ -174,11 +182,28 @@ def test_gate_flags_a_cpu_only_build_on_a_gpu_host():
 
 
 def test_gate_says_when_there_is_nothing_to_check():
+    # the tier asks for a runtime that has no PyTorch: a warning naming what to set, never a silent skip
     no_python = pytorch_build_runs_here(_ctx(TorchBuild().default()))
-    assert (no_python.status, no_python.message) == (SKIP, "nothing to check: no python3 on the host")
+    assert (no_python.status, no_python.message) == (
+        WARN, "no PyTorch to run it with: /usr/bin/python3: no such interpreter "
+              "(runtime python /usr/bin/python3 (pytorch_python))")
+    assert no_python.fix.startswith("set pytorch_runtime: venv (gpufleet installs the resolved wheel for the host's "
+                                    "users), or pytorch_python to the python of the site's venv or conda env")
     no_torch = pytorch_build_runs_here(_ctx(parse_torch_build(RECORDED_NO_TORCH)))
     assert (no_torch.status, no_torch.message) == (
-        SKIP, "nothing to check: python3 3.11.2 imports no torch (No module named 'torch')")
+        WARN, "no PyTorch to run it with: /usr/bin/python3 (python 3.11.2) imports no torch (No module named 'torch') "
+              "(runtime python /usr/bin/python3 (pytorch_python))")
+    # gpufleet's venv not there yet: the deploy installs it
+    asked: list = []
+    venv = pytorch_build_runs_here(_ctx(parse_torch_build(RECORDED_NO_TORCH), runtime="venv", asked=asked))
+    assert asked == [{"python": "/opt/gpufleet/pytorch/bin/python"}]
+    assert venv.status == WARN and "runtime venv /opt/gpufleet/pytorch" in venv.message
+    assert venv.fix.startswith("run deploys/all.py (or deploys/pytorch.py): it installs the resolved wheel into "
+                               "/opt/gpufleet/pytorch")
+    # none on purpose: said so, with the key
+    asked.clear()
+    none = pytorch_build_runs_here(_ctx(parse_torch_build(RECORDED_NO_TORCH), runtime="none", asked=asked))
+    assert none.status == SKIP and "pytorch_runtime: none" in none.message and asked == []
     no_gpu = pytorch_build_runs_here(_ctx(_built("2.11.0+cu128", "12.8", CU128_211), models=()))
     assert no_gpu.status == SKIP and no_gpu.message.startswith("nothing to check against: no known NVIDIA GPU")
     off = pytorch_build_runs_here(_ctx(_built("2.11.0+cu126", "12.6", CU126_211), torch_probe=False))

@@ -198,7 +198,11 @@ ALTERNATIVE: dict[str, tuple[Any, str]] = {
     "driver_module_signing_key": ("/var/lib/shim-signed/mok/MOK.priv", "hgx"),
     "cuda_version": ("none", "render"),
     "cudnn_version": ("none", "hgx"),
-    "pytorch_version": ("none", "hgx"),
+    "pytorch_version": ("none", "research"),  # on hgx (pytorch_runtime: venv) none is refused at planning
+    "pytorch_python": ("/opt/conda/envs/ml/bin/python", "research"),
+    "pytorch_venv_path": ("/srv/pytorch", "hgx"),
+    "pytorch_index_url": ("https://mirror.example.com/pytorch/whl/{variant}", "hgx"),
+    "pytorch_wheel_dir": ("/srv/wheels", "hgx"),
     "clock_policy": ("default", "hgx-provisioned"),
     "gpu_mig": ({"all": ["3g.71gb", "3g.71gb"]}, "hgx-provisioned"),
     "nccl_profile": ("tcp", "hgx"),

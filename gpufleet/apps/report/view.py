@@ -110,7 +110,8 @@ def _check_cell(row: dict[str, Any], key: str) -> Cell:
     cell = _said(cell)
     if key == "pytorch" and cell.status in ("pass", "warn", "fail", "skip"):
         build = re.search(r"\btorch (\d\S*)", message)
-        cell.text = build.group(1) if build else "none" if "imports no torch" in message else cell.text
+        missing = "imports no torch" in message or "no PyTorch" in message
+        cell.text = build.group(1) if build else "none" if missing else cell.text
     return cell
 
 
