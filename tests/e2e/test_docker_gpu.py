@@ -39,6 +39,8 @@ OPERATOR_KEYS = {
 }
 DEPLOY = textwrap.dedent("""\
     from pyinfra import host, state
+    from gpufleet import hostlock
+    hostlock.install()  # as every entry point: the lock, and the reload guard, at the first change
     from gpufleet.deploys.base import base
     from gpufleet.deploys.docker import docker
     from gpufleet.failures import host_failed
@@ -51,6 +53,12 @@ DEPLOY = textwrap.dedent("""\
         step()
     """)
 SLEEPER = "python3 -IS -c 'import time; time.sleep(1000000)'"
+# Opens and stats the (SIMULATED: mknod, no driver) GPU device node from inside a container:
+# ENXIO "No such device or address" when its device policy lets it through to the absent
+# driver, EPERM "Operation not permitted" when systemd has taken the device from it.
+OPEN_GPU = ("python3 -IS -c \"import os\ntry:\n    os.close(os.open('/dev/nvidia0', os.O_RDWR))\n    print('open')\n"
+            "except OSError as e:\n    print(os.strerror(e.errno), oct(os.stat('/dev/nvidia0').st_rdev))\"")
+GPU_ALLOWED = f"No such device or address {oct(195 << 8)}"
 
 
 def sh(host, cmd: str, timeout: float = 120) -> str:
@@ -79,6 +87,12 @@ def gpu_host(request, hostpool, aptrepo, tmp_path_factory):  # noqa: F811
     ulimits = {"memlock": int(sh(h, "ulimit -Hl").strip()) * 1024, "stack": 67108864}
     smoke_image.build(h)
     sh(h, f"docker run -d --name operator-job {smoke_image.IMAGE} {SLEEPER}")
+    # ...and a GPU job given the device nodes (SIMULATED, as the driver makes them: without
+    # /dev/char links), so runc could not name them in its systemd scope (issue 44 item 4)
+    sh(h, "rm -f /dev/char/195:0 /dev/char/195:255; [ -c /dev/nvidia0 ] || mknod -m 666 /dev/nvidia0 c 195 0; "
+          "[ -c /dev/nvidiactl ] || mknod -m 666 /dev/nvidiactl c 195 255; "
+          f"docker run -d --name operator-gpu-job --device /dev/nvidia0 --device /dev/nvidiactl {smoke_image.IMAGE} {SLEEPER}")
+    assert sh(h, f"docker exec operator-gpu-job {OPEN_GPU}").strip() == GPU_ALLOWED
     tmp = tmp_path_factory.mktemp("docker-gpu")
     deploy = tmp / "docker_deploy.py"
     deploy.write_text(DEPLOY)
@@ -105,10 +119,12 @@ def gpu_host(request, hostpool, aptrepo, tmp_path_factory):  # noqa: F811
 def first(gpu_host):
     h = gpu_host["host"]
     before = container(h, "operator-job")
+    gpu_job = container(h, "operator-gpu-job")
     pid = dockerd_pid(h)
     one = gpu_host["run"]("first")
+    opened = sh(h, f"docker exec operator-gpu-job {OPEN_GPU}").strip()
     two = gpu_host["run"]("first-again")
-    return {"before": before, "dockerd_before": pid, "one": one, "two": two}
+    return {"before": before, "dockerd_before": pid, "one": one, "two": two, "gpu_job": gpu_job, "opened": opened}
 
 
 def test_operator_container_survives_gpufleets_first_run(gpu_host, first):
@@ -122,6 +138,26 @@ def test_operator_container_survives_gpufleets_first_run(gpu_host, first):
     after = container(h, "operator-job")
     assert after["Running"] and after["Pid"] == first["before"]["Pid"], (first["before"], after)
     assert after["StartedAt"] == first["before"]["StartedAt"]
+
+
+def test_a_gpu_container_keeps_its_devices_through_the_first_run(gpu_host, first):
+    """The first run installs packages that ship units (sysstat's postinst reloads systemd) and
+    enables services (`systemctl enable` reloads too): before any of it, the reload guard named
+    the operator's GPU job's devices in its scope, so no reload takes them (issue 44 item 4)."""
+    h = gpu_host["host"]
+    assert first["one"].returncode == 0, first["one"].why
+    after = container(h, "operator-gpu-job")
+    assert after["Running"] and after["Pid"] == first["gpu_job"]["Pid"], (first["gpu_job"], after)
+    assert first["opened"] == GPU_ALLOWED                   # right after the first run...
+    assert sh(h, f"docker exec operator-gpu-job {OPEN_GPU}").strip() == GPU_ALLOWED   # ...and the second
+    scope = f"docker-{sh(h, 'docker inspect --format {{{{.Id}}}} operator-gpu-job').strip()}.scope"
+    allow = sh(h, f"systemctl show -p DeviceAllow --value {scope}").split("\n")
+    assert "/dev/char/195:0 rw" in allow and "/dev/char/195:255 rw" in allow, allow
+    assert "named the GPU devices of running containers in their systemd scopes" in first["one"].output
+    assert scope in first["one"].output, first["one"].output[-3000:]
+    # what the guard prevents is real here: a reload once the runs are over still leaves it its device
+    sh(h, "systemctl daemon-reload")
+    assert sh(h, f"docker exec operator-gpu-job {OPEN_GPU}").strip() == GPU_ALLOWED
 
 
 def test_smoke_test_runs_and_prints_the_simulated_gpus(gpu_host, first):
