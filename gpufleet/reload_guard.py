@@ -173,7 +173,7 @@ def hold(host: Any) -> None:
     channel = transport.open_session()
     try:
         channel.exec_command(text)
-        lines = channel.makefile("r").read().splitlines()
+        lines = channel.makefile("rb").read().decode("utf-8", "replace").splitlines()
         code = channel.recv_exit_status()
     finally:
         channel.close()

@@ -150,7 +150,8 @@ def test_a_gpu_container_keeps_its_devices_through_the_first_run(gpu_host, first
     assert after["Running"] and after["Pid"] == first["gpu_job"]["Pid"], (first["gpu_job"], after)
     assert first["opened"] == GPU_ALLOWED                   # right after the first run...
     assert sh(h, f"docker exec operator-gpu-job {OPEN_GPU}").strip() == GPU_ALLOWED   # ...and the second
-    scope = f"docker-{sh(h, 'docker inspect --format {{{{.Id}}}} operator-gpu-job').strip()}.scope"
+    cid = sh(h, "docker inspect --format '{{.Id}}' operator-gpu-job").strip()
+    scope = f"docker-{cid}.scope"
     allow = sh(h, f"systemctl show -p DeviceAllow --value {scope}").split("\n")
     assert "/dev/char/195:0 rw" in allow and "/dev/char/195:255 rw" in allow, allow
     assert "named the GPU devices of running containers in their systemd scopes" in first["one"].output
