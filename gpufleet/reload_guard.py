@@ -19,8 +19,10 @@ with the lock, again after a reboot), the guard makes the reload safe:
    `systemctl set-property --runtime SCOPE "DeviceAllow=/dev/char/MAJ:MIN rw"`: the device it
    already uses, never another (only through a link that resolves to a node of that number;
    runc's own device program stays attached, so nothing is allowed that runc refused);
-3. a scope it could not fix (its link is someone else's, or set-property failed) fails the host
-   before any change, naming the scope: stop it, then re-run.
+3. a scope it could not fix (a link is someone else's, or set-property failed) is left as it is
+   (all its devices are named in one call, or none: set-property applies the scope's whole
+   policy, so naming some would cut it off the others) and fails the host before any change,
+   naming the scope: stop it, then re-run.
 
 gpufleet's own reloads (operations/daemon_reload.py) run the same script in `reload` mode: fix,
 then reload, or defer the reload while a scope is still unfixable.
@@ -76,16 +78,15 @@ for p in /proc/[0-9]*; do
     case "$allow" in *" /dev/char/$mm rw"*|*" char-* rw"*|*" char-nvidia"*" rw"*) ;; *) missing="$missing $mm";; esac
   done
   [ -n "$missing" ] || continue
-  fixed=""; bad=0
-  for mm in $missing; do
-    if linked "$mm" && systemctl set-property --runtime -- "$unit" "DeviceAllow=/dev/char/$mm rw" >/dev/null 2>&1; then
-      fixed="$fixed $mm"
-    else
-      bad=1
-    fi
-  done
-  [ -z "$fixed" ] || echo "REPAIRED $unit$fixed"
-  [ "$bad" = 0 ] || unsafe="$unsafe $unit"
+  # all of them in one call, or none: set-property applies the scope's whole device policy at
+  # once, as a reload would, so naming only some would cut the container off the others
+  ok=1; set --
+  for mm in $missing; do linked "$mm" || ok=0; set -- "$@" "DeviceAllow=/dev/char/$mm rw"; done
+  if [ "$ok" = 1 ] && systemctl set-property --runtime -- "$unit" "$@" >/dev/null 2>&1; then
+    echo "REPAIRED $unit$missing"
+  else
+    unsafe="$unsafe $unit"
+  fi
 done
 if [ "$mode" = hold ]; then
   if [ -n "$unsafe" ]; then echo "UNSAFE$unsafe"; else echo SAFE; fi

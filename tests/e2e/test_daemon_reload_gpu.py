@@ -109,10 +109,10 @@ def first_all(gpu_host):
     h, _, all_inv, tmp = gpu_host
     scope = start(h, "gf-job")
     before = sees(h, "gf-job")
-    one = pyinfra(all_inv)
+    one = pyinfra(all_inv, netns=h.netns)
     (tmp / "first-all.log").write_text(one.output)
     after_one = sees(h, "gf-job")
-    two = pyinfra(all_inv)
+    two = pyinfra(all_inv, netns=h.netns)
     (tmp / "second-all.log").write_text(two.output)
     return {"scope": scope, "before": before, "one": one, "after_one": after_one, "two": two}
 

@@ -38,10 +38,11 @@ def test_the_scopes_it_fixed_are_read_with_their_devices():
     assert repaired(lines) == {"docker-a.scope": ["195:0", "195:255"], "cri-containerd-b.scope": ["195:1"]}
 
 
-def test_the_guard_names_a_device_only_through_a_link_to_that_device():
+def test_the_guard_names_devices_only_through_links_to_them_all_at_once():
     # the DeviceAllow it adds is read-write on the exact /dev/char/MAJ:MIN, only after checking
     # that the link resolves to a node of that number, and never for the host's own units
-    assert 'linked "$mm" && systemctl set-property --runtime -- "$unit" "DeviceAllow=/dev/char/$mm rw"' in GUARD_SCRIPT
+    assert 'linked "$mm" || ok=0; set -- "$@" "DeviceAllow=/dev/char/$mm rw"' in GUARD_SCRIPT
+    assert 'if [ "$ok" = 1 ] && systemctl set-property --runtime -- "$unit" "$@"' in GUARD_SCRIPT   # all or none
     assert "/user.slice/*|'') continue" in GUARD_SCRIPT
     assert guard_command("hold").get_raw_value().split()[-2:] == ["hold", "/run/gpufleet/daemon-reload-pending"]
     with pytest.raises(AssertionError):
