@@ -24,8 +24,9 @@ it behind, so the next run reports the stale lock it took over.
 
 deploys/all.py takes the lock at the host's first changing command (a no-op run sends nothing
 more), and there, before that command, makes systemd reloads safe for running GPU containers
-(gpufleet/reload_guard.py); tools/rollout takes it for all its hosts before it changes any and keeps it to the end
-(its steps, each a pyinfra run of its own, see it as theirs). A second run waits up to
+(gpufleet/reload_guard.py; after a reboot too); tools/rollout takes it for all its hosts before
+it changes any and keeps it to the end (its steps, each a pyinfra run of its own, see it as
+theirs). A second run waits up to
 `rollout_lock_wait` seconds, then stops naming the holder.
 """
 from __future__ import annotations
