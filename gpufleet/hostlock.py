@@ -23,8 +23,10 @@ record; one that ended without being told (its run was killed, its controller cr
 it behind, so the next run reports the stale lock it took over.
 
 deploys/all.py takes the lock at the host's first changing command (a no-op run sends nothing
-more); tools/rollout takes it for all its hosts before it changes any and keeps it to the end
-(its steps, each a pyinfra run of its own, see it as theirs). A second run waits up to
+more), and there, before that command, makes systemd reloads safe for running GPU containers
+(gpufleet/reload_guard.py; after a reboot too); tools/rollout takes it for all its hosts before
+it changes any and keeps it to the end (its steps, each a pyinfra run of its own, see it as
+theirs). A second run waits up to
 `rollout_lock_wait` seconds, then stops naming the holder.
 """
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 
 from pyinfra.api.command import QuoteString, StringCommand
 
+from gpufleet import reload_guard
 from gpufleet.failures import stop_line
 from gpufleet.hostcontext import host_context
 from gpufleet.inventory_source import InventorySource
@@ -351,17 +354,24 @@ def install() -> None:
         if host.executing_op_hash is None:
             return
         mine = HELD.get(host.name)
-        if mine is not None and mine.on(host):
-            return
+        if mine is None or not mine.on(host):
+            try:
+                lock = acquire(host, lock_wait(host))
+            except HostLocked as exc:
+                # fails the command, so the operation and the host (an OSError to pyinfra), in
+                # gpufleet.failures' words
+                logger.error(stop_line(host.name, "failed", "rollout_lock_wait", exc.reason, exc.fix))
+                raise
+            if lock.stale:
+                logger.warning(f"{host.print_prefix}gpufleet: {stale_message(host.name, lock.stale)}")
+        # Before the first change (and after a reboot): any command of the run may reload
+        # systemd (a package's postinst, `systemctl enable`), which must not cut a running
+        # GPU container off its devices. Once per connection; nothing on later commands.
         try:
-            lock = acquire(host, lock_wait(host))
-        except HostLocked as exc:
-            # fails the command, so the operation and the host (an OSError to pyinfra), in
-            # gpufleet.failures' words
-            logger.error(stop_line(host.name, "failed", "rollout_lock_wait", exc.reason, exc.fix))
+            reload_guard.hold(host)
+        except reload_guard.ReloadUnsafe as exc:
+            logger.error(stop_line(host.name, "failed", "GPU containers", exc.reason, exc.fix))
             raise
-        if lock.stale:
-            logger.warning(f"{host.print_prefix}gpufleet: {stale_message(host.name, lock.stale)}")
 
     def run_shell_command(self: Host, *args: Any, **kwargs: Any) -> Any:
         ensure(self)

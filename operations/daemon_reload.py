@@ -8,13 +8,18 @@ facts/devchar.py). So:
 * ``dev_char_links``: NVIDIA's fix, installed with the container toolkit: its udev rule
   (`nvidia-ctk system create-dev-char-symlinks --create-all` whenever the driver binds, so at
   every boot) and the links now where some are missing.
-* ``daemon_reload``: gpufleet's every reload, through one gate. Right before it, on the host,
-  the links are made where nvidia-ctk can, then every container unit (system.slice scopes whose
-  processes live in a mount namespace of their own) that sees an NVIDIA device its DeviceAllow
-  does not name is a reason to defer: the reload is not done, the units are recorded
+* ``daemon_reload``: gpufleet's every reload, through one gate (gpufleet/reload_guard.py's
+  script, `reload` mode). Right before it, on the host, the links are made, and every container
+  unit (a system scope whose processes live in a mount namespace of their own) that sees an
+  NVIDIA device its DeviceAllow does not name gets it named (`systemctl set-property
+  --runtime`). A unit that cannot be fixed (its /dev/char link is not to that device) is a
+  reason to defer: the reload is not done, the units are recorded
   (/run/gpufleet/daemon-reload-pending, root's) and said, and the next run reloads once they
   are gone, as a pending Docker restart. What a unit sees is read from the kernel (/proc) and
-  systemd, never from a file another user writes; a deferral is the only thing it can cause.
+  systemd, never from a file another user writes.
+
+Reloads that others do during a run (package postinsts, `systemctl enable`) are made safe by
+the same script before the run's first change (gpufleet/reload_guard.py, `hold` mode).
 """
 from __future__ import annotations
 
@@ -23,13 +28,14 @@ from io import StringIO
 from typing import Any
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.operations import files
 
-from gpufleet.facts.devchar import PENDING_MARKER, DaemonReloadPending, DevCharLinks
+from gpufleet.facts.devchar import DaemonReloadPending, DevCharLinks
 from gpufleet.operations import as_op
 from gpufleet.operations.notice import say
 from gpufleet.printable import printable
+from gpufleet.reload_guard import guard_command, parse_guard, repaired, repaired_text
 
 UDEV_RULE = "/etc/udev/rules.d/71-nvidia-dev-char.rules"
 UDEV_RULE_TEXT = (
@@ -42,75 +48,23 @@ UDEV_RULE_TEXT = (
 )
 CREATE_LINKS = ("nvidia-ctk", "system", "create-dev-char-symlinks", "--create-all")
 
-# $1: the pending marker. Run as root. Prints RELOADED, or PENDING and the units it deferred for.
-GUARD_SCRIPT = r"""
-marker=$1
-majmin() { set -- $(stat -c '%t %T' "$1"); echo "$((0x$1)):$((0x$2))"; }   # of a device node, decimal
-need_links=0
-for d in /dev/nvidia*; do
-  [ -c "$d" ] || continue
-  [ "$(readlink -f "/dev/char/$(majmin "$d")" 2>/dev/null)" = "$(readlink -f "$d")" ] || need_links=1
-done
-if [ "$need_links" = 1 ] && command -v nvidia-ctk >/dev/null 2>&1; then
-  nvidia-ctk system create-dev-char-symlinks --create-all >/dev/null 2>&1 || true
-fi
-host_mnt=$(readlink /proc/1/ns/mnt)
-risky=""; seen=" "
-for p in /proc/[0-9]*; do
-  # its cgroup (the unified one; on a v1 host name=systemd's): a scope of the system
-  # manager's (Docker's docker-ID.scope, Kubernetes' cri-containerd-ID.scope), never a user's
-  cg=$(sed -n 's/^0:://p' "$p/cgroup" 2>/dev/null)
-  case "$cg" in ''|/) cg=$(sed -n 's/^[0-9]*:name=systemd://p' "$p/cgroup" 2>/dev/null | head -n 1);; esac
-  case "$cg" in /user.slice/*|'') continue;; */*.scope) unit=${cg##*/};; *) continue;; esac
-  case "$seen" in *" $unit "*) continue;; esac
-  mnt=$(readlink "$p/ns/mnt" 2>/dev/null) || continue
-  [ "$mnt" != "$host_mnt" ] || continue
-  seen="$seen$unit "
-  allow=" $(systemctl show -p DeviceAllow --value "$unit" 2>/dev/null | tr '\n' ' ') "
-  policy=$(systemctl show -p DevicePolicy --value "$unit" 2>/dev/null)
-  if [ "$policy" = auto ] && [ "$allow" = "  " ]; then continue; fi
-  for d in "$p"/root/dev/nvidia*; do
-    [ -c "$d" ] || continue
-    mm=$(majmin "$d")
-    case "$allow" in *" /dev/char/$mm rw"*|*" char-* rw"*|*" char-nvidia"*" rw"*) ;; *) risky="$risky $unit"; break;; esac
-  done
-done
-if [ -n "$risky" ]; then
-  mkdir -p -m 755 /run/gpufleet && t=$(mktemp /run/gpufleet/.reload.XXXXXX) && printf '%s\n' $risky > "$t" && mv -f "$t" "$marker"
-  echo "PENDING$risky"; exit 0
-fi
-systemctl daemon-reload || exit 1
-rm -f "$marker"
-echo RELOADED
-"""
-
 #: hosts whose earlier deferred reload this run has taken over (or said is still pending)
 _claimed: set[str] = set()
 
 
-def guard_command() -> StringCommand:
-    return StringCommand("sh", "-c", QuoteString(GUARD_SCRIPT), "gpufleet-daemon-reload", QuoteString(PENDING_MARKER))
-
-
-def parse_guard(lines: list[str]) -> tuple[bool, list[str]]:
-    """(reloaded, deferred-for units) from the guard's output; ValueError when it said neither."""
-    for line in reversed(lines):
-        words = line.split()
-        if words[:1] == ["RELOADED"]:
-            return True, []
-        if words[:1] == ["PENDING"]:
-            return False, sorted({printable(w) for w in words[1:]})
-    raise ValueError(printable(" ".join(lines)[-300:]) or "no output")
-
-
 def _reload(state: Any, host: Any) -> bool:
-    ok, out = as_op.run(host, guard_command())
+    ok, out = as_op.run(host, guard_command("reload"))
+    lines = out.stdout_lines if out else []
     try:
-        reloaded, units = parse_guard(out.stdout_lines if out else [])
+        reloaded, units = parse_guard(lines)
     except ValueError as exc:
         errors = " ".join(out.stderr_lines if out else []).strip()
         logger.error(f"{host.print_prefix}systemctl daemon-reload failed: {printable(errors) or exc}")
         return False
+    fixed = repaired(lines)
+    if fixed:
+        logger.warning(f"{host.print_prefix}gpufleet: named the GPU devices of running containers in their systemd "
+                       f"scopes before the daemon-reload, which would have cut them off: {repaired_text(fixed)}")
     if reloaded:
         return bool(ok)
     logger.warning(f"{host.print_prefix}systemd daemon-reload PENDING (not done): it would cut {', '.join(units)} "

@@ -39,6 +39,8 @@ OPERATOR_KEYS = {
 }
 DEPLOY = textwrap.dedent("""\
     from pyinfra import host, state
+    from gpufleet import hostlock
+    hostlock.install()  # as every entry point: the lock, and the reload guard, at the first change
     from gpufleet.deploys.base import base
     from gpufleet.deploys.docker import docker
     from gpufleet.failures import host_failed
@@ -51,6 +53,12 @@ DEPLOY = textwrap.dedent("""\
         step()
     """)
 SLEEPER = "python3 -IS -c 'import time; time.sleep(1000000)'"
+# Opens and stats the (SIMULATED: mknod, no driver) GPU device node from inside a container:
+# ENXIO "No such device or address" when its device policy lets it through to the absent
+# driver, EPERM "Operation not permitted" when systemd has taken the device from it.
+OPEN_GPU = ("python3 -IS -c \"import os\ntry:\n    os.close(os.open('/dev/nvidia0', os.O_RDWR))\n    print('open')\n"
+            "except OSError as e:\n    print(os.strerror(e.errno), oct(os.stat('/dev/nvidia0').st_rdev))\"")
+GPU_ALLOWED = f"No such device or address {oct(195 << 8)}"
 
 
 def sh(host, cmd: str, timeout: float = 120) -> str:
@@ -59,6 +67,10 @@ def sh(host, cmd: str, timeout: float = 120) -> str:
 
 def container(host, name: str) -> dict:
     return json.loads(sh(host, f"docker inspect --format '{{{{json .State}}}}' {name}"))
+
+
+def device_allow(host, scope: str) -> list[str]:
+    return sh(host, f"systemctl show -p DeviceAllow --value {scope}").splitlines()
 
 
 def dockerd_pid(host) -> str:
@@ -79,6 +91,12 @@ def gpu_host(request, hostpool, aptrepo, tmp_path_factory):  # noqa: F811
     ulimits = {"memlock": int(sh(h, "ulimit -Hl").strip()) * 1024, "stack": 67108864}
     smoke_image.build(h)
     sh(h, f"docker run -d --name operator-job {smoke_image.IMAGE} {SLEEPER}")
+    # ...and a GPU job given the device nodes (SIMULATED, as the driver makes them: without
+    # /dev/char links), so runc could not name them in its systemd scope (issue 44 item 4)
+    sh(h, "rm -f /dev/char/195:0 /dev/char/195:255; [ -c /dev/nvidia0 ] || mknod -m 666 /dev/nvidia0 c 195 0; "
+          "[ -c /dev/nvidiactl ] || mknod -m 666 /dev/nvidiactl c 195 255; "
+          f"docker run -d --name operator-gpu-job --device /dev/nvidia0 --device /dev/nvidiactl {smoke_image.IMAGE} {SLEEPER}")
+    assert sh(h, f"docker exec operator-gpu-job {OPEN_GPU}").strip() == GPU_ALLOWED
     tmp = tmp_path_factory.mktemp("docker-gpu")
     deploy = tmp / "docker_deploy.py"
     deploy.write_text(DEPLOY)
@@ -105,10 +123,21 @@ def gpu_host(request, hostpool, aptrepo, tmp_path_factory):  # noqa: F811
 def first(gpu_host):
     h = gpu_host["host"]
     before = container(h, "operator-job")
+    gpu_job = container(h, "operator-gpu-job")
+    scope = f"docker-{sh(h, 'docker inspect --format {{.Id}} operator-gpu-job').strip()}.scope"
+    allow_before = device_allow(h, scope)
     pid = dockerd_pid(h)
     one = gpu_host["run"]("first")
+    opened = [sh(h, f"docker exec operator-gpu-job {OPEN_GPU}").strip()]
     two = gpu_host["run"]("first-again")
-    return {"before": before, "dockerd_before": pid, "one": one, "two": two}
+    opened.append(sh(h, f"docker exec operator-gpu-job {OPEN_GPU}").strip())
+    gpu = {"before": gpu_job, "after": container(h, "operator-gpu-job"), "scope": scope,
+           "allow_before": allow_before, "allow": device_allow(h, scope)}
+    sh(h, "systemctl daemon-reload")    # and any reload after the runs keeps it too
+    opened.append(sh(h, f"docker exec operator-gpu-job {OPEN_GPU}").strip())
+    # gone before the tests after it, which count the GPU containers that keep a restart pending
+    sh(h, "docker rm -f operator-gpu-job >/dev/null")
+    return {"before": before, "dockerd_before": pid, "one": one, "two": two, "gpu": dict(gpu, opened=opened)}
 
 
 def test_operator_container_survives_gpufleets_first_run(gpu_host, first):
@@ -122,6 +151,26 @@ def test_operator_container_survives_gpufleets_first_run(gpu_host, first):
     after = container(h, "operator-job")
     assert after["Running"] and after["Pid"] == first["before"]["Pid"], (first["before"], after)
     assert after["StartedAt"] == first["before"]["StartedAt"]
+
+
+def test_a_gpu_container_keeps_its_devices_through_the_first_run(gpu_host, first):
+    """The first run installs packages that ship units (sysstat's postinst reloads systemd) and
+    enables services (`systemctl enable` reloads too): before any of it, the reload guard named
+    the operator's GPU job's devices in its scope, so no reload takes them (issue 44 item 4).
+    Debian 13's runc (1.1.15) names them itself, without the links: nothing to do there."""
+    gpu, out = first["gpu"], first["one"].output
+    assert first["one"].returncode == 0, first["one"].why
+    assert gpu["after"]["Running"] and gpu["after"]["Pid"] == gpu["before"]["Pid"], gpu
+    # after the first run, the second, and a plain reload after them
+    assert gpu["opened"] == [GPU_ALLOWED] * 3, gpu
+    for mm in ("195:0", "195:255"):
+        assert any(a.startswith(f"/dev/char/{mm} rw") for a in gpu["allow"]), gpu["allow"]
+    if any(a.startswith("/dev/char/195:0 ") for a in gpu["allow_before"]):   # runc named them
+        assert gpu["scope"] not in out, out[-3000:]
+    else:
+        assert "/dev/char/195:0 rw" in gpu["allow"] and "/dev/char/195:255 rw" in gpu["allow"], gpu["allow"]
+        assert "named the GPU devices of running containers in their systemd scopes" in out, out[-3000:]
+        assert gpu["scope"] in out, out[-3000:]
 
 
 def test_smoke_test_runs_and_prints_the_simulated_gpus(gpu_host, first):
