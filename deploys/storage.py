@@ -37,7 +37,7 @@ from pyinfra.facts.server import Groups
 from pyinfra.operations import apt, files, server, systemd
 
 from gpufleet import storage as s
-from gpufleet.facts.storage import ShmSize
+from gpufleet.facts.storage import SCRATCH_RECORD, ScratchSite, ShmSize
 from gpufleet.failures import refuse
 from gpufleet.hostfacts import block_devices, resources
 from gpufleet.rendering import render
@@ -85,13 +85,17 @@ def _scratch(settings: Any, plan: s.ScratchPlan) -> None:
     if plan.action == s.MAKE:
         ops.scratch_filesystem(name=f"Make the scratch filesystem: {plan.summary()}", path=plan.path,
                                label=s.SCRATCH_LABEL, md_name=s.MD_NAME, options=s.MOUNT_OPTIONS,
-                               devices=list(plan.devices))
+                               own_uuid=plan.lost or "", record=SCRATCH_RECORD, devices=list(plan.devices))
     else:
         assert plan.uuid
+        ops.mounted(name=f"Mount the scratch at {plan.path} (nosuid,nodev)", path=plan.path, is_mounted=plan.mounted,
+                    uuid=plan.uuid, options=s.MOUNT_OPTIONS, remount=plan.remount)
+        # after the mount worked: a line that does not mount leaves the boot to nofail's mercy
         files.line(name=f"Mount the scratch at {plan.path} by UUID at every boot (/etc/fstab)", path="/etc/fstab",
                    line=_scratch_fstab_regex(plan.path, plan.uuid), extended_regex=True,
                    replace=f"UUID={plan.uuid} {plan.path} xfs {s.MOUNT_OPTIONS} 0 0")
-        ops.mounted(name=f"Mount the scratch at {plan.path}", path=plan.path, is_mounted=plan.mounted)
+        files.put(name="Record the scratch filesystem's UUID (gpufleet adopts that filesystem only)",
+                  src=StringIO(plan.uuid + "\n"), dest=SCRATCH_RECORD, mode="644")
     files.directory(name=f"Give the scratch to the group {group} (mode {SCRATCH_MODE})", path=plan.path,
                     user="root", group=group, mode=SCRATCH_MODE)
     context = dict(tier=settings.tier, path=plan.path, md_name=s.MD_NAME if raid else "",
@@ -121,7 +125,8 @@ def storage() -> None:
     settings = host_settings(host)
     try:
         scratch = s.plan_scratch(settings.storage_scratch, settings.storage_scratch_devices,
-                                 settings.storage_scratch_path, block_devices(host))
+                                 settings.storage_scratch_path, block_devices(host),
+                                 lambda: host.get_fact(ScratchSite, path=settings.storage_scratch_path))
         shm = s.plan_shm(settings.storage_shm_size, host.get_fact(ShmSize), resources(host).memory_total_kib)
     except s.Refusal as refusal:
         refuse(host, refusal.key, refusal.problem, f"set {refusal.key} to what this host allows: {refusal.allowed}")
