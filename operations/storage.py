@@ -98,7 +98,7 @@ mkdir -p "$path"
 # the root disk's directory under the scratch: sealed, so that while the scratch is not mounted
 # (a drive lost, instance-store NVMe blank after a stop/start) no job writes there by mistake
 chattr -i "$path" 2>/dev/null || true
-chmod 000 "$path"
+chmod a=,ug-s,-t "$path"
 chattr +i "$path" 2>/dev/null || true
 mount -t xfs -o "$(echo "$opts" | sed 's/,*nofail//')" "$target" "$path"
 # only once the mount worked: fstab's line (the old one of gpufleet's scratch at this path, if
@@ -138,7 +138,7 @@ path=$1 uuid=$2 opts=$3
 set -e
 mkdir -p "$path"
 chattr -i "$path" 2>/dev/null || true
-chmod 000 "$path"
+chmod a=,ug-s,-t "$path"
 chattr +i "$path" 2>/dev/null || true
 mount -t xfs -o "$opts" "UUID=$uuid" "$path"
 """
