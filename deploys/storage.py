@@ -10,11 +10,18 @@ between DataLoader workers through /dev/shm.
    partition table, md or LVM member, a mount) is never formatted: ``auto`` leaves it alone and
    says so, a list naming it refuses the host at planning. The format command probes each
    drive again right before mkfs and refuses, naming it, one that gained a signature since.
-   Mounted with noatime, in /etc/fstab by UUID with nofail; owned by root and the tier's group
+   Never at a path where the site keeps something (a mount at, below or a network filesystem
+   above it, another fstab line, a link, a non-empty directory: refused, naming
+   storage_scratch_path; gpufleet/storage.py path_refusal). Adopted only by the UUID gpufleet
+   recorded when it made it (SCRATCH_RECORD), never by its label alone.
+   Mounted with nosuid,nodev,noatime, in /etc/fstab by UUID with nofail (written once the mount
+   worked), the root disk's directory under it sealed; owned by root and the tier's group
    (``storage_scratch_group``), mode 3770 (the group writes, files keep the group, only their
    owner deletes them). At boot systemd's fstab mount mounts it (udev assembles the array);
    ``gpufleet-scratch.service``, ordered after that mount, assembles and mounts it only where
-   it did not happen (a container without udev, an array udev did not assemble). An existing scratch is kept as it is, never rebuilt or grown.
+   it did not happen (a container without udev, an array udev did not assemble), and fails,
+   saying so, where no drive holds it (a cloud's instance store is blank after a stop/start:
+   the next run makes it again). An existing scratch is kept as it is, never rebuilt or grown.
    A changed ``storage_scratch_path`` moves it: mounted at the new path, fstab's line moved (not
    a second one); the old path stays mounted, since jobs may hold files there, until the
    operator unmounts it or the host reboots, which the run says at its end.

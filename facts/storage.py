@@ -304,8 +304,12 @@ SCRATCH_SITE_SCRIPT = (
     "grep -v '^[[:space:]]*#' /etc/fstab 2>/dev/null\n"
     "echo '" + MARK + " begin record'\n"
     "head -c 200 " + SCRATCH_RECORD + " 2>/dev/null; echo\n"
-    "if [ -L \"$path\" ]; then echo '" + MARK + " path link'\n"
-    "elif [ -d \"$path\" ]; then echo '" + MARK + " path' \"dir-$(ls -A -- \"$path\" 2>/dev/null | head -n 1 | wc -l)\"\n"
+    "if awk -v p=\"$path\" '$5 == p { found = 1 } END { exit !found }' /proc/self/mountinfo 2>/dev/null; then\n"
+    "  echo '" + MARK + " path mounted'\n"  # not looked into: a network filesystem may not answer
+    "elif [ -L \"$path\" ]; then echo '" + MARK + " path link'\n"
+    "elif [ -d \"$path\" ]; then\n"
+    "  if [ -n \"$(find \"$path\" -mindepth 1 -maxdepth 1 -print -quit 2>/dev/null | head -c 1)\" ]; then\n"
+    "    echo '" + MARK + " path dir-1'; else echo '" + MARK + " path dir-0'; fi\n"
     "elif [ -e \"$path\" ]; then echo '" + MARK + " path other'\n"
     "else echo '" + MARK + " path absent'; fi\n"
     "true"
@@ -329,8 +333,8 @@ class Mount(JsonMixin):
 @dataclass(frozen=True)
 class ScratchSiteData(JsonMixin):
     """What surrounds the scratch path: the mounts at, above and below it (in mount order), fstab's
-    lines (fields), the UUID gpufleet recorded, and the path itself: absent | link | other
-    (not a directory) | empty | not-empty; None = not read."""
+    lines (fields), the UUID gpufleet recorded, and the path itself: absent | mounted (a mount
+    point: not looked into) | link | other (not a directory) | empty | not-empty; None = not read."""
 
     mounts: tuple[Mount, ...] = ()
     fstab: tuple[tuple[str, ...], ...] = ()

@@ -50,7 +50,7 @@ check_path() {
   [ -n "$why" ] || [ -z "$line" ] || why="/etc/fstab already has a line for $path: $line"
   if [ -z "$why" ] && [ -L "$path" ]; then why="$path is a symbolic link"
   elif [ -z "$why" ] && [ -e "$path" ] && [ ! -d "$path" ]; then why="$path is not a directory"
-  elif [ -z "$why" ] && [ -d "$path" ] && [ -n "$(ls -A -- "$path" | head -n 1)" ]; then why="$path is not empty"
+  elif [ -z "$why" ] && [ -d "$path" ] && [ -n "$(find "$path" -mindepth 1 -maxdepth 1 -print -quit | head -c 1)" ]; then why="$path is not empty"
   fi
   [ -z "$why" ] || refuse "$why (storage_scratch_path): $1"
 }

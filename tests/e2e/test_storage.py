@@ -17,14 +17,15 @@ operator runs it: through sudo, tier hgx. In order, on the same host:
 1. both drives listed: refused at planning, naming the ext4 one; nothing changes (the blank
    one is still blank, the other byte-identical); the format command itself, run on the host
    with both drives (as if the ext4 had appeared after planning), refuses naming it, touching
-   neither;
-2. the blank drive only (the plan view names it first): XFS on it, mounted at /scratch with noatime, in fstab by UUID with
-   nofail, owned by root:users (hgx's group) mode 3770: a user in the group writes there, a
+   neither; nor, with the blank drive alone, while a process holds that drive open;
+2. the blank drive only (the plan view names it first): XFS on it, mounted at /scratch with
+   nosuid,nodev,noatime, in fstab by UUID with nofail, its UUID recorded, owned by root:users (hgx's group) mode 3770: a user in the group writes there, a
    second local user outside it cannot; /dev/shm at half of RAM (hgx's storage_shm_size), now
    and in fstab; a second run changes nothing;
 3. a real reboot of the test host: /scratch and the /dev/shm size are back; a run after it
    changes nothing. The ext4 drive is byte-identical at the end. The validation gate passes the
-   scratch and /dev/shm, and fails the scratch once it is unmounted.
+   scratch and /dev/shm, and fails the scratch once it is unmounted; the root disk's /scratch
+   under it is then sealed (mode 0: a user cannot write there).
 """
 from __future__ import annotations
 

@@ -384,8 +384,6 @@ def test_the_boot_unit_runs_after_systemds_own_mount_of_the_scratch():
                   md_name=s.MD_NAME, mount_unit=s.mount_unit("/mnt/fast-nvme"))
     assert "After=local-fs.target mnt-fast\\x2dnvme.mount\n" in unit
     script = render("usr/local/sbin/gpufleet-scratch-mount.j2", tier="hgx")
-    assert ('mount "$path" && exit 0\n'
-            '# mounted meanwhile by another path (systemd\'s fstab mount): not an error, '
-            'and not mounted twice\nmountpoint -q "$path" && exit 0\n') in script
+    assert 'mount "$path" || true\nmountpoint -q "$path" && exit 0\n' in script
     # not mounted: the unit fails, saying so (a cloud's blank instance store after a stop/start)
     assert script.rstrip().endswith("run deploys/all.py to make it again\" >&2\nexit 1")
