@@ -128,6 +128,7 @@ lines.append("profiling: " + profiling_line(res))
 
 def storage_lines() -> list[str]:
     """The scratch plan in words (the same plan deploys/storage.py applies), and /dev/shm's size."""
+    from gpufleet.facts.storage import ScratchSite
     from gpufleet.hostfacts import block_devices
 
     shm = settings.storage_shm_size
@@ -136,7 +137,7 @@ def storage_lines() -> list[str]:
         return ["scratch: none"] + out
     try:
         plan = plan_scratch(settings.storage_scratch, settings.storage_scratch_devices, settings.storage_scratch_path,
-                            block_devices(host))
+                            block_devices(host), lambda: host.get_fact(ScratchSite, path=settings.storage_scratch_path))
     except Refusal as refused:
         return [f"scratch: REFUSED: {refused}"] + out
     return [f"scratch: {plan.summary()}"] + [f"scratch: {note}" for note in plan.notes] + out

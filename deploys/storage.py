@@ -10,11 +10,18 @@ between DataLoader workers through /dev/shm.
    partition table, md or LVM member, a mount) is never formatted: ``auto`` leaves it alone and
    says so, a list naming it refuses the host at planning. The format command probes each
    drive again right before mkfs and refuses, naming it, one that gained a signature since.
-   Mounted with noatime, in /etc/fstab by UUID with nofail; owned by root and the tier's group
+   Never at a path where the site keeps something (a mount at, below or a network filesystem
+   above it, another fstab line, a link, a non-empty directory: refused, naming
+   storage_scratch_path; gpufleet/storage.py path_refusal). Adopted only by the UUID gpufleet
+   recorded when it made it (SCRATCH_RECORD), never by its label alone.
+   Mounted with nosuid,nodev,noatime, in /etc/fstab by UUID with nofail (written once the mount
+   worked), the root disk's directory under it sealed; owned by root and the tier's group
    (``storage_scratch_group``), mode 3770 (the group writes, files keep the group, only their
    owner deletes them). At boot systemd's fstab mount mounts it (udev assembles the array);
    ``gpufleet-scratch.service``, ordered after that mount, assembles and mounts it only where
-   it did not happen (a container without udev, an array udev did not assemble). An existing scratch is kept as it is, never rebuilt or grown.
+   it did not happen (a container without udev, an array udev did not assemble), and fails,
+   saying so, where no drive holds it (a cloud's instance store is blank after a stop/start:
+   the next run makes it again). An existing scratch is kept as it is, never rebuilt or grown.
    A changed ``storage_scratch_path`` moves it: mounted at the new path, fstab's line moved (not
    a second one); the old path stays mounted, since jobs may hold files there, until the
    operator unmounts it or the host reboots, which the run says at its end.
@@ -37,7 +44,7 @@ from pyinfra.facts.server import Groups
 from pyinfra.operations import apt, files, server, systemd
 
 from gpufleet import storage as s
-from gpufleet.facts.storage import ShmSize
+from gpufleet.facts.storage import SCRATCH_RECORD, ScratchSite, ShmSize
 from gpufleet.failures import refuse
 from gpufleet.hostfacts import block_devices, resources
 from gpufleet.rendering import render
@@ -85,13 +92,17 @@ def _scratch(settings: Any, plan: s.ScratchPlan) -> None:
     if plan.action == s.MAKE:
         ops.scratch_filesystem(name=f"Make the scratch filesystem: {plan.summary()}", path=plan.path,
                                label=s.SCRATCH_LABEL, md_name=s.MD_NAME, options=s.MOUNT_OPTIONS,
-                               devices=list(plan.devices))
+                               own_uuid=plan.lost or "", record=SCRATCH_RECORD, devices=list(plan.devices))
     else:
         assert plan.uuid
+        ops.mounted(name=f"Mount the scratch at {plan.path} (nosuid,nodev)", path=plan.path, is_mounted=plan.mounted,
+                    uuid=plan.uuid, options=s.MOUNT_OPTIONS, remount=plan.remount)
+        # after the mount worked: a line that does not mount leaves the boot to nofail's mercy
         files.line(name=f"Mount the scratch at {plan.path} by UUID at every boot (/etc/fstab)", path="/etc/fstab",
                    line=_scratch_fstab_regex(plan.path, plan.uuid), extended_regex=True,
                    replace=f"UUID={plan.uuid} {plan.path} xfs {s.MOUNT_OPTIONS} 0 0")
-        ops.mounted(name=f"Mount the scratch at {plan.path}", path=plan.path, is_mounted=plan.mounted)
+        files.put(name="Record the scratch filesystem's UUID (gpufleet adopts that filesystem only)",
+                  src=StringIO(plan.uuid + "\n"), dest=SCRATCH_RECORD, mode="644")
     files.directory(name=f"Give the scratch to the group {group} (mode {SCRATCH_MODE})", path=plan.path,
                     user="root", group=group, mode=SCRATCH_MODE)
     context = dict(tier=settings.tier, path=plan.path, md_name=s.MD_NAME if raid else "",
@@ -121,7 +132,8 @@ def storage() -> None:
     settings = host_settings(host)
     try:
         scratch = s.plan_scratch(settings.storage_scratch, settings.storage_scratch_devices,
-                                 settings.storage_scratch_path, block_devices(host))
+                                 settings.storage_scratch_path, block_devices(host),
+                                 lambda: host.get_fact(ScratchSite, path=settings.storage_scratch_path))
         shm = s.plan_shm(settings.storage_shm_size, host.get_fact(ShmSize), resources(host).memory_total_kib)
     except s.Refusal as refusal:
         refuse(host, refusal.key, refusal.problem, f"set {refusal.key} to what this host allows: {refusal.allowed}")

@@ -21,7 +21,7 @@ from typing import Any
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from ._common import MARK, JsonMixin, fail, split_sections
+from ._common import MARK, JsonMixin, fail, split_sections, with_values
 
 #: lsblk's columns; -b: sizes in bytes. Older util-linux (< 2.37) has no MOUNTPOINTS: MOUNTPOINT
 #: (one of them) is asked instead and read the same way.
@@ -83,9 +83,12 @@ class BlockDevice(JsonMixin):
 
     @property
     def nvme(self) -> bool:
-        """A local NVMe namespace: lsblk's transport, or the kernel's nvme<ctrl>n<ns> name
-        where the transport was not printed."""
-        return self.tran == "nvme" or bool(re.fullmatch(r"nvme\d+n\d+", self.name.rsplit("/", 1)[-1]))
+        """A local (PCIe) NVMe namespace: lsblk's transport nvme, or the kernel's nvme<ctrl>n<ns>
+        name where no transport was printed. NVMe over fabrics has a name of the same shape and
+        lsblk's transport tcp, rdma, fc or loop: never local."""
+        if self.tran is not None:
+            return self.tran == "nvme"
+        return bool(re.fullmatch(r"nvme\d+n\d+", self.name.rsplit("/", 1)[-1]))
 
     @property
     def network_volume(self) -> str | None:
@@ -274,3 +277,119 @@ class ShmSize(FactBase[ShmData]):
     @override
     def process(self, output: list[str]) -> ShmData:
         return parse_shm(output)
+
+
+# --- the scratch path: what is mounted around it, fstab, gpufleet's record, the directory --------
+
+#: where gpufleet records the UUID of the scratch filesystem it made (adopted by that UUID only)
+SCRATCH_RECORD = "/etc/gpufleet/scratch-uuid"
+
+#: filesystem types that are a site's shared storage (or a stand-in for one, an automounter):
+#: a scratch is never mounted over, under or instead of one
+NETWORK_FSTYPES = frozenset((
+    "nfs", "nfs4", "lustre", "beegfs", "gpfs", "ceph", "cifs", "smb3", "smbfs", "glusterfs", "afs", "9p",
+    "virtiofs", "ocfs2", "gfs2", "pvfs2", "orangefs", "wekafs", "panfs", "davfs", "autofs", "fuse"))
+#: and every FUSE filesystem (fuse.sshfs, fuse.ceph-fuse, fuse.juicefs, fuse.s3fs ...)
+NETWORK_FSTYPE_PREFIX = "fuse."
+
+# $path: the scratch path (A-Z a-z 0-9 . _ + @ - / only: schema). The mount table's lines whose
+# mount point is the path, above it or below it (mountinfo escapes blanks and newlines as \ooo:
+# one mount a line whatever its name); fstab's lines that are not comments; the record; what the
+# path is, and whether the directory has any entry (a count, no name: users may name files).
+SCRATCH_SITE_SCRIPT = (
+    "echo '" + MARK + " begin mounts'\n"
+    "awk -v p=\"$path\" '{ m = $5 } m == p || m == \"/\" || index(p \"/\", m \"/\") == 1 || index(m, p \"/\") == 1'"
+    " /proc/self/mountinfo 2>/dev/null\n"
+    "echo '" + MARK + " begin fstab'\n"
+    "grep -v '^[[:space:]]*#' /etc/fstab 2>/dev/null\n"
+    "echo '" + MARK + " begin record'\n"
+    "head -c 200 " + SCRATCH_RECORD + " 2>/dev/null; echo\n"
+    "if awk -v p=\"$path\" '$5 == p { found = 1 } END { exit !found }' /proc/self/mountinfo 2>/dev/null; then\n"
+    "  echo '" + MARK + " path mounted'\n"  # not looked into: a network filesystem may not answer
+    "elif [ -L \"$path\" ]; then echo '" + MARK + " path link'\n"
+    "elif [ -d \"$path\" ]; then\n"
+    "  if [ -n \"$(find \"$path\" -mindepth 1 -maxdepth 1 -print -quit 2>/dev/null | head -c 1)\" ]; then\n"
+    "    echo '" + MARK + " path dir-1'; else echo '" + MARK + " path dir-0'; fi\n"
+    "elif [ -e \"$path\" ]; then echo '" + MARK + " path other'\n"
+    "else echo '" + MARK + " path absent'; fi\n"
+    "true"
+)
+
+
+@dataclass(frozen=True)
+class Mount(JsonMixin):
+    """One line of /proc/self/mountinfo: where, what type, from what, with which options."""
+
+    target: str
+    fstype: str
+    source: str
+    options: tuple[str, ...] = ()  # the mount's own (nosuid, nodev, ro...), not the filesystem's
+
+    @property
+    def network(self) -> bool:
+        return self.fstype in NETWORK_FSTYPES or self.fstype.startswith(NETWORK_FSTYPE_PREFIX)
+
+
+@dataclass(frozen=True)
+class ScratchSiteData(JsonMixin):
+    """What surrounds the scratch path: the mounts at, above and below it (in mount order), fstab's
+    lines (fields), the UUID gpufleet recorded, and the path itself: absent | mounted (a mount
+    point: not looked into) | link | other (not a directory) | empty | not-empty; None = not read."""
+
+    mounts: tuple[Mount, ...] = ()
+    fstab: tuple[tuple[str, ...], ...] = ()
+    recorded_uuid: str | None = None
+    path_state: str | None = None
+
+
+_OCTAL = re.compile(r"\\([0-7]{3})")
+_UUID = re.compile(r"[0-9A-Fa-f-]{8,64}")
+
+
+def _unescape(text: str) -> str:
+    return _OCTAL.sub(lambda m: chr(int(m[1], 8)), text)
+
+
+def parse_scratch_site(lines: Sequence[str]) -> ScratchSiteData:
+    sections, values = split_sections(lines)
+    mounts = []
+    for line in sections.get("mounts", []):
+        head, sep, tail = line.partition(" - ")
+        fields, rest = head.split(), tail.split()
+        if not sep or len(fields) < 6 or len(rest) < 2:
+            raise fail("expected a /proc/self/mountinfo line", line)
+        mounts.append(Mount(_unescape(fields[4]), rest[0], _unescape(rest[1]), tuple(fields[5].split(","))))
+    fstab = tuple(tuple(line.split()) for line in sections.get("fstab", []) if len(line.split()) >= 2)
+    record = " ".join(sections.get("record", [])).strip()
+    state = values.get("path")
+    if state is not None and state.startswith("dir-"):
+        state = "empty" if state == "dir-0" else "not-empty"
+    return ScratchSiteData(tuple(mounts), fstab, record if _UUID.fullmatch(record) else None, state)
+
+
+class ScratchSite(FactBase[ScratchSiteData]):
+    """
+    The scratch path's surroundings: mounts at, above and below it (the mount table lists what
+    lsblk never does: NFS, Lustre, BeeGFS, GPFS, CephFS, autofs), /etc/fstab, the UUID of the
+    scratch gpufleet made (SCRATCH_RECORD), and whether the directory is empty:
+
+    .. code:: python
+
+        ScratchSiteData(mounts=(Mount(target="/", fstype="ext4", source="/dev/vda"),
+                        Mount(target="/scratch", fstype="nfs4", source="nas:/scratch")),
+                        fstab=(("/dev/vda", "/", "ext4", "rw", "0", "1"),), recorded_uuid=None,
+                        path_state="not-empty")
+    """
+
+    @override
+    @staticmethod
+    def default() -> ScratchSiteData:
+        return ScratchSiteData()
+
+    @override
+    def command(self, path: str) -> str:
+        return with_values(SCRATCH_SITE_SCRIPT, path=path)
+
+    @override
+    def process(self, output: list[str]) -> ScratchSiteData:
+        return parse_scratch_site(output)

@@ -828,16 +828,24 @@ def _check_scratch_devices(value: Any) -> Any:
     return tuple(out)
 
 
-_SCRATCH_PATH_ALLOWED = ("an absolute path for the mount point, not / or a system directory "
-                         "(A-Z a-z 0-9 . _ + @ - and /, no ..), such as /scratch or /mnt/nvme")
-#: mount points that are the system's: a scratch mounted over one hides what is there
-_SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/root",
-                "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/mnt", "/media")
+_SCRATCH_PATH_ALLOWED = ("an absolute path for the mount point outside the system's trees (not /, /bin, /boot, "
+                         "/dev, /etc, /home or a user's home, /lib*, /proc, /root, /run, /sbin, /snap, /sys, /tmp, "
+                         "/usr, /var or anything below them, nor /mnt, /media, /opt, /srv themselves; "
+                         "A-Z a-z 0-9 . _ + @ - and /, no ..), such as /scratch, /mnt/nvme or /data")
+#: the system's trees: a scratch mounted at or below one hides what the system or a user keeps
+#: there (/var/lib/docker, /home/<user>, /var/tmp, /root ...)
+_SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/home", "/proc", "/root", "/run", "/sbin", "/snap",
+                 "/sys", "/tmp", "/usr", "/var", "/lost+found")
+#: directories that hold other mounts or software: not a mount point themselves, a folder in them is
+_SYSTEM_DIRS = ("/", "/mnt", "/media", "/opt", "/srv")
 
 
 def _check_scratch_path(value: Any) -> str:
     _check_abs_path(value, _SCRATCH_PATH_ALLOWED)
-    if value in _SYSTEM_DIRS or value.startswith(("/dev/", "/proc/", "/sys/", "/run/", "/boot/", "/etc/", "/usr/")):
+    path = "/" + "/".join(part for part in value.split("/") if part)
+    top = path.split("/")[1] if path != "/" else ""
+    if path in _SYSTEM_DIRS or any(path == tree or path.startswith(tree + "/") for tree in _SYSTEM_TREES) \
+            or re.fullmatch(r"lib(?:32|64|x32|exec)?", top):  # /lib, /lib32, /lib64, /libx32
         raise BadValue(f"{show(value)} is a system directory", _SCRATCH_PATH_ALLOWED)
     return value
 

@@ -9,7 +9,14 @@
   every other one alone, saying so; a list takes exactly the
   drives listed and refuses the host, naming the drive, when one of them is not blank. One
   drive: XFS on it; several: md RAID0 across them, XFS on the array. The scratch already there
-  (an XFS filesystem labelled SCRATCH_LABEL, mounted or not) is kept, never rebuilt.
+  is kept, never rebuilt: an XFS filesystem labelled SCRATCH_LABEL whose UUID is the one gpufleet
+  recorded when it made it (facts.storage.SCRATCH_RECORD; a label alone is anyone's), on drives
+  it would take (local PCIe NVMe for auto, the listed ones for a list).
+* the path (``storage_scratch_path``): lsblk never lists NFS, Lustre, BeeGFS, GPFS, CephFS or
+  autofs, so the mount table and /etc/fstab (the ScratchSite fact) are read too, and the host is
+  refused, naming the key, when the scratch would hide or replace what a site keeps there:
+  anything mounted at or below the path, a network filesystem the path lies on, another fstab
+  line for it, a link, a directory that is not empty (path_refusal).
 * /dev/shm (``storage_shm_size``): its size as tmpfs computes it, compared with what it is.
 * validate_min_nvme_tb: the NVMe capacity the preflight counts.
 
@@ -19,9 +26,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from gpufleet.facts.storage import BLANK, BlockDevice, BlockDevicesData, ShmData
+from gpufleet.facts.storage import BLANK, BlockDevice, BlockDevicesData, ScratchSiteData, ShmData
 from gpufleet.tuning import Refusal
 
 #: the XFS label of gpufleet's scratch filesystem (XFS labels: at most 12 characters)
@@ -29,8 +36,14 @@ SCRATCH_LABEL = "gpufleet-scr"
 #: the md array's name (mdadm --name; /dev/md/<name>)
 MD_NAME = "gpufleet-scratch"
 MD_DEVICE = f"/dev/md/{MD_NAME}"
-#: mount options of the scratch filesystem in /etc/fstab
-MOUNT_OPTIONS = "noatime,nofail"
+#: mount options of the scratch filesystem in /etc/fstab: no set-user-ID program or device node
+#: that a user leaves on the scratch works from it
+MOUNT_OPTIONS = "nosuid,nodev,noatime,nofail"
+#: the options gpufleet's fstab line had before nosuid,nodev (a scratch it made then is its own)
+LEGACY_OPTIONS = ("noatime,nofail",)
+MOUNT_FLAGS = ("nosuid", "nodev")
+PATH_ALLOWED = ("an empty or absent directory where nothing is mounted (not at it, below it, or a network "
+                "filesystem above it) and that no other /etc/fstab line names; or storage_scratch: none")
 #: mounts that make the disk under them a system disk: never counted as scratch capacity
 SYSTEM_MOUNTS = ("/", "/boot", "/boot/efi", "/usr", "/var", "/home", "[SWAP]")
 
@@ -89,6 +102,8 @@ class ScratchPlan:
     mounted: bool = False  # KEEP: mounted at path now
     notes: tuple[str, ...] = field(default_factory=tuple)  # drives left alone, and why
     also_mounted: tuple[str, ...] = ()  # KEEP: old mount points (storage_scratch_path changed), left mounted
+    remount: bool = False  # KEEP: mounted at path without nosuid,nodev: remount with them
+    lost: str | None = None  # MAKE: the recorded UUID of a scratch no drive holds any more
 
     @property
     def layout(self) -> str:
@@ -121,16 +136,85 @@ def mount_unit(path: str) -> str:
     return "".join(out) + ".mount"
 
 
-def _existing(devices: BlockDevicesData, path: str) -> tuple[BlockDevice | None, BlockDevice | None]:
-    """(what is mounted at path, gpufleet's scratch filesystem wherever it is)."""
-    mounted = ours = None
+def _labelled(devices: BlockDevicesData) -> list[BlockDevice]:
+    """Every XFS filesystem labelled SCRATCH_LABEL: gpufleet's scratch, or one that only looks
+    like it (anyone can label a USB stick so); the record tells which."""
+    return [node for top in devices.devices for node in top.walk()
+            if node.seen("LABEL") == SCRATCH_LABEL and node.seen("TYPE") == "xfs"]
+
+
+def _mounted_at(devices: BlockDevicesData, path: str) -> BlockDevice | None:
+    found = None
     for top in devices.devices:
         for node in top.walk():
             if path in node.mountpoints:
-                mounted = node
-            if node.seen("LABEL") == SCRATCH_LABEL and node.seen("TYPE") == "xfs":
-                ours = node
-    return mounted, ours
+                found = node
+    return found
+
+
+def _gpufleet_line(line: tuple[str, ...], uuid: str) -> bool:
+    """An /etc/fstab line gpufleet wrote for the filesystem `uuid` (at any path)."""
+    return len(line) >= 4 and line[0] == f"UUID={uuid}" and line[2] == "xfs" and line[3] in (MOUNT_OPTIONS, *LEGACY_OPTIONS)
+
+
+def _made_by_gpufleet(node: BlockDevice, site: ScratchSiteData) -> bool:
+    """gpufleet made it: its UUID is the one recorded when it was made; or, on a host whose
+    scratch predates the record, no record exists and /etc/fstab has the line gpufleet wrote for
+    that UUID (the run records it then)."""
+    uuid = node.seen("UUID")
+    if not uuid:
+        return False
+    if site.recorded_uuid is not None:
+        return uuid == site.recorded_uuid
+    return any(_gpufleet_line(line, uuid) for line in site.fstab)
+
+
+def _where_allowed(devices: BlockDevicesData, wanted: Any, node: BlockDevice) -> bool:
+    """The filesystem lies only on drives gpufleet would take: local PCIe NVMe for auto (never
+    NVMe over fabrics, a network volume, USB), the listed drives for a list."""
+    tops = [top for top in devices.devices if any(n.path == node.path for n in top.walk())]
+    if not tops:
+        return False
+    if wanted == "auto":
+        return all(top.type == "disk" and top.nvme and not top.network_volume for top in tops)
+    return all(top.path in wanted for top in tops)
+
+
+def _below(path: str, target: str) -> bool:
+    return target.startswith(path.rstrip("/") + "/")
+
+
+def path_refusal(path: str, site: ScratchSiteData, own_uuid: str | None) -> str:
+    """Why the scratch may not be mounted at `path` now ('' when it may): something else is
+    mounted there or below it, the path lies on a site's network filesystem, /etc/fstab has
+    another line for it, or the directory is a link, not a directory, or not empty. The format
+    script checks the same on the host right before it formats and again before it mounts."""
+    at = [m for m in site.mounts if m.target == path]
+    if at:
+        return f"{path} is already the mount point of {at[-1].source} ({at[-1].fstype})"
+    below = [m.target for m in site.mounts if _below(path, m.target)]
+    if below:
+        return f"{path} has filesystems mounted below it ({', '.join(below)}): the scratch would hide them"
+    above = [m for m in site.mounts if _below(m.target, path) or m.target == "/"]
+    if above:
+        nearest = max(above, key=lambda m: len(m.target))
+        if nearest.network:
+            return (f"{path} lies on {nearest.fstype} ({nearest.source} mounted at {nearest.target}), "
+                    "a site's shared filesystem")
+    other = [line for line in site.fstab if len(line) >= 2 and line[1] == path
+             and not (own_uuid and line[0] == f"UUID={own_uuid}")]
+    if other:
+        return f"/etc/fstab already has a line for {path}: {' '.join(other[0])}"
+    why = {"link": "is a symbolic link (to a site's storage?)", "other": "is not a directory",
+           "not-empty": "is a directory that is not empty: its files would be hidden under the scratch"}
+    if site.path_state in why:
+        return f"{path} {why[site.path_state]}"
+    return ""
+
+
+def _refuse_path(path: str, problem: str) -> Refusal:
+    return Refusal("storage_scratch_path", f"{problem}; gpufleet never mounts the scratch over what is there",
+                   PATH_ALLOWED)
 
 
 def moved_note(device: str, old: str, path: str) -> str:
@@ -140,29 +224,58 @@ def moved_note(device: str, old: str, path: str) -> str:
             f"unmount {old} once nothing uses it, or reboot: from the next boot it is mounted at {path} only")
 
 
-def plan_scratch(setting: str, wanted: Any, path: str, devices: BlockDevicesData) -> ScratchPlan:
+def plan_scratch(setting: str, wanted: Any, path: str, devices: BlockDevicesData,
+                 site: Callable[[], ScratchSiteData]) -> ScratchPlan:
     """The scratch plan for one host (see the module's docstring). `wanted`: storage_scratch_devices
-    (``auto`` or a tuple of device paths)."""
+    (``auto`` or a tuple of device paths); `site`: the ScratchSite fact for `path`, asked only
+    when there is a scratch to keep or drives to make one on (a host with neither asks nothing
+    more than lsblk)."""
     if setting == "none":
         return ScratchPlan(NOTHING, path)
-    mounted, ours = _existing(devices, path)
+    mounted = _mounted_at(devices, path)
+    labelled = _labelled(devices)
+    facts = site() if labelled else None
+    ours = None
+    alone: list[str] = []
+    for node in labelled:
+        assert facts is not None
+        if _made_by_gpufleet(node, facts) and _where_allowed(devices, wanted, node):
+            ours = node
+        else:
+            alone.append(f"{node.path} left alone: an XFS labelled {SCRATCH_LABEL} that gpufleet did not make "
+                         "here (not the UUID it recorded, or not on a drive storage_scratch_devices takes)")
     if mounted is not None and (ours is None or mounted.path != ours.path):
-        raise Refusal("storage_scratch_path",
-                      f"{path} is already the mount point of {mounted.path} "
-                      f"({mounted.seen('TYPE') or 'unknown filesystem'}), not of gpufleet's scratch filesystem",
-                      "a path where nothing is mounted, or storage_scratch: none")
+        raise _refuse_path(path, f"{path} is already the mount point of {mounted.path} "
+                                 f"({mounted.seen('TYPE') or 'unknown filesystem'}), not of gpufleet's scratch filesystem")
     if ours is not None:
+        assert facts is not None
         uuid = ours.seen("UUID")
-        if not uuid:
-            raise Refusal("storage_scratch", f"gpufleet's scratch filesystem on {ours.path} shows no UUID",
-                          "none, or repair it by hand")
+        assert uuid
+        if mounted is None and (problem := path_refusal(path, facts, uuid)):
+            raise _refuse_path(path, problem)
         also = tuple(old for old in ours.mountpoints if old != path)
-        notes = _beside(devices, wanted, ours) + tuple(moved_note(ours.path, old, path) for old in also)
-        return ScratchPlan(KEEP, path, (ours.path,), uuid, mounted is not None, notes, also)
+        notes = tuple(alone) + _beside(devices, wanted, ours) + tuple(moved_note(ours.path, old, path) for old in also)
+        options = next((m.options for m in reversed(facts.mounts) if m.target == path), ())
+        remount = mounted is not None and not set(MOUNT_FLAGS) <= set(options)
+        return ScratchPlan(KEEP, path, (ours.path,), uuid, mounted is not None, notes, also, remount=remount)
     chosen, notes = _candidates(devices, wanted)
+    notes = tuple(alone) + notes
     if not chosen:
         return ScratchPlan(NOTHING, path, notes=notes + ("no blank local NVMe drive: no scratch filesystem made",))
-    return ScratchPlan(MAKE, path, tuple(d.path for d in chosen), notes=notes)
+    facts = facts or site()
+    if problem := path_refusal(path, facts, facts.recorded_uuid):
+        raise _refuse_path(path, problem)
+    lost = facts.recorded_uuid
+    if lost and any(node.seen("UUID") == lost for top in devices.devices for node in top.walk()):
+        lost = None
+    if lost:
+        notes += (lost_note(lost),)
+    return ScratchPlan(MAKE, path, tuple(d.path for d in chosen), notes=notes, lost=lost)
+
+
+def lost_note(uuid: str) -> str:
+    return (f"gpufleet's scratch (UUID {uuid}, recorded when it was made) is on no drive now: its drives "
+            "came back blank (a cloud instance's stop/start blanks instance-store NVMe) or were replaced")
 
 
 def _beside(devices: BlockDevicesData, wanted: Any, ours: BlockDevice) -> tuple[str, ...]:

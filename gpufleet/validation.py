@@ -315,8 +315,9 @@ def enough_nvme(ctx: Context) -> Result:
 @check("storage")
 def scratch_in_place(ctx: Context) -> Result:
     """The scratch the same plan as deploys/storage.py's says is there: mounted at its path."""
+    from .facts.storage import ScratchSite
     from .hostfacts import block_devices
-    from .storage import KEEP, MAKE, plan_scratch
+    from .storage import KEEP, MAKE, lost_note, plan_scratch
 
     name = "the local scratch is mounted where the tier says"
     settings = ctx.settings
@@ -324,14 +325,21 @@ def scratch_in_place(ctx: Context) -> Result:
         return Result("storage", name, SKIP, "storage_scratch: none")
     try:
         plan = plan_scratch(settings.storage_scratch, settings.storage_scratch_devices, settings.storage_scratch_path,
-                            block_devices(ctx.host))
+                            block_devices(ctx.host),
+                            lambda: ctx.host.get_fact(ScratchSite, path=settings.storage_scratch_path))
     except Refusal as refused:
         return Result("storage", name, FAIL, str(refused), f"set {refused.key} to what this host allows")
+    if plan.action == KEEP and plan.mounted and plan.remount:
+        return Result("storage", name, FAIL, f"{plan.summary()}, but without nosuid,nodev", f"{FIX_DEPLOY} (it remounts it)")
     if plan.action == KEEP and plan.mounted:
         return Result("storage", name, PASS, plan.summary())
     if plan.action == KEEP:
         return Result("storage", name, FAIL, f"gpufleet's scratch on {plan.devices[0]} is not mounted at {plan.path}",
                       f"{FIX_DEPLOY} (it mounts it); if a drive failed, see dmesg and mdadm --detail {plan.devices[0]}")
+    if plan.action == MAKE and plan.lost:
+        return Result("storage", name, FAIL, f"{lost_note(plan.lost)}; gpufleet-scratch.service failed at boot and "
+                      f"{plan.path} is sealed (nothing lands on the root disk); {plan.summary()} is planned",
+                      f"{FIX_DEPLOY} (it makes the scratch again on the blank drives)")
     if plan.action == MAKE:
         return Result("storage", name, FAIL, f"no scratch yet: {plan.summary()} is planned", FIX_DEPLOY)
     return Result("storage", name, SKIP, "; ".join(plan.notes) or "no scratch planned")

@@ -34,17 +34,21 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 from testing import testhosts
 from testing.testhosts import CACHE_ROOT, Host, log, run
 
 RELEASE = "bookworm"
 # What the image adds to the base; changing it (or the version) changes the cache key.
-VM_PACKAGES = ("linux-image-amd64", "mdadm", "xfsprogs", "udev", "libnss-myhostname", "e2fsprogs", "lvm2")
+# nfs-kernel-server: a real NFS export the guest mounts from itself, standing for a site's NFS
+# (tests/e2e/test_storage_raid.py); off at boot, started by the test that needs it.
+VM_PACKAGES = ("linux-image-amd64", "mdadm", "xfsprogs", "udev", "libnss-myhostname", "e2fsprogs", "lvm2",
+               "nfs-kernel-server")
 # MODULES=list: only what finds the root (virtio block on PCI, ext4) goes into the initramfs,
 # plus what its hooks add (mdadm's adds md and raid0). A few MB instead of ~30.
 INITRAMFS_MODULES = ("virtio_pci", "virtio_blk", "virtio_net", "ext4", "crc32c_generic", "nvme")
-VM_RECIPE_VERSION = 1
+VM_RECIPE_VERSION = 2
 ROOT_SIZE = "2G"
 MEMORY_MIB = 1536
 ACCEL = os.environ.get("GPUFLEET_VM_ACCEL", "tcg")
@@ -127,6 +131,8 @@ def _install(rootfs: Path) -> None:
     (etc / "systemd/network").mkdir(parents=True, exist_ok=True)
     (etc / "systemd/network/10-qemu.network").write_text("[Match]\nName=en* eth*\n\n[Network]\nDHCP=yes\n")
     _chroot(rootfs, "systemctl", "enable", "systemd-networkd.service")
+    # the NFS server and rpcbind start only when a test starts them: no boot pays for them
+    _chroot(rootfs, "systemctl", "disable", "nfs-server.service", "rpcbind.service", "rpcbind.socket")
     with contextlib.suppress(FileNotFoundError):
         (etc / "resolv.conf").unlink()
     (etc / "resolv.conf").write_text("nameserver 10.0.2.3\n")  # qemu's user-mode DNS
@@ -178,6 +184,13 @@ def up(pool: str, drives: list[Drive], name: str = "vm1", timeout: float = 300,
         stop(host)
     hdir.mkdir(parents=True)
     run(["cp", "--sparse=always", str(image / "root.img"), str(hdir / "root.img")])
+    _start(host, image, drives, timeout)
+    return host
+
+
+def _start(host: Host, image: Path, drives: list[Drive], timeout: float) -> None:
+    """Start qemu for `host` (its root.img in its folder, `drives` as NVMe) and wait for it."""
+    hdir = vm_dir(host)
     accel = ACCEL if ACCEL in ("kvm", "tcg") else "tcg"
     qemu = [
         QEMU, "-name", host.name, "-accel", accel, *(["-cpu", "host"] if accel == "kvm" else []),
@@ -202,7 +215,24 @@ def up(pool: str, drives: list[Drive], name: str = "vm1", timeout: float = 300,
         log(f"{host.name}: console:\n" + _tail(hdir / "console.log"))
         stop(host)
         raise
-    return host
+
+
+def power_cycle(host: Host, drives: list[Drive], while_off: Callable[[], None], timeout: float = 300,
+                release: str = RELEASE) -> None:
+    """Power the VM off (`systemctl poweroff` in the guest, as a cloud's stop does; qemu exits),
+    call `while_off` (a cloud blanks its instance-store drives here: the test rewrites their image
+    files), then start it again on the same root disk and drives and wait until it runs."""
+    proc = _STARTED.get(host.pid or 0)
+    if proc is None:
+        raise RuntimeError(f"{host.name}: not started by this process: cannot power-cycle it")
+    testhosts.ssh(host, "sync; systemctl poweroff", check=False, timeout=15)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"{host.name}: did not power off\n" + _tail(vm_dir(host) / "console.log")) from None
+    _STARTED.pop(proc.pid, None)
+    while_off()
+    _start(host, ensure_image(release), drives, timeout)
 
 
 @contextlib.contextmanager

@@ -17,14 +17,15 @@ operator runs it: through sudo, tier hgx. In order, on the same host:
 1. both drives listed: refused at planning, naming the ext4 one; nothing changes (the blank
    one is still blank, the other byte-identical); the format command itself, run on the host
    with both drives (as if the ext4 had appeared after planning), refuses naming it, touching
-   neither;
-2. the blank drive only (the plan view names it first): XFS on it, mounted at /scratch with noatime, in fstab by UUID with
-   nofail, owned by root:users (hgx's group) mode 3770: a user in the group writes there, a
+   neither; nor, with the blank drive alone, while a process holds that drive open;
+2. the blank drive only (the plan view names it first): XFS on it, mounted at /scratch with
+   nosuid,nodev,noatime, in fstab by UUID with nofail, its UUID recorded, owned by root:users (hgx's group) mode 3770: a user in the group writes there, a
    second local user outside it cannot; /dev/shm at half of RAM (hgx's storage_shm_size), now
    and in fstab; a second run changes nothing;
 3. a real reboot of the test host: /scratch and the /dev/shm size are back; a run after it
    changes nothing. The ext4 drive is byte-identical at the end. The validation gate passes the
-   scratch and /dev/shm, and fails the scratch once it is unmounted.
+   scratch and /dev/shm, and fails the scratch once it is unmounted; the root disk's /scratch
+   under it is then sealed (mode 0: a user cannot write there).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ import time
 import pytest
 
 from testing import testhosts
+from gpufleet.facts.storage import SCRATCH_RECORD
 from gpufleet.operations import storage as storage_ops
 from testing.inventory import write_inventory
 from tests.e2e.pyinfra_cli import changed_operations, pyinfra
@@ -54,6 +56,7 @@ DEPLOY = textwrap.dedent("""\
     storage()
     """)
 SIZE = 320 << 20  # mkfs.xfs (xfsprogs 6) wants at least 300 MB
+OPTIONS = "nosuid,nodev,noatime,nofail"  # fstab's options of the scratch
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -116,11 +119,20 @@ def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool
         # (with the blank one first), refuses on the host, naming it, before touching either
         sh(host, "apt-get install -y -q --no-install-recommends xfsprogs >/dev/null")
         script = shlex.join(["sh", "-c", storage_ops._MAKE_SCRATCH, "gpufleet-scratch", "/scratch", "gpufleet-scr",
-                             "gpufleet-scratch", "noatime,nofail", blank, data])
+                             "gpufleet-scratch", OPTIONS, "", SCRATCH_RECORD, blank, data])
         refused = testhosts.ssh(host, script, check=False)
         assert refused.returncode == storage_ops.REFUSED_EXIT, refused
         assert refused.stderr.startswith(f"{storage_ops.REFUSED_MARK} {data} is not blank now (blkid -p exit 0: "), refused
         assert blank_now(blank) and file_sha256(data) == data_hash
+        # ... and a drive a process holds open (a benchmark reading it) is not formatted either
+        holder = sh(host, f"setsid sh -c 'exec 3<{blank}; exec sleep 300' >/dev/null 2>&1 & echo $!").strip()
+        only_blank = shlex.join(["sh", "-c", storage_ops._MAKE_SCRATCH, "gpufleet-scratch", "/scratch", "gpufleet-scr",
+                                 "gpufleet-scratch", OPTIONS, "", SCRATCH_RECORD, blank])
+        refused = testhosts.ssh(host, only_blank, check=False)
+        sh(host, f"kill {holder}")
+        assert refused.returncode == storage_ops.REFUSED_EXIT, refused
+        assert refused.stderr.startswith(f"{storage_ops.REFUSED_MARK} {blank} is held open by process {holder}/"), refused
+        assert blank_now(blank) and sh(host, f"test -e {SCRATCH_RECORD} || echo none").strip() == "none"
 
         # 2. the blank drive: XFS at /scratch, group users, fstab by UUID; /dev/shm half of RAM.
         # The mount point was made by hand already, with the right owner: the new filesystem's
@@ -141,10 +153,10 @@ def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool
 
         def check_mounted() -> None:
             source, fstype, options = sh(host, "findmnt -n -o SOURCE,FSTYPE,OPTIONS /scratch").split()
-            assert (source, fstype) == (blank, "xfs") and "noatime" in options.split(",")
+            assert (source, fstype) == (blank, "xfs") and {"nosuid", "nodev", "noatime"} <= set(options.split(","))
             assert sh(host, "stat -c '%U %G %a' /scratch").split() == ["root", "users", "3770"]
             fstab = [line.split() for line in sh(host, "cat /etc/fstab").splitlines() if line.strip()]
-            assert ["UUID=" + uuid, "/scratch", "xfs", "noatime,nofail", "0", "0"] in fstab
+            assert ["UUID=" + uuid, "/scratch", "xfs", OPTIONS, "0", "0"] in fstab
             assert ["tmpfs", "/dev/shm", "tmpfs", "rw,nosuid,nodev,size=50%", "0", "0"] in fstab
             pages = pages_now() // 4096
             assert sh(host, "stat -f -c '%T %b %S' /dev/shm").split() == ["tmpfs", str(pages), "4096"]
@@ -172,6 +184,10 @@ def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool
             f"[PASS] storage: /dev/shm has the size the tier sets: size=50%: /dev/shm is {pages_now()} bytes, "
             f"size=50% gives {pages_now()}"]
         sh(host, "umount /scratch")
+        # the root disk's directory under it is sealed: no job writes there while it is not mounted
+        assert sh(host, "stat -c '%U %a' /scratch").split() == ["root", "0"]
+        assert testhosts.ssh(host, "su alice -c 'touch /scratch/x'", check=False).returncode != 0
+        assert sh(host, f"cat {SCRATCH_RECORD}").strip() == uuid  # the UUID gpufleet adopts
         assert storage_lines()[0] == (f"[FAIL] storage: the local scratch is mounted where the tier says: gpufleet's "
                                       f"scratch on {blank} is not mounted at /scratch -> fix: run deploys/all.py "
                                       f"(it mounts it); if a drive failed, see dmesg and mdadm --detail {blank}")
@@ -192,13 +208,13 @@ def test_scratch_on_a_blank_drive_refuses_one_with_data_survives_reboot(hostpool
             return [line.split() for line in sh(host, "cat /etc/fstab").splitlines() if line.startswith("UUID=" + uuid)]
 
         assert mounts() == {"/scratch": blank, "/data": blank}
-        assert scratch_fstab() == [["UUID=" + uuid, "/data", "xfs", "noatime,nofail", "0", "0"]]
+        assert scratch_fstab() == [["UUID=" + uuid, "/data", "xfs", OPTIONS, "0", "0"]]
         assert sh(host, "stat -c '%U %G %a' /data").split() == ["root", "users", "3770"]
         assert sh(host, "cat /data/a").strip() == "x"
         assert changed_operations(pyinfra(moved, str(deploy))) == []
         testhosts.reboot(host)
         assert mounts() == {"/data": blank}
-        assert scratch_fstab() == [["UUID=" + uuid, "/data", "xfs", "noatime,nofail", "0", "0"]]
+        assert scratch_fstab() == [["UUID=" + uuid, "/data", "xfs", OPTIONS, "0", "0"]]
         assert changed_operations(pyinfra(moved, str(deploy))) == []
         assert file_sha256(data) == data_hash
     finally:

@@ -23,6 +23,7 @@ from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
 from gpufleet.facts.packages import HeldPackages, PackageVersions
 from gpufleet.facts.pci import MellanoxPciDevices, NvidiaPciDevices, PciDevices
+from gpufleet.facts.storage import ScratchSite
 from gpufleet.facts.system import OsRelease, SystemResources
 
 pytestmark = pytest.mark.unit
@@ -40,6 +41,7 @@ FACTS = [
     (RdmaDevices, {}),
     (OsRelease, {}),
     (SystemResources, {}),
+    (ScratchSite, {"path": "/scratch"}),
     (HeldPackages, {}),
     (PackageVersions, {"packages": ["libc6", "no-such-package-gpufleet", "libnvidia-compute-*"]}),
 ]
