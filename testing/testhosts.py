@@ -59,7 +59,7 @@ BASE_PACKAGES = (
     "openssh-server", "python3", "sudo", "systemd", "systemd-sysv", "dbus", "iproute2",
     "ca-certificates", "gnupg", "kmod", "procps", "apt-utils",
 )
-BASE_RECIPE_VERSION = 3
+BASE_RECIPE_VERSION = 4
 
 # What runc needs to start a container inside a host (`up(..., containers=True)`), measured on
 # this kind of machine (hybrid cgroups, systemd-nspawn 252), one failure after the other:
@@ -163,11 +163,11 @@ def _configure_base(root: Path, release: str) -> None:
         (root / "etc/systemd/system" / unit).unlink(missing_ok=True)
         (root / "etc/systemd/system" / unit).symlink_to("/dev/null")
     (root / "etc/machine-id").write_text("")  # each boot gets its own transient machine id
-    for user in (LAB_USER, LOCAL_USER):
-        run(chroot + ["useradd", "--create-home", "--shell", "/bin/bash", user])
     # The deploy user as a real site makes one: useradd's defaults (SHELL=/bin/sh), in group sudo
     # (Debian's sudoers: ALL, with the user's password). The password is set per run (_set_password).
     run(chroot + ["useradd", "--create-home", "--groups", "sudo", SSH_USER])
+    for user in (LAB_USER, LOCAL_USER):
+        run(chroot + ["useradd", "--create-home", "--shell", "/bin/bash", user])
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.e2e]
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = r'''
-import json, sys
+import json, os, sys
 from pathlib import Path
 import pyinfra_cli  # noqa: F401  (gevent, as the CLI)
 from pyinfra.api import Config, Inventory, State
@@ -38,6 +38,8 @@ from gpufleet.facts.ssh import SshdVersion
 from gpufleet.facts.system import OsRelease
 
 mode, name, data, plans = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+if data.get("_sudo"):  # the deploy user's sudo password: from the environment, never an argument
+    data["_sudo_password"] = os.environ["GPUFLEET_TESTHOSTS_SUDO_PASSWORD"]
 if mode == "off":
     pyinfra_private.pyinfra_version = lambda: "3.99.0"
 factcache.PLAN_DIR = Path(plans)
@@ -79,7 +81,7 @@ print(json.dumps({"answers": answers, "commands": len(commands), "patched": list
 
 
 def _ask(mode: str, host, plans: Path) -> dict:
-    done = subprocess.run([sys.executable, "-c", SCRIPT, mode, host.name, json.dumps(host.pyinfra_data()), str(plans)],
+    done = subprocess.run([sys.executable, "-c", SCRIPT, mode, host.name, json.dumps({k: v for k, v in host.pyinfra_data().items() if k != "_sudo_password"}), str(plans)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.splitlines()[-1])
