@@ -144,6 +144,20 @@ def close(host: Any) -> None:
         holders.popitem()[1].close()
 
 
+def refuse_unverified(host: Any, arguments: dict[str, Any]) -> None:
+    """On a pyinfra release gpufleet has not verified: PasswordRefused when a command of these
+    arguments would carry a sudo or su password (pyinfra would put it on the command line)."""
+    from gpufleet import pyinfra_private
+
+    if pyinfra_private.carries_password(host, arguments):
+        raise PasswordRefused(
+            f"{host.name}: pyinfra {pyinfra_private.pyinfra_version()} is not a release gpufleet verified "
+            "how it hands sudo its password (pyinfra 3.10 puts it on the host's command line, where every "
+            "local user reads it): the password is not sent. Fix: install pyinfra "
+            f"{', '.join(v + '*' for v in pyinfra_private.VERIFIED_PYINFRA)}, give the deploy user sudo "
+            "without a password, or log in as root")
+
+
 _installed = False
 
 
@@ -160,13 +174,7 @@ def install() -> None:
         return pyinfra_private.unix_command_with_askpass(host, command, askpass_path, **arguments)
 
     def refusing(state: Any, host: Any, command: Any, **arguments: Any) -> Any:
-        if pyinfra_private.carries_password(host, arguments):
-            raise PasswordRefused(
-                f"{host.name}: pyinfra {pyinfra_private.pyinfra_version()} is not a release gpufleet verified "
-                "how it hands sudo its password (pyinfra 3.10 puts it on the host's command line, where every "
-                "local user reads it): the password is not sent. Fix: install pyinfra "
-                f"{', '.join(v + '*' for v in pyinfra_private.VERIFIED_PYINFRA)}, give the deploy user sudo "
-                "without a password, or log in as root")
+        refuse_unverified(host, arguments)
         return original(state, host, command, **arguments)
 
     original = pyinfra_private.original_make_unix_command_for_host()

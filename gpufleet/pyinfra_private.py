@@ -331,8 +331,9 @@ def patch_askpass(make_command: Callable[..., Any], refusing: Callable[..., Any]
         close(self)  # never raises: a connection already gone took the holder with it
         return original_disconnect(self, *args, **kwargs)
 
-    setattr(Host, "disconnect", disconnect)
-    _installed.append("pyinfra.api.host.Host.disconnect")
+    for name, wrapper in (("disconnect", disconnect),):
+        setattr(Host, name, wrapper)
+        _installed.append(f"pyinfra.api.host.Host.{name}")
     return verified
 
 
