@@ -85,6 +85,9 @@ class Holder:
     def close(self) -> None:
         """End its stdin and wait for it to remove its folder (a dead connection: at once)."""
         try:
+            transport = self.client.get_transport()
+            if self.channel.closed or transport is None or not transport.is_active():
+                return   # the connection is gone (a reboot): sshd ended the holder
             self.channel.shutdown_write()
             self.channel.status_event.wait(TIMEOUT)
         except Exception as exc:  # a connection already gone: sshd ended the holder, it removed it
