@@ -156,8 +156,11 @@ def record(pool: str, out: Path | None = None) -> int:
 
     kept = Path("/var/lib/gpufleet-bench") / ("" if pool == "bench-fleet" else pool) / "fleet-1.json"
     inventory = Path(json.loads(kept.read_text())["inventory"])
+    testhosts.sudo_password()  # this process's: the kept fleet's inventory reads it, its host gets it below
     (name, data), = runpy.run_path(str(inventory))["test_hosts"]
     host = next(h for h in testhosts.list_hosts(pool) if h.name == name)
+    testhosts.set_sudo_password([host])
+    data = {k: v for k, v in data.items() if k != "_sudo_password"}  # never into the recording
     with tempfile.TemporaryDirectory() as tmp:
         # the real no-op, twice: the first settles the fact plan (a converge's plan is larger),
         # the second is the one recorded

@@ -127,6 +127,7 @@ def main() -> int:
         if kept:
             inv = Path(kept["inventory"])
             hosts = testhosts.list_hosts(POOL)
+            testhosts.set_sudo_password(hosts)  # this process's (the kept inventory reads it)
             runs = runs[1:]
         else:
             teardown(args.hosts)

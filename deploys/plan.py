@@ -22,6 +22,7 @@ import click
 from pyinfra import host, state
 from pyinfra.facts.server import Arch
 
+from gpufleet import askpass
 from gpufleet.cluster import missing_peers, training_networks
 from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
@@ -34,6 +35,7 @@ from gpufleet.storage import plan_scratch
 from gpufleet.tuning import Refusal, clocks_summary, host_clocks, host_mig, mig_clock_skip
 from gpufleet.profiling import ProfilingRefusal, host_profiling
 
+askpass.install()  # its facts run through sudo: the password never on the host's command line
 validate_inventory(state.inventory)
 settings = host_settings(host)
 lines = [f"tier: {settings.tier}"]

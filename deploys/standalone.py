@@ -76,6 +76,9 @@ def run_alone(name: str, file: str) -> None:
         return
     area = Path(file).stem
     module = importlib.import_module(f"gpufleet.deploys.{area}")
+    from gpufleet import askpass
+
+    askpass.install()  # read-only areas too: sudo's password never on the host's command line
     if area not in READ_ONLY:
         from gpufleet import factcache, hostlock, staging
 

@@ -54,7 +54,7 @@ from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.host import Host
 
 from gpufleet.facts._common import with_values
-from gpufleet import factbatch, controller_files, pyinfra_private
+from gpufleet import askpass, factbatch, controller_files, pyinfra_private
 from gpufleet.hostcontext import fleet_context, host_context
 
 PLAN_DIR = Path(".gpufleet/factplans")
@@ -695,6 +695,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
+    askpass.install()  # sudo's password through a private file on the host, never a command line
     sweep_old_plans()
     from gpufleet import speedups
 

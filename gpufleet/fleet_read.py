@@ -41,8 +41,9 @@ def connected_fleet(source: InventorySource, workers: int, cwd: Path, prefetch: 
     from pyinfra.api.state import StateStage
     from pyinfra.context import ctx_config, ctx_inventory, ctx_state
 
-    from gpufleet import factcache
+    from gpufleet import askpass, factcache
 
+    askpass.install()  # sudo's password through a private file on the host, never a command line
     if prefetch:
         # The facts each host answered in its last run come back in one command per host
         factcache.install()

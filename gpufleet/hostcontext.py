@@ -82,6 +82,8 @@ class HostContext:
     #: gpufleet.staging: (the connector it was checked on, the login user's staging folder):
     #: made or checked once per connection, before the first transfer through sudo
     staging_folder: tuple[Any, str] | None = None
+    #: gpufleet.askpass: "sudo"/"su" -> the holder of this connection's private askpass folder
+    askpass: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

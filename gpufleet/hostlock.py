@@ -44,6 +44,7 @@ from pyinfra.api.command import QuoteString, StringCommand
 
 from gpufleet import reload_guard
 from gpufleet.failures import stop_line
+from gpufleet import askpass
 from gpufleet.hostcontext import host_context
 from gpufleet.inventory_source import InventorySource
 from gpufleet.printable import printable
@@ -337,6 +338,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
+    askpass.install()  # sudo's password through a private file on the host, never a command line
     from pyinfra import logger
     from pyinfra.api.host import Host
 

@@ -45,6 +45,8 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "pyinfra.api.operation": ("get_operation_order_from_stack", "pop_global_arguments"),
     "pyinfra.api.util": ("get_operation_order_from_stack", "PYINFRA_INSTALL_DIR"),
     "pyinfra.facts.files": ("LINUX_STAT_COMMAND",),
+    "pyinfra.connectors.util": ("make_unix_command", "make_unix_command_for_host", "SUDO_ASKPASS_ENV_VAR",
+                                "SU_ASKPASS_ENV_VAR"),
 }
 
 _warned: set[str] = set()
@@ -228,12 +230,13 @@ def planned_change(operation_meta: Any) -> bool:
 def root_command(host: Host, command: Any) -> str:
     """`command` (a StringCommand) as pyinfra would run it as root on `host`: directly when the
     run logs in as root, else through sudo as the host's data (or `pyinfra --sudo`) says, its
-    password handed over pyinfra's way (sudo's askpass: an environment variable, never a file
-    or a log). Only sudo to root: the host's `_sudo_user`, su and doas settings are for its
-    operations, not for the lock (gpufleet/hostlock.py). A public function of pyinfra's
-    connectors, not behind the gate: the lock is a safety, on any release."""
+    password handed over as every command's is (gpufleet/askpass.py: a private file on the
+    host, never the command line). Only sudo to root: the host's `_sudo_user`, su and doas
+    settings are for its operations, not for the lock (gpufleet/hostlock.py). Builds through
+    pyinfra.connectors.util.make_unix_command_for_host as it is now (gpufleet's, once
+    gpufleet/askpass.py is installed), not behind the gate: the lock is a safety, on any release."""
     from pyinfra.api.command import StringCommand
-    from pyinfra.connectors.util import make_unix_command_for_host
+    from pyinfra.connectors import util
 
     config = host.state.config
     sudo = host.data.get("_sudo", getattr(config, "SUDO", False))
@@ -241,12 +244,97 @@ def root_command(host: Host, command: Any) -> str:
     if sudo:
         arguments.update(_sudo=True, _sudo_password=host.data.get("_sudo_password",
                                                                   getattr(config, "SUDO_PASSWORD", None)) or "")
-    wrapped = make_unix_command_for_host(host.state, host, command, **arguments)
+    wrapped = util.make_unix_command_for_host(host.state, host, command, **arguments)
     # exec: the login shell (dash does not exec a last command) would otherwise keep the
-    # command line, with the askpass password in it, in every local user's `ps` for as long as
-    # the lock is held (tests/e2e/test_hostlock_attack.py saw it)
+    # command line in every local user's `ps` for as long as the lock is held
     text: str = StringCommand("exec", wrapped).get_raw_value()
     return text
+
+
+# -- sudo and su passwords (gpufleet/askpass.py) -------------------------------------------
+
+#: what pyinfra's make_unix_command is given as the password: it then builds its askpass form
+#: of the command (`sudo -A -k`, su's pipe), and the environment assignment that would carry
+#: the password (carrying only this word) is taken out again (_without_password_env)
+PASSWORD_MARK = "gpufleet-askpass-file"
+#: connector modules that imported make_unix_command_for_host by name (pyinfra 3.10)
+_CONNECTOR_MODULES = ("pyinfra.connectors.ssh", "pyinfra.connectors.local", "pyinfra.connectors.docker",
+                      "pyinfra.connectors.dockerssh", "pyinfra.connectors.chroot")
+
+
+def carries_password(host: Host, arguments: dict[str, Any]) -> bool:
+    """Whether pyinfra would send a sudo or su password with a command of these arguments."""
+    sudo = bool(arguments.get("_sudo")) and bool(arguments.get("_sudo_password")
+                                                  or host.connector_data.get("prompted_sudo_password"))
+    return sudo or bool(arguments.get("_su_user") and arguments.get("_su_password"))
+
+
+def unix_command_with_askpass(host: Host, command: Any, askpass_path: Callable[[Host, str, str], str],
+                              **arguments: Any) -> Any:
+    """pyinfra's make_unix_command_for_host, but the password goes to `askpass_path(host, kind,
+    password)` (the host's askpass program that prints it), never into the command: pyinfra's
+    make_unix_command only ever sees PASSWORD_MARK."""
+    util = _module("pyinfra.connectors.util")
+    if arguments.get("_sudo"):
+        password = arguments.get("_sudo_password") or host.connector_data.get("prompted_sudo_password")
+        if password:
+            arguments["_sudo_askpass_path"] = askpass_path(host, "sudo", str(password))
+            arguments["_sudo_password"] = PASSWORD_MARK
+    if arguments.get("_su_user") and arguments.get("_su_password"):
+        arguments["_su_askpass_path"] = askpass_path(host, "su", str(arguments["_su_password"]))
+        arguments["_su_password"] = PASSWORD_MARK
+    return _without_password_env(util.make_unix_command(command, **arguments))
+
+
+def _without_password_env(command: Any) -> Any:
+    """pyinfra's command without its `PYINFRA_SUDO_PASSWORD=...` / `PYINFRA_SU_PASSWORD=...` words
+    (top level: `env SUDO_ASKPASS=... sudo ...`, `env <askpass> | su ...` remain)."""
+    from pyinfra.api.command import StringCommand
+
+    util = _module("pyinfra.connectors.util")
+    names = (util.SUDO_ASKPASS_ENV_VAR, util.SU_ASKPASS_ENV_VAR)
+    bits = [bit for bit in command.bits
+            if not (isinstance(bit, StringCommand) and bit.bits and bit.bits[0] in names)]
+    return StringCommand(*bits)
+
+
+def original_make_unix_command_for_host() -> Callable[..., Any]:
+    fn: Callable[..., Any] = _ORIGINALS.get("make_unix_command_for_host",
+                                            _get("pyinfra.connectors.util", "make_unix_command_for_host"))
+    return fn
+
+
+def patch_askpass(make_command: Callable[..., Any], refusing: Callable[..., Any],
+                  close: Callable[[Host], None]) -> bool:
+    """Put gpufleet/askpass.py's command building where pyinfra's connectors look it up, and its
+    cleanup into Host.disconnect. On a release gpufleet has not verified: `refusing` instead,
+    which lets commands without a password through and refuses the others (a safety: on any
+    release, as far as the name is there). True when the askpass way is in place."""
+    verified = available()
+    if not hasattr(_module("pyinfra.connectors.util"), "make_unix_command_for_host"):
+        _warn_once("askpass", "gpufleet: this pyinfra has no make_unix_command_for_host: gpufleet cannot keep "
+                              "a sudo password off the host's command line; give the deploy user sudo without "
+                              "a password, or log in as root")
+        return False
+    new = make_command if verified else refusing
+    _replace("pyinfra.connectors.util", "make_unix_command_for_host", new, "make_unix_command_for_host")
+    for path in _CONNECTOR_MODULES:
+        try:
+            module = _module(path)
+        except ImportError:
+            continue
+        if hasattr(module, "make_unix_command_for_host"):
+            _replace(path, "make_unix_command_for_host", new, f"{path}.make_unix_command_for_host")
+    original_disconnect = Host.disconnect
+
+    def disconnect(self: Host, *args: Any, **kwargs: Any) -> Any:
+        close(self)  # never raises: a connection already gone took the holder with it
+        return original_disconnect(self, *args, **kwargs)
+
+    for name, wrapper in (("disconnect", disconnect),):
+        setattr(Host, name, wrapper)
+        _installed.append(f"pyinfra.api.host.Host.{name}")
+    return verified
 
 
 # -- patches (each one only through the gate) ----------------------------------------------

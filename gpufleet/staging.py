@@ -25,6 +25,7 @@ from typing import Any
 
 from pyinfra.api.command import QuoteString, StringCommand
 
+from gpufleet import askpass
 from gpufleet.hostcontext import host_context
 from gpufleet.printable import printable
 
@@ -106,6 +107,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
+    askpass.install()  # sudo's password through a private file on the host, never a command line
     from gpufleet import pyinfra_private
 
     def staged(original: Any) -> Any:

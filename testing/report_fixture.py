@@ -60,6 +60,7 @@ def main() -> int:
             repo = aptrepo.serve(testhosts.pool_dir(POOL) / "aptrepo")
             aptrepo.save(repo, record)
         running = {h.name: h for h in testhosts.list_hosts(POOL)}
+        testhosts.set_sudo_password(list(running.values()))  # kept hosts: this process's password
         for name, release, gpu, _, _ in HOSTS:
             if name not in running:
                 running[name] = testhosts.up(1, release=release, gpu=gpu, pool=POOL, names=[name])[0]

@@ -41,10 +41,11 @@ RELEASES = ("bookworm", "trixie")
 CGROUP_HIERARCHIES = (Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified"))
 NSPAWN_RUNTIME = Path("/run/systemd/nspawn")
 NSPAWN_RUNTIME_MARK = STATE_ROOT / ".nspawn-runtime-mounted"
-# The operator's shape: hosts are reached as an unprivileged user with passwordless sudo, as
-# inventories/cloud.py does; `up(..., ssh_user="root")` keeps root's login for the tests that
-# prove both work. LAB_USER is a second user a research host allows to log in; LOCAL_USER an
-# ordinary shell account (a student's) for the tests of what a local user can do to a run.
+# A real site's shape: hosts are reached as an unprivileged deploy user made as a site makes one
+# (`useradd` with its defaults: login shell /bin/sh, dash) whose sudo asks for its password, as
+# inventories/cloud.py describes; `up(..., ssh_user="root")` keeps root's login for the tests
+# that prove both work. LAB_USER is a second user a research host allows to log in; LOCAL_USER
+# an ordinary shell account (a student's) for the tests of what a local user can see of a run.
 SSH_USER = "gpufleet"
 LAB_USER = "lab-admin"
 LOCAL_USER = "student"
@@ -58,7 +59,7 @@ BASE_PACKAGES = (
     "openssh-server", "python3", "sudo", "systemd", "systemd-sysv", "dbus", "iproute2",
     "ca-certificates", "gnupg", "kmod", "procps", "apt-utils",
 )
-BASE_RECIPE_VERSION = 2
+BASE_RECIPE_VERSION = 4
 
 # What runc needs to start a container inside a host (`up(..., containers=True)`), measured on
 # this kind of machine (hybrid cgroups, systemd-nspawn 252), one failure after the other:
@@ -162,11 +163,11 @@ def _configure_base(root: Path, release: str) -> None:
         (root / "etc/systemd/system" / unit).unlink(missing_ok=True)
         (root / "etc/systemd/system" / unit).symlink_to("/dev/null")
     (root / "etc/machine-id").write_text("")  # each boot gets its own transient machine id
-    for user in TEST_USERS:
+    # The deploy user as a real site makes one: useradd's defaults (SHELL=/bin/sh), in group sudo
+    # (Debian's sudoers: ALL, with the user's password). The password is set per run (_set_password).
+    run(chroot + ["useradd", "--create-home", "--groups", "sudo", SSH_USER])
+    for user in (LAB_USER, LOCAL_USER):
         run(chroot + ["useradd", "--create-home", "--shell", "/bin/bash", user])
-    sudoers = root / "etc/sudoers.d" / SSH_USER
-    sudoers.write_text(f"# the deploy user of gpufleet's test hosts\n{SSH_USER} ALL=(ALL) NOPASSWD:ALL\n")
-    sudoers.chmod(0o440)
 
 
 @contextlib.contextmanager
@@ -248,7 +249,47 @@ class Host:
         }
         if self.ssh_user != "root":
             data["_sudo"] = True
+            data["_sudo_password"] = sudo_password()
         return data
+
+
+# --------------------------------------------------------------------------------------------
+# The deploy user's sudo password: made at random by the process that uses a pool (a pytest
+# worker, a tools/sandbox run), set on its hosts through chpasswd's stdin, kept in that
+# process's environment (PASSWORD_ENV, inherited by the pyinfra runs and tools it starts) and
+# never written to a file: inventories name the variable (SudoPassword's repr), not the value.
+# --------------------------------------------------------------------------------------------
+
+PASSWORD_ENV = "GPUFLEET_TESTHOSTS_SUDO_PASSWORD"
+
+
+class SudoPassword(str):
+    """The password, whose repr is the expression that reads it from the environment: an
+    inventory written with repr or pprint (testing/inventory.py) holds the variable's name."""
+
+    def __repr__(self) -> str:
+        return f"__import__('os').environ[{PASSWORD_ENV!r}]"
+
+
+def sudo_password() -> SudoPassword:
+    """This process's deploy-user password (made on first use; its children inherit it)."""
+    value = os.environ.get(PASSWORD_ENV)
+    if not value:
+        import secrets
+        value = os.environ[PASSWORD_ENV] = "gf-" + secrets.token_urlsafe(18)
+    return SudoPassword(value)
+
+
+def _set_password(root: Path) -> None:
+    run(["chroot", str(root), "chpasswd"], input=f"{SSH_USER}:{sudo_password()}\n", text=True)
+
+
+def set_sudo_password(hosts: list[Host]) -> None:
+    """Give running container hosts this process's password (a pool booted by another process:
+    its password was never kept)."""
+    for host in hosts:
+        if host.ssh_user != "root":
+            _set_password(host.root)
 
 
 def _host_from_meta(meta: Path) -> Host:
@@ -623,6 +664,7 @@ def _personalise(host: Host) -> None:
         auth.chmod(0o600)
         for path in (ssh_dir, auth):
             os.chown(path, uid, gid)
+    _set_password(root)
     (root / "etc/hostname").write_text(host.name + "\n")
     hosts = f"127.0.0.1 localhost\n{host.address} {host.name}\n"
     if host.netns:  # the archive through the launcher's relays (see _relays)
@@ -704,10 +746,19 @@ def wait_ready(host: Host, timeout: float = 120) -> None:
 
 def as_root(host: Host, command: str) -> str:
     """`command` as the shell text that runs it as root once logged in as the host's SSH user:
-    through sudo (in root's home, as a root login would be) unless that user is root."""
+    through sudo (in root's home, as a root login would be) unless that user is root. sudo reads
+    the password as the first line of stdin (sudo_stdin), one byte at a time: the rest is the
+    command's."""
     if host.ssh_user == "root":
         return command
-    return "sudo -n -H -- sh -c " + shlex.quote("cd /root || exit 125\n" + command)
+    return "sudo -S -k -p '' -H -- sh -c " + shlex.quote("cd /root || exit 125\n" + command)
+
+
+def sudo_stdin(host: Host, stdin: str | None) -> str | None:
+    """What to send as_root's command on stdin: the password's line first, through sudo."""
+    if host.ssh_user == "root":
+        return stdin
+    return f"{sudo_password()}\n{stdin or ''}"
 
 
 def ssh(host: Host, command: str, check: bool = True, timeout: float = 60, user: str | None = None,
@@ -715,6 +766,8 @@ def ssh(host: Host, command: str, check: bool = True, timeout: float = 60, user:
     """Run `command` on `host` through the real OpenSSH client: as root (logged in as the host's
     SSH user, through sudo where that is not root), or logged in and run as `user`."""
     remote = command if user else as_root(host, command)
+    if not user:
+        input = sudo_stdin(host, input)
     return run([
         *host.command_prefix(), "ssh", "-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
         "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5", "-i", host.ssh_key,
@@ -892,7 +945,8 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--containers", action="store_true",
                       help="with --private-network: boot so that Docker can start containers inside")
     p_up.add_argument("--ssh-user", default=SSH_USER,
-                      help="who logs in: %(default)s (passwordless sudo, the operator's shape) or root")
+                      help="who logs in: %(default)s (sudo with a password made per run, a real site's "
+                           "shape) or root")
     p_list = sub.add_parser("list", help="running hosts")
     p_list.add_argument("--json", action="store_true")
     p_list.add_argument("--all", action="store_true", help="every pool")
@@ -900,6 +954,8 @@ def main(argv: list[str] | None = None) -> int:
     p_down.add_argument("--all", action="store_true", help="every pool")
     p_reboot = sub.add_parser("reboot", help="reboot a host for real")
     p_reboot.add_argument("name")
+    p_shell = sub.add_parser("shell", help="a root shell in a container host, without SSH or sudo")
+    p_shell.add_argument("name")
     sub.add_parser("base", help="build the cached base root filesystems").add_argument(
         "--release", choices=RELEASES, action="append")
     sub.add_parser("leftovers", help="list processes, mounts and cgroups left behind").add_argument(
@@ -929,6 +985,12 @@ def main(argv: list[str] | None = None) -> int:
         if not host:
             parser.error(f"no running host {args.name!r} in pool {args.pool!r}")
         reboot(host)
+    elif args.cmd == "shell":
+        host = next((h for h in list_hosts(args.pool) if h.name == args.name), None)
+        if not host:
+            parser.error(f"no running host {args.name!r} in pool {args.pool!r}")
+        from testing.netns import container_pid
+        os.execvp("nsenter", ["nsenter", "--target", str(container_pid(host)), "--all", "--", "/bin/bash", "-l"])
     elif args.cmd == "base":
         for release in args.release or RELEASES:
             print(ensure_base(release))

@@ -260,7 +260,10 @@ def _wait_ready(host: Host, timeout: float) -> None:
             status = proc.returncode if proc else "?"
             raise RuntimeError(f"{host.name}: qemu exited (status {status}): {_tail(vm_dir(host) / 'qemu.log')}")
         with contextlib.suppress(subprocess.TimeoutExpired):
-            if testhosts.ssh(host, "true", check=False, timeout=10).returncode == 0:
+            # logged in as root (before any hardening): the deploy user's sudo password of this
+            # process, on chpasswd's stdin, as the container hosts get it (testhosts._set_password)
+            if testhosts.ssh(host, "chpasswd", user="root", check=False, timeout=10,
+                             input=f"{testhosts.SSH_USER}:{testhosts.sudo_password()}\n").returncode == 0:
                 break
         if time.monotonic() > deadline:
             raise TimeoutError(f"{host.name}: no SSH login within {timeout:.0f} s")

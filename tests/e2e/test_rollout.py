@@ -20,11 +20,14 @@ import pytest
 from testing import slurm
 from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
 from testing.gpusim_modules import fail_module_load
+from testing import testhosts
 from tests.e2e import rollout_fleet as rf
+from tests.e2e.procwatch import watching
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 TIMINGS: dict[str, float] = {}
+WATCHED: dict[str, object] = {}
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +88,11 @@ def rolled_out(fleet):
     its manifests whether or not the canary test is selected (`-k rollback`)."""
     hosts, work = fleet
     t = time.monotonic()
-    r = tool(work, "rollout", "fleet.py", "--driver-version", rf.NEW, "--canary", "1", "--batch-size", "3",
-             "--max-unavailable", "3")
+    # the canary's local user watches /proc through the whole rollout, its reboot included
+    with watching(hosts[0]) as seen:
+        r = tool(work, "rollout", "fleet.py", "--driver-version", rf.NEW, "--canary", "1", "--batch-size", "3",
+                 "--max-unavailable", "3")
+    WATCHED["rollout"] = seen
     TIMINGS["rollout_6_hosts_s"] = time.monotonic() - t
     return r
 
@@ -153,8 +159,14 @@ def test_rollback_one_host_restores_versions_and_holds(fleet, rolled_out):
     assert rolled_out.returncode == 0, rolled_out.stdout + rolled_out.stderr  # what there is to roll back
     h = hosts[0]
     rf.sh(h, "apt-mark unhold libcudnn9-cuda-13")   # drift since the manifest: must come back too
-    r = tool(work, "rollback", "fleet.py", h.name, "--reboot")
+    with watching(h) as seen:
+        r = tool(work, "rollback", "fleet.py", h.name, "--reboot")
     assert r.returncode == 0, r.stdout + r.stderr
+    # the deploy user's sudo password: never in what a local user read in /proc (issue 44),
+    # during the rollout nor the rollback, while sudo did ask for it
+    for watched in (WATCHED["rollout"], seen):
+        assert any("SUDO_ASKPASS=" in text and "sudo -H -A -k" in text for text in watched.cmdlines)
+        assert watched.holding(str(testhosts.sudo_password())) == []
     manifest = json.loads(sorted((work / ".gpufleet/manifests" / h.name).glob("*.json"))[-1].read_text())
     for pkg, ver in manifest["packages"].items():
         assert rf.version(h, pkg) == f"ii {ver}", pkg

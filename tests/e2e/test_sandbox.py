@@ -43,12 +43,16 @@ def exact_stack(h, sandbox: dict) -> dict[str, str]:
 
 
 def test_sandbox_quick_start(hostpool, monkeypatch):
+    # the deploy user's sudo password: this process's, which tools/sandbox then uses (its own
+    # random one otherwise), so that the checks below get through that user's sudo
+    password = testhosts.sudo_password()
     env = dict(os.environ, GPUFLEET_SANDBOX_POOL=POOL)
     try:
         up = subprocess.run(["tools/sandbox"], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=1800)
         out = up.stdout + up.stderr
         assert up.returncode == 0, out[-5000:]
+        assert password not in out
         assert "pyinfra inventories/sandbox.py deploys/all.py" in out
         for tier, gpu in (("dev", "Tesla T4"), ("research", "NVIDIA A100-SXM4-40GB"), ("hgx", "NVIDIA H200")):
             assert f"tier: {tier}" in out and gpu in out

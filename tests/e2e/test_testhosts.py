@@ -21,6 +21,7 @@ POOL = "pytest-harness"
 
 
 def _tool(*args: str) -> subprocess.CompletedProcess:
+    testhosts.sudo_password()  # made here, in this process's environment: the tool sets it on the hosts
     return subprocess.run([sys.executable, str(REPO / "tools/testhosts"), "--pool", POOL, *args],
                           capture_output=True, text=True, timeout=300)
 
@@ -46,13 +47,16 @@ def test_cli_up_list_down(clean_pool):
     for h in listed:
         assert set(h) >= {"name", "address", "release", "gpu", "ssh_user", "ssh_key"}
         assert h["address"].startswith("127.")
-        # the operator's shape: an unprivileged login user with passwordless sudo
+        # a real site's shape: an unprivileged login user (useradd's /bin/sh) whose sudo asks
+        # for the password the tool set (this process's: the tool inherited it), read from stdin
         assert h["ssh_user"] == testhosts.SSH_USER != "root"
         res = subprocess.run(["ssh", "-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
                               "-o", "UserKnownHostsFile=/dev/null", "-i", h["ssh_key"],
-                              f"{h['ssh_user']}@{h['address']}", "hostname; cat /proc/1/comm; id -u; sudo -n id -u"],
-                             capture_output=True, text=True, timeout=30)
-        assert res.stdout.split() == [h["name"], "systemd", "1000", "0"], res.stdout + res.stderr
+                              f"{h['ssh_user']}@{h['address']}",
+                              "hostname; cat /proc/1/comm; id -u; getent passwd $(id -u) | cut -d: -f7; "
+                              "sudo -n true 2>/dev/null || echo asks; sudo -S -k -p '' id -u"],
+                             input=f"{testhosts.sudo_password()}\n", capture_output=True, text=True, timeout=30)
+        assert res.stdout.split() == [h["name"], "systemd", "1000", "/bin/sh", "asks", "0"], res.stdout + res.stderr
     plain = _tool("list").stdout.splitlines()
     assert plain[0].split("\t") == [f"gf-{POOL}-1", listed[0]["address"], "bookworm", "-"]
     down = _tool("down")
@@ -99,10 +103,10 @@ def test_private_network_hosts_live_in_namespaces_only(clean_pool):
         # not reachable from the machine's own network, only from the client namespace
         assert subprocess.run([*login, "true"], capture_output=True, timeout=30).returncode != 0
         res = subprocess.run(["ip", "netns", "exec", h["netns"], *login,
-                              "hostname; ip -br addr show host0; sudo -n sh -c "
+                              "hostname; ip -br addr show host0; sudo -S -k -p '' sh -c "
                               + shlex.quote("apt-get install -y -qq nftables >/dev/null "
                                             "&& nft add table inet operator && nft list tables")],
-                             capture_output=True, text=True, timeout=300)
+                             input=f"{testhosts.sudo_password()}\n", capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr
         name, addr_line, *tables = res.stdout.splitlines()
         assert name == h["name"] and h["address"] + "/24" in addr_line

@@ -6,7 +6,7 @@ import shlex
 import pytest
 from pyinfra.api import Config, Inventory, State
 
-from gpufleet import hostlock, pyinfra_private
+from gpufleet import askpass, hostlock, pyinfra_private
 
 
 def test_hold_command_passes_its_values_as_arguments_of_a_fixed_script():
@@ -71,14 +71,19 @@ def test_the_lock_is_taken_as_root_through_sudo_when_the_host_says_so():
 
 
 @pytest.mark.parametrize("where", ["data", "prompted"])
-def test_a_sudo_password_goes_to_sudos_askpass_never_into_the_owner_record(where):
+def test_a_sudo_password_goes_to_sudos_askpass_never_into_the_owner_record(where, monkeypatch):
     host = host_with({"_sudo": True, **({"_sudo_password": "hunter2"} if where == "data" else {})})
     if where == "prompted":
         host.connector_data["prompted_sudo_password"] = "hunter2"
-    host.connector_data[f"sudo_askpass_path__{host.get_temp_dir_config()}"] = "/tmp/pyinfra-sudo-askpass-x"
+    given = []
+    # the host's askpass program (gpufleet/askpass.py; its holder needs an SSH connection)
+    monkeypatch.setattr(askpass, "askpass_path",
+                        lambda host, kind, password: given.append(password) or "/tmp/gpufleet-askpass.x/askpass")
+    askpass.install()
     owner = hostlock.owner_record("pyinfra deploys/all.py", "lab.py")
     text = pyinfra_private.root_command(host, hostlock.hold_command(0, owner))
     argv = shlex.split(text)
-    # exec'd: the login shell does not stay behind with the password in its arguments
-    assert argv[:4] == ["exec", "env", "SUDO_ASKPASS=/tmp/pyinfra-sudo-askpass-x", "PYINFRA_SUDO_PASSWORD=hunter2"]
-    assert argv[4:8] == ["sudo", "-H", "-A", "-k"] and argv[-1] == owner and "hunter2" not in owner
+    # exec'd (the login shell does not stay behind); only the askpass program's path on the line
+    assert given == ["hunter2"] and "hunter2" not in text
+    assert argv[:3] == ["exec", "env", "SUDO_ASKPASS=/tmp/gpufleet-askpass.x/askpass"]
+    assert argv[3:7] == ["sudo", "-H", "-A", "-k"] and argv[-1] == owner and "hunter2" not in owner
