@@ -384,8 +384,11 @@ def install() -> None:
         mine = HELD.get(host.name)
         if mine is not None and mine.on(host):
             return
+        # a lock this process held on the host before (it died with a reboot, or tools/rollout's
+        # own): the count moved with this run's takings, not another run's
+        planned_on = context.lock_generation if mine is None else ""
         try:
-            lock = acquire(host, lock_wait(host), planned_on=context.lock_generation)
+            lock = acquire(host, lock_wait(host), planned_on=planned_on)
         except HostLocked as exc:
             # fails the command, so the operation and the host (an OSError to pyinfra), in
             # gpufleet.failures' words
