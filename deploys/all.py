@@ -38,6 +38,8 @@ from gpufleet.settings import validate_inventory  # noqa: E402
 
 # pyinfra plans every host before it executes anything: a bad host stops the whole run here.
 validate_inventory(state.inventory)
+# Before any fact that decides: a run that took this host's lock since is seen when ours is taken.
+hostlock.plan_on(host)
 
 # One call per line, never a loop: pyinfra identifies an operation by the line numbers of its
 # call stack (not file names), so deploys called from one shared line would share op ids and

@@ -165,6 +165,10 @@ def nftables_context(settings: Settings, ssh_ports: list[int]) -> dict[str, Any]
     open_ports += [r for r in monitoring.firewall_rules(settings)
                    if not any(o["proto"] == "tcp" and o["port"] == r["port"] for o in open_ports)
                    and r["port"] not in {str(p) for p in ssh_ports}]
+    # other metrics ports (Triton's) as the exporters': only from the scrapers' networks
+    open_ports += [{**r, "comment": r["comment"] or "metrics (monitoring_scrape_ports)", "saddr": network, "daddr": ""}
+                   for r in parse_open_ports(settings.monitoring_scrape_ports) for network in settings.monitoring_allowed_cidrs
+                   if not (r["proto"] == "tcp" and r["port"] in {str(p) for p in ssh_ports})]
     return {"table": TABLE, "ssh_ports": ssh_ports or [22], "open_ports": open_ports,
             "trusted_cidrs": cidrs, "cluster_rules": cluster.rules(settings), "include_dir": None}
 

@@ -38,14 +38,17 @@ def multi_node(settings: Any) -> str | None:
 
 
 def rules(settings: Any) -> list[dict[str, str]]:
-    """The firewall rules for the training peers: [{family, saddr, match, comment}], one TCP rule
-    per network, and one RoCEv2 rule per network on the RDMA profiles."""
+    """The firewall rules for the training peers: [{family, saddr, match, published, comment}],
+    one TCP rule per network, and one RoCEv2 rule per network on the RDMA profiles (`match` for
+    the host's own ports, `published` for containers' ports, matched on the port sent to)."""
     out = []
     for cidr in settings.firewall_cluster_cidrs:
         family = "ip6" if ":" in cidr else "ip"
-        out.append({"family": family, "saddr": cidr, "match": "meta l4proto tcp", "comment": COMMENT + ": all TCP"})
+        out.append({"family": family, "saddr": cidr, "match": "meta l4proto tcp", "published": "meta l4proto tcp",
+                    "comment": COMMENT + ": all TCP"})
         if settings.nccl_profile in RDMA_PROFILES:
             out.append({"family": family, "saddr": cidr, "match": f"udp dport {ROCEV2_PORT}",
+                        "published": f"meta l4proto udp ct original proto-dst {ROCEV2_PORT}",
                         "comment": COMMENT + ": RoCEv2"})
     return out
 

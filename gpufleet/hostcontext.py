@@ -76,6 +76,8 @@ class HostContext:
     fresh: int = 0
     #: the same depth as counted by gpufleet.hostlock (installed separately from factcache)
     lock_in_fact: int = 0
+    #: the lock's generation (facts/hostlock.py) read before planning: the lock is refused if it moved
+    lock_generation: str = ""
     #: operations.needrestart.quiet_needrestart was planned for this host in this run (base in all.py,
     #: or standalone.py before an area run alone): once is enough, before the first apt
     needrestart_planned: bool = False

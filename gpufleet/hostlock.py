@@ -23,10 +23,13 @@ record; one that ended without being told (its run was killed, its controller cr
 it behind, so the next run reports the stale lock it took over.
 
 deploys/all.py takes the lock at the host's first changing command (a no-op run sends nothing
-more), and there, before that command, makes systemd reloads safe for running GPU containers
-(gpufleet/reload_guard.py; after a reboot too); tools/rollout takes it for all its hosts before
-it changes any and keeps it to the end (its steps, each a pyinfra run of its own, see it as
-theirs). A second run waits up to
+more), and only if no other run has held it since this run read the host's facts (the lock's
+generation, read with the facts before planning: `planned_on`); otherwise it stops the host
+before any change, so a second run started with the first never applies a plan made on
+facts the first changed. There, before that command, it makes systemd reloads safe for running
+GPU containers (gpufleet/reload_guard.py; after a reboot too). tools/rollout takes it for all
+its hosts before it changes any and keeps it to the end (its steps, each a pyinfra run of its
+own, see it as theirs). A second run waits up to
 `rollout_lock_wait` seconds, then stops naming the holder.
 """
 from __future__ import annotations
@@ -53,8 +56,13 @@ LOCK_DIR = "/run/gpufleet-lock"
 EXIT_HELD = 75
 EXIT_UNSAFE = 73     # the lock folder is not root's own 0700 folder
 EXIT_NOT_ROOT = 77   # the holder does not run as root
+EXIT_MOVED = 76      # another run held the lock since this run read the host's facts
 
-# $1: seconds to wait for another holder, $2: this run's owner record (one JSON line).
+# $1: seconds to wait for another holder, $3: this run's owner record (one JSON line), $2: the
+# generation this run planned on ("<boot id> <n>", facts/hostlock.py's LockGeneration), or empty
+# (no plan to protect: tools/rollout locks before it reads anything). The generation counts
+# takings and endings of the lock since boot: another run held it since the plan was made (it
+# may have changed the host) -> refused before anything of this run is applied.
 # Run as root. /run is root's and not writable by others (checked): nobody else can create,
 # replace or rename /run/gpufleet-lock, and nobody else can enter it once it is 0700 and root's.
 HOLD_SCRIPT = r"""
@@ -75,12 +83,22 @@ if ! flock -w "$1" 9; then
   head -c 4096 "$d/owner" 2>/dev/null | tr -d '\n'; echo
   exit 75
 fi
+boot=$(cat /proc/sys/kernel/random/boot_id)
+bump() {
+  g=$(cat "$d/generation" 2>/dev/null); case $g in ""|*[!0-9]*) g=0;; esac
+  t=$(mktemp "$d/.generation.XXXXXX") || return 1
+  echo $((g + 1)) > "$t" && mv -f "$t" "$d/generation" || { rm -f "$t"; return 1; }
+}
+g=$(cat "$d/generation" 2>/dev/null); case $g in ""|*[!0-9]*) g=0;; esac
+if [ -n "$2" ] && [ "$2" != "$boot $g" ]; then echo "MOVED $boot $g"; exit 76; fi
+bump || exit 70
 if [ -s "$d/owner" ]; then printf 'STALE '; head -c 4096 "$d/owner" | tr -d '\n'; echo; fi
 t=$(mktemp "$d/.owner.XXXXXX") || exit 70
-printf '%s\n' "$2" > "$t" && mv -f "$t" "$d/owner" || { rm -f "$t"; exit 70; }
+printf '%s\n' "$3" > "$t" && mv -f "$t" "$d/owner" || { rm -f "$t"; exit 70; }
 echo LOCKED
 IFS= read -r line
 if [ "$line" = release ]; then rm -f "$d/owner"; fi
+bump
 """
 
 
@@ -140,9 +158,9 @@ def describe(record: str) -> str:
     return printable(text)
 
 
-def hold_command(wait: int, owner: str) -> StringCommand:
+def hold_command(wait: int, owner: str, planned_on: str = "") -> StringCommand:
     return StringCommand("sh", "-c", QuoteString(HOLD_SCRIPT), "gpufleet-lock", QuoteString(str(int(wait))),
-                         QuoteString(owner))
+                         QuoteString(planned_on), QuoteString(owner))
 
 
 def lock_wait(host: Any) -> int:
@@ -203,10 +221,11 @@ def held(name: str) -> bool:
     return lock is not None and lock.alive()
 
 
-def acquire(host: Any, wait: int = 0, owner: str | None = None, shared: bool = True) -> Lock:
+def acquire(host: Any, wait: int = 0, owner: str | None = None, shared: bool = True, planned_on: str = "") -> Lock:
     """Take the host's lock on `host`'s SSH connection (pyinfra's paramiko client), as root
     (through sudo when the host's data says so); raise HostLocked naming the holder when another
-    run keeps it longer than `wait` seconds, or the folder when it is not root's own."""
+    run keeps it longer than `wait` seconds, the folder when it is not root's own, or, given the
+    generation this run planned on (`planned_on`), when another run held the lock since."""
     from gpufleet import pyinfra_private
 
     client = getattr(host.connector, "client", None)
@@ -216,7 +235,7 @@ def acquire(host: Any, wait: int = 0, owner: str | None = None, shared: bool = T
     context = host_context(host)
     context.lock_in_fact += 1   # pyinfra may run a command to set sudo's askpass up: not a change
     try:
-        text = pyinfra_private.root_command(host, hold_command(wait, owner or owner_record()))
+        text = pyinfra_private.root_command(host, hold_command(wait, owner or owner_record(), planned_on))
     finally:
         context.lock_in_fact -= 1
     channel = client.get_transport().open_session()
@@ -234,6 +253,10 @@ def acquire(host: Any, wait: int = 0, owner: str | None = None, shared: bool = T
         if code == EXIT_HELD and lines[:1] == ["HELD"]:
             raise HostLocked(f"{host.name} is locked by another gpufleet run: {describe(chr(10).join(lines[1:]))}",
                              "wait for it to finish (or set rollout_lock_wait), then re-run")
+        if code == EXIT_MOVED and lines[:1] and lines[0].startswith("MOVED "):
+            raise HostLocked(f"{host.name}: another gpufleet run held its lock after this run read the host's facts "
+                             "(it may have changed what this run planned on); nothing of this run's plan was applied",
+                             "re-run: it plans on the host as it is now")
         if code == EXIT_UNSAFE and lines[:1] and lines[0].startswith("UNSAFE "):
             raise HostLocked(f"{host.name}: refused the gpufleet lock folder {LOCK_DIR}: not root's own 0700 folder "
                              f"({printable(lines[0][len('UNSAFE '):])[:300]}); another user may have made it",
@@ -328,6 +351,14 @@ def stale_message(name: str, record: str) -> str:
 
 # --- deploys/all.py: the lock at a host's first changing command ----------------------------------
 
+def plan_on(host: Any) -> None:
+    """Read the lock's generation with the facts this run plans on (before any deploy asks
+    one): the lock, taken at the first change, is refused if another run held it since."""
+    from gpufleet.facts.hostlock import LockGeneration
+
+    host_context(host).lock_generation = host.get_fact(LockGeneration)
+
+
 _installed = False
 
 
@@ -357,13 +388,19 @@ def install() -> None:
             return
         mine = HELD.get(host.name)
         if mine is None or not mine.on(host):
+            # a lock this process held on the host before (it died with a reboot, or
+            # tools/rollout's own): the count moved with this run's takings, not another run's
+            planned_on = context.lock_generation if mine is None else ""
             try:
-                lock = acquire(host, lock_wait(host))
+                lock = acquire(host, lock_wait(host), planned_on=planned_on)
             except HostLocked as exc:
                 # fails the command, so the operation and the host (an OSError to pyinfra), in
                 # gpufleet.failures' words
                 logger.error(stop_line(host.name, "failed", "rollout_lock_wait", exc.reason, exc.fix))
                 raise
+            # from now on the generation moves with this run's own takings (after a reboot the
+            # holder died with the boot and is taken again): not another run's
+            context.lock_generation = ""
             if lock.stale:
                 logger.warning(f"{host.print_prefix}gpufleet: {stale_message(host.name, lock.stale)}")
         # Before the first change (and after a reboot): any command of the run may reload

@@ -978,6 +978,7 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "monitoring_dcgm_exporter": _bool(),
         "monitoring_dcgm_exporter_port": _int(1, 65535),
         "monitoring_dcgm_exporter_version": _text(r"\d+\.\d+\.\d+", "a dcgm-exporter release such as 4.5.0 (any epoch and Debian revision)"),
+        "monitoring_scrape_ports": _list(_check_port, _PORTS_ALLOWED),
         "monitoring_listen_address": KeySpec(_check_listen_address, lambda: _LISTEN_ALLOWED),
         "monitoring_allowed_cidrs": _list(_check_cidr, _CIDRS_ALLOWED),
         "rollout_batch_size": _int(1),

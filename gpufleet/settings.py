@@ -116,6 +116,7 @@ class Settings:
     monitoring_dcgm_exporter: bool
     monitoring_dcgm_exporter_port: int
     monitoring_dcgm_exporter_version: str
+    monitoring_scrape_ports: tuple[str, ...]
     monitoring_listen_address: str
     monitoring_allowed_cidrs: tuple[str, ...]
     rollout_batch_size: int

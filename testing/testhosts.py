@@ -521,6 +521,10 @@ def _make_host_network(host: Host) -> None:
     _ip("-n", ns, "addr", "add", f"{host.address}/24", "dev", HOST_IFACE)
     _ip("-n", ns, "link", "set", HOST_IFACE, "up")
     _ip("-n", host.netns, "link", "set", peer, "master", CLIENT_BRIDGE, "up")
+    if host.containers:
+        # dockerd turns IP forwarding on for its published ports (DNAT through the forward
+        # hook); inside nspawn /proc/sys is read-only, so the harness does it, at every boot.
+        run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"], capture_output=True)
 
 
 def _archive_hosts() -> list[tuple[str, int]]:

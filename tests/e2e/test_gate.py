@@ -30,7 +30,7 @@ import pytest
 from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
 from testing.inventory import environment_data, write_inventory
 from tests.e2e import rollout_fleet as rf
-from tests.e2e.pyinfra_cli import REPO, changed_operations, pyinfra
+from tests.e2e.pyinfra_cli import PYINFRA, REPO, changed_operations, pyinfra
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
 OLD, NEW = rf.OLD, rf.NEW
@@ -113,7 +113,9 @@ def test_override_that_does_not_fit_the_gpus_is_refused_naming_the_host(fleet, h
     r = tool(work, "mixed.py", "--driver-version", "595.45.04", "--canary", "1")
     assert r.returncode == 2, r.stdout + r.stderr
     assert (f"error: host {volta.name}: --driver-version 595.45.04 (as driver_branch): Tesla V100-SXM2-16GB (volta) "
-            "is not supported by driver branch R595; the last branch for volta is R580; allowed: ") in r.stdout
+            "is not supported by driver branch R595; the last branch for volta is R580; the newest stack for "
+            "Tesla V100-SXM2-16GB (volta, compute capability 7.0) is R580 (") in r.stdout
+    assert "; allowed: R470, " in r.stdout
     assert "nothing changed" in r.stdout
     assert not any(f"host {h.name}:" in r.stdout for h in hosts)    # the A100s take R595: only the V100 is named
     for h in hosts:
@@ -257,3 +259,34 @@ def test_override_then_the_inventory_line_it_names_then_all_py_changes_nothing(h
     assert "driver upgrade pending" not in agreed.output
     again = tool(tmp_path, "one.py")     # no override: the inventory's driver, there already
     assert again.returncode == 0 and f"{h.name}" in again.stdout and f"at {NEW} already" in again.stdout, again.stdout
+
+
+def test_two_all_py_runs_started_together_the_second_never_applies_a_stale_plan(fleet, aptrepo):  # noqa: F811
+    """Issue 50 item 8: two all.py runs started together on a host with a pending change (a file
+    all.py puts back) both read the host before either changes it. The one that takes the lock
+    first applies the change; the other, waiting for the lock (rollout_lock_wait), is refused
+    once it gets it, because the lock moved since it read the host: nothing of its plan is
+    applied (before: it applied the plan it made on the old state, a second time)."""
+    hosts, work = fleet
+    h = hosts[0]
+    inv = newer(fleet, aptrepo, driver_version=NEW, rollout_lock_wait=300)
+    profile = "/etc/profile.d/gpufleet-cuda.sh"
+    rf.sh(h, f"rm {profile}")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+    runs = [subprocess.Popen([str(PYINFRA), "-y", "--limit", h.name, str(inv), "deploys/all.py"],
+                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for _ in range(2)]
+    outs = [r.communicate(timeout=900)[0] for r in runs]
+    codes = [r.returncode for r in runs]
+    print(*outs, sep="\n----\n")
+    assert sorted(codes)[0] == 0, outs
+    first, second = (0, 1) if codes[0] == 0 else (1, 0)
+    assert rf.sh(h, f"test -s {profile}", check=False).returncode == 0   # the change the first planned, made
+    assert any("profile" in op.lower() or "cuda" in op.lower() for op in changed_operations(outs[first])), outs[first]
+    # the second: refused at its first change, naming why, with nothing applied
+    assert codes[second] != 0, outs[second]
+    assert "another gpufleet run held its lock after this run read the host's facts" in outs[second]
+    # stopped before its first command: pyinfra prints no results table for a run whose hosts all failed
+    assert f"[{h.name}] Error: executed 0 commands" in outs[second] and f"[{h.name}] Success" not in outs[second]
+    again = pyinfra(inv, "deploys/all.py", "--limit", h.name)
+    assert again.returncode == 0 and changed_operations(again) == [], again.output

@@ -25,14 +25,14 @@ def accepts(text: str) -> list[str]:
 
 def test_cluster_networks_reach_every_tcp_port_and_rocev2_on_a_roce_tier():
     text = table(firewall_cluster_cidrs=["10.10.0.0/16", "fd00:10::/32"])  # research: nccl_profile roce
-    assert accepts(text)[-4:] == [
+    assert accepts(text[:text.index("chain forward")])[-4:] == [
         'ip saddr 10.10.0.0/16 meta l4proto tcp accept comment "training peers (firewall_cluster_cidrs): all TCP"',
         'ip saddr 10.10.0.0/16 udp dport 4791 accept comment "training peers (firewall_cluster_cidrs): RoCEv2"',
         'ip6 saddr fd00:10::/32 meta l4proto tcp accept comment "training peers (firewall_cluster_cidrs): all TCP"',
         'ip6 saddr fd00:10::/32 udp dport 4791 accept comment "training peers (firewall_cluster_cidrs): RoCEv2"',
     ]
     # nobody else: the only other accepts are the fixed ones and SSH (research lists 22 only)
-    others = [line for line in accepts(text) if "saddr" not in line]
+    others = [line for line in accepts(text[:text.index("chain forward")]) if "saddr" not in line]
     assert all("dport 22 " in line or "icmp" in line or line.startswith(("iif", "ct state")) for line in others), others
     assert "29500" not in text  # no port of its own: every TCP port is the peers', no other network's
 
@@ -104,3 +104,18 @@ def test_the_gate_warns_a_multi_node_tier_without_training_peers():
     assert alone.status == "skip" and alone.message.startswith("tier inference trains on one host"), alone
     trusted = v.training_peers_let_in(GateContext(settings(firewall_trusted_cidrs=["10.1.0.0/16"]), None))
     assert trusted.status == "pass" and "10.1.0.0/16 (firewall_trusted_cidrs): every port" in trusted.message
+
+
+def test_slurm_and_triton_metrics_are_not_open_to_every_network():
+    """hgx's Slurm ports are the cluster's (firewall_cluster_cidrs: all TCP), inference's Triton
+    metrics port (8002) the scrapers' (monitoring_allowed_cidrs), as the exporters' are."""
+    hgx = table(tier="hgx")
+    assert "6817" not in hgx and "ip saddr 192.0.2.0/24 meta l4proto tcp accept" in hgx
+    inference = table(tier="inference")
+    assert "8002" not in inference  # no scrapers named: only the host itself and trusted networks
+    assert "tcp dport 8000 accept" in inference  # Triton's HTTP serves clients: open
+    scraped = table(tier="inference", monitoring_allowed_cidrs=["10.9.0.0/16"])
+    assert [line for line in accepts(scraped) if "8002" in line] == [
+        'ip saddr 10.9.0.0/16 tcp dport 8002 accept comment "metrics (monitoring_scrape_ports)"',
+        'ip saddr 10.9.0.0/16 meta l4proto tcp ct original proto-dst 8002 accept comment "metrics (monitoring_scrape_ports)"']
+    assert_nft_accepts(scraped)

@@ -84,11 +84,18 @@ def test_nftables_ruleset_replaces_only_its_own_table():
     rules = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
     assert not [line for line in rules if "flush" in line]
     assert "table inet gpufleet\ndelete table inet gpufleet\n" in text
-    assert "hook forward" not in text and "hook input" in text and "policy drop" in text
+    assert "hook input" in text and "policy drop" in text
+    # the forward hook only for new connections Docker DNATs to a published port; the rest passes
+    assert "type filter hook forward priority filter; policy accept;\n\t\tct state new ct status dnat jump published\n\t}" in text
     assert 'tcp dport 22 accept comment "ssh"' in text
     assert 'tcp dport 9400 accept comment "DCGM exporter"' in text
     assert "tcp dport 6817-6819 accept" in text
     assert "ip saddr 10.0.0.0/8 accept" in text and "ip6 saddr fd00::/8 accept" in text
+    published = text[text.index("chain published"):]
+    assert "meta l4proto tcp ct original proto-dst 9400 accept" in published
+    assert "meta l4proto tcp ct original proto-dst 6817-6819 accept" in published
+    assert "ip saddr 10.0.0.0/8 accept" in published and "ip6 saddr fd00::/8 accept" in published
+    assert published.rstrip().endswith('drop comment "a published port, from a network the tier does not open it to"\n\t}\n}')
 
 
 def test_nftables_boot_version_loads_the_operators_tables_first():

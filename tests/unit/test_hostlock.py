@@ -12,7 +12,7 @@ from gpufleet import askpass, hostlock, pyinfra_private
 def test_hold_command_passes_its_values_as_arguments_of_a_fixed_script():
     owner = hostlock.owner_record("tools/rollout", "fleet 'a b' \"$(reboot)\".py")
     argv = shlex.split(hostlock.hold_command(5, owner).get_raw_value())
-    assert argv == ["sh", "-c", hostlock.HOLD_SCRIPT, "gpufleet-lock", "5", owner]
+    assert argv == ["sh", "-c", hostlock.HOLD_SCRIPT, "gpufleet-lock", "5", "", owner]
     assert json.loads(argv[-1])["inventory"] == "fleet 'a b' \"$(reboot)\".py"
 
 

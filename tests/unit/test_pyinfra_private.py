@@ -208,6 +208,19 @@ def test_this_release_is_verified_and_has_every_name():
     assert pyinfra_private.missing_names() == []
 
 
+def test_one_gate_the_dependency_takes_any_3x_and_the_test_venv_the_verified_series():
+    """The version gate is VERIFIED_PYINFRA alone: pyproject.toml allows every pyinfra 3.x, and
+    the development/CI virtualenv's constraint (.ci/pyinfra-verified.txt) is that series."""
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert [d for d in deps if d.startswith("pyinfra")] == ["pyinfra>=3.10,<4"]
+    lines = [ln for ln in (REPO / ".ci" / "pyinfra-verified.txt").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    assert pyinfra_private.VERIFIED_PYINFRA == ("3.10.",)  # change both together
+    assert lines == ["pyinfra>=3.10,<3.11"]
+
+
 # Nothing else touches pyinfra's private names ---------------------------------------------
 
 SOURCES = ["gpufleet", "deploys", "operations", "facts"]

@@ -156,6 +156,8 @@ SCENARIOS = {
     "research": Scenario("research", {"tier_mismatch": "warn", "monitoring_dcgm_exporter": False}),
     "render": Scenario("render", {"tier_mismatch": "warn"}),
     "inference": Scenario("inference", {"tier_mismatch": "warn"}),
+    # the scrapers' networks set: other metrics ports are opened to them
+    "inference-scraped": Scenario("inference", {"tier_mismatch": "warn", "monitoring_allowed_cidrs": ["10.0.0.0/8"]}),
     # the driver pinned below CUDA 13.0 Update 2's toolkit driver (580.95.05), that update asked
     # for by name, but in its family ("13.0" alone would be Update 1, which 580.82.07 drives)
     "hgx-old-driver": Scenario("hgx", {"tier_mismatch": "warn", "driver_version": "580.82.07",
@@ -241,6 +243,7 @@ ALTERNATIVE: dict[str, tuple[Any, str]] = {
     "monitoring_dcgm_exporter_version": ("4.4.0", "hgx"),
     "monitoring_listen_address": ("127.0.0.1", "hgx"),
     "monitoring_allowed_cidrs": (["10.0.0.0/8"], "hgx"),
+    "monitoring_scrape_ports": (["9091/tcp"], "inference-scraped"),
     "rollout_batch_size": (2, "hgx"),
     "rollout_lock_wait": (30, "hgx"),
     "rollout_snapshot_target": ("vg1/data", "rollout-lvm"),
