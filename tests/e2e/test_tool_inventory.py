@@ -326,7 +326,7 @@ def test_rollout_without_a_terminal_or_yes_stops_after_its_dry_run(with_ghost):
                                                        else {"stdin": stdin}))
         print(proc.stdout, proc.stderr)
         assert proc.returncode == 1, proc.stdout + proc.stderr
-        assert f"DRY RUN: rollout of driver 580.126.09" in proc.stdout and f"canary   {c.name}" in proc.stdout
+        assert "DRY RUN: rollout of driver 580.126.09" in proc.stdout and f"canary   {c.name}" in proc.stdout
         assert ("no terminal to ask on (stdin is not one: cron, CI, a script) and no -y: that was the dry run, "
                 "nothing changed. To drain and upgrade 1 host(s) as shown, run tools/rollout again with -y "
                 "(or PYINFRA_YES=1 in its environment)") in proc.stdout, proc.stdout

@@ -126,6 +126,9 @@ def rollout_main(argv: list[str] | None = None, prog: str = "tools/rollout") -> 
     p.add_argument("--heartbeat", type=count_arg(0, 3600), default=30, metavar="SECONDS",
                    help="during a wave, a progress line with the time elapsed and left every SECONDS "
                         "(default 30; 0: none)")
+    p.add_argument("--json", action="store_true",
+                   help="the run's result as one JSON document on stdout (batches, each host's outcome and step "
+                        "timings, the hosts left out, what is left); the progress lines go to stderr")
     p.add_argument("-v", "--verbose", action="store_true", help="show pyinfra's operation log")
     inventory_source.add_arguments(p)
     add_version(p)
@@ -145,7 +148,19 @@ def rollout_main(argv: list[str] | None = None, prog: str = "tools/rollout") -> 
                    reboot_timeout=args.reboot_timeout, retune=args.retune,
                    assume_yes=_yes(p, args), heartbeat=args.heartbeat,
                    command=f"{prog} {args.inventory}")
-    return Runner(opts).run()
+    if not args.json:
+        return Runner(opts).run()
+    import json
+
+    from .result import result_doc
+
+    import contextlib
+
+    runner = Runner(opts, out=sys.stderr)
+    with contextlib.redirect_stdout(sys.stderr):   # stdout holds the document and nothing else
+        code = runner.run()
+    print(json.dumps(result_doc(runner, code), indent=1, sort_keys=True), flush=True)
+    return code
 
 
 def rollback_main(argv: list[str] | None = None, prog: str = "tools/rollback") -> int:

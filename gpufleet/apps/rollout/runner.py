@@ -160,6 +160,9 @@ class Runner:
         self.wave_seconds: list[float] = []
         self.t0 = time.monotonic()
         self.eligible: list[str] = []       # this run's hosts, for the progress lines
+        self.batches: list[plan.Batch] = []
+        self.notes: dict[str, str] = {}     # host -> why it is not in the rollout
+        self.stopped: str | None = None
         self.waved: set[str] = set()        # hosts a wave of this run started
         self.waves_started: float | None = None
         self.ctx = RolloutContext(target=opts.target or "", manifests_dir=Path(opts.manifests_dir),
@@ -331,6 +334,7 @@ class Runner:
             for n in b.hosts:
                 state.host(n).batch = b.index
                 state.host(n).from_version = state.host(n).from_version or info[n]["installed"]
+        self.batches, self.notes = batches, notes   # for --json (result.py)
         self.print_plan(batches, notes, size, max_unavailable, max_fail)
         wanted = [n for b in batches for n in b.hosts if state.host(n).status != "done" and n not in opts.skip]
         if self.dry:
@@ -362,6 +366,7 @@ class Runner:
             for n, why in locked_elsewhere.items():
                 self.say(f"error: {why}" if n in why else f"error: {n}: {why}")
             not_taken = f"{len(locked_elsewhere)} host(s) locked by another run: nothing changed"
+            self.stopped = not_taken
             self.say(f"STOPPED: {not_taken}")
             state.runs[-1].update(finished=time.time(), exit=EXIT_STOPPED, stopped=not_taken)
             state.save()
@@ -402,6 +407,7 @@ class Runner:
                 self.say(self.progress(eligible))   # after each wave: the operator sees how far and how long
                 failed_here = [n for n in batch.hosts if state.host(n).status == "failed"]
                 stopped = plan.stop_reason(batch, failed_here, len(state.failed()), max_fail)
+        self.stopped = stopped
         if stopped:
             self.say(f"STOPPED: {stopped}")
         code = self.print_summary(eligible, notes, stopped)
