@@ -316,7 +316,7 @@ def test_rollout_asks_before_draining_and_no_changes_nothing(with_ghost):
 
 def test_rollout_without_a_terminal_or_yes_stops_after_its_dry_run(with_ghost):
     """Started with stdin closed (cron, CI) and no -y (issue 50 item 1): the plan, then exit 1
-    saying how to go on; nothing changed on the host or the controller."""
+    saying how to go on; nothing changed on the host or the controller. tools/rollback too."""
     work, c = with_ghost["work"], with_ghost["c"]
     args = (with_ghost["one"], "--driver-version", "580.126.09", "--state", "ghost/unattended.json")
     marker = "/run/gpufleet-test-before-unattended"
@@ -334,6 +334,14 @@ def test_rollout_without_a_terminal_or_yes_stops_after_its_dry_run(with_ghost):
                 "nothing changed. To drain and upgrade 1 host(s) as shown, run tools/rollout again with -y "
                 "(or PYINFRA_YES=1 in its environment)") in proc.stdout, proc.stdout
     assert not (work / "ghost" / "unattended.json").exists()
+    # tools/rollback likewise: its dry run (is the host reachable), then exit 1
+    _manifest(work, c.name)
+    back = subprocess.run([str(REPO / "tools" / "rollback"), with_ghost["one"], c.name], cwd=work, capture_output=True,
+                          text=True, timeout=600, env=env, stdin=subprocess.DEVNULL)
+    print(back.stdout, back.stderr)
+    assert back.returncode == 1 and f"  {c.name}: reachable" in back.stdout, back.stdout + back.stderr
+    assert ("that was the dry run, nothing changed. To roll back 1 host(s) as shown, run tools/rollback again with "
+            "-y") in back.stdout, back.stdout
     changed = testhosts.ssh(c, f"find /etc /var/lib/gpufleet /var/lib/dpkg /var/lib/apt /usr -newer {marker} "
                                "-type f 2>/dev/null; true").stdout
     assert changed.strip() == "", changed
