@@ -1,5 +1,6 @@
 """The inventory of tools/rollout, tools/rollback and tools/fleet-report, taken the way the
-pyinfra command line takes it: `--limit` (host names, fnmatch patterns or group names),
+pyinfra command line takes it: `--limit` and `--exclude` (host names, fnmatch patterns or
+group names),
 `--data key=value` (pyinfra's value parsing: true/false, integers, JSON, else text), the
 `config.py` pyinfra reads (the current directory's; else the one beside the inventory) and the
 `group_data/` folders pyinfra_cli.inventory.make_inventory reads (current directory's and the
@@ -22,7 +23,7 @@ from gpufleet import pyinfra_private
 
 
 class SourceError(ValueError):
-    """A --limit, --data or config.py the tool cannot use: one line, for exit code 2."""
+    """A --limit, --exclude, --data or config.py the tool cannot use: one line, for exit code 2."""
 
 
 def add_arguments(parser: argparse.ArgumentParser, limit: bool = True) -> None:
@@ -30,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser, limit: bool = True) -> None:
         parser.add_argument("--limit", action="append", default=[], metavar="PATTERN",
                             help="only these hosts: a group name, a host name or an fnmatch pattern, as for "
                                  "`pyinfra --limit` (repeat for more)")
+    parser.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                        help="leave these hosts out, never contacted nor counted: a group name, a host name or "
+                             "an fnmatch pattern, as for `pyinfra --exclude` (repeat for more)")
     parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", type=data_arg,
                         help="override a setting for every host, as `pyinfra --data` does (true/false, numbers "
                              "and JSON are parsed as pyinfra parses them); checked like inventory data")
@@ -74,8 +78,8 @@ def pattern_matches(inventory: Any, pattern: str) -> list[Any]:
 
 @dataclass
 class InventorySource:
-    """An inventory path with the command line's --limit, --data and config file. str() and
-    os.fspath() give the path, so it goes wherever the path went."""
+    """An inventory path with the command line's --limit, --exclude, --data and config file.
+    str() and os.fspath() give the path, so it goes wherever the path went."""
 
     path: str
     limit: list[str] = field(default_factory=list)
@@ -83,6 +87,7 @@ class InventorySource:
     config_file: str | None = None
     cwd: str = field(default_factory=os.getcwd)
     _config: Any = field(default=None, repr=False)
+    exclude: list[str] = field(default_factory=list)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> InventorySource:
@@ -93,7 +98,8 @@ class InventorySource:
             beside = Path(args.inventory).resolve().parent / "config.py"
             here = Path.cwd() / "config.py"
             config = str(here) if here.is_file() else str(beside) if beside.is_file() else None
-        return cls(args.inventory, list(getattr(args, "limit", None) or []), dict(args.data), config)
+        return cls(args.inventory, list(getattr(args, "limit", None) or []), dict(args.data), config,
+                   exclude=list(getattr(args, "exclude", None) or []))
 
     def __str__(self) -> str:
         return self.path
@@ -113,19 +119,28 @@ class InventorySource:
                 raise SourceError(f"inventory {self.path}: {_why(exc)}") from None
 
     def hosts(self, inventory: Any) -> list[Any]:
-        """The hosts --limit selects (all without it), in inventory order; a pattern that
-        matches nothing is an error (pyinfra only warns, and the run would quietly do less)."""
-        if not self.limit:
-            return list(inventory)
-        chosen: set[Any] = set()
-        for pattern in self.limit:
-            found = pattern_matches(inventory, pattern)
-            if not found:
+        """The hosts --limit selects (all without it) less those --exclude names, in inventory
+        order; a pattern that matches nothing is an error (pyinfra only warns: the run would
+        quietly do less, or, for --exclude, contact the host the operator meant to leave out)."""
+        chosen = set(self._matches(inventory, "--limit", self.limit)) if self.limit else set(inventory)
+        left_out = set(self._matches(inventory, "--exclude", self.exclude))
+        return [h for h in inventory if h in chosen and h not in left_out]
+
+    def excluded(self, inventory: Any) -> list[str]:
+        """Names of the hosts --exclude leaves out, in inventory order."""
+        left_out = set(self._matches(inventory, "--exclude", self.exclude))
+        return [h.name for h in inventory if h in left_out]
+
+    def _matches(self, inventory: Any, option: str, patterns: list[str]) -> list[Any]:
+        found: list[Any] = []
+        for pattern in patterns:
+            hosts = pattern_matches(inventory, pattern)
+            if not hosts:
                 groups = ", ".join(sorted(g for g in inventory.groups if g != "all")) or "none"
-                raise SourceError(f"--limit {pattern!r}: no group or host of {self.path} matches "
+                raise SourceError(f"{option} {pattern!r}: no group or host of {self.path} matches "
                                   f"(groups: {groups})")
-            chosen.update(found)
-        return [h for h in inventory if h in chosen]
+            found += hosts
+        return found
 
     def config(self) -> Any:
         """A fresh pyinfra Config with the config file applied, as the pyinfra CLI applies it."""

@@ -31,7 +31,7 @@ def usage() -> str:
             f"       {PROG} --settings | --version | --help\n\n"
             f"Runs pyinfra with gpufleet's deploy file AREA (default all) against the hosts of the pyinfra\n"
             f"inventory file INVENTORY. AREA is one of: {', '.join(AREAS)}.\n"
-            "pyinfra's options pass through, e.g. --limit PATTERN, --data KEY=VALUE, --dry, -y.\n\n"
+            "pyinfra's options pass through, e.g. --limit PATTERN, --exclude PATTERN, --data KEY=VALUE, --dry, -y.\n\n"
             "  --settings  print the settings reference (every key, its default, each tier's value)\n"
             "  --version   print gpufleet's version (and pyinfra's)\n"
             f"\nThe deploy files are in {DEPLOYS}.\n")

@@ -1,9 +1,10 @@
 """What tools/rollout tells the operator while it runs, as pure functions: the heartbeat line of
-a wave (elapsed time and an estimate of the rest) and the confirmation before it drains."""
+a wave (elapsed time and an estimate of the rest) and the confirmation before it drains (or,
+with no terminal to ask on and no -y, the refusal to go past the dry run)."""
 from __future__ import annotations
 
 import math
-from typing import TextIO
+from typing import Mapping, TextIO
 
 
 def duration(seconds: float) -> str:
@@ -42,11 +43,45 @@ def heartbeat_line(wave: int, waves: int, done: int, total: int, elapsed: float,
     return line + f", about {round(left / 60)}m left"
 
 
-def confirmed(question: str, assume_yes: bool, stdin: TextIO, out: TextIO) -> bool:
-    """Ask `question` (y/N) on a terminal; -y or no terminal on stdin (scripts, CI) goes on
-    without asking. Anything but y/yes is a no."""
-    if assume_yes or not stdin.isatty():
+#: what pyinfra's -y reads from the environment, and the values click takes for a flag there
+YES_ENV = "PYINFRA_YES"
+_TRUE, _FALSE = ("1", "true", "t", "yes", "y", "on"), ("0", "false", "f", "no", "n", "off", "")
+
+
+def env_yes(environ: Mapping[str, str]) -> bool:
+    """PYINFRA_YES as `pyinfra` reads it; a value it would refuse is a ValueError (a typo must
+    not be read as a no by one tool and a yes by another)."""
+    value = environ.get(YES_ENV, "").strip().lower()
+    if value in _TRUE:
         return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{YES_ENV}={environ[YES_ENV]!r} is not a yes or a no: allowed {', '.join(_TRUE)} "
+                     f"or {', '.join(v for v in _FALSE if v)}")
+
+
+def is_terminal(stdin: TextIO | None) -> bool:
+    """Someone can be asked on stdin: a terminal (a closed stdin is None, or raises, here)."""
+    try:
+        return stdin is not None and stdin.isatty()
+    except ValueError:   # closed
+        return False
+
+
+def unattended_line(tool: str, verb: str) -> str:
+    """What a run without -y and without a terminal says after its dry run."""
+    return (f"no terminal to ask on (stdin is not one: cron, CI, a script) and no -y: that was the dry run, "
+            f"nothing changed. To {verb} as shown, run {tool} again with -y (or {YES_ENV}=1 in its environment)")
+
+
+def confirmed(question: str, assume_yes: bool, stdin: TextIO | None, out: TextIO) -> bool:
+    """Ask `question` (y/N) on a terminal; -y goes on without asking. Without a terminal on
+    stdin nothing is asked and nothing is confirmed (pyinfra's question fails there too: a cron
+    or CI job never starts changing a fleet by accident). Anything but y/yes is a no."""
+    if assume_yes:
+        return True
+    if stdin is None or not is_terminal(stdin):
+        return False
     out.write(f"{question} [y/N] ")
     out.flush()
     answer = stdin.readline()

@@ -85,7 +85,7 @@ def recorded(host) -> dict[str, str]:
 
 def rollout(inv: Path) -> subprocess.CompletedProcess:
     """tools/rollout INVENTORY as an operator runs it (state and manifests next to the inventory)."""
-    proc = subprocess.run([str(REPO / "tools" / "rollout"), inv.name], cwd=inv.parent, capture_output=True,
+    proc = subprocess.run([str(REPO / "tools" / "rollout"), inv.name, "-y"], cwd=inv.parent, capture_output=True,
                           text=True, timeout=900)
     print(proc.stdout, proc.stderr)
     return proc
@@ -445,7 +445,7 @@ def test_second_rollout_and_second_run_change_nothing(host, rolled_out):
 @pytest.fixture(scope="module")
 def rolled_back(host, rolled_out):
     moved = rolled_out[0]
-    proc = subprocess.run([str(REPO / "tools" / "rollback"), moved.name, host.name], cwd=moved.parent,
+    proc = subprocess.run([str(REPO / "tools" / "rollback"), moved.name, host.name, "-y"], cwd=moved.parent,
                           capture_output=True, text=True, timeout=900)
     print(proc.stdout, proc.stderr)
     return moved, proc

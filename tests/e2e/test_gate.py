@@ -69,7 +69,7 @@ def driver_state(h) -> dict:
 
 
 def tool(work: Path, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(REPO / "tools" / "rollout"), *args], cwd=work, capture_output=True, text=True,
+    proc = subprocess.run([str(REPO / "tools" / "rollout"), "-y", *args], cwd=work, capture_output=True, text=True,
                           timeout=timeout)
     print(proc.stdout, proc.stderr)
     return proc
@@ -132,7 +132,7 @@ def test_rollout_from_the_inventory_with_a_second_run_and_all_py_stopped(fleet, 
     profile = "/etc/profile.d/gpufleet-cuda.sh"
     rf.sh(h3, f"mv {profile} /root/cuda-profile.saved")   # something all.py would want to change on h3
     log = open(work / "rollout.log", "w")
-    first = subprocess.Popen([str(REPO / "tools" / "rollout"), "fleet.py", "--canary", "1", "--batch-size", "2"],
+    first = subprocess.Popen([str(REPO / "tools" / "rollout"), "-y", "fleet.py", "--canary", "1", "--batch-size", "2"],
                              cwd=work, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 600

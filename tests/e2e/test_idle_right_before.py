@@ -104,7 +104,7 @@ def test_job_after_planning_stops_the_reboot_rerun_reboots_interrupted_dpkg_repa
 
 def rollout_starting_a_job_after(work, host, marker: str, start) -> tuple[int, str]:
     """tools/rollout on `host`; `start()` runs as soon as its output shows `marker`."""
-    proc = subprocess.Popen([str(REPO / "tools/rollout"), f"{host.name}.py", "--driver-version", rf.NEW],
+    proc = subprocess.Popen([str(REPO / "tools/rollout"), f"{host.name}.py", "--driver-version", rf.NEW, "-y"],
                             cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     head, started = [], False
@@ -159,7 +159,7 @@ def test_rollout_job_after_planning_refuses_the_swap_then_the_reboot_busy_pendin
     # 3. the job ends: the re-run reboots and finishes
     assert jobs[0] not in ("", "0") and f"/dev/nvidia*: {jobs[0]}" in out
     rf.sh(h, "systemctl stop gpu-job; rm -f /etc/apt/apt.conf.d/99gpufleet-test-job")
-    r = subprocess.run([str(REPO / "tools/rollout"), f"{h.name}.py", "--driver-version", rf.NEW], cwd=tmp_path,
+    r = subprocess.run([str(REPO / "tools/rollout"), f"{h.name}.py", "--driver-version", rf.NEW, "-y"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=900)
     print(r.stdout, r.stderr)
     assert r.returncode == 0, r.stdout

@@ -47,7 +47,7 @@ def fleet(hostpool, aptrepo, slurmctl, tmp_path_factory):  # noqa: F811
 
 
 def tool(work: Path, name: str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(REPO / "tools" / name), *args], cwd=work, capture_output=True, text=True,
+    proc = subprocess.run([str(REPO / "tools" / name), "-y", *args], cwd=work, capture_output=True, text=True,
                           timeout=timeout)
     print(proc.stdout, proc.stderr)
     return proc

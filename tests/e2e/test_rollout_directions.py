@@ -10,7 +10,9 @@ from the stand-in NVIDIA repository, pinned and held:
    the newer, holds as before, no failed unit, no hold on a package that is not installed;
 3. roll forward again (`--driver-version <newer>`), the same checks;
 4. `tools/rollback HOST --reboot` undoes that last move: the manifest taken before it (the older
-   driver) installed, held and loaded after a real reboot.
+   driver) installed, held and loaded after a real reboot;
+5. the same rollout again (its state file says done) brings the host back to the newer driver,
+   and so does the first rollout after a pin back through another inventory (issue 50 item 10).
 
 The host is provisioned by deploys/all.py first (the operator's shape: a sudo user, two allowed
 users) and, after each move, once the inventory names what the host runs, all.py changes
@@ -98,7 +100,7 @@ def research(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
 
 def rollout(work: Path, version: str, *args: str) -> subprocess.CompletedProcess:
     t = time.monotonic()
-    proc = subprocess.run([str(REPO / "tools/rollout"), "research.py", *args],
+    proc = subprocess.run([str(REPO / "tools/rollout"), "research.py", "-y", *args],
                           cwd=work, capture_output=True, text=True, timeout=900)
     TIMINGS[f"rollout_to_{version}_s"] = time.monotonic() - t
     print(proc.stdout, proc.stderr, TIMINGS)
@@ -198,7 +200,7 @@ def test_rollback_reboot_puts_the_manifests_driver_back(research, aptrepo):  # n
     host, work = research
     boots = rf.sh(host, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
     t = time.monotonic()
-    r = subprocess.run([str(REPO / "tools/rollback"), "research.py", host.name, "--reboot"],
+    r = subprocess.run([str(REPO / "tools/rollback"), "research.py", host.name, "--reboot", "-y"],
                        cwd=work, capture_output=True, text=True, timeout=900)
     TIMINGS["rollback_reboot_s"] = time.monotonic() - t
     print(r.stdout, r.stderr, TIMINGS)
@@ -207,3 +209,34 @@ def test_rollback_reboot_puts_the_manifests_driver_back(research, aptrepo):  # n
     assert_at(host, rf.OLD, rf.OLD_DEB, rf.NEW)
     # the inventory set back to what the host runs again: all.py changes nothing
     all_py_changes_nothing(write(work, host, aptrepo, rf.OLD), "rollback")
+
+
+def test_the_same_rollout_again_brings_back_a_host_moved_off_its_target(research, aptrepo):  # noqa: F811
+    """The rollout to the newer driver finished (its state file says done), then the host was
+    moved off it behind the rollout's back (tools/rollback above; a hand apt install or a re-imaged
+    node looks the same): the same rollout run again trusts the host, not its record (issue 50
+    item 10). The old code said "done already, not redone" and exited 0 with the host elsewhere."""
+    host, work = research
+    assert rf.loaded(host) == rf.OLD
+    r = rollout(work, rf.NEW, "--driver-version", rf.NEW)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "done already, not redone" not in r.stdout
+    assert f"{host.name}: recorded done at {rf.NEW}, but the host runs {rf.OLD}/{rf.OLD}" in r.stdout, r.stdout
+    assert_at(host, rf.NEW, rf.NEW_DEB, rf.OLD)
+
+
+def test_forward_pin_back_through_another_inventory_forward_again(research, aptrepo):  # noqa: F811
+    """Forward with the first (done just above), pinned back through another inventory, then the
+    first rollout again: the host ends at the forward target, not left on the older driver."""
+    host, work = research
+    data = {**environment_data(host, "research", aptrepo), "tier_mismatch": "warn", "driver_version": rf.OLD}
+    write_inventory(work / "pinned.py", [host], data={host.name: data})
+    pin = subprocess.run([str(REPO / "tools/rollout"), "pinned.py", "-y"], cwd=work, capture_output=True, text=True,
+                         timeout=900)
+    print(pin.stdout, pin.stderr)
+    assert pin.returncode == 0, pin.stdout + pin.stderr
+    assert rf.loaded(host) == rf.OLD and rf.version(host, "nvidia-open") == f"ii {rf.OLD_DEB}"
+    r = rollout(work, rf.NEW, "--driver-version", rf.NEW)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "done already, not redone" not in r.stdout
+    assert_at(host, rf.NEW, rf.NEW_DEB, rf.OLD)

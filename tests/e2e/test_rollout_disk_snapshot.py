@@ -63,7 +63,7 @@ def fleet(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
 
 
 def tool(work: Path, name: str, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(REPO / "tools" / name), *args], cwd=work, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([str(REPO / "tools" / name), "-y", *args], cwd=work, capture_output=True, text=True, timeout=900)
     print(proc.stdout, proc.stderr)
     return proc
 

@@ -67,7 +67,7 @@ def fleet(hostpool, slow_repo, tmp_path_factory):
 
 
 def rollout(work: Path, host, *extra: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(REPO / "tools/rollout"), f"{host.name}.py", "--driver-version", rf.NEW, *extra],
+    proc = subprocess.run([str(REPO / "tools/rollout"), f"{host.name}.py", "--driver-version", rf.NEW, "-y", *extra],
                           cwd=work, capture_output=True, text=True, timeout=timeout)
     print(proc.stdout, proc.stderr)
     return proc
@@ -77,7 +77,7 @@ def start_and_kill_in_package_change(work: Path, host) -> str:
     """Start tools/rollout, wait until the stand-in postinst runs on `host`, kill -9 the rollout."""
     rf.sh(host, f"touch {HOLD}")
     log = open(work / f"{host.name}-killed.log", "w")
-    proc = subprocess.Popen([str(REPO / "tools/rollout"), f"{host.name}.py", "--driver-version", rf.NEW],
+    proc = subprocess.Popen([str(REPO / "tools/rollout"), f"{host.name}.py", "--driver-version", rf.NEW, "-y"],
                             cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
@@ -174,7 +174,7 @@ def test_package_change_killed_dpkg_is_repaired_and_holds_come_back_on_resume(fl
 def test_failed_change_reports_its_log_holds_come_back_rerun_repairs(fleet):
     hosts, work = fleet
     h = hosts[0]
-    r = subprocess.run([str(REPO / "tools/rollback"), f"{h.name}.py", h.name, "--reboot"], cwd=work,
+    r = subprocess.run([str(REPO / "tools/rollback"), f"{h.name}.py", h.name, "--reboot", "-y"], cwd=work,
                        capture_output=True, text=True, timeout=600)
     print(r.stdout, r.stderr)
     assert r.returncode == 0 and rf.version(h, "nvidia-open") == f"ii {rf.OLD_DEB}" and rf.loaded(h) == rf.OLD

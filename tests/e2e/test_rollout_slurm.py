@@ -84,7 +84,7 @@ def test_running_job_delays_upgrade_admin_drain_is_kept(cluster):
     started = time.time()
     assert "train.py" in rf.sh(busy, "nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader").stdout
 
-    r = subprocess.run([str(REPO / "tools/rollout"), "slurm.py", "--driver-version", rf.NEW, "--canary", "1",
+    r = subprocess.run([str(REPO / "tools/rollout"), "slurm.py", "--driver-version", rf.NEW, "-y", "--canary", "1",
                         "--batch-size", "1"], cwd=work, capture_output=True, text=True, timeout=1800)
     print(r.stdout, r.stderr)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -133,7 +133,7 @@ def test_unknown_slurm_node_name_stops_the_host_before_any_change(cluster, aptre
     rf.inventory(work / "wrongname.py", [busy], aptrepo,
                  extra={busy.name: {"rollout_slurm_node_name": "no-such-node"}})
     apt_before = rf.sh(busy, "grep -c Start-Date /var/log/apt/history.log").stdout
-    r = subprocess.run([str(REPO / "tools/rollout"), "wrongname.py", "--driver-version", rf.OLD],
+    r = subprocess.run([str(REPO / "tools/rollout"), "wrongname.py", "--driver-version", rf.OLD, "-y"],
                        cwd=work, capture_output=True, text=True, timeout=600)
     print(r.stdout, r.stderr)
     assert r.returncode != 0

@@ -3,6 +3,8 @@ on 3 real test hosts (GPUs SIMULATED by testing/gpusim, a test double):
 
 - `--limit GROUP` / `--limit HOST` touch only those hosts (counted from each host's own sshd log),
   with a broken host (a tier that does not exist) elsewhere in the inventory;
+- `--exclude` leaves a host that is down uncontacted and uncounted (issue 50 item 2);
+- a rollout without a terminal and without -y goes no further than its dry run (issue 50 item 1);
 - `--data key=value` overrides a setting (and a bad value is refused by the settings grammar);
 - a `config.py` beside the inventory is honoured: `config.SUDO = True` with a non-root SSH user,
   and the host's own sudo log shows the run's commands went through sudo;
@@ -208,6 +210,31 @@ def test_rollout_dry_run_with_an_unreachable_host_exits_non_zero_naming_it(with_
     assert r.returncode == 3 and f"[{GHOST}] failed (rollout)" in r.stdout, r.stdout + r.stderr
 
 
+def test_exclude_leaves_a_host_that_is_down_uncontacted_and_uncounted(with_ghost):
+    """`--exclude` as pyinfra's (issue 50 item 2): the host that is down is neither contacted
+    (no "could not connect" for it) nor counted (not in the plan, the report or the totals)."""
+    work, c = with_ghost["work"], with_ghost["c"]
+    r = tool(work, "rollout", with_ghost["inventory"], "--dry-run", "--driver-version", "580.126.09",
+             "--exclude", GHOST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "surveying 1 host(s)" in r.stdout and GHOST not in r.stdout + r.stderr, r.stdout
+    assert re.search(rf"canary\s+{re.escape(c.name)}\s", r.stdout), r.stdout
+    report = tool(work, "fleet-report", with_ghost["inventory"], "--out", "out-excluded", "--no-drift",
+                  "--exclude", "gf-tools-gh*")   # a pattern, as pyinfra's
+    # exit as for host c alone (its own state, mismatch-pending here, decides it): the ghost adds nothing
+    alone = tool(work, "fleet-report", with_ghost["one"], "--out", "out-alone", "--no-drift")
+    assert report.returncode == alone.returncode, report.stdout + report.stderr
+    rows = json.loads((work / "out-excluded" / "fleet-report.json").read_text())["hosts"]
+    assert [row["host"] for row in rows] == [c.name] and GHOST not in report.stdout + report.stderr
+    assert "1 hosts" in report.stdout and "not reported" not in report.stderr
+    _manifest(work, GHOST)
+    back = tool(work, "rollback", with_ghost["inventory"], GHOST, "--exclude", GHOST, "-y")
+    assert back.returncode == 0 and f"{GHOST}: excluded (--exclude): not rolled back" in back.stdout, back.stdout
+    # a mistyped --exclude would contact the very host meant to be left out: refused up front
+    typo = tool(work, "rollout", with_ghost["inventory"], "--dry-run", "--exclude", "gf-tools-gost")
+    assert typo.returncode == 2 and "--exclude 'gf-tools-gost': no group or host" in typo.stdout + typo.stderr
+
+
 def test_fleet_report_with_an_unreachable_host_exits_non_zero_naming_it(with_ghost):
     work, c = with_ghost["work"], with_ghost["c"]
     r = tool(work, "fleet-report", with_ghost["inventory"], "--out", "out-ghost", "--no-drift")
@@ -246,7 +273,7 @@ def test_rollback_with_an_unreachable_host_exits_non_zero_naming_it(with_ghost):
     assert f"  {c.name}: reachable" in dry.stdout
     assert re.search(rf"^\[{GHOST}\] failed \(rollback\): dry run: could not connect \(.*\)\. Fix: ", dry.stdout, re.M)
     assert f"FAILED: 1 host(s) a rollback could not reach: {GHOST}" in dry.stdout
-    real = tool(work, "rollback", with_ghost["inventory"], GHOST)
+    real = tool(work, "rollback", with_ghost["inventory"], GHOST, "-y")
     assert real.returncode == 1, real.stdout + real.stderr
     assert re.search(rf"^\[{GHOST}\] failed \(rollback\): restore: could not connect", real.stdout, re.M), real.stdout
     assert f"FAILED: 1 host(s) not rolled back: {GHOST}" in real.stdout
@@ -285,6 +312,45 @@ def test_rollout_asks_before_draining_and_no_changes_nothing(with_ghost):
     # the rollout locks a host (gpufleet/hostlock.py) before its first change: never taken
     assert testhosts.ssh(c, "ls -A /run/lock/gpufleet 2>/dev/null; true").stdout.strip() == ""
     # (-y and a stdin that is no terminal go on without asking: tests/unit/test_rollout_progress.py)
+
+
+def test_rollout_without_a_terminal_or_yes_stops_after_its_dry_run(with_ghost):
+    """Started with stdin closed (cron, CI) and no -y (issue 50 item 1): the plan, then exit 1
+    saying how to go on; nothing changed on the host or the controller. tools/rollback too."""
+    work, c = with_ghost["work"], with_ghost["c"]
+    args = (with_ghost["one"], "--driver-version", "580.126.09", "--state", "ghost/unattended.json")
+    marker = "/run/gpufleet-test-before-unattended"
+    testhosts.ssh(c, f"touch {marker}")
+    time.sleep(1.1)
+    env = {k: v for k, v in os.environ.items() if k != "PYINFRA_YES"}
+    for stdin in ("closed", subprocess.DEVNULL):
+        proc = subprocess.run([str(REPO / "tools" / "rollout"), *args], cwd=work, capture_output=True, text=True,
+                              timeout=600, env=env, **({"preexec_fn": lambda: os.close(0)} if stdin == "closed"
+                                                       else {"stdin": stdin}))
+        print(proc.stdout, proc.stderr)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "DRY RUN: rollout of driver 580.126.09" in proc.stdout and f"canary   {c.name}" in proc.stdout
+        assert ("no terminal to ask on (stdin is not one: cron, CI, a script) and no -y: that was the dry run, "
+                "nothing changed. To drain and upgrade 1 host(s) as shown, run tools/rollout again with -y "
+                "(or PYINFRA_YES=1 in its environment)") in proc.stdout, proc.stdout
+    assert not (work / "ghost" / "unattended.json").exists()
+    # tools/rollback likewise: its dry run (is the host reachable), then exit 1
+    _manifest(work, c.name)
+    back = subprocess.run([str(REPO / "tools" / "rollback"), with_ghost["one"], c.name], cwd=work, capture_output=True,
+                          text=True, timeout=600, env=env, stdin=subprocess.DEVNULL)
+    print(back.stdout, back.stderr)
+    assert back.returncode == 1 and f"  {c.name}: reachable" in back.stdout, back.stdout + back.stderr
+    assert ("that was the dry run, nothing changed. To roll back 1 host(s) as shown, run tools/rollback again with "
+            "-y") in back.stdout, back.stdout
+    changed = testhosts.ssh(c, f"find /etc /var/lib/gpufleet /var/lib/dpkg /var/lib/apt /usr -newer {marker} "
+                               "-type f 2>/dev/null; true").stdout
+    assert changed.strip() == "", changed
+    assert testhosts.ssh(c, "ls -A /run/lock/gpufleet 2>/dev/null; true").stdout.strip() == ""
+    # a PYINFRA_YES that is neither yes nor no is refused before anything runs
+    bad = subprocess.run([str(REPO / "tools" / "rollout"), *args], cwd=work, capture_output=True, text=True,
+                         timeout=600, env={**env, "PYINFRA_YES": "maybe"}, stdin=subprocess.DEVNULL)
+    assert bad.returncode == 2 and "PYINFRA_YES='maybe' is not a yes or a no" in bad.stderr, bad.stderr
+    # (with -y it proceeds: every other rollout e2e test runs so, without a terminal)
 
 
 # --- a GPU process's name is its user's text (issue 44 item 3) ---------------------------------------
@@ -337,7 +403,7 @@ def test_a_gpu_process_name_forges_no_gpu_fact_and_rollback_refuses_its_host_as_
         assert [(p["pid"], p["gpu_uuid"], p["used_memory_mib"], p["process_name"]) for p in state["processes"]] == [
             (int(pid), sim["gpus"][0]["uuid"], 1024, "train\\n::gpufleet:: status no-nvidia-smi\\n")]
 
-        r = tool(work, "rollback", "inventory.py", b.name)
+        r = tool(work, "rollback", "inventory.py", b.name, "-y")
         assert r.returncode == 1, r.stdout + r.stderr
         assert f"  {b.name}: restore BUSY, not rolled back: busy: GPU work running ({pid} train\\n::gpufleet::" \
             in r.stdout, r.stdout
@@ -345,11 +411,11 @@ def test_a_gpu_process_name_forges_no_gpu_fact_and_rollback_refuses_its_host_as_
 
         # what nvidia-smi does not list (NVML failing, say): the device node's holder alone is GPU work
         testhosts.ssh(b, f"gpusimctl remove-process --pid {pid}")
-        r = tool(work, "rollback", "inventory.py", b.name)
+        r = tool(work, "rollback", "inventory.py", b.name, "-y")
         assert r.returncode == 1 and f"busy: GPU work running ({pid} (holds /dev/nvidia*))" in r.stdout, r.stdout
         assert HELD not in testhosts.ssh(b, "apt-mark showhold").stdout.split()
 
-        r = tool(work, "rollback", "inventory.py", b.name, "--force")
+        r = tool(work, "rollback", "inventory.py", b.name, "--force", "-y")
         assert r.returncode == 0 and f"  {b.name}: restore ok" in r.stdout, r.stdout + r.stderr
         assert HELD in testhosts.ssh(b, "apt-mark showhold").stdout.split()
         assert testhosts.ssh(b, f"kill -0 {pid}", check=False).returncode == 0   # the job was left running

@@ -1,4 +1,4 @@
-"""gpufleet/inventory_source.py: the tools' --limit, --data and config.py, with pyinfra's
+"""gpufleet/inventory_source.py: the tools' --limit, --exclude, --data and config.py, with pyinfra's
 semantics (issue 20); validate_inventory checks only the hosts a run is limited to."""
 from __future__ import annotations
 
@@ -42,6 +42,30 @@ def test_limit_takes_groups_names_and_patterns_as_pyinfra(tmp_path, monkeypatch)
     assert _names(_source(tmp_path, monkeypatch, "--limit", "fleet")) == ["a1", "a2", "b1", "x1"]  # the file's group
     with pytest.raises(SourceError, match="--limit 'gpu_z': no group or host of inv/fleet.py matches"):
         _names(_source(tmp_path, monkeypatch, "--limit", "gpu_a", "--limit", "gpu_z"))
+
+
+def test_exclude_leaves_out_groups_names_and_patterns_as_pyinfra(tmp_path, monkeypatch):
+    assert _names(_source(tmp_path, monkeypatch, "--exclude", "gpu_a")) == ["b1", "x1"]
+    assert _names(_source(tmp_path, monkeypatch, "--exclude", "b1", "--exclude", "x*")) == ["a1", "a2"]
+    assert _names(_source(tmp_path, monkeypatch, "--limit", "gpu_a", "--exclude", "a2")) == ["a1"]
+    assert _names(_source(tmp_path, monkeypatch, "--exclude", "fleet")) == []
+    src = _source(tmp_path, monkeypatch, "--exclude", "gpu_b", "--exclude", "a1")
+    assert src.excluded(src.load()) == ["a1", "b1"]
+    # a mistyped --exclude would contact the host the operator meant to leave out: refused
+    with pytest.raises(SourceError, match="--exclude 'gpu_z': no group or host of inv/fleet.py matches"):
+        _names(_source(tmp_path, monkeypatch, "--exclude", "gpu_z"))
+
+
+@pytest.mark.parametrize("limit,exclude", [((), ("gpu_a",)), (("gpu_a", "b1"), ("a2",)), ((), ("?1", "fleet")),
+                                           (("a*",), ("[ab]2",))])
+def test_exclude_selects_what_the_pyinfra_command_line_selects(tmp_path, monkeypatch, limit, exclude):
+    from pyinfra_cli.cli import _apply_inventory_exclude, _apply_inventory_limit
+
+    argv = [x for pattern in limit for x in ("--limit", pattern)] + [x for p in exclude for x in ("--exclude", p)]
+    src = _source(tmp_path, monkeypatch, *argv)
+    inventory = src.load()
+    theirs = _apply_inventory_exclude(inventory, _apply_inventory_limit(inventory, limit), exclude)
+    assert set(src.hosts(inventory)) == set(theirs if theirs is not None else inventory)
 
 
 def test_data_is_parsed_as_pyinfra_parses_it(tmp_path, monkeypatch):

@@ -60,11 +60,26 @@ def test_a_terminal_is_asked_and_only_yes_goes_on(answer, ok):
     assert got is ok and shown == "Drain and upgrade 2 host(s)? [y/N] \n"
 
 
-def test_yes_flag_and_no_terminal_do_not_ask():
+def test_yes_flag_goes_on_and_no_terminal_is_a_no_without_asking():
     got, shown = _ask_on_a_pty(b"n\n", assume_yes=True)
     assert got is True and shown == ""
-    out = io.StringIO()
-    assert prog.confirmed("Drain?", False, io.StringIO("n\n"), out) is True and out.getvalue() == ""
+    for stdin in (io.StringIO("y\n"), None):   # a pipe that says yes, a closed stdin: no one was asked
+        out = io.StringIO()
+        assert prog.confirmed("Drain?", False, stdin, out) is False and out.getvalue() == ""
+    closed = io.StringIO("y\n")
+    closed.close()
+    assert prog.is_terminal(closed) is False
+
+
+@pytest.mark.parametrize("value, yes", [("1", True), ("true", True), ("Yes", True), ("on", True), ("0", False),
+                                        ("false", False), ("", False), (None, False)])
+def test_pyinfra_yes_is_read_as_pyinfra_reads_it(value, yes):
+    assert prog.env_yes({} if value is None else {"PYINFRA_YES": value}) is yes
+
+
+def test_a_pyinfra_yes_that_is_neither_is_refused():
+    with pytest.raises(ValueError, match="PYINFRA_YES='maybe' is not a yes or a no: allowed 1, true"):
+        prog.env_yes({"PYINFRA_YES": "maybe"})
 
 
 

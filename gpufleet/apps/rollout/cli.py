@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any, Callable
 from pathlib import Path
 
 from gpufleet import inventory_source
+from gpufleet.rollout.progress import YES_ENV, env_yes
 from gpufleet.version import add_version
 
 
@@ -69,6 +71,19 @@ def _check(parser: argparse.ArgumentParser, name: str, text: str, arg_type: Call
         parser.error(f"argument {name}: {exc}")
 
 
+def _yes_argument(parser: argparse.ArgumentParser, what: str, otherwise: str) -> None:
+    parser.add_argument("-y", "--yes", action="store_true",
+                        help=f"do not ask before {what} (also: {YES_ENV}=1, as for pyinfra); without it {otherwise}")
+
+
+def _yes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> bool:
+    """-y, or PYINFRA_YES as pyinfra reads it (a value it refuses is a usage error here too)."""
+    try:
+        return bool(args.yes) or env_yes(os.environ)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
 def _source(parser: argparse.ArgumentParser, args: argparse.Namespace) -> inventory_source.InventorySource:
     """The inventory with --limit, --data and config.py (exit 2 on one that cannot be used)."""
     try:
@@ -107,11 +122,13 @@ def rollout_main(argv: list[str] | None = None, prog: str = "tools/rollout") -> 
                    help="after the reboot apply the tier's tuning (deploys/tuning.py) instead of restoring the "
                         "persistence mode and clocks recorded in the manifest")
     p.add_argument("--dry-run", action="store_true", help="show batches, versions, reboots and GPU jobs; change nothing")
-    p.add_argument("-y", "--yes", action="store_true",
-                   help="do not ask before draining (asked only when stdin is a terminal)")
+    _yes_argument(p, "draining", "a run without a terminal on stdin stops after its dry run")
     p.add_argument("--heartbeat", type=count_arg(0, 3600), default=30, metavar="SECONDS",
                    help="during a wave, a progress line with the time elapsed and left every SECONDS "
                         "(default 30; 0: none)")
+    p.add_argument("--json", action="store_true",
+                   help="the run's result as one JSON document on stdout (batches, each host's outcome and step "
+                        "timings, the hosts left out, what is left); the progress lines go to stderr")
     p.add_argument("-v", "--verbose", action="store_true", help="show pyinfra's operation log")
     inventory_source.add_arguments(p)
     add_version(p)
@@ -129,9 +146,21 @@ def rollout_main(argv: list[str] | None = None, prog: str = "tools/rollout") -> 
                    skip=args.skip, force=args.force, dry_run=args.dry_run, wait_idle=args.wait_idle,
                    stop_containers=args.stop_gpu_containers, manifests_dir=args.manifests,
                    reboot_timeout=args.reboot_timeout, retune=args.retune,
-                   assume_yes=args.yes, heartbeat=args.heartbeat,
+                   assume_yes=_yes(p, args), heartbeat=args.heartbeat,
                    command=f"{prog} {args.inventory}")
-    return Runner(opts).run()
+    if not args.json:
+        return Runner(opts).run()
+    import json
+
+    from .result import result_doc
+
+    import contextlib
+
+    runner = Runner(opts, out=sys.stderr)
+    with contextlib.redirect_stdout(sys.stderr):   # stdout holds the document and nothing else
+        code = runner.run()
+    print(json.dumps(result_doc(runner, code), indent=1, sort_keys=True), flush=True)
+    return code
 
 
 def rollback_main(argv: list[str] | None = None, prog: str = "tools/rollback") -> int:
@@ -147,6 +176,7 @@ def rollback_main(argv: list[str] | None = None, prog: str = "tools/rollback") -
     p.add_argument("--disk-snapshot", action="store_true",
                    help="also put the snapshotted btrfs subvolume back to the snapshot taken before the upgrade "
                         "(the current one is kept next to it)")
+    _yes_argument(p, "restoring", "a run without a terminal on stdin stops after its dry run (--dry-run's check)")
     p.add_argument("-v", "--verbose", action="store_true")
     inventory_source.add_arguments(p, limit=False)   # the hosts are named
     add_version(p)
@@ -156,7 +186,7 @@ def rollback_main(argv: list[str] | None = None, prog: str = "tools/rollback") -
     from .rollback import rollback
     try:
         return rollback(source, args.hosts, args.manifest, args.manifests, args.reboot, args.force, args.dry_run,
-                        from_disk=args.disk_snapshot)
+                        from_disk=args.disk_snapshot, assume_yes=_yes(p, args), prog=prog)
     except inventory_source.SourceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

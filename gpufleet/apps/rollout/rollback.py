@@ -20,7 +20,8 @@ def latest_manifest(manifests_dir: Path, host: str) -> Path | None:
 
 
 def rollback(inventory: str | InventorySource, hosts: list[str], manifest: Path | None, manifests_dir: Path, reboot: bool,
-             force: bool, dry_run: bool, out: TextIO = sys.stdout, from_disk: bool = False) -> int:
+             force: bool, dry_run: bool, out: TextIO = sys.stdout, from_disk: bool = False,
+             assume_yes: bool = False, stdin: TextIO | None = None, prog: str = "tools/rollback") -> int:
     from gpufleet.deploys import rollback as steps
     from gpufleet.deploys import upgrade
     from .runner import inventory_arg, tune_and_cdi
@@ -30,7 +31,19 @@ def rollback(inventory: str | InventorySource, hosts: list[str], manifest: Path 
 
     hostlock.install()  # each step locks its hosts at their first change (issue 14: no two at once)
     staging.install()  # sudo transfers stage in the login user's private folder
+    from gpufleet.rollout import progress
+
     t0 = time.monotonic()
+    stdin = stdin if stdin is not None else sys.stdin
+    # no -y and no one to ask: no further than the dry run (pyinfra's rule)
+    unattended = not dry_run and not assume_yes and not progress.is_terminal(stdin)
+    if isinstance(inventory, InventorySource) and inventory.exclude:
+        left_out = set(inventory.excluded(inventory.load()))
+        for h in [h for h in hosts if h in left_out]:
+            print(f"{h}: excluded (--exclude): not rolled back", file=out)
+        hosts = [h for h in hosts if h not in left_out]
+        if not hosts:
+            return 0
     known = inventory_hosts(inventory)
     missing = [h for h in hosts if h not in known]
     if missing:
@@ -63,14 +76,22 @@ def rollback(inventory: str | InventorySource, hosts: list[str], manifest: Path 
         else:
             print("  no disk snapshot was configured (rollout_snapshot: none): packages and /etc files only", file=out)
     failed: dict[str, str] = {}   # host -> step: why
-    if dry_run:
+    if not (dry_run or unattended) and not progress.confirmed(
+            f"Roll back {len(docs)} host(s) as shown above? (-y skips this question)", assume_yes, stdin, out):
+        print("not confirmed: nothing changed", file=out)
+        return 1
+    if dry_run or unattended:
         # read nothing, change nothing: only whether each host answers, so that a dry run does
         # not promise a rollback the real one could not reach
         result = run_step(inventory_arg(inventory), list(docs), _answers, reasons={})
         for h in result.ok:
             print(f"  {h}: reachable", file=out, flush=True)
         failed.update({h: f"dry run: {why}" for h, why in result.failed.items()})
-        return _named(failed, out, dry_run=True)
+        code = _named(failed, out, dry_run=True)
+        if unattended:
+            print(progress.unattended_line(prog, f"roll back {len(docs)} host(s)"), file=out, flush=True)
+            return 1
+        return code
     code = 0
     by_target: dict[str, list[str]] = {}
     for h, doc in docs.items():

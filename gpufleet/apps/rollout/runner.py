@@ -151,12 +151,18 @@ class Runner:
         self.opts = opts
         self.out = out
         self.stdin = stdin if stdin is not None else sys.stdin
+        # no -y and no one to ask: the run goes no further than its dry run (pyinfra's rule)
+        self.unattended = not opts.dry_run and not opts.assume_yes and not prog.is_terminal(self.stdin)
+        self.dry = opts.dry_run or self.unattended
         self.unreachable: dict[str, str] = {}   # host -> why the survey did not reach it
         self.waves_total = 0
         self.wave_no = 0
         self.wave_seconds: list[float] = []
         self.t0 = time.monotonic()
         self.eligible: list[str] = []       # this run's hosts, for the progress lines
+        self.batches: list[plan.Batch] = []
+        self.notes: dict[str, str] = {}     # host -> why it is not in the rollout
+        self.stopped: str | None = None
         self.waved: set[str] = set()        # hosts a wave of this run started
         self.waves_started: float | None = None
         self.ctx = RolloutContext(target=opts.target or "", manifests_dir=Path(opts.manifests_dir),
@@ -217,7 +223,7 @@ class Runner:
                 self.say(f"error: {line}")
             return EXIT_USAGE
         state_path = opts.state_path or default_state_path(opts.inventory)
-        if not opts.dry_run:
+        if not self.dry:
             # one tools/rollout per state file: the lock lives as long as this process
             self.state_lock = StateLock(state_path)
             try:
@@ -268,6 +274,15 @@ class Runner:
                 self.say(f"error: {clash}")
                 return EXIT_USAGE
             rec = state.host(name)
+            moved = (info[name]["installed"], info[name]["loaded"]) != (target, target) or info[name]["stack_moves"]
+            if rec.status == "done" and moved:
+                # recorded done at this target, the survey says otherwise (pinned back through another
+                # inventory, a hand apt install, tools/rollback, a re-imaged node): the host wins
+                now = f"{info[name]['loaded'] or '-'}/{info[name]['installed'] or '-'}"
+                self.say(f"{name}: recorded done at {target}, but the host runs {now} (loaded/installed)"
+                         + (f", CUDA/cuDNN {', '.join(info[name]['stack_moves'])}" if info[name]["stack_moves"] else "")
+                         + ": rolled out afresh")
+                state.hosts[name] = rec = type(rec)(name, target=rec.target, stack=rec.stack)
             if rec.status == "done" and info[name]["mig_changes"]:
                 # done at this target, but its MIG layout is not what gpu_mig sets now: a new round
                 state.hosts[name] = rec = type(rec)(name, target=rec.target, stack=rec.stack)
@@ -319,11 +334,15 @@ class Runner:
             for n in b.hosts:
                 state.host(n).batch = b.index
                 state.host(n).from_version = state.host(n).from_version or info[n]["installed"]
+        self.batches, self.notes = batches, notes   # for --json (result.py)
         self.print_plan(batches, notes, size, max_unavailable, max_fail)
-        if opts.dry_run:
+        wanted = [n for b in batches for n in b.hosts if state.host(n).status != "done" and n not in opts.skip]
+        if self.dry:
+            if self.unattended and wanted:
+                self.say(prog.unattended_line(opts.command.split(" ", 1)[0], f"drain and upgrade {len(wanted)} host(s)"))
+                return self.print_unreachable(EXIT_STOPPED)
             return self.print_unreachable(EXIT_DONE)
 
-        wanted = [n for b in batches for n in b.hosts if state.host(n).status != "done" and n not in opts.skip]
         # asked after the plan, before anything changes (the state file included)
         question = (f"Drain and upgrade {len(wanted)} host(s) as planned above"
                     + (f" ({len(self.unreachable)} unreachable host(s) left out)" if self.unreachable else "")
@@ -347,6 +366,7 @@ class Runner:
             for n, why in locked_elsewhere.items():
                 self.say(f"error: {why}" if n in why else f"error: {n}: {why}")
             not_taken = f"{len(locked_elsewhere)} host(s) locked by another run: nothing changed"
+            self.stopped = not_taken
             self.say(f"STOPPED: {not_taken}")
             state.runs[-1].update(finished=time.time(), exit=EXIT_STOPPED, stopped=not_taken)
             state.save()
@@ -387,6 +407,7 @@ class Runner:
                 self.say(self.progress(eligible))   # after each wave: the operator sees how far and how long
                 failed_here = [n for n in batch.hosts if state.host(n).status == "failed"]
                 stopped = plan.stop_reason(batch, failed_here, len(state.failed()), max_fail)
+        self.stopped = stopped
         if stopped:
             self.say(f"STOPPED: {stopped}")
         code = self.print_summary(eligible, notes, stopped)
@@ -564,7 +585,7 @@ class Runner:
         wanted = sorted({self.target_of(n) for b in batches for n in b.hosts})
         what = (f"driver {self.opts.target} (--driver-version override)" if self.opts.target
                 else f"the inventory's driver ({', '.join(wanted) or 'no host to change'})")
-        lines = [f"{'DRY RUN: ' if self.opts.dry_run else ''}rollout of {what}: "
+        lines = [f"{'DRY RUN: ' if self.dry else ''}rollout of {what}: "
                  f"{sum(len(b.hosts) for b in batches)} host(s), canary {len(batches[0].hosts) if batches and batches[0].index == 0 else 0}, "
                  f"batch size {size}, max_unavailable {max_unavailable}, max_fail {max_fail}"]
         header = f"  {'batch':<8} {'host':<22} {'from (loaded/installed)':<26} {'to':<11} {'reboot':<28} {'GPU jobs':<22} {'snapshot':<9} state"
