@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 
 import pytest
 
@@ -14,6 +15,16 @@ from gpufleet.rollout import plan
 from gpufleet.rollout.state import HostRecord, RolloutState
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def pyinfra_logger_restored():
+    """rollout_main sets up the process's pyinfra logger as a command does (its own handler, no
+    propagation): put it back, so later tests' caplog still sees pyinfra's warnings."""
+    log = logging.getLogger("pyinfra")
+    saved = (list(log.handlers), log.level, log.propagate)
+    yield
+    log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
 
 
 def _steps(*names: str, ok: bool = True) -> dict:
@@ -50,7 +61,7 @@ def test_the_document_after_a_run_parses_and_says_what_is_left(tmp_path):
     assert doc["summary"] == {"done": 1, "failed": 1, "pending": 1}
 
 
-def test_the_command_prints_only_the_document_on_stdout(tmp_path, monkeypatch, capsys):
+def test_the_command_prints_only_the_document_on_stdout(tmp_path, monkeypatch, capsys, pyinfra_logger_restored):
     """A run that stops before any host (an inventory with no hosts, exit 2) still prints a
     document, and its words go to stderr."""
     (tmp_path / "empty.py").write_text("")
