@@ -160,13 +160,16 @@ def netns_leftovers(tag: str) -> list[str]:
 __all__ = ["NetnsPair", "netns_pair", "container_pid", "netns_leftovers", "host_tcp_open"]
 
 
-def host_tcp_open(host: Host, port: int, timeout: float = 2.0) -> bool:
+def host_tcp_open(host: Host, port: int, timeout: float = 2.0, source: str | None = None) -> bool:
     """Can a private-network test host's client namespace complete a TCP handshake with the
-    host on `port`? (False for a refused connection and for a dropped one.)"""
+    host on `port` (from `source`, one of that namespace's addresses, when given)? (False for a
+    refused connection and for a dropped one.)"""
     with in_netns(host.netns):
         sock = socket.socket()
     sock.settimeout(timeout)
     try:
+        if source is not None:
+            sock.bind((source, 0))
         sock.connect((host.address, port))
         return True
     except OSError:

@@ -24,6 +24,7 @@ import pytest
 
 from testing import smoke_image, testhosts
 from testing.inventory import OS_RELEASE, write_inventory
+from testing.netns import host_tcp_open
 from tests.e2e.pyinfra_cli import changed_operations, pyinfra
 
 pytestmark = pytest.mark.e2e
@@ -41,17 +42,7 @@ SERVER = (
 
 def connects(host, source: str, port: int = PORT, timeout: float = 2.0) -> bool:
     """A TCP handshake from `source` (an address of the client namespace) to the host's port."""
-    with testhosts.in_netns(host.netns):
-        sock = socket.socket()
-    sock.settimeout(timeout)
-    try:
-        sock.bind((source, 0))
-        sock.connect((host.address, port))
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.close()
+    return host_tcp_open(host, port, timeout=timeout, source=source)
 
 
 def container_reaches(host, address: str) -> bool:
