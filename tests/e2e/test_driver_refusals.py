@@ -57,7 +57,8 @@ def test_unknown_driver_version(host, tmp_path):
 def test_cuda_too_new_for_the_driver(host, tmp_path):
     run = _refused(host, tmp_path, {"driver_branch": "580", "cuda_version": "13.2"})
     line = _inventory_line(run, host, "cuda_version")
-    assert "CUDA 13.2 (newest update) needs driver >= 595.71.05" in line and "allowed:" in line
+    # 13.2 without an update is the newest update R580's driver supports: none, so its GA's floor is named
+    assert "CUDA 13.2 needs driver >= 595.45.04; driver is 580." in line and "allowed:" in line
 
 
 def test_proprietary_flavour_on_blackwell(host, tmp_path):

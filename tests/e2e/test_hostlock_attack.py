@@ -98,8 +98,9 @@ def test_a_planted_lock_folder_is_never_written_through(lab):
     assert first.changed > 0, first.output[-3000:]   # it changed the host: it took the lock first
     assert canary(host) == before
     # its own root-only lock: root's 0700 folder, the lock file there, the owner record gone with the release
-    assert root(host, f"stat -c '%U %a %F' {NEW} {NEW}/host.lock && ls -A {NEW}").split("\n")[:3] == [
-        "root 700 directory", "root 600 regular empty file", "host.lock"]
+    # (and the lock's generation count, which all.py reads before planning)
+    assert root(host, f"stat -c '%U %a %F' {NEW} {NEW}/host.lock && ls -A {NEW}").split("\n")[:4] == [
+        "root 700 directory", "root 600 regular empty file", "generation", "host.lock"]
     assert canary(host) == before
     # the planted folder is as student left it: never used, never touched
     assert root(host, f"stat -c '%U %N' {OLD}/owner.new {OLD}/owner {OLD}/host.lock").split("\n")[:3] == [
