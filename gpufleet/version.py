@@ -1,8 +1,8 @@
 """gpufleet's version, as every command's `--version` prints it.
 
-The installed distribution's metadata is the answer (a wheel, or `pip install -e .` in a
-checkout); a checkout run without installing (tools/compat puts the checkout on sys.path) reads
-its pyproject.toml. pyinfra's version is printed beside it: the deploys are tied to pyinfra 3.10.
+A checkout (run through `pip install -e .`, or without installing: tools/compat puts the
+checkout on sys.path) reads its pyproject.toml; an installed wheel, which has none beside its
+package, its distribution's metadata. pyinfra's version is printed beside it: the deploys are tied to pyinfra 3.10.
 """
 from __future__ import annotations
 
@@ -18,19 +18,22 @@ PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
 
 def version() -> str:
+    # a checkout's pyproject.toml first: an editable install's metadata keeps the version it was
+    # installed at until pip runs again (tools/bootstrap), and would name the previous release
+    try:
+        project = tomllib.loads(PYPROJECT.read_text())["project"]
+        if project.get("name") == "gpufleet":
+            return str(project["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        pass
     try:
         return metadata.version("gpufleet")
     except metadata.PackageNotFoundError:
-        pass
-    try:
-        project = tomllib.loads(PYPROJECT.read_text())["project"]
-    except (OSError, KeyError, tomllib.TOMLDecodeError):
         return "unknown"
-    return str(project["version"]) if project.get("name") == "gpufleet" else "unknown"
 
 
 def version_line(prog: str) -> str:
-    """`gpufleet-deploy (gpufleet) 0.1.0; pyinfra 3.10.0`: the command, gpufleet's version, pyinfra's."""
+    """`gpufleet-deploy (gpufleet) 0.2.0; pyinfra 3.10.0`: the command, gpufleet's version, pyinfra's."""
     try:
         pyinfra = metadata.version("pyinfra")
     except metadata.PackageNotFoundError:
