@@ -29,7 +29,7 @@ def build_parser(prog: str = "fleet-report") -> argparse.ArgumentParser:
     parser.add_argument("--out", default="reports", help="directory for fleet-report.{json,md,html}")
     parser.add_argument("--workers", type=_workers, default=20, help="hosts gathered at once (default 20)")
     parser.add_argument("--no-drift", action="store_true",
-                        help="skip planning deploys/all.py (the drift column stays empty)")
+                        help="skip planning the all area (the drift column stays empty)")
     parser.add_argument("--probe", action="store_true",
                         help="also run the DCGM and performance probes where installed")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")

@@ -97,8 +97,8 @@ def _source(parser: argparse.ArgumentParser, args: argparse.Namespace) -> invent
 
 def rollout_parser(prog: str = "tools/rollout") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, epilog=epilog("gpufleet-rollout"), description=(
-        "Rolling NVIDIA driver upgrade to what the inventory resolves for each host (as deploys/all.py "
-        "does): canary first, then batches; drain, snapshot + manifest, unhold/upgrade/re-hold, reboot "
+        "Rolling NVIDIA driver upgrade to what the inventory resolves for each host (as "
+        "gpufleet-deploy does): canary first, then batches; drain, snapshot + manifest, unhold/upgrade/re-hold, reboot "
         "if needed, validate, undrain. Hosts there already are left alone. Re-run to resume."))
     p.add_argument("inventory", help="pyinfra inventory file, as for `gpufleet-deploy INVENTORY`")
     p.add_argument("--driver-version", help="override the inventory's driver, e.g. 580.126.09: resolved per host "
@@ -121,7 +121,7 @@ def rollout_parser(prog: str = "tools/rollout") -> argparse.ArgumentParser:
     p.add_argument("--reboot-timeout", type=count_arg(1, 86400), default=600, metavar="SECONDS",
                    help="wait up to SECONDS for a rebooted host to answer again (default 600)")
     p.add_argument("--retune", action="store_true",
-                   help="after the reboot apply the tier's tuning (deploys/tuning.py) instead of restoring the "
+                   help="after the reboot apply the tier's tuning (the tuning area) instead of restoring the "
                         "persistence mode and clocks recorded in the manifest")
     p.add_argument("--dry-run", action="store_true", help="show batches, versions, reboots and GPU jobs; change nothing")
     _yes_argument(p, "draining", "a run without a terminal on stdin stops after its dry run")
