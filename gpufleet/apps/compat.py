@@ -16,6 +16,7 @@ import json
 import sys
 from typing import Any, Callable, Sequence
 
+from gpufleet.apps.exits import epilog
 from gpufleet.version import add_version
 
 REFUSED = 3
@@ -70,9 +71,9 @@ def similar_gpus(text: str, names: Sequence[str]) -> list[str]:
 
 def parser(prog: str = "compat") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=prog,
+        prog=prog, epilog=epilog("gpufleet-compat"),
         description="What gpufleet would install for these GPUs on this OS (driver, CUDA, cuDNN, PyTorch "
-                    "wheel), or why it refuses. Exit 0 fits, 3 refused, 2 bad arguments.")
+                    "wheel), or why it refuses.")
     p.add_argument("--gpu", action="append", type=_gpu, metavar="NAME",
                    help="a GPU of the host: nvidia-smi name (\"NVIDIA H200\") or PCI id (0x2335); once per GPU")
     p.add_argument("--os", type=_grammar("validate_os_release"), metavar="OS", help="OS release, e.g. ubuntu-24.04")

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from gpufleet.apps.exits import epilog
 from gpufleet.version import add_version
 
 FOUND = 1
@@ -254,11 +255,10 @@ def check(folder: Path, data: Any = None) -> tuple[list[Finding], list[str]]:
 
 def parser(prog: str = "compat-upstream") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=prog,
+        prog=prog, epilog=epilog("tools/compat-upstream"),
         description="Compare gpufleet/data/compat.yaml with downloaded copies of NVIDIA's and PyTorch's published "
                     "files (CUDA release notes Table 3, redistrib_*.json manifests, the cuDNN support matrix, "
-                    "PyTorch's build_cuda.sh): one line per row that disagrees or is missing. Exit 0 all agree, "
-                    "1 findings, 2 bad arguments.")
+                    "PyTorch's build_cuda.sh): one line per row that disagrees or is missing.")
     p.add_argument("folder", type=Path, metavar="DIR", help="folder of downloaded upstream files")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     add_version(p)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import gpufleet.deploys
 from gpufleet import pyinfra_private
-from gpufleet.version import version_line
+from gpufleet.apps.exits import epilog
+from gpufleet.version import support_text, version_line
 
 PROG = "gpufleet-deploy"
 #: The deploy files a user runs (deploys/upgrade.py and rollback.py are the rollout's own
@@ -28,13 +29,14 @@ class UsageError(ValueError):
 
 def usage() -> str:
     return (f"usage: {PROG} INVENTORY [AREA] [pyinfra options]\n"
-            f"       {PROG} --settings | --version | --help\n\n"
+            f"       {PROG} --settings | --version | --support | --help\n\n"
             f"Runs pyinfra with gpufleet's deploy file AREA (default all) against the hosts of the pyinfra\n"
             f"inventory file INVENTORY. AREA is one of: {', '.join(AREAS)}.\n"
             "pyinfra's options pass through, e.g. --limit PATTERN, --exclude PATTERN, --data KEY=VALUE, --dry, -y.\n\n"
             "  --settings  print the settings reference (every key, its default, each tier's value)\n"
             "  --version   print gpufleet's version (and pyinfra's)\n"
-            f"\nThe deploy files are in {DEPLOYS}.\n")
+            "  --support   print gpufleet's, pyinfra's, paramiko's, Python's and the OS's versions for a bug report\n"
+            f"\nThe deploy files are in {DEPLOYS}.\n\n{epilog(PROG)}\n")
 
 
 def positionals(args: list[str], takes_value: frozenset[str]) -> list[int]:
@@ -89,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args else USAGE
     if "--version" in args:
         print(version_line(PROG))
+        return 0
+    if "--support" in args:
+        sys.stdout.write(support_text())
         return 0
     if "--settings" in args:
         sys.stdout.write(settings_reference())

@@ -36,7 +36,7 @@ from typing import Any
 from gpufleet.facts.dcgm_diag import LEVEL_TIMEOUTS, DcgmDiag, DcgmDiagData
 from gpufleet.facts.health import GpuHealth, GpuHealthData
 from gpufleet.facts.slurm import SlurmNode, SlurmNodeData
-from gpufleet.health import ACTION, HostVerdict, all_findings, assess, rank, summary_line
+from gpufleet.health import HostVerdict, all_findings, assess, rank, summary_line
 from gpufleet.version import add_version
 
 #: the reason gpufleet health drains a node with: it resumes only nodes whose reason starts so
@@ -223,12 +223,13 @@ def local_main(args: argparse.Namespace) -> int:
     return 1 if failed or needs_attention(verdict) else 0
 
 
-def main(argv: list[str] | None = None, prog: str = "health") -> int:
+def build_parser(prog: str = "health") -> argparse.ArgumentParser:
     from gpufleet import inventory_source
+    from gpufleet.apps.exits import epilog
 
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                     epilog=f"exit 0: nothing needs action (class below {ACTION}); 1: something does, "
-                                            "a host was not read, or a diagnostic asked for did not pass; 2: usage")
+    parser = argparse.ArgumentParser(prog=prog, epilog=epilog("gpufleet-health"), description=(
+        "Which GPU to pull, and what to do with it: every host of an inventory read at once, read-only, "
+        "or this node (--local), one line per finding with its class and fix."))
     parser.add_argument("inventory", nargs="?", help="pyinfra inventory file (as given to pyinfra)")
     parser.add_argument("--local", action="store_true", help="check this node (as root), not an inventory")
     parser.add_argument("--nvlink", choices=NVLINK, default="any",
@@ -247,6 +248,13 @@ def main(argv: list[str] | None = None, prog: str = "health") -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     inventory_source.add_arguments(parser)
     add_version(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "health") -> int:
+    from gpufleet import inventory_source
+
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.local:
         if args.inventory:

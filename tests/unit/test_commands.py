@@ -46,6 +46,29 @@ def test_the_version_of_a_checkout_that_is_not_installed_comes_from_pyproject(mo
     assert version.version() == PROJECT["version"]
 
 
+def test_a_checkouts_version_is_its_pyproject_even_where_an_older_install_left_metadata(monkeypatch, tmp_path):
+    """An editable install keeps the version it was installed at until pip runs again; a wheel
+    has no pyproject.toml beside its package and answers from its metadata."""
+    from importlib import metadata
+
+    from gpufleet import version
+
+    monkeypatch.setattr(metadata, "version", lambda name: "0.0.1")
+    assert version.version() == PROJECT["version"]
+    monkeypatch.setattr(version, "PYPROJECT", tmp_path / "pyproject.toml")
+    assert version.version() == "0.0.1"
+
+
+def test_the_release_is_in_the_changelog_with_its_upgrading_notes_first():
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    releases = [line for line in changelog.splitlines() if line.startswith("## ") and line != "## Unreleased"]
+    assert releases[0].startswith(f"## {PROJECT['version']} ("), releases[:2]
+    this = changelog.split(releases[0], 1)[1].split("\n## ", 1)[0]
+    sections = [line for line in this.splitlines() if line.startswith("### ")]
+    assert sections[0].startswith("### Upgrading from "), sections
+    assert set(sections[1:]) <= {"### Added", "### Changed", "### Fixed", "### Security"}, sections
+
+
 def test_every_runnable_deploy_file_is_an_area():
     runnable = {p.stem for p in (REPO / "deploys").glob("*.py") if "run_alone(__name__, __file__)" in p.read_text()}
     assert (runnable - {"standalone"}) | {"all", "plan"} == set(deploy.AREAS)

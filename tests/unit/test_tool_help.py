@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[2]
-TOOLS = ["sandbox", "test", "settings-doc", "testhosts", "bootstrap", "rollout", "rollback", "fleet-report", "health",
+TOOLS = ["sandbox", "test", "settings-doc", "commands-doc", "compat", "testhosts", "bootstrap", "rollout", "rollback", "fleet-report", "health",
          "compat-upstream"]
 TRAPPED = ["apt-get", "apt", "dpkg", "debootstrap", "systemd-nspawn", "mount", "umount", "ssh", "pip", "pip3",
            "pyinfra", "pytest", "nsenter", "unshare", "ip"]

@@ -16,16 +16,20 @@ from pathlib import Path
 
 from gpufleet import inventory_source
 from gpufleet.failures import stop_line
+from gpufleet.apps.exits import epilog
 from gpufleet.version import add_version
 
 
-def main(argv: list[str] | None = None, prog: str = "fleet-report") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+def build_parser(prog: str = "fleet-report") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, epilog=epilog("gpufleet-report"), description=(
+        "The fleet at a glance: facts from every host of a pyinfra inventory, read in parallel (progress on "
+        "stderr), as a table (160 columns at most, the hosts that need attention first; every column with "
+        "--wide) and as fleet-report.{json,md,html} in --out."))
     parser.add_argument("inventory", help="pyinfra inventory file (as given to pyinfra)")
     parser.add_argument("--out", default="reports", help="directory for fleet-report.{json,md,html}")
     parser.add_argument("--workers", type=_workers, default=20, help="hosts gathered at once (default 20)")
     parser.add_argument("--no-drift", action="store_true",
-                        help="skip planning deploys/all.py (the drift column stays empty)")
+                        help="skip planning the all area (the drift column stays empty)")
     parser.add_argument("--probe", action="store_true",
                         help="also run the DCGM and performance probes where installed")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -34,6 +38,11 @@ def main(argv: list[str] | None = None, prog: str = "fleet-report") -> int:
                              "wording), in inventory order; default: a table of at most 160 columns")
     inventory_source.add_arguments(parser)
     add_version(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "fleet-report") -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if not Path(args.inventory).is_file():
         parser.error(f"no such inventory file: {args.inventory}")

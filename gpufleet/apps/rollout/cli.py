@@ -10,6 +10,7 @@ from pathlib import Path
 
 from gpufleet import inventory_source
 from gpufleet.rollout.progress import YES_ENV, env_yes
+from gpufleet.apps.exits import epilog
 from gpufleet.version import add_version
 
 
@@ -94,12 +95,12 @@ def _source(parser: argparse.ArgumentParser, args: argparse.Namespace) -> invent
     return source
 
 
-def rollout_main(argv: list[str] | None = None, prog: str = "tools/rollout") -> int:
-    p = argparse.ArgumentParser(prog=prog, description=(
-        "Rolling NVIDIA driver upgrade to what the inventory resolves for each host (as deploys/all.py "
-        "does): canary first, then batches; drain, snapshot + manifest, unhold/upgrade/re-hold, reboot "
+def rollout_parser(prog: str = "tools/rollout") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, epilog=epilog("gpufleet-rollout"), description=(
+        "Rolling NVIDIA driver upgrade to what the inventory resolves for each host (as "
+        "gpufleet-deploy does): canary first, then batches; drain, snapshot + manifest, unhold/upgrade/re-hold, reboot "
         "if needed, validate, undrain. Hosts there already are left alone. Re-run to resume."))
-    p.add_argument("inventory", help="pyinfra inventory, as for `pyinfra INVENTORY deploys/all.py`")
+    p.add_argument("inventory", help="pyinfra inventory file, as for `gpufleet-deploy INVENTORY`")
     p.add_argument("--driver-version", help="override the inventory's driver, e.g. 580.126.09: resolved per host "
                                             "like the inventory's (refused where it does not fit); afterwards "
                                             "set it in the inventory as the run tells you")
@@ -117,9 +118,10 @@ def rollout_main(argv: list[str] | None = None, prog: str = "tools/rollout") -> 
     p.add_argument("--wait-idle", type=count_arg(0, 7 * 86400), default=0, metavar="SECONDS",
                    help="wait up to SECONDS for running GPU processes to finish (default 0: refuse at once)")
     p.add_argument("--stop-gpu-containers", action="store_true", help="stop Docker containers using GPUs when draining")
-    p.add_argument("--reboot-timeout", type=count_arg(1, 86400), default=600, metavar="SECONDS")
+    p.add_argument("--reboot-timeout", type=count_arg(1, 86400), default=600, metavar="SECONDS",
+                   help="wait up to SECONDS for a rebooted host to answer again (default 600)")
     p.add_argument("--retune", action="store_true",
-                   help="after the reboot apply the tier's tuning (deploys/tuning.py) instead of restoring the "
+                   help="after the reboot apply the tier's tuning (the tuning area) instead of restoring the "
                         "persistence mode and clocks recorded in the manifest")
     p.add_argument("--dry-run", action="store_true", help="show batches, versions, reboots and GPU jobs; change nothing")
     _yes_argument(p, "draining", "a run without a terminal on stdin stops after its dry run")
@@ -132,6 +134,11 @@ def rollout_main(argv: list[str] | None = None, prog: str = "tools/rollout") -> 
     p.add_argument("-v", "--verbose", action="store_true", help="show pyinfra's operation log")
     inventory_source.add_arguments(p)
     add_version(p)
+    return p
+
+
+def rollout_main(argv: list[str] | None = None, prog: str = "tools/rollout") -> int:
+    p = rollout_parser(prog)
     args = p.parse_args(argv)
     # checked here rather than as argparse types on their lines, which tools/rollout's target
     # arguments share: the same message and exit code 2 as argparse's own
@@ -163,13 +170,15 @@ def rollout_main(argv: list[str] | None = None, prog: str = "tools/rollout") -> 
     return code
 
 
-def rollback_main(argv: list[str] | None = None, prog: str = "tools/rollback") -> int:
-    p = argparse.ArgumentParser(prog=prog, description=(
+def rollback_parser(prog: str = "tools/rollback") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, epilog=epilog("gpufleet-rollback"), description=(
         "Put hosts back to the package versions, holds and /etc files of a manifest taken before an upgrade."))
-    p.add_argument("inventory", type=inventory_arg)
-    p.add_argument("hosts", nargs="+", metavar="HOST")
+    p.add_argument("inventory", type=inventory_arg,
+                   help="pyinfra inventory file the hosts are in (the rollout's, or any that lists them)")
+    p.add_argument("hosts", nargs="+", metavar="HOST", help="hosts to roll back, by their inventory names")
     p.add_argument("--manifest", type=Path, help="manifest file (default: the newest in --manifests/<host>/)")
-    p.add_argument("--manifests", type=Path, default=Path(".gpufleet/manifests"))
+    p.add_argument("--manifests", type=Path, default=Path(".gpufleet/manifests"),
+                   help="where the rollout copied the manifests on the controller (default .gpufleet/manifests)")
     p.add_argument("--reboot", action="store_true", help="reboot to load the restored driver, then validate")
     p.add_argument("--force", action="store_true", help="even while GPU processes run")
     p.add_argument("--dry-run", action="store_true", help="show what would be restored and the disk snapshot")
@@ -177,9 +186,14 @@ def rollback_main(argv: list[str] | None = None, prog: str = "tools/rollback") -
                    help="also put the snapshotted btrfs subvolume back to the snapshot taken before the upgrade "
                         "(the current one is kept next to it)")
     _yes_argument(p, "restoring", "a run without a terminal on stdin stops after its dry run (--dry-run's check)")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="show pyinfra's operation log")
     inventory_source.add_arguments(p, limit=False)   # the hosts are named
     add_version(p)
+    return p
+
+
+def rollback_main(argv: list[str] | None = None, prog: str = "tools/rollback") -> int:
+    p = rollback_parser(prog)
     args = p.parse_args(argv)
     source = _source(p, args)
     _logging(args.verbose)
