@@ -9,7 +9,7 @@ from typing import Any, Callable
 from pyinfra import logger
 from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 
-from gpufleet.failures import fail_now
+from gpufleet.config.failures import fail_now
 from gpufleet.operations import as_op
 
 from gpufleet.operations.drain import BUSY_MARK, idle_check
