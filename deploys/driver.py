@@ -46,7 +46,7 @@ from gpufleet.apt_policy import APT_CACHE_SECONDS, GPU_PACKAGE_BLACKLIST, UNATTE
 from gpufleet.plans.driver_preconditions import dkms_signing_conf, preconditions
 from gpufleet.operations.drain import gpu_work
 from gpufleet.rendering import render
-from gpufleet.controller.run_summary import SUMMARY
+from gpufleet.controller.run_summary import outcome
 from gpufleet.facts.kernel import DriverState, DriverStateData
 from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages
 from gpufleet.catalog.compat import compat_data
@@ -136,7 +136,7 @@ def _mismatch(h: Host) -> str | None:
 def _report(h: Host, policy: str) -> None:
     why = _mismatch(h)
     if why:
-        SUMMARY.needs_reboot[h.name] = f"{why}; not rebooted ({policy})"
+        outcome(h).needs_reboot = f"{why}; not rebooted ({policy})"
         logger.warning(f"{h.print_prefix}NEEDS A REBOOT: {why}; not rebooted ({policy})")
 
 
@@ -145,8 +145,8 @@ def _busy_now(policy: str) -> Callable[[Host, str], bool]:
     this run's planning): not rebooted, reported with the hosts that need a reboot; not a failure."""
     def busy(h: Host, running: str) -> bool:
         why = _mismatch(h) or "the loaded NVIDIA module differs from the installed driver"
-        SUMMARY.busy_at_reboot.add(h.name)
-        SUMMARY.needs_reboot[h.name] = f"{why}; BUSY, PENDING: not rebooted (driver_reboot: {policy}, GPU work started after planning: {running})"
+        outcome(h).busy_at_reboot = True
+        outcome(h).needs_reboot = f"{why}; BUSY, PENDING: not rebooted (driver_reboot: {policy}, GPU work started after planning: {running})"
         logger.warning(f"{h.print_prefix}BUSY, PENDING: not rebooted: GPU work started after planning: {running}")
         return True
     return busy
@@ -241,11 +241,11 @@ def _decide(settings: Settings) -> Decided | None:
     in_place = bool(pending or stack_moves or drifted) and settings.driver_upgrade_in_place
     if stack_moves and not in_place:
         # The same rule as the driver: installed libraries change only by a sanctioned upgrade.
-        SUMMARY.stack_pending[host.name] = stack_moves
+        outcome(host).stack_pending = stack_moves
         for what, move in stack_moves.items():
             logger.warning(f"{host.print_prefix}{stack_pending_message(what, *move)}")
     if drifted and not in_place:
-        SUMMARY.stack_by_hand[host.name] = drifted
+        outcome(host).stack_by_hand = drifted
         for messages in drifted.values():
             for message in messages:
                 logger.warning(f"{host.print_prefix}{message}; left as it is (tools/rollout puts it back)")
@@ -253,7 +253,7 @@ def _decide(settings: Settings) -> Decided | None:
     if pending and not in_place:
         # A provisioned host: its driver changes only through tools/rollout (issue 14). The rest
         # of this deploy still converges around the driver that is installed.
-        SUMMARY.driver_pending[host.name] = pending
+        outcome(host).driver_pending = pending
         logger.warning(f"{host.print_prefix}{pending_message(*pending)} "
                        "(deploys/all.py changes no driver of a provisioned host)")
 
@@ -508,7 +508,7 @@ def _reboot(settings: Settings, d: Decided, install: Any, me: Any) -> None:
         python.call(
             name="Check that the loaded NVIDIA module is the installed driver after the reboot",
             function=_verify_after_reboot, h=me,
-            _if=lambda: me.name not in SUMMARY.busy_at_reboot and _mismatch(me) is not None,
+            _if=lambda: not outcome(me).busy_at_reboot and _mismatch(me) is not None,
         )
     else:
         python.call(
@@ -550,7 +550,7 @@ def _profiling_stale(h: Host, setting: str) -> bool:
 
 def _profiling_report(state: State | None, host: Host, h: Host, setting: str) -> bool:
     """Executing (python.call): record a profiling setting the loaded module does not have yet."""
-    SUMMARY.profiling_pending[h.name] = f"{KEY}: {setting}: the loaded nvidia module has the other setting"
+    outcome(h).profiling_pending = f"{KEY}: {setting}: the loaded nvidia module has the other setting"
     logger.warning(f"{h.print_prefix}PROFILING PENDING: {KEY}: {setting} takes effect at the next load of the nvidia "
                    "module: reboot it through tools/rollout (deploys/all.py does not reboot for it)")
     return True

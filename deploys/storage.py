@@ -48,7 +48,7 @@ from gpufleet.facts.storage import SCRATCH_RECORD, ScratchSite, ShmSize
 from gpufleet.config.failures import refuse
 from gpufleet.config.hostfacts import block_devices, resources
 from gpufleet.rendering import render
-from gpufleet.controller.run_summary import SUMMARY
+from gpufleet.controller.run_summary import outcome
 from gpufleet.config.settings import host_settings
 from gpufleet.operations import storage as ops
 from gpufleet.operations.daemon_reload import reload_when
@@ -76,7 +76,7 @@ def _scratch(settings: Any, plan: s.ScratchPlan) -> None:
         if note not in moved:  # those are warnings (below), not said a second time under -v
             say(f"storage_scratch: {note}")
     if plan.also_mounted:  # said now and at the end of the run: the operator has a step to take
-        SUMMARY.scratch_moved[host.name] = f"still mounted at {', '.join(plan.also_mounted)} (now {plan.path})"
+        outcome(host).scratch_moved = f"still mounted at {', '.join(plan.also_mounted)} (now {plan.path})"
         for note in moved:
             logger.warning(f"{host.print_prefix}storage_scratch: {note}")
     if plan.action == s.NOTHING:

@@ -57,7 +57,7 @@ from gpufleet.config.hostfacts import driver_state, rdma_devices
 from gpufleet.plans import tuning as t
 from gpufleet.config.failures import real_host, refuse
 from gpufleet.catalog.mig import setting_text
-from gpufleet.controller.run_summary import SUMMARY
+from gpufleet.controller.run_summary import outcome
 from gpufleet.config.settings import host_settings
 from gpufleet.plans.tuning import TuningPlan, ac_deprecated_from, plan_tuning, policy_text
 from gpufleet.operations import cpu, gpu
@@ -139,7 +139,7 @@ def _mig_busy(setting: Any) -> Any:
     would change (it started after planning, or ran all along): those GPUs are left as they are,
     reported pending (the idle ones were changed); not a failure."""
     def busy(h: Any, running: str) -> bool:
-        SUMMARY.mig_pending[h.name] = (f"gpu_mig: {setting_text(setting)}", running)
+        outcome(h).mig_pending = (f"gpu_mig: {setting_text(setting)}", running)
         logger.warning(f"{h.print_prefix}MIG PENDING: partitions not changed where GPU work is running: {running}")
         return True
     return busy
@@ -147,7 +147,7 @@ def _mig_busy(setting: Any) -> Any:
 
 def _mig_reboot(h: Any, gpus: str) -> bool:
     """mig_partitions' if_reboot: a MIG mode change waits for a GPU reset that was refused."""
-    SUMMARY.mig_reboot[h.name] = gpus
+    outcome(h).mig_reboot = gpus
     logger.warning(f"{h.print_prefix}MIG NEEDS A REBOOT: {gpus}")
     return True
 
@@ -244,7 +244,7 @@ def _clocks(settings: Any, plan: TuningPlan, env_file: Any) -> None:
     gpu.clocks(name=f"Set each GPU's clocks for clock policy {policy_text(policy)}",
                policy=policy, ac_deprecated_from=ac_deprecated_from(), skip=skip,
                # a MIG change found GPU work and was not made: GPUs it would have freed stay in MIG mode
-               _if=lambda: me.name not in SUMMARY.mig_pending)
+               _if=lambda: not outcome(me).mig_pending)
     systemd.service(name="Re-apply the GPU clocks at every boot", service=CLOCKS_SERVICE,
                     running=True, enabled=True)
 

@@ -6,6 +6,7 @@ import hashlib
 from pyinfra.facts.files import Sha256File
 
 from gpufleet.checks.gate import FAIL, FIX_DEPLOY, PASS, SKIP, WARN, Context, Result, check
+from gpufleet.config.hostcontext import host_context
 from gpufleet.errors import Incompatible
 from gpufleet.facts.packages import PackageVersions
 from gpufleet.plans.tuning import Refusal, clocks_summary, host_mig, plan_tuning
@@ -74,13 +75,12 @@ def mig_as_set(ctx: Context) -> Result:
            for g in plan.changes]
     if not off:
         return Result("tuning", name, PASS, plan.summary())
-    from gpufleet.controller.run_summary import SUMMARY
-
-    reboot = SUMMARY.mig_reboot.get(ctx.host.name)
+    done = host_context(ctx.host).outcome  # what this run's tuning deploy did with the plan
+    reboot = done.mig_reboot
     if reboot:
         return Result("tuning", name, WARN, f"NEEDS A REBOOT (the GPU reset was refused: {reboot}): " + "; ".join(off),
                       "reboot the host while its GPUs are idle; the boot unit makes the partitions")
-    pending = SUMMARY.mig_pending.get(ctx.host.name)
+    pending = done.mig_pending
     if pending:
         return Result("tuning", name, WARN, f"PENDING (GPU work was running right before the change: {pending[1]}): "
                       + "; ".join(off), "re-run deploys/all.py once the GPUs are idle")

@@ -271,12 +271,12 @@ def gather(inventory_path: str | InventorySource, workers: int = 20, drift: bool
     return [rows[h.name] for h in hosts]
 
 
-def _pending(name: str) -> list[str]:
+def _pending(host: Any) -> list[str]:
     """Changes all.py leaves alone on this host (a driver, CUDA toolkit or cuDNN upgrade, a CUDA
     toolkit or cuDNN changed by hand): drift all the same, each for tools/rollout."""
-    from gpufleet.controller.run_summary import SUMMARY
+    from gpufleet.controller.run_summary import pending
 
-    return SUMMARY.pending(name)
+    return pending(host)
 
 
 def plan_drift(state: Any, hosts: list[Any], rows: dict[str, dict[str, Any]], deploy: str) -> None:
@@ -330,4 +330,4 @@ def plan_drift(state: Any, hosts: list[Any], rows: dict[str, dict[str, Any]], de
         rows[host.name]["drift"] = {"method": "plan", "changes": len(names), "operations": names,
                                     "conditional": conditional,
                                     "error": "all.py refuses this host at planning time" if failed else None,
-                                    "pending": _pending(host.name)}
+                                    "pending": _pending(host)}
