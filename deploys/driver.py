@@ -64,7 +64,8 @@ from gpufleet.operations.package_steps import packages_at_releases
 from gpufleet.operations.driver_upgrade import package_change_settled
 from gpufleet.operations.holds import held
 from gpufleet.operations.reboot import rebooted
-from gpufleet.plans.profiling import KEY, MODPROBE_FILE, ProfilingRefusal, host_profiling, plan_profiling
+from gpufleet.config.failures import Refused
+from gpufleet.plans.profiling import KEY, MODPROBE_FILE, host_profiling, plan_profiling
 
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/gpufleet-blacklist-nouveau.conf"
 CUDA_PROFILE = "/etc/profile.d/gpufleet-cuda.sh"
@@ -259,8 +260,8 @@ def _decide(settings: Settings) -> Decided | None:
 
     try:
         profiling = host_profiling(host, settings, res)
-    except ProfilingRefusal as refused:
-        refuse(host, refused.key, refused.problem, f"set {refused.key} to what this host allows: {refused.allowed}")
+    except Refused as refused:
+        refused.refusal.stop(host)
         return None
     return Decided(res=res, before=before, kernel=kernel, pending=pending, stack=stack, found=found,
                    stack_moves=stack_moves, drifted=drifted, in_place=in_place, left=left, profiling=profiling)
@@ -544,7 +545,7 @@ def _profiling_stale(h: Host, setting: str) -> bool:
 
     try:
         return plan_profiling(setting, h.get_fact(ProfilingState), None, False).pending
-    except ProfilingRefusal:  # refused at planning already
+    except Refused:  # refused at planning already
         return False
 
 

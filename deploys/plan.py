@@ -32,8 +32,9 @@ from gpufleet.catalog.pytorch import mixed_gpus
 from gpufleet.rollout.snapshot import command_name
 from gpufleet.config.settings import host_settings, validate_inventory
 from gpufleet.plans.storage import plan_scratch
-from gpufleet.plans.tuning import Refusal, clocks_summary, host_clocks, host_mig, mig_clock_skip
-from gpufleet.plans.profiling import ProfilingRefusal, host_profiling
+from gpufleet.config.failures import Refused
+from gpufleet.plans.tuning import clocks_summary, host_clocks, host_mig, mig_clock_skip
+from gpufleet.plans.profiling import host_profiling
 
 askpass.install()  # its facts run through sudo: the password never on the host's command line
 validate_inventory(state.inventory)
@@ -61,7 +62,7 @@ def mig_lines() -> tuple[list[str], frozenset[str]]:
     the GPUs whose clocks it takes out of the clock plan."""
     try:
         plan = host_mig(host, settings.gpu_mig)
-    except Refusal as refused:
+    except Refused as refused:
         return [f"mig: REFUSED: {refused}"], frozenset()
     out = [f"mig: {plan.summary()}"]
     change = "to change (only while this GPU is idle; tools/rollout drains the host for it)"
@@ -80,7 +81,7 @@ def profiling_line(res: object) -> str:
     """tuning_profiling's plan in words: the one the driver deploy applies and the gate checks."""
     try:
         return host_profiling(host, settings, res).summary()
-    except ProfilingRefusal as refused:
+    except Refused as refused:
         return f"REFUSED: {refused}"
 
 
@@ -88,7 +89,7 @@ def host_clock_line() -> str | None:
     """The host's own clock plan, when its nvidia-smi works (else None: the estimate stands)."""
     try:
         plans = host_clocks(host, settings.clock_policy, MIG_SKIP)
-    except Refusal as refused:
+    except Refused as refused:
         return f"REFUSED: {refused}"
     if not plans:
         return "none set: every GPU is in MIG mode" if MIG_SKIP else None
@@ -140,7 +141,7 @@ def storage_lines() -> list[str]:
     try:
         plan = plan_scratch(settings.storage_scratch, settings.storage_scratch_devices, settings.storage_scratch_path,
                             block_devices(host), lambda: host.get_fact(ScratchSite, path=settings.storage_scratch_path))
-    except Refusal as refused:
+    except Refused as refused:
         return [f"scratch: REFUSED: {refused}"] + out
     return [f"scratch: {plan.summary()}"] + [f"scratch: {note}" for note in plan.notes] + out
 

@@ -45,7 +45,7 @@ from pyinfra.operations import apt, files, server, systemd
 
 from gpufleet.plans import storage as s
 from gpufleet.facts.storage import SCRATCH_RECORD, ScratchSite, ShmSize
-from gpufleet.config.failures import refuse
+from gpufleet.config.failures import Refused
 from gpufleet.config.hostfacts import block_devices, resources
 from gpufleet.rendering import render
 from gpufleet.controller.run_summary import outcome
@@ -135,8 +135,8 @@ def storage() -> None:
                                  settings.storage_scratch_path, block_devices(host),
                                  lambda: host.get_fact(ScratchSite, path=settings.storage_scratch_path))
         shm = s.plan_shm(settings.storage_shm_size, host.get_fact(ShmSize), resources(host).memory_total_kib)
-    except s.Refusal as refusal:
-        refuse(host, refusal.key, refusal.problem, f"set {refusal.key} to what this host allows: {refusal.allowed}")
+    except Refused as refused:
+        refused.refusal.stop(host)
         return
     _scratch(settings, scratch)
     _shm(shm)

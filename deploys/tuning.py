@@ -55,7 +55,7 @@ from gpufleet.facts.kernel import PeermemState
 from gpufleet.plans import gpudirect
 from gpufleet.config.hostfacts import driver_state, rdma_devices
 from gpufleet.plans import tuning as t
-from gpufleet.config.failures import real_host, refuse
+from gpufleet.config.failures import Refused, real_host
 from gpufleet.catalog.mig import setting_text
 from gpufleet.controller.run_summary import outcome
 from gpufleet.config.settings import host_settings
@@ -206,8 +206,8 @@ def _plan_or_refuse(settings: Any) -> TuningPlan | None:
     """The host's tuning plan, or None once a refusal has been reported for it."""
     try:
         return plan_tuning(host, settings)
-    except t.Refusal as refusal:
-        refuse(host, refusal.key, refusal.problem, f"set {refusal.key} to what this host allows: {refusal.allowed}")
+    except Refused as refused:
+        refused.refusal.stop(host)
         return None
 
 

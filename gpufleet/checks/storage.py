@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from gpufleet.checks.gate import FAIL, FIX_DEPLOY, PASS, SKIP, Context, Result, check
-from gpufleet.plans.tuning import Refusal
+from gpufleet.config.failures import Refused
 
 
 @check("storage")
@@ -20,8 +20,8 @@ def scratch_in_place(ctx: Context) -> Result:
         plan = plan_scratch(settings.storage_scratch, settings.storage_scratch_devices, settings.storage_scratch_path,
                             block_devices(ctx.host),
                             lambda: ctx.host.get_fact(ScratchSite, path=settings.storage_scratch_path))
-    except Refusal as refused:
-        return Result("storage", name, FAIL, str(refused), f"set {refused.key} to what this host allows")
+    except Refused as refused:
+        return Result("storage", name, FAIL, str(refused), refused.refusal.how_to_fix())
     if plan.action == KEEP and plan.mounted and plan.remount:
         return Result("storage", name, FAIL, f"{plan.summary()}, but without nosuid,nodev", f"{FIX_DEPLOY} (it remounts it)")
     if plan.action == KEEP and plan.mounted:
@@ -50,8 +50,8 @@ def shm_sized(ctx: Context) -> Result:
         return Result("storage", name, SKIP, "storage_shm_size: unmanaged")
     try:
         plan = plan_shm(setting, ctx.host.get_fact(ShmSize), resources(ctx.host).memory_total_kib)
-    except Refusal as refused:
-        return Result("storage", name, FAIL, str(refused), f"set {refused.key} to what this host allows")
+    except Refused as refused:
+        return Result("storage", name, FAIL, str(refused), refused.refusal.how_to_fix())
     if plan.remount:
         return Result("storage", name, FAIL, plan.note, FIX_DEPLOY)
     return Result("storage", name, PASS, f"size={setting}: {plan.note}")

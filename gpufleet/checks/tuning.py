@@ -9,7 +9,8 @@ from gpufleet.checks.gate import FAIL, FIX_DEPLOY, PASS, SKIP, WARN, Context, Re
 from gpufleet.config.hostcontext import host_context
 from gpufleet.errors import Incompatible
 from gpufleet.facts.packages import PackageVersions
-from gpufleet.plans.tuning import Refusal, clocks_summary, host_mig, plan_tuning
+from gpufleet.config.failures import Refused
+from gpufleet.plans.tuning import clocks_summary, host_mig, plan_tuning
 
 
 def _gpus_or_skip(ctx: Context, area: str, name: str) -> Result | None:
@@ -45,7 +46,7 @@ def clocks_as_set(ctx: Context) -> Result:
     # The tuning deploy's own plan: a GPU that still needs a command is not at its target.
     try:
         plan = plan_tuning(ctx.host, ctx.settings)
-    except Refusal as refused:  # the deploy would refuse this host too
+    except Refused as refused:  # the deploy would refuse this host too
         return Result("tuning", name, FAIL, f"the tuning deploy refuses this host: {refused}",
                       "change clock_policy for this host")
     off = [f"{c.label}: wants {c.target.mem},{c.target.gfx}" if c.target else f"{c.label}: wants default"
@@ -66,7 +67,7 @@ def mig_as_set(ctx: Context) -> Result:
         return skip
     try:
         plan = host_mig(ctx.host, setting)
-    except Refusal as refused:  # the deploy refuses this host too
+    except Refused as refused:  # the deploy refuses this host too
         return Result("tuning", name, FAIL, f"the tuning deploy refuses this host: {refused}",
                       "change gpu_mig for this host")
     if not plan.gpus:
@@ -150,7 +151,7 @@ def nccl_hcas_up(ctx: Context) -> Result:
         return Result("tuning", name, SKIP, "no RDMA device on this host (/sys/class/infiniband is empty)")
     try:
         listed = ib_hca(settings.tuning_nccl_ib_hca, settings.nccl_profile, rdma)
-    except Refusal as refused:
+    except Refused as refused:
         return Result("tuning", name, FAIL, refused.problem, f"set tuning_nccl_ib_hca: {refused.allowed}")
     problems, good = gpudirect.hca_problems(listed, rdma, settings.validate_min_nic_gbps)
     said = f"NCCL_IB_HCA {listed}" if listed else "every HCA"
@@ -172,8 +173,7 @@ def profiling_as_set(ctx: Context) -> Result:
         KEY,
         MODPROBE_FILE,
         USERS,
-        ProfilingRefusal,
-        host_profiling,
+                host_profiling,
     )
 
     name = "GPU performance counters are for whom tuning_profiling says"
@@ -184,7 +184,7 @@ def profiling_as_set(ctx: Context) -> Result:
         res = None
     try:
         plan = host_profiling(ctx.host, ctx.settings, res)
-    except ProfilingRefusal as refused:
+    except Refused as refused:
         return Result("tuning", name, FAIL, f"the driver deploy refuses this host: {refused}",
                       f"set {KEY} to what this host allows: {refused.allowed}")
     digest = ctx.fact(Sha256File, path=MODPROBE_FILE)
@@ -226,7 +226,7 @@ def cpu_governor_as_set(ctx: Context) -> Result:
     name = "every CPU runs the tier's frequency governor"
     try:
         plan = plan_governor(ctx.settings.tuning_cpu_governor, cpu_freq(ctx.host))
-    except Refusal as refused:
+    except Refused as refused:
         return Result("tuning", name, FAIL, str(refused), "set tuning_cpu_governor to one the host offers")
     if plan.governor is None:
         return Result("tuning", name, SKIP, plan.reason)

@@ -197,14 +197,15 @@ def clock_column(host: Any, settings: Any, driver: str | None) -> dict[str, Any]
     plan view shows and the gate checks (gpufleet.plans.tuning). No settings: the applied pairs only."""
     from gpufleet.plans.tuning import METHOD_NAMES, host_applied_clocks, policy_text
 
-    from gpufleet.plans.tuning import Refusal, host_mig, mig_clock_skip
+    from gpufleet.config.failures import Refused
+    from gpufleet.plans.tuning import host_mig, mig_clock_skip
 
     policy = settings.clock_policy if settings is not None else "unmanaged"
     skip: frozenset[str] = frozenset()
     if settings is not None:
         try:  # GPUs in MIG mode have no clock plan, as in the deploy and the gate
             skip = mig_clock_skip(host, host_mig(host, settings.gpu_mig))
-        except Refusal:
+        except Refused:
             pass  # the gate's MIG check says why
     found = host_applied_clocks(host, policy, skip)
     if found is None:
