@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import re
 from io import StringIO
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -54,6 +54,9 @@ from gpufleet.operations import storage as ops
 from gpufleet.operations.daemon_reload import reload_when
 from gpufleet.operations.notice import say
 
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
+
 SCRATCH_SERVICE = "gpufleet-scratch.service"
 SCRATCH_UNIT = "/etc/systemd/system/gpufleet-scratch.service"
 SCRATCH_SCRIPT = "/usr/local/sbin/gpufleet-scratch-mount"
@@ -70,7 +73,7 @@ def _scratch_fstab_regex(path: str, uuid: str) -> str:
     return f"^(UUID={re.escape(uuid)}[[:space:]]|[^#[:space:]]+[[:space:]]+{re.escape(path)}[[:space:]])"
 
 
-def _scratch(settings: Any, plan: s.ScratchPlan) -> None:
+def _scratch(settings: Settings, plan: s.ScratchPlan) -> None:
     moved = tuple(s.moved_note(plan.devices[0], old, plan.path) for old in plan.also_mounted)
     for note in plan.notes:
         if note not in moved:  # those are warnings (below), not said a second time under -v

@@ -43,7 +43,7 @@ Decisions use the host's state before this run (gpufleet.config.hostfacts): what
 from __future__ import annotations
 
 from io import StringIO
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -63,6 +63,9 @@ from gpufleet.plans.tuning import TuningPlan, ac_deprecated_from, plan_tuning, p
 from gpufleet.operations import cpu, gpu
 from gpufleet.operations.daemon_reload import reload_when
 from gpufleet.operations.notice import say
+
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
 
 #: Debian (non-free/contrib) and NVIDIA's CUDA repository both call the daemon's package this.
 PERSISTENCED_PACKAGE = "nvidia-persistenced"
@@ -89,7 +92,7 @@ PROFILE_NAMES = {
 }
 
 
-def _persistence(settings: Any, plan: TuningPlan) -> None:
+def _persistence(settings: Settings, plan: TuningPlan) -> None:
     mode = settings.driver_persistence
     if mode == "off":
         return
@@ -122,7 +125,7 @@ def _persistence(settings: Any, plan: TuningPlan) -> None:
     )
 
 
-def _profiles(settings: Any, plan: TuningPlan) -> Any:
+def _profiles(settings: Settings, plan: TuningPlan) -> Any:
     changed = {}
     for path, text in plan.files.items():
         changed[path] = files.put(
@@ -152,7 +155,7 @@ def _mig_reboot(h: Any, gpus: str) -> bool:
     return True
 
 
-def _mig(settings: Any, plan: TuningPlan, if_busy: Any = None, if_reboot: Any = _mig_reboot) -> None:
+def _mig(settings: Settings, plan: TuningPlan, if_busy: Any = None, if_reboot: Any = _mig_reboot) -> None:
     setting = settings.gpu_mig
     mig = plan.mig
     if not mig.managed or not mig.gpus:  # unmanaged, or no GPU with MIG: nothing to make or undo
@@ -202,7 +205,7 @@ def mig_partitions(if_busy: Any = None, if_reboot: Any = None) -> None:
         _mig(settings, plan, if_busy=if_busy, if_reboot=if_reboot or _mig_reboot)
 
 
-def _plan_or_refuse(settings: Any) -> TuningPlan | None:
+def _plan_or_refuse(settings: Settings) -> TuningPlan | None:
     """The host's tuning plan, or None once a refusal has been reported for it."""
     try:
         return plan_tuning(host, settings)
@@ -211,7 +214,7 @@ def _plan_or_refuse(settings: Any) -> TuningPlan | None:
         return None
 
 
-def _clocks(settings: Any, plan: TuningPlan, env_file: Any) -> None:
+def _clocks(settings: Settings, plan: TuningPlan, env_file: Any) -> None:
     policy = settings.clock_policy
     if policy == "unmanaged":
         systemd.service(name="Stop re-applying gpufleet's GPU clocks at boot (clock_policy: unmanaged)",
@@ -249,7 +252,7 @@ def _clocks(settings: Any, plan: TuningPlan, env_file: Any) -> None:
                     running=True, enabled=True)
 
 
-def _governor(settings: Any, plan: TuningPlan) -> None:
+def _governor(settings: Settings, plan: TuningPlan) -> None:
     setting = settings.tuning_cpu_governor
     if setting == "unmanaged":
         systemd.service(name="Stop setting the CPU governor at boot (tuning_cpu_governor: unmanaged)",
@@ -284,7 +287,7 @@ def tuning() -> None:
     _gpudirect(settings)
 
 
-def _gpudirect(settings: Any) -> None:
+def _gpudirect(settings: Settings) -> None:
     """GPUDirect RDMA on the ib / roce profiles where the host has RDMA devices: nvidia-peermem
     loaded now (when it is the loaded driver's) and at every boot (gpufleet/plans/gpudirect.py)."""
     rdma = rdma_devices(host)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 from gpufleet.config.hostcontext import host_context
 from gpufleet.errors import Incompatible
 from gpufleet.facts.gpu import GpuState, GpuStateData
 from gpufleet.facts.kernel import DriverState, DriverStateData
+
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 STATUSES = (PASS, FAIL, WARN, SKIP)
@@ -59,10 +62,12 @@ def fresh_host_facts(host: Any) -> Iterator[None]:
 class Context:
     """What a check may read: the host, its settings, facts (each asked once per run)."""
 
-    def __init__(self, host: Any, settings: Any, probe: bool = True, probe_skip: str = "probes turned off",
+    def __init__(self, host: Any, settings: Settings | None, probe: bool = True, probe_skip: str = "probes turned off",
                  torch_probe: bool | None = None, scrape_skip: str = "", health_skip: str = ""):
         self.host = host
-        self.settings = settings
+        # None only for the fleet report's row of a host whose settings do not validate: it reads
+        # the facts (gpu, driver) through the Context and runs no check
+        self.settings = cast("Settings", settings)
         self.probe = probe
         self.probe_skip = probe_skip  # why, when probe is False
         # reading the host's PyTorch build (imports torch there: seconds of CPU, no GPU load);

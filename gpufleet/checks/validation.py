@@ -14,7 +14,7 @@ gpufleet.catalog.tiers.managed_marker, gpufleet.plans.dockerconf, gpufleet.catal
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpufleet.checks.gate import (
     PASS as PASS,
@@ -99,10 +99,13 @@ from gpufleet.checks.pytorch import (
     pytorch_build_runs_here as pytorch_build_runs_here,
 )
 
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
+
 
 # --- running ----------------------------------------------------------------------------------
 
-def run_checks(host: Any, settings: Any, probe: bool = True, probe_skip: str = "probes turned off",
+def run_checks(host: Any, settings: Settings, probe: bool = True, probe_skip: str = "probes turned off",
                torch_probe: bool | None = None, scrape_skip: str = "", health_skip: str = "") -> list[Result]:
     """Every check against the host as it is now. A check that raises becomes a failed result
     naming the error, so one broken check never hides the others. `scrape_skip`, when given,

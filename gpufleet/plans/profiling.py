@@ -35,12 +35,15 @@ counters.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from gpufleet.config.failures import Refusal, Refused
 from gpufleet.facts.kernel import PROFILING_OPTION, ProfilingStateData
 
 from gpufleet.catalog.compat import UNVERIFIED, compat_data
+
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
 
 KEY = "tuning_profiling"
 ADMINS = "admins"
@@ -155,7 +158,7 @@ def _last(options: Mapping[str, int]) -> int:
     return int(bool(options[sorted(options, key=lambda p: p.rsplit("/", 1)[1])[-1]]))
 
 
-def host_profiling(host: Any, settings: Any, res: Any) -> ProfilingPlan:
+def host_profiling(host: Any, settings: Settings, res: Any) -> ProfilingPlan:
     """plan_profiling for a pyinfra host: its ProfilingState fact and the resolution `res` (None:
     nothing resolves; the one deploy, gate, plan view and report all read). Raises Refused."""
     from gpufleet.facts.kernel import ProfilingState

@@ -13,7 +13,10 @@ plan view (deploys/plan.py) prints them per host before anything changes. Pure f
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
 
 CUDA_SOURCE = "/etc/apt/sources.list.d/gpufleet-cuda.list"
 DOCKER_KEYRING = "/etc/apt/keyrings/gpufleet-docker.gpg"
@@ -72,7 +75,7 @@ def toolkit_sources_line(repo_url: str, keyring: str = TOOLKIT_KEYRING) -> str:
     return f"deb [signed-by={keyring}] {repo_url.rstrip('/')}/stable/deb/$(ARCH) /\n"
 
 
-def repository_lines(settings: Any, res: Any, os_id: str | None, codename: str | None, arch: str,
+def repository_lines(settings: Settings, res: Any, os_id: str | None, codename: str | None, arch: str,
                      data: Any) -> list[tuple[str, str]]:
     """(what, line) for every package source gpufleet sets up on a host with resolution `res`."""
     out: list[tuple[str, str]] = []

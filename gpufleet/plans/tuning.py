@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from gpufleet.facts.gpu import ClockPair, GpuInfo
 from gpufleet.facts.network import NetInterface, RdmaDevice
 from gpufleet.rendering import render
 from gpufleet.config.failures import Refusal as Refusal
 from gpufleet.config.failures import Refused as Refused
+
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
 
 AC = "ac"  # nvidia-smi -ac MEM,GFX: application clocks
 LGC = "lgc"  # nvidia-smi -lgc GFX,GFX and -lmc MEM,MEM: locked clocks
@@ -475,7 +478,7 @@ def clocks_summary(plans: Sequence[GpuClocks]) -> str:
     return "; ".join(f"{target} on GPU {', '.join(indices)} ({name})" for (target, name, _), indices in groups.items())
 
 
-def plan_tuning(host: Any, settings: Any) -> TuningPlan:
+def plan_tuning(host: Any, settings: Settings) -> TuningPlan:
     """Everything the tuning deploy will do on this host, from its facts; raises Refusal."""
     from gpufleet.config.hostfacts import cpu_freq, gpu_state, hardware, interfaces, rdma_devices, resources
 

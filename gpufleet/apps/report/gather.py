@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import gpufleet.deploys
 
 if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
     from gpufleet.controller.inventory_source import InventorySource
 
 # The folder that holds deploys/: the top of a checkout, the gpufleet package of an installed
@@ -191,7 +192,7 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     return row
 
 
-def clock_column(host: Any, settings: Any, driver: str | None) -> dict[str, Any] | None:
+def clock_column(host: Any, settings: Settings | None, driver: str | None) -> dict[str, Any] | None:
     """The clocks gpufleet applied on each GPU (application or locked clocks, whichever the
     host's driver uses) beside the pair the tuning plan wants: the plan the deploy applies, the
     plan view shows and the gate checks (gpufleet.plans.tuning). No settings: the applied pairs only."""
@@ -222,7 +223,7 @@ def clock_column(host: Any, settings: Any, driver: str | None) -> dict[str, Any]
                      for g in gpus]}
 
 
-def endpoints(host: Any, settings: Any, by_name: dict[str, Any]) -> list[dict[str, str]]:
+def endpoints(host: Any, settings: Settings, by_name: dict[str, Any]) -> list[dict[str, str]]:
     """Each exporter the tier turns on: the URL Prometheus scrapes, and what the gate found there."""
     from gpufleet.plans import monitoring
     from gpufleet.checks.validation import exporter_check_name
