@@ -98,9 +98,9 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     from gpufleet.errors import Incompatible
     from gpufleet.facts.packages import HeldPackages, PackageVersions
     from gpufleet.config.settings import host_settings
-    from gpufleet.checks.validation import FAIL, PYTORCH_CHECK, Context, fresh_host_facts, run_checks
+    from gpufleet.checks.validation import Context, fresh_host_facts, run_checks
 
-    from .view import clocks_text, problem_label
+    from .view import clocks_text
 
     row: dict[str, Any] = {"status": "ok"}
     try:
@@ -155,6 +155,18 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
 
     # the PyTorch build is read even without --probe: importing torch loads no GPU
     results = run_checks(host, settings, probe=probe, torch_probe=True) if settings else []
+    _check_columns(row, host, settings, results)
+    row["state"] = classify(row, results)
+    return row
+
+
+def _check_columns(row: dict[str, Any], host: Any, settings: Settings | None, results: list[Any]) -> None:
+    """The row's columns that show the gate's results (firewall, sshd, marker, MIG, profiling,
+    endpoints, PyTorch) and its counts."""
+    from gpufleet.checks.validation import FAIL, PYTORCH_CHECK
+
+    from .view import problem_label
+
     by_name = {r.name: r for r in results}
 
     def summary(name: str) -> str | None:
@@ -188,8 +200,6 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
         "failed": [f"{problem_label(r.to_json(), row)}: {r.name}: {r.message}" for r in results if r.status == FAIL],
         "checks": [r.to_json() for r in results],
     }
-    row["state"] = classify(row, results)
-    return row
 
 
 def clock_column(host: Any, settings: Settings | None, driver: str | None) -> dict[str, Any] | None:
