@@ -114,6 +114,12 @@ class HostContext:
     staging_folder: tuple[Any, str] | None = None
     #: gpufleet.controller.askpass: "sudo"/"su" -> the holder of this connection's private askpass folder
     askpass: dict[str, Any] = field(default_factory=dict)
+    #: operations.daemon_reload: this run has taken over (or said is still pending) the
+    #: daemon-reload an earlier run deferred
+    reload_claimed: bool = False
+    #: gpufleet.controller.reload_guard: the SSH transport the guard held on (a reboot means a
+    #: new one: held again)
+    reload_guard_transport: Any = None
     #: what this run leaves for later on this host (the end-of-run summary reads it)
     outcome: HostOutcome = field(default_factory=HostOutcome)
     #: gpufleet.controller.factcache: the (fact path, arguments JSON) this host asked, in order
