@@ -1,16 +1,21 @@
-"""The validation gate's checks: is each host what its tier says? Read-only; facts + comparisons.
+"""The validation gate: is each host what its tier says? Read-only; facts + comparisons.
 
 Each check is a small function ``check(ctx) -> Result | list[Result]`` registered for one area
-(base, preflight, driver, docker, tuning, hardening, probe, pytorch). ``run_checks(host, settings)``
-runs them all against *fresh* facts (never the planning-time cache: the gate runs after the
-changes) and returns one Result per check. deploys/validate.py turns failures into a failed
-host; the fleet report shows the same results per host.
+in that area's module, gpufleet/checks/<area>.py (base, preflight, storage, driver, tuning,
+docker, monitoring, hardening, health, probe, pytorch), on the frame of gpufleet/checks/gate.py
+(Result, Context, the registry). This module imports the areas in that order (the order the
+results come in) and re-exports their names. ``run_checks(host, settings)`` runs them all
+against *fresh* facts (never the planning-time cache: the gate runs after the changes) and
+returns one Result per check. deploys/validate.py turns failures into a failed host; the fleet
+report shows the same results per host.
 
 Statuses: pass | fail | warn | skip (does not apply, with the reason).
 
 This is the core: it imports no deploy (tests/unit/test_import_direction.py). What a check
-compares with comes from the same core plan the deploy applies (gpufleet.plans.tuning.plan_tuning,
-gpufleet.catalog.tiers.managed_marker, gpufleet.plans.dockerconf, gpufleet.catalog.sshd_policy).
+compares with is the same plan the deploy applies (gpufleet.plans.*: tuning, storage, MIG,
+GPUDirect, profiling; gpufleet.catalog.tiers.managed_marker, gpufleet.plans.dockerconf,
+gpufleet.catalog.sshd_policy), and what the deploy did with it this run (the host's outcome in
+its context: a MIG change left pending under GPU work).
 """
 from __future__ import annotations
 
