@@ -619,7 +619,7 @@ def _values_that_fit(key: str, models: list[GpuModel], wishes: Wishes, os_name: 
     return fits
 
 
-def _distro_candidates(os_name: str, data: CompatData, branch_wish: str | None, version_wish: str | None,
+def _distro_candidates(os_name: str, data: CompatData, branch_wish: str | None, version_wish: str,
                        cuda: str, update: str | None, cudnn: str) -> tuple[DistroOffer, str, list[str]]:
     """driver_source distro: the OS's one offer, its branch and its one driver (or why not)."""
     offer = data.distro_offers.get(os_name)
@@ -660,7 +660,7 @@ def _distro_candidates(os_name: str, data: CompatData, branch_wish: str | None, 
     return offer, offer.driver_branch, [offer.driver_version]
 
 
-def _nvidia_candidates(os_name: str, data: CompatData, branch_wish: str | None, version_wish: str | None,
+def _nvidia_candidates(os_name: str, data: CompatData, branch_wish: str | None, version_wish: str,
                        auto: bool) -> tuple[str, list[str]]:
     """driver_source nvidia: the branch and the drivers to try, newest first (or why not)."""
     if os_name not in data.nvidia_repo["os_dirs"]:
