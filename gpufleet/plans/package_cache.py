@@ -1,0 +1,105 @@
+"""The fleet's package cache: what a host's apt sends through it, and what the cache host runs.
+Pure functions; deploys/package_cache.py writes them.
+
+The cache is Debian's apt-cacher-ng on a host the inventory names (`packages_cache_serve`); every
+host with `packages_cache_url` fetches through it:
+
+- the distribution's sources (the host's own sources.list, not gpufleet's) by apt's
+  `Acquire::http::Proxy` in APT_PROXY_CONF; the cache itself is reached DIRECT;
+- gpufleet's own sources (CUDA, Docker, the container toolkit: gpufleet/plans/repos.py) and
+  their keys by apt-cacher-ng's URL forms: `http://cache:3142/<host>[:port]/<path>`, and for an
+  https upstream `http://cache:3142/HTTPS///<host>/<path>` (the cache fetches it over TLS; apt's
+  CONNECT through a proxy would tunnel it past the cache uncached).
+
+The cache is never a trust anchor: every source keeps its `signed-by` keyring, every key is
+still checked against its pinned fingerprint before it is installed, and apt checks the
+InRelease signature and each file's hash, so a cache (or anyone between) that alters a byte
+makes apt refuse it. What the cache sees is public packages.
+"""
+from __future__ import annotations
+
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+APT_PROXY_CONF = "/etc/apt/apt.conf.d/01gpufleet-package-cache"
+ACNG_CONF = "/etc/apt-cacher-ng/zz_gpufleet.conf"
+ACNG_PACKAGE = "apt-cacher-ng"
+ACNG_SERVICE = "apt-cacher-ng.service"
+HEADER = "# Managed by gpufleet (deploys/package_cache.py). Do not edit: changes are reverted.\n"
+NONE = "none"
+
+
+def via_cache(url: str, cache: str) -> str:
+    """`url` as the package cache serves it (unchanged when `cache` is none, or `url` already is
+    the cache's)."""
+    if cache == NONE:
+        return url
+    cache = cache.rstrip("/")
+    if url.startswith(cache + "/"):
+        return url
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "https":
+        return f"{cache}/HTTPS///{parts.netloc}{parts.path}"
+    return f"{cache}/{parts.netloc}{parts.path}"
+
+
+def apt_proxy_conf(cache: str) -> str | None:
+    """The apt drop-in that sends the distribution's http sources through the cache; None
+    without a cache (the drop-in is then removed)."""
+    if cache == NONE:
+        return None
+    host = urllib.parse.urlsplit(cache).hostname
+    return (HEADER
+            + f'Acquire::http::Proxy "{cache.rstrip("/")}/";\n'
+            # gpufleet's own sources name the cache in their URLs: asked of it directly
+            + f'Acquire::http::Proxy::{host} "DIRECT";\n')
+
+
+def acng_conf(port: int, upstream_ports: Sequence[int]) -> str:
+    """apt-cacher-ng's drop-in (read after acng.conf, so it wins): its port, and the upstream ports
+    it may fetch from (its default is 80 only; a site mirror on another port is added here)."""
+    ports = " ".join(str(p) for p in sorted(set(upstream_ports)))
+    return HEADER + f"Port: {port}\nAllowUserPorts: {ports}\n"
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """What deploys/package_cache.py makes of one host."""
+
+    serve: bool                      # install and run apt-cacher-ng here
+    acng_conf: str | None            # its drop-in (serve only)
+    apt_conf: str | None             # the apt proxy drop-in; None = absent
+
+
+def plan(settings: Any) -> CachePlan:
+    serve = bool(settings.packages_cache_serve)
+    return CachePlan(
+        serve=serve,
+        acng_conf=acng_conf(settings.packages_cache_port, settings.packages_cache_upstream_ports) if serve else None,
+        apt_conf=apt_proxy_conf(settings.packages_cache_url),
+    )
+
+
+def summary(settings: Any) -> str:
+    """The plan view's `packages:` line."""
+    parts = [f"apt through the package cache {settings.packages_cache_url}" if settings.packages_cache_url != NONE
+             else "apt straight to the sources"]
+    if settings.packages_cache_serve:
+        parts.append(f"serves the fleet's cache (apt-cacher-ng on port {settings.packages_cache_port}, upstream ports "
+                     + " ".join(str(p) for p in settings.packages_cache_upstream_ports) + ")")
+    if settings.docker_registry_mirror != NONE:
+        parts.append(f"Docker Hub images through {settings.docker_registry_mirror}")
+    parts.append("internet: yes" if settings.packages_internet else
+                 "internet: none (every download from the cache or a site mirror, checked at planning)")
+    return "; ".join(parts)
+
+
+def registry_mirrors(existing: Any, mirror: str) -> list[str] | None:
+    """daemon.json `registry-mirrors` with the tier's mirror first and the operator's others kept;
+    None when the tier names none (the key is then left as the operator has it)."""
+    if mirror == NONE:
+        return None
+    others = [m for m in existing if isinstance(m, str) and m.rstrip("/") != mirror.rstrip("/")] \
+        if isinstance(existing, list) else []
+    return [mirror, *others]
