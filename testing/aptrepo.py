@@ -25,6 +25,9 @@ Use from a test module or conftest:
     def test_x(aptrepo):                  # AptRepo
         aptrepo.base_url("debian12"), aptrepo.keyring, aptrepo.key_armored, aptrepo.cuda_repos_url
 
+Every request is logged to `repo.access_log` ("METHOD PATH STATUS"); `repo.fetches(".deb")` counts the
+package files served, so a test can tell how often a file was fetched from this "upstream".
+
 or without pytest: `repo = serve(tmpdir); ...; repo.stop()`. The package table is
 `default_packages()` (built from DRIVERS / CUDA_TOOLKITS / CUDNN / DCGM / CONTAINER_TOOLKITS
 below); add a release there, or pass your own `packages=[Pkg(...), ...]` to serve().
@@ -746,10 +749,15 @@ def write_flat_repo(directory: Path, debs: list[Path], home: Path | None, fpr: s
 # --------------------------------------------------------------------------------------------
 
 _SERVER = r"""
-import functools, http.server, sys
+import functools, http.server, sys, threading
+log, lock = open(sys.argv[2], "a", buffering=1), threading.Lock()
 class Handler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *a):
         pass
+    def log_request(self, code="-", size="-"):
+        # the access log: one line per request, "METHOD PATH STATUS" (AptRepo.fetches reads it)
+        with lock:
+            log.write(f"{self.command} {self.path} {getattr(code, 'value', code)}\n")
 h = functools.partial(Handler, directory=sys.argv[1])
 srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), h)
 print(srv.server_address[1], flush=True)
@@ -768,6 +776,7 @@ class AptRepo:
     fingerprint: str = ""
     packages: list[Pkg] = field(default_factory=list, repr=False)
     timings: dict[str, float] = field(default_factory=dict)
+    access_log: Path | None = None  # "METHOD PATH STATUS" per request served
     _proc: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -809,6 +818,16 @@ class AptRepo:
     def sources_line(self, distro: str, keyring_path: str = "/usr/share/keyrings/cuda-archive-keyring.gpg") -> str:
         return f"deb [signed-by={keyring_path}] {self.base_url(distro)} /"
 
+    def fetches(self, suffix: str = ".deb") -> dict[str, int]:
+        """How often each path ending in `suffix` was served (status 200), from the access log."""
+        counts: dict[str, int] = {}
+        for line in (self.access_log.read_text().splitlines() if self.access_log and self.access_log.exists() else []):
+            method, _, rest = line.partition(" ")
+            path, _, status = rest.rpartition(" ")
+            if method == "GET" and status == "200" and path.endswith(suffix):
+                counts[path] = counts.get(path, 0) + 1
+        return counts
+
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()
@@ -848,13 +867,14 @@ def serve(work: Path, packages: list[Pkg] | None = None) -> AptRepo:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     # The port is needed for cuda-keyring's sources list, so the server starts first.
-    proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(root)], stdout=subprocess.PIPE,
+    access_log = work / "access.log"
+    proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(root), str(access_log)], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         port = int(proc.stdout.readline().strip())
         repo = AptRepo(url="", keyring=work / "cuda-archive-keyring.gpg", key_armored=material["armored"],
                        root=root, pid=proc.pid, port=port, fingerprint=material["fpr"], packages=packages,
-                       _proc=proc)
+                       access_log=access_log, _proc=proc)
         repo.url = repo.base_url("debian12")
         t1 = time.monotonic()
         cuda_debs = [d for p, d in material["debs"].items() if p.repo == "cuda"]

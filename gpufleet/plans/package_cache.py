@@ -28,6 +28,7 @@ ACNG_PACKAGE = "apt-cacher-ng"
 ACNG_SERVICE = "apt-cacher-ng.service"
 HEADER = "# Managed by gpufleet (deploys/package_cache.py). Do not edit: changes are reverted.\n"
 NONE = "none"
+KEY_FILES = "VfilePatternEx: (/gpgkey|/gpg|\\.asc)$\n"
 
 
 def via_cache(url: str, cache: str) -> str:
@@ -57,10 +58,13 @@ def apt_proxy_conf(cache: str) -> str | None:
 
 
 def acng_conf(port: int, upstream_ports: Sequence[int]) -> str:
-    """apt-cacher-ng's drop-in (read after acng.conf, so it wins): its port, and the upstream ports
-    it may fetch from (its default is 80 only; a site mirror on another port is added here)."""
+    """apt-cacher-ng's drop-in (read after acng.conf, so it wins): its port, the upstream ports it
+    may fetch from (its default is 80 only; a site mirror on another port is added here), and the
+    repositories' signing keys (Docker's /gpg, the toolkit's /gpgkey, .asc), which it otherwise
+    refuses ("403 Forbidden file type"), as volatile files: asked upstream again each time (a key
+    may be rotated; the host checks its fingerprint anyway)."""
     ports = " ".join(str(p) for p in sorted(set(upstream_ports)))
-    return HEADER + f"Port: {port}\nAllowUserPorts: {ports}\n"
+    return HEADER + f"Port: {port}\nAllowUserPorts: {ports}\n" + KEY_FILES
 
 
 @dataclass(frozen=True)
