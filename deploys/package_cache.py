@@ -3,8 +3,8 @@
 Story of a host, part 0.5: before anything is installed, on the host the inventory names
 (`packages_cache_serve: true`) Debian's apt-cacher-ng is installed, given gpufleet's drop-in
 (its port, the upstream ports it may fetch from) and kept running; and every host whose data has
-`packages_cache_url` gets the apt drop-in that sends its distribution's sources through that
-cache (gpufleet's own sources name the cache in their URLs: gpufleet/plans/repos.py). The
+`packages_cache_url` gets the apt drop-in that sends its http sources through that cache
+(gpufleet's https sources name the cache in their URLs: gpufleet/plans/repos.py). The
 cache is never trusted: keys stay pinned (signed-by, fingerprints), apt checks every signature
 and hash (gpufleet/plans/package_cache.py says how).
 

@@ -4,12 +4,14 @@ Pure functions; deploys/package_cache.py writes them.
 The cache is Debian's apt-cacher-ng on a host the inventory names (`packages_cache_serve`); every
 host with `packages_cache_url` fetches through it:
 
-- the distribution's sources (the host's own sources.list, not gpufleet's) by apt's
-  `Acquire::http::Proxy` in APT_PROXY_CONF; the cache itself is reached DIRECT;
-- gpufleet's own sources (CUDA, Docker, the container toolkit: gpufleet/plans/repos.py) and
-  their keys by apt-cacher-ng's URL forms: `http://cache:3142/<host>[:port]/<path>`, and for an
-  https upstream `http://cache:3142/HTTPS///<host>/<path>` (the cache fetches it over TLS; apt's
-  CONNECT through a proxy would tunnel it past the cache uncached).
+- every http source (the distribution's, in the host's own sources.list, and gpufleet's own
+  where upstream is http, such as a site mirror) and every key apt fetches over http, by apt's
+  `Acquire::http::Proxy` in APT_PROXY_CONF;
+- gpufleet's own https sources (CUDA, Docker, the container toolkit: gpufleet/plans/repos.py)
+  and their keys by apt-cacher-ng's URL form for them, `http://cache:3142/HTTPS///<host>/<path>`
+  (the cache fetches it over TLS; apt's CONNECT through a proxy would tunnel it past the cache
+  uncached); the cache itself is reached DIRECT. (Its other URL form, `/<host>:<port>/<path>`
+  for http upstreams, loses the port in apt-cacher-ng 3.7: measured, "503 Connection refused".)
 
 The cache is never a trust anchor: every source keeps its `signed-by` keyring, every key is
 still checked against its pinned fingerprint before it is installed, and apt checks the
@@ -32,17 +34,16 @@ KEY_FILES = "VfilePatternEx: (/gpgkey|/gpg|\\.asc)$\n"
 
 
 def via_cache(url: str, cache: str) -> str:
-    """`url` as the package cache serves it (unchanged when `cache` is none, or `url` already is
-    the cache's)."""
+    """`url` as apt asks the package cache for it: an https URL in the cache's HTTPS/// form; an
+    http URL unchanged (apt's proxy setting sends it through the cache); everything unchanged
+    when `cache` is none."""
     if cache == NONE:
         return url
     cache = cache.rstrip("/")
-    if url.startswith(cache + "/"):
-        return url
     parts = urllib.parse.urlsplit(url)
     if parts.scheme == "https":
         return f"{cache}/HTTPS///{parts.netloc}{parts.path}"
-    return f"{cache}/{parts.netloc}{parts.path}"
+    return url
 
 
 def apt_proxy_conf(cache: str) -> str | None:
@@ -53,7 +54,7 @@ def apt_proxy_conf(cache: str) -> str | None:
     host = urllib.parse.urlsplit(cache).hostname
     return (HEADER
             + f'Acquire::http::Proxy "{cache.rstrip("/")}/";\n'
-            # gpufleet's own sources name the cache in their URLs: asked of it directly
+            # the HTTPS/// URLs name the cache itself: asked of it directly
             + f'Acquire::http::Proxy::{host} "DIRECT";\n')
 
 

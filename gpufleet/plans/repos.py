@@ -11,8 +11,9 @@ plan view (deploys/plan.py) prints them per host before anything changes. Pure f
   (apt fills in `$(ARCH)`);
 - `driver_source: distro`: no repository of its own, the archive components the driver needs.
 
-With a fleet package cache (`packages_cache_url`) every URL here, keys' included, is the cache's
-form of it (apt_url; gpufleet/plans/package_cache.py); the keyrings stay the same.
+With a fleet package cache (`packages_cache_url`) every https URL here, keys' included, is the
+cache's form of it (apt_url; http ones go through it by apt's proxy setting:
+gpufleet/plans/package_cache.py); the keyrings stay the same.
 """
 from __future__ import annotations
 

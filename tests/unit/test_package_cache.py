@@ -56,9 +56,9 @@ def test_case(path):
 
 @pytest.mark.parametrize("url, want", [
     ("https://developer.download.nvidia.com/compute/cuda/repos", "http://c:3142/HTTPS///developer.download.nvidia.com/compute/cuda/repos"),
-    ("http://127.0.0.1:41234/libnvidia-container", "http://c:3142/127.0.0.1:41234/libnvidia-container"),
     ("https://mirror:8443/x", "http://c:3142/HTTPS///mirror:8443/x"),
-    ("http://c:3142/deb.debian.org/debian", "http://c:3142/deb.debian.org/debian"),  # already the cache's
+    # http: unchanged, apt's proxy setting sends it through the cache
+    ("http://127.0.0.1:41234/libnvidia-container", "http://127.0.0.1:41234/libnvidia-container"),
 ])
 def test_via_cache(url, want):
     assert pc.via_cache(url, "http://c:3142") == want
