@@ -759,7 +759,16 @@ class Handler(http.server.SimpleHTTPRequestHandler):
         with lock:
             log.write(f"{self.command} {self.path} {getattr(code, 'value', code)}\n")
 h = functools.partial(Handler, directory=sys.argv[1])
-srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), h)
+if sys.argv[3] == "low":  # a port below 32768 (see serve)
+    import random
+    for port in random.sample(range(20000, 32768), 200):
+        try:
+            srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), h)
+            break
+        except OSError:
+            continue
+else:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), h)
 print(srv.server_address[1], flush=True)
 srv.serve_forever()
 """
@@ -857,8 +866,12 @@ def build(work: Path, packages: list[Pkg] | None = None, port: int | None = None
             "bad_home": bad_home, "bad_fpr": bad_fpr, "t_debs": t_debs, "t_key": t_key}
 
 
-def serve(work: Path, packages: list[Pkg] | None = None) -> AptRepo:
-    """Build (debs cached) and serve the stand-in repositories on 127.0.0.1:<free port>."""
+def serve(work: Path, packages: list[Pkg] | None = None, low_port: bool = False) -> AptRepo:
+    """Build (debs cached) and serve the stand-in repositories on 127.0.0.1:<free port>.
+
+    `low_port`: a port below 32768, outside the kernel's ephemeral range: Debian 12's apt-cacher-ng
+    (3.7.4) answers "503 Connection refused" for an upstream on a port from 32768 up, even one in
+    its AllowUserPorts (measured: 34531, 34999 refused, 18777 served)."""
     work = Path(work)
     packages = default_packages() if packages is None else list(packages)
     t0 = time.monotonic()
@@ -868,7 +881,8 @@ def serve(work: Path, packages: list[Pkg] | None = None) -> AptRepo:
     root.mkdir(parents=True)
     # The port is needed for cuda-keyring's sources list, so the server starts first.
     access_log = work / "access.log"
-    proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(root), str(access_log)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(root), str(access_log), "low" if low_port else "0"],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         port = int(proc.stdout.readline().strip())

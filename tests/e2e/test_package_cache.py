@@ -21,8 +21,8 @@ import textwrap
 
 import pytest
 
+from testing import aptrepo as standin
 from testing import testhosts
-from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
 from testing.inventory import OS_RELEASE, write_inventory
 from tests.e2e.pyinfra_cli import changed_operations, pyinfra
 
@@ -63,7 +63,19 @@ def _packages(host) -> str:
 
 
 @pytest.fixture(scope="module")
-def site(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
+def aptrepo(tmp_path_factory):
+    """This module's own stand-in "upstream": on a port apt-cacher-ng fetches from (below 32768,
+    see testing/aptrepo.serve), with an access log of its own."""
+    missing = standin._missing_tools()
+    if missing:
+        pytest.skip(f"the stand-in apt repository needs {', '.join(missing)}")
+    repo = standin.serve(tmp_path_factory.mktemp("upstream"), low_port=True)
+    yield repo
+    repo.stop()
+
+
+@pytest.fixture(scope="module")
+def site(hostpool, aptrepo, tmp_path_factory):
     cache = hostpool.get("pkgcache-server", 1, release="bookworm")[0]
     clients = hostpool.get("pkgcache-clients", 3, release="bookworm", gpu="t4")
     url = f"http://{cache.address}:{PORT}"
@@ -97,7 +109,7 @@ def test_the_cache_host_runs_debians_apt_cacher_ng(site):
     assert f":{PORT}" in sh(cache, "ss -ltn")
 
 
-def test_three_fresh_hosts_converge_through_the_cache(site, aptrepo):  # noqa: F811
+def test_three_fresh_hosts_converge_through_the_cache(site, aptrepo):
     first = site["first"]
     assert first.returncode == 0, first.output[-4000:]
     origin = aptrepo.container_repo_base()  # http: through the cache by apt's proxy setting
@@ -122,7 +134,7 @@ def test_three_fresh_hosts_converge_through_the_cache(site, aptrepo):  # noqa: F
         assert MIRROR in sh(h, "docker info --format '{{json .RegistryConfig.Mirrors}}'")
 
 
-def test_each_package_file_comes_from_upstream_once(site, aptrepo):  # noqa: F811
+def test_each_package_file_comes_from_upstream_once(site, aptrepo):
     fetched = site["fetched"]
     toolkit = [p for p in aptrepo.packages if p.name in TOOLKIT and p.version == TOOLKIT_VERSION]
     assert len(toolkit) == len(TOOLKIT)
@@ -146,7 +158,7 @@ def test_second_run_changes_nothing(site):
     assert changed_operations(second) == [], second.output
 
 
-def test_a_host_whose_cache_is_down_fails_with_apts_error_and_nothing_half_installed(site, hostpool, aptrepo):  # noqa: F811
+def test_a_host_whose_cache_is_down_fails_with_apts_error_and_nothing_half_installed(site, hostpool, aptrepo):
     host = hostpool.get("pkgcache-down", 1, release="bookworm", gpu="t4")[0]
     inventory = write_inventory(site["tmp"] / "down.py", [host], data={host.name: _data(
         host, packages_cache_url=site["url"], docker_toolkit_repo_url=aptrepo.container_repo_base(),
@@ -170,7 +182,7 @@ def test_a_host_whose_cache_is_down_fails_with_apts_error_and_nothing_half_insta
 # --------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def airgapped(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
+def airgapped(hostpool, aptrepo, tmp_path_factory):
     host = hostpool.get("pkgcache-airgap", 1, release="bookworm", gpu="t4", private_network=True,
                         forward=(aptrepo.port,))[0]
     tmp = tmp_path_factory.mktemp("airgap")
