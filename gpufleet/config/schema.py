@@ -261,10 +261,13 @@ def _check_cache_url(value: Any) -> str:
     return url.rstrip("/")
 
 
+_UPSTREAM_PORTS_ALLOWED = ("list of TCP ports from 1 to 32767 the cache may fetch from, such as [80, 443] "
+                           "(Debian 12's apt-cacher-ng 3.7.4 answers 503 for an upstream port from 32768 up)")
+
+
 def _check_upstream_port(item: Any) -> int:
-    allowed = "list of TCP ports (1-65535) the cache may fetch from, such as [80, 443]"
-    if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= 65535:
-        raise BadValue(f"{show(item)} is not a TCP port", allowed)
+    if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= 32767:
+        raise BadValue(f"{show(item)} is not a TCP port below 32768", _UPSTREAM_PORTS_ALLOWED)
     return item
 
 
@@ -967,7 +970,7 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "packages_cache_url": KeySpec(_check_cache_url, lambda: _CACHE_ALLOWED),
         "packages_cache_serve": _bool(),
         "packages_cache_port": _int(1, 65535),
-        "packages_cache_upstream_ports": _list(_check_upstream_port, "list of TCP ports (1-65535), such as [80, 443]"),
+        "packages_cache_upstream_ports": _list(_check_upstream_port, _UPSTREAM_PORTS_ALLOWED),
         "packages_internet": _bool(),
         "tuning_omp_threads": KeySpec(_check_omp, lambda: "auto | integer >= 1"),
         # ">" only as the catch-all of a roundup_power2_divisions list, e.g. [256:1,>:8]
