@@ -834,6 +834,7 @@ class AptRepo:
             method, _, rest = line.partition(" ")
             path, _, status = rest.rpartition(" ")
             if method == "GET" and status == "200" and path.endswith(suffix):
+                path = path.replace("/./", "/")  # flat repositories' Filename: ./name.deb
                 counts[path] = counts.get(path, 0) + 1
         return counts
 
