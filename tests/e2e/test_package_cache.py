@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
 TOOLKIT = ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
            "libnvidia-container1")
 TOOLKIT_VERSION = "1.18.0-1"
+TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 PORT = 3142
 MIRROR = "http://127.0.0.1:5000"  # a registry mirror for daemon.json (nothing pulls from it here)
 DEPLOY = textwrap.dedent("""\
@@ -121,7 +122,7 @@ def test_three_fresh_hosts_converge_through_the_cache(site, aptrepo):
         for pkg in TOOLKIT:
             assert status[pkg].endswith(TOOLKIT_VERSION), (pkg, status[pkg])
         # the keyring stays pinned (the cache is no trust anchor)
-        assert sh(h, "cat /etc/apt/sources.list.d/nvidia-container-toolkit.list") == (
+        assert sh(h, f"cat {TOOLKIT_LIST}") == (
             f"deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] {origin}/stable/deb/$(ARCH) /\n")
         fprs = sh(h, "gpg --with-colons --show-keys /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg "
                      "| awk -F: '$1==\"fpr\"{print $10}'").split()
@@ -146,7 +147,7 @@ def test_each_package_file_comes_from_upstream_once(site, aptrepo):
     log = sh(site["cache"], "cat /var/log/apt-cacher-ng/apt-cacher.log")
     for pkg in toolkit:
         mine = [line.split("|")[1] for line in log.splitlines() if line.endswith("/" + pkg.filename)]
-        assert sorted(mine) == ["I", "O", "O", "O"], (pkg.filename, mine)
+        assert mine.count("I") == 1 and mine.count("O") >= 3, (pkg.filename, mine)
     lines = [line.split("|") for line in log.splitlines() if "/docker.io_" in line and line.endswith(".deb")]
     assert [f[1] for f in lines].count("I") == 1, lines
     assert [f[1] for f in lines].count("O") == 3, lines
@@ -196,12 +197,13 @@ def airgapped(hostpool, aptrepo, tmp_path_factory):
     before = _packages(host)
     refused = pyinfra(bare, str(deploy), netns=host.netns)
     after_refusal = _packages(host)
+    list_after_refusal = testhosts.ssh(host, f"test -e {TOOLKIT_LIST}", check=False).returncode == 0
     first = pyinfra(mirrored, str(deploy), netns=host.netns)
     second = pyinfra(mirrored, str(deploy), netns=host.netns)
     for name, run in (("refused", refused), ("first", first), ("second", second)):
         (tmp / f"{name}.log").write_text(run.output)
     return {"host": host, "refused": refused, "first": first, "second": second, "before": before,
-            "after_refusal": after_refusal}
+            "after_refusal": after_refusal, "list_after_refusal": list_after_refusal}
 
 
 def test_the_air_gapped_host_has_no_route_out(airgapped):
@@ -218,7 +220,7 @@ def test_without_the_mirror_it_is_refused_at_planning(airgapped):
             "internet), but https://nvidia.github.io/libnvidia-container is a public upstream") in refused.output, \
         refused.output[-3000:]
     assert airgapped["after_refusal"] == airgapped["before"]
-    assert testhosts.ssh(host, "test -e /etc/apt/sources.list.d/nvidia-container-toolkit.list", check=False).returncode != 0
+    assert not airgapped["list_after_refusal"]
 
 
 def test_with_the_mirror_it_converges(airgapped):
