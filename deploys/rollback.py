@@ -95,6 +95,8 @@ def restore(ctx: RolloutContext) -> None:
 
 @deploy("Restore disk snapshot")
 def restore_disk(ctx: RolloutContext, ident: str) -> None:
+    """Put back the disk snapshot taken before the upgrade (a btrfs subvolume; the others are
+    restored by hand, as printed), the current state kept beside it."""
     doc = ctx.manifests[host.name]
     disk = doc.get("disk_snapshot")
     if not disk or disk.get("error"):

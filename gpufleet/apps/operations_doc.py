@@ -72,11 +72,20 @@ def _why(node: ast.expr, source: str) -> str:
     return ""
 
 
+def _first_sentence(docstring: str) -> str:
+    """A docstring's first paragraph, on one line: what a deploy is for."""
+    return " ".join(docstring.split("\n\n", 1)[0].split())
+
+
 def names_in(path: Path, relative: str) -> Iterator[Named]:
     """Every operation and deploy name written in one file, in source order."""
     source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source)
     found: list[Named] = []
-    for node in ast.walk(ast.parse(source)):
+    deploy_why = {id(decorator): _first_sentence(ast.get_docstring(node) or ast.get_docstring(tree) or "")
+                  for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                  for decorator in node.decorator_list}
+    for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         called = _called(node)
@@ -89,7 +98,8 @@ def names_in(path: Path, relative: str) -> Iterator[Named]:
         if value is None or (isinstance(value, ast.Name) and kind == "operation"):
             continue
         text, length = _text(value, source)
-        found.append(Named(relative, node.lineno, kind, " ".join(text.split()), length, _why(value, source)))
+        why = deploy_why.get(id(node), "") if kind == "deploy" else _why(value, source)
+        found.append(Named(relative, node.lineno, kind, " ".join(text.split()), length, why))
     yield from sorted(found, key=lambda n: n.line)
 
 
