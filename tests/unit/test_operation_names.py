@@ -90,3 +90,17 @@ def test_explained_says_why_under_verbose_only(caplog: pytest.LogCaptureFixture)
             assert explained("Short", "the long reason") == "Short"
         [record] = [r for r in caplog.records if "the long reason" in r.getMessage()]
         assert record.levelno == level and "Short: the long reason" in record.getMessage()
+
+
+def test_the_planned_names_fit_too():
+    """The names as pyinfra plans them, values filled in (the controller recording's operations,
+    which tests/unit/test_controller_replay.py holds to what all.py plans today): a value longer
+    than PLACEHOLDER would show here."""
+    import json
+
+    recording = json.loads((ROOT / "tests" / "fixtures" / "controller" / "noop-recording.json").read_text())
+    checked = {n.name for n in all_names(ROOT) if n.kind == "deploy" and n.path not in NOT_YET}
+    rows = [op.partition(" | ") for op in recording["noop"]["operations"]]
+    mine = [(deploy, name) for deploy, _, name in rows if deploy in checked]
+    assert len(mine) > 30
+    assert [f"{d} | {n}" for d, n in mine if len(n) > NAME_LIMIT or len(d) > DEPLOY_NAME_LIMIT] == []
