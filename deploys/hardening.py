@@ -127,7 +127,7 @@ def _sshd(settings: Settings, planned: HardeningPlan, activation: SshdActivation
     # one reads it at the next login). Kept only if a fresh login as the deploy user works, else
     # the previous one is restored; the host reverts it on its own after
     # hardening_sshd_revert_after seconds if this run is cut off.
-    how = "restart sshd, keep ssh.socket" if activation.socket_activated else "reload sshd"
+    how = "restart, keep ssh.socket" if activation.socket_activated else "reload sshd"
     ssh.sshd_dropin(
         name=f"Install the hardened sshd drop-in ({how})",
         dest=SSHD_DROPIN,

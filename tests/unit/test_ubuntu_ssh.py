@@ -292,7 +292,7 @@ def test_hardening_on_ubuntu_2404_with_ssh_socket_plans_the_socket_aware_path(mo
     # install, arm, restart, prove and disarm in one operation: the revert timer spans this
     # host's own steps, never the rest of the fleet's operations
     [(name, commands)] = [(n, c) for n, c in ops if n.startswith("Install the hardened sshd drop-in")]
-    assert name == "Install the hardened sshd drop-in (restart sshd, keep ssh.socket)"
+    assert name == "Install the hardened sshd drop-in (restart, keep ssh.socket)"
     install, restart, prove = commands[-3:]
     assert "systemd-run" in install and "sshd -t" in install  # revert timer armed, candidate judged
     assert "systemctl try-restart ssh.service" in restart and "is-active --quiet ssh.socket" in restart
@@ -320,7 +320,7 @@ def test_the_firewall_opens_the_port_ssh_socket_listens_on(monkeypatch):
                         lambda settings, ports: seen.setdefault("ports", sorted(set(ports))) and real(settings, ports))
     _, _, ops = plan(monkeypatch, canned)
     assert seen["ports"] == [22, 2222]  # sshd -T's port 22 and the socket's 2222: both stay reachable
-    assert any(n == "Install the hardened sshd drop-in (restart sshd, keep ssh.socket)" for n, _ in ops)
+    assert any(n == "Install the hardened sshd drop-in (restart, keep ssh.socket)" for n, _ in ops)
 
 
 def test_plain_daemon_keeps_the_reload(monkeypatch):
