@@ -52,7 +52,6 @@ from pyinfra.facts.files import Sha256File
 from pyinfra.operations import apt, files, systemd
 
 from gpufleet.apt_policy import APT_CACHE_SECONDS, GPU_PACKAGE_BLACKLIST, UNATTENDED_CONF
-from gpufleet.catalog.sshd_policy import named_users
 from gpufleet.config.failures import refuse
 from gpufleet.config.settings import Settings, host_settings
 from gpufleet.controller import factcache
@@ -80,11 +79,11 @@ def hardening() -> None:
     if planned.peers_warning:
         logger.warning(f"{host.print_prefix}{planned.peers_warning}")
     activation = host.get_fact(SshdActivation)
-    if not settings.hardening_password_auth:  # 1. on failure the host stops here, nothing changed
+    if planned.keys_for_users:  # 1. on failure the host stops here, nothing changed
         ssh.require_authorized_keys(
             name="Require SSH keys for the deploy user and allowed users",
-            users=[planned.user, *named_users(settings.hardening_allow_users)],
-            groups=list(settings.hardening_allow_groups),
+            users=list(planned.keys_for_users),
+            groups=list(planned.keys_for_groups),
         )
     quiet_needrestart()
     apt.packages(
@@ -95,9 +94,9 @@ def hardening() -> None:
         no_recommends=True,
     )
     _sshd(settings, planned, activation)  # 2. each change proven by a fresh login, else put back
-    if settings.firewall_enabled:  # 3.
+    if planned.firewall:  # 3.
         _firewall(settings, activation)
-    if settings.hardening_unattended_upgrades:  # 4.
+    if planned.security_updates:  # 4.
         _security_updates()
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.catalog.sshd_policy import deploy_user, dropin, dropin_lines, expected_sshd, lockouts
+from gpufleet.catalog.sshd_policy import deploy_user, dropin, dropin_lines, expected_sshd, lockouts, named_users
 from gpufleet.catalog.sshd_support import available, rejected_algorithms
 from gpufleet.config.schema import split_port
 from gpufleet.config.settings import Settings
@@ -103,11 +103,17 @@ def sshd_plan(settings: Settings, version: OpenSshVersion | None) -> SshdPlan:
 @dataclass(frozen=True)
 class HardeningPlan:
     """What the hardening deploy applies: the user whose login proves each change, the drop-in,
-    what `sshd -T` must show after it, and a warning to print (training peers not listed)."""
+    what `sshd -T` must show after it, who must have an SSH key first (none where passwords are
+    allowed), whether the firewall and security updates are on, and a warning to print
+    (a multi-node tier whose firewall lets no training peer in)."""
 
     user: str
     sshd: SshdPlan
     expected_sshd: Mapping[str, str | list[str]]
+    keys_for_users: tuple[str, ...]
+    keys_for_groups: tuple[str, ...]
+    firewall: bool
+    security_updates: bool
     peers_warning: str | None = None
 
 
@@ -139,7 +145,13 @@ def plan(settings: Settings, *, login_refusal: str | None, ssh_user: str | None,
     if rejected:
         return Refusal("hardening", "hardening_extra_kex", "; ".join(rejected),
                        "use only what this host's sshd offers: " + ", ".join(available(version, "kex")))
-    return HardeningPlan(user, sshd, expected_sshd(settings, sshd.algorithms()), cluster.missing_peers(settings))
+    keys = not settings.hardening_password_auth  # keys only: nobody may be left without one
+    return HardeningPlan(
+        user, sshd, expected_sshd(settings, sshd.algorithms()),
+        keys_for_users=(user, *named_users(settings.hardening_allow_users)) if keys else (),
+        keys_for_groups=tuple(settings.hardening_allow_groups) if keys else (),
+        firewall=settings.firewall_enabled, security_updates=settings.hardening_unattended_upgrades,
+        peers_warning=cluster.missing_peers(settings))
 
 
 # firewall -----------------------------------------------------------------------------------

@@ -114,3 +114,14 @@ def test_the_boot_ruleset_loads_the_operators_tables_first():
     head, _, tail = boot.partition(f'include "{h.OPERATOR_NFT_DIR}/*.nft"\n')
     assert tail and "table inet gpufleet" not in head
     assert "include" not in plan.rules().replace("included", "")
+
+
+def test_who_must_have_a_key_before_anything_changes():
+    plan = planned(hardening_allow_users=["root", "alice", "ops*"], hardening_allow_groups=["gpu"])
+    assert isinstance(plan, h.HardeningPlan)
+    # the deploy user and every named allowed user; a pattern names no one to check
+    assert (plan.keys_for_users, plan.keys_for_groups) == (("root", "root", "alice"), ("gpu",))
+    assert plan.firewall and plan.security_updates
+    open_plan = planned(hardening_password_auth=True, firewall_enabled=False)
+    assert isinstance(open_plan, h.HardeningPlan)
+    assert (open_plan.keys_for_users, open_plan.keys_for_groups, open_plan.firewall) == ((), (), False)
