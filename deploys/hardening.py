@@ -33,13 +33,18 @@ Story of a host, part 5 (last, so that it cannot cut off the steps before it):
    At boot that file first includes /etc/nftables.d/*.nft, where an operator's own
    /etc/nftables.conf is kept when gpufleet's replaces it.
    SSH ports: every port sshd listens on (`sshd -T` port and listenaddress) and ssh.socket's
-   where sshd is socket-activated. Docker's tables and forwarding are left alone. Hosts that cannot load
-   rules (containers) get the file written and checked, and are told so.
+   where sshd is socket-activated. Docker's tables and forwarding are left alone, but a new
+   connection to a port a container publishes passes only on the input chain's terms (the
+   table's forward chain). Hosts that cannot load rules (containers) get the file written and
+   checked, and are told so.
 4. **Security updates**: unattended-upgrades on, from the distribution's security archive
    (Debian's, or Ubuntu's -security pocket with its release pocket and ESM), GPU packages
    blacklisted (GPU_PACKAGE_BLACKLIST, shared with the driver deploy; Ubuntu's prebuilt
    linux-modules-nvidia-* too). Where needrestart is installed (Ubuntu), it only lists services
    after apt, never restarts them or waits for an answer (deploys/base.py).
+
+The decisions are gpufleet/plans/hardening.py's (HardeningPlan, FirewallPlan); this file applies
+them, and turns the plan's refusals into stops before anything changes.
 """
 from __future__ import annotations
 
