@@ -18,6 +18,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
 
+from gpufleet.explain import explained
 from gpufleet.apt_policy import APT_CACHE_SECONDS
 from gpufleet.config.settings import host_settings
 from gpufleet.plans import package_cache as pc
@@ -28,40 +29,42 @@ def package_cache() -> None:
     cache = pc.plan(host_settings(host))
     if cache.serve and cache.acng_conf is not None:
         apt.packages(
-            name="Install Debian's apt-cacher-ng, the fleet's package cache",
+            name=explained("Install apt-cacher-ng", "Install Debian's apt-cacher-ng, the fleet's package cache"),
             packages=[pc.ACNG_PACKAGE],
             update=True,
             cache_time=APT_CACHE_SECONDS,
             no_recommends=True,
         )
         conf = files.put(
-            name="Configure the package cache: its port and the upstream ports it may fetch from",
+            name=explained("Configure apt-cacher-ng", "Configure the package cache: its port and the upstream ports it "
+                                                                  "may fetch from"),
             src=StringIO(cache.acng_conf),
             dest=pc.ACNG_CONF,
             mode="644",
         )
         systemd.service(
-            name="Run the package cache now and at every boot",
+            name=explained("Start apt-cacher-ng", "Run the package cache now and at every boot"),
             service=pc.ACNG_SERVICE,
             running=True,
             enabled=True,
         )
         systemd.service(
-            name="Restart the package cache for its new configuration",
+            name=explained("Restart apt-cacher-ng", "Restart the package cache for its new configuration"),
             service=pc.ACNG_SERVICE,
             restarted=True,
             _if=conf.did_change,
         )
     if cache.apt_conf is not None:
         files.put(
-            name="Send apt's downloads through the fleet's package cache",
+            name=explained("Use the package cache", "Send apt's downloads through the fleet's package cache "
+                                                          "(an apt proxy drop-in for the http sources)"),
             src=StringIO(cache.apt_conf),
             dest=pc.APT_PROXY_CONF,
             mode="644",
         )
     else:
         files.file(
-            name="No package cache: apt fetches from the sources themselves",
+            name=explained("No package cache", "No package cache: apt fetches from the sources themselves"),
             path=pc.APT_PROXY_CONF,
             present=False,
         )

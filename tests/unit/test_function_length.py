@@ -26,10 +26,7 @@ LONG_ALLOWED = {
     "deploys/upgrade.py:upgrade": "issue 49: the driverplan branch",
 }
 #: files whose `settings: Any` another branch retypes
-SETTINGS_ANY_ALLOWED = {
-    "gpufleet/catalog/sshd_policy.py": "issue 49: the dockhard branch (catalog sits below Settings' floor)",
-    "gpufleet/plans/dockerconf.py": "issue 49: the dockhard branch",
-}
+SETTINGS_ANY_ALLOWED: dict[str, str] = {}
 
 
 def _sources() -> list[tuple[str, str]]:
