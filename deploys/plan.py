@@ -24,6 +24,7 @@ from pyinfra.facts.server import Arch
 
 from gpufleet import askpass
 from gpufleet.cluster import missing_peers, training_networks
+from gpufleet.plans.acceptance import plan_line as acceptance_line
 from gpufleet.compat import compat_data
 from gpufleet.errors import Incompatible
 from gpufleet.hostfacts import driver_state, hardware, kernel_plan, os_name, os_release, resolution, tier_mismatches
@@ -52,6 +53,7 @@ if mixed := mixed_gpus(hardware(host).models):
 for problem in tier_mismatches(host, settings):
     lines.append(f"MISMATCH ({settings.tier_mismatch}): {problem}")
 lines.append(f"training peers: {training_networks(settings)}")
+lines.append(f"acceptance: {acceptance_line(settings)}")
 if warning := missing_peers(settings):
     lines.append(f"WARNING: {warning}")
 

@@ -297,3 +297,47 @@ class Verdict:
 
 def verdict(host: str, *parts: Sequence[Finding]) -> Verdict:
     return Verdict(host, tuple(f for part in parts for f in part))
+
+
+def parse_allreduce(lines: Sequence[str], peer: str) -> AllReduce:
+    """One rank's lines of gpufleet/allreduce_probe.py (AllReduceRank) -> what the all-reduce did."""
+    import json
+    import re
+
+    record: dict[str, Any] = {}
+    transport = ""
+    for line in lines:
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+        elif not transport:
+            # NCCL INFO "Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0"
+            seen = re.search(r" via (NET/[A-Za-z]+|P2P/[A-Za-z]+|SHM)", line)
+            transport = seen.group(1) if seen else ""
+    if record.get("status") != "ok":
+        stage = f" at the {record['stage']}" if record.get("stage") else ""
+        return AllReduce(peer, False, str(record.get("backend", "")),
+                         detail=f"failed{stage}: {record.get('reason') or 'no answer from the all-reduce'}")
+    backend, ranks = str(record["backend"]), int(record["ranks"])
+    total, want = record.get("sum") or [], float(record.get("expected", -1))
+    if not total or any(abs(float(v) - want) > 1e-6 for v in total):
+        return AllReduce(peer, False, backend, ranks, detail=f"wrong sum {total}, expected {want:g} on every element")
+    busbw = perf.allreduce_busbw_gbs(int(record["bytes"]), ranks, int(record["iterations"]), float(record["seconds"]))
+    return AllReduce(peer, True, backend, ranks, round(busbw, 3), simulated=not record.get("cuda"),
+                     detail=f"sum {total[0]:g} as expected, {int(record['bytes']) >> 20} MiB x {record['iterations']}",
+                     transport=transport)
+
+
+def plan_line(settings: Any) -> str:
+    """What the acceptance runs on this host, in one line (the plan view, docs/acceptance.md)."""
+    when = ("after each tools/rollout batch, before it is resumed" if settings.acceptance_rollout
+            else "by tools/health --burn-in only (acceptance_rollout: false)")
+    diag = f"DCGM diagnostic level {settings.acceptance_diag_level}, " if settings.acceptance_diag_level else ""
+    floor = inter_node_floor(settings.nccl_profile)
+    minimum = f"busbw {floor.describe()}" if floor else f"no busbw minimum for nccl_profile {settings.nccl_profile}"
+    return (f"{when}: performance probe, GPU health, {diag}all-reduce with a known-good peer on port "
+            f"{settings.acceptance_port}/tcp ({settings.acceptance_allreduce_mib} MiB, {settings.acceptance_timeout} s "
+            f"at most; {minimum}), InfiniBand/RoCE ports before and after")

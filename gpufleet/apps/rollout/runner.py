@@ -165,6 +165,7 @@ class Runner:
         self.stopped: str | None = None
         self.waved: set[str] = set()        # hosts a wave of this run started
         self.waves_started: float | None = None
+        self.acceptance: dict[str, Any] = {}   # host -> its acceptance verdict (--json)
         self.ctx = RolloutContext(target=opts.target or "", manifests_dir=Path(opts.manifests_dir),
                                   wait_idle=opts.wait_idle, force=opts.force,
                                   stop_containers=opts.stop_containers, reboot_timeout=opts.reboot_timeout,
@@ -486,7 +487,7 @@ class Runner:
             for n in names:
                 state.start(n, step)
             t = time.monotonic()
-            result = self.run_per_target(names, funcs[step])
+            result = self.accept(batch, names) if step == "accept" else self.run_per_target(names, funcs[step])
             took = time.monotonic() - t
             if step == "reboot":
                 # the locks' holders died with the boot: this rollout locks the hosts again
@@ -494,7 +495,7 @@ class Runner:
                     self.say(f"[{batch.name}] {n}: warning: could not lock it again after its reboot: {why}")
             for n in result.ok:
                 msg = ""
-                if step == "validate":
+                if step in ("validate", "accept"):
                     msg = "; ".join(ctx.notes.pop(n, []))
                 if step == "snapshot":
                     state.host(n).manifest = ctx.manifest_paths.get(n)
@@ -539,6 +540,38 @@ class Runner:
             result = self.run_per_target(give_back, steps.undrain)
             for n in result.ok:
                 self.say(f"[{batch.name}] {n}: nothing changed, back in service")
+
+    def known_good_peer(self, wave: Sequence[str]) -> str | None:
+        """A host already in service at its target: done in this rollout, or left out as at
+        its target already; None when there is none yet (the canary)."""
+        done = [n for n in self.state.hosts if n not in wave and self.state.host(n).status == "done"]
+        at_target = [n for n, why in self.notes.items() if why.startswith("at ") and n not in wave]
+        return (done + at_target + [None])[0]
+
+    def accept(self, batch: plan.Batch, names: list[str]) -> StepResult:
+        """The acceptance step (gpufleet/apps/acceptance.py): every host of the wave with a
+        known-good peer; a host that fails stays drained, named with the measurement and fix."""
+        from gpufleet.apps.acceptance import accept
+
+        from .session import StepResult
+
+        peer = self.known_good_peer(names)
+        self.say(f"[{batch.name}] acceptance of {', '.join(names)} with "
+                 + (f"known-good peer {peer}" if peer else "no known-good peer yet (the first host is the reference)"))
+        result = StepResult()
+        verdicts = accept(self.opts.inventory, names, peer, say=lambda line: self.say(f"[{batch.name}] {line}"),
+                          rollout=True)
+        self.acceptance.update({n: v.to_json() for n, v in verdicts.items()})
+        for name, verdict in verdicts.items():
+            for finding in verdict.findings:
+                if finding.status != "pass":
+                    self.say(f"[{batch.name}] {name}: {finding.line()}")
+            if verdict.passed:
+                result.ok.append(name)
+                self.ctx.notes.setdefault(name, []).append(verdict.summary())
+            else:
+                result.failed[name] = f"acceptance: {verdict.summary()}"
+        return result
 
     def progress(self, names: list[str], in_flight: Sequence[str] = ()) -> str:
         """Hosts done / in flight / failed of this rollout, and the time left at this run's pace
