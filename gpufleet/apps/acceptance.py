@@ -60,7 +60,7 @@ def _python(settings: Any) -> str:
     return runtime_of(settings).python or "python3"
 
 
-def read_host(host: Any, reading: HostReading, probe: bool) -> None:
+def read_host(host: Any, reading: HostReading, probe: bool, diag_level: int | None = None) -> None:
     """Step 1 on one host (in its pyinfra context)."""
     from gpufleet import perf
     from gpufleet.health import assess
@@ -75,12 +75,13 @@ def read_host(host: Any, reading: HostReading, probe: bool) -> None:
         result = perf.parse_probe_output(lines, models, nvlink=settings.validate_nvlink == "required")
         reading.findings += plan.judge_probe(result, models, nvlink=settings.validate_nvlink == "required")
     diag = None
-    if settings.acceptance_diag_level:
+    level = settings.acceptance_diag_level if diag_level is None else diag_level
+    if level:
         from gpufleet.facts.dcgm_diag import DcgmDiag
 
-        diag = host.get_fact(DcgmDiag, level=settings.acceptance_diag_level)
+        diag = host.get_fact(DcgmDiag, level=level)
     verdict = assess(host.get_fact(GpuHealth), nvlink=settings.validate_nvlink, diag=diag)
-    reading.findings.append(health_finding(verdict, settings.acceptance_diag_level))
+    reading.findings.append(health_finding(verdict, level))
 
 
 def health_finding(verdict: Any, level: int) -> plan.Finding:
@@ -121,9 +122,10 @@ def pair(state: Any, config: Any, ref: Any, host: Any, settings: Any, peer_label
 
 
 def accept(source: InventorySource | str, names: list[str], peer: str | None = None, probe: bool = True,
-           say: Callable[[str], None] = lambda line: None, rollout: bool = False) -> dict[str, plan.Verdict]:
+           say: Callable[[str], None] = lambda line: None, rollout: bool = False,
+           diag_level: int | None = None) -> dict[str, plan.Verdict]:
     """{host: verdict} of the hosts `names`, the all-reduce with `peer` (a known-good host) or,
-    without one, with the first of `names`."""
+    without one, with the first of `names`. `diag_level`: DCGM's level (None: the tier's)."""
     from gpufleet import deploys
     from gpufleet.fleet_read import connected_fleet, read_each
 
@@ -136,7 +138,7 @@ def accept(source: InventorySource | str, names: list[str], peer: str | None = N
 
         def first(host: Any) -> dict[str, Any]:
             reading = readings[host.name] = HostReading(host.name, str(host.data.get("ssh_hostname") or host.name))
-            read_host(host, reading, probe and host.name in names)
+            read_host(host, reading, probe and host.name in names, diag_level)
             return {"status": "ok"}
 
         rows = read_each(fleet, first, len(everyone))

@@ -176,6 +176,7 @@ class AllReduce:
     simulated: bool = False     # the GPUs are simulated: gloo on CPU
     detail: str = ""            # the sum it checked, or why it did not run
     transport: str = ""         # NCCL's NCCL_DEBUG=INFO: "NET/IB", "NET/Socket", "P2P/IPC"...
+    no_runtime: bool = False    # the tier's PyTorch runtime is missing on the host: not run
 
 
 FIX_PEERS = ("the hosts cannot reach each other for training: check the firewall lets the peers in "
@@ -187,6 +188,10 @@ def judge_allreduce(run: AllReduce | None, profile: str) -> list[Finding]:
     if run is None:
         return [Finding(name, WARN, "no known-good peer to run it with: the fabric between hosts is not proven",
                         "name a peer (--peer HOST), or accept a host that already serves")]
+    if run.no_runtime:
+        # the gate's PyTorch check names the missing runtime; the fabric is unproven, not failed
+        return [Finding(name, WARN, f"not run: {run.detail}", "install the tier's PyTorch runtime "
+                                                              "(pytorch_runtime; deploys/pytorch.py) and re-run")]
     if not run.ok:
         return [Finding(name, FAIL, f"with {run.peer}: {run.detail}", FIX_PEERS)]
     ran = f"with {run.peer}, {run.ranks} ranks, {run.backend}: {run.detail}"
@@ -317,6 +322,9 @@ def parse_allreduce(lines: Sequence[str], peer: str) -> AllReduce:
             # NCCL INFO "Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0"
             seen = re.search(r" via (NET/[A-Za-z]+|P2P/[A-Za-z]+|SHM)", line)
             transport = seen.group(1) if seen else ""
+    if str(record.get("reason", "")).startswith("PyTorch not importable") or not record:
+        return AllReduce(peer, False, detail=str(record.get("reason") or "no answer from the all-reduce"),
+                         no_runtime=True)
     if record.get("status") != "ok":
         stage = f" at the {record['stage']}" if record.get("stage") else ""
         return AllReduce(peer, False, str(record.get("backend", "")),
