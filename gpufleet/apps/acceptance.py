@@ -97,11 +97,13 @@ def health_finding(verdict: Any, level: int) -> plan.Finding:
 
 
 def pair(state: Any, config: Any, ref: Any, host: Any, settings: Any, peer_label: str) -> plan.AllReduce:
-    """The all-reduce between the reference `ref` (rank 0) and `host` (rank 1), both at once."""
+    """The all-reduce between `host` (rank 0, the rendezvous) and the reference `ref` (rank 1),
+    both at once. The host under test hosts the rendezvous, so the peer connects in to it: a new
+    host's firewall that drops its training peers fails here (its own connections out would pass)."""
     import gevent
     from pyinfra.context import ctx_config, ctx_host
 
-    address = str(ref.data.get("ssh_hostname") or ref.name)
+    address = str(host.data.get("ssh_hostname") or host.name)
     common = {"master": address, "port": settings.acceptance_port, "world": 2, "mib": settings.acceptance_allreduce_mib,
               "timeout": settings.acceptance_timeout}
 
@@ -110,9 +112,9 @@ def pair(state: Any, config: Any, ref: Any, host: Any, settings: Any, peer_label
             lines: list[str] = h.get_fact(AllReduceRank, rank=r, python=_python(settings), **common)
             return lines
 
-    jobs = [gevent.spawn(rank, ref, 0), gevent.spawn(rank, host, 1)]
+    jobs = [gevent.spawn(rank, host, 0), gevent.spawn(rank, ref, 1)]
     gevent.joinall(jobs, timeout=settings.acceptance_timeout + 60)
-    job = jobs[1]
+    job = jobs[0]
     if not job.ready():
         gevent.killall(jobs)
         return plan.AllReduce(peer_label, False, detail=f"no answer within {settings.acceptance_timeout + 60} s")
@@ -160,21 +162,23 @@ def accept(source: InventorySource | str, names: list[str], peer: str | None = N
 
         read_each(dataclasses.replace(fleet, hosts=[by_name[n] for n in names if n in by_name and not readings[n].error]),
                   last, len(names))
-    out = {name: verdict_of(readings[name], peer, ref_name) for name in names}
+    out = {name: verdict_of(readings[name], peer, ref_name, alone=len(names) == 1) for name in names}
     for name, reading in readings.items():
         if rollout and name in out and reading.settings is not None and not reading.settings.acceptance_rollout:
             out[name] = plan.verdict(name, [plan.Finding("acceptance", plan.SKIP, "acceptance_rollout: false")])
     return out
 
 
-def verdict_of(reading: HostReading, peer: str | None, ref_name: str) -> plan.Verdict:
+def verdict_of(reading: HostReading, peer: str | None, ref_name: str, alone: bool) -> plan.Verdict:
     if reading.error:
         return plan.verdict(reading.name, [plan.Finding("host read", plan.FAIL, reading.error,
                                                        "bring the host back and re-run")])
     profile = reading.settings.nccl_profile
-    if reading.name == ref_name:
+    if reading.name == ref_name and not alone:
         fabric = [plan.Finding("multi-node all-reduce with a known-good peer", plan.SKIP,
-                               "this host is the reference the others ran with")]
+                               "this host is the reference the others of its group ran with")]
+    elif reading.name == ref_name:
+        fabric = plan.judge_allreduce(None, profile)   # the first host of a rollout: no peer yet
     else:
         fabric = plan.judge_allreduce(reading.allreduce, profile)
         if reading.allreduce is not None and not peer:

@@ -144,7 +144,7 @@ def judge_probe(result: perf.ProbeResult, models: Mapping[int, str], nvlink: boo
             out.append(Finding(name, PASS, f"{value} ({floor.describe()})"))
         else:
             out.append(Finding(name, FAIL, f"{value} < {floor.describe()}", FIX_SLOW))
-    out += [Finding(f"probe {s.split(':', 1)[0]}", SKIP, s) for s in result.skipped]
+    out += [Finding(f"probe {s.split(':', 1)[0]}", SKIP, s.split(":", 1)[-1].strip()) for s in result.skipped]
     return out
 
 
@@ -183,8 +183,11 @@ FIX_PEERS = ("the hosts cannot reach each other for training: check the firewall
              "(firewall_cluster_cidrs, `nft list table inet gpufleet`), routes and the data interface; re-run")
 
 
+ALLREDUCE = "multi-node all-reduce with a known-good peer"
+
+
 def judge_allreduce(run: AllReduce | None, profile: str) -> list[Finding]:
-    name = "multi-node all-reduce with a known-good peer"
+    name = ALLREDUCE
     if run is None:
         return [Finding(name, WARN, "no known-good peer to run it with: the fabric between hosts is not proven",
                         "name a peer (--peer HOST), or accept a host that already serves")]
@@ -291,7 +294,9 @@ class Verdict:
         """One line for a progress line or a state message: the first failure, with its fix."""
         if self.passed:
             warns = [f for f in self.findings if f.status == WARN]
-            return "accepted" + (f" ({len(warns)} warning(s): {warns[0].name}: {warns[0].message})" if warns else "")
+            ran = [f.message for f in self.findings if f.status == PASS and f.name == ALLREDUCE]
+            return ("accepted" + (f": all-reduce {ran[0]}" if ran else "")
+                    + (f" ({len(warns)} warning(s): {warns[0].name}: {warns[0].message})" if warns else ""))
         first = self.failed[0]
         return f"{first.name}: {first.message}. Fix: {first.fix}"
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -82,7 +83,12 @@ def test_rollout_accepts_the_batch_with_a_known_good_peer_and_keeps_the_walled_o
     progress = run.stderr
     assert f"[canary] acceptance of {h0.name} with no known-good peer yet" in progress
     assert f"[batch 1] acceptance of {h1.name}, {h2.name} with known-good peer {h0.name}" in progress
-    assert f"{h1.name}: accept ok" in progress and f"{h2.name}: accept FAILED" in progress
+    # the canary: no known-good peer yet, said, not failed
+    assert (f"[canary] {h0.name}: [WARN] acceptance: multi-node all-reduce with a known-good peer: no known-good "
+            "peer to run it with") in progress
+    assert re.search(rf"\[batch 1\] {h1.name}: accept ok \([0-9.]+s\) accepted: all-reduce with {h0.name}, 2 ranks, "
+                     "gloo", progress), progress
+    assert f"[batch 1] {h2.name}: accept FAILED" in progress
 
     steps = {n: list(h["steps"]) for n, h in doc["hosts"].items()}
     assert steps[h1.name][-2:] == ["accept", "undrain"] and doc["hosts"][h1.name]["status"] == "done"
