@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from testing import testhosts, torch_cpu
+from testing import torch_cpu
 from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
 from testing.inventory import environment_data, write_inventory
 from tests.e2e import rollout_fleet as rf
