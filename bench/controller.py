@@ -74,7 +74,7 @@ def run_once(inventory: Path, out_json: Path, env: dict[str, str], log: Path, re
 
 
 def write_plans(plan_dir: Path, names: list[str], plan: list) -> None:
-    from gpufleet import controller_files
+    from gpufleet.controller import controller_files
 
     text = json.dumps({"format": 2, "facts": plan})
     for name in names:
@@ -151,7 +151,7 @@ def top_entries(stats_path: Path, n: int) -> list[tuple[float, float, int, str]]
 
 def record(pool: str, out: Path | None = None) -> int:
     """Record the no-op of the kept 1-host fleet of `pool` (bench/fleet.py --hosts 1 --keep)."""
-    from gpufleet import factcache
+    from gpufleet.controller import factcache
     from testing import testhosts
 
     kept = Path("/var/lib/gpufleet-bench") / ("" if pool == "bench-fleet" else pool) / "fleet-1.json"

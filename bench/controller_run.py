@@ -31,7 +31,8 @@ if REPLAY:
     from testing import replay
 
     replay.register()
-    from gpufleet import factcache, pyinfra_private
+    from gpufleet.controller import factcache
+    from gpufleet import pyinfra_private
 
     pyinfra_private.admit_test_double_connector(replay.ReplayConnector)
     factcache.PLAN_DIR = Path(os.environ["GPUFLEET_REPLAY_PLANS"])

@@ -39,7 +39,7 @@ def fds() -> int:
 def main() -> int:
     import paramiko
 
-    from gpufleet import factcache
+    from gpufleet.controller import factcache
     from pyinfra.api.command import StringCommand  # noqa: F401  (pyinfra's own import cost, as in a run)
     from testing import replay
 

@@ -16,7 +16,9 @@
 """
 from pyinfra import host, state
 
-from gpufleet import factcache, hostlock, staging
+from gpufleet.controller import factcache
+from gpufleet.controller import hostlock
+from gpufleet.controller import staging
 
 factcache.install()  # no fact asked twice while nothing changed; last run's facts in one command
 hostlock.install()  # one run at a time changes a host: its lock is taken at its first change
@@ -33,8 +35,8 @@ from gpufleet.deploys.pytorch import pytorch  # noqa: E402
 from gpufleet.deploys.storage import storage  # noqa: E402
 from gpufleet.deploys.tuning import tuning  # noqa: E402
 from gpufleet.deploys.validate import validate  # noqa: E402
-from gpufleet.failures import host_failed  # noqa: E402
-from gpufleet.settings import validate_inventory  # noqa: E402
+from gpufleet.config.failures import host_failed  # noqa: E402
+from gpufleet.config.settings import validate_inventory  # noqa: E402
 
 # pyinfra plans every host before it executes anything: a bad host stops the whole run here.
 validate_inventory(state.inventory)

@@ -13,8 +13,8 @@ from pyinfra.operations import apt, files, systemd
 
 from gpufleet.apt_policy import APT_CACHE_SECONDS
 from gpufleet.operations.needrestart import quiet_needrestart
-from gpufleet.settings import host_settings
-from gpufleet.tiers import managed_marker
+from gpufleet.config.settings import host_settings
+from gpufleet.catalog.tiers import managed_marker
 
 
 @deploy("Base system")

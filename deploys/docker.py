@@ -11,7 +11,7 @@ Story of a host, part 4 (after the driver):
    key checked against `docker_toolkit_repo_fingerprint`), pinned to `docker_toolkit_version`
    and held. (unattended-upgrades' GPU blacklist lives in deploys/hardening.py and already
    covers ^nvidia- and ^libnvidia-.)
-3. **daemon.json merged, not overwritten** (gpufleet/dockerconf.py): the nvidia runtime, the
+3. **daemon.json merged, not overwritten** (gpufleet/plans/dockerconf.py): the nvidia runtime, the
    tier's default runtime, `default-shm-size`, `default-ulimits`, `features.cdi`, `live-restore`
    (on by default); every other key is kept. A malformed daemon.json fails that host at planning time and is left byte-identical.
    Validated with `dockerd --validate` where the engine has it (Docker 23+).
@@ -41,13 +41,13 @@ from pyinfra.operations import apt, files, systemd
 from gpufleet.facts.docker import DaemonJson
 from gpufleet.facts.packages import AptCandidates
 from gpufleet.facts.packages import PackageVersions
-from gpufleet import dockerconf
+from gpufleet.plans import dockerconf
 from gpufleet.apt_policy import APT_CACHE_SECONDS
-from gpufleet.failures import refuse
-from gpufleet.hostfacts import gpu_state, os_release
-from gpufleet.repos import (DOCKER_KEYRING, DOCKER_LIST, TOOLKIT_KEYRING, TOOLKIT_LIST, TOOLKIT_PACKAGES,  # noqa: F401
+from gpufleet.config.failures import refuse
+from gpufleet.config.hostfacts import gpu_state, os_release
+from gpufleet.plans.repos import (DOCKER_KEYRING, DOCKER_LIST, TOOLKIT_KEYRING, TOOLKIT_LIST, TOOLKIT_PACKAGES,  # noqa: F401
                             docker_sources_line, dpkg_arch, toolkit_sources_line)
-from gpufleet.settings import Settings, host_settings
+from gpufleet.config.settings import Settings, host_settings
 from gpufleet.operations import docker as docker_ops
 from gpufleet.operations.daemon_reload import dev_char_links
 from gpufleet.operations.holds import held

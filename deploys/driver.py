@@ -2,7 +2,7 @@
 
 Story of a host, part 3: the host's tier and its real GPUs (from PCI) resolve to one driver
 version, kernel-module flavour, CUDA toolkit, cuDNN and, on NVSwitch systems, Fabric Manager at
-the driver's exact version (gpufleet/resolver.py, data in gpufleet/data/compat.yaml: no version
+the driver's exact version (gpufleet/config/resolver.py, data in gpufleet/data/compat.yaml: no version
 lives here). Then, in order:
 
 1. **Refuse early**, before anything on the host changes: a combination the resolver refuses,
@@ -43,28 +43,28 @@ from pyinfra.operations import apt, files, python, systemd
 from pyinfra.operations.util import any_changed
 
 from gpufleet.apt_policy import APT_CACHE_SECONDS, GPU_PACKAGE_BLACKLIST, UNATTENDED_CONF
-from gpufleet.driver_preconditions import dkms_signing_conf, preconditions
+from gpufleet.plans.driver_preconditions import dkms_signing_conf, preconditions
 from gpufleet.operations.drain import gpu_work
 from gpufleet.rendering import render
-from gpufleet.run_summary import SUMMARY
+from gpufleet.controller.run_summary import SUMMARY
 from gpufleet.facts.kernel import DriverState, DriverStateData
 from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages
-from gpufleet.compat import compat_data
+from gpufleet.catalog.compat import compat_data
 from gpufleet.errors import Incompatible
-from gpufleet.failures import fail_now, real_host, refuse
-from gpufleet.hostfacts import driver_state, kernel_plan, os_name, resolution
-from gpufleet.kernels import kernel_metapackages
-from gpufleet.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line, unsupported_arch
-from gpufleet.resolver import Resolution
-from gpufleet.settings import Settings, host_settings
-from gpufleet.cuda_stack import (component_drift, pending_message, stack_drift_message, stack_fact_packages,
+from gpufleet.config.failures import fail_now, real_host, refuse
+from gpufleet.config.hostfacts import driver_state, kernel_plan, os_name, resolution
+from gpufleet.catalog.kernels import kernel_metapackages
+from gpufleet.plans.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line, unsupported_arch
+from gpufleet.config.resolver import Resolution
+from gpufleet.config.settings import Settings, host_settings
+from gpufleet.catalog.cuda_stack import (component_drift, pending_message, stack_drift_message, stack_fact_packages,
                                  stack_pending_message, stack_renames, stack_states)
 from gpufleet.operations.driver import archive_components, refresh_initramfs, repo_key, stack_recorded
 from gpufleet.operations.package_steps import packages_at_releases
 from gpufleet.operations.driver_upgrade import package_change_settled
 from gpufleet.operations.holds import held
 from gpufleet.operations.reboot import rebooted
-from gpufleet.profiling import KEY, MODPROBE_FILE, ProfilingRefusal, host_profiling, plan_profiling
+from gpufleet.plans.profiling import KEY, MODPROBE_FILE, ProfilingRefusal, host_profiling, plan_profiling
 
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/gpufleet-blacklist-nouveau.conf"
 CUDA_PROFILE = "/etc/profile.d/gpufleet-cuda.sh"
@@ -201,13 +201,13 @@ class Decided:
     drifted: dict[str, list[str]]
     in_place: bool
     left: set[str]
-    profiling: Any = None  # gpufleet/profiling.py's plan (tuning_profiling)
+    profiling: Any = None  # gpufleet/plans/profiling.py's plan (tuning_profiling)
 
 
 def _decide(settings: Settings) -> Decided | None:
     """What this run does with the host, from facts read before it: None when refused (named,
     nothing changed). The driver, CUDA toolkit and cuDNN moves all.py leaves to tools/rollout
-    are recorded for the end of the run (gpufleet/run_summary.py)."""
+    are recorded for the end of the run (gpufleet/controller/run_summary.py)."""
     try:
         res = resolution(host, settings)
     except Incompatible as refused:
@@ -338,7 +338,7 @@ def _preconditions(settings: Settings, d: Decided) -> None:
                      packages=[f"linux-headers-{before.kernel_release}"], no_recommends=True)
     # Kernels arriving later (unattended upgrades, through linux-image-<flavour>) bring their
     # headers, so that DKMS builds the module for them, only with linux-headers-<flavour>
-    # (Ubuntu's HWE kernels: linux-headers-generic-hwe-22.04, gpufleet/kernels.py).
+    # (Ubuntu's HWE kernels: linux-headers-generic-hwe-22.04, gpufleet/catalog/kernels.py).
     headers_meta = kernel.headers_metapackage
     if settings.driver_kernel_headers == "require" and not kernel.prebuilt:
         if headers_meta:
@@ -519,7 +519,7 @@ def _reboot(settings: Settings, d: Decided, install: Any, me: Any) -> None:
 
 
 def _profiling_option(settings: Settings, d: Decided) -> list[Any]:
-    """tuning_profiling's modprobe.d file (gpufleet/profiling.py), written with the nouveau
+    """tuning_profiling's modprobe.d file (gpufleet/plans/profiling.py), written with the nouveau
     blacklist: before the driver is installed, so that the module loaded after this run's
     reboot (a new host) already has it."""
     plan = d.profiling

@@ -23,7 +23,7 @@ Story of a host, part 5 (last, so that it cannot cut off the steps before it):
    sshd-socket-generator has nothing to change), a running ssh.service is restarted (a SIGHUP
    reload loses the sockets systemd passed it), an idle one reads the new drop-in at the next
    login; the same fresh-login proof, revert timer and boot revert.
-   No algorithm the host's OpenSSH lacks is ever written (gpufleet/sshd_support.py: Ubuntu
+   No algorithm the host's OpenSSH lacks is ever written (gpufleet/catalog/sshd_support.py: Ubuntu
    22.04's 8.9p1 has no mlkem768x25519-sha256): such a hardening_extra_kex is refused first.
 3. **Firewall**: /etc/nftables.conf holds only gpufleet's `inet gpufleet` table (inbound
    default-deny except loopback, established, ICMP essentials, SSH and the tier's ports),
@@ -63,11 +63,13 @@ from gpufleet.operations.ssh import connecting_user
 from gpufleet.apt_policy import APT_CACHE_SECONDS, GPU_PACKAGE_BLACKLIST, UNATTENDED_CONF
 from gpufleet.operations.needrestart import quiet_needrestart
 from gpufleet.rendering import render
-from gpufleet import cluster, factcache, monitoring
-from gpufleet.failures import refuse
-from gpufleet.settings import Settings, host_settings
-from gpufleet.sshd_policy import deploy_user, dropin, dropin_lines, expected_sshd, lockouts, named_users
-from gpufleet.sshd_support import available, rejected_algorithms
+from gpufleet.plans import cluster
+from gpufleet.controller import factcache
+from gpufleet.plans import monitoring
+from gpufleet.config.failures import refuse
+from gpufleet.config.settings import Settings, host_settings
+from gpufleet.catalog.sshd_policy import deploy_user, dropin, dropin_lines, expected_sshd, lockouts, named_users
+from gpufleet.catalog.sshd_support import available, rejected_algorithms
 from gpufleet.operations import sshd_files
 
 SSHD_DROPIN = "/etc/ssh/sshd_config.d/00-gpufleet-hardening.conf"
@@ -136,7 +138,7 @@ def parse_open_ports(items: Iterable[object] | None) -> list[dict[str, str]]:
 
 def sshd_context(settings: Settings, version: OpenSshVersion | None) -> dict[str, Any]:
     """What the drop-in template and the lock-out protection read; the drop-in's lines are
-    gpufleet/sshd_policy.py's table, the one `sshd -T` is checked against."""
+    gpufleet/catalog/sshd_policy.py's table, the one `sshd -T` is checked against."""
     ctx: dict[str, Any] = {
         "openssh_version": str(version) if version else "unknown",
         "password_auth": settings.hardening_password_auth,
@@ -158,7 +160,7 @@ def sshd_algorithms(ctx: dict[str, Any]) -> dict[str, list[str]]:
 
 
 def nftables_context(settings: Settings, ssh_ports: list[int]) -> dict[str, Any]:
-    cidrs = list(settings.firewall_trusted_cidrs)  # normalised networks (gpufleet/schema.py)
+    cidrs = list(settings.firewall_trusted_cidrs)  # normalised networks (gpufleet/config/schema.py)
     open_ports = [r for r in parse_open_ports(settings.firewall_open_ports)
                   if not (r["proto"] == "tcp" and r["port"] in {str(p) for p in ssh_ports})]
     # the exporters' ports follow the monitoring_ keys (one source), for their listen address only
@@ -210,7 +212,7 @@ def _refused_or_planned(settings: Settings) -> tuple[str, dict[str, Any]] | None
         refuse(host, "connector", refusal.removesuffix(" Run this deploy over SSH."),  # said as the fix
                "run this deploy over SSH (pyinfra's ssh connector)")
         return None
-    # The inventory's lock-outs were refused before planning (gpufleet/settings.py); these are
+    # The inventory's lock-outs were refused before planning (gpufleet/config/settings.py); these are
     # judged again for the user this connection really logged in as (~/.ssh/config's User...).
     user = deploy_user(connecting_user())
     for key, problem, allowed in lockouts(settings.hardening_permit_root_login, settings.hardening_allow_users,

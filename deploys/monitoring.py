@@ -1,7 +1,7 @@
 """Prometheus exporters: the host's own metrics, and its GPUs' through NVIDIA DCGM.
 
 Story of a host, part 6 (after tuning, before hardening: the firewall then opens exactly the
-ports of the exporters that are on, for the address they listen on; gpufleet/monitoring.py):
+ports of the exporters that are on, for the address they listen on; gpufleet/plans/monitoring.py):
 
 1. node exporter (``monitoring_node_exporter``): Debian's ``prometheus-node-exporter``.
    /etc/default/prometheus-node-exporter (whose ARGS Debian's unit passes to the exporter) is
@@ -20,7 +20,7 @@ ports of the exporters that are on, for the address they listen on; gpufleet/mon
    (DCGM_REMOTE_HOSTENGINE_INFO=localhost:5555) instead of a second, embedded one. Both services
    run only once nvidia-smi works (until then they are enabled for the next boot).
 
-The validation gate curls each endpoint on the host (gpufleet/validation.py, area monitoring).
+The validation gate curls each endpoint on the host (gpufleet/checks/validation.py, area monitoring).
 What this needs from an earlier step, it takes from it: the CUDA repository source and DCGM
 itself come from deploys/driver.py.
 """
@@ -33,9 +33,9 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
 
 from gpufleet.apt_policy import APT_CACHE_SECONDS
-from gpufleet import monitoring as m
-from gpufleet.hostfacts import gpu_state
-from gpufleet.settings import Settings, host_settings
+from gpufleet.plans import monitoring as m
+from gpufleet.config.hostfacts import gpu_state
+from gpufleet.config.settings import Settings, host_settings
 from gpufleet.operations.daemon_reload import reload_when
 from gpufleet.operations.package_steps import packages_at_releases
 

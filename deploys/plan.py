@@ -6,7 +6,7 @@ Per host: the tier, the settings the inventory overrides, the hardware found (fr
 works before any driver is installed), whether it matches the tier, and the exact versions the
 resolver picks for these GPUs on this OS, the kernel-module packages for the running kernel
 (Ubuntu: prebuilt and signed, or DKMS), and every package source line the deploys write
-(gpufleet/repos.py: the same functions write them). `pyinfra ... deploys/all.py --dry` shows the
+(gpufleet/plans/repos.py: the same functions write them). `pyinfra ... deploys/all.py --dry` shows the
 operations themselves.
 
 Clocks: where nvidia-smi works, the pair each GPU gets, from its own supported-clocks list (the
@@ -22,19 +22,19 @@ import click
 from pyinfra import host, state
 from pyinfra.facts.server import Arch
 
-from gpufleet import askpass
-from gpufleet.cluster import missing_peers, training_networks
+from gpufleet.controller import askpass
+from gpufleet.plans.cluster import missing_peers, training_networks
 from gpufleet.plans.acceptance import plan_line as acceptance_line
-from gpufleet.compat import compat_data
+from gpufleet.catalog.compat import compat_data
 from gpufleet.errors import Incompatible
-from gpufleet.hostfacts import driver_state, hardware, kernel_plan, os_name, os_release, resolution, tier_mismatches
-from gpufleet.repos import TOOLKIT_PACKAGES, dpkg_arch, repository_lines
-from gpufleet.pytorch import mixed_gpus
+from gpufleet.config.hostfacts import driver_state, hardware, kernel_plan, os_name, os_release, resolution, tier_mismatches
+from gpufleet.plans.repos import TOOLKIT_PACKAGES, dpkg_arch, repository_lines
+from gpufleet.catalog.pytorch import mixed_gpus
 from gpufleet.rollout.snapshot import command_name
-from gpufleet.settings import host_settings, validate_inventory
-from gpufleet.storage import plan_scratch
-from gpufleet.tuning import Refusal, clocks_summary, host_clocks, host_mig, mig_clock_skip
-from gpufleet.profiling import ProfilingRefusal, host_profiling
+from gpufleet.config.settings import host_settings, validate_inventory
+from gpufleet.plans.storage import plan_scratch
+from gpufleet.plans.tuning import Refusal, clocks_summary, host_clocks, host_mig, mig_clock_skip
+from gpufleet.plans.profiling import ProfilingRefusal, host_profiling
 
 askpass.install()  # its facts run through sudo: the password never on the host's command line
 validate_inventory(state.inventory)
@@ -111,7 +111,7 @@ try:
             lines.append(f"clocks: {host_clock_line() or value}")
         else:
             lines.append(f"{key}: {value}")
-    from gpufleet.driver_preconditions import mok_certificate, preconditions  # the driver deploy's own first refusal
+    from gpufleet.plans.driver_preconditions import mok_certificate, preconditions  # the driver deploy's own first refusal
 
     state_before, kernel = driver_state(host), kernel_plan(host, res)
     if state_before.secure_boot == "enabled":
@@ -133,7 +133,7 @@ lines.append("profiling: " + profiling_line(res))
 def storage_lines() -> list[str]:
     """The scratch plan in words (the same plan deploys/storage.py applies), and /dev/shm's size."""
     from gpufleet.facts.storage import ScratchSite
-    from gpufleet.hostfacts import block_devices
+    from gpufleet.config.hostfacts import block_devices
 
     shm = settings.storage_shm_size
     out = ["shm: /dev/shm " + ("left as it is (unmanaged)" if shm == "unmanaged" else f"size={shm}, now and at boot")]
@@ -149,7 +149,7 @@ def storage_lines() -> list[str]:
 
 def pytorch_runtime_line() -> str:
     """Where the gate finds PyTorch, and what deploys/pytorch.py installs (pytorch_runtime: venv)."""
-    from gpufleet.pytorch_runtime import VENV, runtime_of, venv_plan
+    from gpufleet.plans.pytorch_runtime import VENV, runtime_of, venv_plan
 
     runtime = runtime_of(settings)
     choice = res.pytorch if res is not None else None

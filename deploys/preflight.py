@@ -8,9 +8,9 @@ only this host) before anything on it changes.
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
-from gpufleet.failures import refuse
-from gpufleet.hostfacts import hardware, tier_mismatches
-from gpufleet.settings import host_settings
+from gpufleet.config.failures import refuse
+from gpufleet.config.hostfacts import hardware, tier_mismatches
+from gpufleet.config.settings import host_settings
 
 
 @deploy("Preflight")

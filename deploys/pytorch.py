@@ -1,6 +1,6 @@
 """PyTorch for the host's users, matched to its GPUs and driver (pytorch_runtime: venv).
 
-Story of a host, part 6 (after tuning): the wheel the resolver chose (gpufleet/pytorch.py: the release of
+Story of a host, part 6 (after tuning): the wheel the resolver chose (gpufleet/catalog/pytorch.py: the release of
 `pytorch_version`, its CUDA variant that runs on every GPU with the resolved driver; the one
 tools/compat and the plan view name) is installed into one shared environment, root-owned and
 readable by every user (`pytorch_venv_path`, /opt/gpufleet/pytorch: jobs run
@@ -10,7 +10,7 @@ air-gapped site, a folder of wheels on the host (`pytorch_wheel_dir`). A second 
 nothing: the record in the environment names the wheel installed.
 
 `pytorch_runtime: python` (a venv or conda env the site keeps, `pytorch_python`) and `none`
-install nothing here. gpufleet/pytorch_runtime.py holds the plan.
+install nothing here. gpufleet/plans/pytorch_runtime.py holds the plan.
 """
 from pyinfra import host
 from pyinfra.api import deploy
@@ -18,11 +18,11 @@ from pyinfra.operations import apt
 
 from gpufleet.apt_policy import APT_CACHE_SECONDS
 from gpufleet.errors import Incompatible
-from gpufleet.failures import refuse
-from gpufleet.hostfacts import resolution
+from gpufleet.config.failures import refuse
+from gpufleet.config.hostfacts import resolution
 from gpufleet.operations.pytorch import venv_torch
-from gpufleet.pytorch_runtime import VENV, VENV_PACKAGE, venv_plan
-from gpufleet.settings import host_settings
+from gpufleet.plans.pytorch_runtime import VENV, VENV_PACKAGE, venv_plan
+from gpufleet.config.settings import host_settings
 
 
 @deploy("PyTorch")

@@ -25,7 +25,7 @@ from gpufleet.facts.system import EtcFiles
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout import snapshot as snap
 from gpufleet.rollout.context import RolloutContext
-from gpufleet.cuda_stack import STACK_FAMILIES, STACK_GLOBS
+from gpufleet.catalog.cuda_stack import STACK_FAMILIES, STACK_GLOBS
 from gpufleet.operations.driver import stack_recorded
 from gpufleet.operations.drain import gpu_work
 from gpufleet.operations.driver_upgrade import package_change_settled, packages_at_versions

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from pyinfra import host, state
 
-from gpufleet.failures import host_failed
-from gpufleet.settings import validate_inventory
+from gpufleet.config.failures import host_failed
+from gpufleet.config.settings import validate_inventory
 
 #: Areas that change nothing: no preflight before them, no host lock.
 READ_ONLY = frozenset({"validate"})
@@ -76,11 +76,13 @@ def run_alone(name: str, file: str) -> None:
         return
     area = Path(file).stem
     module = importlib.import_module(f"gpufleet.deploys.{area}")
-    from gpufleet import askpass
+    from gpufleet.controller import askpass
 
     askpass.install()  # read-only areas too: sudo's password never on the host's command line
     if area not in READ_ONLY:
-        from gpufleet import factcache, hostlock, staging
+        from gpufleet.controller import factcache
+        from gpufleet.controller import hostlock
+        from gpufleet.controller import staging
 
         factcache.install()  # as in all.py: no fact asked twice while nothing changed
         hostlock.install()  # one run at a time changes a host

@@ -12,7 +12,7 @@ between DataLoader workers through /dev/shm.
    drive again right before mkfs and refuses, naming it, one that gained a signature since.
    Never at a path where the site keeps something (a mount at, below or a network filesystem
    above it, another fstab line, a link, a non-empty directory: refused, naming
-   storage_scratch_path; gpufleet/storage.py path_refusal). Adopted only by the UUID gpufleet
+   storage_scratch_path; gpufleet/plans/storage.py path_refusal). Adopted only by the UUID gpufleet
    recorded when it made it (SCRATCH_RECORD), never by its label alone.
    Mounted with nosuid,nodev,noatime, in /etc/fstab by UUID with nofail (written once the mount
    worked), the root disk's directory under it sealed; owned by root and the tier's group
@@ -43,13 +43,13 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Groups
 from pyinfra.operations import apt, files, server, systemd
 
-from gpufleet import storage as s
+from gpufleet.plans import storage as s
 from gpufleet.facts.storage import SCRATCH_RECORD, ScratchSite, ShmSize
-from gpufleet.failures import refuse
-from gpufleet.hostfacts import block_devices, resources
+from gpufleet.config.failures import refuse
+from gpufleet.config.hostfacts import block_devices, resources
 from gpufleet.rendering import render
-from gpufleet.run_summary import SUMMARY
-from gpufleet.settings import host_settings
+from gpufleet.controller.run_summary import SUMMARY
+from gpufleet.config.settings import host_settings
 from gpufleet.operations import storage as ops
 from gpufleet.operations.daemon_reload import reload_when
 from gpufleet.operations.notice import say

@@ -37,7 +37,7 @@ and every job, from a login shell or a service, starts with the right environmen
    (/etc/modules-load.d/gpufleet-nvidia-peermem.conf); a mismatch (a driver change waiting for
    its reboot) or a module not built for the kernel is said, and the gate fails on it.
 
-Decisions use the host's state before this run (gpufleet.hostfacts): what this run installs
+Decisions use the host's state before this run (gpufleet.config.hostfacts): what this run installs
 (the daemon package, for one) is never assumed to be there already.
 """
 from __future__ import annotations
@@ -52,14 +52,14 @@ from pyinfra.operations import apt, files, server, systemd
 
 from gpufleet.facts.gpu_tuning import LOCKED_CLOCKS_DIR
 from gpufleet.facts.kernel import PeermemState
-from gpufleet import gpudirect
-from gpufleet.hostfacts import driver_state, rdma_devices
-from gpufleet import tuning as t
-from gpufleet.failures import real_host, refuse
-from gpufleet.mig import setting_text
-from gpufleet.run_summary import SUMMARY
-from gpufleet.settings import host_settings
-from gpufleet.tuning import TuningPlan, ac_deprecated_from, plan_tuning, policy_text
+from gpufleet.plans import gpudirect
+from gpufleet.config.hostfacts import driver_state, rdma_devices
+from gpufleet.plans import tuning as t
+from gpufleet.config.failures import real_host, refuse
+from gpufleet.catalog.mig import setting_text
+from gpufleet.controller.run_summary import SUMMARY
+from gpufleet.config.settings import host_settings
+from gpufleet.plans.tuning import TuningPlan, ac_deprecated_from, plan_tuning, policy_text
 from gpufleet.operations import cpu, gpu
 from gpufleet.operations.daemon_reload import reload_when
 from gpufleet.operations.notice import say
@@ -286,7 +286,7 @@ def tuning() -> None:
 
 def _gpudirect(settings: Any) -> None:
     """GPUDirect RDMA on the ib / roce profiles where the host has RDMA devices: nvidia-peermem
-    loaded now (when it is the loaded driver's) and at every boot (gpufleet/gpudirect.py)."""
+    loaded now (when it is the loaded driver's) and at every boot (gpufleet/plans/gpudirect.py)."""
     rdma = rdma_devices(host)
     if not gpudirect.rdma_tier(settings) or not rdma:
         return  # nothing to load, nothing asked of the host (the gate says why)

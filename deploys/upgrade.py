@@ -40,13 +40,13 @@ from gpufleet.facts.packages import AptVersions
 from gpufleet.facts.slurm import SlurmNode
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
-from gpufleet.package_plan import toolkit_move
-from gpufleet.profiling import USERS, ProfilingRefusal, nsight_packages, nsight_releases, plan_profiling
-from gpufleet.settings import host_settings
-from gpufleet.validation import FAIL, PASS, diag_result
-from gpufleet.hostfacts import gpu_state, mig_state
-from gpufleet.tuning import Refusal, host_mig
-from gpufleet.cuda_stack import stack_fact_packages
+from gpufleet.plans.package_plan import toolkit_move
+from gpufleet.plans.profiling import USERS, ProfilingRefusal, nsight_packages, nsight_releases, plan_profiling
+from gpufleet.config.settings import host_settings
+from gpufleet.checks.validation import FAIL, PASS, diag_result
+from gpufleet.config.hostfacts import gpu_state, mig_state
+from gpufleet.plans.tuning import Refusal, host_mig
+from gpufleet.catalog.cuda_stack import stack_fact_packages
 from gpufleet.operations.apt_index import index_refreshed
 from gpufleet.operations.drain import (gpu_containers_stopped, gpus_idle, gpus_idle_now, slurm_driver_feature, slurm_node,
                                        slurm_node_drained)
@@ -92,7 +92,7 @@ def survey_host(ctx: RolloutContext) -> None:
 
 def mig_survey(setting: object) -> dict[str, object]:
     """The MIG plan's part of the survey: what changes (one line per GPU), or why the layout is
-    refused for this host; the same plan (gpufleet.tuning.host_mig) all.py, the plan view and the
+    refused for this host; the same plan (gpufleet.plans.tuning.host_mig) all.py, the plan view and the
     gate read."""
     try:
         plan = host_mig(host, setting)
@@ -113,7 +113,7 @@ def driver_moves(ctx: RolloutContext) -> bool:
 
 def _profiling_pending(setting: str) -> bool:
     """The loaded nvidia module gives the GPU performance counters otherwise than the modprobe.d
-    files gpufleet wrote for tuning_profiling say (gpufleet/profiling.py): its next load, a reboot
+    files gpufleet wrote for tuning_profiling say (gpufleet/plans/profiling.py): its next load, a reboot
     through these steps, makes it so (a setting all.py has not written yet is all.py's first)."""
     try:
         return plan_profiling(setting, host.get_fact(ProfilingState), None, False).reboot_helps

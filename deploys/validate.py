@@ -9,13 +9,13 @@ view): the gpufleet marker and diagnostics packages, the hardware against the ti
 driver = installed = resolved and no mismatch pending, persistence, clocks, Fabric Manager
 where NVSwitch is present, containers seeing the GPUs, the tuning profiles, sshd's effective
 configuration and the firewall; then, where DCGM or PyTorch exist, `dcgmi diag -r 1` and a
-short bf16 matmul / memory / all-reduce probe against per-model minimums (gpufleet/perf.py),
+short bf16 matmul / memory / all-reduce probe against per-model minimums (gpufleet/checks/perf.py),
 and whether the PyTorch build runs on the GPUs with this driver (facts/pytorch.py), both with the
 tier's PyTorch runtime (pytorch_runtime: gpufleet's venv, an interpreter the site keeps, or none;
 each line names it; a runtime without torch is a WARN naming what to set).
 
 Every check prints one line (PASS, FAIL with its fix, WARN, or SKIP with the reason). Any FAIL fails the host, so the run
-exits non-zero naming the host and what changed. The checks live in gpufleet/validation.py.
+exits non-zero naming the host and what changed. The checks live in gpufleet/checks/validation.py.
 GPUFLEET_VALIDATE_PROBE: 0 leaves out the DCGM and performance probes; by default they run when
 this file runs on its own, and at the end of all.py only on hosts the run changed (a no-op re-run
 of a whole fleet must not load every GPU for seconds); `always` runs them at the end of all.py
@@ -34,9 +34,9 @@ from collections.abc import Generator
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, Host, deploy, operation
 
-from gpufleet.failures import fail
-from gpufleet.settings import host_settings
-from gpufleet.validation import FAIL, WARN, failures, run_checks
+from gpufleet.config.failures import fail
+from gpufleet.config.settings import host_settings
+from gpufleet.checks.validation import FAIL, WARN, failures, run_checks
 
 
 def probe_setting() -> str:

@@ -47,7 +47,7 @@ GPU_QUERY_FIELDS: tuple[str, ...] = (
 
 # Asked in the same query, after GPU_QUERY_FIELDS, and printed apart in MigState's shape
 # (index, bus id, these): a no-op needs MigState's own nvidia-smi call only when a GPU has MIG
-# on or pending (gpufleet/hostfacts.py mig_state), one nvidia-smi start fewer per run.
+# on or pending (gpufleet/config/hostfacts.py mig_state), one nvidia-smi start fewer per run.
 MIG_MODE_FIELDS: tuple[str, ...] = ("mig.mode.current", "mig.mode.pending")
 
 # The compute processes as GpuState asks them: fields no user can write. A process's name is its

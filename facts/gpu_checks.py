@@ -121,7 +121,7 @@ class ContainerGpus(FactBase[ContainerGpusData]):
 
 
 # ------------------------------------------------------------------------------------------
-# Performance probe (raw lines; gpufleet.perf.parse_probe_output judges them)
+# Performance probe (raw lines; gpufleet.checks.perf.parse_probe_output judges them)
 # ------------------------------------------------------------------------------------------
 
 # gpufleet/perf_probe.py: a file of the package, read and sent, never imported here
@@ -131,7 +131,7 @@ PROBE_SCRIPT = importlib.resources.files("gpufleet").joinpath("perf_probe.py").r
 class PerfProbe(FactBase[list[str]]):
     """
     The JSON lines of gpufleet/perf_probe.py run with ``python`` (the PyTorch runtime's
-    interpreter, gpufleet/pytorch_runtime.py; default the host's python3): first line
+    interpreter, gpufleet/plans/pytorch_runtime.py; default the host's python3): first line
     ``{"status": "ok"|"skipped", ...}``, then one raw measurement per line.
     A host without that interpreter says so the same way.
     """

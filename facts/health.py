@@ -4,7 +4,7 @@ per GPU the ECC mode and error counts, the row remapper (Ampere and later) or re
 (earlier GPUs), the clock event (throttle) reasons, temperatures, power against its default
 limit, the PCIe link against its maximum, compute and MIG mode, the NVLink fabric state, the
 state of each NVLink (``nvidia-smi nvlink -s``), and the XID events the NVIDIA driver logged
-since boot. Read-only. The classes and fixes live in the core (gpufleet/health.py); this only
+since boot. Read-only. The classes and fixes live in the core (gpufleet/plans/health.py); this only
 reads.
 
 The field list is the one recorded on a live H200 (tests/fixtures/nvidia/h200-x1/health/

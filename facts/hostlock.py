@@ -1,4 +1,4 @@
-"""The host lock's generation (gpufleet/hostlock.py): which runs have held the lock since boot."""
+"""The host lock's generation (gpufleet/controller/hostlock.py): which runs have held the lock since boot."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class LockGeneration(FactBase[str]):
         "4c1f6a4e-0d0e-4bb5-9a6e-3c3f0e5c2c11 4"
 
     A run reads it while it plans; when it takes the lock, the holder refuses if another run
-    has held the lock since (gpufleet/hostlock.py), so no plan made on facts another run
+    has held the lock since (gpufleet/controller/hostlock.py), so no plan made on facts another run
     changed is ever applied.
     """
 

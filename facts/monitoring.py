@@ -75,7 +75,7 @@ class MetricsEndpoint(FactBase[MetricsEndpointData]):
     """
 
     # Asked by the validation gate at the end of a run only: a deploy run's prefetch leaves it
-    # out (its answer would never be used there), the fleet report's keeps it (gpufleet/factcache.py).
+    # out (its answer would never be used there), the fleet report's keeps it (gpufleet/controller/factcache.py).
     gpufleet_end_of_run = True
 
     @override

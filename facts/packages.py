@@ -395,7 +395,7 @@ class ToolkitIndex(FactBase[dict[str, dict[str, str]]]):
     What the package index offers for the components of a CUDA toolkit's -X-Y: package ->
     {Debian version: its Depends}, for every package named like a component (cuda-*, lib*, gds-*
     ending in -X-Y). The core walks it from the meta package's version
-    (gpufleet.package_plan.toolkit_release), with the same walk as the installed toolkit's
+    (gpufleet.plans.package_plan.toolkit_release), with the same walk as the installed toolkit's
     (toolkit_closure):
 
     .. code:: python

@@ -3,7 +3,7 @@ PCI facts read straight from /sys/bus/pci/devices, so they work with or without
 the NVIDIA driver and on hosts without lspci (the recorded H200 hosts had none).
 
 The facts return raw PCI ids; mapping ids to GPU models is done elsewhere
-(``gpufleet.gpus.model_for_pci``).
+(``gpufleet.catalog.gpus.model_for_pci``).
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 Which PyTorch the host's python3 imports, and what it was built for: ``torch.__version__``,
 ``torch.version.cuda`` (None for a CPU-only build) and ``torch.cuda.get_arch_list()`` (the
 compute capabilities the wheel carries kernels for). Read on the host by a fixed script; the
-controller never imports torch. gpufleet/pytorch.py judges the answer against the GPUs.
+controller never imports torch. gpufleet/catalog/pytorch.py judges the answer against the GPUs.
 
 Importing torch costs a second or two of CPU on the host, so the validation gate asks only
-when its probes run, and the fact is never prefetched on a later run (gpufleet/factcache.py).
+when its probes run, and the fact is never prefetched on a later run (gpufleet/controller/factcache.py).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def parse_torch_build(lines: list[str]) -> TorchBuildData:
 
 def interpreter(python: str) -> str:
     """The interpreter to run: python3 on the PATH, or an absolute path (the tier's
-    pytorch_python or gpufleet's venv, checked by gpufleet/schema.py; checked again here, as
+    pytorch_python or gpufleet's venv, checked by gpufleet/config/schema.py; checked again here, as
     the value lands on a command line)."""
     if python == "python3" or (python.startswith("/") and re.fullmatch(r"[A-Za-z0-9._+@/-]+", python)
                                and ".." not in python.split("/")):
@@ -122,7 +122,7 @@ def interpreter(python: str) -> str:
 class TorchBuild(FactBase[TorchBuildData]):
     """
     The PyTorch build an interpreter imports (``python``: the runtime's absolute path, default
-    the host's ``python3``; gpufleet/pytorch_runtime.py):
+    the host's ``python3``; gpufleet/plans/pytorch_runtime.py):
 
     .. code:: python
 
@@ -132,7 +132,7 @@ class TorchBuild(FactBase[TorchBuildData]):
         TorchBuildData(status="no-python")  # no such interpreter on the host
     """
 
-    # never part of a later run's prefetch: importing torch costs seconds (gpufleet/factcache.py)
+    # never part of a later run's prefetch: importing torch costs seconds (gpufleet/controller/factcache.py)
     gpufleet_no_prefetch = True
 
     @override

@@ -393,7 +393,7 @@ _KEY_LINE = re.compile(rf"(?:^|\s){_KEY_TYPE}\s+AAAA[0-9A-Za-z+/]+=*(?:\s|$)")
 # Each file is read as that user, as sshd reads it (a key file symlinked to /etc/shadow shows
 # nothing), regular files only, at most 1 MiB and 10 s (a FIFO swapped in blocks nothing), and
 # every line of it comes out behind ">": nothing the user wrote can start a line of this
-# output (a marker here or one of the prefetch's, gpufleet/factcache.py).
+# output (a marker here or one of the prefetch's, gpufleet/controller/factcache.py).
 _AUTHORIZED_KEYS_SCRIPT = r"""
 M='::gpufleet-ssh::'
 u=$1

@@ -12,9 +12,18 @@ literal name, and module names written as strings for a later import).
     deploys       the story of a host, area by area (deploys/); a deploy imports no other
                   deploy, except the few that compose areas (COMPOSERS)
     operations    one change each: facts in, commands out (operations/)
-    core          plans and rules, shared by deploys, the validation gate and the applications
-                  (gpufleet/, including the rollout's pure parts: plan, state, manifest,
-                  snapshot, context, targets)
+    checks        the validation gate: the host compared with its plans (gpufleet/checks)
+    rollout       the rollout's pure parts: plan, state, manifest, snapshot, context, targets
+                  (gpufleet/rollout); a peer of the checks
+    controller    the machinery around pyinfra: fact cache and batching, host lock, the sudo
+                  password's channel, staging, the daemon-reload guard (gpufleet/controller)
+    plans         one pure, typed plan per area, facts and settings in (gpufleet/plans)
+    config        a host's settings, checked and resolved, the run's per-host context, and the
+                  one way a plan refuses a host (gpufleet/config)
+    catalog       typed read-only views of gpufleet/data: compatibility, GPUs, kernels, sshd
+                  releases (gpufleet/catalog)
+    base          small leaves every floor may use (gpufleet/*.py: errors, versions, printable,
+                  rendering, yamlload, pyinfra_private, the host-side probe script)
     facts         what a host is, read from it (facts/)
 
 The harness (testing/, tests/, tools/, bench/) sits outside: it may import any layer, no layer
@@ -28,8 +37,14 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("inventories", 0, ("inventories",)),
     ("deploys", 1, ("gpufleet.deploys", "deploys")),  # "deploys": the file path, for the checker
     ("operations", 2, ("gpufleet.operations", "operations")),  # "operations": the file path, for the checker
-    ("core", 3, ("gpufleet",)),
-    ("facts", 4, ("gpufleet.facts", "facts")),  # "facts": the file path, for the checker
+    ("checks", 3, ("gpufleet.checks",)),
+    ("rollout", 3, ("gpufleet.rollout",)),
+    ("controller", 4, ("gpufleet.controller",)),
+    ("plans", 5, ("gpufleet.plans",)),
+    ("config", 6, ("gpufleet.config",)),
+    ("catalog", 7, ("gpufleet.catalog",)),
+    ("base", 8, ("gpufleet",)),
+    ("facts", 9, ("gpufleet.facts", "facts")),  # "facts": the file path, for the checker
 )
 
 #: Test harness and entry points: outside the layers.
@@ -38,6 +53,8 @@ OUTSIDE = ("testing", "tests", "tools", "bench")
 #: (importing module, imported prefix): arrows allowed against the rule, each with its reason.
 EXCEPTIONS: dict[tuple[str, str], str] = {
     ("inventories.sandbox", "testing"): "the sandbox inventory is the test hosts' own list (tools/testhosts)",
+    ("gpufleet.plans.acceptance", "gpufleet.checks.perf"): "the acceptance plan judges the probe's measurements "
+                                                         "with the probe's own arithmetic: one copy of the counts",
 }
 
 

@@ -1,7 +1,7 @@
 """The one place gpufleet touches pyinfra names that are not its documented API.
 
-gpufleet's planning speed-ups (gpufleet/speedups.py) and its fact memo and prefetch
-(gpufleet/factcache.py, gpufleet/factbatch.py) need a few of pyinfra's private functions and
+gpufleet's planning speed-ups (gpufleet/controller/speedups.py) and its fact memo and prefetch
+(gpufleet/controller/factcache.py, gpufleet/controller/factbatch.py) need a few of pyinfra's private functions and
 replace some of them process-wide. Everything private goes through here, behind one gate:
 
 - the pyinfra release must be one the patches were compared with (VERIFIED_PYINFRA), and
@@ -230,11 +230,11 @@ def planned_change(operation_meta: Any) -> bool:
 def root_command(host: Host, command: Any) -> str:
     """`command` (a StringCommand) as pyinfra would run it as root on `host`: directly when the
     run logs in as root, else through sudo as the host's data (or `pyinfra --sudo`) says, its
-    password handed over as every command's is (gpufleet/askpass.py: a private file on the
+    password handed over as every command's is (gpufleet/controller/askpass.py: a private file on the
     host, never the command line). Only sudo to root: the host's `_sudo_user`, su and doas
-    settings are for its operations, not for the lock (gpufleet/hostlock.py). Builds through
+    settings are for its operations, not for the lock (gpufleet/controller/hostlock.py). Builds through
     pyinfra.connectors.util.make_unix_command_for_host as it is now (gpufleet's, once
-    gpufleet/askpass.py is installed), not behind the gate: the lock is a safety, on any release."""
+    gpufleet/controller/askpass.py is installed), not behind the gate: the lock is a safety, on any release."""
     from pyinfra.api.command import StringCommand
     from pyinfra.connectors import util
 
@@ -251,7 +251,7 @@ def root_command(host: Host, command: Any) -> str:
     return text
 
 
-# -- sudo and su passwords (gpufleet/askpass.py) -------------------------------------------
+# -- sudo and su passwords (gpufleet/controller/askpass.py) -------------------------------------------
 
 #: what pyinfra's make_unix_command is given as the password: it then builds its askpass form
 #: of the command (`sudo -A -k`, su's pipe), and the environment assignment that would carry
@@ -306,7 +306,7 @@ def original_make_unix_command_for_host() -> Callable[..., Any]:
 
 def patch_askpass(make_command: Callable[..., Any], refusing: Callable[..., Any],
                   close: Callable[[Host], None]) -> bool:
-    """Put gpufleet/askpass.py's command building where pyinfra's connectors look it up, and its
+    """Put gpufleet/controller/askpass.py's command building where pyinfra's connectors look it up, and its
     cleanup into Host.disconnect. On a release gpufleet has not verified: `refusing` instead,
     which lets commands without a password through and refuses the others (a safety: on any
     release, as far as the name is there). True when the askpass way is in place."""
@@ -352,7 +352,7 @@ def _replace(path: str, name: str, new: Any, key: str) -> None:
 def patch_planning(operation_order: Callable[[Any], list[int]],
                    global_arguments: Callable[[], list[tuple[str, type]]],
                    pop_arguments: Callable[..., Any]) -> bool:
-    """Put gpufleet/speedups.py's functions where pyinfra looks them up. pop_global_arguments
+    """Put gpufleet/controller/speedups.py's functions where pyinfra looks them up. pop_global_arguments
     is replaced where it is called (operations, facts, deploys), not in pyinfra.api.arguments,
     whose own is what the replacement calls."""
     if not usable():
@@ -374,7 +374,7 @@ def fact_loader() -> Callable[..., Any]:
 
 def patch_fact_loading(get_fact: Callable[..., Any], run_shell_command: Callable[..., Any],
                        put_file: Callable[..., Any]) -> bool:
-    """Put gpufleet/factcache.py's fact loading in place of pyinfra.api.facts._get_fact, and
+    """Put gpufleet/controller/factcache.py's fact loading in place of pyinfra.api.facts._get_fact, and
     its wrappers of Host.run_shell_command and Host.put_file (which forget the memo)."""
     if not usable():
         return False
@@ -388,7 +388,7 @@ def patch_fact_loading(get_fact: Callable[..., Any], run_shell_command: Callable
 
 def patch_for_locking(get_fact: Callable[..., Any], run_shell_command: Callable[..., Any],
                       put_file: Callable[..., Any], disconnect: Callable[..., Any]) -> None:
-    """gpufleet/hostlock.py's wrappers, which take a host's lock before its first change. Not
+    """gpufleet/controller/hostlock.py's wrappers, which take a host's lock before its first change. Not
     a speed-up but a safety, so not behind the gate: on any release. Its wrappers only count
     and delegate (*args, **kwargs); the fact loader is wrapped only where pyinfra still has
     it (without it, a fact during execution takes the lock a little early: still one run at a
@@ -402,7 +402,7 @@ def patch_for_locking(get_fact: Callable[..., Any], run_shell_command: Callable[
 
 
 def patch_transfers(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    """gpufleet/staging.py's wrapper of Host.put_file and Host.get_file, whose
+    """gpufleet/controller/staging.py's wrapper of Host.put_file and Host.get_file, whose
     `remote_temp_filename` (the third positional argument of pyinfra's connectors) names the
     file a sudo transfer stages through. Public methods, private behaviour: that pyinfra stages
     in the host's temp folder under a predictable name. A safety: on any release."""

@@ -1,7 +1,7 @@
 """YAML through libyaml's parser where PyYAML was built with it.
 
 PyYAML's pure-Python SafeLoader took 70 ms to parse gpufleet/data/compat.yaml (50 KB), which a
-run of deploys/all.py then parsed three times (now once, gpufleet/compat.py's packaged_mapping),
+run of deploys/all.py then parsed three times (now once, gpufleet/catalog/compat.py's packaged_mapping),
 and tiers.yaml once: a quarter of a second of the controller's fixed cost per run
 (bench/controller.py's profile). CSafeLoader is the same safe
 constructor and resolver over libyaml's scanner (9x faster here); tests/unit/test_yamlload.py

@@ -1,7 +1,7 @@
 """CPU operations: the cpufreq governor (tuning_cpu_governor).
 
 ``governor``: write the tier's governor to the CPUs not running it yet (planned by
-gpufleet.tuning.plan_governor from the host's cpufreq, as it was before this run); a host
+gpufleet.plans.tuning.plan_governor from the host's cpufreq, as it was before this run); a host
 without cpufreq (a container, many VMs) or `unmanaged` gets a no-op saying why.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Generator
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from gpufleet.hostfacts import cpu_freq
-from gpufleet.tuning import plan_governor
+from gpufleet.config.hostfacts import cpu_freq
+from gpufleet.plans.tuning import plan_governor
 
 # A fixed script given the governor and the sysfs files as arguments ($1, then the files).
 _SET_GOVERNOR = 'g=$1; shift; for f in "$@"; do echo "$g" > "$f"; done'

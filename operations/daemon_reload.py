@@ -8,7 +8,7 @@ facts/devchar.py). So:
 * ``dev_char_links``: NVIDIA's fix, installed with the container toolkit: its udev rule
   (`nvidia-ctk system create-dev-char-symlinks --create-all` whenever the driver binds, so at
   every boot) and the links now where some are missing.
-* ``daemon_reload``: gpufleet's every reload, through one gate (gpufleet/reload_guard.py's
+* ``daemon_reload``: gpufleet's every reload, through one gate (gpufleet/controller/reload_guard.py's
   script, `reload` mode). Right before it, on the host, the links are made, and every container
   unit (a system scope whose processes live in a mount namespace of their own) that sees an
   NVIDIA device its DeviceAllow does not name gets it named (`systemctl set-property
@@ -19,7 +19,7 @@ facts/devchar.py). So:
   systemd, never from a file another user writes.
 
 Reloads that others do during a run (package postinsts, `systemctl enable`) are made safe by
-the same script before the run's first change (gpufleet/reload_guard.py, `hold` mode).
+the same script before the run's first change (gpufleet/controller/reload_guard.py, `hold` mode).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from gpufleet.facts.devchar import DaemonReloadPending, DevCharLinks
 from gpufleet.operations import as_op
 from gpufleet.operations.notice import say
 from gpufleet.printable import printable
-from gpufleet.reload_guard import guard_command, parse_guard, repaired, repaired_text
+from gpufleet.controller.reload_guard import guard_command, parse_guard, repaired, repaired_text
 
 UDEV_RULE = "/etc/udev/rules.d/71-nvidia-dev-char.rules"
 UDEV_RULE_TEXT = (

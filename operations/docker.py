@@ -24,9 +24,9 @@ from gpufleet.facts.docker import (DaemonJson, DockerEngine, DockerEngineState, 
                                    NvidiaCdi)
 from gpufleet.facts.packages import KeyringFingerprints
 from gpufleet.facts.gpu import GpuState
-from gpufleet import dockerconf
-from gpufleet.run_summary import SUMMARY
-from gpufleet.failures import fail, fail_now
+from gpufleet.plans import dockerconf
+from gpufleet.controller.run_summary import SUMMARY
+from gpufleet.config.failures import fail, fail_now
 
 
 @operation()

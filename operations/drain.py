@@ -13,7 +13,7 @@ from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.docker import GpuContainers
 from gpufleet.facts.driver import GpuDeviceUsers
 from gpufleet.facts.slurm import SLURM_REASON_TAG, SlurmNode
-from gpufleet.failures import refuse
+from gpufleet.config.failures import refuse
 
 
 def gpu_work(h: Host) -> list[str]:

@@ -18,12 +18,12 @@ from typing import Any, Callable
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 
-from gpufleet.hostfacts import gpu_state, locked_clocks, mig_state
-from gpufleet.mig import plan_mig
+from gpufleet.config.hostfacts import gpu_state, locked_clocks, mig_state
+from gpufleet.catalog.mig import plan_mig
 from gpufleet.operations import as_op
 from gpufleet.operations.drain import BUSY_MARK, idle_check
 from gpufleet.printable import printable
-from gpufleet.tuning import plan_clocks
+from gpufleet.plans.tuning import plan_clocks
 from gpufleet.facts.gpu_tuning import LOCKED_CLOCKS_DIR
 
 NVIDIA_SMI = "nvidia-smi"

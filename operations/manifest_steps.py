@@ -16,7 +16,7 @@ from gpufleet.facts.system import EtcFiles
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
 from gpufleet.rollout.snapshot import snapshot_name
-from gpufleet.settings import host_settings
+from gpufleet.config.settings import host_settings
 from gpufleet.operations.snapshot import (controller_snapshot_taken, copied_to_controller, disk_snapshot_taken,
                                           etc_archived, manifest_written)
 

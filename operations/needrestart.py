@@ -8,7 +8,7 @@ from pyinfra import host
 from pyinfra.facts.files import Directory
 from pyinfra.operations import files
 
-from gpufleet.hostcontext import host_context
+from gpufleet.config.hostcontext import host_context
 
 # needrestart (installed on Ubuntu 22.04+ servers) runs after every apt install. Left alone it
 # asks which services to restart, or under a non-interactive frontend restarts them by itself:

@@ -30,7 +30,7 @@ from pyinfra.operations import files
 from gpufleet.operations import as_op
 
 from gpufleet.facts.nftables import APPLIED_RECORD, TABLE, NftablesCapability
-from gpufleet.failures import fail, fail_now
+from gpufleet.config.failures import fail, fail_now
 from gpufleet.operations.ssh import fresh_login
 
 REVERT_FILE = "/run/gpufleet/nftables.revert"

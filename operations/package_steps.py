@@ -1,7 +1,7 @@
 """Packages at the upstream releases the inventory resolves to, through the one sanctioned change
 (driver_upgrade.packages_at_versions): a step shared by deploys/driver.py and deploys/monitoring.py.
 
-The exact Debian versions are decided on the controller (gpufleet/package_plan.py) from what the
+The exact Debian versions are decided on the controller (gpufleet/plans/package_plan.py) from what the
 package index offers. When the sources the index is read from are already as this run leaves
 them, that is at planning: a release they do not offer refuses the host before anything changes.
 When this run itself adds or changes them (a new host: NVIDIA's repository and its key), the
@@ -17,9 +17,9 @@ from pyinfra.api import FunctionCommand, Host, StringCommand, operation
 from pyinfra.api.operation import OperationMeta
 
 from gpufleet.facts.packages import TOOLKIT, AptVersions, HeldPackages, PackageVersions, ToolkitIndex
-from gpufleet.failures import fail, refuse
+from gpufleet.config.failures import fail, refuse
 from gpufleet.operations.driver_upgrade import packages_at_versions
-from gpufleet.package_plan import PackageChangePlan, moving_packages, plan_package_change
+from gpufleet.plans.package_plan import PackageChangePlan, moving_packages, plan_package_change
 
 def _plan(h: Host, releases: Mapping[str, str], present: Sequence[str], pinning: str | None, hold: bool,
           old_pins: Sequence[str]) -> PackageChangePlan:

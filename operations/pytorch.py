@@ -7,7 +7,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import Sha256File
 
-from gpufleet.pytorch_runtime import INSTALL_SCRIPT, VenvPlan
+from gpufleet.plans.pytorch_runtime import INSTALL_SCRIPT, VenvPlan
 
 
 @operation()

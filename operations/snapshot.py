@@ -9,8 +9,8 @@ from typing import Any, Callable
 
 from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 
-from gpufleet import controller_files
-from gpufleet.failures import fail_now
+from gpufleet.controller import controller_files
+from gpufleet.config.failures import fail_now
 from gpufleet.operations.remote_files import Fetch, LazyWrite
 from gpufleet.rollout import snapshot as snap
 

@@ -29,7 +29,7 @@ from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files
 
-from gpufleet.failures import fail, fail_now
+from gpufleet.config.failures import fail, fail_now
 from gpufleet.operations import as_op
 
 from gpufleet.facts.ssh import (

@@ -22,7 +22,7 @@ from collections.abc import Generator
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 
-from gpufleet.failures import fail_now
+from gpufleet.config.failures import fail_now
 from gpufleet.operations import as_op
 from gpufleet.operations.notice import say as _say
 

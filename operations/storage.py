@@ -1,5 +1,5 @@
 """Storage operations: the local scratch filesystem (storage_scratch) and /dev/shm's size
-(storage_shm_size), as planned by gpufleet/storage.py from facts read right before.
+(storage_shm_size), as planned by gpufleet/plans/storage.py from facts read right before.
 
 ``scratch_filesystem`` formats drives: the one destructive step gpufleet has. The plan took
 only drives blank by lsblk and by a blkid -p probe; the command is a fixed script given the
@@ -30,7 +30,7 @@ REFUSED_MARK = "gpufleet: REFUSED:"
 _MAKE_SCRATCH = r"""
 path=$1 label=$2 md=$3 opts=$4 own=$5 record=$6; shift 6
 refuse() { echo "gpufleet: REFUSED: $1" >&2; exit 65; }
-# the path as planning saw it (gpufleet/storage.py path_refusal): checked before anything is
+# the path as planning saw it (gpufleet/plans/storage.py path_refusal): checked before anything is
 # formatted and again right before the mount, since the site may mount something meanwhile
 check_path() {
   why=
@@ -118,7 +118,7 @@ def scratch_filesystem(path: str, label: str, md_name: str, options: str, own_uu
     """Make the scratch filesystem on blank drives: XFS on one, md RAID0 + XFS on several; in
     /etc/fstab by UUID, mounted at `path`. Planned only on drives found blank right before.
 
-    + path: the mount point; label, md_name, options: see gpufleet/storage.py
+    + path: the mount point; label, md_name, options: see gpufleet/plans/storage.py
     + own_uuid: the UUID recorded for gpufleet's previous scratch ("" if none); record: where the new one is recorded
     + devices: the drives (each probed again on the host; any not blank: nothing is done)
     """

@@ -47,7 +47,7 @@ def environment_data(host: Host, tier: str, repo=None) -> dict:
     than the tier: the OS the host runs, no kernel headers for the machine's kernel, and, given
     a served stand-in repository (testing/aptrepo.AptRepo), NVIDIA's repositories and PyTorch's
     index replaced by it, as an air-gapped fleet points gpufleet at its mirror."""
-    from gpufleet.tiers import tier_defaults
+    from gpufleet.catalog.tiers import tier_defaults
 
     data = {
         "tier": tier,

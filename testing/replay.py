@@ -8,7 +8,7 @@ replayed host's own. pyinfra's planner, gpufleet's deploys and its fact cache ru
 only SSH (and the hosts' side of the work) is replaced.
 
 What a host is asked, it answers as the recorded host did:
-- the fact cache's prefetch script (gpufleet/factcache.py, Script): each of its sections is
+- the fact cache's prefetch script (gpufleet/controller/factcache.py, Script): each of its sections is
   looked up by its exact shell text and answered with the recorded lines and exit status,
   framed by the script's own markers and packed (gzip + base64) as the real script packs them
   on the host. That packing is the hosts' work, done here on the controller: replay_cpu_s says
@@ -81,7 +81,7 @@ def section_template() -> tuple[str, str]:
     taken from factcache.Script itself (so a change of the script's shape is followed here)."""
     global _template
     if _template is None:
-        from gpufleet import factcache
+        from gpufleet.controller import factcache
 
         one, two = "@@REPLAY-ONE@@", "@@REPLAY-TWO@@"
         single = factcache.Script(single=[(None, None, None, None, one)], nonce="0" * 16).text()
@@ -100,7 +100,7 @@ def section_template() -> tuple[str, str]:
 
 def prefetch_sections(script: str) -> tuple[str, list[str]] | None:
     """(controller nonce, section texts) of a prefetch script, None if it is not one."""
-    from gpufleet import factcache
+    from gpufleet.controller import factcache
 
     m = re.search(re.escape(factcache._MARK) + r"([0-9a-f]{16})::host ", script)
     if not m:
@@ -157,7 +157,7 @@ class Renamer:
 
 def answer_prefetch(nonce: str, texts: list[str], renamer: Renamer, host_name: str) -> list[str]:
     """The output lines the recorded host would print for this prefetch script: packed."""
-    from gpufleet import factcache
+    from gpufleet.controller import factcache
 
     rec = load()
     by_text = rec["_by_text"]

@@ -76,7 +76,7 @@ def values(version: str) -> dict:
     ("9.0" -> sm_90, "12.0+PTX" -> sm_120 and compute_120), torch.version.cuda from its tag."""
     if version in RECORDED:
         return RECORDED[version]
-    from gpufleet.pytorch import pytorch_data
+    from gpufleet.catalog.pytorch import pytorch_data
 
     release, _, variant = version.partition("+")
     for v in pytorch_data().releases[".".join(release.split(".")[:2])]:
@@ -125,7 +125,7 @@ def serve_index(root: Path, release: str = "2.11") -> None:
     """Under `root` (a web server's document root): pytorch/whl/<variant>/torch/index.html and
     the stand-in wheel of `release` for each of its variants (PEP 503 simple index), as
     download.pytorch.org/whl/<variant>/torch/ lists the real ones."""
-    from gpufleet.pytorch import pytorch_data
+    from gpufleet.catalog.pytorch import pytorch_data
 
     for variant in pytorch_data().releases[release]:
         folder = root / "pytorch" / "whl" / variant.name / "torch"

@@ -41,7 +41,7 @@ from gpufleet.facts.packages import AptCandidates, HeldPackages, KeyringFingerpr
 from gpufleet.facts.pci import NvidiaPciDevices, PciDevices
 from gpufleet.facts.packages import AptVersions, PackageChange, ToolkitIndex
 from gpufleet.facts.system import OsRelease
-from gpufleet.gpus import model_for_name
+from gpufleet.catalog.gpus import model_for_name
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"

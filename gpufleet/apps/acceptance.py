@@ -24,7 +24,7 @@ from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.gpu_checks import AllReduceRank, PerfProbe
 from gpufleet.facts.health import GpuHealth
 from gpufleet.facts.network import IbCounters, IbPortCounters
-from gpufleet.inventory_source import InventorySource
+from gpufleet.controller.inventory_source import InventorySource
 from gpufleet.plans import acceptance as plan
 
 #: Test double only: where the hosts' /sys is read for the InfiniBand ports. The e2e points it at
@@ -55,16 +55,16 @@ def ports(found: list[IbPortCounters]) -> list[plan.IbPort]:
 
 
 def _python(settings: Any) -> str:
-    from gpufleet.pytorch_runtime import runtime_of
+    from gpufleet.plans.pytorch_runtime import runtime_of
 
     return runtime_of(settings).python or "python3"
 
 
 def read_host(host: Any, reading: HostReading, probe: bool, diag_level: int | None = None) -> None:
     """Step 1 on one host (in its pyinfra context)."""
-    from gpufleet import perf
-    from gpufleet.health import assess
-    from gpufleet.settings import host_settings
+    from gpufleet.checks import perf
+    from gpufleet.plans.health import assess
+    from gpufleet.config.settings import host_settings
 
     settings = reading.settings = host_settings(host)
     reading.before = host.get_fact(IbCounters, sys_root=sys_root())
@@ -85,7 +85,7 @@ def read_host(host: Any, reading: HostReading, probe: bool, diag_level: int | No
 
 
 def health_finding(verdict: Any, level: int) -> plan.Finding:
-    from gpufleet.health import summary_line
+    from gpufleet.plans.health import summary_line
 
     name = "GPU health" + (f" and DCGM diagnostic level {level}" if level else "")
     if verdict.needs_action:
@@ -129,7 +129,7 @@ def accept(source: InventorySource | str, names: list[str], peer: str | None = N
     """{host: verdict} of the hosts `names`, the all-reduce with `peer` (a known-good host) or,
     without one, with the first of `names`. `diag_level`: DCGM's level (None: the tier's)."""
     from gpufleet import deploys
-    from gpufleet.fleet_read import connected_fleet, read_each
+    from gpufleet.controller.fleet_read import connected_fleet, read_each
 
     src = source if isinstance(source, InventorySource) else InventorySource(str(source))
     everyone = [*names, *([peer] if peer and peer not in names else [])]

@@ -5,7 +5,7 @@
 
 Prints the driver, CUDA toolkit, cuDNN and PyTorch wheel the resolver picks (the same resolver and
 GPU catalog the deploys use), or the refusal with its reason and what would be allowed. Every value
-is checked by the grammar of the inventory key it stands for (gpufleet/schema.py). Exit code 0
+is checked by the grammar of the inventory key it stands for (gpufleet/config/schema.py). Exit code 0
 when everything fits, 3 when the combination is refused, 2 on bad arguments.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ OPTIONS = {
 def _grammar(key: str) -> Callable[[str], Any]:
     """argparse type: the inventory key's own grammar, so the tool accepts what an inventory does."""
     def check(text: str) -> Any:
-        from gpufleet.schema import KEYS, BadValue
+        from gpufleet.config.schema import KEYS, BadValue
 
         try:
             return KEYS[key].validate(text)
@@ -49,7 +49,7 @@ def _grammar(key: str) -> Callable[[str], Any]:
 
 
 def _gpu(text: str) -> Any:
-    from gpufleet.gpus import model_for_name, model_for_pci, model_names
+    from gpufleet.catalog.gpus import model_for_name, model_for_pci, model_names
 
     model = model_for_name(text) or (model_for_pci(text) if text.lower().startswith("0x") else None)
     if model is None:
@@ -105,8 +105,8 @@ def module_packages(prebuilt: str | None, dkms: str | None, os_release: str) -> 
 def answer(gpus: list[Any], os_release: str, wishes: dict[str, Any]) -> dict[str, Any]:
     """The resolver's answer as a plain dict (the --json object)."""
     from gpufleet.errors import Incompatible
-    from gpufleet.pytorch import mixed_gpus
-    from gpufleet.resolver import resolve
+    from gpufleet.catalog.pytorch import mixed_gpus
+    from gpufleet.config.resolver import resolve
 
     out: dict[str, Any] = {
         "gpus": [{"name": m.name, "compute_capability": m.compute_capability} for m in gpus],
@@ -145,8 +145,8 @@ def gpu_rows() -> list[dict[str, Any]]:
     """--list-gpus: every GPU of the catalogue with the newest stack that still supports it."""
     from dataclasses import asdict
 
-    from gpufleet.gpu_support import newest_stack
-    from gpufleet.gpus import catalog
+    from gpufleet.catalog.gpu_support import newest_stack
+    from gpufleet.catalog.gpus import catalog
 
     rows = []
     for model in catalog():

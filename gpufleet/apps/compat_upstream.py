@@ -203,8 +203,8 @@ def build_arch_lists(text: str) -> dict[str, tuple[str, ...]]:
 
 
 def _pytorch_findings(lists: dict[str, tuple[str, ...]], name: str) -> list[Finding]:
-    from gpufleet.compat import packaged_mapping
-    from gpufleet.pytorch import pytorch_data
+    from gpufleet.catalog.compat import packaged_mapping
+    from gpufleet.catalog.pytorch import pytorch_data
 
     torch = pytorch_data()
     raw = packaged_mapping()["pytorch"]["releases"]
@@ -227,7 +227,7 @@ def _pytorch_findings(lists: dict[str, tuple[str, ...]], name: str) -> list[Find
 
 def check(folder: Path, data: Any = None) -> tuple[list[Finding], list[str]]:
     """Every finding of the upstream files in ``folder``, and the files read."""
-    from gpufleet.compat import compat_data
+    from gpufleet.catalog.compat import compat_data
 
     data = data or compat_data()
     findings: list[Finding] = []

@@ -79,7 +79,7 @@ def pyinfra_argv(args: list[str], takes_value: frozenset[str] | None = None) -> 
 
 def settings_reference() -> str:
     """The settings reference, as docs/settings.md has it (rendered from the installed tiers.yaml)."""
-    from gpufleet.settings_doc import render
+    from gpufleet.config.settings_doc import render
 
     return render()
 

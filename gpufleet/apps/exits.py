@@ -2,7 +2,7 @@
 docs/commands.md (gpufleet/apps/commands_doc.py)."""
 from __future__ import annotations
 
-from gpufleet.health import ACTION
+from gpufleet.plans.health import ACTION
 
 #: command (its installed name; the checkout's tools/* name where there is none) -> (code, meaning)
 EXIT_CODES: dict[str, tuple[tuple[int, str], ...]] = {

@@ -36,7 +36,7 @@ from typing import Any
 from gpufleet.facts.dcgm_diag import LEVEL_TIMEOUTS, DcgmDiag, DcgmDiagData
 from gpufleet.facts.health import GpuHealth, GpuHealthData
 from gpufleet.facts.slurm import SlurmNode, SlurmNodeData
-from gpufleet.health import HostVerdict, all_findings, assess, rank, summary_line
+from gpufleet.plans.health import HostVerdict, all_findings, assess, rank, summary_line
 from gpufleet.version import add_version
 
 #: the reason gpufleet health drains a node with: it resumes only nodes whose reason starts so
@@ -95,9 +95,9 @@ def table(hosts: list[tuple[str, HostVerdict | None, dict[str, Any]]]) -> str:
 
 def fleet_main(args: argparse.Namespace) -> int:
     import gpufleet.deploys
-    from gpufleet import inventory_source
-    from gpufleet.fleet_read import connected_fleet, read_each
-    from gpufleet.settings import host_settings
+    from gpufleet.controller import inventory_source
+    from gpufleet.controller.fleet_read import connected_fleet, read_each
+    from gpufleet.config.settings import host_settings
 
     source = inventory_source.InventorySource.from_args(args)
     verdicts: dict[str, HostVerdict] = {}
@@ -224,7 +224,7 @@ def local_main(args: argparse.Namespace) -> int:
 
 
 def build_parser(prog: str = "health") -> argparse.ArgumentParser:
-    from gpufleet import inventory_source
+    from gpufleet.controller import inventory_source
     from gpufleet.apps.exits import epilog
 
     parser = argparse.ArgumentParser(prog=prog, epilog=epilog("gpufleet-health"), description=(
@@ -255,7 +255,7 @@ def build_parser(prog: str = "health") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "health") -> int:
-    from gpufleet import inventory_source
+    from gpufleet.controller import inventory_source
 
     parser = build_parser(prog)
     args = parser.parse_args(argv)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
-from gpufleet import perf, yamlload
+from gpufleet.checks import perf
+from gpufleet import yamlload
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 AREA = "acceptance"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.hostcontext import real_object as real_host  # sets of hosts must hold the real one
+from gpufleet.config.hostcontext import real_object as real_host  # sets of hosts must hold the real one
 
 
 @dataclass
@@ -36,9 +36,9 @@ class RolloutContext:
     canaries: set[str] = field(default_factory=set)
 
     def refuse(self, host: Any, reason: str, fix: str, outcome: str | None = None, area: str = "rollout") -> None:
-        """Refuse `host` for the rest of this phase (gpufleet.failures.refuse), with the reason and
+        """Refuse `host` for the rest of this phase (gpufleet.config.failures.refuse), with the reason and
         fix the runner reports."""
-        from gpufleet.failures import refuse
+        from gpufleet.config.failures import refuse
 
         host = real_host(host)
         self.reasons[host.name] = f"{reason.strip().rstrip('.')}. Fix: {fix}"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from gpufleet.facts.packages import COMPONENT_PREFIXES, NSIGHT_GLOBS, TOOLKIT, component_globs
-from gpufleet.cuda_stack import STACK_FAMILIES, is_exact, stack_renames
+from gpufleet.catalog.cuda_stack import STACK_FAMILIES, is_exact, stack_renames
 from gpufleet.versions import upstream_of
 
 if TYPE_CHECKING:
@@ -417,10 +417,10 @@ def check_manifest(doc: Any, source: str, host: str | None = None) -> dict[str, 
 
 
 def load_manifest(path: str | Path, host: str | None = None) -> dict[str, Any]:
-    """A manifest file on the controller, checked: ours (gpufleet.controller_files.read: not a symbolic
+    """A manifest file on the controller, checked: ours (gpufleet.controller.controller_files.read: not a symbolic
     link, not another user's, not writable by others, in folders of ours) and well formed
     (manifest_problems). ManifestError otherwise."""
-    from gpufleet import controller_files
+    from gpufleet.controller import controller_files
 
     try:
         data = controller_files.read(path)

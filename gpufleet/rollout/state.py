@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet import controller_files
+from gpufleet.controller import controller_files
 from gpufleet.printable import printable
 
 STEPS = ("drain", "snapshot", "upgrade", "reboot", "mig", "tune", "validate", "accept", "undrain")

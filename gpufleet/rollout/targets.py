@@ -40,9 +40,9 @@ def rollable(survey: dict[str, Any]) -> bool:
 
 def resolve_host(host: Any, override: str | None) -> dict[str, Any]:
     """{"target", "resolution"} or {"error": (key, reason, allowed)} for `host` (facts: PCI, nvidia-smi, OS)."""
-    from gpufleet.hostfacts import hardware, os_name
-    from gpufleet.resolver import resolve
-    from gpufleet.settings import host_settings
+    from gpufleet.config.hostfacts import hardware, os_name
+    from gpufleet.config.resolver import resolve
+    from gpufleet.config.settings import host_settings
 
     settings = host_settings(host)
     try:
@@ -77,7 +77,7 @@ def _source(inventory: Any, host: Any, key: str) -> tuple[str, Any]:
             return f"group {group}", data[key]
     if key in (inventory.get_data() or {}):
         return "inventory", inventory.get_data()[key]
-    from gpufleet.tiers import tier_defaults
+    from gpufleet.catalog.tiers import tier_defaults
 
     tier = host.data.get("tier")
     return f"tier {tier}", tier_defaults(tier).get(key)
@@ -86,7 +86,7 @@ def _source(inventory: Any, host: Any, key: str) -> tuple[str, Any]:
 def inventory_lines(inventory_path: str, hosts: list[str], override: str) -> list[str]:
     """The inventory lines to set after a rollout to `override`, so that the inventory says
     what the hosts now run (one line per place the value comes from)."""
-    from gpufleet.inventory_source import load_inventory
+    from gpufleet.controller.inventory_source import load_inventory
 
     inventory = load_inventory(inventory_path)
     wanted = {"driver_version": override, "driver_branch": branch_of(override)}

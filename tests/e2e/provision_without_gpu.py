@@ -10,8 +10,8 @@ from gpufleet.deploys.base import base
 from gpufleet.deploys.hardening import hardening
 from gpufleet.deploys.tuning import tuning
 from gpufleet.deploys.validate import validate
-from gpufleet.failures import host_failed
-from gpufleet.settings import validate_inventory
+from gpufleet.config.failures import host_failed
+from gpufleet.config.settings import validate_inventory
 
 validate_inventory(state.inventory)
 for step in (base, tuning, hardening, validate):

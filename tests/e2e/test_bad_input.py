@@ -157,8 +157,8 @@ def test_every_setting_refuses_the_injection_from_the_command_line(host, tmp_pat
     # Every key of tiers.yaml at once, each its dev default with the injection appended (in a
     # list: to the first item; in a mapping: to the first name), then the tier on its own (a bad
     # tier stops a host's validation before its other keys).
-    from gpufleet.schema import KEYS
-    from gpufleet.tiers import tier_defaults
+    from gpufleet.config.schema import KEYS
+    from gpufleet.catalog.tiers import tier_defaults
 
     def injected(value):
         if hasattr(value, "items"):

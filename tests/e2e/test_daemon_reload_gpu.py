@@ -27,8 +27,8 @@ import time
 
 import pytest
 
-from gpufleet.repos import TOOLKIT_KEYRING, TOOLKIT_LIST, TOOLKIT_PACKAGES, toolkit_sources_line
-from gpufleet.tiers import tier_defaults
+from gpufleet.plans.repos import TOOLKIT_KEYRING, TOOLKIT_LIST, TOOLKIT_PACKAGES, toolkit_sources_line
+from gpufleet.catalog.tiers import tier_defaults
 from testing import smoke_image, testhosts
 from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
 from testing.inventory import OS_RELEASE, TEST_DRIVER, environment_data, write_inventory

@@ -40,8 +40,8 @@ DEPLOY = textwrap.dedent("""\
     from pyinfra import host, state
     from gpufleet.deploys.base import base
     from gpufleet.deploys.docker import docker
-    from gpufleet.failures import host_failed
-    from gpufleet.settings import validate_inventory
+    from gpufleet.config.failures import host_failed
+    from gpufleet.config.settings import validate_inventory
 
     validate_inventory(state.inventory)
     for step in (base, docker):

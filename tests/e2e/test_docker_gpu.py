@@ -39,12 +39,12 @@ OPERATOR_KEYS = {
 }
 DEPLOY = textwrap.dedent("""\
     from pyinfra import host, state
-    from gpufleet import hostlock
+    from gpufleet.controller import hostlock
     hostlock.install()  # as every entry point: the lock, and the reload guard, at the first change
     from gpufleet.deploys.base import base
     from gpufleet.deploys.docker import docker
-    from gpufleet.failures import host_failed
-    from gpufleet.settings import validate_inventory
+    from gpufleet.config.failures import host_failed
+    from gpufleet.config.settings import validate_inventory
 
     validate_inventory(state.inventory)
     for step in (base, docker):

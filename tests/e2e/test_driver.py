@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.compat import compat_data
+from gpufleet.catalog.compat import compat_data
 from testing import testhosts
 from testing.aptrepo import aptrepo  # noqa: F401  (session fixture)
 from testing.inventory import OS_RELEASE, write_inventory

@@ -260,7 +260,7 @@ def _run_cut_off_with_a_refusing_config(host, tmp_path, revert_after: int) -> fl
     """A run installs an AllowUsers that shuts the deploy user out, and is cut off once that is
     live, before its login proof could restore anything. Returns when it was cut off.
     The deploy user is listed only from an address the controller never has (192.0.2.1, TEST-NET-1):
-    planning judges only the user part of USER@HOST (gpufleet/sshd_policy.py), so this lock-out
+    planning judges only the user part of USER@HOST (gpufleet/catalog/sshd_policy.py), so this lock-out
     gets past it, as an operator's wrong address would; a list without the deploy user would be
     refused at planning (tests/e2e/test_hardening_lockout.py).
     The run is frozen the moment its drop-in is pending (the install script on the host goes on

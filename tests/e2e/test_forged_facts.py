@@ -1,5 +1,5 @@
 """End-to-end: a local user listed in hardening_allow_users cannot forge the answers of the
-run's one-command fact prefetch (gpufleet/factcache.py) through their own authorized_keys,
+run's one-command fact prefetch (gpufleet/controller/factcache.py) through their own authorized_keys,
 which gpufleet reads for them (gpufleet/facts/ssh.py AuthorizedKeys), nor read root-only files
 through it.
 
@@ -24,7 +24,8 @@ import time
 
 import pytest
 
-from gpufleet import factbatch, factcache
+from gpufleet.controller import factbatch
+from gpufleet.controller import factcache
 from gpufleet.facts.ssh import AuthorizedKeys, SshdActivation
 from testing import testhosts
 from testing.inventory import OS_RELEASE, write_inventory

@@ -191,7 +191,7 @@ def test_rollout_from_the_inventory_with_a_second_run_and_all_py_stopped(fleet, 
 
 LOCKER = r"""
 import sys, time
-from gpufleet import hostlock
+from gpufleet.controller import hostlock
 name = sys.argv[2]
 locks = hostlock.FleetLocks(sys.argv[1], hostlock.owner_record("e2e-locker"))
 taken, refused = locks.take([name], wait=int(sys.argv[4]) if len(sys.argv) > 4 else 0)

@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.apt_policy import GPU_PACKAGE_BLACKLIST
-from gpufleet.tiers import tier_defaults
+from gpufleet.catalog.tiers import tier_defaults
 from testing import testhosts
 from testing.inventory import write_inventory
 from testing.netns import netns_leftovers, netns_pair

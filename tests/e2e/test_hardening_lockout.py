@@ -12,7 +12,7 @@ run must say clearly why that host was refused:
   so pyinfra itself could not come back): previous configuration restored and reloaded, new
   logins work again;
 - an AllowUsers that excludes the deploy user, PermitRootLogin no while deployed as root, and a
-  trusted CIDR of /0: refused at planning (gpufleet/settings.py, as deploys/all.py plans),
+  trusted CIDR of /0: refused at planning (gpufleet/config/settings.py, as deploys/all.py plans),
   naming host and key, in runs of their own (a bad inventory stops the whole run), before any
   host changes.
 """

@@ -39,7 +39,7 @@ PASSWORD = "gf-Sud0-pw-7731"
 
 LOCKER = r"""
 import sys, time
-from gpufleet import hostlock
+from gpufleet.controller import hostlock
 name = sys.argv[2]
 locks = hostlock.FleetLocks(sys.argv[1], hostlock.owner_record("e2e-locker", sys.argv[1]))
 taken, refused = locks.take([name], wait=0)

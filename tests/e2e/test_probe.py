@@ -24,8 +24,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.gpusim]
 DRIVER_ONLY = textwrap.dedent("""\
     from pyinfra import host, state
     from gpufleet.deploys.driver import driver
-    from gpufleet.failures import host_failed
-    from gpufleet.settings import validate_inventory
+    from gpufleet.config.failures import host_failed
+    from gpufleet.config.settings import validate_inventory
 
     validate_inventory(state.inventory)
     driver()

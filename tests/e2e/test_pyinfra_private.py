@@ -31,7 +31,8 @@ from pyinfra.api.facts import get_fact
 from pyinfra.api.host import Host
 from pyinfra.facts import deb, files, server, systemd
 
-from gpufleet import factcache, pyinfra_private
+from gpufleet.controller import factcache
+from gpufleet import pyinfra_private
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages
 from gpufleet.facts.ssh import SshdVersion
@@ -88,7 +89,7 @@ def _ask(mode: str, host, plans: Path) -> dict:
 @pytest.fixture(scope="module")
 def answers(hostpool, tmp_path_factory):
     # reached as root: on the release pretended unknown ("off") a sudo password is refused,
-    # never sent (gpufleet/askpass.py), and the deploy user's sudo asks for one
+    # never sent (gpufleet/controller/askpass.py), and the deploy user's sudo asks for one
     host = hostpool.get("pyinfra-private", 1, ssh_user="root")[0]
     # a package on hold, for HeldPackages and DebPackages' "hi" to have one
     testhosts.ssh(host, "apt-mark hold openssh-server >/dev/null")
@@ -103,7 +104,7 @@ def answers(hostpool, tmp_path_factory):
 
 
 def test_the_patches_are_off_on_an_unknown_release_and_on_here(answers):
-    # only the guard that refuses to send a sudo password (gpufleet/askpass.py): no speed-up
+    # only the guard that refuses to send a sudo password (gpufleet/controller/askpass.py): no speed-up
     assert all(name.endswith(("make_unix_command_for_host", "Host.disconnect")) for name in answers["off"]["patched"])
     assert "pyinfra.api.facts._get_fact" not in answers["off"]["patched"]
     assert "pyinfra.api.facts._get_fact" in answers["memo"]["patched"]

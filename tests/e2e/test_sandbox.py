@@ -21,8 +21,8 @@ def exact_stack(h, sandbox: dict) -> dict[str, str]:
     the inventory's overrides, its simulated GPUs as nvidia-smi names them, its OS) -> the
     version dpkg says is installed, asserted to be exactly the resolved release although the
     stand-in repository offers older and newer ones."""
-    from gpufleet.resolver import resolve
-    from gpufleet.tiers import tier_defaults
+    from gpufleet.config.resolver import resolve
+    from gpufleet.catalog.tiers import tier_defaults
     from testing.aptrepo import load
     from testing.inventory import OS_RELEASE, environment_data
 

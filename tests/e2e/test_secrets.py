@@ -8,7 +8,7 @@ it wrote since boot, plus /tmp, /run, /var, /etc, /home, /root). Everything unde
 must be 0600 files in 0700 directories.
 
 The password is made at random by the harness (testing/testhosts.sudo_password) and read by the
-inventory from the environment: no file holds it. Issue 44 item 1: before gpufleet/askpass.py,
+inventory from the environment: no file holds it. Issue 44 item 1: before gpufleet/controller/askpass.py,
 pyinfra's `env ... PYINFRA_SUDO_PASSWORD=<password> sudo -A ...` stayed in the login shell's
 command line, and the watcher read it.
 """

@@ -50,7 +50,7 @@ pytestmark = [pytest.mark.e2e]
 DEPLOY = textwrap.dedent("""\
     from pyinfra import state
     from gpufleet.deploys.storage import storage
-    from gpufleet.settings import validate_inventory
+    from gpufleet.config.settings import validate_inventory
 
     validate_inventory(state.inventory)
     storage()

@@ -158,7 +158,7 @@ def test_config_py_beside_the_inventory_is_honoured(fleet):
     r, journal = journal_during([a], lambda: tool(work, "fleet-report", "ops/inventory.py", "--out", "out-ops",
                                                   "--no-drift"))
     assert json.loads((work / "out-ops" / "fleet-report.json").read_text())["hosts"][0]["status"] == "ok", r.stderr
-    # the report reads its facts in one batched command (gpufleet/factcache.py): through sudo
+    # the report reads its facts in one batched command (gpufleet/controller/factcache.py): through sudo
     assert len(sudo_lines(journal[a.name])) >= 1, journal[a.name][-3000:]
     r, journal = journal_during([a], lambda: tool(work, "rollout", "ops/inventory.py", "--dry-run"))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -309,7 +309,7 @@ def test_rollout_asks_before_draining_and_no_changes_nothing(with_ghost):
     changed = testhosts.ssh(c, f"find /etc /var/lib/gpufleet /var/lib/dpkg /var/lib/apt /usr -newer {marker} "
                                "-type f 2>/dev/null; true").stdout
     assert changed.strip() == "", changed
-    # the rollout locks a host (gpufleet/hostlock.py) before its first change: never taken
+    # the rollout locks a host (gpufleet/controller/hostlock.py) before its first change: never taken
     assert testhosts.ssh(c, "ls -A /run/lock/gpufleet 2>/dev/null; true").stdout.strip() == ""
     # (-y and a stdin that is no terminal go on without asking: tests/unit/test_rollout_progress.py)
 

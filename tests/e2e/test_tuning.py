@@ -51,8 +51,8 @@ DEPLOY = textwrap.dedent("""\
     from gpufleet.deploys.base import base
     from gpufleet.deploys.preflight import preflight
     from gpufleet.deploys.tuning import tuning
-    from gpufleet.failures import host_failed
-    from gpufleet.settings import validate_inventory
+    from gpufleet.config.failures import host_failed
+    from gpufleet.config.settings import validate_inventory
 
     validate_inventory(state.inventory)
     for step in (preflight, base, tuning):

@@ -6,7 +6,7 @@ answered from recorded output; every command refused), plus recorded samples for
 double does not answer (sshd, nftables, NICs, RDMA, GPUs). For it, in order (the comparison
 stops at the first one that differs):
 
-- inventory: the problems planning-time validation reports for the host's data (gpufleet.settings);
+- inventory: the problems planning-time validation reports for the host's data (gpufleet.config.settings);
 - plan: the plan view, deploys/plan.py, as pyinfra's CLI runs it, without its `override:` lines
   and the tier_mismatch word of its MISMATCH lines (those only echo the inventory);
 - deploy: every command pyinfra's real operations yield when deploys/all.py's areas are planned
@@ -17,7 +17,7 @@ stops at the first one that differs):
 - rollout: the commands tools/rollout's drain, snapshot and reboot steps (deploys/upgrade.py) yield, what its
   validation of a canary refuses, and
   the batch size its runner takes from the survey step (gpufleet/rollout/plan.py);
-- lock: the command all.py and tools/rollout send to take the host's lock (gpufleet/hostlock.py).
+- lock: the command all.py and tools/rollout send to take the host's lock (gpufleet/controller/hostlock.py).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.network import NetworkInterfaces, RdmaDevices
 from gpufleet.facts.system import SystemResourcesData
-from gpufleet.tiers import tier_defaults
+from gpufleet.catalog.tiers import tier_defaults
 from testing.ubuntu_host import FIXTURES, REPO, UbuntuHost, canned, make_state, on_host
 
 #: all.py's areas before the gate, in its order
@@ -190,7 +190,7 @@ class _Grab(logging.Handler):
 
 
 def _inventory(sim: SimulatedHost, data: dict[str, Any]) -> list[str]:
-    from gpufleet.settings import host_settings
+    from gpufleet.config.settings import host_settings
 
     state = make_state({NAME: (sim, data)})
     try:
@@ -211,7 +211,7 @@ def _plan(sim: SimulatedHost, data: dict[str, Any]) -> list[str]:
 
 
 def _deploy(sim: SimulatedHost, data: dict[str, Any]) -> tuple[list[str], list[str]]:
-    from gpufleet.failures import host_failed
+    from gpufleet.config.failures import host_failed
 
     state = make_state({NAME: (sim, data)})
     state.print_noop_info = True  # as `pyinfra -v`: what each operation found already done
@@ -235,7 +235,7 @@ def _deploy(sim: SimulatedHost, data: dict[str, Any]) -> tuple[list[str], list[s
         logger.setLevel(level)
     # what all.py prints at exit about this host (driver.py keeps it by host name until then):
     # taken here, so one observation neither leaks into the next nor into pytest's exit
-    from gpufleet.run_summary import SUMMARY
+    from gpufleet.controller.run_summary import SUMMARY
 
     at_exit = [f"pending at exit: {SUMMARY.driver_pending[NAME]}"] if NAME in SUMMARY.driver_pending else []
     at_exit += [f"stack pending at exit: {SUMMARY.stack_pending[NAME]}"] if NAME in SUMMARY.stack_pending else []
@@ -244,8 +244,8 @@ def _deploy(sim: SimulatedHost, data: dict[str, Any]) -> tuple[list[str], list[s
 
 
 def _gate(sim: SimulatedHost, data: dict[str, Any]) -> list[str]:
-    from gpufleet.settings import host_settings
-    from gpufleet.validation import run_checks
+    from gpufleet.config.settings import host_settings
+    from gpufleet.checks.validation import run_checks
 
     state = make_state({NAME: (sim, data)})
     with canned({NAME: sim}), on_host(state, NAME) as host:
@@ -273,7 +273,7 @@ def _rollout(sim: SimulatedHost, data: dict[str, Any]) -> list[str]:
 
 
 def _lock(sim: SimulatedHost, data: dict[str, Any]) -> list[str]:
-    from gpufleet import hostlock
+    from gpufleet.controller import hostlock
 
     state = make_state({NAME: (sim, data)})
     with canned({NAME: sim}), on_host(state, NAME) as host:

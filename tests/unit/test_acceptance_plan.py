@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet import perf
+from gpufleet.checks import perf
 from gpufleet.facts.network import parse_ib_counters
 from gpufleet.plans import acceptance as acc
 
@@ -41,7 +41,7 @@ def test_probe_against_model_minimums(case: dict) -> None:
 
 
 def test_every_catalogue_gpu_has_a_minimum_or_a_warn() -> None:
-    from gpufleet.compat import compat_data
+    from gpufleet.catalog.compat import compat_data
 
     for gpu in compat_data().gpus_raw:
         floors = acc.model_floors(gpu["name"])

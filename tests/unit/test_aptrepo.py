@@ -73,7 +73,7 @@ def test_nsight_meta_packages_ask_for_their_release_with_ge_and_a_later_build_ex
     (meta,) = _by("cuda-nsight-compute-13-0", "13.0.2-1")
     assert meta.depends == ("nsight-compute-2025.3.1 (>= 2025.3.1.4)",)
     assert {p.version for p in _by("nsight-systems-2025.3.2")} == {"2025.3.2.474-1", "2025.3.2.999-1"}
-    from gpufleet.profiling import nsight_packages
+    from gpufleet.plans.profiling import nsight_packages
     wanted = nsight_packages("13.0.2")
     assert wanted is not None and set(wanted) <= {p.name for p in PKGS}
     for name, release in wanted.items():

@@ -1,4 +1,4 @@
-"""gpufleet/askpass.py: the sudo password reaches a host on stdin, never in a command line.
+"""gpufleet/controller/askpass.py: the sudo password reaches a host on stdin, never in a command line.
 
 The holder script runs for real here under dash (Debian's /bin/sh), on this machine's /proc and
 files; the whole path (pyinfra, sshd, sudo asking for the password, a local user polling /proc)
@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.api.command import StringCommand
 
-from gpufleet import askpass, pyinfra_private
+from gpufleet.controller import askpass
+from gpufleet import pyinfra_private
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """One clock model: `clock_policy: max` is each GPU's highest supported pair as its nvidia-smi
 reports it (what -ac / -lgc,-lmc can apply). The compatibility catalogue's pair is only the
 plan-time estimate, and says so. The plan view's host line, the deploy's commands and the gate's
-check come from one plan (gpufleet.tuning.host_clocks), shown with one wording (clocks_summary).
+check come from one plan (gpufleet.plans.tuning.host_clocks), shown with one wording (clocks_summary).
 
 The case that tells the two meanings apart: an A100 board that reports 1215,1395 as its highest
 pair while the catalogue's A100-SXM4-40GB says 1410 (a power-capped board)."""
@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 
 from gpufleet.facts.gpu import ClockPair, GpuInfo, GpuState, GpuStateData
-from gpufleet import tuning as t
-from gpufleet.resolver import resolve
-from gpufleet.tiers import tier_defaults
-from gpufleet.validation import FAIL, PASS, clocks_as_set
+from gpufleet.plans import tuning as t
+from gpufleet.config.resolver import resolve
+from gpufleet.catalog.tiers import tier_defaults
+from gpufleet.checks.validation import FAIL, PASS, clocks_as_set
 from tests.unit.test_resolver import A100, H200, UBUNTU, wish
 
 pytestmark = pytest.mark.unit

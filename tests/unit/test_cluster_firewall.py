@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet import cluster
+from gpufleet.plans import cluster
 from gpufleet.deploys.hardening import nftables_context, render
 from tests.unit.nft_check import assert_nft_accepts
 from tests.unit.test_monitoring import settings
@@ -80,7 +80,7 @@ class GateContext:
 
 
 def test_the_gate_names_the_training_networks_and_fails_when_the_host_lacks_their_rules():
-    from gpufleet import validation as v
+    from gpufleet.checks import validation as v
 
     s = settings(firewall_cluster_cidrs=["10.10.0.0/16"])
     good = v.training_peers_let_in(GateContext(s, table(firewall_cluster_cidrs=["10.10.0.0/16"])))
@@ -94,7 +94,7 @@ def test_the_gate_names_the_training_networks_and_fails_when_the_host_lacks_thei
 
 
 def test_the_gate_warns_a_multi_node_tier_without_training_peers():
-    from gpufleet import validation as v
+    from gpufleet.checks import validation as v
 
     warned = v.training_peers_let_in(GateContext(settings(), table()))
     assert warned.status == "warn" and warned.message.startswith(

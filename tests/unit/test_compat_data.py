@@ -8,9 +8,9 @@ from importlib import resources
 import pytest
 import yaml
 
-from gpufleet.compat import compat_data
+from gpufleet.catalog.compat import compat_data
 from gpufleet.facts.gpu import ClockPair
-from gpufleet.gpus import catalog, is_nvswitch_pci, model_for_name, model_for_pci, normalise_pci_id
+from gpufleet.catalog.gpus import catalog, is_nvswitch_pci, model_for_name, model_for_pci, normalise_pci_id
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ import pytest
 
 from gpufleet.apps import compat
 from gpufleet.errors import Incompatible
-from gpufleet.resolver import resolve
+from gpufleet.config.resolver import resolve
 
 pytestmark = pytest.mark.unit
 

@@ -60,8 +60,8 @@ def test_a_gpu_newer_than_the_branch_default_takes_a_newer_release_of_the_branch
     to 580.65.06: B300 needs 580.82.07, S11/S15)."""
     import dataclasses
 
-    from gpufleet.compat import compat_data
-    from gpufleet.resolver import resolve
+    from gpufleet.catalog.compat import compat_data
+    from gpufleet.config.resolver import resolve
 
     data = compat_data()
     older = dataclasses.replace(data.driver_branches["580"], default="580.65.06")
@@ -93,7 +93,7 @@ def test_list_gpus_names_the_newest_stack_of_each_gpu(capsys: pytest.CaptureFixt
 
 
 def test_the_cases_cover_every_gpu_generation_of_the_catalogue():
-    from gpufleet.gpus import catalog, model_for_name
+    from gpufleet.catalog.gpus import catalog, model_for_name
 
     asked = {model_for_name(g).arch for case in CASES for g in case["args"]["gpu"]}  # type: ignore[union-attr]
     assert {m.arch for m in catalog()} <= asked

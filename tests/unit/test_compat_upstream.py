@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.apps import compat_upstream as cu
-from gpufleet.compat import compat_data
+from gpufleet.catalog.compat import compat_data
 
 pytestmark = pytest.mark.unit
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "upstream"

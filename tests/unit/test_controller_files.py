@@ -1,4 +1,4 @@
-"""gpufleet/controller_files.py: gpufleet's own files are 0600 in 0700 folders, whatever the umask."""
+"""gpufleet/controller/controller_files.py: gpufleet's own files are 0600 in 0700 folders, whatever the umask."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from gpufleet import controller_files
+from gpufleet.controller import controller_files
 
 pytestmark = pytest.mark.unit
 

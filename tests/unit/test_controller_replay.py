@@ -42,7 +42,7 @@ def test_recording_is_a_real_no_op(recording: dict) -> None:
 
 
 def test_prefetch_sections_read_back_from_the_fact_caches_script() -> None:
-    from gpufleet import factcache
+    from gpufleet.controller import factcache
 
     texts = ["echo one", "printf 'two\\n'\necho three", "a=1; ( echo $a )"]
     script = factcache.Script(single=[(None, None, None, None, t) for t in texts])
@@ -54,7 +54,7 @@ def test_prefetch_sections_read_back_from_the_fact_caches_script() -> None:
 def test_replayed_answers_are_what_the_fact_cache_accepts(recording: dict) -> None:
     """The framed, packed answers the double returns parse, through factcache.Script, into the
     recorded sections with the replayed host's name and address."""
-    from gpufleet import factcache
+    from gpufleet.controller import factcache
 
     texts = [s["text"] for s in recording["sections"]]
     script = factcache.Script(single=[(None, None, None, None, t) for t in texts])

@@ -11,8 +11,8 @@ import pytest
 from pyinfra.context import ctx_host
 
 from gpufleet.facts.cpu import CpuFreq, CpuFreqData, cpufreq_command, parse_cpufreq
-from gpufleet import tuning as t
-from gpufleet.validation import FAIL, PASS, SKIP, cpu_governor_as_set
+from gpufleet.plans import tuning as t
+from gpufleet.checks.validation import FAIL, PASS, SKIP, cpu_governor_as_set
 from gpufleet.operations.cpu import governor
 from tests.unit.test_facts_hosts import build_tree, run
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.repos import cuda_repo_arch, cuda_repo_base, unsupported_arch
+from gpufleet.plans.repos import cuda_repo_arch, cuda_repo_base, unsupported_arch
 from tests.unit.test_ubuntu_dry import dry_run
 
 pytestmark = pytest.mark.unit

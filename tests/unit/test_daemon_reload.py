@@ -1,4 +1,4 @@
-"""operations/daemon_reload.py and gpufleet/reload_guard.py: what the reload guard's answer means
+"""operations/daemon_reload.py and gpufleet/controller/reload_guard.py: what the reload guard's answer means
 (its script is run on real hosts with GPU containers in tests/e2e/test_daemon_reload_gpu.py and
 tests/e2e/test_docker_gpu.py)."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.operations.daemon_reload import UDEV_RULE_TEXT
-from gpufleet.reload_guard import GUARD_SCRIPT, guard_command, parse_guard, repaired
+from gpufleet.controller.reload_guard import GUARD_SCRIPT, guard_command, parse_guard, repaired
 
 
 @pytest.mark.parametrize("lines,said", [

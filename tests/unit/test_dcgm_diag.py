@@ -17,7 +17,7 @@ import pytest
 
 from gpufleet.facts.dcgm_diag import DcgmDiag, parse_dcgm_diag
 from gpufleet.facts.health import GpuHealth
-from gpufleet.health import assess, diag_findings, health_rules, summary_line
+from gpufleet.plans.health import assess, diag_findings, health_rules, summary_line
 from testing import aptrepo
 from testing.gpusim.local import LocalSim
 

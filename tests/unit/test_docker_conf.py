@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from gpufleet import dockerconf
-from gpufleet.dockerconf import DockerDefaults, MalformedDaemonJson, merge, needs_write, parse, render
+from gpufleet.plans import dockerconf
+from gpufleet.plans.dockerconf import DockerDefaults, MalformedDaemonJson, merge, needs_write, parse, render
 
 pytestmark = pytest.mark.unit
 
@@ -106,7 +106,7 @@ def test_malformed_files_are_refused_with_a_clear_reason(raw, fragment):
 
 
 def test_defaults_from_settings():
-    from gpufleet.tiers import tier_defaults
+    from gpufleet.catalog.tiers import tier_defaults
 
     class S:
         pass

@@ -10,9 +10,9 @@ from gpufleet.deploys.docker import docker_sources_line, toolkit_sources_line
 from gpufleet.facts import docker as f
 from gpufleet.facts import packages
 from gpufleet.facts._common import MARK
-from gpufleet import dockerconf
+from gpufleet.plans import dockerconf
 from gpufleet.operations import docker as ops
-from gpufleet.run_summary import SUMMARY
+from gpufleet.controller.run_summary import SUMMARY
 
 pytestmark = pytest.mark.unit
 

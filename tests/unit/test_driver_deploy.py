@@ -5,11 +5,11 @@ from __future__ import annotations
 import subprocess
 from types import SimpleNamespace
 
-from gpufleet.driver_preconditions import preconditions
+from gpufleet.plans.driver_preconditions import preconditions
 from gpufleet.facts.driver import DebianArchiveSources, SourceEntry
 from gpufleet.facts.packages import AptCandidates, KeyringFingerprints
 from gpufleet.facts.kernel import DriverStateData
-from gpufleet.package_plan import at_release
+from gpufleet.plans.package_plan import at_release
 from gpufleet.versions import offered_at
 
 FPR = "EB693B3035CD5710E231E123A4B469963BF863CC"
@@ -97,7 +97,7 @@ def test_preconditions_refuse_a_signing_key_that_is_not_a_plain_path():
 def test_dkms_signing_conf_reads_back_exactly_in_bash(tmp_path):
     import pytest
 
-    from gpufleet.driver_preconditions import dkms_signing_conf
+    from gpufleet.plans.driver_preconditions import dkms_signing_conf
 
     conf = tmp_path / "signing.conf"
     conf.write_text(dkms_signing_conf("/var/lib/dkms/mok-2.key"))

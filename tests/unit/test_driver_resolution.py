@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.compat import compat_data
+from gpufleet.catalog.compat import compat_data
 from gpufleet.errors import Incompatible
-from gpufleet.resolver import resolve
+from gpufleet.config.resolver import resolve
 
 DEBIAN12, DEBIAN13, UBUNTU = "debian-12", "debian-13", "ubuntu-24.04"
 T4, H100, B200, NVSWITCH, V100 = "0x1eb8", "0x2330", "0x2901", "0x22a3", "Tesla V100-PCIE-32GB"

@@ -9,11 +9,12 @@ import pytest
 
 from gpufleet.deploys.driver import stack_drift, stack_groups, stack_pending
 from gpufleet.facts.packages import STACK_RECORD, StackPackages, StackPackagesData
-from gpufleet import cuda_stack as cs, validation as v
-from gpufleet.compat import compat_data
+from gpufleet.catalog import cuda_stack as cs
+from gpufleet.checks import validation as v
+from gpufleet.catalog.compat import compat_data
 from gpufleet.errors import Incompatible
-from gpufleet.resolver import exact_cuda, exact_cudnn, resolve
-from gpufleet.schema import BadValue, _check_cuda, _check_cudnn
+from gpufleet.config.resolver import exact_cuda, exact_cudnn, resolve
+from gpufleet.config.schema import BadValue, _check_cuda, _check_cudnn
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""gpufleet/factbatch.py: one `systemctl show` for many units answers each SystemdStatus /
+"""gpufleet/controller/factbatch.py: one `systemctl show` for many units answers each SystemdStatus /
 SystemdEnabled exactly as that fact's own command would. The output was recorded on a Debian 12
 test host (systemd 252) for: docker.service sshd nonexistent-unit.service sysstat.service.
 (File facts are checked against real files in test_factcache.py.)"""
@@ -11,7 +11,8 @@ import pytest
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
-from gpufleet import factbatch, factcache
+from gpufleet.controller import factbatch
+from gpufleet.controller import factcache
 
 pytestmark = pytest.mark.unit
 UNITS = ["docker.service", "sshd", "nonexistent-unit.service", "sysstat.service"]

@@ -1,4 +1,4 @@
-"""gpufleet/factcache.py: a fact is asked again from memory only while nothing ran on the
+"""gpufleet/controller/factcache.py: a fact is asked again from memory only while nothing ran on the
 host, and last run's facts come back in one command with the same answers pyinfra gives.
 Runs pyinfra's real fact machinery against @local (read-only facts on this machine)."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pyinfra.api.host import Host
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import Arch
 
-from gpufleet import factcache
+from gpufleet.controller import factcache
 
 pytestmark = pytest.mark.unit
 
@@ -345,7 +345,7 @@ def test_a_deploy_runs_prefetch_leaves_out_the_gates_end_of_run_facts(local, mon
     a deploy run (prefetch_all) never uses a prefetched answer, the fleet report does."""
     from gpufleet.facts.monitoring import MetricsEndpoint
     from gpufleet.facts.system import UnitActive
-    from gpufleet.hostcontext import fleet_context
+    from gpufleet.config.hostcontext import fleet_context
 
     assert MetricsEndpoint.gpufleet_end_of_run
     monkeypatch.setattr(UnitActive, "gpufleet_end_of_run", True, raising=False)

@@ -90,7 +90,7 @@ def test_two_allowed_users_are_both_kept_and_match_in_any_order(release):
     assert config.get_list("allowusers") == ["gpufleet", "lab-admin"]
     assert config.get_list("allowgroups") == ["gpufleet", "lab-admins"]
     assert config.get("allowusers") is None  # never the last line alone
-    # what the deploy and the gate want (gpufleet/sshd_policy.py): lists, as sets for AllowUsers
+    # what the deploy and the gate want (gpufleet/catalog/sshd_policy.py): lists, as sets for AllowUsers
     assert config.differences({"allowusers": ["lab-admin", "gpufleet"], "allowgroups": ["gpufleet", "lab-admins"],
                                "pubkeyauthentication": "yes"}) == []
     assert config.differences({"allowusers": ["gpufleet"]}) == [("allowusers", ["gpufleet", "lab-admin"], ["gpufleet"])]

@@ -1,4 +1,4 @@
-"""The two ways gpufleet stops a host (gpufleet/failures.py), in a real pyinfra State with two
+"""The two ways gpufleet stops a host (gpufleet/config/failures.py), in a real pyinfra State with two
 hosts that are never connected (their operations run Python only): `refuse` at planning time and
 `fail` at execution time each print one line with host, area, reason and fix, stop that host
 alone, and the other host carries on."""
@@ -16,7 +16,7 @@ from pyinfra.api.deploy import add_deploy
 from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 
-from gpufleet.failures import fail, fail_now, refuse, stop_line
+from gpufleet.config.failures import fail, fail_now, refuse, stop_line
 
 pytestmark = pytest.mark.unit
 
@@ -100,14 +100,14 @@ def test_one_wording_for_every_stop():
 
 
 def test_no_host_is_stopped_another_way():
-    """deploys/, operations/ and the core stop a host only through gpufleet.failures: no direct
+    """deploys/, operations/ and the core stop a host only through gpufleet.config.failures: no direct
     state.fail_hosts, no DeployError / OperationError raised, no callback failing with only a
     log line of its own (`return False` after logging)."""
     found = []
     for top in ("gpufleet", "deploys", "operations"):
         for path in sorted((ROOT / top).rglob("*.py")):
             rel = str(path.relative_to(ROOT))
-            if rel == "gpufleet/failures.py":
+            if rel == "gpufleet/config/failures.py":
                 continue
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "fail_hosts":
@@ -117,4 +117,4 @@ def test_no_host_is_stopped_another_way():
                     name = call.attr if isinstance(call, ast.Attribute) else getattr(call, "id", "")
                     if name in ("DeployError", "OperationError"):
                         found.append(f"{rel}:{node.lineno}: raise {name}")
-    assert not found, "stop a host with gpufleet.failures.refuse / fail:\n" + "\n".join(found)
+    assert not found, "stop a host with gpufleet.config.failures.refuse / fail:\n" + "\n".join(found)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpufleet import validation as v
+from gpufleet.checks import validation as v
 from gpufleet.facts.packages import HeldPackages, PackageVersions
 
 pytestmark = pytest.mark.unit
@@ -58,7 +58,7 @@ def test_holding_off_skips():
 
 
 def test_the_os_against_validate_os_release(monkeypatch):
-    from gpufleet import hostfacts
+    from gpufleet.config import hostfacts
 
     monkeypatch.setattr(hostfacts, "os_name", lambda host: "debian-13")
     moved = v.os_as_planned(Ctx(EVERYTHING, [], planned="debian-12"))

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpufleet import gpudirect as g
-from gpufleet import validation as v
+from gpufleet.plans import gpudirect as g
+from gpufleet.checks import validation as v
 from gpufleet.facts.kernel import DriverState, PeermemState
 from gpufleet.facts.network import RdmaDevices
 from tests.unit.settings_observables import FIXTURES, _lines, recorded_fact
@@ -98,7 +98,7 @@ class GateContext:
 @pytest.fixture
 def hcas(monkeypatch):
     found = {"rdma": HGX_HCAS}
-    monkeypatch.setattr("gpufleet.hostfacts.rdma_devices", lambda host: found["rdma"])
+    monkeypatch.setattr("gpufleet.config.hostfacts.rdma_devices", lambda host: found["rdma"])
     return found
 
 

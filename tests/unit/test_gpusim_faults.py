@@ -1,6 +1,6 @@
 """The GPU simulator (a test double) learns faults: `gpusimctl fault --gpu N KIND` makes the
 simulated nvidia-smi, nvidia-smi nvlink -s and the dmesg stand-in print what a real GPU in that
-state prints; the real GpuHealth parser and gpufleet/health.py then find it on the right GPU.
+state prints; the real GpuHealth parser and gpufleet/plans/health.py then find it on the right GPU.
 Healthy, the simulated H200 prints the recorded H200's health line field for field."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from gpufleet.facts._common import MARK
 from gpufleet.facts.health import HEALTH_FIELDS, GpuHealth
-from gpufleet.health import assess
+from gpufleet.plans.health import assess
 from testing.gpusim.local import LocalSim
 
 pytestmark = pytest.mark.unit

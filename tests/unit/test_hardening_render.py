@@ -7,8 +7,8 @@ import pytest
 
 from gpufleet.deploys import hardening as h
 from gpufleet.facts.ssh import OpenSshVersion
-from gpufleet.sshd_policy import HOST_KEY_FILES, expected_sshd
-from gpufleet.tiers import tier_defaults
+from gpufleet.catalog.sshd_policy import HOST_KEY_FILES, expected_sshd
+from gpufleet.catalog.tiers import tier_defaults
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""gpufleet/health.py on recorded and composed GpuHealth output (tests/unit/facts/health.GpuHealth/):
+"""gpufleet/plans/health.py on recorded and composed GpuHealth output (tests/unit/facts/health.GpuHealth/):
 each finding's class comes from gpufleet/data/health.yaml, whose every row names its source."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from gpufleet.facts.health import GpuHealth
-from gpufleet.health import CLASSES, assess, gpu_findings, health_rules, rules_from, summary_line
+from gpufleet.plans.health import CLASSES, assess, gpu_findings, health_rules, rules_from, summary_line
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ import pytest
 from gpufleet.apps.health import SLURM_REASON, main, slurm_action, table, verdict_json
 from gpufleet.facts.health import GpuHealth
 from gpufleet.facts.slurm import SlurmNodeData
-from gpufleet.health import assess
+from gpufleet.plans.health import assess
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""gpufleet's per-host and per-run state lives in gpufleet.hostcontext, beside pyinfra's objects:
+"""gpufleet's per-host and per-run state lives in gpufleet.config.hostcontext, beside pyinfra's objects:
 one context per real Host (or Inventory), fresh for every new State, gone with its Host, and no
 `_gpufleet_*` attribute hung on a pyinfra object any more."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pyinfra.api import Config, Inventory, State
 
-from gpufleet.hostcontext import FleetContext, HostContext, fleet_context, host_context
-from gpufleet.settings import host_settings, validate_inventory
+from gpufleet.config.hostcontext import FleetContext, HostContext, fleet_context, host_context
+from gpufleet.config.settings import host_settings, validate_inventory
 
 pytestmark = pytest.mark.unit
 
@@ -43,7 +43,7 @@ def test_no_gpufleet_attribute_is_hung_on_a_pyinfra_object():
     for top in SOURCES:
         for path in sorted((ROOT / top).rglob("*.py")):
             found += stray_attributes(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
-    assert not found, "keep gpufleet's state in gpufleet.hostcontext, not on pyinfra's objects:\n" + "\n".join(found)
+    assert not found, "keep gpufleet's state in gpufleet.config.hostcontext, not on pyinfra's objects:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("line", [
@@ -111,7 +111,7 @@ def test_the_inventory_is_validated_once_per_run_and_again_for_a_new_one():
 def test_a_context_goes_away_with_its_host():
     import weakref
 
-    from gpufleet import hostcontext
+    from gpufleet.config import hostcontext
 
     state = new_state("gpu-gone")
     host = state.inventory.get_host("gpu-gone")

@@ -6,7 +6,9 @@ import shlex
 import pytest
 from pyinfra.api import Config, Inventory, State
 
-from gpufleet import askpass, hostlock, pyinfra_private
+from gpufleet.controller import askpass
+from gpufleet.controller import hostlock
+from gpufleet import pyinfra_private
 
 
 def test_hold_command_passes_its_values_as_arguments_of_a_fixed_script():
@@ -76,7 +78,7 @@ def test_a_sudo_password_goes_to_sudos_askpass_never_into_the_owner_record(where
     if where == "prompted":
         host.connector_data["prompted_sudo_password"] = "hunter2"
     given = []
-    # the host's askpass program (gpufleet/askpass.py; its holder needs an SSH connection)
+    # the host's askpass program (gpufleet/controller/askpass.py; its holder needs an SSH connection)
     monkeypatch.setattr(askpass, "askpass_path",
                         lambda host, kind, password: given.append(password) or "/tmp/gpufleet-askpass.x/askpass")
     askpass.install()

@@ -127,11 +127,11 @@ def test_the_applications_are_above_the_deploys_and_the_core_below():
     assert layer_of("gpufleet.apps.rollout.runner") == ("applications", 0)
     assert layer_of("gpufleet.apps.report.gather") == ("applications", 0)
     assert layer_of("gpufleet.apps.compat") == ("applications", 0)
-    assert layer_of("gpufleet.rollout.manifest") == ("core", 3)
-    assert layer_of("gpufleet.validation") == ("core", 3)
+    assert layer_of("gpufleet.rollout.manifest") == ("rollout", 3)
+    assert layer_of("gpufleet.checks.validation") == ("checks", 3)
     assert arrow_problem("gpufleet.apps.rollout.runner", "gpufleet.deploys.upgrade") is None
-    assert arrow_problem("gpufleet.validation", "gpufleet.deploys.tuning")
-    assert arrow_problem("gpufleet.hostlock", "gpufleet.apps.rollout.session")
+    assert arrow_problem("gpufleet.checks.validation", "gpufleet.deploys.tuning")
+    assert arrow_problem("gpufleet.controller.hostlock", "gpufleet.apps.rollout.session")
 
 
 BROKEN = {
@@ -145,7 +145,7 @@ BROKEN = {
     "gpufleet/bad_dunder.py": ("__import__('gpufleet.operations.gpu')\n", "gpufleet.operations.gpu"),
     "gpufleet/bad_table.py": ("AREAS = {'tuning': 'gpufleet.deploys.tuning'}\n", "gpufleet.deploys.tuning"),
     "gpufleet/nested/bad_up.py": ("from ..apps.rollout.session import load_inventory\n", "gpufleet.apps.rollout.session"),
-    "facts/bad.py": ("from gpufleet.tuning import plan_tuning\n", "gpufleet.tuning"),
+    "facts/bad.py": ("from gpufleet.plans.tuning import plan_tuning\n", "gpufleet.plans.tuning"),
     "operations/bad.py": ("from testing.gpusim import x\n", "testing.gpusim"),
     "deploys/bad.py": ("from inventories import cloud\n", "inventories.cloud"),
     "inventories/bad.py": ("from gpufleet.apps.report import gather\n", "gpufleet.apps.report.gather"),
@@ -153,11 +153,11 @@ BROKEN = {
     "deploys/bad_peer_path.py": ("from deploys.base import X\n", "deploys.base"),
 }
 FINE = {
-    "deploys/tuning.py": "from gpufleet.tuning import plan_tuning\nfrom operations import gpu\nfrom facts import gpu as g\n",
+    "deploys/tuning.py": "from gpufleet.plans.tuning import plan_tuning\nfrom operations import gpu\nfrom facts import gpu as g\n",
     "deploys/base.py": "X = 1\n",
     "gpufleet/__init__.py": "",
-    "gpufleet/tuning.py": "from facts.gpu import GpuInfo\nfrom . import compat\n\"\"\"gpufleet.deploys.tuning uses this.\"\"\"\n",
-    "gpufleet/compat.py": "",
+    "gpufleet/plans/tuning.py": "from facts.gpu import GpuInfo\nfrom . import compat\n\"\"\"gpufleet.deploys.tuning uses this.\"\"\"\n",
+    "gpufleet/catalog/compat.py": "",
     "gpufleet/nested/__init__.py": "",
     "gpufleet/rollout/__init__.py": "",
     "gpufleet/apps/__init__.py": "",
@@ -167,7 +167,7 @@ FINE = {
     "gpufleet/rollout/manifest.py": "import json\n",
     "gpufleet/apps/report/__init__.py": "",
     "gpufleet/apps/report/gather.py": "from gpufleet import validation\n",
-    "gpufleet/validation.py": "from .tuning import plan_tuning\n",
+    "gpufleet/checks/validation.py": "from .tuning import plan_tuning\n",
     "deploys/upgrade.py": "",
     "deploys/all.py": "from gpufleet.deploys.base import X\nfrom gpufleet.deploys.tuning import tuning\n",
     "deploys/standalone.py": "import importlib\nimportlib.import_module(f'gpufleet.deploys.{area}')\n",
@@ -205,5 +205,5 @@ def test_the_check_fails_on_each_kind_of_upward_import(tmp_path):
 def test_a_folder_imported_by_its_package_name_keeps_its_layer():
     assert layer_of("gpufleet.deploys.tuning")[0] == "deploys"
     assert layer_of("gpufleet.facts.gpu")[0] == "facts"
-    assert arrow_problem("gpufleet.validation", "gpufleet.deploys.base")
-    assert arrow_problem("gpufleet.deploys.tuning", "gpufleet.tuning") is None
+    assert arrow_problem("gpufleet.checks.validation", "gpufleet.deploys.base")
+    assert arrow_problem("gpufleet.deploys.tuning", "gpufleet.plans.tuning") is None

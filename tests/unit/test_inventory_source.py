@@ -1,4 +1,4 @@
-"""gpufleet/inventory_source.py: the tools' --limit, --exclude, --data and config.py, with pyinfra's
+"""gpufleet/controller/inventory_source.py: the tools' --limit, --exclude, --data and config.py, with pyinfra's
 semantics (issue 20); validate_inventory checks only the hosts a run is limited to."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pyinfra.api import Config, State
 from pyinfra.context import ctx_state
 
 from gpufleet.errors import InventoryError
-from gpufleet.inventory_source import InventorySource, SourceError, add_arguments
-from gpufleet.settings import validate_inventory
+from gpufleet.controller.inventory_source import InventorySource, SourceError, add_arguments
+from gpufleet.config.settings import validate_inventory
 
 pytestmark = pytest.mark.unit
 
@@ -155,7 +155,7 @@ def test_data_values_are_parsed_as_the_pyinfra_command_line_parses_them(value):
 
     from pyinfra_cli.util import parse_cli_arg
 
-    from gpufleet.inventory_source import cli_value
+    from gpufleet.controller.inventory_source import cli_value
 
     ours, theirs = cli_value(value), parse_cli_arg(value)
     assert (type(ours), json.dumps(ours)) == (type(theirs), json.dumps(theirs))
@@ -165,7 +165,7 @@ def test_data_values_are_parsed_as_the_pyinfra_command_line_parses_them(value):
 def test_limit_patterns_match_as_the_pyinfra_command_line_matches_them(tmp_path, monkeypatch, pattern):
     from pyinfra_cli.cli import _get_inventory_pattern_matches
 
-    from gpufleet.inventory_source import pattern_matches
+    from gpufleet.controller.inventory_source import pattern_matches
 
     inventory = _source(tmp_path, monkeypatch).load()
     assert set(pattern_matches(inventory, pattern)) == set(_get_inventory_pattern_matches(inventory, [pattern], "--limit"))

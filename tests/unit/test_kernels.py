@@ -1,7 +1,7 @@
 """gpufleet/kernels: the headers metapackage that follows the running kernel's flavour."""
 import pytest
 
-from gpufleet.kernels import headers_metapackage, image_metapackage, kernel_flavour
+from gpufleet.catalog.kernels import headers_metapackage, image_metapackage, kernel_flavour
 
 pytestmark = pytest.mark.unit
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet import mig
+from gpufleet.catalog import mig
 from gpufleet.facts.gpu import GpuInfo, GpuStateData, GpuStatus
 from gpufleet.facts.mig import MigGpu, MigInstance, MigStateData
-from gpufleet.schema import KEYS, BadValue
+from gpufleet.config.schema import KEYS, BadValue
 
 pytestmark = pytest.mark.unit
 
@@ -75,7 +75,7 @@ def test_b200_and_gh200_profiles_from_nvidia_mig_parted():
     with pytest.raises(mig.MigRefusal, match="has no MIG profile 3g.71gb"):
         mig.plan_mig(mig.check_setting(LAYOUT), b200, state(off(0), off(1)))
     assert [p.name for p in mig.model_profiles("NVIDIA GH200 144G HBM3e") or ()][-1] == "7g.144gb"
-    from gpufleet.compat import compat_data
+    from gpufleet.catalog.compat import compat_data
 
     # named as the GPU catalogue names them (nvidia-smi's names)
     assert {"NVIDIA B200", "NVIDIA GH200 144G HBM3e"} <= {g["name"] for g in compat_data().gpus_raw}
@@ -136,7 +136,7 @@ def gpu_state_with(modes: MigStateData | None, count: int = 2, status: GpuStatus
 
 
 def test_modes_from_gpu_states_query_stand_for_mig_state_only_with_mig_off_everywhere():
-    from gpufleet.hostfacts import mig_from_gpu_state
+    from gpufleet.config.hostfacts import mig_from_gpu_state
 
     no_mig = MigGpu(1, "00000000:00:07.0", None, None)  # a GPU without MIG: N/A
     both_off = state(off(0), off(1))

@@ -10,15 +10,15 @@ from pyinfra.facts.systemd import SystemdStatus
 
 from gpufleet.deploys.hardening import nftables_context, render
 from gpufleet.facts.monitoring import MetricsEndpoint, parse_metrics_endpoint
-from gpufleet import monitoring as m
-from gpufleet import validation as v
-from gpufleet.settings import validate_inventory
+from gpufleet.plans import monitoring as m
+from gpufleet.checks import validation as v
+from gpufleet.config.settings import validate_inventory
 from tests.unit.nft_check import assert_nft_accepts
 from tests.unit.test_settings import inventory, problems_of
 
 
 def settings(**data):
-    from gpufleet.settings import host_settings
+    from gpufleet.config.settings import host_settings
 
     return host_settings(inventory({"tier": "research", **data}).get_host("gpu-a01"))
 

@@ -53,7 +53,7 @@ from pyinfra.api.util import get_kwargs_str
 from pyinfra.context import ctx_host, ctx_state
 
 from gpufleet.operations.remote_files import Fetch, LazyWrite
-from gpufleet.run_summary import SUMMARY
+from gpufleet.controller.run_summary import SUMMARY
 
 pytestmark = pytest.mark.unit
 
@@ -272,7 +272,7 @@ def test_operation_case(path: Path) -> None:
             commands = [_render(c, _scripts(module)) for c in op._inner(*args, **kwargs)]
     finally:
         pyinfra_logger.removeHandler(logs)
-        # what an operation keeps per host for the end of the run (gpufleet/run_summary.py)
+        # what an operation keeps per host for the end of the run (gpufleet/controller/run_summary.py)
         SUMMARY.forget(host.name)
     assert commands == case["commands"], json.dumps(commands, indent=4)
     assert host.noops == case.get("noops", []), host.noops

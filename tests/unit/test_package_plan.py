@@ -1,4 +1,4 @@
-"""gpufleet/package_plan.py: the exact versions of the one package change, decided on the
+"""gpufleet/plans/package_plan.py: the exact versions of the one package change, decided on the
 controller from recorded facts (the ToolkitIndex case of the stand-in repository, AptVersions
 lists as apt-cache madison gives them)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.facts.packages import ToolkitIndex
-from gpufleet.package_plan import plan_package_change, toolkit_release
+from gpufleet.plans.package_plan import plan_package_change, toolkit_release
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""tuning_profiling's plan (gpufleet/profiling.py) from the ProfilingState fact's recorded shapes
+"""tuning_profiling's plan (gpufleet/plans/profiling.py) from the ProfilingState fact's recorded shapes
 (tests/unit/facts/kernel.ProfilingState) and the resolved CUDA toolkit: the modprobe.d file, what
 the next module load gives, pending until then, other files' options, the Nsight packages."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.facts.kernel import ProfilingStateData
-from gpufleet.profiling import FILE_TEXT, MODPROBE_FILE, ProfilingRefusal, plan_profiling
+from gpufleet.plans.profiling import FILE_TEXT, MODPROBE_FILE, ProfilingRefusal, plan_profiling
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
-"""The validation gate's profiling check (gpufleet/validation.py profiling_as_set) reads the same
-plan as the driver deploy (gpufleet/profiling.py): the option file, the loaded module's
+"""The validation gate's profiling check (gpufleet/checks/validation.py profiling_as_set) reads the same
+plan as the driver deploy (gpufleet/plans/profiling.py): the option file, the loaded module's
 RmProfilingAdminOnly, the Nsight packages exact and held. Facts are given as the fact cases
 record them (tests/unit/facts/kernel.ProfilingState); the resolution is the hgx tier's CUDA 13.0.2."""
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from pyinfra.facts.files import Sha256File
 
-from gpufleet import validation
+from gpufleet.checks import validation
 from gpufleet.facts.kernel import ProfilingState, ProfilingStateData
 from gpufleet.facts.packages import HeldPackages, PackageVersions
-from gpufleet.profiling import FILE_TEXT, MODPROBE_FILE
+from gpufleet.plans.profiling import FILE_TEXT, MODPROBE_FILE
 
 pytestmark = pytest.mark.unit
 

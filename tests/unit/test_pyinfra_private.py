@@ -22,7 +22,8 @@ from pyinfra.connectors.ssh import SSHConnector
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import Arch
 
-from gpufleet import factcache, pyinfra_private
+from gpufleet.controller import factcache
+from gpufleet import pyinfra_private
 
 pytestmark = pytest.mark.unit
 
@@ -42,7 +43,8 @@ from pyinfra.context import ctx_state
 from pyinfra.facts.files import Sha1File
 from pyinfra.facts.server import Arch
 
-from gpufleet import factcache, pyinfra_private
+from gpufleet.controller import factcache
+from gpufleet import pyinfra_private
 
 version, connector, path = sys.argv[1:4]
 warnings = []

@@ -1,4 +1,4 @@
-"""PyTorch wheel choice (gpufleet/pytorch.py through the resolver) and tools/compat.
+"""PyTorch wheel choice (gpufleet/catalog/pytorch.py through the resolver) and tools/compat.
 
 Real GPUs from compat.yaml (Volta, Turing, Ampere, Ada, Hopper, Blackwell) against real PyTorch
 releases (2.5 ... 2.14). Every case is run twice: through compat_cli.answer() (the resolver) and
@@ -18,10 +18,10 @@ from pyinfra.api.inventory import Inventory
 
 from gpufleet.apps.compat import OPTIONS, answer, render
 from gpufleet.errors import Incompatible, InventoryError
-from gpufleet.gpus import model_for_name
-from gpufleet.pytorch import choose_pytorch, kernel_for, mixed_gpus, pytorch_data
-from gpufleet.resolver import resolve
-from gpufleet.settings import validate_inventory
+from gpufleet.catalog.gpus import model_for_name
+from gpufleet.catalog.pytorch import choose_pytorch, kernel_for, mixed_gpus, pytorch_data
+from gpufleet.config.resolver import resolve
+from gpufleet.config.settings import validate_inventory
 
 pytestmark = pytest.mark.unit
 
@@ -323,7 +323,7 @@ class _Ctx:
 
 
 def test_validation_warns_about_mixed_gpus():
-    from gpufleet.validation import PASS, WARN, one_gpu_model
+    from gpufleet.checks.validation import PASS, WARN, one_gpu_model
 
     same = one_gpu_model(_Ctx([H200] * 2))
     assert (same.status, same.message) == (PASS, f"2 x {H200}")

@@ -1,4 +1,4 @@
-"""The host's PyTorch build: facts/pytorch.py's parser on recorded answers, gpufleet/pytorch.py's
+"""The host's PyTorch build: facts/pytorch.py's parser on recorded answers, gpufleet/catalog/pytorch.py's
 check_build on real wheels' arch lists, and the validation gate's check built on both.
 
 Arch lists of real wheels, as `torch.cuda.get_arch_list()` prints them (pytorch/pytorch#182250,
@@ -15,10 +15,10 @@ from pyinfra.api import StringCommand
 
 from gpufleet.facts.kernel import DriverStateData
 from gpufleet.facts.pytorch import MARK, SCRIPT, TorchBuild, TorchBuildData, parse_torch_build
-from gpufleet.gpus import model_for_name
-from gpufleet.pytorch import arch_entries, check_build
-from gpufleet.pytorch_runtime import runtime_of
-from gpufleet.validation import FAIL, PASS, SKIP, WARN, pytorch_build_runs_here
+from gpufleet.catalog.gpus import model_for_name
+from gpufleet.catalog.pytorch import arch_entries, check_build
+from gpufleet.plans.pytorch_runtime import runtime_of
+from gpufleet.checks.validation import FAIL, PASS, SKIP, WARN, pytorch_build_runs_here
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Where the host's PyTorch lives (gpufleet/pytorch_runtime.py): the keys' grammar refused at
+"""Where the host's PyTorch lives (gpufleet/plans/pytorch_runtime.py): the keys' grammar refused at
 planning naming host and key, the venv install plan from the resolver's choice, the facts' own
 guard on the interpreter path, and the gate's probe line naming the runtime (or what to set)."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 
 from gpufleet.facts.gpu_checks import PerfProbe
 from gpufleet.facts.pytorch import TorchBuild
-from gpufleet.pytorch import choose_pytorch
-from gpufleet.gpus import model_for_name
-from gpufleet.pytorch_runtime import INSTALL_SCRIPT, MARKER, runtime_of, venv_plan
-from gpufleet.validation import SKIP, WARN, performance
+from gpufleet.catalog.pytorch import choose_pytorch
+from gpufleet.catalog.gpus import model_for_name
+from gpufleet.plans.pytorch_runtime import INSTALL_SCRIPT, MARKER, runtime_of, venv_plan
+from gpufleet.checks.validation import SKIP, WARN, performance
 from tests.unit.test_settings import inventory, problems_of
 
 pytestmark = pytest.mark.unit
@@ -49,7 +49,7 @@ def test_bad_values_stop_at_planning_naming_host_and_key(data, key, fragment):
 
 
 def test_good_values_pass():
-    from gpufleet.settings import validate_inventory
+    from gpufleet.config.settings import validate_inventory
 
     validate_inventory(inventory({"pytorch_runtime": "python", "pytorch_python": "/opt/conda/envs/ml/bin/python3.11",
                                   "pytorch_version": "none"}))

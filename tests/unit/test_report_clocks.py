@@ -1,4 +1,4 @@
-"""The fleet report's clocks column in the tuning plan's model (gpufleet/tuning.py), on recorded
+"""The fleet report's clocks column in the tuning plan's model (gpufleet/plans/tuning.py), on recorded
 nvidia-smi output: what gpufleet applied (application clocks before R595, read back from
 nvidia-smi; locked clocks from R595, read from gpufleet's records in /run, since nvidia-smi
 cannot read locks back), labelled, the planned pair beside it, and `= planned` / `≠ planned`
@@ -24,9 +24,9 @@ from gpufleet.facts.gpu_tuning import LockedClocks
 from gpufleet.apps.report.gather import clock_column
 from gpufleet.apps.report.render import SCHEMA_PATH, document, html_page
 from gpufleet.apps.report.view import cells, clocks_text
-from gpufleet.tiers import tier_defaults
-from gpufleet.tuning import clocks_summary, host_clocks
-from gpufleet.validation import FAIL, PASS, clocks_as_set
+from gpufleet.catalog.tiers import tier_defaults
+from gpufleet.plans.tuning import clocks_summary, host_clocks
+from gpufleet.checks.validation import FAIL, PASS, clocks_as_set
 from testing.chromium import parse_report
 from tests.unit.test_facts_gpu import recorded_gpu_state
 

@@ -9,7 +9,7 @@ from jsonschema import Draft202012Validator, validate
 
 from gpufleet.apps.report.gather import classify
 from gpufleet.apps.report.render import SCHEMA_PATH, cell, document, html_page, markdown, terminal, write_all
-from gpufleet.validation import Result
+from gpufleet.checks.validation import Result
 
 pytestmark = pytest.mark.unit
 

@@ -20,7 +20,7 @@ from gpufleet.apps.report.gather import _versions, component_versions
 from gpufleet.apps.report.render import SCHEMA_PATH, cell, document, html_page
 from gpufleet.apps.report.view import (CHECK_OF, DRIVER_CHECK, KERNEL_CHECK, MISMATCH_CHECK, REFUSED, STACK_CHECK,
                                        attention, cells, fleet_summary, ordered, problems, upgrades, version_rows)
-from gpufleet.resolver import resolve
+from gpufleet.config.resolver import resolve
 from testing.chromium import parse_report
 
 pytestmark = pytest.mark.unit
@@ -280,7 +280,7 @@ def test_problem_lines_are_labelled_by_what_is_wrong_each_once(doc):
 
 
 def test_the_column_checks_are_the_gates_names():
-    from gpufleet import validation
+    from gpufleet.checks import validation
 
     assert CHECK_OF["health"] == validation.HEALTH_CHECK and CHECK_OF["pytorch"] == validation.PYTORCH_CHECK
     names = {name for name in vars(validation).values() if isinstance(name, str)}

@@ -6,9 +6,9 @@ import pytest
 
 from gpufleet.errors import Incompatible
 from gpufleet.facts.gpu import ClockPair
-from gpufleet.gpus import model_for_name
-from gpufleet.resolver import Resolution, check_tier_hardware, resolve
-from gpufleet.tiers import tier_defaults
+from gpufleet.catalog.gpus import model_for_name
+from gpufleet.config.resolver import Resolution, check_tier_hardware, resolve
+from gpufleet.catalog.tiers import tier_defaults
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """The rollout's per-host target: the inventory's, or an override put in its place; and the
 inventory lines an operator sets after an override."""
 from gpufleet.rollout import targets
-from gpufleet.settings import Settings
+from gpufleet.config.settings import Settings
 
 
 def test_override_takes_the_inventory_place_with_its_branch():

@@ -1,4 +1,4 @@
-"""The end-of-run summary and the fleet report read the same records (gpufleet/run_summary.py),
+"""The end-of-run summary and the fleet report read the same records (gpufleet/controller/run_summary.py),
 and nothing reads a deploy's globals or hooks the interpreter's exit from a deploy."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.run_summary import RunSummary
+from gpufleet.controller.run_summary import RunSummary
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The grammar of every setting (gpufleet/schema.py), checked through validate_inventory as a run
+"""The grammar of every setting (gpufleet/config/schema.py), checked through validate_inventory as a run
 does: refused values name the host and the key on one line, with what is allowed."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from pyinfra.api.inventory import Inventory
 
-from gpufleet.compat import compat_data
+from gpufleet.catalog.compat import compat_data
 from gpufleet.errors import InventoryError
-from gpufleet.schema import ALLOC_OPTION_VALUES, KEYS, SHELL_METACHARACTERS
-from gpufleet.settings import host_settings, validate_inventory
-from gpufleet.tiers import common_defaults, tier_defaults
+from gpufleet.config.schema import ALLOC_OPTION_VALUES, KEYS, SHELL_METACHARACTERS
+from gpufleet.config.settings import host_settings, validate_inventory
+from gpufleet.catalog.tiers import common_defaults, tier_defaults
 
 pytestmark = pytest.mark.unit
 

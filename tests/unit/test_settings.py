@@ -11,7 +11,7 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.inventory import Inventory
 
 from gpufleet.errors import InventoryError
-from gpufleet.settings import Settings, host_settings, validate_inventory
+from gpufleet.config.settings import Settings, host_settings, validate_inventory
 
 pytestmark = pytest.mark.unit
 
@@ -140,7 +140,7 @@ def test_no_lockout_passes(host_data):
 
 
 def test_named_users_are_the_ones_whose_keys_can_be_checked():
-    from gpufleet.sshd_policy import named_users
+    from gpufleet.catalog.sshd_policy import named_users
 
     assert named_users(["alice", "root@10.0.0.*", "lab-?", "*", "bob", "alice@192.0.2.1"]) == ["alice", "root", "bob"]
 
@@ -288,7 +288,7 @@ def test_example_inventory_is_valid():
     for host in inv:
         assert host.name.endswith(".example.internal")
     # every multi-node group names its training peers: the example plans without a warning
-    from gpufleet.cluster import missing_peers
+    from gpufleet.plans.cluster import missing_peers
 
     assert [h.name for h in inv if missing_peers(host_settings(h))] == []
 
@@ -321,7 +321,7 @@ def test_cluster_cidrs_are_per_group_and_normalised():
     ({"tier": "dev"}, None),
 ], ids=["research", "hgx-emptied", "hgx-cloud", "research-peers", "research-trusted", "no-firewall", "inference", "dev"])
 def test_a_multi_node_tier_without_training_peers_warns(data, warns):
-    from gpufleet.cluster import missing_peers
+    from gpufleet.plans.cluster import missing_peers
 
     inv = Inventory(([("gpu-a01", data)], {}))
     validate_inventory(inv)

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("gpufleet", "deploys", "operations", "facts")
 #: handle every key alike: a key named there is not read by anyone for what it means
-MACHINERY = {"gpufleet/schema.py", "gpufleet/settings_doc.py", "gpufleet/tiers.py"}
+MACHINERY = {"gpufleet/config/schema.py", "gpufleet/config/settings_doc.py", "gpufleet/catalog/tiers.py"}
 READERS = {"get", "getattr", "_wish", "setdefault", "pop"}
 
 
@@ -92,8 +92,8 @@ def test_a_forgotten_key_is_found(tmp_path):
     text = "defaults:\n  tuning_a: 1\n  tuning_b: 2\ntiers:\n  x:\n    tuning_c: 3\n"
     keys = tier_keys(text)
     assert keys == {"tuning_a", "tuning_b", "tuning_c"}
-    (tmp_path / "gpufleet").mkdir()
-    (tmp_path / "gpufleet/schema.py").write_text("KEYS = {'tuning_c': int}\nx['tuning_c']\n")
+    (tmp_path / "gpufleet/config").mkdir(parents=True)
+    (tmp_path / "gpufleet/config/schema.py").write_text("KEYS = {'tuning_c': int}\nx['tuning_c']\n")
     (tmp_path / "gpufleet/use.py").write_text(
         "def f(settings, data):\n"
         "    raise ValueError('tuning_c')  # a message naming a key reads nothing\n"
@@ -112,8 +112,8 @@ from gpufleet.facts.docker import DockerEngine, DockerLive  # noqa: E402
 from gpufleet.facts.gpu import GpuProcess  # noqa: E402
 from gpufleet.facts.nftables import NftablesCapability  # noqa: E402
 from gpufleet.facts.slurm import SlurmNodeData  # noqa: E402
-from gpufleet.schema import KEYS as SCHEMA  # noqa: E402
-from gpufleet.tiers import tier_defaults  # noqa: E402
+from gpufleet.config.schema import KEYS as SCHEMA  # noqa: E402
+from gpufleet.catalog.tiers import tier_defaults  # noqa: E402
 from tests.unit import settings_observables as so  # noqa: E402
 
 
@@ -327,7 +327,7 @@ def test_a_dead_key_fails_naming_it(monkeypatch):
     """The check can fail: with the settings reader made to ignore docker_shm_size (every
     reader then sees the tier's value, whatever the inventory says), nothing changes and the
     test names the key."""
-    import gpufleet.settings as gs
+    import gpufleet.config.settings as gs
 
     real = gs._settings_for
 
@@ -344,7 +344,7 @@ def test_a_dead_key_fails_naming_it(monkeypatch):
 def test_a_key_read_but_ignored_deep_in_the_code_fails_too(monkeypatch):
     """Read (so check 1 passes) but without effect: the thread count computed as if
     tuning_omp_threads were always auto. The key is found dead."""
-    import gpufleet.tuning as gt
+    import gpufleet.plans.tuning as gt
 
     assert effect("tuning_omp_threads") is not None
     monkeypatch.setattr(gt, "omp_threads", lambda setting, cores, gpus: max(1, cores // max(1, gpus)))

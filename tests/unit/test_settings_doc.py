@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.schema import KEYS
-from gpufleet.settings_doc import _comments, render
+from gpufleet.config.schema import KEYS
+from gpufleet.config.settings_doc import _comments, render
 
 pytestmark = pytest.mark.unit
 DOC = Path(__file__).resolve().parents[2] / "docs" / "settings.md"

@@ -10,7 +10,8 @@ import os
 
 import pytest
 
-from gpufleet import factcache, controller_files
+from gpufleet.controller import factcache
+from gpufleet.controller import controller_files
 from gpufleet.printable import printable
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.state import RolloutState, StateError, StateLock
@@ -148,7 +149,7 @@ def test_control_characters_from_a_host_are_escaped_in_terminal_and_markdown():
     name = "train\x1b[2J\x1b]0;pwned\x07\u202egpj.py\n| forged | row |"
     assert printable(name) == "train\\x1b[2J\\x1b]0;pwned\\x07\\u202egpj.py\\x0a| forged | row |"
     assert printable("line one\nline two\x1b[A", newlines=True) == "line one\nline two\\x1b[A"
-    from gpufleet.failures import stop_line   # every refusal line, the rollout's and pyinfra's log
+    from gpufleet.config.failures import stop_line   # every refusal line, the rollout's and pyinfra's log
     assert "\x1b" not in stop_line("h1", "refused", "rollout", f"busy: GPU processes running (7 {name})", "drain")
     for key in ("host", "problems", "held_packages"):
         cell = render.cell({"host": name, "status": "unreachable", "problems": name, "held_packages": [name]}, key)

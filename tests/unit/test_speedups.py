@@ -1,4 +1,4 @@
-"""gpufleet/speedups.py must answer exactly what the pyinfra functions it replaces answer."""
+"""gpufleet/controller/speedups.py must answer exactly what the pyinfra functions it replaces answer."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -8,7 +8,7 @@ import pytest
 from pyinfra.api import arguments as pyinfra_arguments
 from pyinfra.api import util as pyinfra_util
 
-from gpufleet import speedups
+from gpufleet.controller import speedups
 
 ORIGINAL_ORDER = pyinfra_util.get_operation_order_from_stack  # the module itself is never patched
 

@@ -22,7 +22,7 @@ def recorded(release: str = "bookworm") -> SshdFilesData:
 
 
 def test_the_drop_in_lists_the_keys_this_module_makes_sure_of():
-    from gpufleet.sshd_policy import HOST_KEY_FILES
+    from gpufleet.catalog.sshd_policy import HOST_KEY_FILES
 
     assert HOST_KEY_FILES == [ED, RSA]
 

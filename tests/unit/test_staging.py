@@ -1,10 +1,10 @@
-"""gpufleet/staging.py: what the staging script's answer lets through (the transfers themselves
+"""gpufleet/controller/staging.py: what the staging script's answer lets through (the transfers themselves
 are proven on a real host, tests/e2e/test_hostlock_attack.py)."""
 from __future__ import annotations
 
 import pytest
 
-from gpufleet import staging
+from gpufleet.controller import staging
 
 
 @pytest.mark.parametrize("lines,folder", [

@@ -1,4 +1,4 @@
-"""gpufleet/storage.py: which drives become the scratch, on recorded lsblk -J output of real hosts
+"""gpufleet/plans/storage.py: which drives become the scratch, on recorded lsblk -J output of real hosts
 (tests/fixtures/storage/README.md says where each comes from) and on the written HGX-shaped
 layout; /dev/shm's size as tmpfs computes it; the preflight's NVMe capacity; the keys' grammar.
 
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet import storage as s
+from gpufleet.plans import storage as s
 from gpufleet.facts.storage import (BLANK, BlockDevicesData, Mount, ScratchSiteData, ShmData, parse_block_devices,
                                     parse_shm)
-from gpufleet.schema import KEYS, BadValue
-from gpufleet.tuning import Refusal
+from gpufleet.config.schema import KEYS, BadValue
+from gpufleet.plans.tuning import Refusal
 
 pytestmark = pytest.mark.unit
 
@@ -302,7 +302,7 @@ def test_nvme_capacity_counts_the_data_drives_only():
 def test_the_gate_checks_the_tier_minimum():
     from types import SimpleNamespace
 
-    from gpufleet import validation as v
+    from gpufleet.checks import validation as v
     from gpufleet.facts.storage import BlockDevices
 
     class Host:

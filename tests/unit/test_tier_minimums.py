@@ -9,7 +9,7 @@ import pytest
 
 from gpufleet.facts.network import NetInterface, NetworkInterfaces, parse_net
 from gpufleet.facts.system import SystemResources, SystemResourcesData
-from gpufleet.validation import FAIL, PASS, SKIP, WARN, enough_ram, fast_enough_nic, fastest_data_nic
+from gpufleet.checks.validation import FAIL, PASS, SKIP, WARN, enough_ram, fast_enough_nic, fastest_data_nic
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,9 @@ import pytest
 import yaml
 from pyinfra.api.inventory import Inventory
 
-from gpufleet.schema import KEYS
-from gpufleet.settings import host_settings
-from gpufleet.tiers import common_defaults, raw_tier, tier_defaults, tier_names
+from gpufleet.config.schema import KEYS
+from gpufleet.config.settings import host_settings
+from gpufleet.catalog.tiers import common_defaults, raw_tier, tier_defaults, tier_names
 
 pytestmark = pytest.mark.unit
 

@@ -1,9 +1,9 @@
 """The CUDA toolkit's component packages: the closure StackPackages reads from dpkg and the
-gate's verdict on it (gpufleet.cuda_stack.component_drift)."""
+gate's verdict on it (gpufleet.catalog.cuda_stack.component_drift)."""
 from __future__ import annotations
 
 from gpufleet.facts.packages import toolkit_components
-from gpufleet.cuda_stack import component_drift
+from gpufleet.catalog.cuda_stack import component_drift
 
 ENTRIES = {
     "cuda-toolkit-13-0": ("13.0.2-1", "hi", "cuda-toolkit-config-common, cuda-toolkit-13-0-config-common, "

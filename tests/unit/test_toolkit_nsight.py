@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.facts.packages import TOOLKIT, NSIGHT_RELEASE, toolkit_components
-from gpufleet.package_plan import plan_package_change, toolkit_move, toolkit_release
-from gpufleet.profiling import nsight_packages
+from gpufleet.plans.package_plan import plan_package_change, toolkit_move, toolkit_release
+from gpufleet.plans.profiling import nsight_packages
 from gpufleet.rollout.manifest import purpose
 from testing.aptrepo import default_packages
 

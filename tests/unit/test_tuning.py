@@ -1,4 +1,4 @@
-"""Unit: the decisions of deploys/tuning.py (gpufleet/tuning.py): clock pair per GPU and the
+"""Unit: the decisions of deploys/tuning.py (gpufleet/plans/tuning.py): clock pair per GPU and the
 nvidia-smi commands still needed, refusals, thread counts, NCCL values and the rendered files."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from gpufleet.facts.gpu import ClockPair, GpuInfo, parse_query_gpu, parse_supported_clocks
 from gpufleet.facts.gpu_tuning import parse_locked_clocks
 from gpufleet.facts.network import NetInterface, RdmaDevice, RdmaPort
-from gpufleet import tuning as t
-from gpufleet.tuning import Refusal
+from gpufleet.plans import tuning as t
+from gpufleet.plans.tuning import Refusal
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from gpufleet.tiers import tier_defaults, tier_names
+from gpufleet.catalog.tiers import tier_defaults, tier_names
 from testing.ubuntu_host import RELEASES, UbuntuHost, canned, make_state, on_host, planned_operations
 
 CODENAME = {"22.04": "jammy", "24.04": "noble"}
@@ -130,7 +130,8 @@ def test_dry_run_repositories_and_packages(tier, release):
 def standalone_run(area: str, monkeypatch, needrestart: bool = True) -> list[tuple[str, list[str]]]:
     """What `pyinfra INVENTORY deploys/<area>.py` plans on a fresh simulated Ubuntu 22.04 dev host:
     deploys/standalone.py's run_alone as pyinfra's exec of that file reaches it."""
-    from gpufleet import factcache, hostlock
+    from gpufleet.controller import factcache
+    from gpufleet.controller import hostlock
     from gpufleet.deploys.standalone import run_alone
     from testing.ubuntu_host import REPO
 

@@ -9,12 +9,12 @@ import subprocess
 
 import pytest
 
-from gpufleet.driver_preconditions import dkms_signing_conf, mok_certificate
+from gpufleet.plans.driver_preconditions import dkms_signing_conf, mok_certificate
 from gpufleet.facts.driver import DebianArchiveSources, SourceEntry
 from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.packages import AptCandidates, PackageVersions
 from gpufleet.facts.system import OsRelease
-from gpufleet.kernels import (image_metapackage_candidates, kernel_flavour, kernel_metapackages, module_packages,
+from gpufleet.catalog.kernels import (image_metapackage_candidates, kernel_flavour, kernel_metapackages, module_packages,
                               package_flavour)
 from gpufleet.operations.driver import _DEBIAN_ARCHIVE
 from testing.ubuntu_host import MARK, UBUNTU, UbuntuHost, apt_cache_policy, recorded

@@ -16,7 +16,7 @@ import runpy
 
 import pytest
 
-from gpufleet.tiers import tier_defaults, tier_names
+from gpufleet.catalog.tiers import tier_defaults, tier_names
 from testing.ubuntu_host import REPO, RELEASES, UbuntuHost, canned, make_state, on_host
 
 CODENAME = {"22.04": "jammy", "24.04": "noble"}
@@ -174,7 +174,7 @@ def test_compat_shows_the_prebuilt_modules_per_kernel_flavour(release, flavour):
     """tools/compat for Ubuntu's own driver names the prebuilt, signed module packages per kernel
     flavour (S35: -generic and -generic-hwe-NN.04), the build per kernel ABI, and the DKMS fallback."""
     from gpufleet.apps.compat import OPTIONS, answer, render
-    from gpufleet.gpus import model_for_name
+    from gpufleet.catalog.gpus import model_for_name
 
     wishes = {key: default for key, (_, default) in OPTIONS.items()} | {
         "driver_source": "distro", "driver_flavour": flavour}

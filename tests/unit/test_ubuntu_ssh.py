@@ -32,9 +32,9 @@ import gpufleet.facts.sshd_files as sf
 from gpufleet.operations import needrestart
 from gpufleet.deploys import hardening as h
 from gpufleet.facts.system import parse_os_release
-from gpufleet import sshd_support
-from gpufleet.sshd_policy import expected_sshd
-from gpufleet.tiers import tier_defaults
+from gpufleet.catalog import sshd_support
+from gpufleet.catalog.sshd_policy import expected_sshd
+from gpufleet.catalog.tiers import tier_defaults
 from gpufleet.operations import ssh as ssh_ops
 
 pytestmark = pytest.mark.unit
@@ -186,7 +186,7 @@ def _ctx(version, extra_kex, **lists):
 
 
 def _expected(version, extra_kex, **lists) -> dict:
-    """What the deploy checks in `sshd -T` after its reload (gpufleet/sshd_policy.py)."""
+    """What the deploy checks in `sshd -T` after its reload (gpufleet/catalog/sshd_policy.py)."""
     settings = _settings(extra_kex, **lists)
     return expected_sshd(settings, h.sshd_algorithms(h.sshd_context(settings, version)))
 

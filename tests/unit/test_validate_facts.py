@@ -2,7 +2,7 @@
 import pytest
 
 from gpufleet.facts.gpu_checks import parse_container_gpus
-from gpufleet.validation import AREAS, CHECKS, STATUSES, Result
+from gpufleet.checks.validation import AREAS, CHECKS, STATUSES, Result
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +33,7 @@ def _ctx(**driver):
 
 
 def test_kernel_installed_later_without_the_module_warns():
-    from gpufleet.validation import kernels_have_the_module
+    from gpufleet.checks.validation import kernels_have_the_module
 
     later = _ctx(userspace_version="580.126.09", kernel_release="6.1.0-27-amd64", module_version="580.126.09",
                  loaded_modules={"nvidia": "580.126.09"},
@@ -55,7 +55,7 @@ def test_kernel_installed_later_without_the_module_warns():
 
 def test_kernel_without_its_prebuilt_module_warns_and_names_the_rollout():
     from gpufleet.facts.packages import DpkgEntry
-    from gpufleet.validation import kernels_have_the_module
+    from gpufleet.checks.validation import kernels_have_the_module
 
     module = "linux-modules-nvidia-580-server-open-6.8.0-90-generic"
     # Ubuntu 22.04, prebuilt modules for 6.8.0-90; a 6.8.0-94 kernel came in without its build

@@ -3,7 +3,7 @@
 itself should have changed it (driver_upgrade_in_place)."""
 from types import SimpleNamespace
 
-from gpufleet import validation as v
+from gpufleet.checks import validation as v
 
 
 class Ctx(v.Context):

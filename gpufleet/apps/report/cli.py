@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from gpufleet import inventory_source
-from gpufleet.failures import stop_line
+from gpufleet.controller import inventory_source
+from gpufleet.config.failures import stop_line
 from gpufleet.apps.exits import epilog
 from gpufleet.version import add_version
 

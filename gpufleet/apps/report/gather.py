@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import gpufleet.deploys
 
 if TYPE_CHECKING:
-    from gpufleet.inventory_source import InventorySource
+    from gpufleet.controller.inventory_source import InventorySource
 
 # The folder that holds deploys/: the top of a checkout, the gpufleet package of an installed
 # wheel (pyproject.toml's package-dir), so deploy paths such as "deploys/all.py" are found in both.
@@ -96,8 +96,8 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     """Facts and validation results of one connected host, as a report row (see the schema)."""
     from gpufleet.errors import Incompatible
     from gpufleet.facts.packages import HeldPackages, PackageVersions
-    from gpufleet.settings import host_settings
-    from gpufleet.validation import FAIL, PYTORCH_CHECK, Context, fresh_host_facts, run_checks
+    from gpufleet.config.settings import host_settings
+    from gpufleet.checks.validation import FAIL, PYTORCH_CHECK, Context, fresh_host_facts, run_checks
 
     from .view import clocks_text, problem_label
 
@@ -171,7 +171,7 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     if mig is not None and mig.status != "skip" and not (
             mig.status == "pass" and mig.message.startswith(("no GPU", "MIG off"))):
         row["mig"] = f"{'ok' if mig.status == 'pass' else mig.status}: {mig.message}"
-    # the gate's profiling check (gpufleet/profiling.py's plan): quiet where admins only is as set
+    # the gate's profiling check (gpufleet/plans/profiling.py's plan): quiet where admins only is as set
     profiling = by_name.get("GPU performance counters are for whom tuning_profiling says")
     row["profiling"] = None
     if profiling is not None and profiling.status != "skip" and not (
@@ -194,10 +194,10 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
 def clock_column(host: Any, settings: Any, driver: str | None) -> dict[str, Any] | None:
     """The clocks gpufleet applied on each GPU (application or locked clocks, whichever the
     host's driver uses) beside the pair the tuning plan wants: the plan the deploy applies, the
-    plan view shows and the gate checks (gpufleet.tuning). No settings: the applied pairs only."""
-    from gpufleet.tuning import METHOD_NAMES, host_applied_clocks, policy_text
+    plan view shows and the gate checks (gpufleet.plans.tuning). No settings: the applied pairs only."""
+    from gpufleet.plans.tuning import METHOD_NAMES, host_applied_clocks, policy_text
 
-    from gpufleet.tuning import Refusal, host_mig, mig_clock_skip
+    from gpufleet.plans.tuning import Refusal, host_mig, mig_clock_skip
 
     policy = settings.clock_policy if settings is not None else "unmanaged"
     skip: frozenset[str] = frozenset()
@@ -223,8 +223,8 @@ def clock_column(host: Any, settings: Any, driver: str | None) -> dict[str, Any]
 
 def endpoints(host: Any, settings: Any, by_name: dict[str, Any]) -> list[dict[str, str]]:
     """Each exporter the tier turns on: the URL Prometheus scrapes, and what the gate found there."""
-    from gpufleet import monitoring
-    from gpufleet.validation import exporter_check_name
+    from gpufleet.plans import monitoring
+    from gpufleet.checks.validation import exporter_check_name
 
     address = str(host.data.get("ssh_hostname") or host.name)
     out: list[dict[str, str]] = []
@@ -255,8 +255,8 @@ def gather(inventory_path: str | InventorySource, workers: int = 20, drift: bool
            progress: Callable[[str, str, float], None] | None = None,
            deploy: str = "deploys/all.py") -> list[dict[str, Any]]:
     """One row per host of the inventory, in inventory order."""
-    from gpufleet.fleet_read import connected_fleet, read_each
-    from gpufleet.inventory_source import InventorySource
+    from gpufleet.controller.fleet_read import connected_fleet, read_each
+    from gpufleet.controller.inventory_source import InventorySource
 
     # the inventory with --limit, --data and config.py, as the pyinfra command line takes them
     source = inventory_path if isinstance(inventory_path, InventorySource) else InventorySource(str(inventory_path))
@@ -274,7 +274,7 @@ def gather(inventory_path: str | InventorySource, workers: int = 20, drift: bool
 def _pending(name: str) -> list[str]:
     """Changes all.py leaves alone on this host (a driver, CUDA toolkit or cuDNN upgrade, a CUDA
     toolkit or cuDNN changed by hand): drift all the same, each for tools/rollout."""
-    from gpufleet.run_summary import SUMMARY
+    from gpufleet.controller.run_summary import SUMMARY
 
     return SUMMARY.pending(name)
 

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpufleet import controller_files, rendering
+from gpufleet.controller import controller_files
+from gpufleet import rendering
 from gpufleet.printable import printable
 
 from . import view

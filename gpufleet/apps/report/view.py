@@ -31,7 +31,7 @@ STACK_CHECK = "the CUDA toolkit and cuDNN are the resolved releases"
 KERNEL_CHECK = "every installed kernel has the nvidia module"
 DRIVER_CHECK = "the loaded driver = the installed driver = the resolved driver"
 MISMATCH_CHECK = "no driver mismatch is pending"
-# the checks that have a column of their own (gpufleet/validation.py names them; a unit test
+# the checks that have a column of their own (gpufleet/checks/validation.py names them; a unit test
 # keeps these in step)
 CHECK_OF = {"firewall": "the host firewall is active", "ssh_hardening": "sshd's effective configuration is hardened",
             "health": "the GPUs are healthy (ECC, row remapper, throttling, PCIe, NVLink, XIDs)",

@@ -8,7 +8,7 @@ import sys
 from typing import Any, Callable
 from pathlib import Path
 
-from gpufleet import inventory_source
+from gpufleet.controller import inventory_source
 from gpufleet.rollout.progress import YES_ENV, env_yes
 from gpufleet.apps.exits import epilog
 from gpufleet.version import add_version

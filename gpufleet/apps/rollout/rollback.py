@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from gpufleet.failures import stop_line
+from gpufleet.config.failures import stop_line
 from gpufleet.operations.drain import BUSY_MARK
-from gpufleet.inventory_source import InventorySource
+from gpufleet.controller.inventory_source import InventorySource
 
 from gpufleet.rollout.context import RolloutContext
 from gpufleet.rollout.manifest import ManifestError, load_manifest
@@ -27,7 +27,8 @@ def rollback(inventory: str | InventorySource, hosts: list[str], manifest: Path 
     from .runner import inventory_arg, tune_and_cdi
     from .session import inventory_hosts, run_step
 
-    from gpufleet import hostlock, staging
+    from gpufleet.controller import hostlock
+    from gpufleet.controller import staging
 
     hostlock.install()  # each step locks its hosts at their first change (issue 14: no two at once)
     staging.install()  # sudo transfers stage in the login user's private folder

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO, cast
 
-from gpufleet.compat import compat_data
+from gpufleet.catalog.compat import compat_data
 from gpufleet.operations.drain import BUSY_MARK
 
-from gpufleet.failures import stop_line
+from gpufleet.config.failures import stop_line
 
 from gpufleet.rollout import manifest as mf, plan, progress as prog, targets
-from gpufleet.inventory_source import InventorySource, SourceError
+from gpufleet.controller.inventory_source import InventorySource, SourceError
 from gpufleet.printable import printable
 
 from gpufleet.rollout.context import RolloutContext
@@ -61,7 +61,7 @@ def survey_and_resolve(ctx: RolloutContext, override: str | None) -> None:
 
     from gpufleet.deploys import upgrade as steps
 
-    from gpufleet.hostfacts import os_name
+    from gpufleet.config.hostfacts import os_name
 
     found = targets.resolve_host(host, override)
     ctx.target = found.get("target") or override or ""
@@ -94,7 +94,7 @@ def mig_change(ctx: RolloutContext) -> None:
     host busy (its idle GPUs are changed, the busy ones are not), and a mode change whose GPU
     reset was refused makes it reboot-pending, instead of all.py's "pending" report."""
     from gpufleet.deploys.tuning import mig_partitions
-    from gpufleet.hostcontext import real_object
+    from gpufleet.config.hostcontext import real_object
 
     def busy(h: Any, running: str) -> bool:
         h = real_object(h)
@@ -114,15 +114,15 @@ def mig_change(ctx: RolloutContext) -> None:
 
 
 def hostlock_stale(name: str, record: str) -> str:
-    from gpufleet.hostlock import stale_message
+    from gpufleet.controller.hostlock import stale_message
     return stale_message(name, record)
 
 
 def check_settings(source: InventorySource | str, names: list[str]) -> list[str]:
-    """The inventory problems of the hosts `names` (gpufleet/settings.py), one line each; a
+    """The inventory problems of the hosts `names` (gpufleet/config/settings.py), one line each; a
     broken host this run does not touch (outside --limit) is not its business."""
     from gpufleet.errors import InventoryError
-    from gpufleet.settings import validate_inventory
+    from gpufleet.config.settings import validate_inventory
     from .session import load_inventory
 
     inventory = load_inventory(source)
@@ -179,7 +179,8 @@ class Runner:
     # --- entry point -------------------------------------------------------------------------
 
     def run(self) -> int:
-        from gpufleet import hostlock, staging
+        from gpufleet.controller import hostlock
+        from gpufleet.controller import staging
 
         hostlock.install()  # a step that finds its host not locked by this rollout locks it first
         staging.install()  # sudo transfers stage in the login user's private folder
@@ -728,7 +729,7 @@ class Runner:
                 if s["stack_moves"]:
                     lines.append(f"  {'':<8}   CUDA/cuDNN: " + ", ".join(s["stack_moves"]))
                 for change in s.get("mig_changes", []):
-                    # the same plan all.py, deploys/plan.py and the gate read (gpufleet.tuning.host_mig)
+                    # the same plan all.py, deploys/plan.py and the gate read (gpufleet.plans.tuning.host_mig)
                     lines.append(f"  {'':<8}   MIG: {change} (drained, changed while its GPUs are idle)")
                 at_target = s["installed"] == s["loaded"] == target and not s["stack_moves"]
                 moving = s["moving"] if (s["installed"] != target or not s["stack_moves"]) and not at_target else []

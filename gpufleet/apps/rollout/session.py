@@ -24,8 +24,8 @@ from pyinfra.api.deploy import add_deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operations import run_ops
 from pyinfra.api.state import BaseStateCallback
-from gpufleet import inventory_source
-from gpufleet.failures import refuse
+from gpufleet.controller import inventory_source
+from gpufleet.config.failures import refuse
 
 from gpufleet.rollout.context import real_host
 
@@ -65,7 +65,7 @@ class _Collect(logging.Handler):
 
 def load_inventory(inventory_path: inventory_source.InventorySource | str) -> Any:
     """The inventory as `pyinfra INVENTORY ...` loads it, with the command line's --data when
-    given an InventorySource (gpufleet/inventory_source.py)."""
+    given an InventorySource (gpufleet/controller/inventory_source.py)."""
     return inventory_source.load_inventory(inventory_path)
 
 

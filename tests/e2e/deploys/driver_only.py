@@ -3,8 +3,8 @@ from pyinfra import host, state
 
 from gpufleet.deploys.driver import driver
 from gpufleet.deploys.preflight import preflight
-from gpufleet.failures import host_failed
-from gpufleet.settings import validate_inventory
+from gpufleet.config.failures import host_failed
+from gpufleet.config.settings import validate_inventory
 
 validate_inventory(state.inventory)
 for step in (preflight, driver):

@@ -3,14 +3,14 @@ installed first, the inventory validated, the step guarded by host_failed), for 
 GPUs, whose driver step all.py would refuse."""
 from pyinfra import host, state
 
-from gpufleet import factcache
+from gpufleet.controller import factcache
 
 factcache.install()
 factcache.prefetch_all(state)
 
 from gpufleet.deploys.hardening import hardening  # noqa: E402
-from gpufleet.failures import host_failed  # noqa: E402
-from gpufleet.settings import validate_inventory  # noqa: E402
+from gpufleet.config.failures import host_failed  # noqa: E402
+from gpufleet.config.settings import validate_inventory  # noqa: E402
 
 validate_inventory(state.inventory)
 if not host_failed(host):

@@ -3,7 +3,7 @@ whole of all.py, hardening included, is proven on GPU hosts in test_foundation.p
 from pyinfra import state
 
 from gpufleet.deploys.hardening import hardening
-from gpufleet.settings import validate_inventory
+from gpufleet.config.settings import validate_inventory
 
 validate_inventory(state.inventory)
 hardening()

@@ -6,8 +6,8 @@ from gpufleet.deploys.driver import driver
 from gpufleet.deploys.hardening import hardening
 from gpufleet.deploys.monitoring import monitoring
 from gpufleet.deploys.preflight import preflight
-from gpufleet.failures import host_failed
-from gpufleet.settings import validate_inventory
+from gpufleet.config.failures import host_failed
+from gpufleet.config.settings import validate_inventory
 
 validate_inventory(state.inventory)
 for step in (preflight, driver, monitoring, hardening):

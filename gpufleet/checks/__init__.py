@@ -1,0 +1,1 @@
+"""The validation gate: the host compared with its plans, read-only."""

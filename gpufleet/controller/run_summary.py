@@ -1,0 +1,112 @@
+"""What a run leaves for later, per host, said once at the end of the run: a driver, CUDA
+toolkit or cuDNN upgrade all.py leaves to tools/rollout, a CUDA toolkit or cuDNN changed by
+hand, a reboot still needed, a Docker configuration change waiting for a restart.
+
+The deploys and operations that find these record them here (while the run plans, or for a
+reboot, while it executes); the end-of-run summary and the fleet report
+(gpufleet/apps/report/gather.py) read the same records. Nobody reads a deploy's globals, and the
+one hook at the interpreter's exit is this module's.
+"""
+from __future__ import annotations
+
+import atexit
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import click
+
+from gpufleet.catalog.cuda_stack import pending_message, stack_pending_message
+
+T = TypeVar("T")
+
+
+@dataclass
+class RunSummary:
+    #: host name -> (installed, resolved) driver
+    driver_pending: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: host name -> {"CUDA toolkit" | "cuDNN": (installed, resolved)}
+    stack_pending: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
+    #: host name -> {"CUDA toolkit" | "cuDNN": [what changed by hand]}: left as found, the gate FAILs them
+    stack_by_hand: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    #: host name -> why it needs a reboot
+    needs_reboot: dict[str, str] = field(default_factory=dict)
+    #: hosts whose reboot found GPU work right before it (started after planning): not rebooted
+    busy_at_reboot: set[str] = field(default_factory=set)
+    #: host name -> (daemon.json keys, why): a Docker restart not done under running GPU containers
+    docker_pending: dict[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
+    #: host name -> (the MIG layout not applied, what ran): GPU work found right before the change
+    mig_pending: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: host name -> the GPUs whose MIG mode change waits for a reboot (the GPU reset was refused)
+    mig_reboot: dict[str, str] = field(default_factory=dict)
+    #: host name -> the tuning_profiling setting the loaded nvidia module does not have yet (next boot)
+    profiling_pending: dict[str, str] = field(default_factory=dict)
+    #: host name -> the old mount points of a scratch that moved (storage_scratch_path), left mounted
+    scratch_moved: dict[str, str] = field(default_factory=dict)
+
+    def pending(self, name: str) -> list[str]:
+        """What all.py leaves alone on this host: drift all the same, each for tools/rollout."""
+        versions = self.driver_pending.get(name)
+        return ([pending_message(*versions)] if versions else []) + [
+            stack_pending_message(what, *moves) for what, moves in self.stack_pending.get(name, {}).items()] + [
+            message for messages in self.stack_by_hand.get(name, {}).values() for message in messages]
+
+    def forget(self, name: str) -> None:
+        """Drop every record of one host (a test's observation, taken)."""
+        for records in (self.driver_pending, self.stack_pending, self.stack_by_hand, self.needs_reboot,
+                        self.docker_pending, self.mig_pending, self.mig_reboot, self.profiling_pending,
+                        self.scratch_moved):
+            records.pop(name, None)
+        self.busy_at_reboot.discard(name)
+
+    def report(self) -> str:
+        """The end-of-run summary ("" when the run leaves nothing)."""
+        return "".join((
+            _section(self.driver_pending, lambda versions: pending_message(*versions),
+                     "with a DRIVER UPGRADE PENDING; deploys/all.py changed no driver (driver_upgrade_in_place: "
+                     "false). Roll it out with canary and batches: tools/rollout INVENTORY"),
+            _section(self.stack_pending,
+                     lambda pending: "; ".join(stack_pending_message(what, *v) for what, v in pending.items()),
+                     "with a CUDA/cuDNN UPGRADE PENDING; deploys/all.py changed neither (driver_upgrade_in_place: "
+                     "false). Roll it out with canary and batches: tools/rollout INVENTORY"),
+            _section(self.stack_by_hand, lambda drift: "; ".join(m for messages in drift.values() for m in messages),
+                     "whose CUDA toolkit or cuDNN was CHANGED BY HAND; deploys/all.py left it (the validation gate "
+                     "fails it). tools/rollout INVENTORY puts it back at the resolved release:"),
+            _section(self.needs_reboot, str, "NEED A REBOOT to load the installed NVIDIA driver:"),
+            _section(self.docker_pending, lambda record: f"{', '.join(record[0])} ({record[1]})",
+                     "have a Docker configuration change PENDING (needs a Docker restart, not done under running "
+                     "GPU containers):"),
+            _section(self.mig_pending, lambda record: f"{record[0]} (GPU work running: {record[1]})",
+                     "with MIG partitions PENDING (not changed: GPU work was running right before the change); "
+                     "re-run deploys/all.py once the GPUs are idle:"),
+            _section(self.mig_reboot, str,
+                     "NEED A REBOOT for a MIG mode change (the GPU reset that makes it effective was refused); "
+                     "the boot unit makes the partitions after it:"),
+            _section(self.profiling_pending, str,
+                     "with GPU profiling PENDING (the nvidia module gets it at its next load; deploys/all.py does "
+                     "not reboot for it): reboot them through the gate: tools/rollout INVENTORY"),
+            _section(self.scratch_moved, str,
+                     "whose scratch MOVED (storage_scratch_path) and is STILL MOUNTED at the old path too (jobs may "
+                     "use it; gpufleet does not unmount it): unmount it once nothing uses it, or reboot:"),
+        ))
+
+
+def _section(records: Mapping[str, T], line: Callable[[T], str], headline: str) -> str:
+    """One kind of record: how many hosts and what to do, then a line per host ("" for none)."""
+    if not records:
+        return ""
+    lines = "\n".join(f"    {name}: {line(record)}" for name, record in sorted(records.items()))
+    return f"\n--> gpufleet: {len(records)} host(s) {headline}\n{lines}\n"
+
+
+#: This run's records (one pyinfra run per process).
+SUMMARY = RunSummary()
+
+
+def _say_at_exit() -> None:
+    text = SUMMARY.report()
+    if text:
+        click.echo(text, err=True)
+
+
+atexit.register(_say_at_exit)
