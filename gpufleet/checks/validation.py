@@ -504,7 +504,7 @@ def stack_held(ctx: Context) -> Result:
 def os_as_planned(ctx: Context) -> Result:
     """The OS the host runs is the one the tier was planned for (validate_os_release): read at
     planning to resolve the stack, and checked here, where a re-imaged host shows."""
-    from .hostfacts import os_name
+    from gpufleet.config.hostfacts import os_name
 
     name = "the OS is the tier's validate_os_release"
     found, wanted = os_name(ctx.host), ctx.settings.validate_os_release
