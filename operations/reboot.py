@@ -10,6 +10,7 @@ from pyinfra import logger
 from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 
 from gpufleet.config.failures import fail_now
+from gpufleet.config.hostcontext import host_context
 from gpufleet.operations import as_op
 
 from gpufleet.operations.drain import BUSY_MARK, idle_check
@@ -27,14 +28,23 @@ def _wait_for_reboot(state: State, host: Host, nonce: str, timeout: float, delay
     time.sleep(delay)
     host.disconnect()
     deadline = time.monotonic() + timeout
+    context = host_context(host)
     while time.monotonic() < deadline:
         host.connect(show_errors=False)
         if host.connected:
-            ok, out = as_op.run(host, StringCommand("cat", MARKER, "2>/dev/null", "||", "echo", "gone"))
-            lines = [line.line for line in out] if out else []
-            if ok and lines and lines[-1].strip() != nonce:
-                # booted again: wait for systemd to finish (units that apply settings at boot)
-                as_op.run(host, StringCommand("timeout 120 systemctl is-system-running --wait || true"))
+            # reads, not changes: no host lock and no reload guard on them (a reconnect may reach
+            # the host still going down, where the guard's command dies with the connection)
+            context.lock_in_fact += 1
+            try:
+                ok, out = as_op.run(host, StringCommand("cat", MARKER, "2>/dev/null", "||", "echo", "gone"))
+                lines = [line.line for line in out] if out else []
+                back = ok and lines and lines[-1].strip() != nonce
+                if back:
+                    # booted again: wait for systemd to finish (units that apply settings at boot)
+                    as_op.run(host, StringCommand("timeout 120 systemctl is-system-running --wait || true"))
+            finally:
+                context.lock_in_fact -= 1
+            if back:
                 return True
             host.disconnect()
         time.sleep(1)

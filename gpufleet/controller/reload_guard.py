@@ -178,11 +178,6 @@ def hold(host: Any) -> None:
         code = channel.recv_exit_status()
     finally:
         channel.close()
-    if code == -1 and not lines:
-        # the channel closed without an exit status: the connection died under the command (a
-        # reconnect while the host still goes down for a reboot). Nothing can change over it;
-        # not held, so the next connection runs the guard again.
-        return
     try:
         safe, units = parse_guard(lines)
     except ValueError as exc:
