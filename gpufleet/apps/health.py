@@ -295,6 +295,9 @@ def burn_in_main(args: argparse.Namespace, source: Any) -> int:
     if not names:
         print("error: no host to accept but the peer", file=sys.stderr)
         return 2
+    import logging
+
+    logging.getLogger("pyinfra").setLevel(logging.CRITICAL)   # stdout is the JSON's (as fleet_main)
     say = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     verdicts = accept(source, names, args.peer, say=say, diag_level=args.diag or 0)
     if args.json:
