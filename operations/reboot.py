@@ -24,27 +24,35 @@ IDLE_CHECK = idle_check("not rebooting")
 MARKER = "/run/gpufleet-reboot-marker"
 
 
+def _marker(host: Host) -> str | None:
+    """The marker's text on the connection `host` has now, None when it did not answer. Not a
+    change: no host lock, no reload guard (gpufleet/controller/hostlock.py), which on a host
+    still going down would fail the reboot instead of waiting; no sudo either (the marker is
+    world-readable), so no password goes to a host that may be mid-shutdown."""
+    context = host_context(host)
+    context.lock_in_fact += 1
+    try:
+        ok, out = host.run_shell_command(StringCommand("cat", MARKER, "2>/dev/null", "||", "echo", "gone"))
+    except Exception:  # the connection dropped under it: not back yet
+        return None
+    finally:
+        context.lock_in_fact -= 1
+    lines = [line.line for line in out] if out else []
+    return lines[-1].strip() if ok and lines else None
+
+
 def _wait_for_reboot(state: State, host: Host, nonce: str, timeout: float, delay: float) -> bool:
     time.sleep(delay)
     host.disconnect()
     deadline = time.monotonic() + timeout
-    context = host_context(host)
     while time.monotonic() < deadline:
         host.connect(show_errors=False)
         if host.connected:
-            # reads, not changes: no host lock and no reload guard on them (a reconnect may reach
-            # the host still going down, where the guard's command dies with the connection)
-            context.lock_in_fact += 1
-            try:
-                ok, out = as_op.run(host, StringCommand("cat", MARKER, "2>/dev/null", "||", "echo", "gone"))
-                lines = [line.line for line in out] if out else []
-                back = ok and lines and lines[-1].strip() != nonce
-                if back:
-                    # booted again: wait for systemd to finish (units that apply settings at boot)
-                    as_op.run(host, StringCommand("timeout 120 systemctl is-system-running --wait || true"))
-            finally:
-                context.lock_in_fact -= 1
-            if back:
+            marker = _marker(host)
+            if marker is not None and marker != nonce:
+                # booted again: wait for systemd to finish (units that apply settings at boot);
+                # the first command that may change something takes the lock again
+                as_op.run(host, StringCommand("timeout 120 systemctl is-system-running --wait || true"))
                 return True
             host.disconnect()
         time.sleep(1)
