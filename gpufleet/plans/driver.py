@@ -251,6 +251,7 @@ class _Moves:
     in_place: bool
     left: frozenset[str]     # "CUDA toolkit" / "cuDNN": kept as they are (pending or changed by hand)
     notes: tuple[str, ...]
+    in_place_moves: tuple[str, ...] = ()
 
 
 def _moves(settings: Settings, res: Resolution, facts: DriverFacts) -> _Moves:
@@ -272,7 +273,13 @@ def _moves(settings: Settings, res: Resolution, facts: DriverFacts) -> _Moves:
             # rest of the deploy still converges around the driver that is installed.
             notes.append(f"{pending_message(*pending)} (deploys/all.py changes no driver of a provisioned host)")
     left = frozenset() if in_place else frozenset(moves) | frozenset(drifted)
-    return _Moves(pending, moves, drifted, in_place, left, tuple(notes))
+    made = (([f"driver {pending[0]} -> {pending[1]}"] if pending else [])
+            + [f"{what} {old} -> {new}" for what, (old, new) in moves.items()]
+            + [f"{what} back to the resolved release (changed by hand)" for what in drifted]) if in_place else []
+    if made:
+        notes.append(f"moved in place: {', '.join(made)} (driver_upgrade_in_place; the GPUs checked idle right "
+                     "before, in the same command)")
+    return _Moves(pending, moves, drifted, in_place, left, tuple(notes), tuple(made))
 
 
 def _nvidia_source(settings: Settings, res: Resolution, machine: str) -> NvidiaSource | None:
@@ -316,13 +323,9 @@ def _change(settings: Settings, res: Resolution, facts: DriverFacts, profiling: 
             versions.update(group)
     nsight = _nsight(profiling, left)
     versions.update(nsight)
-    in_place = (([f"driver {moves.pending[0]} -> {moves.pending[1]}"] if moves.pending else [])
-                + [f"{what} {old} -> {new}" for what, (old, new) in moves.stack.items()]
-                + [f"{what} back to the resolved release (changed by hand)" for what in moves.drifted]
-                ) if moves.in_place else []
     return PackageChange(
         name=_change_name(res, moves, nsight, bool(kept)), releases=versions, present=present, pinning=pinning,
-        old_pins=old_pins, in_place=tuple(in_place),
+        old_pins=old_pins, in_place=moves.in_place_moves,
         keys={**{p: "cuda_version" if what == "CUDA toolkit" else "cudnn_version"
                  for what, group in stack_groups(res).items() for p in group},
               **{p: PROFILING_KEY for p in nsight}})
@@ -333,14 +336,15 @@ def _change_name(res: Resolution, moves: _Moves, nsight: dict[str, str], kept: b
     if kept and moves.pending:
         what = [f"CUDA/cuDNN around driver {moves.pending[0]}"]
     else:
-        what = [f"driver {res.driver_version}" + (" + Fabric Manager" if res.fabricmanager_needed else "")]
+        what = [f"driver {res.driver_version} ({res.flavour})" + (" + Fabric Manager" if res.fabricmanager_needed else "")]
         if res.cuda_version and "CUDA toolkit" not in moves.left:
             what.append(f"CUDA {res.cuda_release or res.cuda_version}")
         if res.cudnn_version and "cuDNN" not in moves.left:
             what.append(f"cuDNN {res.cudnn_release or res.cudnn_version}")
     if nsight:
         what.append("Nsight")
-    return "Install " + ", ".join(what) + (" (in place)" if moves.in_place else "")
+    # in place: the GPUs checked idle right before, in the same command
+    return "Install " + ", ".join(what) + (" (in place, if idle)" if moves.in_place else "")
 
 
 def _held(res: Resolution, facts: DriverFacts, change: PackageChange, left: frozenset[str],
