@@ -69,11 +69,12 @@ def restore(ctx: RolloutContext) -> None:
                    "let it finish (or drain the host) and re-run, or roll back anyway with --force", outcome="busy")
         return
     installed = installed_packages()   # with the kernel metapackages prebuilt modules follow
-    package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
+    package_change_settled(name="Settle an earlier package change")
     todo = mf.rollback_installs(doc, installed)
     install = dict(spec.split("=", 1) for spec in todo)
     remove = mf.rollback_removals(doc, installed)
-    packages_at_versions(name=f"Put back the package versions of manifest {doc['id']} (unhold, downgrade, hold)",
+    # unhold, downgrade, hold again
+    packages_at_versions(name=f"Put back the packages of manifest {doc['id']}",
                          install=install, remove=remove, hold=list(doc["holds"]), downgrade=True,
                          require_idle=not ctx.force)
     # gpufleet's record says what it installed: the manifest's CUDA toolkit / cuDNN releases again
@@ -81,13 +82,14 @@ def restore(ctx: RolloutContext) -> None:
     stack = {p: release for p, v in doc["packages"].items()
              if any(family.match(p) for _, family in STACK_FAMILIES) and (release := mf.upstream(v))}
     if stack:
-        stack_recorded(name="Record the CUDA toolkit and cuDNN releases put back", versions=stack,
+        stack_recorded(name="Record the CUDA/cuDNN releases put back", versions=stack,
                        packages=list(STACK_GLOBS))
     extra_holds = sorted({*host.get_fact(HeldPackages)} - set(doc["holds"]) - set(remove))
     if extra_holds:
         from gpufleet.operations.holds import held
-        held(name="Release holds the manifest did not have", packages=extra_holds, present=False)
-    etc_files_restored(name="Put back the recorded apt sources, pins, keyrings and GPU configuration",
+        held(name="Release holds not in the manifest", packages=extra_holds, present=False)
+    # the recorded apt sources, pins, keyrings and GPU configuration
+    etc_files_restored(name="Put back the recorded /etc files",
                        tarball=doc["etc_tarball"], recorded=doc["etc_files"])
 
 
@@ -105,6 +107,6 @@ def restore_disk(ctx: RolloutContext, ident: str) -> None:
     except snap.SnapshotError as exc:
         ctx.refuse(host, str(exc), f"restore it by hand: {disk.get('restore')}", area="rollout_snapshot")
         return
-    disk_snapshot_restored(name=f"Put {commands[1][2]} back to the {disk['provider']} snapshot {disk['name']} "
-                                f"(the current one is kept as {commands[1][3]})",
+    # the current one is kept as commands[1][3] (said by the operation)
+    disk_snapshot_restored(name=f"Restore {commands[1][2]} from its {disk['provider']} snapshot",
                            target=commands[1][2], commands=[list(c) for c in commands], hint=disk.get("restore", ""))

@@ -128,7 +128,7 @@ def drain(ctx: RolloutContext) -> None:
     settings = host_settings(host)
     # a rollout resumed after its SSH session died: the package change it started finishes (or an
     # interrupted dpkg is repaired) before anything else happens on this host
-    package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
+    package_change_settled(name="Settle an earlier package change")
     processes = host.get_fact(GpuState).processes
     node = settings.rollout_slurm_node_name
     slurm = host.get_fact(SlurmNode, node=node)
@@ -146,16 +146,16 @@ def drain(ctx: RolloutContext) -> None:
         return
     why = mf.purpose(ctx.survey.get(host.name, {}), ctx.target)
     slurm_node(name=f"Drain the Slurm node for the {why}", drained=True, reason=f"gpufleet {why}", node=node)
-    slurm_node_drained(name="Wait for the Slurm jobs on the node to finish (DRAINED)", node=node,
+    slurm_node_drained(name="Wait for the Slurm node to be DRAINED", node=node,
                        timeout=settings.rollout_drain_timeout)
     if ctx.stop_containers:
         gpu_containers_stopped(name="Stop the containers that use the GPUs")
     if slurm.scontrol and settings.rollout_require_idle and not ctx.force:
         # checked once the node is DRAINED: what still runs on the GPUs is not a Slurm job
-        gpus_idle_now(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
+        gpus_idle_now(name="Wait for the GPUs to be idle", wait_seconds=ctx.wait_idle)
     elif processes and settings.rollout_require_idle and not ctx.force:
-        gpus_idle(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
-    index_refreshed(name="Refresh the package index of the NVIDIA repository",
+        gpus_idle(name="Wait for the GPUs to be idle", wait_seconds=ctx.wait_idle)
+    index_refreshed(name="Refresh the package index",
                     url=host_settings(host).driver_repo_url)
 
 
@@ -222,7 +222,8 @@ def _planned_move(ctx: RolloutContext, settings: Settings, installed: dict[str, 
                     *mf.kernel_metapackages(installed)})
     available = host.get_fact(AptVersions, packages=names)
     # what the manifest recorded as held is held again, even if an interrupted change released it
-    holds = recorded_holds(host.get_fact(HeldPackages), (ctx.manifests.get(host.name) or {}).get("holds", []))
+    held: list[str] = host.get_fact(HeldPackages)
+    holds = recorded_holds(held, (ctx.manifests.get(host.name) or {}).get("holds", []))
     # a toolkit moves with its components at the versions its release names (apt alone would
     # bring the newest ones its >= dependencies allow)
     toolkits = {meta: host.get_fact(ToolkitIndex, package=meta) for meta in stack if TOOLKIT.match(meta)}
@@ -269,7 +270,8 @@ def tune(ctx: RolloutContext) -> None:
     if not doc:
         host.noop("no manifest for this rollout: nothing recorded to restore")
         return
-    gpu_settings_restored(name="Restore the persistence mode and application clocks recorded before the upgrade",
+    # the persistence mode and application clocks recorded before the upgrade
+    gpu_settings_restored(name="Restore persistence and clocks",
                           gpus=doc.get("gpus", []), skip=sorted(mig_on(host)))
 
 
@@ -328,7 +330,8 @@ def validate(ctx: RolloutContext) -> None:
 def undrain(ctx: RolloutContext) -> None:
     node = host_settings(host).rollout_slurm_node_name
     # the loaded driver, not the target: a host given back unchanged keeps its true label
-    slurm_driver_feature(name="Label the Slurm node with its driver (feature gpufleet_driver_<version>)",
+    # feature gpufleet_driver_<version>
+    slurm_driver_feature(name="Label the Slurm node with its driver",
                          version=host.get_fact(DriverState).module_version or "", node=node)
-    slurm_node(name="Resume the Slurm node (only if gpufleet drained it)", drained=False,
+    slurm_node(name="Resume the Slurm node", drained=False,  # only if gpufleet drained it
                node=node)

@@ -157,10 +157,11 @@ def read_driver_facts(host: Host, settings: Settings) -> DriverFacts:
         wanted = f"nvidia-driver-pinning-{installed}"
         pinning = next((p for p, v in host.get_fact(PackageVersions, packages=[wanted]).items() if v), None)
     extra = _extra_packages(before, kernel, os_name(host))
+    held: list[str] = host.get_fact(HeldPackages)
     return DriverFacts(
         resolved=res, machine=machine, os=os_name(host), before=before, kernel=kernel,
         signing_key_present=key_present, certificate_present=cert_present, headers_offered=offered,
-        stack=found, held=tuple(host.get_fact(HeldPackages)), installed_pinning=pinning,
+        stack=found, held=tuple(held), installed_pinning=pinning,
         installed_extra=tuple(p for p, v in host.get_fact(PackageVersions, packages=extra).items() if v),
         profiling=host.get_fact(ProfilingState))
 
