@@ -3,7 +3,9 @@
 Story of a host, part 3: the host's tier and its real GPUs (from PCI) resolve to one driver
 version, kernel-module flavour, CUDA toolkit, cuDNN and, on NVSwitch systems, Fabric Manager at
 the driver's exact version (gpufleet/config/resolver.py, data in gpufleet/data/compat.yaml: no version
-lives here). Then, in order:
+lives here). Every decision below is the host's DriverPlan (gpufleet/plans/driver.py: facts
+in, a frozen plan or a refusal out; the plan view prints the same plan); this file applies it.
+Then, in order:
 
 1. **Refuse early**, before anything on the host changes: a combination the resolver refuses,
    Secure Boot on without a module signing key, no kernel headers for the running kernel
@@ -51,14 +53,12 @@ from gpufleet.operations.driver_upgrade import package_change_settled
 from gpufleet.operations.holds import held
 from gpufleet.operations.package_steps import packages_at_releases
 from gpufleet.operations.reboot import rebooted
-from gpufleet.plans.driver import (CONTAINER_TOOLKIT, DriverPlan, DriverRefusal, plan_driver, read_driver_facts,
-                                   reboot_forced, reboot_hold_back, stack_drift, stack_groups, stack_pending)
+from gpufleet.plans.driver import (DriverPlan, DriverRefusal, plan_driver, read_driver_facts, reboot_forced,
+                                   reboot_hold_back)
 from gpufleet.plans.driver_preconditions import dkms_signing_conf
 from gpufleet.plans.profiling import KEY, MODPROBE_FILE, ProfilingRefusal, plan_profiling
 from gpufleet.plans.repos import CUDA_SOURCE
 from gpufleet.rendering import render
-
-__all__ = ["CONTAINER_TOOLKIT", "driver", "stack_drift", "stack_groups", "stack_pending"]
 
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/gpufleet-blacklist-nouveau.conf"
 CUDA_PROFILE = "/etc/profile.d/gpufleet-cuda.sh"
