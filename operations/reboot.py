@@ -10,6 +10,7 @@ from pyinfra import logger
 from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 
 from gpufleet.config.failures import fail_now
+from gpufleet.config.hostcontext import host_context
 from gpufleet.operations import as_op
 
 from gpufleet.operations.drain import BUSY_MARK, idle_check
@@ -23,6 +24,23 @@ IDLE_CHECK = idle_check("not rebooting")
 MARKER = "/run/gpufleet-reboot-marker"
 
 
+def _marker(host: Host) -> str | None:
+    """The marker's text on the connection `host` has now, None when it did not answer. Not a
+    change: no host lock, no reload guard (gpufleet/controller/hostlock.py), which on a host
+    still going down would fail the reboot instead of waiting; no sudo either (the marker is
+    world-readable), so no password goes to a host that may be mid-shutdown."""
+    context = host_context(host)
+    context.lock_in_fact += 1
+    try:
+        ok, out = host.run_shell_command(StringCommand("cat", MARKER, "2>/dev/null", "||", "echo", "gone"))
+    except Exception:  # the connection dropped under it: not back yet
+        return None
+    finally:
+        context.lock_in_fact -= 1
+    lines = [line.line for line in out] if out else []
+    return lines[-1].strip() if ok and lines else None
+
+
 def _wait_for_reboot(state: State, host: Host, nonce: str, timeout: float, delay: float) -> bool:
     time.sleep(delay)
     host.disconnect()
@@ -30,10 +48,10 @@ def _wait_for_reboot(state: State, host: Host, nonce: str, timeout: float, delay
     while time.monotonic() < deadline:
         host.connect(show_errors=False)
         if host.connected:
-            ok, out = as_op.run(host, StringCommand("cat", MARKER, "2>/dev/null", "||", "echo", "gone"))
-            lines = [line.line for line in out] if out else []
-            if ok and lines and lines[-1].strip() != nonce:
-                # booted again: wait for systemd to finish (units that apply settings at boot)
+            marker = _marker(host)
+            if marker is not None and marker != nonce:
+                # booted again: wait for systemd to finish (units that apply settings at boot);
+                # the first command that may change something takes the lock again
                 as_op.run(host, StringCommand("timeout 120 systemctl is-system-running --wait || true"))
                 return True
             host.disconnect()
