@@ -11,17 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pyinfra.facts.files import File
+from pyinfra.facts.server import Arch
+
 from gpufleet.catalog.compat import compat_data
 from gpufleet.catalog.cuda_stack import (component_drift, pending_message, stack_drift_message, stack_fact_packages,
                                          stack_pending_message, stack_renames, stack_states)
 from gpufleet.catalog.kernels import kernel_metapackages
-from gpufleet.config.hostfacts import KernelPlan
+from gpufleet.config.hostfacts import KernelPlan, driver_state, kernel_plan, os_name, resolution
 from gpufleet.config.resolver import Resolution
 from gpufleet.config.settings import Settings
 from gpufleet.errors import Incompatible
-from gpufleet.facts.kernel import DriverStateData, ProfilingStateData
-from gpufleet.facts.packages import StackPackagesData
-from gpufleet.plans.driver_preconditions import preconditions
+from gpufleet.facts.kernel import DriverStateData, ProfilingState, ProfilingStateData
+from gpufleet.facts.packages import AptCandidates, HeldPackages, PackageVersions, StackPackages, StackPackagesData
+from gpufleet.plans.driver_preconditions import mok_certificate, plain_path, preconditions
 from gpufleet.plans.profiling import KEY as PROFILING_KEY
 from gpufleet.plans.profiling import ProfilingPlan, ProfilingRefusal, plan_profiling
 from gpufleet.plans.repos import cuda_repo_base, cuda_sources_line, unsupported_arch
@@ -127,14 +130,6 @@ def read_driver_facts(host: Host, settings: Settings) -> DriverFacts:
     """Ask `host` what the driver plan needs, lazily as the decisions go: a host the resolver
     refuses is asked nothing more; Secure Boot's files and the headers' candidate only when they
     decide (the prefetch of a no-op run holds the rest)."""
-    from pyinfra.facts.files import File
-    from pyinfra.facts.server import Arch
-
-    from gpufleet.config.hostfacts import driver_state, kernel_plan, os_name, resolution
-    from gpufleet.facts.kernel import ProfilingState
-    from gpufleet.facts.packages import AptCandidates, HeldPackages, PackageVersions, StackPackages
-    from gpufleet.plans.driver_preconditions import mok_certificate, plain_path
-
     try:
         res = resolution(host, settings)
     except Incompatible as refused:
