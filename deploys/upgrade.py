@@ -146,15 +146,16 @@ def drain(ctx: RolloutContext) -> None:
         return
     why = mf.purpose(ctx.survey.get(host.name, {}), ctx.target)
     slurm_node(name=f"Drain the Slurm node for the {why}", drained=True, reason=f"gpufleet {why}", node=node)
-    slurm_node_drained(name="Wait for the Slurm node to be DRAINED", node=node,
+    # the runner tells a busy host by these two names (gpufleet/apps/rollout/runner.py): keep them
+    slurm_node_drained(name="Wait for the Slurm jobs on the node to finish (DRAINED)", node=node,
                        timeout=settings.rollout_drain_timeout)
     if ctx.stop_containers:
         gpu_containers_stopped(name="Stop the containers that use the GPUs")
     if slurm.scontrol and settings.rollout_require_idle and not ctx.force:
         # checked once the node is DRAINED: what still runs on the GPUs is not a Slurm job
-        gpus_idle_now(name="Wait for the GPUs to be idle", wait_seconds=ctx.wait_idle)
+        gpus_idle_now(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
     elif processes and settings.rollout_require_idle and not ctx.force:
-        gpus_idle(name="Wait for the GPUs to be idle", wait_seconds=ctx.wait_idle)
+        gpus_idle(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
     index_refreshed(name="Refresh the package index",
                     url=host_settings(host).driver_repo_url)
 
@@ -199,7 +200,7 @@ def upgrade(ctx: RolloutContext) -> None:
     # command that starts the change (a job started since the drain makes the host busy, pending)
     idle = bool(move.install) and settings.rollout_require_idle and not ctx.force
     if idle and ctx.wait_idle > 0:
-        gpus_idle_now(name="Wait for the GPUs to be idle", wait_seconds=ctx.wait_idle)
+        gpus_idle_now(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
     if move.what:
         logger.info(f"{host.print_prefix}moving {', '.join(move.what)}")
     # unhold, install, hold again (with `idle`: the GPUs checked idle right before, in the same command)
