@@ -43,6 +43,7 @@ from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
 from gpufleet.rollout.moves import (MoveRefusal, RolloutMove, driver_releases, recorded_holds, rollout_move,
                                     stack_targets, toolkit_moves)
+from gpufleet.plans.repos import apt_url
 from gpufleet.plans.profiling import USERS, ProfilingRefusal, nsight_packages, nsight_releases, plan_profiling
 from gpufleet.config.settings import Settings, host_settings
 from gpufleet.checks.validation import FAIL, PASS, diag_result
@@ -156,8 +157,8 @@ def drain(ctx: RolloutContext) -> None:
         gpus_idle_now(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
     elif processes and settings.rollout_require_idle and not ctx.force:
         gpus_idle(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
-    index_refreshed(name="Refresh the package index",
-                    url=host_settings(host).driver_repo_url)
+    index_refreshed(name="Refresh the package index",  # of the NVIDIA repository (through the cache, if any)
+                    url=apt_url(host_settings(host), host_settings(host).driver_repo_url))
 
 
 def _nsight_with(ctx: RolloutContext, wanted: dict[str, str]) -> dict[str, str] | None:

@@ -27,7 +27,7 @@ from gpufleet.facts.packages import AptCandidates, HeldPackages, PackageVersions
 from gpufleet.plans.driver_preconditions import mok_certificate, plain_path, preconditions
 from gpufleet.plans.profiling import KEY as PROFILING_KEY
 from gpufleet.plans.profiling import ProfilingPlan, ProfilingRefusal, plan_profiling
-from gpufleet.plans.repos import cuda_repo_base, cuda_sources_line, unsupported_arch
+from gpufleet.plans.repos import apt_url, cuda_repo_base, cuda_sources_line, unsupported_arch
 
 if TYPE_CHECKING:
     from pyinfra.api import Host
@@ -283,15 +283,16 @@ def _nvidia_source(settings: Settings, res: Resolution, machine: str) -> NvidiaS
         return None
     repo = compat_data().nvidia_repo
     assert res.repo_os_dir is not None, "the resolver gives every plan from NVIDIA's repository its folder"
-    base = cuda_repo_base(settings.driver_repo_url, res.repo_os_dir, machine)
+    repo_url = apt_url(settings, settings.driver_repo_url)   # through the fleet's package cache, if any
+    base = cuda_repo_base(repo_url, res.repo_os_dir, machine)
     return NvidiaSource(
         base=base,
         keyring_url=(f"{base}/{repo['keyring_package_file']}" if settings.driver_repo_keyring_url == "auto"
-                     else settings.driver_repo_keyring_url),
+                     else apt_url(settings, settings.driver_repo_keyring_url)),
         fingerprint=(repo["key_fingerprint"] if settings.driver_repo_key_fingerprint == "auto"
                      else settings.driver_repo_key_fingerprint),
         keyring=repo["keyring_path"],
-        line=cuda_sources_line(settings.driver_repo_url, res.repo_os_dir, repo["keyring_path"], machine))
+        line=cuda_sources_line(repo_url, res.repo_os_dir, repo["keyring_path"], machine))
 
 
 def _nsight(profiling: ProfilingPlan, left: frozenset[str]) -> dict[str, str]:
