@@ -680,6 +680,13 @@ def _check_port(item: Any) -> str:
     return item
 
 
+def split_port(item: str) -> tuple[str, str]:
+    """A port item _check_port let through, as (port or range, protocol): "6817-6819/tcp" ->
+    ("6817-6819", "tcp"). The one reader of the one port grammar (the firewall plan uses it)."""
+    port, _, proto = item.partition("/")
+    return port, proto
+
+
 def _check_login_name(item: Any) -> str:
     # sshd AllowUsers/AllowGroups patterns: names with ? and * wildcards, optional @host
     if not isinstance(item, str) or not re.fullmatch(r"[A-Za-z0-9._*?!%-][A-Za-z0-9._*?!@%/-]{0,255}", item, re.ASCII):

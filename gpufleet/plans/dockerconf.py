@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Mapping
 
+from gpufleet.config.settings import Settings
 from gpufleet.plans.package_cache import registry_mirrors
 
 DAEMON_JSON = "/etc/docker/daemon.json"
@@ -50,7 +52,7 @@ class DockerDefaults:
     registry_mirror: str = "none"   # docker_registry_mirror
 
     @classmethod
-    def from_settings(cls, settings: Any) -> DockerDefaults:
+    def from_settings(cls, settings: Settings) -> DockerDefaults:
         return cls(
             default_runtime=settings.docker_default_runtime,
             cdi=settings.docker_cdi,
@@ -165,6 +167,12 @@ def changed_keys(existing: Mapping[str, Any] | None, merged: Mapping[str, Any]) 
 _ABSENT = object()
 
 
+def restart_keys(changed: Sequence[str], restart_for: Sequence[str] = ()) -> list[str]:
+    """What of a change needs a dockerd restart: the changed keys dockerd does not reload on
+    SIGHUP, then the other reasons (`restart_for`)."""
+    return [k for k in changed if k not in RELOADABLE] + list(restart_for)
+
+
 def partial(existing: Mapping[str, Any] | None, merged: Mapping[str, Any], keys: list[str]) -> dict[str, Any]:
     """``existing`` with only ``keys`` taken from ``merged`` (the reloadable part of a change)."""
     out: dict[str, Any] = json.loads(json.dumps(dict(existing or {})))
@@ -216,8 +224,8 @@ def apply_plan(existing: Mapping[str, Any] | None, merged: Mapping[str, Any], *,
     if not running:
         return ApplyPlan(write)
     reload_keys = [k for k in keys if k in RELOADABLE]
-    restart_keys = [k for k in keys if k not in RELOADABLE] + list(restart_for)
-    if not restart_keys:
+    restart = restart_keys(keys, restart_for)
+    if not restart:
         return ApplyPlan((*write, ("reload",)) if write else ())
     live_after_reload = live_restore_on or ("live-restore" in reload_keys and merged.get("live-restore") is True)
     first: tuple[tuple[Any, ...], ...] = ()
@@ -233,4 +241,4 @@ def apply_plan(existing: Mapping[str, Any] | None, merged: Mapping[str, Any], *,
            f"(docker_restart_with_gpu_containers: {policy})" if policy == "live-restore" else
            f"{running_text} (docker_restart_with_gpu_containers: never)")
     steps = (("write-reloadable", tuple(reload_keys)), ("reload",)) if reload_keys else ()
-    return ApplyPlan(steps, tuple(restart_keys), why)
+    return ApplyPlan(steps, tuple(restart), why)
