@@ -24,6 +24,9 @@ from pyinfra.facts.server import Arch
 
 from gpufleet.controller import askpass
 from gpufleet.plans.cluster import missing_peers, training_networks
+from gpufleet.plans.acceptance import plan_line as acceptance_line
+from gpufleet.plans.driver import DriverRefusal, plan_driver, read_driver_facts
+from gpufleet.plans.driver_preconditions import mok_certificate
 from gpufleet.catalog.compat import compat_data
 from gpufleet.errors import Incompatible
 from gpufleet.config.hostfacts import driver_state, hardware, kernel_plan, os_name, os_release, resolution, tier_mismatches
@@ -54,6 +57,7 @@ if mixed := mixed_gpus(hardware(host).models):
 for problem in tier_mismatches(host, settings):
     lines.append(f"MISMATCH ({settings.tier_mismatch}): {problem}")
 lines.append(f"training peers: {training_networks(settings)}")
+lines.append(f"acceptance: {acceptance_line(settings)}")
 if warning := missing_peers(settings):
     lines.append(f"WARNING: {warning}")
 
@@ -111,8 +115,8 @@ try:
             lines.append(f"clocks: {host_clock_line() or value}")
         else:
             lines.append(f"{key}: {value}")
-    from gpufleet.plans.driver_preconditions import mok_certificate, preconditions  # the driver deploy's own first refusal
-
+    # the driver deploy's own plan (gpufleet/plans/driver.py): its refusal, or what it changes
+    driver_plan = plan_driver(settings, read_driver_facts(host, settings))
     state_before, kernel = driver_state(host), kernel_plan(host, res)
     if state_before.secure_boot == "enabled":
         key = settings.driver_module_signing_key
@@ -122,8 +126,10 @@ try:
     if not kernel.prebuilt and settings.driver_kernel_headers == "require":
         headers = [f"linux-headers-{kernel.release}", *([kernel.headers_metapackage] if kernel.headers_metapackage else [])]
         lines.append(f"kernel_headers: {' '.join(headers)} (DKMS builds the module for this kernel and the ones that follow)")
-    if refusal := preconditions(settings, res, state_before, host, prebuilt=kernel.prebuilt):
-        lines.append(f"REFUSED (driver): {refusal[1]}. Fix: {refusal[2]} (key {refusal[0]})")
+    if isinstance(driver_plan, DriverRefusal):
+        lines.append(f"REFUSED ({driver_plan.area}): {driver_plan.line()}")
+    else:
+        lines += driver_plan.summary()
 except Incompatible as refused:
     lines.append(f"REFUSED: {refused.reason}" + (f" (key {refused.key})" if refused.key else ""))
 lines += MIG_LINES

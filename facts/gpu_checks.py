@@ -162,3 +162,42 @@ class PerfProbe(FactBase[list[str]]):
     @override
     def process(self, output: list[str]) -> list[str]:
         return [line for line in output if line.strip()]
+
+
+# gpufleet/allreduce_probe.py: a file of the package, read and sent, never imported here
+ALLREDUCE_SCRIPT = importlib.resources.files("gpufleet").joinpath("allreduce_probe.py").read_text()
+
+
+class AllReduceRank(FactBase[list[str]]):
+    """
+    One rank of gpufleet/allreduce_probe.py's all-reduce between hosts: the lines it printed
+    (NCCL's INFO lines, then one JSON line). Every rank must be asked at once (the controller
+    reads the ranks' facts concurrently): a rank alone waits for the others until ``timeout``.
+    """
+
+    gpufleet_no_prefetch = True  # a measurement with other hosts: never cached, never batched
+
+    @override
+    @staticmethod
+    def default() -> list[str]:
+        return ['{"status": "error", "reason": "no such interpreter"}']
+
+    @override
+    def requires_command(self, *args, python: str = "python3", **kwargs) -> str:
+        return interpreter(python)
+
+    @override
+    def command(self, master: str, port: int, rank: int, world: int, backend: str = "auto", mib: int = 256,
+                iters: int = 5, timeout: int = 60, python: str = "python3") -> StringCommand:
+        if backend not in ("auto", "nccl", "gloo"):
+            raise ValueError(f"all-reduce backend must be auto, nccl or gloo, not {backend!r}")
+        numbers = [str(int(v)) for v in (port, rank, world, mib, iters, timeout)]
+        return StringCommand(
+            interpreter(python), "-c", QuoteString(ALLREDUCE_SCRIPT), "--master", QuoteString(str(master)),
+            "--port", numbers[0], "--rank", numbers[1], "--world", numbers[2], "--backend", backend,
+            "--mib", numbers[3], "--iters", numbers[4], "--timeout", numbers[5], "2>&1",
+        )
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return [line for line in output if line.strip()]

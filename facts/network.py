@@ -288,3 +288,85 @@ class RdmaDevices(FactBase[list[RdmaDevice]]):
     @override
     def process(self, output: list[str]) -> list[RdmaDevice]:
         return parse_rdma(output)
+
+
+# ------------------------------------------------------------------------------------------
+# Port counters: read before and after an acceptance (gpufleet/plans/acceptance.py)
+# ------------------------------------------------------------------------------------------
+
+#: the counters an erroring or flapping link grows (/sys/class/infiniband/DEV/ports/N/counters)
+IB_COUNTERS = ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors",
+               "local_link_integrity_errors")
+
+
+@dataclass(frozen=True)
+class IbPortCounters(JsonMixin):
+    device: str
+    port: int
+    state: str | None = None        # "ACTIVE"
+    phys_state: str | None = None   # "LinkUp"
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+def ib_counters_command(sys_root: str = "/sys") -> str:
+    """Lines "DEV PORT state|phys_state|COUNTER VALUE" for every port of every RDMA device."""
+    return with_values("\n".join([
+        'for p in "$ib"/*/ports/*; do',
+        '  [ -d "$p" ] || continue',
+        '  d=${p%/ports/*}; d=${d##*/}; n=${p##*/}',
+        '  for k in state phys_state; do [ -r "$p/$k" ] && echo "$d $n $k $(head -n1 "$p/$k")"; done',
+        '  for k in $counters; do [ -r "$p/counters/$k" ] && echo "$d $n $k $(head -n1 "$p/counters/$k")"; done',
+        "done",
+        "true",
+    ]), ib=sys_root + "/class/infiniband", counters=" ".join(IB_COUNTERS))
+
+
+def parse_ib_counters(lines: Sequence[str]) -> list[IbPortCounters]:
+    ports: dict[tuple[str, int], dict] = {}
+    for line in lines:
+        words = line.split(None, 3)
+        if not words:
+            continue
+        if len(words) < 3 or not words[1].isdigit():
+            raise fail("expected 'DEV PORT KEY VALUE' in the port counters", line)
+        device, number, key = words[0], int(words[1]), words[2]
+        value = words[3].strip() if len(words) == 4 else ""
+        port = ports.setdefault((device, number), {"counters": {}})
+        if key in ("state", "phys_state"):
+            # "4: ACTIVE" -> "ACTIVE"
+            port[key] = value.split(":", 1)[1].strip() if ":" in value else value
+        elif key in IB_COUNTERS:
+            if not value.isdigit():
+                raise fail(f"counter {key} is not a number", line)
+            port["counters"][key] = int(value)
+        else:
+            raise fail("unexpected port counter", line)
+    return [IbPortCounters(device=d, port=n, state=v.get("state"), phys_state=v.get("phys_state"),
+                           counters=v["counters"]) for (d, n), v in sorted(ports.items())]
+
+
+class IbCounters(FactBase[list[IbPortCounters]]):
+    """
+    The state and error counters of every InfiniBand/RoCE port, under ``sys_root`` (``/sys``;
+    a test points it at a recorded tree):
+
+    .. code:: python
+
+        [IbPortCounters(device="mlx5_0", port=1, state="ACTIVE", phys_state="LinkUp",
+                        counters={"symbol_error": 0, "link_downed": 0, ...})]
+    """
+
+    gpufleet_no_prefetch = True  # read before and after a measurement: never from a cache
+
+    @override
+    @staticmethod
+    def default() -> list[IbPortCounters]:
+        return []
+
+    @override
+    def command(self, sys_root: str = "/sys") -> str:
+        return ib_counters_command(sys_root)
+
+    @override
+    def process(self, output: list[str]) -> list[IbPortCounters]:
+        return parse_ib_counters(output)

@@ -237,12 +237,15 @@ def build_parser(prog: str = "health") -> argparse.ArgumentParser:
     parser.add_argument("--slurm", action="store_true",
                         help="drain a host's Slurm node at class drain or worse, resume it once healthy (only "
                              "nodes gpufleet health drained); the one change this tool makes")
-    deeper = parser.add_mutually_exclusive_group()
-    deeper.add_argument("--diag", type=int, choices=sorted(LEVEL_TIMEOUTS), metavar="LEVEL",
+    parser.add_argument("--diag", type=int, choices=[0, *sorted(LEVEL_TIMEOUTS)], metavar="LEVEL",
                         help="also run DCGM's diagnostic at this level (1 seconds, 2 about 2 min, 3 about 15 min; "
-                             "2 and 3 only on idle GPUs)")
-    deeper.add_argument("--burn-in", dest="diag", action="store_const", const=3,
-                        help="DCGM's long diagnostic (level 3) for a new host before it takes jobs")
+                             "2 and 3 only on idle GPUs; 0: none, with --burn-in)")
+    parser.add_argument("--burn-in", action="store_true",
+                        help="the acceptance a host passes before it takes jobs (docs/acceptance.md): DCGM's long "
+                             "diagnostic (level 3, or --diag), the performance probe, GPU health, an all-reduce with "
+                             "--peer (or the first host) and the InfiniBand/RoCE ports; --local: the diagnostic only")
+    parser.add_argument("--peer", metavar="HOST",
+                        help="--burn-in: a known-good host of the inventory to run the all-reduce with")
     parser.add_argument("--json", action="store_true", help="JSON instead of the table")
     parser.add_argument("--workers", type=int, default=20, help="hosts read at once (default 20)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -256,6 +259,9 @@ def main(argv: list[str] | None = None, prog: str = "health") -> int:
 
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    if args.burn_in and args.diag is None:
+        args.diag = 3
+    args.diag = args.diag or None   # 0: no diagnostic
     if args.local:
         if args.inventory:
             parser.error("--local checks this node: give no inventory")
@@ -275,7 +281,33 @@ def main(argv: list[str] | None = None, prog: str = "health") -> int:
             parser.error(f"the inventory {args.inventory} has no hosts: nothing to check")
     except inventory_source.SourceError as exc:
         parser.error(str(exc))
-    return fleet_main(args)
+    return burn_in_main(args, source) if args.burn_in else fleet_main(args)
+
+
+def burn_in_main(args: argparse.Namespace, source: Any) -> int:
+    """The acceptance of the inventory's hosts (--limit: one host or a group), with the JSON of
+    tools/rollout's acceptance step: {"hosts": [{"host", "status", "findings": [...]}]}."""
+    from gpufleet.apps.acceptance import accept
+
+    names = [h.name for h in source.hosts(source.load())]
+    if args.peer and args.peer in names:
+        names.remove(args.peer)
+    if not names:
+        print("error: no host to accept but the peer", file=sys.stderr)
+        return 2
+    import logging
+
+    logging.getLogger("pyinfra").setLevel(logging.CRITICAL)   # stdout is the JSON's (as fleet_main)
+    say = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    verdicts = accept(source, names, args.peer, say=say, diag_level=args.diag or 0)
+    if args.json:
+        print(json.dumps({"hosts": [v.to_json() for v in verdicts.values()]}, indent=1))
+    else:
+        for name, verdict in verdicts.items():
+            print(f"{name}: {'ACCEPTED' if verdict.passed else 'NOT ACCEPTED'}")
+            for finding in verdict.findings:
+                print(f"  {finding.line()}")
+    return 0 if all(v.passed for v in verdicts.values()) else 1
 
 
 if __name__ == "__main__":

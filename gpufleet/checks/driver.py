@@ -127,6 +127,38 @@ def cuda_cudnn_releases_exact(ctx: Context) -> Result:
 
 
 @check("driver")
+def stack_held(ctx: Context) -> Result:
+    """The driver, CUDA and cuDNN packages held and NVIDIA's version-locking package present, as
+    deploys/driver.py leaves them: an `apt-mark unhold` by hand lets the next `apt upgrade` move
+    the stack past the gate."""
+    from gpufleet.facts.packages import HeldPackages, PackageVersions
+
+    name = "the driver, CUDA and cuDNN are held and nvidia-driver-pinning-* is installed"
+    if not ctx.settings.driver_hold:
+        return Result("driver", name, SKIP, "driver_hold: false")
+    try:
+        res = ctx.resolution()
+    except Incompatible as refused:
+        return Result("driver", name, SKIP, f"nothing resolves for this host: {refused.reason}")
+    wanted = sorted({*res.package_versions, *res.stack_versions})
+    pinning = [res.pinning_package] if res.pinning_package else []
+    versions = ctx.fact(PackageVersions, packages=[*wanted, *pinning])
+    installed = [p for p in wanted if versions.get(p)]
+    if not installed:
+        return Result("driver", name, SKIP, "no driver package installed")
+    held = set(ctx.fact(HeldPackages))
+    loose = [p for p in installed if p not in held]
+    missing_pin = [p for p in pinning if not versions.get(p)]
+    if loose or missing_pin:
+        found = [f"not held: {', '.join(loose)}"] if loose else []
+        found += [f"{missing_pin[0]} not installed (NVIDIA's version lock)"] if missing_pin else []
+        fix = (f"apt-mark hold {' '.join(loose)}" if loose else "") + (" and " if loose and missing_pin else "")
+        fix += f"apt-get install {missing_pin[0]}" if missing_pin else ""
+        return Result("driver", name, FAIL, "; ".join(found), f"{fix} (or {FIX_DEPLOY}, which holds them)")
+    return Result("driver", name, PASS, f"{len(installed)} held" + (f", {pinning[0]}" if pinning else ""))
+
+
+@check("driver")
 def kernels_have_the_module(ctx: Context) -> Result:
     """A kernel installed after the driver (unattended upgrades) boots without GPUs unless DKMS
     built the module for it, which needs that kernel's headers (linux-headers-<flavour>), or,

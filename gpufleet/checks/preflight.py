@@ -121,3 +121,18 @@ def enough_nvme(ctx: Context) -> Result:
                             "add drives, move the host to a tier that fits it, or set validate_min_nvme_tb for it")
 
 
+@check("preflight")
+def os_as_planned(ctx: Context) -> Result:
+    """The OS the host runs is the one the tier was planned for (validate_os_release): read at
+    planning to resolve the stack, and checked here, where a re-imaged host shows."""
+    from gpufleet.config.hostfacts import os_name
+
+    name = "the OS is the tier's validate_os_release"
+    found, wanted = os_name(ctx.host), ctx.settings.validate_os_release
+    if found == wanted:
+        return Result("preflight", name, PASS, found)
+    status = FAIL if ctx.settings.tier_mismatch == "fail" else WARN
+    return Result("preflight", name, status, f"found {found}, the tier is planned for {wanted} "
+                                             f"(tier_mismatch: {ctx.settings.tier_mismatch})",
+                  f"set validate_os_release: {found} for this host and re-run (the stack resolves for it), "
+                  "or re-image it")

@@ -49,6 +49,7 @@ from gpufleet.checks.preflight import (
     enough_ram as enough_ram,
     fast_enough_nic as fast_enough_nic,
     enough_nvme as enough_nvme,
+    os_as_planned as os_as_planned,
 )
 from gpufleet.checks.storage import (
     scratch_in_place as scratch_in_place,
@@ -60,6 +61,7 @@ from gpufleet.checks.driver import (
     FIX_STACK_DRIFT as FIX_STACK_DRIFT,
     FIX_COMPONENT_DRIFT as FIX_COMPONENT_DRIFT,
     cuda_cudnn_releases_exact as cuda_cudnn_releases_exact,
+    stack_held as stack_held,
     kernels_have_the_module as kernels_have_the_module,
     fabric_manager_active as fabric_manager_active,
 )

@@ -130,6 +130,11 @@ class Settings:
     rollout_require_idle: bool
     rollout_canary_diag_level: int
     rollout_lock_wait: int
+    acceptance_rollout: bool
+    acceptance_diag_level: int
+    acceptance_port: int
+    acceptance_allreduce_mib: int
+    acceptance_timeout: int
     rollout_snapshot: str
     rollout_snapshot_target: str
     rollout_snapshot_size: str

@@ -33,10 +33,10 @@ from typing import Any
 from gpufleet.controller import controller_files
 from gpufleet.printable import printable
 
-STEPS = ("drain", "snapshot", "upgrade", "reboot", "mig", "tune", "validate", "undrain")
+STEPS = ("drain", "snapshot", "upgrade", "reboot", "mig", "tune", "validate", "accept", "undrain")
 #: after these steps started, packages (or MIG partitions) may have changed: a failed host stays
 #: out of service
-CHANGING_STEPS = ("upgrade", "reboot", "mig", "tune", "validate")
+CHANGING_STEPS = ("upgrade", "reboot", "mig", "tune", "validate", "accept")
 FORMAT = 1
 
 

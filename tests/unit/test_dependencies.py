@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 #: Modules that run on a host, not on the controller: what they import is the host's.
-ON_THE_HOST = {"gpufleet/perf_probe.py"}
+ON_THE_HOST = {"gpufleet/perf_probe.py", "gpufleet/allreduce_probe.py"}
 
 
 def distribution(requirement: str) -> str:

@@ -37,7 +37,7 @@ def test_the_document_after_a_run_parses_and_says_what_is_left(tmp_path):
                     out=io.StringIO(), stdin=io.StringIO())
     runner.state = RolloutState(tmp_path / "s.json", "580.126.09", "fleet.py", {
         "h1": HostRecord("h1", status="done", batch=0, target="580.126.09", message="undrain ok",
-                         steps=_steps("drain", "snapshot", "upgrade", "reboot", "tune", "validate", "undrain")),
+                         steps=_steps("drain", "snapshot", "upgrade", "reboot", "tune", "validate", "accept", "undrain")),
         "h2": HostRecord("h2", status="failed", batch=1, target="580.126.09", message="upgrade failed: apt",
                          steps={**_steps("drain", "snapshot"), **_steps("upgrade", ok=False)}),
         "h3": HostRecord("h3", status="pending", batch=1, target="580.126.09")})
@@ -53,7 +53,7 @@ def test_the_document_after_a_run_parses_and_says_what_is_left(tmp_path):
     assert doc["hosts"]["h1"]["status"] == "done" and doc["hosts"]["h1"]["from"] == {"installed": "580.95.05",
                                                                                       "loaded": "580.95.05"}
     assert list(doc["hosts"]["h1"]["steps"]) == ["drain", "snapshot", "upgrade", "reboot", "tune", "validate",
-                                                 "undrain"]
+                                                 "accept", "undrain"]
     assert doc["hosts"]["h2"]["steps"]["upgrade"] == {"ok": False, "seconds": 12.5, "message": "upgrade ok"}
     assert doc["left"] == ["h2", "h3", "h5"] and doc["stopped"].startswith("batch 1")
     assert doc["not_in_rollout"] == {"h4": "at 580.126.09 already: nothing to do"}

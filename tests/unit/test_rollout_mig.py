@@ -47,6 +47,11 @@ def runner(tmp_path, survey, answers=None):
         return result
 
     r.run_per_target = run_per_target
+
+    def accept(batch, names):   # the acceptance step (its own unit and e2e tests): a step like the others here
+        return run_per_target(names, accept)
+
+    r.accept = accept
     r.locks = type("Locks", (), {"retake": staticmethod(lambda names: {})})()
     return r
 
@@ -60,7 +65,7 @@ def test_a_wave_runs_the_mig_step_only_for_hosts_with_a_layout(tmp_path):
     r.run_wave(plan.Batch(0, ("mig", "plain")), ["mig", "plain"])
     steps = [(step, names) for step, names in r.calls]
     assert ("mig", ("mig",)) in steps and not any(step == "mig" and "plain" in names for step, names in steps)
-    assert [s for s, _ in steps] == ["drain", "snapshot", "upgrade", "reboot", "mig", "tune", "validate", "undrain"]
+    assert [s for s, _ in steps] == ["drain", "snapshot", "upgrade", "reboot", "mig", "tune", "validate", "accept", "undrain"]
     assert r.state.host("mig").status == r.state.host("plain").status == "done"
 
 

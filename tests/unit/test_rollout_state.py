@@ -53,7 +53,7 @@ def test_resume_never_redoes_a_finished_host_nor_a_taken_snapshot(tmp_path):
     st.finish("h", "validate", False, "loaded module is old")
     assert st.host("h").status == "failed"
     # drain again (re-checks GPU processes), no second snapshot, then every later step
-    assert st.host("h").steps_to_run() == ["drain", "upgrade", "reboot", "mig", "tune", "validate", "undrain"]
+    assert st.host("h").steps_to_run() == ["drain", "upgrade", "reboot", "mig", "tune", "validate", "accept", "undrain"]
     st.finish("fresh", "drain", False, "busy", status="busy")
     assert st.host("fresh").steps_to_run()[:2] == ["drain", "snapshot"]
 

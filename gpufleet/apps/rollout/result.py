@@ -35,6 +35,8 @@ def result_doc(runner: Runner, code: int) -> dict[str, Any]:
                 # measurements: each step's outcome and seconds, in the order the steps run
                 "steps": {s: {k: rec.steps[s].get(k) for k in ("ok", "seconds", "message")}
                           for s in STEPS if rec and s in rec.steps},
+                # the acceptance step's findings (gpufleet/plans/acceptance.py), when it ran this run
+                "acceptance": getattr(runner, "acceptance", {}).get(name),
             }
     left = [n for n, h in hosts.items() if h["status"] not in SETTLED]
     return {

@@ -165,6 +165,7 @@ class Runner:
         self.stopped: str | None = None
         self.waved: set[str] = set()        # hosts a wave of this run started
         self.waves_started: float | None = None
+        self.acceptance: dict[str, Any] = {}   # host -> its acceptance verdict (--json)
         self.ctx = RolloutContext(target=opts.target or "", manifests_dir=Path(opts.manifests_dir),
                                   wait_idle=opts.wait_idle, force=opts.force,
                                   stop_containers=opts.stop_containers, reboot_timeout=opts.reboot_timeout,
@@ -193,36 +194,85 @@ class Runner:
                 lock.release()
 
     def _run(self) -> int:
-        from .session import inventory_hosts, run_step
+        hosts = self._checked_hosts()
+        if hosts is None:
+            return EXIT_USAGE
+        code = self._open_state()
+        if code is not None:
+            return code
+        if not self._survey(hosts):
+            return EXIT_USAGE
+        taking_part = self._take_part(hosts)
+        if taking_part is None:
+            return EXIT_USAGE
+        eligible, notes = taking_part
+        planned = self._batches(eligible)
+        if planned is None:
+            return EXIT_USAGE
+        batches, size, max_unavailable, max_fail = planned
+        opts, state = self.opts, self.state
+        self.batches, self.notes = batches, notes   # for --json (result.py)
+        self.print_plan(batches, notes, size, max_unavailable, max_fail)
+        wanted = [n for b in batches for n in b.hosts if state.host(n).status != "done" and n not in opts.skip]
+        if self.dry:
+            if self.unattended and wanted:
+                self.say(prog.unattended_line(opts.command.split(" ", 1)[0], f"drain and upgrade {len(wanted)} host(s)"))
+                return self.print_unreachable(EXIT_STOPPED)
+            return self.print_unreachable(EXIT_DONE)
+
+        code = self._confirm_and_lock(wanted, batches, size, max_unavailable, max_fail)
+        if code is not None:
+            return code
+        stopped = self._run_batches(batches, eligible, max_unavailable, max_fail)
+        self.stopped = stopped
+        if stopped:
+            self.say(f"STOPPED: {stopped}")
+        code = self.print_summary(eligible, notes, stopped)
+        state.runs[-1].update(finished=time.time(), exit=code, stopped=stopped,
+                              wall_seconds=round(time.monotonic() - self.t0, 1))
+        state.save()
+        return code
+
+    # --- the phases of a run, in order -----------------------------------------------------
+
+    def _checked_hosts(self) -> list[str] | None:
+        """The inventory's hosts, once the options and their settings are sound (None: an
+        error was said)."""
+        from .session import inventory_hosts
 
         opts = self.opts
         if opts.target is not None:
             if not re.fullmatch(r"\d+\.\d+(\.\d+)?", opts.target):
                 self.say(f"error: --driver-version {opts.target!r} is not a driver version such as 580.126.09")
-                return EXIT_USAGE
+                return None
             branch = opts.target.split(".")[0]
             known = compat_data().driver_branches.get(branch)
             if known is None:
                 self.say(f"error: driver branch R{branch} is not in the compatibility data")
-                return EXIT_USAGE
+                return None
         try:
             hosts = inventory_hosts(opts.inventory)
         except SourceError as exc:
             self.say(f"error: {exc}")
-            return EXIT_USAGE
+            return None
         if not hosts:
             # an inventory that loads but names no host is a mistake, not a finished rollout
             self.say(f"error: the inventory {opts.inventory} has no hosts: nothing to roll out")
-            return EXIT_USAGE
+            return None
         unknown = sorted(set(opts.skip) - set(hosts))
         if unknown:
             self.say(f"error: --skip names hosts not in the inventory{' (--limit)' if getattr(opts.inventory, 'limit', None) else ''}: {', '.join(unknown)}")
-            return EXIT_USAGE
+            return None
         refusal = check_settings(opts.inventory, hosts)   # the hosts this run touches, and only those
         if refusal:
             for line in refusal:
                 self.say(f"error: {line}")
-            return EXIT_USAGE
+            return None
+        return hosts
+
+    def _open_state(self) -> int | None:
+        """Lock and load the state file (an exit code when that failed)."""
+        opts = self.opts
         state_path = opts.state_path or default_state_path(opts.inventory)
         if not self.dry:
             # one tools/rollout per state file: the lock lives as long as this process
@@ -237,8 +287,13 @@ class Runner:
         except Exception as exc:
             self.say(f"error: {exc}")
             return EXIT_USAGE
-        state = self.state
+        return None
 
+    def _survey(self, hosts: list[str]) -> bool:
+        """Survey every host and resolve its target; False when one cannot take it (said)."""
+        from .session import run_step
+
+        opts = self.opts
         self.say(f"surveying {len(hosts)} host(s) of {opts.inventory}")
         survey = run_step(inventory_arg(opts.inventory), hosts, survey_and_resolve, self.ctx, opts.target, reasons=self.ctx.reasons)
         info = self.ctx.survey
@@ -257,8 +312,14 @@ class Runner:
             self.say(f"REFUSED: {len(refused)} host(s) cannot take "
                      + (f"driver {opts.target}" if opts.target else "what the inventory resolves")
                      + ": nothing changed")
-            return EXIT_USAGE
+            return False
 
+        return True
+
+    def _take_part(self, hosts: list[str]) -> tuple[list[str], dict[str, str]] | None:
+        """(the hosts this rollout changes, why each other host is left out); None on a clash
+        with the state file (said)."""
+        opts, state, info, unreachable = self.opts, self.state, self.ctx.survey, self.unreachable
         # who takes part
         eligible: list[str] = []
         notes: dict[str, str] = {}
@@ -273,7 +334,7 @@ class Runner:
             clash = state.retarget(name, target, info[name]["stack"])
             if clash:
                 self.say(f"error: {clash}")
-                return EXIT_USAGE
+                return None
             rec = state.host(name)
             moved = (info[name]["installed"], info[name]["loaded"]) != (target, target) or info[name]["stack_moves"]
             if rec.status == "done" and moved:
@@ -305,6 +366,12 @@ class Runner:
             rec = state.host(name)
             if rec.status == "skipped" and name not in opts.skip:
                 rec.status = "pending" if not rec.steps else "failed"
+        return eligible, notes
+
+    def _batches(self, eligible: list[str]) -> tuple[list[plan.Batch], int, int, int] | None:
+        """(batches, batch size, max_unavailable, max_fail): kept from the first run of this
+        rollout, so a re-run resumes the same plan; None on a bad limit (said)."""
+        opts, state, info = self.opts, self.state, self.ctx.survey
         # batches: kept from the first run of this rollout, so a re-run resumes the same plan
         try:
             size = plan.batch_size_for(len(eligible), opts.batch_size, opts.batch_percent,
@@ -312,7 +379,7 @@ class Runner:
             max_fail = plan.parse_max_fail(opts.max_fail, len(eligible))
         except plan.PlanError as exc:
             self.say(f"error: {exc}")
-            return EXIT_USAGE
+            return None
         max_unavailable = opts.max_unavailable or max(size, opts.canary, 1)
         assigned: dict[str, int] = {}
         for n in eligible:
@@ -335,15 +402,12 @@ class Runner:
             for n in b.hosts:
                 state.host(n).batch = b.index
                 state.host(n).from_version = state.host(n).from_version or info[n]["installed"]
-        self.batches, self.notes = batches, notes   # for --json (result.py)
-        self.print_plan(batches, notes, size, max_unavailable, max_fail)
-        wanted = [n for b in batches for n in b.hosts if state.host(n).status != "done" and n not in opts.skip]
-        if self.dry:
-            if self.unattended and wanted:
-                self.say(prog.unattended_line(opts.command.split(" ", 1)[0], f"drain and upgrade {len(wanted)} host(s)"))
-                return self.print_unreachable(EXIT_STOPPED)
-            return self.print_unreachable(EXIT_DONE)
+        return batches, size, max_unavailable, max_fail
 
+    def _confirm_and_lock(self, wanted: list[str], batches: list[plan.Batch], size: int, max_unavailable: int,
+                          max_fail: int) -> int | None:
+        """Ask (unless -y), record the run, lock the hosts; an exit code when the run stops here."""
+        opts, state = self.opts, self.state
         # asked after the plan, before anything changes (the state file included)
         question = (f"Drain and upgrade {len(wanted)} host(s) as planned above"
                     + (f" ({len(self.unreachable)} unreachable host(s) left out)" if self.unreachable else "")
@@ -373,6 +437,12 @@ class Runner:
             state.save()
             return self.print_unreachable(EXIT_STOPPED)
 
+        return None
+
+    def _run_batches(self, batches: list[plan.Batch], eligible: list[str], max_unavailable: int,
+                     max_fail: int) -> str | None:
+        """Batch after batch, wave after wave, until done or a limit stops the rollout (why)."""
+        opts, state, info = self.opts, self.state, self.ctx.survey
         stopped: str | None = None
         for batch in batches:
             if stopped:
@@ -408,14 +478,8 @@ class Runner:
                 self.say(self.progress(eligible))   # after each wave: the operator sees how far and how long
                 failed_here = [n for n in batch.hosts if state.host(n).status == "failed"]
                 stopped = plan.stop_reason(batch, failed_here, len(state.failed()), max_fail)
-        self.stopped = stopped
-        if stopped:
-            self.say(f"STOPPED: {stopped}")
-        code = self.print_summary(eligible, notes, stopped)
-        state.runs[-1].update(finished=time.time(), exit=code, stopped=stopped,
-                              wall_seconds=round(time.monotonic() - self.t0, 1))
-        state.save()
-        return code
+        return stopped
+
 
     # --- one wave ----------------------------------------------------------------------------
 
@@ -454,6 +518,40 @@ class Runner:
             self.say(self.heartbeat(wave_started))
 
     def _run_wave(self, batch: plan.Batch, wave: list[str], steps: Any) -> None:
+        state = self.state
+        todo = self._steps_to_run(batch, wave)
+        active = list(todo)
+        funcs: dict[str, Callable[..., Any]] = {
+            "drain": steps.drain, "snapshot": steps.snapshot, "upgrade": steps.upgrade, "reboot": steps.reboot,
+            "mig": mig_change, "tune": tune_and_cdi, "validate": steps.validate, "undrain": steps.undrain}
+        give_back: list[str] = []
+        for step in STEPS:
+            names = [n for n in active if step in todo[n]]
+            if not names:
+                continue
+            for n in names:
+                state.start(n, step)
+            t = time.monotonic()
+            result = self.accept(batch, names) if step == "accept" else self.run_per_target(names, funcs[step])
+            took = time.monotonic() - t
+            if step == "reboot":
+                # the locks' holders died with the boot: this rollout locks the hosts again
+                for n, why in self.locks.retake([n for n in result.ok if result.changed.get(n)]).items():
+                    self.say(f"[{batch.name}] {n}: warning: could not lock it again after its reboot: {why}")
+            for n in result.ok:
+                self._step_ok(batch, n, step, took)
+            for n, why in result.failed.items():
+                if self._step_failed(batch, n, step, why, took):
+                    give_back.append(n)
+                active.remove(n)
+        if give_back:
+            # nothing changed on these: give them back to the scheduler
+            result = self.run_per_target(give_back, steps.undrain)
+            for n in result.ok:
+                self.say(f"[{batch.name}] {n}: nothing changed, back in service")
+
+    def _steps_to_run(self, batch: plan.Batch, wave: list[str]) -> dict[str, list[str]]:
+        """{host: its steps left} of the wave's hosts whose manifest (if any) is this rollout's."""
         state, ctx = self.state, self.ctx
         refused = []
         for name in wave:
@@ -475,71 +573,87 @@ class Runner:
                 # no MIG layout to make or keep: the step has nothing to do (validate still reads
                 # the layout); skipped, not run as a pyinfra run of its own
                 todo[name] = [s for s in todo[name] if s != "mig"]
-        active = list(wave)
-        funcs: dict[str, Callable[..., Any]] = {
-            "drain": steps.drain, "snapshot": steps.snapshot, "upgrade": steps.upgrade, "reboot": steps.reboot,
-            "mig": mig_change, "tune": tune_and_cdi, "validate": steps.validate, "undrain": steps.undrain}
-        give_back: list[str] = []
-        for step in STEPS:
-            names = [n for n in active if step in todo[n]]
-            if not names:
-                continue
-            for n in names:
-                state.start(n, step)
-            t = time.monotonic()
-            result = self.run_per_target(names, funcs[step])
-            took = time.monotonic() - t
-            if step == "reboot":
-                # the locks' holders died with the boot: this rollout locks the hosts again
-                for n, why in self.locks.retake([n for n in result.ok if result.changed.get(n)]).items():
-                    self.say(f"[{batch.name}] {n}: warning: could not lock it again after its reboot: {why}")
-            for n in result.ok:
-                msg = ""
-                if step == "validate":
-                    msg = "; ".join(ctx.notes.pop(n, []))
-                if step == "snapshot":
-                    state.host(n).manifest = ctx.manifest_paths.get(n)
-                    msg = f"manifest {ctx.manifest_paths.get(n)}"
-                    disk = (ctx.manifests.get(n) or {}).get("disk_snapshot")
-                    if disk:
-                        msg += f", {disk.get('provider')} snapshot {disk.get('name')}"
-                status = "done" if step == "undrain" else None
-                state.finish(n, step, True, msg or f"{step} ok", status=status)
-                self.say(f"[{batch.name}] {n}: {step} ok ({took:.1f}s){' ' + msg if msg else ''}")
-            for n, why in result.failed.items():
-                outcome = ctx.outcomes.pop(n, None)
-                ctx.reasons.pop(n, None)
-                if BUSY_MARK in why and step in ("upgrade", "reboot"):
-                    # GPU work found in the very command that would swap the packages or reboot (a
-                    # job started after the drain): nothing was done; tried again on the next run
-                    done = "packages not changed" if step == "upgrade" else "upgraded, not rebooted"
-                    state.finish(n, step, False, f"busy, pending ({done}): GPU work started after planning: "
-                                                 f"{why}. Re-run once it has ended", status="busy")
-                    if step == "upgrade":
-                        give_back.append(n)   # nothing changed: back in service
-                elif outcome == "busy" and step == "mig":
-                    # GPU work on a GPU the change touches, on a drained host: the driver steps
-                    # before it are done; the MIG change waits for the next run, the host goes back
-                    state.finish(n, step, False, why, status="busy")
-                    give_back.append(n)
-                elif outcome == "busy" or (step == "drain" and ("Wait for running GPU processes" in why
-                                                               or "Wait for the Slurm jobs" in why)):
-                    state.finish(n, step, False, why, status="busy")
-                    give_back.append(n)
-                elif outcome == "reboot-pending":
-                    state.finish(n, step, False, why, status="reboot-pending")
-                else:
-                    state.finish(n, step, False, f"{step} failed: {why}")
-                    if step not in CHANGING_STEPS:
-                        give_back.append(n)
-                self.say(f"[{batch.name}] {n}: {step} {'FAILED' if state.host(n).status == 'failed' else state.host(n).status.upper()} "
-                         f"({took:.1f}s): {why}")
-                active.remove(n)
-        if give_back:
-            # nothing changed on these: give them back to the scheduler
-            result = self.run_per_target(give_back, steps.undrain)
-            for n in result.ok:
-                self.say(f"[{batch.name}] {n}: nothing changed, back in service")
+        return todo
+
+    def _step_ok(self, batch: plan.Batch, n: str, step: str, took: float) -> None:
+        state, ctx = self.state, self.ctx
+        msg = ""
+        if step in ("validate", "accept"):
+            msg = "; ".join(ctx.notes.pop(n, []))
+        if step == "snapshot":
+            state.host(n).manifest = ctx.manifest_paths.get(n)
+            msg = f"manifest {ctx.manifest_paths.get(n)}"
+            disk = (ctx.manifests.get(n) or {}).get("disk_snapshot")
+            if disk:
+                msg += f", {disk.get('provider')} snapshot {disk.get('name')}"
+        status = "done" if step == "undrain" else None
+        state.finish(n, step, True, msg or f"{step} ok", status=status)
+        self.say(f"[{batch.name}] {n}: {step} ok ({took:.1f}s){' ' + msg if msg else ''}")
+
+    def _step_failed(self, batch: plan.Batch, n: str, step: str, why: str, took: float) -> bool:
+        """Record a host's failed step as what it means (busy, reboot-pending, failed); True when
+        nothing changed on it, so it goes back in service."""
+        state, ctx = self.state, self.ctx
+        outcome = ctx.outcomes.pop(n, None)
+        ctx.reasons.pop(n, None)
+        give_back = False
+        if BUSY_MARK in why and step in ("upgrade", "reboot"):
+            # GPU work found in the very command that would swap the packages or reboot (a
+            # job started after the drain): nothing was done; tried again on the next run
+            done = "packages not changed" if step == "upgrade" else "upgraded, not rebooted"
+            state.finish(n, step, False, f"busy, pending ({done}): GPU work started after planning: "
+                                         f"{why}. Re-run once it has ended", status="busy")
+            give_back = step == "upgrade"   # nothing changed: back in service
+        elif outcome == "busy" and step == "mig":
+            # GPU work on a GPU the change touches, on a drained host: the driver steps
+            # before it are done; the MIG change waits for the next run, the host goes back
+            state.finish(n, step, False, why, status="busy")
+            give_back = True
+        elif outcome == "busy" or (step == "drain" and ("Wait for running GPU processes" in why
+                                                       or "Wait for the Slurm jobs" in why)):
+            state.finish(n, step, False, why, status="busy")
+            give_back = True
+        elif outcome == "reboot-pending":
+            state.finish(n, step, False, why, status="reboot-pending")
+        else:
+            # a failed acceptance is a CHANGING_STEP: the host stays drained, named with its fix
+            state.finish(n, step, False, f"{step} failed: {why}")
+            give_back = step not in CHANGING_STEPS
+        self.say(f"[{batch.name}] {n}: {step} {'FAILED' if state.host(n).status == 'failed' else state.host(n).status.upper()} "
+                 f"({took:.1f}s): {why}")
+        return give_back
+
+    def known_good_peer(self, wave: Sequence[str]) -> str | None:
+        """A host already in service at its target: done in this rollout, or left out as at
+        its target already; None when there is none yet (the canary)."""
+        done = [n for n in self.state.hosts if n not in wave and self.state.host(n).status == "done"]
+        at_target = [n for n, why in self.notes.items() if why.startswith("at ") and n not in wave]
+        return (done + at_target + [None])[0]
+
+    def accept(self, batch: plan.Batch, names: list[str]) -> StepResult:
+        """The acceptance step (gpufleet/apps/acceptance.py): every host of the wave with a
+        known-good peer; a host that fails stays drained, named with the measurement and fix."""
+        from gpufleet.apps.acceptance import accept
+
+        from .session import StepResult
+
+        peer = self.known_good_peer(names)
+        self.say(f"[{batch.name}] acceptance of {', '.join(names)} with "
+                 + (f"known-good peer {peer}" if peer else "no known-good peer yet (the first host is the reference)"))
+        result = StepResult()
+        verdicts = accept(self.opts.inventory, names, peer, say=lambda line: self.say(f"[{batch.name}] {line}"),
+                          rollout=True)
+        self.acceptance.update({n: v.to_json() for n, v in verdicts.items()})
+        for name, verdict in verdicts.items():
+            for finding in verdict.findings:
+                if finding.status != "pass":
+                    self.say(f"[{batch.name}] {name}: {finding.line()}")
+            if verdict.passed:
+                result.ok.append(name)
+                self.ctx.notes.setdefault(name, []).append(verdict.summary())
+            else:
+                result.failed[name] = f"acceptance: {verdict.summary()}"
+        return result
 
     def progress(self, names: list[str], in_flight: Sequence[str] = ()) -> str:
         """Hosts done / in flight / failed of this rollout, and the time left at this run's pace
