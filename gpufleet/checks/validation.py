@@ -38,7 +38,7 @@ from gpufleet.facts.system import UnitActive
 
 from gpufleet.plans import dockerconf
 
-from gpufleet.checks import perf
+from gpufleet.plans import perf
 from gpufleet.catalog.cuda_stack import STACK_FAMILIES, component_drift, pending_message, stack_drift_message, stack_fact_packages, stack_pending_message, stack_renames, stack_states
 from gpufleet.errors import Incompatible
 from gpufleet.plans.health import GpuVerdict, all_findings, assess, diag_findings, health_rules, rank
