@@ -137,13 +137,12 @@ def _dkms_configure(lines: list[tuple[float, str]]) -> float:
 
 
 def installed_by(host: testhosts.Host, fresh: testhosts.Host) -> list[str]:
-    """pkg=version of what the converge marked manually installed on `host` that `fresh` has not."""
-    cmd = "apt-mark showmanual | sort"
+    """pkg=version of every package the converge installed on `host` (dependencies included) that
+    the identical fresh host has not: the same set, installed without recommends as all.py does."""
+    cmd = "dpkg-query -W -f '${db:Status-Abbrev} ${Package}=${Version}\\n' | awk '$1 == \"ii\" {print $2}' | sort"
     a = set(ssh(host, cmd)[1].stdout.split())
     b = set(ssh(fresh, cmd)[1].stdout.split())
-    names = sorted(a - b)
-    q = ssh(host, "dpkg-query -W -f '${Package}=${Version}\\n' " + " ".join(shlex.quote(n) for n in names))[1]
-    return q.stdout.split()
+    return sorted(a - b)
 
 
 def copy_apt_sources(src: testhosts.Host, dst: testhosts.Host) -> None:
@@ -189,8 +188,8 @@ def first_converge(a: testhosts.Host, b: testhosts.Host, inv: Path, work: Path) 
     pk = " ".join(shlex.quote(p) for p in packages)
     plain = {}
     for step, cmd in (("apt-get update", env + "apt-get update -q"),
-                      ("download (--download-only)", env + "apt-get install -y -q --download-only " + pk),
-                      ("unpack/configure (install)", env + "apt-get install -y -q " + pk)):
+                      ("download (--download-only)", env + "apt-get install -y -q --no-install-recommends --download-only " + pk),
+                      ("unpack/configure (install)", env + "apt-get install -y -q --no-install-recommends " + pk)):
         before = load()
         secs, res = ssh(b, cmd)
         plain[step] = secs

@@ -51,6 +51,7 @@ from gpufleet.config.settings import Settings, host_settings
 from gpufleet.operations import docker as docker_ops
 from gpufleet.operations.daemon_reload import dev_char_links
 from gpufleet.operations.holds import held
+from gpufleet.operations.apt_index import lists_refreshed
 
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
 
@@ -128,8 +129,9 @@ def _sources(settings: Settings) -> None:
                 src=StringIO(docker_sources_line(settings.docker_repo_url, os_id, rel.version_codename or "", arch)),
                 dest=DOCKER_LIST, mode="644"),
         ]
-    apt.update(
+    lists_refreshed(
         name="Read the new package sources",
+        paths=[TOOLKIT_LIST, *([DOCKER_LIST] if settings.docker_source == "docker" else [])],
         _if=lambda: any(op.did_change() for op in source_ops),
     )
 

@@ -63,6 +63,7 @@ from gpufleet.operations.driver import archive_components, refresh_initramfs, re
 from gpufleet.operations.package_steps import packages_at_releases
 from gpufleet.operations.driver_upgrade import package_change_settled
 from gpufleet.operations.holds import held
+from gpufleet.operations.apt_index import lists_refreshed
 from gpufleet.operations.reboot import rebooted
 from gpufleet.plans.profiling import KEY, MODPROBE_FILE, ProfilingRefusal, host_profiling, plan_profiling
 
@@ -296,7 +297,8 @@ def _sources(settings: Settings, res: Any, index_ops: list[Any]) -> bool:
                          + cuda_sources_line(settings.driver_repo_url, os_dir, repo["keyring_path"], _machine())),
             dest=CUDA_SOURCE, mode="644",
         )
-        apt.update(name="Read the package index of the changed sources", _if=any_changed(key, source))
+        lists_refreshed(name="Read the package index of the changed sources", paths=[CUDA_SOURCE],
+                        _if=any_changed(key, source))
         index_ops += [key, source]
     else:
         offer = data.distro_offers[res.os_release]
