@@ -30,5 +30,7 @@ def lists_refreshed(paths: list[str]) -> Generator[StringCommand, None, None]:
     """
     yield StringCommand(
         "for f in", *(QuoteString(p) for p in paths), "; do",
+        # apt reads a missing list as an empty one and says nothing: the source was just written
+        '[ -f "$f" ] || { echo "no source list $f" >&2; exit 1; };',
         'apt-get update -q -o Dir::Etc::SourceList="$f" -o Dir::Etc::SourceParts=/nonexistent'
         " -o APT::Get::List-Cleanup=0 || exit $?; done")
