@@ -240,6 +240,14 @@ def latency(a: testhosts.Host, data: dict, work: Path, delays: list[float], roun
             link.set_rtt(delay)
             walls: dict[str, list[float]] = {k: [] for k in sides}
             print(f"== no-op at {delay:g} ms round trip (load {load()})", flush=True)
+            probe = []
+            for _ in range(3):  # what the link costs one SSH login and one command: the delay is real
+                t0 = time.monotonic()
+                subprocess.run(["ssh", "-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o",
+                                "UserKnownHostsFile=/dev/null", "-i", a.ssh_key, "-p", str(link.port),
+                                f"root@{listen}", "true"], check=False, timeout=60)
+                probe.append(time.monotonic() - t0)
+            print(f"  ssh login + `true` through the link: median {statistics.median(probe) * 1000:.0f} ms of 3")
             for i in range(rounds):
                 for side, fn in sides.items():
                     r = fn()
