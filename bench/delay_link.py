@@ -88,6 +88,9 @@ class DelayLink:
         async def close() -> None:
             if self._server:
                 self._server.close()
+            for task in asyncio.all_tasks():  # connections still open (a pump waiting for bytes)
+                if task is not asyncio.current_task():
+                    task.cancel()
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
