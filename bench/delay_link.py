@@ -69,8 +69,11 @@ class DelayLink:
         except OSError:
             writer.close()
             return
-        await asyncio.gather(self._pump(reader, up_writer, rtt / 2), self._pump(up_reader, writer, rtt / 2),
-                             return_exceptions=True)
+        try:
+            await asyncio.gather(self._pump(reader, up_writer, rtt / 2), self._pump(up_reader, writer, rtt / 2),
+                                 return_exceptions=True)
+        except asyncio.CancelledError:
+            pass  # the link closing with this connection open: asyncio's stream callback chokes on a re-raise
         for w in (writer, up_writer):
             w.close()
 
