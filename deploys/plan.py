@@ -24,9 +24,12 @@ from pyinfra.facts.server import Arch
 
 from gpufleet.controller import askpass
 from gpufleet.plans.cluster import missing_peers, training_networks
+from gpufleet.plans.driver import DriverRefusal, plan_driver, read_driver_facts
+from gpufleet.plans.driver_preconditions import mok_certificate
 from gpufleet.catalog.compat import compat_data
 from gpufleet.errors import Incompatible
 from gpufleet.config.hostfacts import driver_state, hardware, kernel_plan, os_name, os_release, resolution, tier_mismatches
+from gpufleet.plans.package_cache import summary as package_summary
 from gpufleet.plans.repos import TOOLKIT_PACKAGES, dpkg_arch, repository_lines
 from gpufleet.catalog.pytorch import mixed_gpus
 from gpufleet.rollout.snapshot import command_name
@@ -109,8 +112,8 @@ try:
             lines.append(f"clocks: {host_clock_line() or value}")
         else:
             lines.append(f"{key}: {value}")
-    from gpufleet.plans.driver_preconditions import mok_certificate, preconditions  # the driver deploy's own first refusal
-
+    # the driver deploy's own plan (gpufleet/plans/driver.py): its refusal, or what it changes
+    driver_plan = plan_driver(settings, read_driver_facts(host, settings))
     state_before, kernel = driver_state(host), kernel_plan(host, res)
     if state_before.secure_boot == "enabled":
         key = settings.driver_module_signing_key
@@ -120,8 +123,10 @@ try:
     if not kernel.prebuilt and settings.driver_kernel_headers == "require":
         headers = [f"linux-headers-{kernel.release}", *([kernel.headers_metapackage] if kernel.headers_metapackage else [])]
         lines.append(f"kernel_headers: {' '.join(headers)} (DKMS builds the module for this kernel and the ones that follow)")
-    if refusal := preconditions(settings, res, state_before, host, prebuilt=kernel.prebuilt):
-        lines.append(f"REFUSED (driver): {refusal[1]}. Fix: {refusal[2]} (key {refusal[0]})")
+    if isinstance(driver_plan, DriverRefusal):
+        lines.append(f"REFUSED ({driver_plan.area}): {driver_plan.line()}")
+    else:
+        lines += driver_plan.summary()
 except Incompatible as refused:
     lines.append(f"REFUSED: {refused.reason}" + (f" (key {refused.key})" if refused.key else ""))
 lines += MIG_LINES
@@ -158,6 +163,7 @@ def pytorch_runtime_line() -> str:
 
 lines.append("pytorch_runtime: " + pytorch_runtime_line())
 lines += storage_lines()
+lines.append("packages: " + package_summary(settings))
 release = os_release(host)
 for what, line in repository_lines(settings, res, release.id, release.version_codename,
                                    dpkg_arch(host.get_fact(Arch) or "x86_64"), compat_data()):

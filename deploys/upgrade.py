@@ -8,7 +8,8 @@ one left (after a reboot, after a wait):
     upgrade   unhold -> install the target driver's exact versions, and the CUDA toolkit /
               cuDNN packages at the releases the inventory resolves to -> hold again (Ubuntu's
               prebuilt modules with the driver, and the kernels they follow with them; a
-              toolkit's components with it, Nsight included: package_plan.toolkit_move)
+              toolkit's components with it, Nsight included: gpufleet/rollout/moves.py, on all.py's
+              packages plan)
     reboot    only when the loaded module is not the target, or lacks the tier's tuning_profiling
               (a module option, read at its load), and driver_reboot allows it; by
               gpufleet, or by Slurm (rollout_slurm_reboot: slurm), the node left DOWN until undrain
@@ -29,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import deploy
 
 from gpufleet.facts.dcgm_diag import DcgmDiag
@@ -40,9 +41,11 @@ from gpufleet.facts.packages import AptVersions
 from gpufleet.facts.slurm import SlurmNode
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
-from gpufleet.plans.package_plan import toolkit_move
+from gpufleet.rollout.moves import (MoveRefusal, RolloutMove, driver_releases, recorded_holds, rollout_move,
+                                    stack_targets, toolkit_moves)
+from gpufleet.plans.repos import apt_url
 from gpufleet.plans.profiling import USERS, ProfilingRefusal, nsight_packages, nsight_releases, plan_profiling
-from gpufleet.config.settings import host_settings
+from gpufleet.config.settings import Settings, host_settings
 from gpufleet.checks.validation import FAIL, PASS, diag_result
 from gpufleet.config.hostfacts import gpu_state, mig_state
 from gpufleet.plans.tuning import Refusal, host_mig
@@ -126,7 +129,7 @@ def drain(ctx: RolloutContext) -> None:
     settings = host_settings(host)
     # a rollout resumed after its SSH session died: the package change it started finishes (or an
     # interrupted dpkg is repaired) before anything else happens on this host
-    package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
+    package_change_settled(name="Settle an earlier package change")
     processes = host.get_fact(GpuState).processes
     node = settings.rollout_slurm_node_name
     slurm = host.get_fact(SlurmNode, node=node)
@@ -144,6 +147,7 @@ def drain(ctx: RolloutContext) -> None:
         return
     why = mf.purpose(ctx.survey.get(host.name, {}), ctx.target)
     slurm_node(name=f"Drain the Slurm node for the {why}", drained=True, reason=f"gpufleet {why}", node=node)
+    # the runner tells a busy host by these two names (gpufleet/apps/rollout/runner.py): keep them
     slurm_node_drained(name="Wait for the Slurm jobs on the node to finish (DRAINED)", node=node,
                        timeout=settings.rollout_drain_timeout)
     if ctx.stop_containers:
@@ -153,8 +157,8 @@ def drain(ctx: RolloutContext) -> None:
         gpus_idle_now(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
     elif processes and settings.rollout_require_idle and not ctx.force:
         gpus_idle(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
-    index_refreshed(name="Refresh the package index of the NVIDIA repository",
-                    url=host_settings(host).driver_repo_url)
+    index_refreshed(name="Refresh the package index",  # of the NVIDIA repository (through the cache, if any)
+                    url=apt_url(host_settings(host), host_settings(host).driver_repo_url))
 
 
 def _nsight_with(ctx: RolloutContext, wanted: dict[str, str]) -> dict[str, str] | None:
@@ -182,85 +186,50 @@ def snapshot(ctx: RolloutContext) -> None:
 
 @deploy("Upgrade the driver")
 def upgrade(ctx: RolloutContext) -> None:
+    settings = host_settings(host)
     installed = installed_packages()
     wanted = ctx.stack.get(host.name, {})
-    toolkit_moves = any(TOOLKIT.match(p) for p in [*mf.stack_moves(installed, wanted),
-                                                   *mf.renamed_packages(installed, wanted)[0]])
-    nsight = _nsight_with(ctx, wanted) if toolkit_moves else {}
+    nsight = _nsight_with(ctx, wanted) if toolkit_moves(installed, wanted) else {}
     if nsight is None:
         return
-    names = sorted(set(nsight) | {n for n, v in installed.items() if v and mf.DRIVER_PACKAGE.match(n)}
-                   | {f"nvidia-driver-pinning-{ctx.target}"} | set(mf.stack_moves(installed, wanted))
-                   | set(mf.renamed_packages(installed, wanted)[0])
-                   | {n for n, v in installed.items() if v and mf.MODULES_PACKAGE.match(n)}
-                   | set(mf.kernel_metapackages(installed)))
-    available = host.get_fact(AptVersions, packages=names)
-    holds = host.get_fact(HeldPackages)
-    # what the manifest recorded as held is held again, even if an interrupted change released it
-    recorded = (ctx.manifests.get(host.name) or {}).get("holds", [])
-    holds = sorted(set(holds) | {p for p in recorded if not mf.PINNING_PACKAGE.match(p) or p in holds})
-    install, remove, hold, missing = mf.upgrade_plan(installed, holds, available, ctx.target)
-    if missing:
-        ctx.refuse(host, f"driver {ctx.target} is not available from the configured repositories for: "
-                         f"{', '.join(missing)}",
-                   "add a package source that has this release (driver_source), or roll out one they offer "
-                   "(--driver-version)", area="driver_version")
+    move = _planned_move(ctx, settings, installed, wanted, nsight)
+    if isinstance(move, MoveRefusal):
+        ctx.refuse(host, move.reason, move.fix, area=move.area)
         return
-    # Ubuntu's prebuilt modules move with the driver, and the kernels with their flavour
-    # metapackage (held together by deploys/driver.py): in the same apt transaction
-    prebuilt_install, prebuilt_missing = mf.prebuilt_plan(installed, available) if install else ({}, [])
-    if prebuilt_missing:
-        ctx.refuse(host, "the configured sources offer no " + ", ".join(prebuilt_missing)
-                         + f": the prebuilt NVIDIA modules and the kernels move together; driver {ctx.target} not installed",
-                   "wait until Ubuntu's archive publishes the modules for this driver and kernel (linux-restricted-modules), "
-                   "or roll out a driver it offers them for (--driver-version)", area="driver_version")
-        return
-    install.update(prebuilt_install)
-    stack_install, stack_remove, stack_missing = mf.stack_plan(installed, wanted, available)
-    # a toolkit moves with its components at the versions its release names (apt alone would
-    # bring the newest ones its >= dependencies allow), Nsight with it (its components when the
-    # toolkit depends on it; tuning_profiling users' exact releases either way)
-    indexes = {meta: host.get_fact(ToolkitIndex, package=meta) for meta in stack_install if TOOLKIT.match(meta)}
-    move = toolkit_move(stack_install, wanted, indexes, nsight, available)
-    stack_install.update(move.install)
-    stack_missing += move.missing
-    loose = list(move.loose)
-    if stack_missing:
-        ctx.refuse(host, "the configured repositories offer no " + ", ".join(stack_missing)
-                         + ": CUDA toolkit / cuDNN not moved",
-                   "add a package source with those releases, or set cuda_version / cudnn_version to "
-                   "releases the sources offer", area="cuda_version")
-        return
-    present = [p for p in wanted if installed.get(p) or p in stack_install]
-    # a CUDA toolkit / cuDNN package replaced by its new name is not held again (nor, on a
-    # resume, one the manifest held that is gone)
-    hold = sorted(p for p in set(hold) - set(stack_remove)
-                  if installed.get(p) or p in stack_install or not mf._stack_family(p))
-    if host_settings(host).driver_hold:
-        # what it moves is held (a toolkit's components named without a version too, as all.py
-        # holds them); other holds as they were
-        hold = sorted(set(hold) | set(stack_install) | set(loose))
-    package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
-    settings = host_settings(host)
+    package_change_settled(name="Settle an earlier package change")
     # a driver or libraries swapped under a running job break it: GPU work is checked in the very
     # command that starts the change (a job started since the drain makes the host busy, pending)
-    idle = bool(install or stack_install) and settings.rollout_require_idle and not ctx.force
+    idle = bool(move.install) and settings.rollout_require_idle and not ctx.force
     if idle and ctx.wait_idle > 0:
-        gpus_idle_now(name="Wait for running GPU processes to finish before the package change",
-                      wait_seconds=ctx.wait_idle)
-    what = [f"the driver packages to {ctx.target}"] if install else []
-    what += [f"{p} to {v}" for p, v in sorted(prebuilt_install.items())]
-    what += [f"{p} to {mf.upstream(v)}" for p, v in sorted(stack_install.items())]
-    what += [f"without {p}" for p in stack_remove]
-    packages_at_versions(name=f"Move {', '.join(what) or 'nothing'} (unhold, install, hold again"
-                              + ("; the GPUs checked idle right before, in the same command)" if idle else ")"),
-                         install={**install, **stack_install}, remove=[*remove, *stack_remove], hold=hold,
+        gpus_idle_now(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
+    if move.what:
+        logger.info(f"{host.print_prefix}moving {', '.join(move.what)}")
+    # unhold, install, hold again (with `idle`: the GPUs checked idle right before, in the same command)
+    packages_at_versions(name=f"Move {move.short}" + (" (if idle)" if idle else ""),
+                         install=move.install, remove=list(move.remove), hold=list(move.hold),
                          # an inventory may ask for an older release (pin back): apt is allowed to
                          # downgrade exactly when a target sorts before what is installed
                          downgrade=None, require_idle=idle)
     if wanted:
-        stack_recorded(name="Record the CUDA toolkit and cuDNN releases gpufleet installed",
-                       versions={p: wanted[p] for p in present}, packages=stack_fact_packages(wanted))
+        stack_recorded(name="Record the CUDA/cuDNN releases installed",
+                       versions={p: wanted[p] for p in move.stack_present}, packages=stack_fact_packages(wanted))
+
+
+def _planned_move(ctx: RolloutContext, settings: Settings, installed: dict[str, str | None],
+                  wanted: dict[str, str], nsight: dict[str, str]) -> RolloutMove | MoveRefusal:
+    """The host's facts that decide its package change, and the change (gpufleet/rollout/moves.py)."""
+    driver, _ = driver_releases(installed, ctx.target)
+    stack, _ = stack_targets(installed, wanted)
+    names = sorted({*driver, *stack, *nsight, *(n for n, v in installed.items() if v and mf.MODULES_PACKAGE.match(n)),
+                    *mf.kernel_metapackages(installed)})
+    available = host.get_fact(AptVersions, packages=names)
+    # what the manifest recorded as held is held again, even if an interrupted change released it
+    held: list[str] = host.get_fact(HeldPackages)
+    holds = recorded_holds(held, (ctx.manifests.get(host.name) or {}).get("holds", []))
+    # a toolkit moves with its components at the versions its release names (apt alone would
+    # bring the newest ones its >= dependencies allow)
+    toolkits = {meta: host.get_fact(ToolkitIndex, package=meta) for meta in stack if TOOLKIT.match(meta)}
+    return rollout_move(installed, holds, available, ctx.target, wanted, toolkits, nsight, settings.driver_hold)
 
 
 @deploy("Reboot into the new driver if needed")
@@ -303,7 +272,8 @@ def tune(ctx: RolloutContext) -> None:
     if not doc:
         host.noop("no manifest for this rollout: nothing recorded to restore")
         return
-    gpu_settings_restored(name="Restore the persistence mode and application clocks recorded before the upgrade",
+    # the persistence mode and application clocks recorded before the upgrade
+    gpu_settings_restored(name="Restore persistence and clocks",
                           gpus=doc.get("gpus", []), skip=sorted(mig_on(host)))
 
 
@@ -362,7 +332,8 @@ def validate(ctx: RolloutContext) -> None:
 def undrain(ctx: RolloutContext) -> None:
     node = host_settings(host).rollout_slurm_node_name
     # the loaded driver, not the target: a host given back unchanged keeps its true label
-    slurm_driver_feature(name="Label the Slurm node with its driver (feature gpufleet_driver_<version>)",
+    # feature gpufleet_driver_<version>
+    slurm_driver_feature(name="Label the Slurm node with its driver",
                          version=host.get_fact(DriverState).module_version or "", node=node)
-    slurm_node(name="Resume the Slurm node (only if gpufleet drained it)", drained=False,
+    slurm_node(name="Resume the Slurm node", drained=False,  # only if gpufleet drained it
                node=node)

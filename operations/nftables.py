@@ -32,15 +32,16 @@ from gpufleet.operations import as_op
 from gpufleet.facts.nftables import APPLIED_RECORD, TABLE, NftablesCapability
 from gpufleet.config.failures import fail, fail_now
 from gpufleet.operations.ssh import fresh_login
+from gpufleet.plans.hardening import OPERATOR_NFT_DIR
 
 REVERT_FILE = "/run/gpufleet/nftables.revert"
 REVERT_UNIT = "gpufleet-nft-revert"
 CANDIDATE = "/var/lib/gpufleet/nftables/candidate.nft"
 BOOT_CANDIDATE = "/var/lib/gpufleet/nftables/boot.nft"
-# The boot configuration includes this folder first: an /etc/nftables.conf with the
-# operator's own tables is kept there when gpufleet's replaces it (Debian's untouched stock
-# file is not: it holds no table of anyone's, only `flush ruleset`).
-OPERATOR_DIR = "/etc/nftables.d"
+# The boot configuration includes this folder first (the hardening plan's): an
+# /etc/nftables.conf with the operator's own tables is kept there when gpufleet's replaces it
+# (Debian's untouched stock file is not: it holds no table of anyone's, only `flush ruleset`).
+OPERATOR_DIR = OPERATOR_NFT_DIR
 KEPT = f"{OPERATOR_DIR}/00-before-gpufleet.nft"
 
 # $1 staged file, $2 destination, $3 how to check (direct | namespace)

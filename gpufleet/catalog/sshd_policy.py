@@ -16,7 +16,7 @@ from __future__ import annotations
 import fnmatch
 import getpass
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 # The host keys the drop-in names (HostKey lines, in this order): Ed25519 and RSA only.
 HOST_KEY_FILES = ["/etc/ssh/ssh_host_ed25519_key", "/etc/ssh/ssh_host_rsa_key"]
@@ -34,11 +34,39 @@ NOT_IN_SSHD_T = frozenset({"DebianBanner"})
 ALGORITHM_KEYS = ("hostkeyalgorithms", "kexalgorithms", "ciphers", "macs")
 
 
+class SshdSettings(Protocol):
+    """The hardening_ settings the drop-in reads (gpufleet/config/settings.py Settings has them;
+    the catalog sits below the settings' floor, so it names what it reads instead)."""
+
+    @property
+    def hardening_permit_root_login(self) -> str: ...
+    @property
+    def hardening_password_auth(self) -> bool: ...
+    @property
+    def hardening_allow_users(self) -> Sequence[str]: ...
+    @property
+    def hardening_allow_groups(self) -> Sequence[str]: ...
+    @property
+    def hardening_max_auth_tries(self) -> int: ...
+    @property
+    def hardening_login_grace_time(self) -> int: ...
+    @property
+    def hardening_tcp_forwarding(self) -> bool: ...
+    @property
+    def hardening_agent_forwarding(self) -> bool: ...
+    @property
+    def hardening_x11_forwarding(self) -> bool: ...
+    @property
+    def hardening_client_alive_interval(self) -> int: ...
+    @property
+    def hardening_max_startups(self) -> str: ...
+
+
 def _yes_no(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def dropin(settings: Any, algorithms: Mapping[str, Sequence[str]] | None = None) -> list[list[Line]]:
+def dropin(settings: SshdSettings, algorithms: Mapping[str, Sequence[str]] | None = None) -> list[list[Line]]:
     """The drop-in a host hardened for `settings` gets, section by section (a blank line
     between sections); `algorithms`: the deploy's kexalgorithms, ciphers, macs,
     hostkeyalgorithms for this host's OpenSSH (`sshd -T` names); without them, no algorithm
@@ -122,7 +150,7 @@ def dropin_lines(sections: list[list[Line]]) -> list[str]:
     return out
 
 
-def expected_sshd(settings: Any, algorithms: Mapping[str, Sequence[str]] | None = None) -> dict[str, str | list[str]]:
+def expected_sshd(settings: SshdSettings, algorithms: Mapping[str, Sequence[str]] | None = None) -> dict[str, str | list[str]]:
     """`sshd -T` key -> value a host hardened for `settings` shows: every line of `dropin()`
     but comments and NOT_IN_SSHD_T, keyed as sshd -T prints them (lower case)."""
     return {keyword.lower(): list(value) if isinstance(value, list) else value

@@ -8,8 +8,9 @@ gpufleet owns a few keys of daemon.json and nothing else:
     default-ulimits.<name>     one entry per docker_ulimits name (Soft = Hard = the value, -1 = unlimited)
     features.cdi               true when docker_cdi is on (left alone when it is off)
     live-restore               docker_live_restore (containers keep running while dockerd restarts)
+    registry-mirrors[0]        docker_registry_mirror, where the tier names one (the operator's others kept after it)
 
-Every other key the operator set (log driver, registry mirrors, storage driver, other runtimes,
+Every other key the operator set (log driver, other registry mirrors, storage driver, other runtimes,
 other ulimits, other features...) is kept as it is. Output is byte-stable (sorted keys, four-space
 indent, trailing newline), and the file is written only when the merged document differs from the
 current one *as JSON*, so an operator's own formatting survives a run that changes nothing.
@@ -25,7 +26,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Mapping
+
+from gpufleet.config.settings import Settings
+from gpufleet.plans.package_cache import registry_mirrors
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 NVIDIA_RUNTIME = {"args": [], "path": "nvidia-container-runtime"}
@@ -44,15 +49,17 @@ class DockerDefaults:
     shm_size: str                   # "1g"
     ulimits: Mapping[str, int]      # {"memlock": -1, "stack": 67108864}
     live_restore: bool = True
+    registry_mirror: str = "none"   # docker_registry_mirror
 
     @classmethod
-    def from_settings(cls, settings: Any) -> DockerDefaults:
+    def from_settings(cls, settings: Settings) -> DockerDefaults:
         return cls(
             default_runtime=settings.docker_default_runtime,
             cdi=settings.docker_cdi,
             shm_size=settings.docker_shm_size,
             ulimits=dict(settings.docker_ulimits),
             live_restore=settings.docker_live_restore,
+            registry_mirror=settings.docker_registry_mirror,
         )
 
 
@@ -106,6 +113,9 @@ def merge(existing: Mapping[str, Any] | None, want: DockerDefaults) -> dict[str,
     if want.cdi:
         merged.setdefault("features", {})["cdi"] = True
     merged["live-restore"] = want.live_restore
+    mirrors = registry_mirrors(merged.get("registry-mirrors"), want.registry_mirror)
+    if mirrors is not None:
+        merged["registry-mirrors"] = mirrors
     return merged
 
 
@@ -155,6 +165,12 @@ def changed_keys(existing: Mapping[str, Any] | None, merged: Mapping[str, Any]) 
 
 
 _ABSENT = object()
+
+
+def restart_keys(changed: Sequence[str], restart_for: Sequence[str] = ()) -> list[str]:
+    """What of a change needs a dockerd restart: the changed keys dockerd does not reload on
+    SIGHUP, then the other reasons (`restart_for`)."""
+    return [k for k in changed if k not in RELOADABLE] + list(restart_for)
 
 
 def partial(existing: Mapping[str, Any] | None, merged: Mapping[str, Any], keys: list[str]) -> dict[str, Any]:
@@ -208,8 +224,8 @@ def apply_plan(existing: Mapping[str, Any] | None, merged: Mapping[str, Any], *,
     if not running:
         return ApplyPlan(write)
     reload_keys = [k for k in keys if k in RELOADABLE]
-    restart_keys = [k for k in keys if k not in RELOADABLE] + list(restart_for)
-    if not restart_keys:
+    restart = restart_keys(keys, restart_for)
+    if not restart:
         return ApplyPlan((*write, ("reload",)) if write else ())
     live_after_reload = live_restore_on or ("live-restore" in reload_keys and merged.get("live-restore") is True)
     first: tuple[tuple[Any, ...], ...] = ()
@@ -225,4 +241,4 @@ def apply_plan(existing: Mapping[str, Any] | None, merged: Mapping[str, Any], *,
            f"(docker_restart_with_gpu_containers: {policy})" if policy == "live-restore" else
            f"{running_text} (docker_restart_with_gpu_containers: never)")
     steps = (("write-reloadable", tuple(reload_keys)), ("reload",)) if reload_keys else ()
-    return ApplyPlan(steps, tuple(restart_keys), why)
+    return ApplyPlan(steps, tuple(restart), why)

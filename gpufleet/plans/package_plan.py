@@ -2,8 +2,9 @@
 runs: exact Debian versions for the upstream releases the inventory resolves to, a CUDA toolkit's
 components at the versions its release names, what is held afterwards, and what the sources do
 not offer (then nothing changes). deploys/driver.py and deploys/monitoring.py reach it through
-operations/package_steps.py; the rollout (deploys/upgrade.py) walks a toolkit the same way; all
-of them change packages with operations/driver_upgrade.py's packages_at_versions.
+operations/package_steps.py, the rollout through gpufleet/rollout/moves.py (deploys/upgrade.py):
+one decision for both; all of them change packages with operations/driver_upgrade.py's
+packages_at_versions.
 """
 from __future__ import annotations
 
@@ -114,45 +115,3 @@ def plan_package_change(releases: Mapping[str, str], present: Sequence[str], pin
         hold=tuple(p for p in keep_held if p not in old_pins),
         missing=tuple(missing),
     )
-
-
-@dataclass(frozen=True)
-class ToolkitMovePlan:
-    """What moves with the CUDA toolkit packages a rollout moves (deploys/upgrade.py)."""
-    install: dict[str, str]        # component or Nsight package -> exact Debian version
-    loose: tuple[str, ...] = ()    # components named without a version (held with it)
-    missing: tuple[str, ...] = ()  # "package release (why)" the sources do not offer: nothing moves
-
-
-def toolkit_move(stack_install: Mapping[str, str], wanted: Mapping[str, str],
-                 toolkits: Mapping[str, Mapping[str, Mapping[str, str]]], nsight: Mapping[str, str],
-                 offered: Mapping[str, Sequence[str]]) -> ToolkitMovePlan:
-    """The packages that move with the toolkit meta packages in `stack_install` (package -> the
-    exact Debian version the rollout installs; `wanted`: package -> resolved release): each
-    toolkit's components at the versions its release names (ToolkitIndex `toolkits`; Nsight
-    included when the toolkit depends on it), and `nsight` (package -> release: tuning_profiling
-    users' Nsight of the new toolkit release, gpufleet/plans/profiling.py) at exactly those releases
-    from `offered` (AptVersions), so that all.py does not install them next to the old ones
-    afterwards. A toolkit that names another Nsight build than `nsight` moves nothing. Pure."""
-    install: dict[str, str] = {}
-    loose: list[str] = []
-    missing: list[str] = []
-    moving = sorted(p for p in stack_install if TOOLKIT.match(p))
-    for meta in moving:
-        walk = toolkit_release(toolkits.get(meta, {}), meta, stack_install[meta])
-        for component, at in walk.versions.items():
-            if at is None:
-                missing.append(f"{component} {walk.bounds[component]} (named by {meta} {wanted.get(meta, '')})")
-            elif component in nsight and not at_release(at, nsight[component]):
-                missing.append(f"{component} {nsight[component]} (tuning_profiling: users; {meta} "
-                               f"{wanted.get(meta, '')} names {walk.bounds[component]})")
-            else:
-                install[component] = at
-        loose += walk.loose
-    for package, release in sorted(nsight.items()) if moving else ():
-        exact = offered_at(release, offered.get(package, ()))
-        if exact is None:
-            missing.append(f"{package} {release} (tuning_profiling: users)")
-        else:
-            install.setdefault(package, exact)
-    return ToolkitMovePlan(install, tuple(loose), tuple(missing))

@@ -187,38 +187,7 @@ def apt_install_command(specs: list[str], downgrade: bool = False) -> str:
     return "DEBIAN_FRONTEND=noninteractive apt-get install " + " ".join(shlex.quote(o) for o in opts + specs)
 
 
-# --- the upgrade itself: what deploys/upgrade.py changes and checks (unit-tested here) ----------
-
-
-def upgrade_plan(installed: dict[str, Any], holds: list[str], available: dict[str, list[str]], target: str
-                 ) -> tuple[dict[str, str], list[str], list[str], list[str]]:
-    """(install {pkg: version}, remove, hold afterwards, missing) for moving the driver to `target`."""
-    moving = sorted(name for name, ver in installed.items()
-                    if ver and DRIVER_PACKAGE.match(name) and not NOT_DRIVER.match(name))
-    install, missing = {}, []
-    for name in moving:
-        versions = [v for v in available.get(name, []) if upstream(v) == target]
-        if upstream(installed[name]) == target:
-            continue
-        if versions:
-            install[name] = versions[0]
-        else:
-            missing.append(name)
-    remove: list[str] = []
-    hold = set(holds)
-    pin = version_pinning_package(installed)
-    new_pin = f"nvidia-driver-pinning-{target}"
-    if pin and pin != new_pin:
-        versions = available.get(new_pin, [])
-        if versions:
-            install[new_pin] = versions[0]
-            remove.append(pin)
-            if pin in hold:
-                hold.discard(pin)
-                hold.add(new_pin)
-        else:
-            missing.append(new_pin)
-    return install, remove, sorted(hold), missing
+# --- the upgrade itself: what deploys/upgrade.py checks (its change: gpufleet/rollout/moves.py) ---
 
 
 def validation_problems(target: str, driver: DriverStateData, gpus: GpuStateData, holds: list[str],
@@ -313,23 +282,6 @@ def purpose(survey: dict[str, Any], target: str) -> str:
     if survey.get("mig_changes"):
         return "MIG change (gpu_mig)"
     return f"driver upgrade to {target}"
-
-
-def stack_plan(installed: dict[str, Any], wanted: dict[str, str], available: dict[str, list[str]]
-               ) -> tuple[dict[str, str], list[str], list[str]]:
-    """(install {pkg: Debian version}, remove [pkg], missing ["pkg release"]) for moving the CUDA
-    toolkit / cuDNN packages to their resolved releases (and names)."""
-    install: dict[str, str] = {}
-    missing: list[str] = []
-    new, remove = renamed_packages(installed, wanted)
-    targets = {**{p: want for p, (_, want) in stack_moves(installed, wanted).items()}, **new}
-    for p, want in sorted(targets.items()):
-        versions = [v for v in available.get(p, []) if upstream(v) == want]
-        if versions:
-            install[p] = versions[0]
-        else:
-            missing.append(f"{p} {want}")
-    return install, remove, missing
 
 
 class ManifestError(ValueError):

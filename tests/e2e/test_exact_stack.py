@@ -321,10 +321,10 @@ def test_cudnn_changed_by_hand_is_left_and_reported(host, by_hand):
     assert recorded(host)["libcudnn9-cuda-13"] == "9.17.0.29"   # the record keeps what gpufleet installed
     # nothing installed; apt's --allow-change-held-packages dropped the holds, which come back
     changed = changed_operations(run)
-    assert all(op.endswith("Hold the driver, CUDA, cuDNN, container toolkit and running kernel packages")
+    assert all(op.endswith("Hold the driver stack packages")
                for op in changed), run.output
     assert set(CUDNN13) <= holds(host)
-    assert "cuDNN kept as changed by hand" in run.output
+    assert "left as it is (tools/rollout puts it back)" in run.output
 
 
 def test_gate_fails_a_cudnn_changed_by_hand(by_hand, monkeypatch):
@@ -475,8 +475,7 @@ def test_in_place_moves_cudnn_to_the_exact_release_through_the_gate(host, moved_
     assert installed(host, "cuda-toolkit-12-8", *CUDNN12) == {"cuda-toolkit-12-8": "12.8.1-1",
                                                                **{p: "9.17.0.29-1" for p in CUDNN12}}
     assert set(CUDNN12) <= holds(host)
-    assert ("(in place: cuDNN 9.10.2.21 -> 9.17.0.29; the GPUs checked idle right before, in the same command)"
-            in run.output), run.output
+    assert "moved in place: cuDNN 9.10.2.21 -> 9.17.0.29 (driver_upgrade_in_place;" in run.output, run.output
     assert again.returncode == 0 and changed_operations(again) == [], again.output
     assert recorded(host)["libcudnn9-cuda-12"] == "9.17.0.29"
     line = check_line(gate(inv, monkeypatch))

@@ -110,7 +110,7 @@ def socket_hosts(hostpool, tmp_path_factory):
 def test_socket_activated_host_is_hardened_by_the_socket_path(socket_hosts):
     good, first = socket_hosts["good"], socket_hosts["first"]
     assert f"[{good.name}] Success" in first.output or "a fresh SSH login with the new sshd configuration works" in first.output, first.output
-    assert "restart a running socket-activated sshd" in first.output, first.output
+    assert "Install the hardened sshd drop-in (restart, keep ssh.socket)" in first.output, first.output
     effective = testhosts.ssh(good, "sshd -T").stdout
     assert "passwordauthentication no" in effective
     assert "kexalgorithms mlkem768x25519-sha256," in effective  # OpenSSH 10.0: PQ hybrids first

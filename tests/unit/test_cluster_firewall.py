@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.plans import cluster
-from gpufleet.deploys.hardening import nftables_context, render
+from gpufleet.plans.hardening import firewall_plan
 from tests.unit.nft_check import assert_nft_accepts
 from tests.unit.test_monitoring import settings
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 
 
 def table(**data) -> str:
-    return render("etc/nftables.conf.j2", **nftables_context(settings(**data), [22]))
+    return firewall_plan(settings(**data), [22]).rules()
 
 
 def accepts(text: str) -> list[str]:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.context import ctx_host, ctx_state
 
-from gpufleet.deploys.docker import docker_sources_line, toolkit_sources_line
+from gpufleet.plans.repos import docker_sources_line, toolkit_sources_line
 from gpufleet.facts import docker as f
 from gpufleet.facts import packages
 from gpufleet.facts._common import MARK

@@ -48,38 +48,30 @@ def test_a_release_is_its_whole_upstream_part_at_any_revision_and_epoch():
     assert offered_at("13.0.88-1", ["13.0.96-1", "13.0.88-1"]) == "13.0.88-1"
 
 
-class FakeHost:
-    def __init__(self, facts):
-        self.facts = facts
-
-    def get_fact(self, cls, **kwargs):
-        return self.facts[cls.__name__](**kwargs)
-
-
 def settings(**kw):
     return SimpleNamespace(**{"driver_module_signing_key": "none", "driver_kernel_headers": "require", **kw})
 
 
 def test_preconditions_secure_boot_needs_a_key():
     state = DriverStateData(secure_boot="enabled", kernel_headers=True, kernel_release="6.1.0-26-amd64")
-    key, msg, fix = preconditions(settings(), None, state, FakeHost({}))
+    key, msg, fix = preconditions(settings(), state, False, None, None, None)
     assert key == "driver_module_signing_key" and "Secure Boot is enabled" in msg and "mokutil --import" in fix
-    host = FakeHost({"File": lambda path: None})
-    key, msg, fix = preconditions(settings(driver_module_signing_key="/var/lib/dkms/mok.key"), None, state, host)
+    mok = settings(driver_module_signing_key="/var/lib/dkms/mok.key")
+    key, msg, fix = preconditions(mok, state, False, False, None, None)
     assert "does not exist" in msg and "private key" in fix
-    host = FakeHost({"File": lambda path: {"size": 1}})
-    assert preconditions(settings(driver_module_signing_key="/var/lib/dkms/mok.key"), None, state, host) is None
+    key, msg, fix = preconditions(mok, state, False, True, False, None)
+    assert "/var/lib/dkms/mok.pub" in msg and "certificate" in fix
+    assert preconditions(mok, state, False, True, True, None) is None
+    assert preconditions(settings(), state, True, None, None, None) is None  # prebuilt, signed modules
 
 
 def test_preconditions_kernel_headers():
     state = DriverStateData(secure_boot="disabled", kernel_headers=False, kernel_release="6.1.0-26-amd64")
-    none = FakeHost({"AptCandidates": lambda packages: {p: None for p in packages}})
-    key, msg, fix = preconditions(settings(), None, state, none)
+    key, msg, fix = preconditions(settings(), state, False, None, None, False)
     assert key == "driver_kernel_headers" and "linux-headers-6.1.0-26-amd64" in msg
     assert fix.startswith("install the headers")
-    offered = FakeHost({"AptCandidates": lambda packages: {p: "6.1.112-1" for p in packages}})
-    assert preconditions(settings(), None, state, offered) is None  # the deploy installs them
-    assert preconditions(settings(driver_kernel_headers="skip"), None, state, none) is None
+    assert preconditions(settings(), state, False, None, None, True) is None  # the deploy installs them
+    assert preconditions(settings(driver_kernel_headers="skip"), state, False, None, None, False) is None
 
 
 BAD_KEYS = ['/root/mok".key', "/root/$(touch /tmp/x).key", "/root/`id`.key", "/root/a;b.key", "/root/a\nb.key",
@@ -89,7 +81,7 @@ BAD_KEYS = ['/root/mok".key', "/root/$(touch /tmp/x).key", "/root/`id`.key", "/r
 def test_preconditions_refuse_a_signing_key_that_is_not_a_plain_path():
     state = DriverStateData(secure_boot="disabled", kernel_headers=True, kernel_release="6.1.0-26-amd64")
     for bad in BAD_KEYS:
-        key, msg, fix = preconditions(settings(driver_module_signing_key=bad), None, state, FakeHost({}))
+        key, msg, fix = preconditions(settings(driver_module_signing_key=bad), state, False, None, None, None)
         assert key == "driver_module_signing_key" and "not a plain absolute path" in msg, bad
         assert fix.startswith("set it to none"), bad
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpufleet.deploys.driver import stack_drift, stack_groups, stack_pending
+from gpufleet.plans.driver import stack_drift, stack_groups, stack_pending
 from gpufleet.facts.packages import STACK_RECORD, StackPackages, StackPackagesData
 from gpufleet.catalog import cuda_stack as cs
 from gpufleet.checks import validation as v

@@ -1,11 +1,13 @@
-"""Unit: what deploys/hardening.py renders: algorithm lists by OpenSSH version (PQ hybrids first,
+"""Unit: what the hardening plan (gpufleet/plans/hardening.py) renders: algorithm lists by OpenSSH version (PQ hybrids first,
 paramiko's curve25519 kept, ETM MACs only), the sshd drop-in, the nftables ruleset (only
 gpufleet's table, exactly the listed ports) and the unattended-upgrades blacklist."""
 from __future__ import annotations
 
 import pytest
 
-from gpufleet.deploys import hardening as h
+from gpufleet.apt_policy import GPU_PACKAGE_BLACKLIST
+from gpufleet.plans import hardening as h
+from gpufleet.rendering import render
 from gpufleet.facts.ssh import OpenSshVersion
 from gpufleet.catalog.sshd_policy import HOST_KEY_FILES, expected_sshd
 from gpufleet.catalog.tiers import tier_defaults
@@ -42,15 +44,15 @@ def _settings(**over):
 
 def test_sshd_dropin_renders_every_expected_setting():
     settings = _settings()
-    ctx = h.sshd_context(settings, V100)
-    text = h.render("etc/ssh/sshd_config.d/00-gpufleet-hardening.conf.j2", **ctx)
+    sshd = h.sshd_plan(settings, V100)
+    text = sshd.dropin_text()
     assert text.startswith("# Managed by gpufleet")
     rendered: dict[str, list[str]] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             key, _, value = line.partition(" ")
             rendered.setdefault(key.lower(), []).append(value)
-    expected = expected_sshd(settings, h.sshd_algorithms(ctx))
+    expected = expected_sshd(settings, sshd.algorithms())
     # nothing written goes unchecked in sshd -T but DebianBanner (not printed by Debian 12's sshd)
     assert set(rendered) - set(expected) == {"debianbanner"}
     for key, value in expected.items():
@@ -62,24 +64,26 @@ def test_sshd_dropin_renders_every_expected_setting():
     assert "AllowGroups" not in text and "Match" not in text
 
 
-def test_parse_open_ports():
-    assert h.parse_open_ports([9400, "9100", "6817-6819", "5353/udp",
-                               {"port": 9400, "proto": "tcp", "comment": "dup"},
-                               {"port": "8000-8002", "comment": "Triton"}]) == [
+def test_port_rules_read_the_schemas_grammar():
+    """One port grammar, the schema's: the plan reads what it let through, never parses its own."""
+    from gpufleet.config.schema import BadValue, _check_port
+
+    checked = [_check_port(p) for p in (9400, "9100/tcp", "6817-6819/tcp", "5353/udp")]
+    assert h.port_rules(checked) == [
         {"port": "9400", "proto": "tcp", "comment": ""},
         {"port": "9100", "proto": "tcp", "comment": ""},
         {"port": "6817-6819", "proto": "tcp", "comment": ""},
         {"port": "5353", "proto": "udp", "comment": ""},
-        {"port": "8000-8002", "proto": "tcp", "comment": "Triton"},
     ]
-    for bad in ["99999", "22/sctp", "10-5", True, None, {"port": 1, "comment": 'a"b'}]:
-        with pytest.raises(ValueError, match="firewall_open_ports"):
-            h.parse_open_ports([bad])
+    for bad in ["99999/tcp", "22/sctp", "10-5/tcp", "9100", True, None]:
+        with pytest.raises(BadValue):
+            _check_port(bad)
 
 
 def test_nftables_ruleset_replaces_only_its_own_table():
-    text = h.render("etc/nftables.conf.j2", table="inet gpufleet", ssh_ports=[22],
-                    open_ports=h.parse_open_ports([{"port": 9400, "comment": "DCGM exporter"}, "6817-6819"]),
+    text = render("etc/nftables.conf.j2", table="inet gpufleet", ssh_ports=[22],
+                    open_ports=[{"port": "9400", "proto": "tcp", "comment": "DCGM exporter"},
+                                *h.port_rules(["6817-6819/tcp"])],
                     trusted_cidrs=["10.0.0.0/8", "fd00::/8"], cluster_rules=[], include_dir=None)
     rules = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
     assert not [line for line in rules if "flush" in line]
@@ -100,8 +104,8 @@ def test_nftables_ruleset_replaces_only_its_own_table():
 
 def test_nftables_boot_version_loads_the_operators_tables_first():
     context = dict(table="inet gpufleet", ssh_ports=[22], open_ports=[], trusted_cidrs=[], cluster_rules=[])
-    live = h.render("etc/nftables.conf.j2", **context, include_dir=None)
-    boot = h.render("etc/nftables.conf.j2", **context, include_dir="/etc/nftables.d")
+    live = render("etc/nftables.conf.j2", **context, include_dir=None)
+    boot = render("etc/nftables.conf.j2", **context, include_dir="/etc/nftables.d")
     assert "include" not in live.replace("included", "")
     head, _, tail = boot.partition('include "/etc/nftables.d/*.nft"\n')
     assert tail and "table inet gpufleet" not in head  # before gpufleet's table
@@ -110,8 +114,8 @@ def test_nftables_boot_version_loads_the_operators_tables_first():
 
 def test_unattended_upgrades_blacklist_covers_the_gpu_stack():
     import re
-    text = h.render("etc/apt/apt.conf.d/51gpufleet-unattended-upgrades.j2",
-                    blacklist=list(h.GPU_PACKAGE_BLACKLIST))
+    text = render("etc/apt/apt.conf.d/51gpufleet-unattended-upgrades.j2",
+                    blacklist=list(GPU_PACKAGE_BLACKLIST))
     assert text.startswith("// Managed by gpufleet")
     patterns = re.findall(r'^\t"(.+)";$', text, re.M)
     # unattended-upgrades matches with re.match (anchored at the start of the name)
@@ -140,7 +144,7 @@ def test_the_validation_gate_checks_every_setting_the_deploy_sets(tier):
     """gpufleet/sshd_policy.expected_sshd (the gate) is what the deploy expects after its reload,
     but for the algorithm lists that depend on the host's OpenSSH version."""
     settings = _settings(**tier_defaults(tier))
-    algorithms = h.sshd_algorithms(h.sshd_context(settings, V100))
+    algorithms = h.sshd_plan(settings, V100).algorithms()
     deploy = expected_sshd(settings, algorithms)
     assert expected_sshd(settings) == {k: v for k, v in deploy.items() if k not in algorithms}
     assert set(algorithms) == {"kexalgorithms", "ciphers", "macs", "hostkeyalgorithms"}

@@ -8,7 +8,7 @@ import pytest
 from pyinfra.api import StringCommand
 from pyinfra.facts.systemd import SystemdStatus
 
-from gpufleet.deploys.hardening import nftables_context, render
+from gpufleet.plans.hardening import firewall_plan
 from gpufleet.facts.monitoring import MetricsEndpoint, parse_metrics_endpoint
 from gpufleet.plans import monitoring as m
 from gpufleet.checks import validation as v
@@ -68,7 +68,7 @@ def test_the_exporters_are_open_only_to_the_scrapers_networks():
 
 def test_the_firewall_opens_exactly_the_ports_of_the_exporters_that_are_on():
     def table(**data):
-        return render("etc/nftables.conf.j2", **nftables_context(settings(**data), [22]))
+        return firewall_plan(settings(**data), [22]).rules()
 
     assert "9100" not in table() and "9400" not in table()    # no scraper named: no network but lo
     text = table(monitoring_allowed_cidrs=SCRAPERS)
@@ -89,8 +89,8 @@ def test_the_firewall_opens_exactly_the_ports_of_the_exporters_that_are_on():
 
 
 def test_nft_accepts_the_rendered_table_when_nft_is_here():
-    text = render("etc/nftables.conf.j2", **nftables_context(settings(monitoring_listen_address="10.0.0.5",
-                                                                        monitoring_allowed_cidrs=SCRAPERS), [22]))
+    text = firewall_plan(settings(monitoring_listen_address="10.0.0.5", monitoring_allowed_cidrs=SCRAPERS),
+                         [22]).rules()
     assert_nft_accepts(text)
 
 
@@ -252,7 +252,7 @@ def test_no_tier_opens_tensorboard_or_another_unauthenticated_port_to_every_netw
     """TensorBoard (6006) has no login of its own: on a shared research host it is for each
     user's own `ssh -L`, and the trusted peers; opening it to all is the operator's choice."""
     def table(**data):
-        return render("etc/nftables.conf.j2", **nftables_context(settings(**data), [22]))
+        return firewall_plan(settings(**data), [22]).rules()
 
     for tier in ("research", "dev", "hgx", "inference"):
         assert "6006" not in table(tier=tier), tier

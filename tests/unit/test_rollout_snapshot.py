@@ -7,6 +7,7 @@ import pytest
 
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout import snapshot as snap
+from gpufleet.rollout.moves import MoveRefusal, RolloutMove, rollout_move
 
 
 def test_lvm_commands():
@@ -87,15 +88,17 @@ def test_upgrade_moves_driver_packages_and_the_version_pin_only():
     assert mf.driver_packages(INSTALLED, "580.95.05") == [
         "libcuda1", "nvidia-driver-cuda", "nvidia-fabricmanager", "nvidia-kernel-open-dkms", "nvidia-open"]
     available = {n: ["580.126.09-1", "580.95.05-1"] for n in INSTALLED} | {"nvidia-driver-pinning-580.126.09": ["580.126.09-1"]}
-    install, remove, hold, missing = mf.upgrade_plan(INSTALLED, ["nvidia-open", "libcudnn9-cuda-13"], available, "580.126.09")
+    move = rollout_move(INSTALLED, ["nvidia-open", "libcudnn9-cuda-13"], available, "580.126.09", {}, {}, {}, False)
+    assert isinstance(move, RolloutMove)
+    install, remove, hold = move.install, list(move.remove), list(move.hold)
     assert install == {"libcuda1": "580.126.09-1", "nvidia-driver-cuda": "580.126.09-1", "nvidia-fabricmanager": "580.126.09-1",
                        "nvidia-kernel-open-dkms": "580.126.09-1", "nvidia-open": "580.126.09-1",
                        "nvidia-driver-pinning-580.126.09": "580.126.09-1"}
     assert remove == ["nvidia-driver-pinning-580.95.05"]
     assert hold == ["libcudnn9-cuda-13", "nvidia-open"]
-    assert missing == []
-    _, _, _, missing = mf.upgrade_plan(INSTALLED, [], {"nvidia-open": ["580.126.09-1"]}, "580.126.09")
-    assert "nvidia-fabricmanager" in missing and "nvidia-driver-pinning-580.126.09" in missing
+    refused = rollout_move(INSTALLED, [], {"nvidia-open": ["580.126.09-1"]}, "580.126.09", {}, {}, {}, False)
+    assert isinstance(refused, MoveRefusal) and refused.area == "driver_version"
+    assert "nvidia-fabricmanager" in refused.reason and "nvidia-driver-pinning-580.126.09" in refused.reason
 
 
 def test_rollback_puts_recorded_versions_back_pin_first():

@@ -4,7 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpufleet.rollout.manifest import stack_changes, stack_moves, stack_plan, validation_problems
+from gpufleet.rollout.manifest import stack_changes, stack_moves, validation_problems
+from gpufleet.rollout.moves import MoveRefusal, RolloutMove, rollout_move
 from gpufleet.rollout.state import RolloutState
 
 pytestmark = pytest.mark.unit
@@ -24,10 +25,15 @@ def test_only_installed_packages_at_another_release_move():
 
 def test_the_exact_release_is_chosen_among_older_and_newer():
     offered = ["9.17.1.4-1", "9.17.0.29-1", "9.10.2.21-1"]
-    install, remove, missing = stack_plan(INSTALLED, WANTED, {"libcudnn9-cuda-12": offered,
-                                                              "libcudnn9-dev-cuda-12": ["9.17.1.4-1"]})
-    assert install == {"libcudnn9-cuda-12": "9.17.0.29-1"} and remove == []
-    assert missing == ["libcudnn9-dev-cuda-12 9.17.0.29"]
+    available = {"libcudnn9-cuda-12": offered, "libcudnn9-dev-cuda-12": ["9.17.1.4-1"]}
+    refused = rollout_move(INSTALLED, [], available, "580.126.09", WANTED, {}, {}, True)
+    assert isinstance(refused, MoveRefusal) and refused.area == "cuda_version"
+    assert refused.reason == "the configured repositories offer no libcudnn9-dev-cuda-12 9.17.0.29: CUDA toolkit / cuDNN not moved"
+    available["libcudnn9-dev-cuda-12"] = offered
+    move = rollout_move(INSTALLED, [], available, "580.126.09", WANTED, {}, {}, True)
+    assert isinstance(move, RolloutMove) and move.remove == ()
+    assert move.install == {"libcudnn9-cuda-12": "9.17.0.29-1", "libcudnn9-dev-cuda-12": "9.17.0.29-1"}
+    assert set(move.install) <= set(move.hold)   # driver_hold: what moves is held
 
 
 def test_a_new_package_name_replaces_the_old_one_in_one_transaction():
@@ -40,10 +46,13 @@ def test_a_new_package_name_replaces_the_old_one_in_one_transaction():
     assert stack_changes(on_13, WANTED) == [
         "cuda-toolkit-13-0 13.0.2 -> cuda-toolkit-12-8 12.8.1 (replaces cuda-toolkit-13-0)",
         "libcudnn9-cuda-13 9.17.0.29 -> libcudnn9-cuda-12 9.17.0.29 (replaces libcudnn9-cuda-13, libcudnn9-dev-cuda-13)"]
-    install, remove, missing = stack_plan(on_13, WANTED, offered)
-    assert install == {"cuda-toolkit-12-8": "12.8.1-1", "libcudnn9-cuda-12": "9.17.0.29-1",
-                       "libcudnn9-dev-cuda-12": "9.17.0.29-1"}
-    assert remove == ["cuda-toolkit-13-0", "libcudnn9-cuda-13", "libcudnn9-dev-cuda-13"] and missing == []
+    move = rollout_move(on_13, ["cuda-toolkit-13-0", "nvidia-open"], offered, "580.126.09", WANTED,
+                        {"cuda-toolkit-12-8": {"cuda-toolkit-12-8": {"12.8.1-1": ""}}}, {}, False)
+    assert isinstance(move, RolloutMove), move
+    assert move.install == {"cuda-toolkit-12-8": "12.8.1-1", "libcudnn9-cuda-12": "9.17.0.29-1",
+                            "libcudnn9-dev-cuda-12": "9.17.0.29-1"}
+    assert move.remove == ("cuda-toolkit-13-0", "libcudnn9-cuda-13", "libcudnn9-dev-cuda-13")
+    assert move.hold == ("nvidia-open",)  # the replaced toolkit's hold goes with it
     driver = SimpleNamespace(module_version="580.126.09", userspace_version="580.126.09")
     gpus = SimpleNamespace(ok=True, driver_version="580.126.09", gpus=[])
     assert validation_problems("580.126.09", driver, gpus, [], None, WANTED, on_13) == [

@@ -2,7 +2,7 @@
 cuda-nsight-systems-X-Y / cuda-nsight-compute-X-Y through cuda-tools-X-Y -> cuda-visual-tools-X-Y,
 and they reach the release-named nsight-systems-YYYY.N.N / nsight-compute-YYYY.N.N with >=. The
 walk of a toolkit release pins those at the builds the release names and holds them (all.py),
-and tools/rollout moves them with the toolkit (deploys/upgrade.py through toolkit_move), with
+and tools/rollout moves them with the toolkit (deploys/upgrade.py through gpufleet/rollout/moves.py, on all.py's plan_package_change), with
 tuning_profiling users' exact releases from compat.yaml whether or not the toolkit depends on
 them. The index is the stand-in repository's (testing/aptrepo.py), as ToolkitIndex reads it."""
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.facts.packages import TOOLKIT, NSIGHT_RELEASE, toolkit_components
-from gpufleet.plans.package_plan import plan_package_change, toolkit_move, toolkit_release
+from gpufleet.plans.package_plan import plan_package_change, toolkit_release
+from gpufleet.rollout.moves import MoveRefusal, RolloutMove, rollout_move
 from gpufleet.plans.profiling import nsight_packages
 from gpufleet.rollout.manifest import purpose
 from testing.aptrepo import default_packages
@@ -80,12 +81,19 @@ def test_the_installed_toolkit_counts_its_nsight_among_its_components():
     assert found["nsight-systems-2025.3.2"] == ["2025.3.2.474-1", "2025.3.2.474", True]
 
 
+def _rolled(release: str, index: dict, nsight: dict, offered: dict | None = None) -> RolloutMove | MoveRefusal:
+    """The rollout's change for a host on toolkit 13.0.2 moving to `release` (or staying there)."""
+    installed = {"cuda-toolkit-13-0": "13.0.2-1" if release != "13.0.2" else "13.0.1-1"}
+    return rollout_move(installed, [], {"cuda-toolkit-13-0": [f"{release}-1"], **(offered or OFFERED)}, "580.126.09",
+                        {"cuda-toolkit-13-0": release}, {"cuda-toolkit-13-0": index}, nsight, True)
+
+
 def test_a_rollout_moving_the_toolkit_moves_its_nsight_to_the_new_release_builds():
-    move = toolkit_move({"cuda-toolkit-13-0": "13.0.3-1"}, {"cuda-toolkit-13-0": "13.0.3"},
-                        {"cuda-toolkit-13-0": INDEX}, {}, OFFERED)
-    assert move.missing == ()
+    move = _rolled("13.0.3", INDEX, {})
+    assert isinstance(move, RolloutMove), move
     assert {p: move.install[p] for p in NSIGHT_1303} == NSIGHT_1303
     assert move.install["cuda-nvcc-13-0"] == "13.0.96-1"
+    assert set(NSIGHT_1303) <= set(move.hold)
 
 
 def test_a_rollout_brings_users_nsight_of_the_new_release_even_when_the_toolkit_does_not_depend_on_it():
@@ -93,24 +101,22 @@ def test_a_rollout_brings_users_nsight_of_the_new_release_even_when_the_toolkit_
     bare["cuda-toolkit-13-0"] = {v: ", ".join(x for x in d.split(", ") if not x.startswith("cuda-tools-"))
                                  for v, d in bare["cuda-toolkit-13-0"].items()}
     users = {p: v.rsplit("-", 1)[0] for p, v in NSIGHT_1302.items()}
-    move = toolkit_move({"cuda-toolkit-13-0": "13.0.2-1"}, {"cuda-toolkit-13-0": "13.0.2"},
-                        {"cuda-toolkit-13-0": bare}, users, OFFERED)
-    assert move.missing == () and "cuda-tools-13-0" not in move.install
+    move = _rolled("13.0.2", bare, users)
+    assert isinstance(move, RolloutMove), move
+    assert "cuda-tools-13-0" not in move.install
     assert {p: move.install[p] for p in NSIGHT_1302} == NSIGHT_1302
-    # nothing moves with a toolkit that does not move
-    assert toolkit_move({"libcudnn9-cuda-13": "9.17.0.29-1"}, {}, {}, users, OFFERED).install == {}
 
 
 def test_a_rollout_refuses_users_nsight_the_sources_or_the_toolkit_contradict():
     users = {p: v.rsplit("-", 1)[0] for p, v in NSIGHT_1302.items()}
     # the toolkit moves to 13.0.3, whose chain names later builds than users' pins
-    move = toolkit_move({"cuda-toolkit-13-0": "13.0.3-1"}, {"cuda-toolkit-13-0": "13.0.3"},
-                        {"cuda-toolkit-13-0": INDEX}, users, OFFERED)
-    assert ("nsight-compute-2025.3.1 2025.3.1.4 (tuning_profiling: users; cuda-toolkit-13-0 13.0.3 names 2025.3.1.9)"
-            in move.missing)
+    refused = _rolled("13.0.3", INDEX, users)
+    assert isinstance(refused, MoveRefusal) and refused.area == "cuda_version"
+    assert ("nsight-compute-2025.3.1 2025.3.1.4 (the toolkit cuda-toolkit-13-0 13.0.3 names 2025.3.1.9)"
+            in refused.reason), refused
     gone = {**OFFERED, "nsight-systems-2025.3.2": ["2025.3.2.999-1"]}
-    move = toolkit_move({"cuda-toolkit-13-0": "13.0.2-1"}, {"cuda-toolkit-13-0": "13.0.2"}, {}, users, gone)
-    assert move.missing == ("nsight-systems-2025.3.2 2025.3.2.474 (tuning_profiling: users)",)
+    refused = _rolled("13.0.2", {"cuda-toolkit-13-0": {"13.0.2-1": ""}}, users, gone)
+    assert isinstance(refused, MoveRefusal) and "nsight-systems-2025.3.2 2025.3.2.474" in refused.reason, refused
     assert all(TOOLKIT.match(p) is None for p in users)
 
 

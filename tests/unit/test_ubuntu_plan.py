@@ -133,6 +133,8 @@ def test_dev_tier_planned_on_debian_resolves_ubuntus_driver_on_an_ubuntu_host():
         lines = [ln.strip() for ln in got[f"dev-{release}"].splitlines()]
         assert "driver: R580 580.173.02 (open)" in lines and MODULES[release] in lines, lines
         assert not any(ln.startswith("REFUSED") for ln in lines), lines
+        # the driver deploy's own plan (gpufleet/plans/driver.py), not a second derivation of it
+        assert "driver_change: Install driver 580.173.02 (open)" in lines, lines
 
 
 def test_secure_boot_on_ubuntu_prebuilt_needs_no_mok_dkms_uses_ubuntus_mok_pair():

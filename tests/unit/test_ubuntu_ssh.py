@@ -30,7 +30,10 @@ import gpufleet.facts.nftables as nf
 import gpufleet.facts.ssh as fs
 import gpufleet.facts.sshd_files as sf
 from gpufleet.operations import needrestart
+from gpufleet.apt_policy import GPU_PACKAGE_BLACKLIST
 from gpufleet.deploys import hardening as h
+from gpufleet.plans import hardening as hp
+from gpufleet.rendering import render
 from gpufleet.facts.system import parse_os_release
 from gpufleet.catalog import sshd_support
 from gpufleet.catalog.sshd_policy import expected_sshd
@@ -77,7 +80,7 @@ def test_ubuntu_os_release_and_sshd_version(release, codename, version_file, ver
     assert sshd.version == version and sshd.portable == 1 and sshd.raw == recorded[0]
     assert fs.SshdVersion().process(recorded) == sshd
     assert sshd.at_least(8, 5) and not sshd.at_least(9, 9)  # sntrup761 yes, ML-KEM no
-    assert h.kex_algorithms(sshd, CLASSIC) == ["sntrup761x25519-sha512@openssh.com", "curve25519-sha256@libssh.org"]
+    assert hp.kex_algorithms(sshd, CLASSIC) == ["sntrup761x25519-sha512@openssh.com", "curve25519-sha256@libssh.org"]
 
 
 def test_ubuntu_2404_socket_activation():
@@ -171,7 +174,7 @@ def test_mlkem_only_from_99_sntrup_in_89():
 def _rendered(version: fs.OpenSshVersion, **over) -> str:
     settings = {"hardening_extra_kex": CLASSIC, **over}
     ctx = _ctx(version, settings["hardening_extra_kex"])
-    return h.render("etc/ssh/sshd_config.d/00-gpufleet-hardening.conf.j2", **ctx)
+    return render("etc/ssh/sshd_config.d/00-gpufleet-hardening.conf.j2", **ctx)
 
 
 def _settings(extra_kex, allow_users=("root",), allow_groups=("gpu",)):
@@ -182,13 +185,13 @@ def _settings(extra_kex, allow_users=("root",), allow_groups=("gpu",)):
 
 
 def _ctx(version, extra_kex, **lists):
-    return h.sshd_context(_settings(extra_kex, **lists), version)
+    return hp.sshd_plan(_settings(extra_kex, **lists), version).template()
 
 
 def _expected(version, extra_kex, **lists) -> dict:
     """What the deploy checks in `sshd -T` after its reload (gpufleet/catalog/sshd_policy.py)."""
     settings = _settings(extra_kex, **lists)
-    return expected_sshd(settings, h.sshd_algorithms(h.sshd_context(settings, version)))
+    return expected_sshd(settings, hp.sshd_plan(settings, version).algorithms())
 
 
 @pytest.mark.parametrize("version, release", [("8.9p1", "22.04"), ("9.6p1", "24.04")])
@@ -289,7 +292,7 @@ def test_hardening_on_ubuntu_2404_with_ssh_socket_plans_the_socket_aware_path(mo
     # install, arm, restart, prove and disarm in one operation: the revert timer spans this
     # host's own steps, never the rest of the fleet's operations
     [(name, commands)] = [(n, c) for n, c in ops if n.startswith("Install the hardened sshd drop-in")]
-    assert "restart a running socket-activated sshd" in name and "ssh.socket and its ports (22) alone" in name
+    assert name == "Install the hardened sshd drop-in (restart, keep ssh.socket)"
     install, restart, prove = commands[-3:]
     assert "systemd-run" in install and "sshd -t" in install  # revert timer armed, candidate judged
     assert "systemctl try-restart ssh.service" in restart and "is-active --quiet ssh.socket" in restart
@@ -303,20 +306,21 @@ def test_hardening_on_ubuntu_2404_with_ssh_socket_plans_the_socket_aware_path(mo
     [put] = [c for n, c in ops if n.startswith("Install the hardened sshd drop-in")]
     assert "mlkem768x25519" not in " ".join(put)
     # needrestart asks nothing and restarts nothing, before the first apt install
-    quiet = names.index("Let needrestart list services to restart after apt, never restart them or wait for an answer")
+    quiet = names.index("Quiet needrestart")
     assert quiet < names.index("Install nftables and unattended-upgrades")
     # the firewall opens the socket's port
-    assert any("Load the firewall atomically" in n or "Write the firewall ruleset" in n for n in names)
+    assert any(n.startswith(("Load the firewall", "Write the firewall ruleset")) for n in names)
 
 
 def test_the_firewall_opens_the_port_ssh_socket_listens_on(monkeypatch):
     canned = _canned(UBUNTU / "systemctl-show-ssh-24.04-socket-idle-port-2222.txt", UBUNTU / "ssh-V-24.04.txt")
     seen = {}
-    real = h.nftables_context
-    monkeypatch.setattr(h, "nftables_context", lambda settings, ports: seen.setdefault("ports", ports) and real(settings, ports))
+    real = h.firewall_plan
+    monkeypatch.setattr(h, "firewall_plan",
+                        lambda settings, ports: seen.setdefault("ports", sorted(set(ports))) and real(settings, ports))
     _, _, ops = plan(monkeypatch, canned)
     assert seen["ports"] == [22, 2222]  # sshd -T's port 22 and the socket's 2222: both stay reachable
-    assert any("its ports (2222) alone" in n for n, _ in ops)
+    assert any(n == "Install the hardened sshd drop-in (restart, keep ssh.socket)" for n, _ in ops)
 
 
 def test_plain_daemon_keeps_the_reload(monkeypatch):
@@ -325,7 +329,7 @@ def test_plain_daemon_keeps_the_reload(monkeypatch):
     _, _, ops = plan(monkeypatch, canned)
     names = [n for n, _ in ops]
     [name] = [n for n in names if n.startswith("Install the hardened sshd drop-in")]
-    assert "reload sshd," in name and "socket-activated" not in name
+    assert name == "Install the hardened sshd drop-in (reload sshd)"
     assert not any("needrestart" in n for n in names)  # not installed: nothing written
 
 
@@ -347,7 +351,7 @@ def test_needrestart_never_restarts_nor_asks():
 
 
 def test_unattended_upgrades_origins_for_ubuntu_and_debian():
-    text = h.render("etc/apt/apt.conf.d/51gpufleet-unattended-upgrades.j2", blacklist=list(h.GPU_PACKAGE_BLACKLIST))
+    text = render("etc/apt/apt.conf.d/51gpufleet-unattended-upgrades.j2", blacklist=list(GPU_PACKAGE_BLACKLIST))
     block = text.split("Unattended-Upgrade::Origins-Pattern {", 1)[1].split("};", 1)[0]
     patterns = re.findall(r'"([^"]+)"', block)
 
