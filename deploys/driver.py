@@ -51,6 +51,7 @@ from gpufleet.operations.drain import gpu_work
 from gpufleet.operations.driver import archive_components, refresh_initramfs, repo_key, stack_recorded
 from gpufleet.operations.driver_upgrade import package_change_settled
 from gpufleet.operations.holds import held
+from gpufleet.operations.apt_index import lists_refreshed
 from gpufleet.operations.package_steps import packages_at_releases
 from gpufleet.operations.reboot import rebooted
 from gpufleet.plans.driver import (DriverPlan, DriverRefusal, plan_driver, read_driver_facts, reboot_forced,
@@ -159,7 +160,7 @@ def _sources(plan: DriverPlan, index_ops: list[OperationMeta]) -> bool:
             src=StringIO(MANAGED + nvidia.line),
             dest=CUDA_SOURCE, mode="644",
         )
-        apt.update(name="Read the changed sources' index", _if=any_changed(key, source))
+        lists_refreshed(name="Read the changed sources' index", paths=[CUDA_SOURCE], _if=any_changed(key, source))
         index_ops += [key, source]
     elif plan.archive_components:
         archive = "Ubuntu" if plan.res.os_release.startswith("ubuntu") else "Debian"

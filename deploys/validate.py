@@ -9,7 +9,7 @@ view): the gpufleet marker and diagnostics packages, the hardware against the ti
 driver = installed = resolved and no mismatch pending, persistence, clocks, Fabric Manager
 where NVSwitch is present, containers seeing the GPUs, the tuning profiles, sshd's effective
 configuration and the firewall; then, where DCGM or PyTorch exist, `dcgmi diag -r 1` and a
-short bf16 matmul / memory / all-reduce probe against per-model minimums (gpufleet/checks/perf.py),
+short bf16 matmul / memory / all-reduce probe against per-model minimums (gpufleet/plans/perf.py),
 and whether the PyTorch build runs on the GPUs with this driver (facts/pytorch.py), both with the
 tier's PyTorch runtime (pytorch_runtime: gpufleet's venv, an interpreter the site keeps, or none;
 each line names it; a runtime without torch is a WARN naming what to set).

@@ -121,7 +121,7 @@ class ContainerGpus(FactBase[ContainerGpusData]):
 
 
 # ------------------------------------------------------------------------------------------
-# Performance probe (raw lines; gpufleet.checks.perf.parse_probe_output judges them)
+# Performance probe (raw lines; gpufleet.plans.perf.parse_probe_output judges them)
 # ------------------------------------------------------------------------------------------
 
 # gpufleet/perf_probe.py: a file of the package, read and sent, never imported here

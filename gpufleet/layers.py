@@ -53,8 +53,6 @@ OUTSIDE = ("testing", "tests", "tools", "bench")
 #: (importing module, imported prefix): arrows allowed against the rule, each with its reason.
 EXCEPTIONS: dict[tuple[str, str], str] = {
     ("inventories.sandbox", "testing"): "the sandbox inventory is the test hosts' own list (tools/testhosts)",
-    ("gpufleet.plans.acceptance", "gpufleet.checks.perf"): "the acceptance plan judges the probe's measurements "
-                                                         "with the probe's own arithmetic: one copy of the counts",
 }
 
 

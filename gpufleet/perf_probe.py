@@ -4,7 +4,7 @@ Sent by facts/gpu_checks.py as `<python> -c <this file's text> ARGS`, <python> t
 the tier's pytorch_runtime (gpufleet/plans/pytorch_runtime.py), which the first line names. Prints one JSON object per
 line: first {"status": "ok", ...} (or "skipped" with the reason, when PyTorch is missing), then
 one record per measurement with raw counts only (sizes, iterations, seconds); the controller
-turns them into TFLOP/s and GB/s (gpufleet/checks/perf.py), so no arithmetic lives here.
+turns them into TFLOP/s and GB/s (gpufleet/plans/perf.py), so no arithmetic lives here.
 
     --device cuda|cpu   cuda (default): every GPU; cpu: a small run for tests, no GPU needed
     --size N            matmul size (N x N @ N x N)

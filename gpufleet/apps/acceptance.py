@@ -62,7 +62,7 @@ def _python(settings: Any) -> str:
 
 def read_host(host: Any, reading: HostReading, probe: bool, diag_level: int | None = None) -> None:
     """Step 1 on one host (in its pyinfra context)."""
-    from gpufleet.checks import perf
+    from gpufleet.plans import perf
     from gpufleet.plans.health import assess
     from gpufleet.config.settings import host_settings
 

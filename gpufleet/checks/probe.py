@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gpufleet.checks import perf
+from gpufleet.plans import perf
 from gpufleet.checks.gate import FAIL, PASS, SKIP, WARN, Context, Result, check
 from gpufleet.facts.dcgm_diag import DcgmDiag, DcgmDiagData
 from gpufleet.facts.gpu_checks import PerfProbe

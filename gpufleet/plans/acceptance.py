@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
-from gpufleet.checks import perf
+from gpufleet.plans import perf
 from gpufleet import yamlload
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.checks import perf
+from gpufleet.plans import perf
 from gpufleet.facts.network import parse_ib_counters
 from gpufleet.plans import acceptance as acc
 

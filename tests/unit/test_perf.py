@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from gpufleet.checks import perf
+from gpufleet.plans import perf
 from gpufleet.perf_probe import __file__ as PROBE
 
 pytestmark = pytest.mark.unit
