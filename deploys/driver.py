@@ -43,7 +43,7 @@ from pyinfra.operations import apt, files, python, systemd
 from pyinfra.operations.util import any_changed
 
 from gpufleet.apt_policy import APT_CACHE_SECONDS, GPU_PACKAGE_BLACKLIST, UNATTENDED_CONF
-from gpufleet.config.failures import fail_now, real_host, refuse
+from gpufleet.config.failures import Refusal, fail_now, real_host
 from gpufleet.config.settings import Settings, host_settings
 from gpufleet.controller.run_summary import outcome
 from gpufleet.facts.kernel import DriverState
@@ -54,7 +54,7 @@ from gpufleet.operations.holds import held
 from gpufleet.operations.apt_index import lists_refreshed
 from gpufleet.operations.package_steps import packages_at_releases
 from gpufleet.operations.reboot import rebooted
-from gpufleet.plans.driver import (DriverPlan, DriverRefusal, plan_driver, read_driver_facts, reboot_forced,
+from gpufleet.plans.driver import (DriverPlan, plan_driver, read_driver_facts, reboot_forced,
                                    reboot_hold_back)
 from gpufleet.plans.driver_preconditions import dkms_signing_conf
 from gpufleet.config.failures import Refused
@@ -73,8 +73,8 @@ MANAGED = "# Managed by gpufleet (deploys/driver.py). Do not edit: changes are r
 def driver() -> None:
     settings = host_settings(host)
     plan = plan_driver(settings, read_driver_facts(host, settings))
-    if isinstance(plan, DriverRefusal):
-        refuse(host, plan.key, plan.reason, plan.fix)
+    if isinstance(plan, Refusal):
+        plan.stop(host)
         return
     me = real_host(host)  # the concrete host, for callbacks that run at execution time
     _left_to_rollout(me, plan)

@@ -25,7 +25,8 @@ from pyinfra.facts.server import Arch
 from gpufleet.controller import askpass
 from gpufleet.plans.cluster import missing_peers, training_networks
 from gpufleet.plans.acceptance import plan_line as acceptance_line
-from gpufleet.plans.driver import DriverRefusal, plan_driver, read_driver_facts
+from gpufleet.config.failures import Refusal
+from gpufleet.plans.driver import plan_driver, read_driver_facts
 from gpufleet.plans.driver_preconditions import mok_certificate
 from gpufleet.catalog.compat import compat_data
 from gpufleet.errors import Incompatible
@@ -126,8 +127,8 @@ try:
     if not kernel.prebuilt and settings.driver_kernel_headers == "require":
         headers = [f"linux-headers-{kernel.release}", *([kernel.headers_metapackage] if kernel.headers_metapackage else [])]
         lines.append(f"kernel_headers: {' '.join(headers)} (DKMS builds the module for this kernel and the ones that follow)")
-    if isinstance(driver_plan, DriverRefusal):
-        lines.append(f"REFUSED ({driver_plan.area}): {driver_plan.line()}")
+    if isinstance(driver_plan, Refusal):
+        lines.append(f"REFUSED ({driver_plan.area}): {driver_plan.reason}. Fix: {driver_plan.how_to_fix()} (key {driver_plan.key})")
     else:
         lines += driver_plan.summary()
 except Incompatible as refused:
