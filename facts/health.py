@@ -402,3 +402,21 @@ class GpuHealth(FactBase[GpuHealthData]):
                              unmatched_xids=tuple((bus, x) for bus, x in xids if bus not in by_bus), nvml=bool(nvml),
                              last_event=(float(last[-1].group(1)), last[-1].group(2), last[-1].group(3))
                              if last else None)
+
+
+class HealthJournal(FactBase[list[str]]):
+    """The health watch's journal (deploys/health_watch.py), its last 2000 lines: root's file, read
+    with the host's sudo; none (or no watch): no line."""
+
+    @override
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+    @override
+    def command(self) -> str:
+        return f"tail -n 2000 {WATCH_DIR}/journal.jsonl 2>/dev/null || true"
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return [line for line in output if line.startswith("{")]

@@ -168,8 +168,16 @@ def run(config: dict[str, Any], mode: str) -> int:
         record(None, bus, check, "ok", "cleared", "no longer found")
 
     node = read_slurm(plan.slurm_node) if mode != "prolog" else None
-    with _host_lock() as free:
-        steps = [] if mode == "prolog" else w.plan_steps(needs, plan.action, node, held_by_run=not free)
+    with _host_lock() as free:   # a look only: released at once, so that a run starting now is not stopped
+        pass
+    steps = [] if mode == "prolog" else w.plan_steps(needs, plan.action, node, held_by_run=not free)
+    if any(step.kind != "none" for step in steps):
+        with _host_lock() as free:   # held while acting: a rollout starting then waits or stops
+            if not free:
+                steps = [w.Step("none", why="a gpufleet run (all.py, tools/rollout) holds the host: nothing acts")]
+            for step in steps:
+                _act(step, needs, node, plan, record, boot)
+    else:
         for step in steps:
             _act(step, needs, node, plan, record, boot)
     _append(w.JOURNAL, [e.as_json() for e in events])
