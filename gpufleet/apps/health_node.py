@@ -16,6 +16,7 @@ import argparse
 import fcntl
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from typing import Any
 from gpufleet.facts.health import GpuHealth, GpuHealthData, bus_key
 from gpufleet.facts.slurm import SlurmNode, SlurmNodeData
 from gpufleet.plans import health_watch as w
-from gpufleet.plans.health import assess, summary_line
+from gpufleet.plans.health import assess, health_rules, summary_line
 
 #: the reset script the deploy writes beside the modules (plans/health_watch.py reset_script)
 RESET_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "reset.sh")
@@ -127,6 +128,18 @@ def read_health() -> GpuHealthData:
     return GpuHealth().process(_sh(GpuHealth().command()).stdout.splitlines())
 
 
+def read_dcgm_health() -> list[tuple[str, str, str, str, str]]:
+    """DCGM's health watches, where DCGM is installed: set on every system (`dcgmi health -s a`:
+    the same again each run, so a restarted host engine gets them back), then their incidents
+    since (`dcgmi health -c -j`). No dcgmi, no host engine: none."""
+    if not shutil.which("dcgmi"):
+        return []
+    if _sh("dcgmi health -s a >/dev/null 2>&1").returncode != 0:
+        return []
+    done = _sh("dcgmi health -c -j 2>/dev/null")
+    return w.parse_dcgm_health(done.stdout) if done.returncode == 0 else []
+
+
 def read_slurm(node: str) -> SlurmNodeData:
     return SlurmNode().process(_sh(SlurmNode().command(node=node)).stdout.splitlines())
 
@@ -147,6 +160,8 @@ def run(config: dict[str, Any], mode: str) -> int:
     now, boot = time.time(), _boot()
     data = read_health()
     verdict = assess(data, nvlink=plan.nvlink)
+    if plan.dcgm_watches and data.status == "ok":
+        verdict = w.with_dcgm(verdict, read_dcgm_health(), health_rules())
     journal = w.parse_journal(_read(w.JOURNAL))
     needs = w.escalated(verdict, journal, now, plan)
     events: list[w.Event] = []

@@ -28,7 +28,7 @@ from typing import Any
 
 from gpufleet.facts.health import WATCH_DIR
 from gpufleet.facts.slurm import SlurmNodeData
-from gpufleet.plans.health import CLASSES, GpuVerdict, HostVerdict, rank
+from gpufleet.plans.health import CLASSES, Finding, GpuVerdict, HealthRules, HostVerdict, rank
 
 #: root's folder (0700): the journal (append-only, 0600), the reset record, the last event, config
 JOURNAL = f"{WATCH_DIR}/journal.jsonl"
@@ -303,3 +303,43 @@ def metrics(verdict: HostVerdict, needs: list[Need], journal: list[Event], now: 
             counts[event.cls] += 1
     lines += [f'gpufleet_health_events_total{{class="{cls}"}} {n}' for cls, n in counts.items()]
     return "\n".join(lines) + "\n"
+
+
+def parse_dcgm_health(text: str) -> list[tuple[str, str, str, str, str]]:
+    """(entity group, entity id, system, health, message) of each incident `dcgmi health -c -j`
+    reports (dcgmi/Health.cpp: body -> "GPU" -> children -> id -> children -> "Errors" -> children
+    -> system -> value "Warning" | "Failure", its message in "overflow"). Not JSON: none."""
+    try:
+        body = json.loads(text).get("body") or {}
+    except (ValueError, AttributeError):
+        return []
+    out = []
+    for group, node in body.items():
+        if group == "Overall Health" or not isinstance(node, dict):
+            continue
+        for eid, entity in (node.get("children") or {}).items():
+            errors = (((entity or {}).get("children") or {}).get("Errors") or {}).get("children") or {}
+            for system, found in errors.items():
+                if isinstance(found, dict) and found.get("value") in ("Warning", "Failure"):
+                    message = " ".join(str(x) for x in found.get("overflow") or []).strip()
+                    out.append((str(group), str(eid), str(system), str(found["value"]), message))
+    return out
+
+
+def with_dcgm(verdict: HostVerdict, incidents: list[tuple[str, str, str, str, str]], rules: HealthRules) -> HostVerdict:
+    """The verdict with DCGM's health watch incidents folded in, in the same classes (health.yaml
+    dcgm_health_warning / dcgm_health_failure): a GPU's on that GPU (DCGM's GPU id is its index),
+    the rest (an NVSwitch's) on the host."""
+    by_gpu: dict[int, list[Finding]] = {}
+    host: list[Finding] = []
+    for group, eid, system, health, message in incidents:
+        rule = rules.checks["dcgm_health_failure" if health == "Failure" else "dcgm_health_warning"]
+        detail = rule.detail.format(system=system, message=message or "no message")
+        check = "dcgm_" + "".join(c if c.isalnum() else "_" for c in system.lower()).strip("_")
+        finding = Finding(check, rule.cls, detail if group == "GPU" else f"{group} {eid}: {detail}", rule.fix, rule.source)
+        if group == "GPU" and eid.isdigit():
+            by_gpu.setdefault(int(eid), []).append(finding)
+        else:
+            host.append(finding)
+    gpus = tuple(replace(g, findings=g.findings + tuple(by_gpu.get(g.index, []))) for g in verdict.gpus)
+    return replace(verdict, gpus=gpus, host_findings=verdict.host_findings + tuple(host))

@@ -265,3 +265,41 @@ def test_keys_that_contradict_each_other_are_refused(over, key):
     with pytest.raises(InventoryError) as exc:
         settings(**over)
     assert f"key '{key}'" in str(exc.value)
+
+
+def test_the_reports_health_column_shows_the_last_event_and_its_age():
+    from gpufleet.apps.report.render import health_event_text
+
+    assert health_event_text({"health_event": {"time": NOW - 7300, "class": "reset", "action": "reset"}},
+                             now=NOW) == "reset, 2h ago"
+    assert health_event_text({"health_event": {"time": NOW - 30, "class": "reset", "action": "busy"}},
+                             now=NOW, short=True) == "reset busy 30s"
+    assert health_event_text({"health_event": None}) == ""
+
+
+# --- DCGM's health watches --------------------------------------------------------------------
+
+# `dcgmi health -c -j` as dcgmi/Health.cpp and DcgmiOutput (jsoncpp: "value", "overflow",
+# "children") build it; composed from that source, not recorded on a host with DCGM
+DCGM_HEALTH = json.dumps({
+    "header": ["Health Monitor Report"],
+    "body": {"Overall Health": {"value": "Failure"},
+             "GPU": {"children": {"0": {"value": "Failure", "children": {"Errors": {"children": {
+                 "NVLINK system": {"value": "Failure", "overflow": ["Detected a fatal NVLink error", "on link 3"]},
+                 "PCIe system": {"value": "Warning", "overflow": ["Detected more than 8 PCIe replays per minute"]},
+             }}}}}}}})
+
+
+def test_dcgm_health_incidents_fold_into_the_same_classes_on_their_gpu():
+    from gpufleet.plans.health import health_rules
+
+    incidents = w.parse_dcgm_health(DCGM_HEALTH)
+    assert incidents == [("GPU", "0", "NVLINK system", "Failure", "Detected a fatal NVLink error on link 3"),
+                         ("GPU", "0", "PCIe system", "Warning", "Detected more than 8 PCIe replays per minute")]
+    healthy = assess(GpuHealth().process(h200_output(h200_kernel_log())))
+    verdict = w.with_dcgm(healthy, incidents, health_rules())
+    found = {(f.check, f.cls) for f in verdict.gpus[0].findings}
+    assert found == {("dcgm_nvlink_system", "drain"), ("dcgm_pcie_system", "monitor")}
+    assert w.parse_dcgm_health("Error: Health watches not enabled. Please enable watches.") == []
+    healthy_report = json.dumps({"header": ["Health Monitor Report"], "body": {"Overall Health": {"value": "Healthy"}}})
+    assert w.with_dcgm(healthy, w.parse_dcgm_health(healthy_report), health_rules()) == healthy

@@ -177,6 +177,7 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     if profiling is not None and profiling.status != "skip" and not (
             profiling.status == "pass" and settings is not None and settings.tuning_profiling == "admins"):
         row["profiling"] = f"{'ok' if profiling.status == 'pass' else profiling.status}: {profiling.message}"
+    row["health_event"] = health_event(host)
     row["endpoints"] = endpoints(host, settings, by_name) if settings else []
     torch = by_name.get(PYTORCH_CHECK)
     row["pytorch"] = f"{'ok' if torch.status == 'pass' else torch.status}: {torch.message}" if torch else None
@@ -189,6 +190,14 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     }
     row["state"] = classify(row, results)
     return row
+
+
+def health_event(host: Any) -> dict[str, Any] | None:
+    """The health watch's last event, from the GpuHealth fact the gate's health check read."""
+    from gpufleet.facts.health import GpuHealth
+
+    event = host.get_fact(GpuHealth).last_event
+    return None if event is None else {"time": event[0], "class": event[1], "action": event[2]}
 
 
 def clock_column(host: Any, settings: Any, driver: str | None) -> dict[str, Any] | None:
