@@ -259,7 +259,7 @@ def plan_steps(needs: list[Need], mode: str, node: SlurmNodeData | None, held_by
             return [Step("none", why="not a Slurm node: the reboot is reported, not made")]
         if admin:
             return [Step("none", why="drained by an admin: kept as it is")]
-        if node is not None and "REBOOT" in node.state.upper():
+        if node is not None and "REBOOT" in (node.state or "").upper():
             return [Step("none", why="Slurm has its reboot already")]
         return [Step("reboot")]
     steps = [Step("reset", gpu=n.gpu.index) for n in needs if n.cls == "reset" and n.gpu is not None]
