@@ -415,7 +415,7 @@ class HealthJournal(FactBase[list[str]]):
 
     @override
     def command(self) -> str:
-        return f"tail -n 2000 {WATCH_DIR}/journal.jsonl 2>/dev/null || true"
+        return "tail -n 2000 /var/lib/gpufleet-health/journal.jsonl 2>/dev/null || true"   # WATCH_DIR
 
     @override
     def process(self, output: list[str]) -> list[str]:

@@ -298,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         fd = _open(w.RUN_LOCK, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            return run(config, "prolog" if args.prolog else "act")
+            # slurm.conf's Prolog= takes no arguments: slurmd says it is the prolog in the environment
+            prolog = args.prolog or os.environ.get("SLURM_SCRIPT_CONTEXT", "").startswith("prolog")
+            return run(config, "prolog" if prolog else "act")
         finally:
             os.close(fd)
     except (WatchError, OSError, ValueError, KeyError) as exc:

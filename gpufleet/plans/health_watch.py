@@ -92,6 +92,8 @@ def wrapper() -> str:
     """/usr/local/sbin/gpufleet-health-watch: the system's python3, isolated (no user site, no
     PYTHON* variables), on gpufleet's own zip."""
     return ("#!/bin/sh\n# Managed by gpufleet (deploys/health_watch.py): the node's health watch.\n"
+            # slurmd runs its health check and prolog with a bare environment: the tools by their usual paths
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\nexport PATH\n"
             f'exec /usr/bin/python3 -I {BUNDLE} "$@"\n')
 
 
