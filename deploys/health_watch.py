@@ -60,7 +60,7 @@ def bundle() -> bytes:
     entries["gpufleet/data/__init__.py"] = b""
     entries["gpufleet/data/health.yaml"] = json.dumps(rules, sort_keys=True).encode()
     entries.update({path: text.encode() for path, text in _STANDINS.items()})
-    entries["reset.sh"] = w.reset_script(GPU_WORK_ON).encode()
+    entries["gpufleet/data/health-reset.sh"] = w.reset_script(GPU_WORK_ON).encode()
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
         for path in sorted(entries):

@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib import resources
 from typing import Any
 
 from gpufleet.facts.health import GpuHealth, GpuHealthData, bus_key
@@ -30,8 +31,9 @@ from gpufleet.facts.slurm import SlurmNode, SlurmNodeData
 from gpufleet.plans import health_watch as w
 from gpufleet.plans.health import assess, health_rules, summary_line
 
-#: the reset script the deploy writes beside the modules (plans/health_watch.py reset_script)
-RESET_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "reset.sh")
+#: the reset script the deploy puts in the zip (plans/health_watch.py reset_script), read through
+#: the import system: the modules run from the zip, not from files
+RESET_SCRIPT = "data/health-reset.sh"
 
 
 class WatchError(Exception):
@@ -191,10 +193,10 @@ def run(config: dict[str, Any], mode: str) -> int:
             if not free:
                 steps = [w.Step("none", why="a gpufleet run (all.py, tools/rollout) holds the host: nothing acts")]
             for step in steps:
-                _act(step, needs, node, plan, record, boot)
+                _act_logged(step, needs, node, plan, record, boot)
     else:
         for step in steps:
-            _act(step, needs, node, plan, record, boot)
+            _act_logged(step, needs, node, plan, record, boot)
     _append(w.JOURNAL, [e.as_json() for e in events])
     if events:
         last = events[-1]
@@ -214,6 +216,15 @@ def _findings(verdict: Any) -> Iterator[tuple[Any, Any]]:
         yield from ((g, f) for f in g.findings)
 
 
+def _act_logged(step: w.Step, needs: list[w.Need], node: SlurmNodeData | None, plan: w.WatchPlan, record: Any,
+                boot: str) -> None:
+    """An action that fails in an unforeseen way is recorded as failed; what was seen is kept."""
+    try:
+        _act(step, needs, node, plan, record, boot)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        record(step.gpu, "", step.kind, "ok", "failed", f"{step.kind} failed: {type(exc).__name__}: {exc}"[:300])
+
+
 def _act(step: w.Step, needs: list[w.Need], node: SlurmNodeData | None, plan: w.WatchPlan, record: Any,
          boot: str) -> None:
     top = needs[0] if needs else None
@@ -225,7 +236,7 @@ def _act(step: w.Step, needs: list[w.Need], node: SlurmNodeData | None, plan: w.
     elif step.kind == "reset":
         need = next(n for n in needs if n.gpu is not None and n.gpu.index == step.gpu)
         assert need.gpu is not None
-        done = _sh("\n".join(_read_text(RESET_SCRIPT)), str(step.gpu))
+        done = _sh(resources.files("gpufleet").joinpath(RESET_SCRIPT).read_text(encoding="utf-8"), str(step.gpu))
         if done.returncode == 0:
             _append(w.RESETS, [f"reset {bus_key(need.gpu.bus_id)} {boot} {time.clock_gettime(time.CLOCK_MONOTONIC):.6f}"])
             record(step.gpu, need.gpu.bus_id, need.check, "reset", "reset", "the GPU was idle: reset (nvidia-smi -r)",
@@ -250,11 +261,6 @@ def _act(step: w.Step, needs: list[w.Need], node: SlurmNodeData | None, plan: w.
         ok, out = _scontrol(node, *words)
         record(gpu, bus, check, cls if step.kind != "resume" else "ok", step.kind if ok else "failed",
                (reason or "healthy again: resumed") if ok else f"scontrol {step.kind} failed: {out}")
-
-
-def _read_text(path: str) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        return f.read().splitlines()
 
 
 def _metrics(plan: w.WatchPlan, verdict: Any, needs: list[w.Need], journal: list[w.Event], now: float,

@@ -240,7 +240,7 @@ def plan_steps(needs: list[Need], mode: str, node: SlurmNodeData | None, held_by
     node: a busy GPU is not reset, the node is drained instead). `node`: the Slurm node (None or
     without scontrol: not a Slurm node)."""
     if held_by_run:
-        return [Step("none", why="a gpufleet run (all.py, tools/rollout) holds the host: nothing acts")]
+        return [Step("none", why="a gpufleet run (all.py, tools/rollout) holds the host: nothing acts")] if needs else []
     if mode == "report-only":
         return [Step("none", why="health_action report-only")] if needs else []
     slurm = node is not None and bool(node.scontrol) and not node.error
