@@ -18,9 +18,7 @@
 from pyinfra import host, state
 
 from gpufleet.controller import factcache
-
 from gpufleet.controller import hostlock
-
 from gpufleet.controller import staging
 
 factcache.install()  # no fact asked twice while nothing changed; last run's facts in one command

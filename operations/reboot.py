@@ -10,6 +10,7 @@ from pyinfra import logger
 from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 
 from gpufleet.config.failures import fail_now
+from gpufleet.config.hostcontext import host_context
 from gpufleet.operations import as_op
 
 from gpufleet.operations.drain import BUSY_MARK, idle_check
@@ -23,6 +24,23 @@ IDLE_CHECK = idle_check("not rebooting")
 MARKER = "/run/gpufleet-reboot-marker"
 
 
+def _marker(host: Host) -> str | None:
+    """The marker's text on the connection `host` has now, None when it did not answer. Not a
+    change: no host lock, no reload guard (gpufleet/controller/hostlock.py), which on a host
+    still going down would fail the reboot instead of waiting; no sudo either (the marker is
+    world-readable), so no password goes to a host that may be mid-shutdown."""
+    context = host_context(host)
+    context.lock_in_fact += 1
+    try:
+        ok, out = host.run_shell_command(StringCommand("cat", MARKER, "2>/dev/null", "||", "echo", "gone"))
+    except Exception:  # the connection dropped under it: not back yet
+        return None
+    finally:
+        context.lock_in_fact -= 1
+    lines = [line.line for line in out] if out else []
+    return lines[-1].strip() if ok and lines else None
+
+
 def _wait_for_reboot(state: State, host: Host, nonce: str, timeout: float, delay: float) -> bool:
     time.sleep(delay)
     host.disconnect()
@@ -30,10 +48,10 @@ def _wait_for_reboot(state: State, host: Host, nonce: str, timeout: float, delay
     while time.monotonic() < deadline:
         host.connect(show_errors=False)
         if host.connected:
-            ok, out = as_op.run(host, StringCommand("cat", MARKER, "2>/dev/null", "||", "echo", "gone"))
-            lines = [line.line for line in out] if out else []
-            if ok and lines and lines[-1].strip() != nonce:
-                # booted again: wait for systemd to finish (units that apply settings at boot)
+            marker = _marker(host)
+            if marker is not None and marker != nonce:
+                # booted again: wait for systemd to finish (units that apply settings at boot);
+                # the first command that may change something takes the lock again
                 as_op.run(host, StringCommand("timeout 120 systemctl is-system-running --wait || true"))
                 return True
             host.disconnect()
@@ -43,26 +61,34 @@ def _wait_for_reboot(state: State, host: Host, nonce: str, timeout: float, delay
                            )
 
 
-# $1 the marker's nonce, $2 the journal line: the marker, the reason and the reboot in one command
-_REBOOT = ('echo "$1" > ' + MARKER + '; [ -z "$2" ] || logger -t gpufleet -- "$2"; '
+# $1 the marker's nonce. Written by a command of its own, before the reboot's: a reboot can cut
+# the SSH connection before its command's exit status comes back (a loaded controller, a fast
+# host), and then only a marker known to have been written tells "rebooted" from "never ran".
+_MARK = 'echo "$1" > ' + MARKER
+# $1 the journal line: the reason and the reboot in one command
+_REBOOT = ('[ -z "$1" ] || logger -t gpufleet -- "$1"; '
            "( sleep 1 && systemctl reboot ) </dev/null >/dev/null 2>&1 &")
 _REBOOT_IF_IDLE = IDLE_CHECK + "; " + _REBOOT
 
 
-def _reboot_if_idle(state: State, host: Host, nonce: str, note: str, timeout: float, delay: float,
-                    if_busy: Callable[[Host, str], bool]) -> bool:
-    """Executing: the idle check and the reboot as one command; busy -> `if_busy(host, message)`
-    says whether the operation still succeeds (nothing rebooted either way)."""
-    ok, out = as_op.run(host, StringCommand("sh", "-c", QuoteString(_REBOOT_IF_IDLE), "reboot-if-idle",
-                                            QuoteString(nonce), QuoteString(note)))
+def _reboot(state: State, host: Host, nonce: str, note: str, timeout: float, delay: float, require_idle: bool,
+            if_busy: Callable[[Host, str], bool] | None) -> bool:
+    """Executing: (the idle check and) the reboot as one command, then the wait. Busy ->
+    `if_busy(host, message)` says whether the operation still succeeds (nothing rebooted either
+    way); without if_busy, busy fails. A command that failed saying nothing lost its connection
+    to the reboot it started: the marker, written before, decides."""
+    script, label = (_REBOOT_IF_IDLE, "reboot-if-idle") if require_idle else (_REBOOT, "reboot")
+    ok, out = as_op.run(host, StringCommand("sh", "-c", QuoteString(script), label, QuoteString(note)))
     lines = [line.line for line in out] if out else []
     busy = next((line for line in lines if line.startswith(BUSY_MARK)), None)
-    if busy:
+    if busy and if_busy is not None:
         return bool(if_busy(host, busy[len(BUSY_MARK):].strip()))
-    if not ok:
+    if not ok and lines:
         for line in lines:
             host.log_styled(line, fg="red", log_func=logger.error)
         return False
+    if not ok:
+        logger.warning(f"{host.name}: the connection dropped as the reboot began; waiting for the host")
     return _wait_for_reboot(state, host, nonce, timeout, delay)
 
 
@@ -76,18 +102,14 @@ def rebooted(reason: str = "", timeout: int = 600, delay: int = 2, require_idle:
     + timeout: seconds to wait for the host to be back
     + delay: seconds before the first reconnection attempt
     + require_idle: check for GPU work in the command that starts the reboot, and refuse if any runs
-      (the command fails with a BUSY_MARK line, exit BUSY_EXIT)
+      (the operation fails naming it)
     + if_busy: with require_idle, instead of failing: called as if_busy(host, what runs) when GPU
       work runs; its result is the operation's (True: reported, not a failure; not rebooted)
     """
     nonce = uuid.uuid4().hex
     note = f"reboot: {reason}" if reason else ""
-    if require_idle and if_busy is not None:
-        yield FunctionCommand(_reboot_if_idle, (nonce, note, timeout, delay, if_busy), {})
-        return
-    yield StringCommand("sh", "-c", QuoteString(_REBOOT_IF_IDLE if require_idle else _REBOOT),
-                        "reboot-if-idle" if require_idle else "reboot", QuoteString(nonce), QuoteString(note))
-    yield FunctionCommand(_wait_for_reboot, (nonce, timeout, delay), {})
+    yield StringCommand("sh", "-c", QuoteString(_MARK), "reboot-mark", QuoteString(nonce))
+    yield FunctionCommand(_reboot, (nonce, note, timeout, delay, require_idle, if_busy), {})
 
 
 # $1 node, $2 reason, $3 the marker's nonce. nextstate=DOWN, not RESUME: Slurm would put the node

@@ -25,7 +25,6 @@ import time
 import pytest
 
 from gpufleet.controller import factbatch
-
 from gpufleet.controller import factcache
 from gpufleet.facts.ssh import AuthorizedKeys, SshdActivation
 from testing import testhosts

@@ -32,7 +32,6 @@ from pyinfra.api.host import Host
 from pyinfra.facts import deb, files, server, systemd
 
 from gpufleet.controller import factcache
-
 from gpufleet import pyinfra_private
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.packages import HeldPackages, PackageVersions, StackPackages

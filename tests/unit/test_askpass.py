@@ -17,7 +17,6 @@ import pytest
 from pyinfra.api.command import StringCommand
 
 from gpufleet.controller import askpass
-
 from gpufleet import pyinfra_private
 
 pytestmark = pytest.mark.unit

@@ -12,7 +12,6 @@ from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from gpufleet.controller import factbatch
-
 from gpufleet.controller import factcache
 
 pytestmark = pytest.mark.unit

@@ -7,9 +7,7 @@ import pytest
 from pyinfra.api import Config, Inventory, State
 
 from gpufleet.controller import askpass
-
 from gpufleet.controller import hostlock
-
 from gpufleet import pyinfra_private
 
 

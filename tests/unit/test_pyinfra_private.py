@@ -23,7 +23,6 @@ from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import Arch
 
 from gpufleet.controller import factcache
-
 from gpufleet import pyinfra_private
 
 pytestmark = pytest.mark.unit
@@ -45,7 +44,6 @@ from pyinfra.facts.files import Sha1File
 from pyinfra.facts.server import Arch
 
 from gpufleet.controller import factcache
-
 from gpufleet import pyinfra_private
 
 version, connector, path = sys.argv[1:4]

@@ -11,7 +11,6 @@ import os
 import pytest
 
 from gpufleet.controller import factcache
-
 from gpufleet.controller import controller_files
 from gpufleet.printable import printable
 from gpufleet.rollout import manifest as mf

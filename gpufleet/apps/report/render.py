@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.controller import controller_files
-
 from gpufleet import rendering
 from gpufleet.printable import printable
 

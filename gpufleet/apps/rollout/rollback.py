@@ -28,7 +28,6 @@ def rollback(inventory: str | InventorySource, hosts: list[str], manifest: Path 
     from .session import inventory_hosts, run_step
 
     from gpufleet.controller import hostlock
-
     from gpufleet.controller import staging
 
     hostlock.install()  # each step locks its hosts at their first change (issue 14: no two at once)
