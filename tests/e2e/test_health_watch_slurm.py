@@ -1,13 +1,15 @@
 """End-to-end: the health watch as Slurm's own HealthCheckProgram (issue 45), on a real Slurm
 cluster of test hosts (testing/slurm.py: Debian's slurm-wlm, slurmctld on one host, slurmd on a
 node whose H200 is SIMULATED, testing/gpusim). deploys/health_watch.py alone sets the node's
-HealthCheckProgram (interval 10 s); the watch's own timer is set to an hour, so what drains the
+HealthCheckProgram (interval 10 s; the controller's slurm.conf gets the same lines, as a site's
+shared slurm.conf has them); the watch's own timer is set to an hour, so what drains the
 node here is slurmd running the check. A GPU in hardware slowdown drains the node with the
 finding as the reason; once the fault clears, the node is resumed; an admin's drain is kept.
 """
 from __future__ import annotations
 
 import json
+import shlex
 import time
 
 import pytest
@@ -51,6 +53,11 @@ def cluster(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
     runs = {"first": pyinfra(inv, "deploys/health_watch.py"), "again": pyinfra(inv, "deploys/health_watch.py")}
     for label, run in runs.items():
         (tmp / f"{label}.log").write_text(run.output)
+    # slurmctld asks the nodes for their health check every HealthCheckInterval: a site's slurm.conf
+    # is one file for the whole cluster, so the controller gets the node's lines, as docs/health.md says
+    lines = sh(node, "grep -E '^HealthCheck' /etc/slurm/slurm.conf")
+    sh(ctl, f"printf '%s' {shlex.quote(lines)} >> /etc/slurm/slurm.conf && systemctl restart slurmctld")
+    slurm.wait_idle(ctl, 1)
     yield ctl, node, runs
     sh(node, "gpusimctl fault --clear")
 
@@ -85,6 +92,8 @@ def test_an_admins_drain_is_never_overridden_nor_resumed(cluster):
         sh(node, "gpusimctl fault --gpu 0 hw-slowdown")
         time.sleep(25)   # two health checks
         assert slurm.node_state(ctl, node.name)[1] == ADMIN
+        journal = [json.loads(line) for line in sh(node, "cat /var/lib/gpufleet-health/journal.jsonl").splitlines()]
+        assert [e for e in journal if e["action"] == "kept" and "admin" in e["reason"]], journal[-5:]
         sh(node, "gpusimctl fault --clear")
         time.sleep(25)
         state, reason = slurm.node_state(ctl, node.name)
