@@ -4,6 +4,7 @@
 
 0. validate   every host's inventory data, before anything is changed anywhere
 1. preflight  the host's hardware against its tier
+   packages   the fleet's package cache (apt-cacher-ng on the host that serves it) and every host's apt through it
 2. base       diagnostics packages, the gpufleet record
 3. driver     matching NVIDIA driver, CUDA toolkit, cuDNN, held
 4. docker     Docker engine and the NVIDIA container toolkit
@@ -32,6 +33,7 @@ from gpufleet.deploys.driver import driver  # noqa: E402
 from gpufleet.deploys.hardening import hardening  # noqa: E402
 from gpufleet.deploys.health_watch import health_watch  # noqa: E402
 from gpufleet.deploys.monitoring import monitoring  # noqa: E402
+from gpufleet.deploys.package_cache import package_cache  # noqa: E402
 from gpufleet.deploys.preflight import preflight  # noqa: E402
 from gpufleet.deploys.pytorch import pytorch  # noqa: E402
 from gpufleet.deploys.storage import storage  # noqa: E402
@@ -50,6 +52,8 @@ hostlock.plan_on(host)
 # hosts on different paths (e.g. distro vs NVIDIA repository) would form an ordering cycle.
 # A host refused by a step gets nothing more planned.
 preflight()
+if not host_failed(host):
+    package_cache()
 if not host_failed(host):
     base()
 if not host_failed(host):

@@ -11,6 +11,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
 
+from gpufleet.explain import explained
 from gpufleet.apt_policy import APT_CACHE_SECONDS
 from gpufleet.operations.needrestart import quiet_needrestart
 from gpufleet.config.settings import host_settings
@@ -22,7 +23,8 @@ def base() -> None:
     settings = host_settings(host)
     quiet_needrestart()
     apt.packages(
-        name="Install the tier's diagnostics packages",
+        name=explained("Install the tier's diagnostics packages",
+                       "The tier's extra_packages (sysstat, nvtop, numactl, pciutils...), no recommends"),
         packages=list(settings.extra_packages),
         update=True,
         cache_time=APT_CACHE_SECONDS,
@@ -30,20 +32,22 @@ def base() -> None:
     )
     if "sysstat" in settings.extra_packages:
         files.line(
-            name="Let sysstat collect activity data",
+            name=explained("Let sysstat collect activity data", "ENABLED=\"true\" in /etc/default/sysstat"),
             path="/etc/default/sysstat",
             line="^ENABLED=",
             replace='ENABLED="true"',
         )
         systemd.service(
-            name="Run sysstat now and at every boot",
+            name=explained("Run sysstat now and at every boot", "sysstat.service running and enabled"),
             service="sysstat.service",
             running=True,
             enabled=True,
         )
-    files.directory(name="Keep gpufleet's host records in /etc/gpufleet", path="/etc/gpufleet")
+    files.directory(name=explained("Keep gpufleet's host records in /etc/gpufleet",
+                                       "The folder of gpufleet's records on the host (marker, scratch UUID, MIG and clocks)"), path="/etc/gpufleet")
     files.put(
-        name="Record that gpufleet manages this host, and its tier",
+        name=explained("Record that gpufleet manages this host, and its tier",
+                       "/etc/gpufleet/managed: anyone logged in can tell what manages the host, from which tier"),
         src=StringIO(managed_marker(settings.tier)),
         dest="/etc/gpufleet/managed",
         mode="644",

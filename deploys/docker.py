@@ -46,7 +46,7 @@ from gpufleet.apt_policy import APT_CACHE_SECONDS
 from gpufleet.config.failures import refuse
 from gpufleet.config.hostfacts import gpu_state, os_release
 from gpufleet.plans.repos import (DOCKER_KEYRING, DOCKER_LIST, TOOLKIT_KEYRING, TOOLKIT_LIST, TOOLKIT_PACKAGES,  # noqa: F401
-                            docker_sources_line, dpkg_arch, toolkit_sources_line)
+                            apt_url, docker_sources_line, dpkg_arch, toolkit_sources_line)
 from gpufleet.config.settings import Settings, host_settings
 from gpufleet.operations import docker as docker_ops
 from gpufleet.operations.daemon_reload import dev_char_links
@@ -107,25 +107,27 @@ def _sources(settings: Settings) -> None:
     """NVIDIA's container toolkit repository (and Docker's), keys checked by fingerprint."""
     rel = os_release(host)
     arch = dpkg_arch(host.get_fact(Arch) or "x86_64")
+    toolkit_url = apt_url(settings, settings.docker_toolkit_repo_url)
     source_ops = [
         docker_ops.apt_keyring(
             name="Trust NVIDIA's container toolkit key (fingerprint checked)",
-            path=TOOLKIT_KEYRING, key_url=f"{settings.docker_toolkit_repo_url.rstrip('/')}/gpgkey",
+            path=TOOLKIT_KEYRING, key_url=f"{toolkit_url.rstrip('/')}/gpgkey",
             fingerprint=settings.docker_toolkit_repo_fingerprint),
         files.put(
             name="Use NVIDIA's container toolkit repository",
-            src=StringIO(toolkit_sources_line(settings.docker_toolkit_repo_url)), dest=TOOLKIT_LIST, mode="644"),
+            src=StringIO(toolkit_sources_line(toolkit_url)), dest=TOOLKIT_LIST, mode="644"),
     ]
     if settings.docker_source == "docker":
         os_id = rel.id or "debian"
+        docker_url = apt_url(settings, settings.docker_repo_url)
         source_ops += [
             docker_ops.apt_keyring(
                 name="Trust Docker's release key (fingerprint checked)",
-                path=DOCKER_KEYRING, key_url=f"{settings.docker_repo_url.rstrip('/')}/{os_id}/gpg",
+                path=DOCKER_KEYRING, key_url=f"{docker_url.rstrip('/')}/{os_id}/gpg",
                 fingerprint=settings.docker_repo_fingerprint),
             files.put(
                 name="Use Docker's repository for the engine",
-                src=StringIO(docker_sources_line(settings.docker_repo_url, os_id, rel.version_codename or "", arch)),
+                src=StringIO(docker_sources_line(docker_url, os_id, rel.version_codename or "", arch)),
                 dest=DOCKER_LIST, mode="644"),
         ]
     apt.update(

@@ -54,7 +54,7 @@ from gpufleet.errors import Incompatible
 from gpufleet.config.failures import fail_now, real_host, refuse
 from gpufleet.config.hostfacts import driver_state, kernel_plan, os_name, resolution
 from gpufleet.catalog.kernels import kernel_metapackages
-from gpufleet.plans.repos import CUDA_SOURCE, cuda_repo_base, cuda_sources_line, unsupported_arch
+from gpufleet.plans.repos import CUDA_SOURCE, apt_url, cuda_repo_base, cuda_sources_line, unsupported_arch
 from gpufleet.config.resolver import Resolution
 from gpufleet.config.settings import Settings, host_settings
 from gpufleet.catalog.cuda_stack import (component_drift, pending_message, stack_drift_message, stack_fact_packages,
@@ -281,9 +281,10 @@ def _sources(settings: Settings, res: Any, index_ops: list[Any]) -> bool:
         apt.packages(name="Install gpg to check the repository key", packages=["gpg"], no_recommends=True)
         os_dir = res.repo_os_dir
         assert os_dir is not None, "the resolver gives every plan from NVIDIA's repository its folder"
-        base = cuda_repo_base(settings.driver_repo_url, os_dir, _machine())
+        repo_url = apt_url(settings, settings.driver_repo_url)
+        base = cuda_repo_base(repo_url, os_dir, _machine())
         keyring_url = (f"{base}/{repo['keyring_package_file']}" if settings.driver_repo_keyring_url == "auto"
-                       else settings.driver_repo_keyring_url)
+                       else apt_url(settings, settings.driver_repo_keyring_url))
         fingerprint = (repo["key_fingerprint"] if settings.driver_repo_key_fingerprint == "auto"
                        else settings.driver_repo_key_fingerprint)
         key = repo_key(
@@ -293,7 +294,7 @@ def _sources(settings: Settings, res: Any, index_ops: list[Any]) -> bool:
         source = files.put(
             name=f"Add NVIDIA's CUDA repository {base}/ as a signed-by source",
             src=StringIO("# Managed by gpufleet (deploys/driver.py). Do not edit: changes are reverted.\n"
-                         + cuda_sources_line(settings.driver_repo_url, os_dir, repo["keyring_path"], _machine())),
+                         + cuda_sources_line(repo_url, os_dir, repo["keyring_path"], _machine())),
             dest=CUDA_SOURCE, mode="644",
         )
         apt.update(name="Read the package index of the changed sources", _if=any_changed(key, source))

@@ -23,6 +23,7 @@ from pyinfra.operations import files, systemd
 
 from gpufleet import yamlload
 from gpufleet.config.settings import host_settings
+from gpufleet.explain import explained
 from gpufleet.operations.daemon_reload import reload_when
 from gpufleet.operations.drain import GPU_WORK_ON
 from gpufleet.plans import health_watch as w
@@ -80,44 +81,44 @@ def _slurm(plan: w.WatchPlan) -> None:
     changed = []
     for key, line in lines.items():
         if line is not None:
-            changed.append(files.line(name=f"Set {line} in {w.SLURM_CONF}", path=w.SLURM_CONF,
+            changed.append(files.line(name=explained(f"Set {key} in slurm.conf", f"{line}: Slurm runs the watch"), path=w.SLURM_CONF,
                                       line=f"^{key}=.*$", replace=line, present=True))
         elif key in ("HealthCheckProgram", "Prolog"):
             # only the watch's own line: a site's health check or prolog stays
-            changed.append(files.line(name=f"Remove the watch's {key} from {w.SLURM_CONF}", path=w.SLURM_CONF,
+            changed.append(files.line(name=explained(f"Remove the watch's {key}", f"health_watch off: out of {w.SLURM_CONF}; a site's own line stays"), path=w.SLURM_CONF,
                                       line=f"^{key}={w.COMMAND}$", present=False))
-    systemd.service(name="Restart slurmd so that it reads its health check and prolog (running jobs stay)",
+    systemd.service(name=explained("Restart slurmd", "so that it reads its health check and prolog (running jobs stay)"),
                     service="slurmd.service", restarted=True,
                     _if=lambda: any(op.did_change() for op in changed))
 
 
-@deploy("Health watch: the node checks its GPUs on its own")
+@deploy("Health watch")
 def health_watch() -> None:
     settings = host_settings(host)
     plan = w.watch_plan(settings)
     if not plan.enabled:
         if host.get_fact(File, path=f"{w.UNIT_DIR}/{w.TIMER}"):
-            systemd.service(name="Stop the health watch's timer (health_watch: false)", service=w.TIMER,
+            systemd.service(name=explained("Stop the health watch", "health_watch: false: its timer is stopped and disabled"), service=w.TIMER,
                             running=False, enabled=False)
         _slurm(plan)
         return
-    files.directory(name=f"Make the watch's root-only folder {w.WATCH_DIR}", path=w.WATCH_DIR,
+    files.directory(name=explained("Make the watch's folder", f"{w.WATCH_DIR}: root's, 0700 (its journal is root's alone)"), path=w.WATCH_DIR,
                     user="root", group="root", mode="700")
-    files.directory(name=f"Make {w.BUNDLE_DIR}", path=w.BUNDLE_DIR, user="root", group="root", mode="755")
-    code = files.put(name="Install the watch's code (gpufleet's health modules, one zip)", src=io.BytesIO(bundle()),
+    files.directory(name=explained("Make the watch's code folder", f"{w.BUNDLE_DIR}, for the zip the node runs"), path=w.BUNDLE_DIR, user="root", group="root", mode="755")
+    code = files.put(name=explained("Install the watch's code", "gpufleet's health modules, one zip: the node needs no controller"), src=io.BytesIO(bundle()),
                      dest=w.BUNDLE, user="root", group="root", mode="644")
-    files.put(name=f"Install {w.COMMAND}", src=StringIO(w.wrapper()), dest=w.COMMAND, user="root", group="root",
+    files.put(name=explained("Install gpufleet-health-watch", f"{w.COMMAND}: the timer's, Slurm's and an admin's command"), src=StringIO(w.wrapper()), dest=w.COMMAND, user="root", group="root",
               mode="755")
-    files.put(name="Write the watch's settings", src=StringIO(plan.node_config()), dest=w.CONFIG,
+    files.put(name=explained("Write the watch's settings", f"{w.CONFIG}: the tier's health_ keys, 0600"), src=StringIO(plan.node_config()), dest=w.CONFIG,
               user="root", group="root", mode="600")
-    service = files.put(name=f"Install {w.SERVICE}", src=StringIO(w.service_unit()),
+    service = files.put(name=explained("Install the watch's service", f"{w.SERVICE}: one run of the check"), src=StringIO(w.service_unit()),
                         dest=f"{w.UNIT_DIR}/{w.SERVICE}", user="root", group="root", mode="644")
-    timer = files.put(name=f"Install {w.TIMER} (every {plan.interval} s)", src=StringIO(w.timer_unit(plan)),
+    timer = files.put(name=explained("Install the watch's timer", f"{w.TIMER}: every {plan.interval} s (health_interval)"), src=StringIO(w.timer_unit(plan)),
                       dest=f"{w.UNIT_DIR}/{w.TIMER}", user="root", group="root", mode="644")
-    reload_when("Let systemd read the health watch's units", service, timer)
-    systemd.service(name="Run the health watch's timer now and at every boot", service=w.TIMER,
+    reload_when(explained("Reload systemd: health watch", "Let systemd read the watch's units"), service, timer)
+    systemd.service(name=explained("Start the watch's timer", "now and at every boot"), service=w.TIMER,
                     running=True, enabled=True)
-    systemd.service(name="Restart the health watch's timer for its new interval", service=w.TIMER,
+    systemd.service(name=explained("Restart the watch's timer", "its interval or its code changed"), service=w.TIMER,
                     restarted=True, _if=lambda: timer.did_change() or code.did_change())
     _slurm(plan)
 

@@ -32,6 +32,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
 
+from gpufleet.explain import explained
 from gpufleet.apt_policy import APT_CACHE_SECONDS
 from gpufleet.plans import monitoring as m
 from gpufleet.config.hostfacts import gpu_state
@@ -43,20 +44,20 @@ from gpufleet.operations.package_steps import packages_at_releases
 def _node_exporter(settings: Settings) -> None:
     where = m.listen(settings, settings.monitoring_node_exporter_port)
     defaults = files.put(
-        name=f"Make the node exporter listen on {where} (before its package starts it)",
+        name=explained("Configure the node exporter", f"Make the node exporter listen on {where} (before its package starts it)"),
         src=StringIO(m.node_exporter_defaults(settings)),
         dest=m.NODE_EXPORTER_DEFAULTS,
         mode="644",
     )
     _packages(settings)
     systemd.service(
-        name="Run the node exporter now and at every boot",
+        name=explained("Start the node exporter", "Run the node exporter now and at every boot"),
         service=m.NODE_EXPORTER_SERVICE,
         running=True,
         enabled=True,
     )
     systemd.service(
-        name=f"Restart the node exporter so that it listens on {where}",
+        name=explained("Restart the node exporter", f"Restart the node exporter so that it listens on {where}"),
         service=m.NODE_EXPORTER_SERVICE,
         restarted=True,
         _if=defaults.did_change,
@@ -65,8 +66,9 @@ def _node_exporter(settings: Settings) -> None:
 
 def _packages(settings: Settings) -> None:
     apt.packages(
-        name=("Install Debian's Prometheus node exporter and curl (the validation gate asks the exporters with it)"
-              if settings.monitoring_node_exporter else "Install curl (the validation gate asks the exporters with it)"),
+        name=explained("Install node exporter and curl" if settings.monitoring_node_exporter else "Install curl",
+                       "Debian's Prometheus node exporter, where the tier has it, and curl: the validation gate "
+                       "asks the exporters with it"),
         packages=[*([m.NODE_EXPORTER_PACKAGE] if settings.monitoring_node_exporter else []), "curl"],
         update=True,
         cache_time=APT_CACHE_SECONDS,
@@ -77,20 +79,22 @@ def _packages(settings: Settings) -> None:
 def _dcgm_exporter(settings: Settings) -> None:
     where = m.listen(settings, settings.monitoring_dcgm_exporter_port)
     dropin = files.put(
-        name=f"Make NVIDIA's DCGM exporter listen on {where} and read the running DCGM host engine",
+        name=explained("Configure the DCGM exporter", f"Make NVIDIA's DCGM exporter listen on {where} and read the running "
+                                                      "DCGM host engine (a systemd drop-in)"),
         src=StringIO(m.dcgm_exporter_dropin(settings)),
         dest=m.DCGM_EXPORTER_DROPIN,
         mode="644",
     )
     packages_at_releases(
-        name=f"Install NVIDIA's DCGM exporter {settings.monitoring_dcgm_exporter_version}"
-             + (" and hold it" if settings.driver_hold else ""),
+        name=explained(f"Install dcgm-exporter {settings.monitoring_dcgm_exporter_version}",
+                       f"Install NVIDIA's DCGM exporter {settings.monitoring_dcgm_exporter_version}"
+                       + (" and hold it (driver_hold)" if settings.driver_hold else "")),
         releases={m.DCGM_EXPORTER_PACKAGE: settings.monitoring_dcgm_exporter_version},
         hold=settings.driver_hold,
         # NVIDIA's repository, which offers it, may be added by the driver area earlier in this run
         settled=False, key="monitoring_dcgm_exporter_version",
     )
-    reload_when("Let systemd read the DCGM exporter's drop-in", dropin)
+    reload_when(explained("Reload systemd: DCGM exporter", "Let systemd read the DCGM exporter's drop-in"), dropin)
     state = gpu_state(host)
     ready = state.ok and bool(state.gpus)
     if not ready:
@@ -98,21 +102,23 @@ def _dcgm_exporter(settings: Settings) -> None:
                        "exporter are enabled for the next boot but not started")
     for service, what in ((m.DCGM_SERVICE, "DCGM's host engine"), (m.DCGM_EXPORTER_SERVICE, "the DCGM exporter")):
         systemd.service(
-            name=f"Run {what} now and at every boot" if ready else f"Start {what} at every boot",
+            name=explained(f"Start {service}" if ready else f"Enable {service}",
+                           f"Run {what} now and at every boot" if ready else
+                           f"Start {what} at every boot (nvidia-smi does not work yet: not started now)"),
             service=service,
             running=True if ready else None,
             enabled=True,
         )
     if ready:
         systemd.service(
-            name=f"Restart the DCGM exporter so that it listens on {where}",
+            name=explained("Restart the DCGM exporter", f"Restart the DCGM exporter so that it listens on {where}"),
             service=m.DCGM_EXPORTER_SERVICE,
             restarted=True,
             _if=dropin.did_change,
         )
 
 
-@deploy("Prometheus exporters: node exporter, DCGM and its exporter")
+@deploy("Monitoring")
 def monitoring() -> None:
     settings = host_settings(host)
     if not m.exporters(settings):

@@ -27,6 +27,7 @@ from gpufleet.plans.cluster import missing_peers, training_networks
 from gpufleet.catalog.compat import compat_data
 from gpufleet.errors import Incompatible
 from gpufleet.config.hostfacts import driver_state, hardware, kernel_plan, os_name, os_release, resolution, tier_mismatches
+from gpufleet.plans.package_cache import summary as package_summary
 from gpufleet.plans.repos import TOOLKIT_PACKAGES, dpkg_arch, repository_lines
 from gpufleet.catalog.pytorch import mixed_gpus
 from gpufleet.rollout.snapshot import command_name
@@ -158,6 +159,7 @@ def pytorch_runtime_line() -> str:
 
 lines.append("pytorch_runtime: " + pytorch_runtime_line())
 lines += storage_lines()
+lines.append("packages: " + package_summary(settings))
 release = os_release(host)
 for what, line in repository_lines(settings, res, release.id, release.version_codename,
                                    dpkg_arch(host.get_fact(Arch) or "x86_64"), compat_data()):

@@ -16,6 +16,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import apt
 
+from gpufleet.explain import explained
 from gpufleet.apt_policy import APT_CACHE_SECONDS
 from gpufleet.errors import Incompatible
 from gpufleet.config.failures import refuse
@@ -39,14 +40,15 @@ def pytorch() -> None:
     if choice is None:  # refused at planning (settings): venv needs a pytorch_version
         return
     apt.packages(
-        name="Install python3-venv (the shared PyTorch environment's pip)",
+        name=explained("Install python3-venv", "Install python3-venv (the shared PyTorch environment's pip)"),
         packages=[VENV_PACKAGE],
         update=True,
         cache_time=APT_CACHE_SECONDS,
         no_recommends=True,
     )
     plan = venv_plan(settings, choice)
-    venv_torch(name=f"Install PyTorch {choice.version} {choice.variant} for the host's users into {plan.path}",
+    venv_torch(name=explained(f"Install torch {choice.version} {choice.variant}",
+                              f"Install PyTorch {choice.version} {choice.variant} for the host's users into {plan.path}"),
                plan=plan)
 
 

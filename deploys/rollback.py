@@ -20,6 +20,7 @@ from collections.abc import Generator
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, deploy, operation
 
+from gpufleet.explain import explained
 from gpufleet.facts.packages import HeldPackages
 from gpufleet.facts.system import EtcFiles
 from gpufleet.rollout import manifest as mf
@@ -51,7 +52,7 @@ def etc_files_restored(tarball: str, recorded: dict[str, str]) -> Generator[Stri
                         *(QuoteString(p.lstrip("/")) for p in changed))
 
 
-@deploy("Restore the recorded driver, CUDA, cuDNN and toolkit packages and holds")
+@deploy("Restore packages")
 def restore(ctx: RolloutContext) -> None:
     doc = ctx.manifests[host.name]
     problems = mf.manifest_problems(doc, host.name)
@@ -69,11 +70,12 @@ def restore(ctx: RolloutContext) -> None:
                    "let it finish (or drain the host) and re-run, or roll back anyway with --force", outcome="busy")
         return
     installed = installed_packages()   # with the kernel metapackages prebuilt modules follow
-    package_change_settled(name="Let an earlier package change finish; repair an interrupted dpkg")
+    package_change_settled(name=explained("Settle dpkg", "Let an earlier package change finish; repair an interrupted dpkg"))
     todo = mf.rollback_installs(doc, installed)
     install = dict(spec.split("=", 1) for spec in todo)
     remove = mf.rollback_removals(doc, installed)
-    packages_at_versions(name=f"Put back the package versions of manifest {doc['id']} (unhold, downgrade, hold)",
+    packages_at_versions(name=explained("Restore package versions", f"Put back the package versions of manifest {doc['id']} (unhold, "
+                                                                                 "downgrade, hold)"),
                          install=install, remove=remove, hold=list(doc["holds"]), downgrade=True,
                          require_idle=not ctx.force)
     # gpufleet's record says what it installed: the manifest's CUDA toolkit / cuDNN releases again
@@ -81,18 +83,20 @@ def restore(ctx: RolloutContext) -> None:
     stack = {p: release for p, v in doc["packages"].items()
              if any(family.match(p) for _, family in STACK_FAMILIES) and (release := mf.upstream(v))}
     if stack:
-        stack_recorded(name="Record the CUDA toolkit and cuDNN releases put back", versions=stack,
+        stack_recorded(name=explained("Record the CUDA/cuDNN releases", "Record the CUDA toolkit and cuDNN releases put back"), versions=stack,
                        packages=list(STACK_GLOBS))
     extra_holds = sorted({*host.get_fact(HeldPackages)} - set(doc["holds"]) - set(remove))
     if extra_holds:
         from gpufleet.operations.holds import held
-        held(name="Release holds the manifest did not have", packages=extra_holds, present=False)
-    etc_files_restored(name="Put back the recorded apt sources, pins, keyrings and GPU configuration",
+        held(name=explained("Release extra holds", "Release holds the manifest did not have"), packages=extra_holds, present=False)
+    etc_files_restored(name=explained("Restore /etc files", "Put back the recorded apt sources, pins, keyrings and GPU configuration"),
                        tarball=doc["etc_tarball"], recorded=doc["etc_files"])
 
 
-@deploy("Restore the disk snapshot taken before the upgrade")
+@deploy("Restore disk snapshot")
 def restore_disk(ctx: RolloutContext, ident: str) -> None:
+    """Put back the disk snapshot taken before the upgrade (a btrfs subvolume; the others are
+    restored by hand, as printed), the current state kept beside it."""
     doc = ctx.manifests[host.name]
     disk = doc.get("disk_snapshot")
     if not disk or disk.get("error"):
@@ -105,6 +109,7 @@ def restore_disk(ctx: RolloutContext, ident: str) -> None:
     except snap.SnapshotError as exc:
         ctx.refuse(host, str(exc), f"restore it by hand: {disk.get('restore')}", area="rollout_snapshot")
         return
-    disk_snapshot_restored(name=f"Put {commands[1][2]} back to the {disk['provider']} snapshot {disk['name']} "
-                                f"(the current one is kept as {commands[1][3]})",
+    disk_snapshot_restored(name=explained(f"Restore {commands[1][2]}",
+                                         f"Put {commands[1][2]} back to the {disk['provider']} snapshot "
+                                         f"{disk['name']} (the current one is kept as {commands[1][3]})"),
                            target=commands[1][2], commands=[list(c) for c in commands], hint=disk.get("restore", ""))

@@ -43,6 +43,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Groups
 from pyinfra.operations import apt, files, server, systemd
 
+from gpufleet.explain import explained
 from gpufleet.plans import storage as s
 from gpufleet.facts.storage import SCRATCH_RECORD, ScratchSite, ShmSize
 from gpufleet.config.failures import refuse
@@ -84,50 +85,53 @@ def _scratch(settings: Any, plan: s.ScratchPlan) -> None:
             host.noop("storage_scratch: none: no scratch filesystem")
         return
     raid = plan.layout == "raid0" or plan.devices[0].startswith("/dev/md")
-    apt.packages(name="Install XFS tools" + (" and mdadm" if raid else ""),
+    apt.packages(name=explained("Install xfsprogs" + (" and mdadm" if raid else ""), "The tools to make the scratch filesystem (XFS), and md RAID0 over several drives"),
                  packages=["xfsprogs", "mdadm"] if raid else ["xfsprogs"], no_recommends=True)
     group = settings.storage_scratch_group
     if group not in host.get_fact(Groups):
-        server.group(name=f"Make the group {group} that owns the scratch", group=group)
+        server.group(name=explained(f"Add group {group}", f"Make the group {group} that owns the scratch"), group=group)
     if plan.action == s.MAKE:
-        ops.scratch_filesystem(name=f"Make the scratch filesystem: {plan.summary()}", path=plan.path,
+        ops.scratch_filesystem(name=explained("Make the scratch filesystem", f"Make the scratch filesystem: {plan.summary()}; each drive probed blank again "
+                                                                          "right before mdadm and mkfs"), path=plan.path,
                                label=s.SCRATCH_LABEL, md_name=s.MD_NAME, options=s.MOUNT_OPTIONS,
                                own_uuid=plan.lost or "", record=SCRATCH_RECORD, devices=list(plan.devices))
     else:
         assert plan.uuid
-        ops.mounted(name=f"Mount the scratch at {plan.path} (nosuid,nodev)", path=plan.path, is_mounted=plan.mounted,
+        ops.mounted(name=explained(f"Mount {plan.path}", f"Mount the scratch at {plan.path} (nosuid,nodev,noatime)"), path=plan.path, is_mounted=plan.mounted,
                     uuid=plan.uuid, options=s.MOUNT_OPTIONS, remount=plan.remount)
         # after the mount worked: a line that does not mount leaves the boot to nofail's mercy
-        files.line(name=f"Mount the scratch at {plan.path} by UUID at every boot (/etc/fstab)", path="/etc/fstab",
+        files.line(name=explained(f"Add {plan.path} to /etc/fstab", f"Mount the scratch at {plan.path} by UUID at every boot "
+                                                                  "(/etc/fstab, nofail), written once the mount worked"), path="/etc/fstab",
                    line=_scratch_fstab_regex(plan.path, plan.uuid), extended_regex=True,
                    replace=f"UUID={plan.uuid} {plan.path} xfs {s.MOUNT_OPTIONS} 0 0")
-        files.put(name="Record the scratch filesystem's UUID (gpufleet adopts that filesystem only)",
+        files.put(name=explained("Record the scratch UUID", "Record the scratch filesystem's UUID (gpufleet adopts that filesystem only)"),
                   src=StringIO(plan.uuid + "\n"), dest=SCRATCH_RECORD, mode="644")
-    files.directory(name=f"Give the scratch to the group {group} (mode {SCRATCH_MODE})", path=plan.path,
+    files.directory(name=explained(f"Set {plan.path} owner and mode", f"Give the scratch to the group {group} (mode {SCRATCH_MODE})"), path=plan.path,
                     user="root", group=group, mode=SCRATCH_MODE)
     context = dict(tier=settings.tier, path=plan.path, md_name=s.MD_NAME if raid else "",
                    mount_unit=s.mount_unit(plan.path))
-    files.put(name="Install the script that mounts the scratch at boot",
+    files.put(name=explained("Install the scratch script", "Install the script that mounts the scratch at boot"),
               src=StringIO(render("usr/local/sbin/gpufleet-scratch-mount.j2", **context)), dest=SCRATCH_SCRIPT,
               mode="755")
-    unit = files.put(name="Install the unit that assembles and mounts the scratch at boot",
+    unit = files.put(name=explained("Install the scratch unit", "Install the unit that assembles and mounts the scratch at boot where udev "
+                                                      "and fstab did not"),
                      src=StringIO(render("etc/systemd/system/gpufleet-scratch.service.j2", **context)),
                      dest=SCRATCH_UNIT, mode="644")
-    reload_when("Reload systemd so it sees the scratch unit", unit)
-    systemd.service(name="Mount the scratch at every boot", service=SCRATCH_SERVICE, running=None, enabled=True)
+    reload_when(explained("Reload systemd: scratch unit", "Reload systemd so it sees the scratch unit"), unit)
+    systemd.service(name=explained("Enable the scratch unit", "Mount the scratch at every boot"), service=SCRATCH_SERVICE, running=None, enabled=True)
 
 
 def _shm(plan: s.ShmPlan) -> None:
     if not plan.line:
         host.noop("storage_shm_size: unmanaged: /dev/shm left as it is")
         return
-    files.line(name=f"Size /dev/shm at every boot (size={plan.setting}, /etc/fstab)", path="/etc/fstab",
+    files.line(name=explained("Add /dev/shm to /etc/fstab", f"Size /dev/shm at every boot (size={plan.setting}, /etc/fstab)"), path="/etc/fstab",
                line=_fstab_regex("/dev/shm"), replace=plan.line, extended_regex=True)
-    ops.shm_size(name=f"Size /dev/shm now (size={plan.setting})", setting=plan.setting, remount=plan.remount,
+    ops.shm_size(name=explained(f"Size /dev/shm: {plan.setting}", f"Size /dev/shm now (size={plan.setting}, a remount)"), setting=plan.setting, remount=plan.remount,
                  why=plan.note)
 
 
-@deploy("Local NVMe scratch and /dev/shm")
+@deploy("Storage")
 def storage() -> None:
     settings = host_settings(host)
     try:

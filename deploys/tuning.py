@@ -59,6 +59,7 @@ from gpufleet.config.failures import real_host, refuse
 from gpufleet.catalog.mig import setting_text
 from gpufleet.controller.run_summary import SUMMARY
 from gpufleet.config.settings import host_settings
+from gpufleet.explain import explained
 from gpufleet.plans.tuning import TuningPlan, ac_deprecated_from, plan_tuning, policy_text
 from gpufleet.operations import cpu, gpu
 from gpufleet.operations.daemon_reload import reload_when
@@ -81,13 +82,6 @@ MIG_ENV = "/etc/gpufleet/gpu-mig.env"
 MIG_SCRIPT = gpu.MIG_SCRIPT
 CDI_SPEC = "/etc/cdi/nvidia.yaml"  # where deploys/docker.py has nvidia-ctk write it
 
-PROFILE_NAMES = {
-    "/etc/nccl.conf": "Write NCCL's system-wide settings for the {profile} network profile",
-    "/etc/profile.d/gpufleet-gpu.sh": "Give login shells the GPU job environment (threads, PyTorch allocator, device order)",
-    SYSTEMD_ENV: "Give system services the same GPU job environment",
-    "/etc/environment.d/60-gpufleet-gpu.conf": "Give user services the same GPU job environment",
-}
-
 
 def _persistence(settings: Any, plan: TuningPlan) -> None:
     mode = settings.driver_persistence
@@ -95,29 +89,29 @@ def _persistence(settings: Any, plan: TuningPlan) -> None:
         return
     if mode == "legacy":
         if plan.nvidia_ok:
-            gpu.legacy_persistence(name="Turn on legacy persistence mode (nvidia-smi -pm 1) on every GPU")
+            gpu.legacy_persistence(name=explained("Enable legacy persistence mode", "Turn on legacy persistence mode (nvidia-smi -pm 1) on every GPU"))
         return
     apt.packages(
-        name="Install the NVIDIA persistence daemon (nvidia-persistenced)",
+        name=explained("Install nvidia-persistenced", "Install the NVIDIA persistence daemon, which keeps the GPUs initialised between jobs"),
         packages=[PERSISTENCED_PACKAGE],
         no_recommends=True,
     )
     if not plan.nvidia_ok:
         logger.warning(f"{host.print_prefix}nvidia-smi does not work ({plan.nvidia_status}): "
                        "nvidia-persistenced is enabled for the next boot but not started")
-        systemd.service(name="Start the NVIDIA persistence daemon at every boot", service=PERSISTENCED_SERVICE,
+        systemd.service(name=explained("Enable nvidia-persistenced", "Start the NVIDIA persistence daemon at every boot (nvidia-smi does not work yet: not started now)"), service=PERSISTENCED_SERVICE,
                         running=None, enabled=True)
         return
     # the same question systemd.service asks next, so one answer serves both
     was_running = bool(host.get_fact(SystemdStatus, services=[PERSISTENCED_SERVICE]).get(PERSISTENCED_SERVICE))
     systemd.service(
-        name="Run the NVIDIA persistence daemon now and at every boot",
+        name=explained("Start nvidia-persistenced", "Run the NVIDIA persistence daemon now and at every boot"),
         service=PERSISTENCED_SERVICE,
         running=True,
         enabled=True,
     )
     gpu.persistence_enabled(
-        name="Check that every GPU reports persistence mode Enabled",
+        name=explained("Check persistence mode", "Check that every GPU reports persistence mode Enabled"),
         daemon_was_running=was_running,
     )
 
@@ -126,7 +120,10 @@ def _profiles(settings: Any, plan: TuningPlan) -> Any:
     changed = {}
     for path, text in plan.files.items():
         changed[path] = files.put(
-            name=PROFILE_NAMES[path].format(profile=settings.nccl_profile),
+            name=explained(f"Write {path}", "The GPU job environment, one file per reader: NCCL's system-wide settings for the "
+                           "network profile (/etc/nccl.conf), login shells (threads, PyTorch allocator, device "
+                           "order: /etc/profile.d), system services (systemd's DefaultEnvironment) and user "
+                           "services (/etc/environment.d)"),
             src=StringIO(text),
             dest=path,
             mode="644",
@@ -167,31 +164,32 @@ def _mig(settings: Any, plan: TuningPlan, if_busy: Any = None, if_reboot: Any = 
                            "are made by the first run once the driver works")
         return
     if keep:
-        files.put(name="Install the script that makes the MIG partitions", src=StringIO(script), dest=MIG_SCRIPT,
+        files.put(name=explained("Install the MIG script", "Install the script that makes the MIG partitions"), src=StringIO(script), dest=MIG_SCRIPT,
                   mode="755")
-        files.put(name="Record each GPU's MIG partitions for the boot unit",
+        files.put(name=explained("Record the MIG layout", "Record each GPU's MIG partitions for the boot unit"),
                   src=StringIO(t.render("etc/gpufleet/gpu-mig.env.j2", **context)), dest=MIG_ENV, mode="644")
-        unit = files.put(name="Install the unit that re-creates the MIG partitions at every boot",
+        unit = files.put(name=explained("Install the MIG unit", "Install the unit that re-creates the MIG partitions at every boot"),
                          src=StringIO(t.render("etc/systemd/system/gpufleet-gpu-mig.service.j2", **context)),
                          dest=MIG_UNIT, mode="644")
-        reload_when("Reload systemd so it sees the MIG unit", unit)
+        reload_when(explained("Reload systemd: MIG unit", "Reload systemd so it sees the MIG unit"), unit)
         # enabled, not started now: the change itself goes through the gate (the operation below)
-        systemd.service(name="Re-create the MIG partitions at every boot", service=MIG_SERVICE, running=None,
+        systemd.service(name=explained("Enable the MIG unit", "Re-create the MIG partitions at every boot (not started now: the change goes through the idle gate)"), service=MIG_SERVICE, running=None,
                         enabled=True)
     else:
-        systemd.service(name="Stop re-creating MIG partitions at boot", service=MIG_SERVICE, running=None,
+        systemd.service(name=explained("Disable the MIG unit", "Stop re-creating MIG partitions at boot (gpu_mig: none)"), service=MIG_SERVICE, running=None,
                         enabled=False)
-        gone = [files.file(name=f"Remove {path} (gpu_mig: {setting_text(setting)})", path=path, present=False)
+        gone = [files.file(name=explained(f"Remove {path}", f"Remove {path}: gpu_mig is {setting_text(setting)}"), path=path, present=False)
                 for path in (MIG_UNIT, MIG_ENV, MIG_SCRIPT)]
-        reload_when("Reload systemd so it forgets the MIG unit", gone[0])
+        reload_when(explained("Reload systemd: MIG unit gone", "Reload systemd so it forgets the MIG unit"), gone[0])
     for note in plan.notes:
         say(note)
-    gpu.mig_partitions(name=f"Make the MIG partitions gpu_mig sets ({mig.summary()}) while the GPUs are idle",
+    gpu.mig_partitions(name=explained("Make the MIG partitions", f"Make the MIG partitions gpu_mig sets ({mig.summary()}), on each GPU "
+                                                               "only while it is idle (checked right before)"),
                        setting=setting, script=script, cdi=context["cdi"], if_busy=if_busy or _mig_busy(setting),
                        if_reboot=if_reboot)
 
 
-@deploy("MIG partitions, as tools/rollout makes them on a drained host")
+@deploy("MIG partitions")
 def mig_partitions(if_busy: Any = None, if_reboot: Any = None) -> None:
     """The MIG part of tuning() alone (script, boot unit and its record, the gated change), with
     the rollout's answers to GPU work found right before the change and to a refused GPU reset
@@ -214,63 +212,65 @@ def _plan_or_refuse(settings: Any) -> TuningPlan | None:
 def _clocks(settings: Any, plan: TuningPlan, env_file: Any) -> None:
     policy = settings.clock_policy
     if policy == "unmanaged":
-        systemd.service(name="Stop re-applying gpufleet's GPU clocks at boot (clock_policy: unmanaged)",
+        systemd.service(name=explained("Disable the clocks unit", "Stop re-applying gpufleet's GPU clocks at boot (clock_policy: unmanaged)"),
                         service=CLOCKS_SERVICE, running=None, enabled=False)
-        removed = [files.file(name=f"Remove {path} (clock_policy: unmanaged)", path=path, present=False)
+        removed = [files.file(name=explained(f"Remove {path}", f"Remove {path} (clock_policy: unmanaged)"), path=path, present=False)
                    for path in (CLOCKS_UNIT, CLOCKS_ENV, CLOCKS_SCRIPT)]
-        reload_when("Reload systemd so it sees the GPU environment and unit changes", env_file, removed[0])
+        reload_when(explained("Reload systemd: clocks unit gone", "Reload systemd so it sees the GPU environment and unit changes"), env_file,
+                    removed[0])
         return
     if not plan.nvidia_ok:
         logger.warning(f"{host.print_prefix}nvidia-smi does not work ({plan.nvidia_status}): "
                        "GPU clocks are left alone until the driver works")
-        reload_when("Reload systemd so services get the GPU environment", env_file)
+        reload_when(explained("Reload systemd: GPU environment", "Reload systemd so services get the GPU environment"), env_file)
         return
     context = dict(tier=settings.tier, policy=policy_text(policy), plans=plan.clocks,
                    ac_deprecated_from=ac_deprecated_from(), record_dir=LOCKED_CLOCKS_DIR,
                    legacy_persistence=settings.driver_persistence == "legacy",
                    persistence_daemon=settings.driver_persistence == "daemon")
-    files.put(name="Install the script that applies the GPU clocks",
+    files.put(name=explained("Install the clocks script", "Install the script that applies the GPU clocks"),
               src=StringIO(t.render("usr/local/sbin/gpufleet-gpu-clocks.j2", **context)),
               dest=CLOCKS_SCRIPT, mode="755")
-    files.put(name="Record each GPU's target clocks for the boot unit",
+    files.put(name=explained("Record the target clocks", "Record each GPU's target clocks for the boot unit"),
               src=StringIO(t.render("etc/gpufleet/gpu-clocks.env.j2", **context)),
               dest=CLOCKS_ENV, mode="644")
-    unit = files.put(name="Install the unit that re-applies the GPU clocks at every boot",
+    unit = files.put(name=explained("Install the clocks unit", "Install the unit that re-applies the GPU clocks at every boot"),
                      src=StringIO(t.render("etc/systemd/system/gpufleet-gpu-clocks.service.j2", **context)),
                      dest=CLOCKS_UNIT, mode="644")
-    reload_when("Reload systemd so it sees the GPU environment and the clocks unit", env_file, unit)
+    reload_when(explained("Reload systemd: clocks unit", "Reload systemd so it sees the GPU environment and the clocks unit"),
+                env_file, unit)
     skip = sorted(t.mig_clock_skip(host, plan.mig))
     me = real_host(host)
-    gpu.clocks(name=f"Set each GPU's clocks for clock policy {policy_text(policy)}",
+    gpu.clocks(name=explained("Set the GPU clocks", f"Set each GPU's clocks for clock policy {policy_text(policy)}"),
                policy=policy, ac_deprecated_from=ac_deprecated_from(), skip=skip,
                # a MIG change found GPU work and was not made: GPUs it would have freed stay in MIG mode
                _if=lambda: me.name not in SUMMARY.mig_pending)
-    systemd.service(name="Re-apply the GPU clocks at every boot", service=CLOCKS_SERVICE,
+    systemd.service(name=explained("Enable the clocks unit", "Re-apply the GPU clocks at every boot"), service=CLOCKS_SERVICE,
                     running=True, enabled=True)
 
 
 def _governor(settings: Any, plan: TuningPlan) -> None:
     setting = settings.tuning_cpu_governor
     if setting == "unmanaged":
-        systemd.service(name="Stop setting the CPU governor at boot (tuning_cpu_governor: unmanaged)",
+        systemd.service(name=explained("Disable the governor unit", "Stop setting the CPU governor at boot (tuning_cpu_governor: unmanaged)"),
                         service=GOVERNOR_SERVICE, running=None, enabled=False)
         for path in (GOVERNOR_TMPFILES, GOVERNOR_UNIT):
-            files.file(name=f"Remove {path} (tuning_cpu_governor: unmanaged)", path=path, present=False)
+            files.file(name=explained(f"Remove {path}", f"Remove {path} (tuning_cpu_governor: unmanaged)"), path=path, present=False)
     elif plan.governor.governor:  # only where the host has cpufreq: nothing to persist elsewhere
         context = dict(tier=settings.tier, governor=setting)
-        files.put(name=f"Keep the {setting} CPU governor across reboots (systemd-tmpfiles)",
+        files.put(name=explained("Write the governor tmpfiles.d", f"Keep the {setting} CPU governor across reboots (systemd-tmpfiles)"),
                   src=StringIO(t.render("etc/tmpfiles.d/gpufleet-cpu-governor.conf.j2", **context)),
                   dest=GOVERNOR_TMPFILES, mode="644")
-        unit = files.put(name="Install the unit that sets the CPU governor once the cpufreq drivers are loaded",
+        unit = files.put(name=explained("Install the governor unit", "Install the unit that sets the CPU governor once the cpufreq drivers are loaded"),
                          src=StringIO(t.render("etc/systemd/system/gpufleet-cpu-governor.service.j2", **context)),
                          dest=GOVERNOR_UNIT, mode="644")
-        reload_when("Reload systemd so it sees the CPU governor unit", unit)
-        systemd.service(name="Set the CPU governor at every boot", service=GOVERNOR_SERVICE,
+        reload_when(explained("Reload systemd: governor unit", "Reload systemd so it sees the CPU governor unit"), unit)
+        systemd.service(name=explained("Enable the governor unit", "Set the CPU governor at every boot"), service=GOVERNOR_SERVICE,
                         running=None, enabled=True)
-    cpu.governor(name=f"Run every CPU on the {setting} frequency governor", setting=setting)
+    cpu.governor(name=explained(f"Set the CPU governor: {setting}", f"Run every CPU on the {setting} frequency governor"), setting=setting)
 
 
-@deploy("GPU persistence, clocks and environment profiles")
+@deploy("Tuning")
 def tuning() -> None:
     settings = host_settings(host)
     plan = _plan_or_refuse(settings)
@@ -292,13 +292,13 @@ def _gpudirect(settings: Any) -> None:
         return  # nothing to load, nothing asked of the host (the gate says why)
     plan = gpudirect.plan_peermem(settings.nccl_profile, rdma, driver_state(host), host.get_fact(PeermemState))
     files.put(
-        name=f"Load {gpudirect.MODULE} (GPUDirect RDMA for NCCL) at every boot",
+        name=explained(f"Load {gpudirect.MODULE} at boot", f"Load {gpudirect.MODULE} (GPUDirect RDMA for NCCL) at every boot"),
         src=StringIO(gpudirect.BOOT_TEXT),
         dest=gpudirect.BOOT_FILE,
         mode="644",
     )
     if plan.load_now:
-        server.shell(name=f"Load {gpudirect.MODULE} now ({plan.reason})", commands=["modprobe nvidia-peermem"])
+        server.shell(name=explained(f"Load {gpudirect.MODULE}", f"Load {gpudirect.MODULE} now ({plan.reason})"), commands=["modprobe nvidia-peermem"])
     elif plan.problem:
         logger.warning(f"{host.print_prefix}GPUDirect RDMA: {plan.problem}")
     else:

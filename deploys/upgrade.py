@@ -41,6 +41,7 @@ from gpufleet.facts.slurm import SlurmNode
 from gpufleet.rollout import manifest as mf
 from gpufleet.rollout.context import RolloutContext
 from gpufleet.plans.package_plan import toolkit_move
+from gpufleet.plans.repos import apt_url
 from gpufleet.plans.profiling import USERS, ProfilingRefusal, nsight_packages, nsight_releases, plan_profiling
 from gpufleet.config.settings import host_settings
 from gpufleet.checks.validation import FAIL, PASS, diag_result
@@ -154,7 +155,7 @@ def drain(ctx: RolloutContext) -> None:
     elif processes and settings.rollout_require_idle and not ctx.force:
         gpus_idle(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
     index_refreshed(name="Refresh the package index of the NVIDIA repository",
-                    url=host_settings(host).driver_repo_url)
+                    url=apt_url(host_settings(host), host_settings(host).driver_repo_url))
 
 
 def _nsight_with(ctx: RolloutContext, wanted: dict[str, str]) -> dict[str, str] | None:

@@ -34,6 +34,7 @@ from collections.abc import Generator
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, Host, deploy, operation
 
+from gpufleet.explain import explained
 from gpufleet.config.failures import fail
 from gpufleet.config.settings import host_settings
 from gpufleet.checks.validation import FAIL, WARN, failures, run_checks
@@ -87,7 +88,7 @@ def gate(probe: bool = True, probe_only_if_changed: bool = False) -> Generator[F
 @deploy("Validate")
 def validate(probe_only_if_changed: bool = False) -> None:
     gate(
-        name="Check that the host is what its tier says (read-only validation gate)",
+        name=explained("Validation gate", "Check that the host is what its tier says (read-only validation gate)"),
         probe=probe_enabled(),
         probe_only_if_changed=probe_only_if_changed and probe_setting() != "always",
     )

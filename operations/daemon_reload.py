@@ -31,6 +31,7 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.operations import files
 
+from gpufleet.explain import explained
 from gpufleet.facts.devchar import DaemonReloadPending, DevCharLinks
 from gpufleet.operations import as_op
 from gpufleet.operations.notice import say
@@ -88,8 +89,8 @@ def reload_when(name: str, *changed: Any) -> Any:
     if pending.deferred and host.name not in _claimed:
         _claimed.add(host.name)
         if pending.active:
-            still_pending(name="Say the daemon-reload an earlier run deferred", units=pending.active)
-    return daemon_reload(name=name + (" (and the one an earlier run deferred)" if take_over else ""),
+            still_pending(name=explained("Deferred daemon-reload", "Say the daemon-reload an earlier run deferred"), units=pending.active)
+    return daemon_reload(name=name + (" (+ deferred)" if take_over else ""),
                          _if=lambda: take_over or any(op.did_change() for op in changed))
 
 

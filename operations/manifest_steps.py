@@ -9,6 +9,7 @@ from typing import Any
 
 from pyinfra import host
 
+from gpufleet.explain import explained
 from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.kernel import DriverState
 from gpufleet.facts.packages import HeldPackages, PackageVersions
@@ -47,18 +48,19 @@ def snapshot_and_manifest(ctx: RolloutContext) -> None:
     etc = host.get_fact(EtcFiles, patterns=list(mf.ETC_FILES))
     disk: dict[str, Any] = {}
     if settings.rollout_snapshot in ("lvm", "btrfs", "zfs"):
-        disk_snapshot_taken(name=f"Take an {settings.rollout_snapshot} snapshot of {settings.rollout_snapshot_target}",
+        disk_snapshot_taken(name=explained(f"Snapshot ({settings.rollout_snapshot})", f"Take an {settings.rollout_snapshot} snapshot of "
+                                                                            f"{settings.rollout_snapshot_target}"),
                             provider=settings.rollout_snapshot, target=settings.rollout_snapshot_target,
                             ident=ident, size=settings.rollout_snapshot_size, record=disk)
     elif settings.rollout_snapshot == "command":
         variables = {"host": host.name, "address": host.data.get("ssh_hostname") or host.name,
                      "tier": settings.tier, "snapshot": f"{snapshot_name(ident)}-{host.name}", "id": ident,
                      "from_version": driver.userspace_version or "", "to_version": ctx.target}
-        controller_snapshot_taken(name="Take a disk snapshot with the snapshot command (on the controller)",
+        controller_snapshot_taken(name=explained("Snapshot (command)", "Take a disk snapshot with the snapshot command (on the controller)"),
                                   template=list(settings.rollout_snapshot_command), variables=variables, record=disk)
     remote = f"{mf.HOST_DIR}/{ident}.json"
     tarball = f"{mf.HOST_DIR}/{ident}.etc.tar.gz"
-    etc_archived(name="Archive the apt sources, pins, keyrings and GPU configuration files",
+    etc_archived(name=explained("Archive /etc files", "Archive the apt sources, pins, keyrings and GPU configuration files"),
                  tarball=tarball, paths=sorted(etc))
     name = host.name
 
@@ -73,8 +75,8 @@ def snapshot_and_manifest(ctx: RolloutContext) -> None:
         ctx.manifests[name] = doc
         return mf.dumps(doc)
 
-    manifest_written(name=f"Write the manifest {remote}", dest=remote, build=build)
+    manifest_written(name=explained("Write the manifest", f"Write the manifest {remote}"), dest=remote, build=build)
     local = ctx.manifests_dir / host.name
     ctx.manifest_paths[host.name] = str(local / f"{ident}.json")
-    copied_to_controller(name="Copy the manifest and the /etc archive to the controller",
+    copied_to_controller(name=explained("Copy the manifest", "Copy the manifest and the /etc archive to the controller"),
                          pairs=[(remote, str(local / f"{ident}.json")), (tarball, str(local / f"{ident}.etc.tar.gz"))])

@@ -8,6 +8,7 @@ from pyinfra import host
 from pyinfra.facts.files import Directory
 from pyinfra.operations import files
 
+from gpufleet.explain import explained
 from gpufleet.config.hostcontext import host_context
 
 # needrestart (installed on Ubuntu 22.04+ servers) runs after every apt install. Left alone it
@@ -39,7 +40,8 @@ def quiet_needrestart() -> None:
     context.needrestart_planned = True
     if host.get_fact(Directory, path="/etc/needrestart"):
         files.put(
-            name="Let needrestart list services to restart after apt, never restart them or wait for an answer",
+            name=explained("Quiet needrestart", "Let needrestart list services to restart after apt, never restart them or "
+                                                "wait for an answer"),
             src=StringIO(NEEDRESTART_TEXT),
             dest=NEEDRESTART_CONF,
             mode="644",

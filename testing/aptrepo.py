@@ -25,6 +25,9 @@ Use from a test module or conftest:
     def test_x(aptrepo):                  # AptRepo
         aptrepo.base_url("debian12"), aptrepo.keyring, aptrepo.key_armored, aptrepo.cuda_repos_url
 
+Every request is logged to `repo.access_log` ("METHOD PATH STATUS"); `repo.fetches(".deb")` counts the
+package files served, so a test can tell how often a file was fetched from this "upstream".
+
 or without pytest: `repo = serve(tmpdir); ...; repo.stop()`. The package table is
 `default_packages()` (built from DRIVERS / CUDA_TOOLKITS / CUDNN / DCGM / CONTAINER_TOOLKITS
 below); add a release there, or pass your own `packages=[Pkg(...), ...]` to serve().
@@ -746,12 +749,26 @@ def write_flat_repo(directory: Path, debs: list[Path], home: Path | None, fpr: s
 # --------------------------------------------------------------------------------------------
 
 _SERVER = r"""
-import functools, http.server, sys
+import functools, http.server, sys, threading
+log, lock = open(sys.argv[2], "a", buffering=1), threading.Lock()
 class Handler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *a):
         pass
+    def log_request(self, code="-", size="-"):
+        # the access log: one line per request, "METHOD PATH STATUS" (AptRepo.fetches reads it)
+        with lock:
+            log.write(f"{self.command} {self.path} {getattr(code, 'value', code)}\n")
 h = functools.partial(Handler, directory=sys.argv[1])
-srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), h)
+if sys.argv[3] == "low":  # a port below 32768 (see serve)
+    import random
+    for port in random.sample(range(20000, 32768), 200):
+        try:
+            srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), h)
+            break
+        except OSError:
+            continue
+else:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), h)
 print(srv.server_address[1], flush=True)
 srv.serve_forever()
 """
@@ -768,6 +785,7 @@ class AptRepo:
     fingerprint: str = ""
     packages: list[Pkg] = field(default_factory=list, repr=False)
     timings: dict[str, float] = field(default_factory=dict)
+    access_log: Path | None = None  # "METHOD PATH STATUS" per request served
     _proc: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -809,6 +827,17 @@ class AptRepo:
     def sources_line(self, distro: str, keyring_path: str = "/usr/share/keyrings/cuda-archive-keyring.gpg") -> str:
         return f"deb [signed-by={keyring_path}] {self.base_url(distro)} /"
 
+    def fetches(self, suffix: str = ".deb") -> dict[str, int]:
+        """How often each path ending in `suffix` was served (status 200), from the access log."""
+        counts: dict[str, int] = {}
+        for line in (self.access_log.read_text().splitlines() if self.access_log and self.access_log.exists() else []):
+            method, _, rest = line.partition(" ")
+            path, _, status = rest.rpartition(" ")
+            if method == "GET" and status == "200" and path.endswith(suffix):
+                path = path.replace("/./", "/")  # flat repositories' Filename: ./name.deb
+                counts[path] = counts.get(path, 0) + 1
+        return counts
+
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()
@@ -838,8 +867,12 @@ def build(work: Path, packages: list[Pkg] | None = None, port: int | None = None
             "bad_home": bad_home, "bad_fpr": bad_fpr, "t_debs": t_debs, "t_key": t_key}
 
 
-def serve(work: Path, packages: list[Pkg] | None = None) -> AptRepo:
-    """Build (debs cached) and serve the stand-in repositories on 127.0.0.1:<free port>."""
+def serve(work: Path, packages: list[Pkg] | None = None, low_port: bool = False) -> AptRepo:
+    """Build (debs cached) and serve the stand-in repositories on 127.0.0.1:<free port>.
+
+    `low_port`: a port below 32768, outside the kernel's ephemeral range: Debian 12's apt-cacher-ng
+    (3.7.4) answers "503 Connection refused" for an upstream on a port from 32768 up, even one in
+    its AllowUserPorts (measured: 34531, 34999 refused, 18777 served)."""
     work = Path(work)
     packages = default_packages() if packages is None else list(packages)
     t0 = time.monotonic()
@@ -848,13 +881,15 @@ def serve(work: Path, packages: list[Pkg] | None = None) -> AptRepo:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     # The port is needed for cuda-keyring's sources list, so the server starts first.
-    proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(root)], stdout=subprocess.PIPE,
+    access_log = work / "access.log"
+    proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(root), str(access_log), "low" if low_port else "0"],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         port = int(proc.stdout.readline().strip())
         repo = AptRepo(url="", keyring=work / "cuda-archive-keyring.gpg", key_armored=material["armored"],
                        root=root, pid=proc.pid, port=port, fingerprint=material["fpr"], packages=packages,
-                       _proc=proc)
+                       access_log=access_log, _proc=proc)
         repo.url = repo.base_url("debian12")
         t1 = time.monotonic()
         cuda_debs = [d for p, d in material["debs"].items() if p.repo == "cuda"]

@@ -231,15 +231,44 @@ def _check_url(value: Any, allowed: str = URL_ALLOWED) -> str:
     return value
 
 
-def _url(auto: bool = False) -> KeySpec:
-    allowed = ("auto, or " if auto else "") + URL_ALLOWED
+def _url(auto: bool = False, none: bool = False) -> KeySpec:
+    allowed = ("auto, or " if auto else "") + ("none, or " if none else "") + URL_ALLOWED
 
     def check(value: Any) -> str:
         if auto and value == AUTO:
             return AUTO
+        if none and value == NONE:
+            return NONE
         return _check_url(value, allowed)
 
     return KeySpec(check, lambda: allowed)
+
+
+_CACHE_ALLOWED = ("none, or the http:// URL of an apt caching proxy speaking apt-cacher-ng's URL forms, such as "
+                  "http://cache.example:3142 (no path: apt-cacher-ng serves at its root)")
+
+
+def _check_cache_url(value: Any) -> str:
+    if value == NONE:
+        return NONE
+    url = _check_url(value, _CACHE_ALLOWED)
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http":
+        # apt talks plain HTTP to a proxy; the signatures, not the transport, carry the trust
+        raise BadValue(f"{show(value)}: the cache is reached over http:// (apt-cacher-ng has no TLS)", _CACHE_ALLOWED)
+    if parts.path not in ("", "/"):
+        raise BadValue(f"{show(value)} has a path", _CACHE_ALLOWED)
+    return url.rstrip("/")
+
+
+_UPSTREAM_PORTS_ALLOWED = ("list of TCP ports from 1 to 32767 the cache may fetch from, such as [80, 443] "
+                           "(Debian 12's apt-cacher-ng 3.7.4 answers 503 for an upstream port from 32768 up)")
+
+
+def _check_upstream_port(item: Any) -> int:
+    if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= 32767:
+        raise BadValue(f"{show(item)} is not a TCP port below 32768", _UPSTREAM_PORTS_ALLOWED)
+    return item
 
 
 _PATH_PART = re.compile(r"[A-Za-z0-9._+@-]+", re.ASCII)
@@ -949,6 +978,12 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "docker_smoke_image": _text(r"none|[a-z0-9][\w.\-/:@]*", "none, or an image reference such as ubuntu:24.04"),
         "docker_live_restore": _bool(),
         "docker_restart_with_gpu_containers": _enum("never", "live-restore", "always"),
+        "docker_registry_mirror": _url(none=True),
+        "packages_cache_url": KeySpec(_check_cache_url, lambda: _CACHE_ALLOWED),
+        "packages_cache_serve": _bool(),
+        "packages_cache_port": _int(1, 65535),
+        "packages_cache_upstream_ports": _list(_check_upstream_port, _UPSTREAM_PORTS_ALLOWED),
+        "packages_internet": _bool(),
         "tuning_omp_threads": KeySpec(_check_omp, lambda: "auto | integer >= 1"),
         # ">" only as the catch-all of a roundup_power2_divisions list, e.g. [256:1,>:8]
         "tuning_pytorch_alloc_conf": KeySpec(_check_alloc_conf, _alloc_allowed, permits=">"),

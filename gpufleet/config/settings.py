@@ -22,6 +22,7 @@ from gpufleet.errors import Incompatible, InventoryError
 from gpufleet.config.hostcontext import fleet_context, host_context
 from gpufleet.catalog.gpus import model_for_name
 from gpufleet.config.resolver import Resolution, resolve
+from gpufleet.config.offline import internet_problems
 from gpufleet.config.schema import KEYS, BadValue, show, text_problem
 from gpufleet.catalog.sshd_policy import deploy_user, lockouts
 from gpufleet.catalog.tiers import tier_defaults, tier_names
@@ -78,6 +79,12 @@ class Settings:
     docker_smoke_image: str
     docker_live_restore: bool
     docker_restart_with_gpu_containers: str
+    docker_registry_mirror: str
+    packages_cache_url: str
+    packages_cache_serve: bool
+    packages_cache_port: int
+    packages_cache_upstream_ports: tuple[int, ...]
+    packages_internet: bool
     tuning_omp_threads: Any  # "auto" | int
     tuning_pytorch_alloc_conf: str
     tuning_nccl_debug_vars: bool
@@ -336,6 +343,7 @@ def _cross_checks(host: str, values: Mapping[str, Any]) -> list[str]:
             known = ", ".join(data.driver_branches[branch].versions)
             problems.append(_line(host, "driver_version", f"{version} is not a known R{branch} release", f"auto, {known}"))
     problems += _snapshot_checks(host, values)
+    problems += [_line(host, key, problem, allowed) for key, problem, allowed in internet_problems(values)]
     if values["pytorch_runtime"] == "venv" and values["pytorch_version"] == "none":
         problems.append(_line(host, "pytorch_runtime", "venv installs the wheel of pytorch_version, which is none",
                               "python (an interpreter the site keeps: pytorch_python), none, or venv with "

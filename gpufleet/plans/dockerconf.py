@@ -8,8 +8,9 @@ gpufleet owns a few keys of daemon.json and nothing else:
     default-ulimits.<name>     one entry per docker_ulimits name (Soft = Hard = the value, -1 = unlimited)
     features.cdi               true when docker_cdi is on (left alone when it is off)
     live-restore               docker_live_restore (containers keep running while dockerd restarts)
+    registry-mirrors[0]        docker_registry_mirror, where the tier names one (the operator's others kept after it)
 
-Every other key the operator set (log driver, registry mirrors, storage driver, other runtimes,
+Every other key the operator set (log driver, other registry mirrors, storage driver, other runtimes,
 other ulimits, other features...) is kept as it is. Output is byte-stable (sorted keys, four-space
 indent, trailing newline), and the file is written only when the merged document differs from the
 current one *as JSON*, so an operator's own formatting survives a run that changes nothing.
@@ -26,6 +27,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from gpufleet.plans.package_cache import registry_mirrors
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 NVIDIA_RUNTIME = {"args": [], "path": "nvidia-container-runtime"}
@@ -44,6 +47,7 @@ class DockerDefaults:
     shm_size: str                   # "1g"
     ulimits: Mapping[str, int]      # {"memlock": -1, "stack": 67108864}
     live_restore: bool = True
+    registry_mirror: str = "none"   # docker_registry_mirror
 
     @classmethod
     def from_settings(cls, settings: Any) -> DockerDefaults:
@@ -53,6 +57,7 @@ class DockerDefaults:
             shm_size=settings.docker_shm_size,
             ulimits=dict(settings.docker_ulimits),
             live_restore=settings.docker_live_restore,
+            registry_mirror=settings.docker_registry_mirror,
         )
 
 
@@ -106,6 +111,9 @@ def merge(existing: Mapping[str, Any] | None, want: DockerDefaults) -> dict[str,
     if want.cdi:
         merged.setdefault("features", {})["cdi"] = True
     merged["live-restore"] = want.live_restore
+    mirrors = registry_mirrors(merged.get("registry-mirrors"), want.registry_mirror)
+    if mirrors is not None:
+        merged["registry-mirrors"] = mirrors
     return merged
 
 

@@ -10,10 +10,16 @@ plan view (deploys/plan.py) prints them per host before anything changes. Pure f
 - NVIDIA's container toolkit repository: one flat source for every Debian/Ubuntu release
   (apt fills in `$(ARCH)`);
 - `driver_source: distro`: no repository of its own, the archive components the driver needs.
+
+With a fleet package cache (`packages_cache_url`) every https URL here, keys' included, is the
+cache's form of it (apt_url; http ones go through it by apt's proxy setting:
+gpufleet/plans/package_cache.py); the keyrings stay the same.
 """
 from __future__ import annotations
 
 from typing import Any
+
+from gpufleet.plans.package_cache import via_cache
 
 CUDA_SOURCE = "/etc/apt/sources.list.d/gpufleet-cuda.list"
 DOCKER_KEYRING = "/etc/apt/keyrings/gpufleet-docker.gpg"
@@ -23,6 +29,12 @@ TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 # The toolkit's packages, all pinned to docker_toolkit_version (NVIDIA's install guide pins these four).
 TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
                     "libnvidia-container-tools", "libnvidia-container1")
+
+
+def apt_url(settings: Any, url: str) -> str:
+    """`url` (a repository base or a key) as this host's apt fetches it: through the fleet's package
+    cache where the inventory names one."""
+    return via_cache(url, settings.packages_cache_url)
 
 
 def dpkg_arch(machine: str) -> str:
@@ -79,15 +91,15 @@ def repository_lines(settings: Any, res: Any, os_id: str | None, codename: str |
     if res is not None and res.source == "nvidia":
         refusal = unsupported_arch(arch)
         out.append((f"driver_repo ({CUDA_SOURCE})", f"none: {refusal[1]}" if refusal else
-                    cuda_sources_line(settings.driver_repo_url, res.repo_os_dir, data.nvidia_repo["keyring_path"], arch).strip()))
+                    cuda_sources_line(apt_url(settings, settings.driver_repo_url), res.repo_os_dir, data.nvidia_repo["keyring_path"], arch).strip()))
     elif res is not None:
         offer = data.distro_offers[res.os_release]
         archive = "Ubuntu" if res.os_release.startswith("ubuntu") else "Debian"
         out.append(("driver_repo", f"the {archive} archive" + (f" with {' '.join(offer.components)}" if offer.components else "")))
     if settings.docker_source == "docker":
         out.append((f"docker_repo ({DOCKER_LIST})",
-                    docker_sources_line(settings.docker_repo_url, os_id or "debian", codename or "", arch).strip()))
+                    docker_sources_line(apt_url(settings, settings.docker_repo_url), os_id or "debian", codename or "", arch).strip()))
     else:
         out.append(("docker_repo", "the distribution's archive (docker.io)"))
-    out.append((f"toolkit_repo ({TOOLKIT_LIST})", toolkit_sources_line(settings.docker_toolkit_repo_url).strip()))
+    out.append((f"toolkit_repo ({TOOLKIT_LIST})", toolkit_sources_line(apt_url(settings, settings.docker_toolkit_repo_url)).strip()))
     return out

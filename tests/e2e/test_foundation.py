@@ -174,7 +174,7 @@ def test_a_stopped_exporter_is_started_by_the_next_run_and_scraped(fleet, fleet_
     third = pyinfra(inv)
     assert third.returncode == 0, third.output[-6000:]
     changed = changed_operations(third)
-    assert len(changed) == 1 and "Run the node exporter now and at every boot" in changed[0], third.output[-6000:]
+    assert len(changed) == 1 and "Monitoring | Start the node exporter" in changed[0], third.output[-6000:]
     assert node.is_running
     out = third.output
     assert f"[{research.name}] [PASS] monitoring: the node exporter serves metrics: http://" in out, out[-6000:]

@@ -110,7 +110,7 @@ def dcgm_serving(host, lines_per_gpu: int) -> None:
 
 def dcgm_started(run) -> list[str]:
     """The run's changed operations (their own names, after the deploy's) that concern DCGM."""
-    return [op for op in changed_operations(run) if "DCGM" in op.split(" | ")[-1]]
+    return [op for op in changed_operations(run) if "dcgm" in op.split(" | ")[-1].lower()]
 
 
 def set_commands(host) -> list[str]:

@@ -15,7 +15,7 @@ the sum also proves those pass. From the client namespace the same rendezvous (a
 client to 29500, from the controller's copy of the same torch) and an ephemeral port are refused,
 while host 1 reaches both. The second run changes nothing.
 
-On a real fleet the same check with GPUs is nccl-tests' `all_reduce_perf` (README, "Multi-node
+On a real fleet the same check with GPUs is nccl-tests' `all_reduce_perf` (docs/security.md, "Multi-node
 training through the firewall").
 """
 from __future__ import annotations

@@ -78,7 +78,7 @@ def test_after_the_deploy_needrestart_lists_and_never_restarts(needrestart_host)
     assert first.returncode == 0, first.output
     assert pid2 == pid1, "needrestart restarted the service during the deploy's apt run"
     assert needrestart_host["modes"] and set(needrestart_host["modes"]) == {"l"}, needrestart_host["modes"]
-    assert "Let needrestart list services to restart after apt" in first.output
+    assert "Quiet needrestart" in first.output
     outdated = testhosts.ssh(host, "needrestart -b").stdout
     assert "NEEDRESTART-SVC: gpufleet-victim.service" in outdated  # still listed, left to the operator
     conf = testhosts.ssh(host, "stat -c '%a %U' /etc/needrestart/conf.d/50-gpufleet.conf; "
@@ -119,8 +119,8 @@ def test_an_area_run_alone_writes_the_needrestart_file_before_its_apt(standalone
     assert any("needrestart" in row for row in changed), first.output
     out = first.output
     run = out[out.index("--> Beginning operation run"):]   # operations in the order they ran
-    assert (run.index("Let needrestart list services to restart after apt")
-            < run.index("Install Debian's Prometheus node exporter")), out
+    assert (run.index("Quiet needrestart")
+            < run.index("Install node exporter and curl")), out
     before, after = standalone_run["pids"]
     assert before and before == after, "needrestart restarted the service during the standalone area's apt run"
     assert standalone_run["modes"] and set(standalone_run["modes"]) == {"l"}, standalone_run["modes"]

@@ -76,7 +76,7 @@ def test_gate_runs_with_gpufleets_venv(hgx):
     first = pyinfra(inv, "deploys/pytorch.py")
     (tmp / "install.log").write_text(first.output)
     assert first.returncode == 0, first.output[-5000:]
-    assert any("Install PyTorch 2.11 cu130" in op for op in changed_operations(first)), first.output[-5000:]
+    assert any("Install torch 2.11 cu130" in op for op in changed_operations(first)), first.output[-5000:]
     second = pyinfra(inv, "deploys/pytorch.py")
     assert second.returncode == 0, second.output[-5000:]
     assert changed_operations(second) == [], second.output[-5000:]

@@ -112,14 +112,16 @@ def test_gate_lets_an_idle_host_start_the_unit_with_its_script_and_arguments(stu
 
 
 def test_reboot_refused_in_its_own_command_when_busy(stubs, tmp_path):
+    """The marker is written first, by its own command; the idle check and the reboot are one."""
     env, log = stubs
     marker = tmp_path / "marker"
-    text = reboot._REBOOT_IF_IDLE.replace(reboot.MARKER, str(marker))
-    r = sh(text, ["nonce", "reboot: test"], {**env, "GPU_APPS": "77, train.py"})
+    assert sh(reboot._MARK.replace(reboot.MARKER, str(marker)), ["nonce"], env).returncode == 0
+    assert marker.read_text() == "nonce\n"
+    r = sh(reboot._REBOOT_IF_IDLE, ["reboot: test"], {**env, "GPU_APPS": "77, train.py"})
     assert r.returncode == BUSY_EXIT and r.stderr.startswith(BUSY_MARK + " GPU work is running, not rebooting: 77")
-    assert not marker.exists() and "systemctl" not in log.read_text() and "logger" not in log.read_text()
-    r = sh(text, ["nonce", "reboot: test"], {**env, "GPU_APPS": ""})
-    assert r.returncode == 0 and marker.read_text() == "nonce\n"
+    assert "systemctl" not in log.read_text() and "logger" not in log.read_text()
+    r = sh(reboot._REBOOT_IF_IDLE, ["reboot: test"], {**env, "GPU_APPS": ""})
+    assert r.returncode == 0
     assert "logger -t gpufleet -- reboot: test" in log.read_text()
 
 

@@ -185,6 +185,13 @@ SCENARIOS = {
                                   "health_slurm_prolog": True},
                           {"File": lambda kwargs: {"size": 1, "mode": 644, "user": "root", "group": "root"}
                            if kwargs.get("path") == "/etc/slurm/slurm.conf" else None}),
+    # the host that serves the fleet's package cache
+    "hgx-cache": Scenario("hgx", {"tier_mismatch": "warn", "packages_cache_serve": True}),
+    # an air-gapped host whose every download comes from the site's mirrors (packages_internet: true)
+    "hgx-mirrored": Scenario("hgx", {"tier_mismatch": "warn", "driver_repo_url": "https://mirror.example.com/cuda/repos",
+                                     "docker_repo_url": "https://mirror.example.com/docker",
+                                     "docker_toolkit_repo_url": "https://mirror.example.com/libnvidia-container",
+                                     "pytorch_wheel_dir": "/srv/wheels", "docker_smoke_image": "none"}),
     "rollout-idle": Scenario("hgx", {"tier_mismatch": "warn", "validate_gpu_count": [1, 8]}, _busy_gpus()),
     "rollout-lvm": Scenario("hgx", {"tier_mismatch": "warn", "rollout_snapshot": "lvm",
                                     "rollout_snapshot_target": "vg0/root"}, so.provisioned()),
@@ -221,6 +228,10 @@ ALTERNATIVE: dict[str, tuple[Any, str]] = {
     "docker_toolkit_repo_fingerprint": (FINGERPRINT, "hgx"),
     "docker_toolkit_version": ("1.17.8-1", "hgx"),
     "docker_smoke_image": ("none", "hgx"),
+    "docker_registry_mirror": ("https://registry-mirror.example.com", "hgx"),
+    "packages_cache_url": ("http://cache.example.com:3142", "hgx"),
+    "packages_cache_port": (3143, "hgx-cache"),
+    "packages_cache_upstream_ports": ([80, 443, 8080], "hgx-cache"),
     "tuning_omp_threads": (3, "hgx"),
     "tuning_pytorch_alloc_conf": ("expandable_segments:False", "hgx"),
     "tuning_nccl_socket_ifname": ("=eth0", "hgx"),
@@ -279,7 +290,7 @@ SCENARIO_OF = {
     "docker_restart_with_gpu_containers": "docker-gpu-job",
     "driver_persistence": "hgx-provisioned", "driver_dcgm": "hgx-no-exporter",
     "rollout_require_idle": "rollout-idle", "rollout_snapshot": "rollout-lvm",
-    "hardening_permit_root_login": "hgx-sudo",
+    "hardening_permit_root_login": "hgx-sudo", "packages_internet": "hgx-mirrored",
     "health_action": "hgx-watch", "health_escalate_to": "hgx-watch", "health_slurm_check": "hgx-watch",
     "health_slurm_prolog": "hgx-watch", "health_dcgm_watches": "hgx-watch",
 }

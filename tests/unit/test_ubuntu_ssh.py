@@ -303,7 +303,7 @@ def test_hardening_on_ubuntu_2404_with_ssh_socket_plans_the_socket_aware_path(mo
     [put] = [c for n, c in ops if n.startswith("Install the hardened sshd drop-in")]
     assert "mlkem768x25519" not in " ".join(put)
     # needrestart asks nothing and restarts nothing, before the first apt install
-    quiet = names.index("Let needrestart list services to restart after apt, never restart them or wait for an answer")
+    quiet = names.index("Quiet needrestart")
     assert quiet < names.index("Install nftables and unattended-upgrades")
     # the firewall opens the socket's port
     assert any("Load the firewall atomically" in n or "Write the firewall ruleset" in n for n in names)
