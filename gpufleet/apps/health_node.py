@@ -172,17 +172,20 @@ def run(config: dict[str, Any], mode: str) -> int:
         events.append(w.Event(now, boot, gpu, bus, check, cls, action, reason, detail))
 
     # what was seen: findings new since the last run, and those gone (the journal is not a log of every run)
-    seen = {f"{g.bus_id if g else ''}|{f.check}": (g, f) for g, f in _findings(verdict)}
     escalated = {(n.bus_id, n.check): n for n in needs}
+    # keyed with the class after escalation: a finding that escalates is news for the journal
+    seen = {f"{g.bus_id if g else ''}|{f.check}|{_cls(escalated, g, f)}": (g, f) for g, f in _findings(verdict)}
     before = set(json.loads("\n".join(_read(w.STATE)) or "{}").get("seen", []))
     for key in sorted(set(seen) - before):
         g, f = seen[key]
         n = escalated.get((g.bus_id if g else "", f.check))
         record(g.index if g else None, g.bus_id if g else "", f.check, n.cls if n else f.cls, "seen",
                "found by the watch", n.detail if n else f.detail)
+    still = {key.rpartition("|")[0] for key in seen}
     for key in sorted(before - set(seen)):
-        bus, _, check = key.partition("|")
-        record(None, bus, check, "ok", "cleared", "no longer found")
+        bus, check = key.split("|")[:2]
+        if f"{bus}|{check}" not in still:   # gone, not only of another class now
+            record(None, bus, check, "ok", "cleared", "no longer found")
 
     node = read_slurm(plan.slurm_node) if mode != "prolog" else None
     with _host_lock() as free:   # a look only: released at once, so that a run starting now is not stopped
@@ -208,6 +211,11 @@ def run(config: dict[str, Any], mode: str) -> int:
     if mode == "prolog":
         return 1 if w.rank(top) >= w.rank("drain") else 0
     return 1 if needs else 0
+
+
+def _cls(escalated: dict[tuple[str, str], w.Need], gpu: Any, finding: Any) -> str:
+    need = escalated.get((gpu.bus_id if gpu else "", finding.check))
+    return need.cls if need else str(finding.cls)
 
 
 def _findings(verdict: Any) -> Iterator[tuple[Any, Any]]:
