@@ -12,8 +12,9 @@
 6. pytorch    the resolved PyTorch wheel in a shared venv, where the tier says so (pytorch_runtime: venv)
 7. storage    local NVMe scratch (blank drives only), /dev/shm sized from the tier
 8. monitoring Prometheus node exporter, DCGM and its exporter, where the tier says so
-9. hardening  SSH keys only, firewall (last change: it must not cut off the steps above)
-10. validate  read-only gate: the host as it is now against its tier; a failed check fails it
+9. health    the node's own health watch, where the tier says so: timer, journal, metrics, Slurm
+10. hardening SSH keys only, firewall (last change: it must not cut off the steps above)
+11. validate  read-only gate: the host as it is now against its tier; a failed check fails it
 """
 from pyinfra import host, state
 
@@ -30,6 +31,7 @@ from gpufleet.deploys.base import base  # noqa: E402
 from gpufleet.deploys.docker import docker  # noqa: E402
 from gpufleet.deploys.driver import driver  # noqa: E402
 from gpufleet.deploys.hardening import hardening  # noqa: E402
+from gpufleet.deploys.health_watch import health_watch  # noqa: E402
 from gpufleet.deploys.monitoring import monitoring  # noqa: E402
 from gpufleet.deploys.package_cache import package_cache  # noqa: E402
 from gpufleet.deploys.preflight import preflight  # noqa: E402
@@ -66,6 +68,8 @@ if not host_failed(host):
     storage()
 if not host_failed(host):
     monitoring()
+if not host_failed(host):
+    health_watch()
 if not host_failed(host):
     hardening()
 if not host_failed(host):

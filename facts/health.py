@@ -4,8 +4,8 @@ per GPU the ECC mode and error counts, the row remapper (Ampere and later) or re
 (earlier GPUs), the clock event (throttle) reasons, temperatures, power against its default
 limit, the PCIe link against its maximum, compute and MIG mode, the NVLink fabric state, the
 state of each NVLink (``nvidia-smi nvlink -s``), and the XID events the NVIDIA driver logged
-since boot. Read-only. The classes and fixes live in the core (gpufleet/plans/health.py); this only
-reads.
+since boot, or since the health watch last reset that GPU. Read-only. The classes and fixes
+live in the core (gpufleet/plans/health.py); this only reads.
 
 The field list is the one recorded on a live H200 (tests/fixtures/nvidia/h200-x1/health/
 query-health-noheader.txt), in this order: the noheader output is mapped by position.
@@ -39,9 +39,9 @@ HEALTH_FIELDS: tuple[str, ...] = (
 # (older drivers print the device without "PCI:", MIG instances add " GPU-I:NN"; XID 79 lines of
 # newer drivers carry no pid). Newer drivers may also say a GPU fell off the bus with no XID line:
 #   NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:2330) ... has fallen off the bus ...
-_XID = re.compile(r"^(?:\[\s*[\d.]+\]\s+)?NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}:)?"
+_XID = re.compile(r"^(?:\[\s*([\d.]+)\]\s+)?NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}:)?"
                   r"([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.\d)?(?: GPU-I:\d+)?\): (\d{1,4}),")
-_OFF_THE_BUS = re.compile(r"^(?:\[\s*[\d.]+\]\s+)?NVRM: The NVIDIA GPU ([0-9a-fA-F]{4,8}:)?([0-9a-fA-F]{2}):"
+_OFF_THE_BUS = re.compile(r"^(?:\[\s*([\d.]+)\]\s+)?NVRM: The NVIDIA GPU ([0-9a-fA-F]{4,8}:)?([0-9a-fA-F]{2}):"
                           r"([0-9a-fA-F]{2})\.\d\b.* has fallen off the bus")
 #: what a "fallen off the bus" line without an XID counts as
 OFF_THE_BUS_XID = 79
@@ -87,7 +87,7 @@ class GpuHealthReading(JsonMixin):
     fabric_state: str | None              # NVSwitch systems: Completed once Fabric Manager trained it
     fabric_status: str | None
     nvlinks: tuple[tuple[int, bool], ...] = ()   # (link, up) from nvidia-smi nvlink -s
-    xids: tuple[int, ...] = ()                   # XID codes the driver logged for this GPU since boot
+    xids: tuple[int, ...] = ()                   # XIDs logged for this GPU since boot or its last reset
     # read through NVML where python3 and nvidia-ml-py are on the host (None: not read)
     pcie_replays: int | None = None              # PCIe replay counter since the driver loaded
     thermal_violation_ms: int | None = None      # time the clocks were held down for temperature
@@ -104,6 +104,8 @@ class GpuHealthData(JsonMixin):
     kernel_log: bool = True                      # the kernel log could be read (XIDs)
     unmatched_xids: tuple[tuple[str, int], ...] = ()   # (PCI bus:device, XID) of no listed GPU
     nvml: bool = False                           # NVML answered (python3 and nvidia-ml-py on the host)
+    #: the health watch's last journal event (deploys/health_watch.py): (unix time, class, action)
+    last_event: tuple[float, str, str] | None = None
 
 
 def _flag(value: str, what: str, yes: str = "Yes", no: str = "No") -> bool | None:
@@ -199,18 +201,58 @@ def parse_nvlinks(lines: list[str]) -> dict[int, tuple[tuple[int, bool], ...]]:
     return {g: tuple(links) for g, links in out.items()}
 
 
-def parse_xids(lines: list[str]) -> list[tuple[str, int]]:
-    """(PCI bus:device, XID) of each XID line of the kernel log, oldest first."""
-    found = []
+def parse_xid_events(lines: list[str]) -> list[tuple[str, int, float | None]]:
+    """(PCI bus:device, XID, the kernel's timestamp: seconds since boot, None when the line has
+    none) of each XID line of the kernel log, oldest first."""
+    found: list[tuple[str, int, float | None]] = []
     for line in lines:
         m = _XID.match(line.strip())
         if m:
-            found.append((f"{m.group(2)}:{m.group(3)}".lower(), int(m.group(4))))
+            found.append((f"{m.group(3)}:{m.group(4)}".lower(), int(m.group(5)), _stamp(m.group(1))))
             continue
         off = _OFF_THE_BUS.match(line.strip())
         if off:
-            found.append((f"{off.group(2)}:{off.group(3)}".lower(), OFF_THE_BUS_XID))
+            found.append((f"{off.group(3)}:{off.group(4)}".lower(), OFF_THE_BUS_XID, _stamp(off.group(1))))
     return found
+
+
+def _stamp(text: str | None) -> float | None:
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        return None
+
+
+def parse_xids(lines: list[str]) -> list[tuple[str, int]]:
+    """(PCI bus:device, XID) of each XID line of the kernel log, oldest first."""
+    return [(bus, code) for bus, code, _ in parse_xid_events(lines)]
+
+
+def since_reset(events: list[tuple[str, int, float | None]], resets: dict[str, float]) -> list[tuple[str, int]]:
+    """The XIDs logged after the last reset of their GPU (issue 45: a GPU that was reset is judged
+    on what it logged since, not since boot). `resets`: bus:device -> the kernel clock (seconds
+    since boot, as the XID lines stamp) of that GPU's last reset in this boot. A line without a
+    timestamp counts: it cannot be shown to be older."""
+    return [(bus, code) for bus, code, t in events
+            if bus not in resets or t is None or t > resets[bus]]
+
+
+#: the on-node health watch's folder (gpufleet/plans/health_watch.py: root's, 0700): its
+#: record of GPU resets this boot, read here so that every reader judges XIDs since the last reset
+WATCH_DIR = "/var/lib/gpufleet-health"
+_RESET = re.compile(r"^reset ([0-9a-f]{2}:[0-9a-f]{2}) ([0-9a-f-]{36}) (\d+(?:\.\d+)?)$")
+_EVENT = re.compile(r"^event (\d+(?:\.\d+)?) (ok|monitor|reset|reboot|drain|rma) ([a-z-]+)$")
+
+
+def parse_resets(lines: list[str], boot: str) -> dict[str, float]:
+    """bus:device -> kernel clock of its last reset, from the watch's `resets` lines of this boot
+    (lines of another boot: that boot's resets say nothing of this one's XIDs)."""
+    out: dict[str, float] = {}
+    for line in lines:
+        m = _RESET.match(line.strip())
+        if m and m.group(2) == boot:
+            out[m.group(1)] = max(out.get(m.group(1), 0.0), float(m.group(3)))
+    return out
 
 
 # What NVML adds to nvidia-smi's query (nvidia-ml-py's pynvml, the functions named by the keys of
@@ -290,6 +332,12 @@ if log=$(dmesg 2>/dev/null) || log=$(journalctl -k -b --no-pager -q -o cat 2>/de
   printf '%s\n' "$log" | grep -E 'NVRM: (Xid|The NVIDIA GPU .* has fallen off the bus)' | tail -n 200
   echo '::gpufleet:: kernel-log yes'
 else echo '::gpufleet:: kernel-log no'; fi
+{begin_watch}
+# the health watch's resets of this boot (XIDs before a GPU's reset are not held against it) and
+# its last event; root's files: nothing without root
+echo "::gpufleet:: boot $(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)"
+cat {watch}/resets 2>/dev/null | tail -n 64
+tail -n 1 {watch}/last-event 2>/dev/null
 {begin_nvml}
 # -I: isolated, no user site-packages or PYTHON* variables: the system's nvidia-ml-py or none
 # (the script itself prints nothing without it: one python3 start, not an import check first)
@@ -303,12 +351,13 @@ echo "::gpufleet:: rc nvml $?"; fi
 
 HEALTH_SCRIPT = _SCRIPT_TEMPLATE.format(begin_query=begin("query"), begin_nvlink=begin("nvlink"),
                                         begin_xid=begin("xid"), begin_nvml=begin("nvml"),
+                                        begin_watch=begin("watch"), watch=WATCH_DIR,
                                         fields=",".join(HEALTH_FIELDS), nvml=NVML_SCRIPT.strip()).strip()
 
 
 class GpuHealth(FactBase[GpuHealthData]):
     """
-    Every GPU's health readings and the XIDs logged since boot, in one command:
+    Every GPU's health readings and the XIDs logged since boot (or the GPU's last reset), in one command:
 
     .. code:: python
 
@@ -340,7 +389,9 @@ class GpuHealth(FactBase[GpuHealthData]):
             return GpuHealthData(status="error", error=" ".join(query)[:300] or "nvidia-smi failed")
         readings = [parse_reading(line) for line in query]
         links = parse_nvlinks(sections.get("nvlink", [])) if values.get("rc nvlink") == "0" else {}
-        xids = parse_xids(sections.get("xid", []))
+        watch = sections.get("watch", [])
+        xids = since_reset(parse_xid_events(sections.get("xid", [])), parse_resets(watch, values.get("boot", "")))
+        last = [m for m in (_EVENT.match(line.strip()) for line in watch) if m]
         nvml = parse_nvml(sections.get("nvml", [])) if values.get("rc nvml") == "0" else {}
         by_bus = {bus_key(r.bus_id): r.index for r in readings}
         gpus = tuple(GpuHealthReading(**{**r.__dict__, "nvlinks": links.get(r.index, ()),
@@ -348,4 +399,24 @@ class GpuHealth(FactBase[GpuHealthData]):
                                          **nvml.get(r.index, {})})
                      for r in readings)
         return GpuHealthData(status="ok", gpus=gpus, kernel_log=values.get("kernel-log") == "yes",
-                             unmatched_xids=tuple((bus, x) for bus, x in xids if bus not in by_bus), nvml=bool(nvml))
+                             unmatched_xids=tuple((bus, x) for bus, x in xids if bus not in by_bus), nvml=bool(nvml),
+                             last_event=(float(last[-1].group(1)), last[-1].group(2), last[-1].group(3))
+                             if last else None)
+
+
+class HealthJournal(FactBase[list[str]]):
+    """The health watch's journal (deploys/health_watch.py), its last 2000 lines: root's file, read
+    with the host's sudo; none (or no watch): no line."""
+
+    @override
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+    @override
+    def command(self) -> str:
+        return "tail -n 2000 /var/lib/gpufleet-health/journal.jsonl 2>/dev/null || true"   # WATCH_DIR
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return [line for line in output if line.startswith("{")]

@@ -18,7 +18,8 @@ from gpufleet.version import support_text, version_line
 PROG = "gpufleet-deploy"
 #: The deploy files a user runs (deploys/upgrade.py and rollback.py are the rollout's own
 #: steps; standalone.py is how an area runs alone).
-AREAS = ("all", "plan", "preflight", "package_cache", "base", "driver", "docker", "tuning", "pytorch", "storage", "monitoring", "hardening", "validate")
+AREAS = ("all", "plan", "preflight", "package_cache", "base", "driver", "docker", "tuning", "pytorch", "storage", "monitoring",
+         "health_watch", "hardening", "validate")
 DEPLOYS = gpufleet.deploys.FOLDER  # deploys/: in a checkout or a wheel
 USAGE = 2
 

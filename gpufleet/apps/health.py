@@ -3,6 +3,7 @@
     tools/health INVENTORY [--limit PATTERN] [--data KEY=VALUE] [--config FILE] [--json] [--workers N]
                            [--burn-in | --diag LEVEL] [--slurm]
     tools/health --local [--nvlink required|any|absent] [--burn-in | --diag LEVEL] [--slurm]
+    tools/health INVENTORY --history HOST [--json]
 
 Fleet: reads every host of the inventory at once, read-only (one remote command per host: the
 GpuHealth fact), and prints one line per finding with its class and fix, or `--json`:
@@ -19,6 +20,9 @@ for, a host whose diagnostic did not pass (failed, busy, no DCGM) also exits 1.
 Local (`--local`, on the node itself, as root): the same reading and verdict, one line on stdout,
 exit 0 when nothing needs action, 1 when something does: Slurm's HealthCheckProgram. With
 `--json`, the fleet form's object with this one host (named by its host name) instead.
+
+`--history HOST` prints the journal of that host's health watch (deploys/health_watch.py): what
+the node saw, when, its class and what it did, oldest first.
 
 `--slurm` (either way) is the one change it makes: it drains a host's Slurm node when its worst
 class is drain or worse (reason "gpufleet health: <the finding>"), and resumes a node only when
@@ -246,6 +250,8 @@ def build_parser(prog: str = "health") -> argparse.ArgumentParser:
                              "--peer (or the first host) and the InfiniBand/RoCE ports; --local: the diagnostic only")
     parser.add_argument("--peer", metavar="HOST",
                         help="--burn-in: a known-good host of the inventory to run the all-reduce with")
+    parser.add_argument("--history", metavar="HOST",
+                        help="print the health watch's journal of this host of the inventory (deploys/health_watch.py)")
     parser.add_argument("--json", action="store_true", help="JSON instead of the table")
     parser.add_argument("--workers", type=int, default=20, help="hosts read at once (default 20)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -281,6 +287,8 @@ def main(argv: list[str] | None = None, prog: str = "health") -> int:
             parser.error(f"the inventory {args.inventory} has no hosts: nothing to check")
     except inventory_source.SourceError as exc:
         parser.error(str(exc))
+    if args.history:
+        return history_main(args)
     return burn_in_main(args, source) if args.burn_in else fleet_main(args)
 
 
@@ -308,6 +316,51 @@ def burn_in_main(args: argparse.Namespace, source: Any) -> int:
             for finding in verdict.findings:
                 print(f"  {finding.line()}")
     return 0 if all(v.passed for v in verdicts.values()) else 1
+
+
+def history_main(args: argparse.Namespace) -> int:
+    """The journal of one host's health watch, oldest first (one remote command, with the host's sudo:
+    the journal is root's)."""
+    import gpufleet.deploys
+    from gpufleet.controller import inventory_source
+    from gpufleet.controller.fleet_read import connected_fleet, read_each
+    from gpufleet.facts.health import HealthJournal
+    from gpufleet.plans.health_watch import parse_journal
+
+    args.limit = [args.history]
+    source = inventory_source.InventorySource.from_args(args)
+    events: dict[str, list[Any]] = {}
+
+    def read(host: Any) -> dict[str, Any]:
+        events[host.name] = parse_journal(host.get_fact(HealthJournal))
+        return {"status": "ok"}
+
+    import logging
+
+    logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
+    with connected_fleet(source, 1, gpufleet.deploys.FOLDER.parent, prefetch=False) as fleet:
+        names = [h.name for h in fleet.hosts if h.name == args.history]
+        if not names:
+            print(f"health: no host {args.history} in {args.inventory}", file=sys.stderr)
+            return 2
+        rows = read_each(fleet, read, 1, lambda *_: None)
+    if rows[args.history]["status"] != "ok":
+        print(f"health: {args.history}: {rows[args.history].get('error') or rows[args.history]['status']}",
+              file=sys.stderr)
+        return 1
+    found = events.get(args.history, [])
+    if args.json:
+        print(json.dumps({"host": args.history, "events": [json.loads(e.as_json()) for e in found]}, indent=1))
+        return 0
+    import time
+
+    for e in found:
+        where = f"GPU {e.gpu} ({e.bus_id})" if e.gpu is not None else (e.bus_id or "node")
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e.time))}  {e.cls:<7}  {e.action:<7}  {where}  "
+              f"{e.check}: {e.reason}" + (f" [{e.detail}]" if e.detail else ""))
+    if not found:
+        print(f"{args.history}: no event in the health watch's journal (health_watch off, or nothing seen yet)")
+    return 0
 
 
 if __name__ == "__main__":

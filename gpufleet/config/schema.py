@@ -924,6 +924,18 @@ def _check_terabytes(value: Any) -> float:
     return value
 
 
+_SLURM_STATES = ("any", "alloc", "idle", "mixed", "nondrained_idle", "cycle")
+_SLURM_STATES_ALLOWED = "a list of any | alloc | idle | mixed | nondrained_idle, and cycle; at least one state"
+_TEXTFILE_ALLOWED = "an absolute path such as /var/lib/prometheus/node-exporter"
+
+
+def _check_slurm_state(item: Any) -> str:
+    _string(item, _SLURM_STATES_ALLOWED)
+    if item not in _SLURM_STATES:
+        raise BadValue(f"{show(item)} is not a Slurm health check node state", _SLURM_STATES_ALLOWED)
+    return str(item)
+
+
 PRESENCE = _enum("required", "absent", "any")
 FINGERPRINT = _text(r"[0-9A-F]{40}", "40 upper-case hex digits (OpenPGP fingerprint, no spaces)")
 
@@ -1023,6 +1035,18 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "monitoring_scrape_ports": _list(_check_port, _PORTS_ALLOWED),
         "monitoring_listen_address": KeySpec(_check_listen_address, lambda: _LISTEN_ALLOWED),
         "monitoring_allowed_cidrs": _list(_check_cidr, _CIDRS_ALLOWED),
+        "health_watch": _bool(),
+        "health_interval": _int(10, 86400),
+        "health_action": _enum("report-only", "drain-only", "remediate"),
+        "health_escalate_count": _int(2, 100),
+        "health_escalate_window": _int(60, 30 * 86400),
+        "health_escalate_to": _enum("drain", "rma"),
+        "health_slurm_check": _bool(),
+        "health_slurm_interval": _int(10, 86400),
+        "health_slurm_node_states": _list(_check_slurm_state, _SLURM_STATES_ALLOWED),
+        "health_slurm_prolog": _bool(),
+        "health_dcgm_watches": _bool(),
+        "health_textfile_dir": KeySpec(lambda v: _check_abs_path(v, _TEXTFILE_ALLOWED), lambda: _TEXTFILE_ALLOWED),
         "rollout_batch_size": _int(1),
         "rollout_require_idle": _bool(),
         "acceptance_rollout": _bool(),

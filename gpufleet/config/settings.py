@@ -126,6 +126,18 @@ class Settings:
     monitoring_scrape_ports: tuple[str, ...]
     monitoring_listen_address: str
     monitoring_allowed_cidrs: tuple[str, ...]
+    health_watch: bool
+    health_interval: int
+    health_action: str
+    health_escalate_count: int
+    health_escalate_window: int
+    health_escalate_to: str
+    health_slurm_check: bool
+    health_slurm_interval: int
+    health_slurm_node_states: tuple[str, ...]
+    health_slurm_prolog: bool
+    health_dcgm_watches: bool
+    health_textfile_dir: str
     rollout_batch_size: int
     rollout_require_idle: bool
     rollout_canary_diag_level: int
@@ -318,6 +330,7 @@ def _settings_for(host: str, data: Mapping[str, Any]) -> tuple[Settings | None, 
     plan, plan_problems = _plan(host, values)
     if plan_problems:
         return None, plan_problems
+    problems += _health_checks(host, values)
     problems += _monitoring_checks(host, values)  # after the plan: a driver_source refused there says more
     if problems:
         return None, problems
@@ -359,6 +372,23 @@ def _lockout_checks(host: str, values: Mapping[str, Any], data: Mapping[str, Any
     return [_line(host, key, problem, allowed)
             for key, problem, allowed in lockouts(values["hardening_permit_root_login"],
                                                   values["hardening_allow_users"], user, said)]
+
+
+def _health_checks(host: str, values: Mapping[str, Any]) -> list[str]:
+    """Slurm's health check and prolog are the watch's: they need it; a state list needs a state."""
+    problems = []
+    for key in ("health_slurm_check", "health_slurm_prolog"):
+        if values[key] and not values["health_watch"]:
+            problems.append(_line(host, key, "is true but health_watch is false (the check they run is the watch's)",
+                                  "health_watch: true, or false here"))
+    states = values["health_slurm_node_states"]
+    if not [s for s in states if s != "cycle"]:
+        problems.append(_line(host, "health_slurm_node_states", f"{list(states)} names no node state",
+                              "at least one of any | alloc | idle | mixed | nondrained_idle (and cycle)"))
+    elif "any" in states and len([s for s in states if s != "cycle"]) > 1:
+        problems.append(_line(host, "health_slurm_node_states", f"{list(states)}: any already takes every state",
+                              "any alone (and cycle), or the states without any"))
+    return problems
 
 
 def _monitoring_checks(host: str, values: Mapping[str, Any]) -> list[str]:

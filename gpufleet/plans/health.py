@@ -203,7 +203,7 @@ def gpu_findings(r: GpuHealthReading, rules: HealthRules, nvlink: str = "any") -
         rule = rules.xids.get(code, rules.xid_other)
         times = r.xids.count(code)
         out.append(Finding(f"xid_{code}", rule.cls,
-                           f"XID {code} ({rule.detail or 'see NVIDIA XID catalogue'}) logged {times} time(s) since boot",
+                           f"XID {code} ({rule.detail or 'see NVIDIA XID catalogue'}) logged {times} time(s) since boot or the GPU's last reset",
                            rule.fix, rule.source))
     return out
 

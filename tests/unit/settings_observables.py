@@ -21,6 +21,7 @@ stops at the first one that differs):
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 import io
@@ -52,7 +53,8 @@ from gpufleet.catalog.tiers import tier_defaults
 from testing.ubuntu_host import FIXTURES, REPO, UbuntuHost, canned, make_state, on_host
 
 #: all.py's areas before the gate, in its order
-AREAS = ("preflight", "base", "driver", "docker", "tuning", "pytorch", "storage", "monitoring", "hardening")
+AREAS = ("preflight", "base", "driver", "docker", "tuning", "pytorch", "storage", "monitoring", "health_watch",
+         "hardening")
 OBSERVABLES = ("inventory", "plan", "deploy", "log", "gate", "rollout", "lock")
 NAME = "gpu01.example.internal"
 
@@ -163,7 +165,10 @@ def _argument(value: Any) -> str:
 def _text(command: Any) -> str:
     if isinstance(command, FileUploadCommand):
         src = command.src
-        return f"upload {command.dest}\n" + (src.getvalue() if hasattr(src, "getvalue") else Path(src).read_text())
+        body = src.getvalue() if hasattr(src, "getvalue") else Path(src).read_text()
+        if isinstance(body, bytes):  # a binary file (the health watch's zip): its digest stands for it
+            body = "sha256 " + hashlib.sha256(body).hexdigest()
+        return f"upload {command.dest}\n" + body
     if isinstance(command, StringCommand):
         return command.get_raw_value()
     if isinstance(command, FunctionCommand):

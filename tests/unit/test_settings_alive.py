@@ -180,6 +180,11 @@ SCENARIOS = {
     # a host that can load nftables rules (not a container): the dead-man timer is armed
     "hgx-nftables": Scenario("hgx", {"tier_mismatch": "warn"},
                              {"NftablesCapability": so.recorded_fact(NftablesCapability, "no_namespace_check")}),
+    # the node's health watch on, as Slurm's health check and prolog too, on a node with a slurm.conf
+    "hgx-watch": Scenario("hgx", {"tier_mismatch": "warn", "health_watch": True, "health_slurm_check": True,
+                                  "health_slurm_prolog": True},
+                          {"File": lambda kwargs: {"size": 1, "mode": 644, "user": "root", "group": "root"}
+                           if kwargs.get("path") == "/etc/slurm/slurm.conf" else None}),
     # the host that serves the fleet's package cache
     "hgx-cache": Scenario("hgx", {"tier_mismatch": "warn", "packages_cache_serve": True}),
     # an air-gapped host whose every download comes from the site's mirrors (packages_internet: true)
@@ -274,6 +279,12 @@ ALTERNATIVE: dict[str, tuple[Any, str]] = {
     "validate_min_nic_gbps": (400, "hgx"),
     "validate_min_nvme_tb": (40, "hgx"),
     "extra_packages": (["nvtop"], "hgx"),
+    "health_interval": (60, "hgx-watch"),
+    "health_escalate_count": (5, "hgx-watch"),
+    "health_escalate_window": (3600, "hgx-watch"),
+    "health_slurm_interval": (60, "hgx-watch"),
+    "health_slurm_node_states": (["idle", "cycle"], "hgx-watch"),
+    "health_textfile_dir": ("/srv/node-exporter/textfile", "hgx-watch"),
 }
 #: keys of an enum or a boolean tried on another scenario than hgx
 SCENARIO_OF = {
@@ -284,6 +295,8 @@ SCENARIO_OF = {
     "driver_persistence": "hgx-provisioned", "driver_dcgm": "hgx-no-exporter",
     "rollout_require_idle": "rollout-idle", "rollout_snapshot": "rollout-lvm",
     "hardening_permit_root_login": "hgx-sudo", "packages_internet": "hgx-mirrored",
+    "health_action": "hgx-watch", "health_escalate_to": "hgx-watch", "health_slurm_check": "hgx-watch",
+    "health_slurm_prolog": "hgx-watch", "health_dcgm_watches": "hgx-watch",
 }
 
 

@@ -23,7 +23,7 @@ MANDATORY = {
     "tuning_pytorch_alloc_conf", "tuning_nccl_debug_vars", "hardening_permit_root_login",
     "hardening_allow_users", "firewall_open_ports", "extra_packages", "tier_mismatch",
 }
-PREFIXES = ("driver_", "cuda_", "docker_", "packages_", "gpu_", "pytorch_", "tuning_", "storage_", "hardening_", "firewall_", "monitoring_", "rollout_", "acceptance_", "validate_")
+PREFIXES = ("driver_", "cuda_", "docker_", "packages_", "gpu_", "pytorch_", "tuning_", "storage_", "hardening_", "firewall_", "monitoring_", "health_", "rollout_", "acceptance_", "validate_")
 UNPREFIXED = {"tier", "tier_mismatch", "cuda_version", "cudnn_version", "pytorch_version", "clock_policy", "nccl_profile", "extra_packages"}
 
 

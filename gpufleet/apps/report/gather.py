@@ -190,6 +190,7 @@ def _check_columns(row: dict[str, Any], host: Any, settings: Settings | None, re
     if profiling is not None and profiling.status != "skip" and not (
             profiling.status == "pass" and settings is not None and settings.tuning_profiling == "admins"):
         row["profiling"] = f"{'ok' if profiling.status == 'pass' else profiling.status}: {profiling.message}"
+    row["health_event"] = health_event(host)
     row["endpoints"] = endpoints(host, settings, by_name) if settings else []
     torch = by_name.get(PYTORCH_CHECK)
     row["pytorch"] = f"{'ok' if torch.status == 'pass' else torch.status}: {torch.message}" if torch else None
@@ -200,6 +201,14 @@ def _check_columns(row: dict[str, Any], host: Any, settings: Settings | None, re
         "failed": [f"{problem_label(r.to_json(), row)}: {r.name}: {r.message}" for r in results if r.status == FAIL],
         "checks": [r.to_json() for r in results],
     }
+
+
+def health_event(host: Any) -> dict[str, Any] | None:
+    """The health watch's last event, from the GpuHealth fact the gate's health check read."""
+    from gpufleet.facts.health import GpuHealth
+
+    event = host.get_fact(GpuHealth).last_event
+    return None if event is None else {"time": event[0], "class": event[1], "action": event[2]}
 
 
 def clock_column(host: Any, settings: Settings | None, driver: str | None) -> dict[str, Any] | None:

@@ -75,13 +75,34 @@ def _cell(row: dict[str, Any], key: str) -> str:
     if key == "health":
         check = next((c for c in (row.get("validation") or {}).get("checks") or []
                       if c["name"] == view.CHECK_OF["health"]), None)
+        event = health_event_text(row)
         if check is None:
-            return "-"
+            return event or "-"
         return ("ok" if check["status"] == "pass" else check["status"]) + (
-            f": {check['message']}" if check["status"] != "pass" and check.get("message") else "")
+            f": {check['message']}" if check["status"] != "pass" and check.get("message") else "") + (
+            f"; last event {event}" if event else "")
     if value is None:
         return "-"
     return str(value)
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{max(0, int(seconds))}s"
+
+
+def health_event_text(row: dict[str, Any], now: float | None = None, short: bool = False) -> str:
+    """The health watch's last event and its age: 'reset reset 2h ago' (its class, what it did)."""
+    import time
+
+    event = row.get("health_event")
+    if not event:
+        return ""
+    age = _age((time.time() if now is None else now) - float(event["time"]))
+    what = event["class"] if event["action"] in ("seen", event["class"]) else f"{event['class']} {event['action']}"
+    return f"{what} {age}" if short else f"{what}, {age} ago"
 
 
 def document(rows: list[dict[str, Any]], inventory: str, seconds: float) -> dict[str, Any]:
@@ -106,7 +127,7 @@ def document(rows: list[dict[str, Any]], inventory: str, seconds: float) -> dict
 COMPACT: tuple[tuple[str, str, int, int], ...] = (
     ("host", "Host", 28, 16), ("state", "State", 16, 8), ("tier", "Tier", 10, 5), ("gpus", "GPUs", 12, 5),
     ("driver", "Driver", 12, 10), ("cuda", "CUDA", 16, 6), ("cudnn", "cuDNN", 12, 9), ("pytorch", "PyTorch", 14, 5),
-    ("health", "Health", 6, 4), ("drift", "Drift", 14, 6), ("problems", "Problems", 0, 34),
+    ("health", "Health", 16, 4), ("drift", "Drift", 14, 6), ("problems", "Problems", 0, 34),
 )
 # the columns that give way first when the table would be wider than WIDTH
 SHRINK_ORDER = ("drift", "pytorch", "gpus", "tier", "cuda", "cudnn", "driver", "state", "host")
@@ -128,7 +149,8 @@ def compact_cell(row: dict[str, Any], key: str, cell: view.Cell | None = None) -
     if key == "pytorch" and cell is not None:
         return cell.text if cell.status in ("pass", "skip") else "-" if cell.status == "none" else f"{cell.status} {cell.text}"
     if key == "health" and cell is not None:
-        return {"pass": "ok", "none": "-"}.get(cell.status, cell.status)
+        event = health_event_text(row, short=True)
+        return {"pass": "ok", "none": "-"}.get(cell.status, cell.status) + (f", {event}" if event else "")
     if key == "drift" and cell is not None:
         pending = len(view.upgrades(row)) if (row.get("drift") or {}).get("pending") else 0
         if pending:
