@@ -48,6 +48,7 @@ from gpufleet.facts.packages import AptCandidates, PackageVersions
 from gpufleet.operations import docker as docker_ops
 from gpufleet.operations.daemon_reload import dev_char_links
 from gpufleet.operations.holds import held
+from gpufleet.operations.apt_index import lists_refreshed
 from gpufleet.plans import dockerconf
 from gpufleet.plans.docker import CDI_SPEC, ENGINES, AptSource, DockerPlan, plan, repositories
 from gpufleet.plans.refusal import Refusal
@@ -111,8 +112,10 @@ def _sources(planned: DockerPlan) -> None:
                                             "Docker's key, kept only if its fingerprint is the pinned one"),
                                   explained("Use Docker's repository for the engine",
                                             "Docker's apt repository (docker_source: docker), signed-by its own keyring"))
-    apt.update(
-        name=explained("Read the new package sources", "apt reads the repositories just added, before installing from them"),
+    lists_refreshed(
+        name=explained("Read the new package sources", "apt reads the repositories just added, before installing from "
+                       "them: their lists only, not the whole archive's again"),
+        paths=[r.list_path for r in (planned.toolkit_repo, planned.docker_repo) if r is not None],
         _if=lambda: any(op.did_change() for op in source_ops),
     )
 

@@ -43,21 +43,23 @@ from pyinfra.operations import apt, files, python, systemd
 from pyinfra.operations.util import any_changed
 
 from gpufleet.apt_policy import APT_CACHE_SECONDS, GPU_PACKAGE_BLACKLIST, UNATTENDED_CONF
-from gpufleet.config.failures import fail_now, real_host, refuse
+from gpufleet.config.failures import Refusal, fail_now, real_host
 from gpufleet.config.settings import Settings, host_settings
+from gpufleet.controller.run_summary import outcome
 from gpufleet.explain import explained
-from gpufleet.controller.run_summary import SUMMARY
 from gpufleet.facts.kernel import DriverState
 from gpufleet.operations.drain import gpu_work
 from gpufleet.operations.driver import archive_components, refresh_initramfs, repo_key, stack_recorded
 from gpufleet.operations.driver_upgrade import package_change_settled
 from gpufleet.operations.holds import held
+from gpufleet.operations.apt_index import lists_refreshed
 from gpufleet.operations.package_steps import packages_at_releases
 from gpufleet.operations.reboot import rebooted
-from gpufleet.plans.driver import (DriverPlan, DriverRefusal, plan_driver, read_driver_facts, reboot_forced,
+from gpufleet.plans.driver import (DriverPlan, plan_driver, read_driver_facts, reboot_forced,
                                    reboot_hold_back)
 from gpufleet.plans.driver_preconditions import dkms_signing_conf
-from gpufleet.plans.profiling import KEY, MODPROBE_FILE, ProfilingRefusal, plan_profiling
+from gpufleet.config.failures import Refused
+from gpufleet.plans.profiling import KEY, MODPROBE_FILE, plan_profiling
 from gpufleet.plans.repos import CUDA_SOURCE
 from gpufleet.rendering import render
 
@@ -72,8 +74,8 @@ MANAGED = "# Managed by gpufleet (deploys/driver.py). Do not edit: changes are r
 def driver() -> None:
     settings = host_settings(host)
     plan = plan_driver(settings, read_driver_facts(host, settings))
-    if isinstance(plan, DriverRefusal):
-        refuse(host, plan.key, plan.reason, plan.fix)
+    if isinstance(plan, Refusal):
+        plan.stop(host)
         return
     me = real_host(host)  # the concrete host, for callbacks that run at execution time
     _left_to_rollout(me, plan)
@@ -97,11 +99,11 @@ def driver() -> None:
 def _left_to_rollout(me: Host, plan: DriverPlan) -> None:
     """What this run leaves to tools/rollout, for the end of the run (the plan's notes, said now)."""
     if plan.stack_pending:
-        SUMMARY.stack_pending[me.name] = plan.stack_pending
+        outcome(me).stack_pending = plan.stack_pending
     if plan.drifted:
-        SUMMARY.stack_by_hand[me.name] = {what: list(messages) for what, messages in plan.drifted.items()}
+        outcome(me).stack_by_hand = {what: list(messages) for what, messages in plan.drifted.items()}
     if plan.pending:
-        SUMMARY.driver_pending[me.name] = plan.pending
+        outcome(me).driver_pending = plan.pending
     for note in plan.notes:
         logger.warning(f"{me.print_prefix}{note}")
 
@@ -118,7 +120,7 @@ def _mismatch(h: Host) -> str | None:
 def _report(h: Host, policy: str) -> None:
     why = _mismatch(h)
     if why:
-        SUMMARY.needs_reboot[h.name] = f"{why}; not rebooted ({policy})"
+        outcome(h).needs_reboot = f"{why}; not rebooted ({policy})"
         logger.warning(f"{h.print_prefix}NEEDS A REBOOT: {why}; not rebooted ({policy})")
 
 
@@ -127,8 +129,8 @@ def _busy_now(policy: str) -> Callable[[Host, str], bool]:
     this run's planning): not rebooted, reported with the hosts that need a reboot; not a failure."""
     def busy(h: Host, running: str) -> bool:
         why = _mismatch(h) or "the loaded NVIDIA module differs from the installed driver"
-        SUMMARY.busy_at_reboot.add(h.name)
-        SUMMARY.needs_reboot[h.name] = f"{why}; BUSY, PENDING: not rebooted (driver_reboot: {policy}, GPU work started after planning: {running})"
+        outcome(h).busy_at_reboot = True
+        outcome(h).needs_reboot = f"{why}; BUSY, PENDING: not rebooted (driver_reboot: {policy}, GPU work started after planning: {running})"
         logger.warning(f"{h.print_prefix}BUSY, PENDING: not rebooted: GPU work started after planning: {running}")
         return True
     return busy
@@ -160,7 +162,8 @@ def _sources(plan: DriverPlan, index_ops: list[OperationMeta]) -> bool:
             src=StringIO(MANAGED + nvidia.line),
             dest=CUDA_SOURCE, mode="644",
         )
-        apt.update(name=explained("Read the changed sources' index", "Read the package index of the changed sources"), _if=any_changed(key, source))
+        lists_refreshed(name=explained("Read the changed sources' index", "Read the package index of the changed sources"),
+                        paths=[CUDA_SOURCE], _if=any_changed(key, source))
         index_ops += [key, source]
     elif plan.archive_components:
         archive = "Ubuntu" if plan.res.os_release.startswith("ubuntu") else "Debian"
@@ -280,7 +283,7 @@ def _reboot(settings: Settings, plan: DriverPlan, install: OperationMeta, me: Ho
         python.call(
             name=explained("Check the loaded NVIDIA module", "Check that the loaded NVIDIA module is the installed driver after the reboot"),
             function=_verify_after_reboot, h=me,
-            _if=lambda: me.name not in SUMMARY.busy_at_reboot and _mismatch(me) is not None,
+            _if=lambda: not outcome(me).busy_at_reboot and _mismatch(me) is not None,
         )
     else:
         python.call(
@@ -310,13 +313,13 @@ def _profiling_stale(h: Host, setting: str) -> bool:
 
     try:
         return plan_profiling(setting, h.get_fact(ProfilingState), None, False).pending
-    except ProfilingRefusal:  # refused at planning already
+    except Refused:  # refused at planning already
         return False
 
 
 def _profiling_report(state: State | None, host: Host, h: Host, setting: str) -> bool:
     """Executing (python.call): record a profiling setting the loaded module does not have yet."""
-    SUMMARY.profiling_pending[h.name] = f"{KEY}: {setting}: the loaded nvidia module has the other setting"
+    outcome(h).profiling_pending = f"{KEY}: {setting}: the loaded nvidia module has the other setting"
     logger.warning(f"{h.print_prefix}PROFILING PENDING: {KEY}: {setting} takes effect at the next load of the nvidia "
                    "module: reboot it through tools/rollout (deploys/all.py does not reboot for it)")
     return True

@@ -25,7 +25,8 @@ from pyinfra.facts.server import Arch
 from gpufleet.controller import askpass
 from gpufleet.plans.cluster import missing_peers, training_networks
 from gpufleet.plans.acceptance import plan_line as acceptance_line
-from gpufleet.plans.driver import DriverRefusal, plan_driver, read_driver_facts
+from gpufleet.config.failures import Refusal
+from gpufleet.plans.driver import plan_driver, read_driver_facts
 from gpufleet.plans.driver_preconditions import mok_certificate
 from gpufleet.catalog.compat import compat_data
 from gpufleet.errors import Incompatible
@@ -36,8 +37,9 @@ from gpufleet.catalog.pytorch import mixed_gpus
 from gpufleet.rollout.snapshot import command_name
 from gpufleet.config.settings import host_settings, validate_inventory
 from gpufleet.plans.storage import plan_scratch
-from gpufleet.plans.tuning import Refusal, clocks_summary, host_clocks, host_mig, mig_clock_skip
-from gpufleet.plans.profiling import ProfilingRefusal, host_profiling
+from gpufleet.config.failures import Refused
+from gpufleet.plans.tuning import clocks_summary, host_clocks, host_mig, mig_clock_skip
+from gpufleet.plans.profiling import host_profiling
 
 askpass.install()  # its facts run through sudo: the password never on the host's command line
 validate_inventory(state.inventory)
@@ -66,7 +68,7 @@ def mig_lines() -> tuple[list[str], frozenset[str]]:
     the GPUs whose clocks it takes out of the clock plan."""
     try:
         plan = host_mig(host, settings.gpu_mig)
-    except Refusal as refused:
+    except Refused as refused:
         return [f"mig: REFUSED: {refused}"], frozenset()
     out = [f"mig: {plan.summary()}"]
     change = "to change (only while this GPU is idle; tools/rollout drains the host for it)"
@@ -85,7 +87,7 @@ def profiling_line(res: object) -> str:
     """tuning_profiling's plan in words: the one the driver deploy applies and the gate checks."""
     try:
         return host_profiling(host, settings, res).summary()
-    except ProfilingRefusal as refused:
+    except Refused as refused:
         return f"REFUSED: {refused}"
 
 
@@ -93,7 +95,7 @@ def host_clock_line() -> str | None:
     """The host's own clock plan, when its nvidia-smi works (else None: the estimate stands)."""
     try:
         plans = host_clocks(host, settings.clock_policy, MIG_SKIP)
-    except Refusal as refused:
+    except Refused as refused:
         return f"REFUSED: {refused}"
     if not plans:
         return "none set: every GPU is in MIG mode" if MIG_SKIP else None
@@ -125,8 +127,8 @@ try:
     if not kernel.prebuilt and settings.driver_kernel_headers == "require":
         headers = [f"linux-headers-{kernel.release}", *([kernel.headers_metapackage] if kernel.headers_metapackage else [])]
         lines.append(f"kernel_headers: {' '.join(headers)} (DKMS builds the module for this kernel and the ones that follow)")
-    if isinstance(driver_plan, DriverRefusal):
-        lines.append(f"REFUSED ({driver_plan.area}): {driver_plan.line()}")
+    if isinstance(driver_plan, Refusal):
+        lines.append(f"REFUSED ({driver_plan.area}): {driver_plan.reason}. Fix: {driver_plan.how_to_fix()} (key {driver_plan.key})")
     else:
         lines += driver_plan.summary()
 except Incompatible as refused:
@@ -147,7 +149,7 @@ def storage_lines() -> list[str]:
     try:
         plan = plan_scratch(settings.storage_scratch, settings.storage_scratch_devices, settings.storage_scratch_path,
                             block_devices(host), lambda: host.get_fact(ScratchSite, path=settings.storage_scratch_path))
-    except Refusal as refused:
+    except Refused as refused:
         return [f"scratch: REFUSED: {refused}"] + out
     return [f"scratch: {plan.summary()}"] + [f"scratch: {note}" for note in plan.notes] + out
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import re
 from io import StringIO
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -46,14 +46,17 @@ from pyinfra.operations import apt, files, server, systemd
 from gpufleet.explain import explained
 from gpufleet.plans import storage as s
 from gpufleet.facts.storage import SCRATCH_RECORD, ScratchSite, ShmSize
-from gpufleet.config.failures import refuse
+from gpufleet.config.failures import Refused
 from gpufleet.config.hostfacts import block_devices, resources
 from gpufleet.rendering import render
-from gpufleet.controller.run_summary import SUMMARY
+from gpufleet.controller.run_summary import outcome
 from gpufleet.config.settings import host_settings
 from gpufleet.operations import storage as ops
 from gpufleet.operations.daemon_reload import reload_when
 from gpufleet.operations.notice import say
+
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
 
 SCRATCH_SERVICE = "gpufleet-scratch.service"
 SCRATCH_UNIT = "/etc/systemd/system/gpufleet-scratch.service"
@@ -71,13 +74,13 @@ def _scratch_fstab_regex(path: str, uuid: str) -> str:
     return f"^(UUID={re.escape(uuid)}[[:space:]]|[^#[:space:]]+[[:space:]]+{re.escape(path)}[[:space:]])"
 
 
-def _scratch(settings: Any, plan: s.ScratchPlan) -> None:
+def _scratch(settings: Settings, plan: s.ScratchPlan) -> None:
     moved = tuple(s.moved_note(plan.devices[0], old, plan.path) for old in plan.also_mounted)
     for note in plan.notes:
         if note not in moved:  # those are warnings (below), not said a second time under -v
             say(f"storage_scratch: {note}")
     if plan.also_mounted:  # said now and at the end of the run: the operator has a step to take
-        SUMMARY.scratch_moved[host.name] = f"still mounted at {', '.join(plan.also_mounted)} (now {plan.path})"
+        outcome(host).scratch_moved = f"still mounted at {', '.join(plan.also_mounted)} (now {plan.path})"
         for note in moved:
             logger.warning(f"{host.print_prefix}storage_scratch: {note}")
     if plan.action == s.NOTHING:
@@ -139,8 +142,8 @@ def storage() -> None:
                                  settings.storage_scratch_path, block_devices(host),
                                  lambda: host.get_fact(ScratchSite, path=settings.storage_scratch_path))
         shm = s.plan_shm(settings.storage_shm_size, host.get_fact(ShmSize), resources(host).memory_total_kib)
-    except s.Refusal as refusal:
-        refuse(host, refusal.key, refusal.problem, f"set {refusal.key} to what this host allows: {refusal.allowed}")
+    except Refused as refused:
+        refused.refusal.stop(host)
         return
     _scratch(settings, scratch)
     _shm(shm)

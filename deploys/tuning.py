@@ -43,7 +43,7 @@ Decisions use the host's state before this run (gpufleet.config.hostfacts): what
 from __future__ import annotations
 
 from io import StringIO
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -55,15 +55,18 @@ from gpufleet.facts.kernel import PeermemState
 from gpufleet.plans import gpudirect
 from gpufleet.config.hostfacts import driver_state, rdma_devices
 from gpufleet.plans import tuning as t
-from gpufleet.config.failures import real_host, refuse
+from gpufleet.config.failures import Refused, real_host
 from gpufleet.catalog.mig import setting_text
-from gpufleet.controller.run_summary import SUMMARY
+from gpufleet.controller.run_summary import outcome
 from gpufleet.config.settings import host_settings
 from gpufleet.explain import explained
 from gpufleet.plans.tuning import TuningPlan, ac_deprecated_from, plan_tuning, policy_text
 from gpufleet.operations import cpu, gpu
 from gpufleet.operations.daemon_reload import reload_when
 from gpufleet.operations.notice import say
+
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
 
 #: Debian (non-free/contrib) and NVIDIA's CUDA repository both call the daemon's package this.
 PERSISTENCED_PACKAGE = "nvidia-persistenced"
@@ -83,7 +86,7 @@ MIG_SCRIPT = gpu.MIG_SCRIPT
 CDI_SPEC = "/etc/cdi/nvidia.yaml"  # where deploys/docker.py has nvidia-ctk write it
 
 
-def _persistence(settings: Any, plan: TuningPlan) -> None:
+def _persistence(settings: Settings, plan: TuningPlan) -> None:
     mode = settings.driver_persistence
     if mode == "off":
         return
@@ -116,7 +119,7 @@ def _persistence(settings: Any, plan: TuningPlan) -> None:
     )
 
 
-def _profiles(settings: Any, plan: TuningPlan) -> Any:
+def _profiles(settings: Settings, plan: TuningPlan) -> Any:
     changed = {}
     for path, text in plan.files.items():
         changed[path] = files.put(
@@ -136,7 +139,7 @@ def _mig_busy(setting: Any) -> Any:
     would change (it started after planning, or ran all along): those GPUs are left as they are,
     reported pending (the idle ones were changed); not a failure."""
     def busy(h: Any, running: str) -> bool:
-        SUMMARY.mig_pending[h.name] = (f"gpu_mig: {setting_text(setting)}", running)
+        outcome(h).mig_pending = (f"gpu_mig: {setting_text(setting)}", running)
         logger.warning(f"{h.print_prefix}MIG PENDING: partitions not changed where GPU work is running: {running}")
         return True
     return busy
@@ -144,12 +147,12 @@ def _mig_busy(setting: Any) -> Any:
 
 def _mig_reboot(h: Any, gpus: str) -> bool:
     """mig_partitions' if_reboot: a MIG mode change waits for a GPU reset that was refused."""
-    SUMMARY.mig_reboot[h.name] = gpus
+    outcome(h).mig_reboot = gpus
     logger.warning(f"{h.print_prefix}MIG NEEDS A REBOOT: {gpus}")
     return True
 
 
-def _mig(settings: Any, plan: TuningPlan, if_busy: Any = None, if_reboot: Any = _mig_reboot) -> None:
+def _mig(settings: Settings, plan: TuningPlan, if_busy: Any = None, if_reboot: Any = _mig_reboot) -> None:
     setting = settings.gpu_mig
     mig = plan.mig
     if not mig.managed or not mig.gpus:  # unmanaged, or no GPU with MIG: nothing to make or undo
@@ -200,16 +203,16 @@ def mig_partitions(if_busy: Any = None, if_reboot: Any = None) -> None:
         _mig(settings, plan, if_busy=if_busy, if_reboot=if_reboot or _mig_reboot)
 
 
-def _plan_or_refuse(settings: Any) -> TuningPlan | None:
+def _plan_or_refuse(settings: Settings) -> TuningPlan | None:
     """The host's tuning plan, or None once a refusal has been reported for it."""
     try:
         return plan_tuning(host, settings)
-    except t.Refusal as refusal:
-        refuse(host, refusal.key, refusal.problem, f"set {refusal.key} to what this host allows: {refusal.allowed}")
+    except Refused as refused:
+        refused.refusal.stop(host)
         return None
 
 
-def _clocks(settings: Any, plan: TuningPlan, env_file: Any) -> None:
+def _clocks(settings: Settings, plan: TuningPlan, env_file: Any) -> None:
     policy = settings.clock_policy
     if policy == "unmanaged":
         systemd.service(name=explained("Disable the clocks unit", "Stop re-applying gpufleet's GPU clocks at boot (clock_policy: unmanaged)"),
@@ -244,12 +247,12 @@ def _clocks(settings: Any, plan: TuningPlan, env_file: Any) -> None:
     gpu.clocks(name=explained("Set the GPU clocks", f"Set each GPU's clocks for clock policy {policy_text(policy)}"),
                policy=policy, ac_deprecated_from=ac_deprecated_from(), skip=skip,
                # a MIG change found GPU work and was not made: GPUs it would have freed stay in MIG mode
-               _if=lambda: me.name not in SUMMARY.mig_pending)
+               _if=lambda: not outcome(me).mig_pending)
     systemd.service(name=explained("Enable the clocks unit", "Re-apply the GPU clocks at every boot"), service=CLOCKS_SERVICE,
                     running=True, enabled=True)
 
 
-def _governor(settings: Any, plan: TuningPlan) -> None:
+def _governor(settings: Settings, plan: TuningPlan) -> None:
     setting = settings.tuning_cpu_governor
     if setting == "unmanaged":
         systemd.service(name=explained("Disable the governor unit", "Stop setting the CPU governor at boot (tuning_cpu_governor: unmanaged)"),
@@ -284,7 +287,7 @@ def tuning() -> None:
     _gpudirect(settings)
 
 
-def _gpudirect(settings: Any) -> None:
+def _gpudirect(settings: Settings) -> None:
     """GPUDirect RDMA on the ib / roce profiles where the host has RDMA devices: nvidia-peermem
     loaded now (when it is the loaded driver's) and at every boot (gpufleet/plans/gpudirect.py)."""
     rdma = rdma_devices(host)

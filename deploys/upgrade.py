@@ -44,12 +44,13 @@ from gpufleet.rollout.context import RolloutContext
 from gpufleet.rollout.moves import (MoveRefusal, RolloutMove, driver_releases, recorded_holds, rollout_move,
                                     stack_targets, toolkit_moves)
 from gpufleet.plans.repos import apt_url
-from gpufleet.plans.profiling import USERS, ProfilingRefusal, nsight_packages, nsight_releases, plan_profiling
+from gpufleet.config.failures import Refused
+from gpufleet.plans.profiling import USERS, nsight_packages, nsight_releases, plan_profiling
 from gpufleet.config.settings import Settings, host_settings
 from gpufleet.explain import explained
 from gpufleet.checks.validation import FAIL, PASS, diag_result
 from gpufleet.config.hostfacts import gpu_state, mig_state
-from gpufleet.plans.tuning import Refusal, host_mig
+from gpufleet.plans.tuning import host_mig
 from gpufleet.catalog.cuda_stack import stack_fact_packages
 from gpufleet.operations.apt_index import index_refreshed
 from gpufleet.operations.drain import (gpu_containers_stopped, gpus_idle, gpus_idle_now, slurm_driver_feature, slurm_node,
@@ -100,7 +101,7 @@ def mig_survey(setting: object) -> dict[str, object]:
     gate read."""
     try:
         plan = host_mig(host, setting)
-    except Refusal as refused:
+    except Refused as refused:
         return {"mig_changes": [], "mig_error": f"refused ({refused.key}): {refused.problem}. Fix: set "
                                                 f"{refused.key} to what this host allows: {refused.allowed}"}
     changes = [f"{g.label}: {g.found} -> " + (" + ".join(g.wanted) if g.wanted is not None else "MIG off")
@@ -121,7 +122,7 @@ def _profiling_pending(setting: str) -> bool:
     through these steps, makes it so (a setting all.py has not written yet is all.py's first)."""
     try:
         return plan_profiling(setting, host.get_fact(ProfilingState), None, False).reboot_helps
-    except ProfilingRefusal:  # all.py refuses the host: nothing of it is rolled out
+    except Refused:  # all.py refuses the host: nothing of it is rolled out
         return False
 
 
@@ -306,7 +307,7 @@ def validate(ctx: RolloutContext) -> None:
         problems += [f"MIG layout: {g.label} has {g.found}, gpu_mig sets "
                      + (" + ".join(g.wanted) if g.wanted is not None else "MIG off")
                      for g in host_mig(host, settings.gpu_mig).changes]
-    except Refusal as refused:
+    except Refused as refused:
         problems.append(f"gpu_mig refused for this host: {refused.problem}")
     if _profiling_pending(settings.tuning_profiling):
         problems.append(f"the loaded nvidia module still lacks tuning_profiling: {settings.tuning_profiling} "

@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 
 def emit(**record: object) -> None:
@@ -56,64 +57,75 @@ def main(argv: list[str]) -> int:
         devices = [(f"cuda:{i}", i) for i in range(count)]
         dtype = torch.bfloat16
 
-    def sync(dev: str) -> None:
-        if dev != "cpu":
-            torch.cuda.synchronize(dev)
-
     for dev, index in devices:
-        try:
-            n = args.size
-            a = torch.randn(n, n, dtype=dtype, device=dev)
-            b = torch.randn(n, n, dtype=dtype, device=dev)
-            for _ in range(2):
-                torch.matmul(a, b)
-            sync(dev)
-            start = time.perf_counter()
-            for _ in range(args.iters):
-                torch.matmul(a, b)
-            sync(dev)
-            emit(metric="matmul", device=dev, index=index, m=n, n=n, k=n, dtype=str(dtype).replace("torch.", ""),
-                 iterations=args.iters, seconds=time.perf_counter() - start)
-            del a, b
-        except Exception as error:  # report, keep measuring the rest
-            emit(metric="matmul", device=dev, index=index, status="error", reason=str(error)[:300])
-        try:
-            nbytes = args.copy_mib * 1024 * 1024
-            src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-            dst = torch.empty_like(src)
-            dst.copy_(src)
-            sync(dev)
-            start = time.perf_counter()
-            for _ in range(args.iters):
-                dst.copy_(src)
-            sync(dev)
-            emit(metric="memory", device=dev, index=index, bytes=nbytes, iterations=args.iters,
-                 seconds=time.perf_counter() - start)
-            del src, dst
-        except Exception as error:
-            emit(metric="memory", device=dev, index=index, status="error", reason=str(error)[:300])
-
+        _matmul(torch, dev, index, args.size, args.iters, dtype)
+        _memory(torch, dev, index, args.copy_mib, args.iters)
     if args.device == "cpu" or count < 2:
         emit(metric="allreduce", status="skipped", reason="needs 2+ CUDA devices")
         return 0
+    _allreduce(torch, count, args.allreduce_mib, args.iters)
+    return 0
+
+
+def _sync(torch: Any, dev: str) -> None:
+    if dev != "cpu":
+        torch.cuda.synchronize(dev)
+
+
+def _matmul(torch: Any, dev: str, index: int | None, n: int, iters: int, dtype: Any) -> None:
+    try:
+        a = torch.randn(n, n, dtype=dtype, device=dev)
+        b = torch.randn(n, n, dtype=dtype, device=dev)
+        for _ in range(2):
+            torch.matmul(a, b)
+        _sync(torch, dev)
+        start = time.perf_counter()
+        for _ in range(iters):
+            torch.matmul(a, b)
+        _sync(torch, dev)
+        emit(metric="matmul", device=dev, index=index, m=n, n=n, k=n, dtype=str(dtype).replace("torch.", ""),
+             iterations=iters, seconds=time.perf_counter() - start)
+        del a, b
+    except Exception as error:  # report, keep measuring the rest
+        emit(metric="matmul", device=dev, index=index, status="error", reason=str(error)[:300])
+
+
+def _memory(torch: Any, dev: str, index: int | None, copy_mib: int, iters: int) -> None:
+    try:
+        nbytes = copy_mib * 1024 * 1024
+        src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        _sync(torch, dev)
+        start = time.perf_counter()
+        for _ in range(iters):
+            dst.copy_(src)
+        _sync(torch, dev)
+        emit(metric="memory", device=dev, index=index, bytes=nbytes, iterations=iters,
+             seconds=time.perf_counter() - start)
+        del src, dst
+    except Exception as error:
+        emit(metric="memory", device=dev, index=index, status="error", reason=str(error)[:300])
+
+
+def _allreduce(torch: Any, count: int, allreduce_mib: int, iters: int) -> None:
     try:
         from torch.cuda import nccl
 
-        elements = args.allreduce_mib * 1024 * 1024 // 2
+        elements = allreduce_mib * 1024 * 1024 // 2
         tensors = [torch.ones(elements, dtype=torch.bfloat16, device=f"cuda:{i}") for i in range(count)]
         nccl.all_reduce(tensors)
         for i in range(count):
             torch.cuda.synchronize(i)
         start = time.perf_counter()
-        for _ in range(args.iters):
+        for _ in range(iters):
             nccl.all_reduce(tensors)
         for i in range(count):
             torch.cuda.synchronize(i)
         emit(metric="allreduce", device=f"cuda:0-{count - 1}", ranks=count, bytes=elements * 2,
-             iterations=args.iters, seconds=time.perf_counter() - start)
+             iterations=iters, seconds=time.perf_counter() - start)
     except Exception as error:
         emit(metric="allreduce", status="error", reason=str(error)[:300])
-    return 0
 
 
 if __name__ == "__main__":

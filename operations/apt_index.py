@@ -16,3 +16,21 @@ def index_refreshed(url: str) -> Generator[StringCommand, None, None]:
         "f=$(grep -rlF --", QuoteString(url), "/etc/apt/sources.list.d/ 2>/dev/null | grep '\\.list$' | head -1);",
         'if [ -n "$f" ]; then apt-get update -q -o Dir::Etc::SourceList="$f" -o Dir::Etc::SourceParts=/nonexistent'
         " -o APT::Get::List-Cleanup=0; else apt-get update -q; fi")
+
+
+@operation(is_idempotent=False)
+def lists_refreshed(paths: list[str]) -> Generator[StringCommand, None, None]:
+    """`apt-get update` of the sources in the list files `paths` only, in one command.
+
+    A converge that has just written a repository's source reads that repository's index, not
+    the whole archive's again (a fresh host's first converge had refreshed everything three
+    times: base, driver and Docker; bench/bootstrap.py). The other sources' lists are kept.
+
+    + paths: apt source list files, e.g. /etc/apt/sources.list.d/cuda-debian12-x86_64.list
+    """
+    yield StringCommand(
+        "for f in", *(QuoteString(p) for p in paths), "; do",
+        # apt reads a missing list as an empty one and says nothing: the source was just written
+        '[ -f "$f" ] || { echo "no source list $f" >&2; exit 1; };',
+        'apt-get update -q -o Dir::Etc::SourceList="$f" -o Dir::Etc::SourceParts=/nonexistent'
+        " -o APT::Get::List-Cleanup=0 || exit $?; done")

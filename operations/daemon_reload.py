@@ -36,6 +36,7 @@ from gpufleet.facts.devchar import DaemonReloadPending, DevCharLinks
 from gpufleet.operations import as_op
 from gpufleet.operations.notice import say
 from gpufleet.printable import printable
+from gpufleet.config.hostcontext import host_context
 from gpufleet.controller.reload_guard import guard_command, parse_guard, repaired, repaired_text
 
 UDEV_RULE = "/etc/udev/rules.d/71-nvidia-dev-char.rules"
@@ -48,10 +49,6 @@ UDEV_RULE_TEXT = (
     'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n'
 )
 CREATE_LINKS = ("nvidia-ctk", "system", "create-dev-char-symlinks", "--create-all")
-
-#: hosts whose earlier deferred reload this run has taken over (or said is still pending)
-_claimed: set[str] = set()
-
 
 def _reload(state: Any, host: Any) -> bool:
     ok, out = as_op.run(host, guard_command("reload"))
@@ -85,9 +82,10 @@ def reload_when(name: str, *changed: Any) -> Any:
     run deferred one and the containers it was deferred for are gone (the first such call of
     this run takes that over). While they run, nothing else changed: said, and not retried."""
     pending = host.get_fact(DaemonReloadPending)
-    take_over = pending.deferred and not pending.active and host.name not in _claimed
-    if pending.deferred and host.name not in _claimed:
-        _claimed.add(host.name)
+    context = host_context(host)  # this run's: a second run in the process takes it over again
+    take_over = pending.deferred and not pending.active and not context.reload_claimed
+    if pending.deferred and not context.reload_claimed:
+        context.reload_claimed = True
         if pending.active:
             still_pending(name=explained("Deferred daemon-reload", "Say the daemon-reload an earlier run deferred"), units=pending.active)
     return daemon_reload(name=name + (" (+ deferred)" if take_over else ""),

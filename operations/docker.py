@@ -25,7 +25,7 @@ from gpufleet.facts.docker import (DaemonJson, DockerEngine, DockerEngineState, 
 from gpufleet.facts.packages import KeyringFingerprints
 from gpufleet.facts.gpu import GpuState
 from gpufleet.plans import dockerconf
-from gpufleet.controller.run_summary import SUMMARY
+from gpufleet.controller.run_summary import outcome
 from gpufleet.config.failures import fail, fail_now
 
 
@@ -101,11 +101,11 @@ def daemon_json(defaults: dockerconf.DockerDefaults, path: str = dockerconf.DAEM
                                  policy=restart_with_gpu_containers, containers=live.containers,
                                  restart_for=tuple(restart_for))
     if plan.pending:
-        SUMMARY.docker_pending[host.name] = (plan.pending, plan.why)
+        outcome(host).docker_pending = (plan.pending, plan.why)
         _say(f"daemon.json change PENDING (not applied): {', '.join(plan.pending)} need a Docker restart; "
              f"{plan.why}. It is applied by the first run after they stop")
     else:
-        SUMMARY.docker_pending.pop(host.name, None)
+        outcome(host).docker_pending = None
     replaced = [k for k in dockerconf.replaced_keys(existing, merged) if k.split(".")[0] not in plan.pending]
     if replaced and _executing():
         logger.warning(f"{host.print_prefix}daemon.json: the tier's value replaces the operator's for "

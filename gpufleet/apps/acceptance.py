@@ -24,6 +24,7 @@ from gpufleet.facts.gpu import GpuState
 from gpufleet.facts.gpu_checks import AllReduceRank, PerfProbe
 from gpufleet.facts.health import GpuHealth
 from gpufleet.facts.network import IbCounters, IbPortCounters
+from gpufleet.config.settings import Settings
 from gpufleet.controller.inventory_source import InventorySource
 from gpufleet.plans import acceptance as plan
 
@@ -36,7 +37,7 @@ TEST_SYSFS_ROOT = "GPUFLEET_TEST_SYSFS_ROOT"
 class HostReading:
     name: str
     address: str
-    settings: Any = None
+    settings: Settings | None = None
     before: list[IbPortCounters] = dataclasses.field(default_factory=list)
     after: list[IbPortCounters] = dataclasses.field(default_factory=list)
     findings: list[plan.Finding] = dataclasses.field(default_factory=list)
@@ -54,7 +55,7 @@ def ports(found: list[IbPortCounters]) -> list[plan.IbPort]:
             for p in found]
 
 
-def _python(settings: Any) -> str:
+def _python(settings: Settings) -> str:
     from gpufleet.plans.pytorch_runtime import runtime_of
 
     return runtime_of(settings).python or "python3"
@@ -96,7 +97,7 @@ def health_finding(verdict: Any, level: int) -> plan.Finding:
     return plan.Finding(name, plan.PASS, f"{len(verdict.gpus)} GPU(s), nothing needs action")
 
 
-def pair(state: Any, config: Any, ref: Any, host: Any, settings: Any, peer_label: str) -> plan.AllReduce:
+def pair(state: Any, config: Any, ref: Any, host: Any, settings: Settings, peer_label: str) -> plan.AllReduce:
     """The all-reduce between `host` (rank 0, the rendezvous) and the reference `ref` (rank 1),
     both at once. The host under test hosts the rendezvous, so the peer connects in to it: a new
     host's firewall that drops its training peers fails here (its own connections out would pass)."""
@@ -150,7 +151,7 @@ def accept(source: InventorySource | str, names: list[str], peer: str | None = N
             if rows.get(name, {}).get("status") != "ok":
                 reading.error = str(rows.get(name, {}).get("error") or "not read")
                 continue
-            if name == ref_name or rows.get(ref_name, {}).get("status") != "ok":
+            if name == ref_name or rows.get(ref_name, {}).get("status") != "ok" or reading.settings is None:
                 continue
             label = ref_name if peer else f"{ref_name} (first of the group, not a known-good peer)"
             say(f"{name}: all-reduce with {ref_name}")
@@ -170,8 +171,8 @@ def accept(source: InventorySource | str, names: list[str], peer: str | None = N
 
 
 def verdict_of(reading: HostReading, peer: str | None, ref_name: str, alone: bool) -> plan.Verdict:
-    if reading.error:
-        return plan.verdict(reading.name, [plan.Finding("host read", plan.FAIL, reading.error,
+    if reading.error or reading.settings is None:
+        return plan.verdict(reading.name, [plan.Finding("host read", plan.FAIL, reading.error or "settings not read",
                                                        "bring the host back and re-run")])
     profile = reading.settings.nccl_profile
     if reading.name == ref_name and not alone:

@@ -191,6 +191,39 @@ def _cuda_release(minor: str, raw: Mapping[str, Any]) -> CudaRelease:
     return CudaRelease(minor, ga, toolkit, release, updates)
 
 
+def _cudnn_build(row: Mapping[str, Any]) -> CudnnBuild:
+    return CudnnBuild(
+        version=_version(row["version"], "cudnn_releases"),
+        cuda_major=str(row["cuda_major"]),
+        cuda_versions=tuple(row["cuda_versions"]),
+        min_driver=_version(row["min_driver"], "cudnn_releases"),
+        compute_capabilities=tuple(row["compute_capabilities"]),
+        package_version=(_version(row["package_version"], "cudnn_releases")
+                         if row.get("package_version") is not None else None),
+    )
+
+
+def _distro_offer(os_name: str, info: Mapping[str, Any]) -> DistroOffer:
+    return DistroOffer(
+        os=os_name,
+        driver_branch=str(info["driver_branch"]),
+        driver_version=_version(info["driver_version"], f"distro_offers.{os_name}"),
+        cuda_version=(_version(info["cuda_version"], f"distro_offers.{os_name}")
+                      if info.get("cuda_version") is not None else None),
+        cuda_package=info.get("cuda_package"),
+        driver_packages={k: tuple(v) for k, v in info["driver_packages"].items()},
+        fabricmanager=bool(info.get("fabricmanager", False)),
+        cudnn=bool(info.get("cudnn", False)),
+        package_versions={
+            str(k): _version(v, f"distro_offers.{os_name}.package_versions")
+            for k, v in (info.get("package_versions") or {}).items()
+        },
+        components=tuple(info.get("components") or ()),
+        prebuilt_modules={str(k): str(v) for k, v in (info.get("prebuilt_modules") or {}).items()},
+        dkms_modules={str(k): str(v) for k, v in (info.get("dkms_modules") or {}).items()},
+    )
+
+
 def _from_mapping(data: Mapping[str, Any]) -> CompatData:
     if data.get("schema_version") != SUPPORTED_SCHEMA:
         raise CompatDataError(
@@ -204,19 +237,7 @@ def _from_mapping(data: Mapping[str, Any]) -> CompatData:
     releases = {
         str(k): _cuda_release(str(k), v) for k, v in _req(data, "cuda_releases", "top").items() if _verified(v)
     }
-    cudnn = tuple(
-        CudnnBuild(
-            version=_version(row["version"], "cudnn_releases"),
-            cuda_major=str(row["cuda_major"]),
-            cuda_versions=tuple(row["cuda_versions"]),
-            min_driver=_version(row["min_driver"], "cudnn_releases"),
-            compute_capabilities=tuple(row["compute_capabilities"]),
-            package_version=(_version(row["package_version"], "cudnn_releases")
-                             if row.get("package_version") is not None else None),
-        )
-        for row in _req(data, "cudnn_releases", "top")
-        if _verified(row)
-    )
+    cudnn = tuple(_cudnn_build(row) for row in _req(data, "cudnn_releases", "top") if _verified(row))
     archs = {
         name: Architecture(
             name=name,
@@ -229,28 +250,8 @@ def _from_mapping(data: Mapping[str, Any]) -> CompatData:
         for name, info in _req(data, "architectures", "top").items()
     }
     modules = _req(data, "kernel_modules", "top")
-    offers = {
-        os_name: DistroOffer(
-            os=os_name,
-            driver_branch=str(info["driver_branch"]),
-            driver_version=_version(info["driver_version"], f"distro_offers.{os_name}"),
-            cuda_version=(_version(info["cuda_version"], f"distro_offers.{os_name}")
-                          if info.get("cuda_version") is not None else None),
-            cuda_package=info.get("cuda_package"),
-            driver_packages={k: tuple(v) for k, v in info["driver_packages"].items()},
-            fabricmanager=bool(info.get("fabricmanager", False)),
-            cudnn=bool(info.get("cudnn", False)),
-            package_versions={
-                str(k): _version(v, f"distro_offers.{os_name}.package_versions")
-                for k, v in (info.get("package_versions") or {}).items()
-            },
-            components=tuple(info.get("components") or ()),
-            prebuilt_modules={str(k): str(v) for k, v in (info.get("prebuilt_modules") or {}).items()},
-            dkms_modules={str(k): str(v) for k, v in (info.get("dkms_modules") or {}).items()},
-        )
-        for os_name, info in (data.get("distro_offers") or {}).items()
-        if _verified(info)
-    }
+    offers = {os_name: _distro_offer(os_name, info) for os_name, info in (data.get("distro_offers") or {}).items()
+              if _verified(info)}
     return CompatData(
         schema_version=data["schema_version"],
         data_version=str(_req(data, "data_version", "top")),

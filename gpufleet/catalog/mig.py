@@ -37,7 +37,8 @@ GRAMMAR = ('none | unmanaged | {"all": [profile, ...]} and/or {GPU index: [profi
 
 
 class MigRefusal(Exception):
-    """A layout this host cannot have (raised as tuning.Refusal by plan_tuning)."""
+    """A layout this host cannot have: the catalog's own word, below the config floor; the MIG plan
+    (gpufleet.plans.tuning.host_mig) turns it into the one Refusal (gpufleet.config.failures)."""
 
     def __init__(self, problem: str, allowed: str):
         super().__init__(problem)

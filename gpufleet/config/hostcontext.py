@@ -43,6 +43,34 @@ def _proxies() -> list[tuple[Any, Any]]:
 
 
 @dataclass
+class HostOutcome:
+    """What this run leaves for later on one host (gpufleet/controller/run_summary.py says it at
+    the end of the run; the gate and the fleet report read it): written by the deploys while
+    they plan, or by a callback while it executes (a reboot found busy). Empty: nothing left."""
+
+    #: (installed, resolved) driver: an upgrade all.py leaves to tools/rollout
+    driver_pending: tuple[str, str] | None = None
+    #: {"CUDA toolkit" | "cuDNN": (installed, resolved)}
+    stack_pending: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: {"CUDA toolkit" | "cuDNN": [what changed by hand]}: left as found, the gate FAILs them
+    stack_by_hand: dict[str, list[str]] = field(default_factory=dict)
+    #: why it needs a reboot
+    needs_reboot: str = ""
+    #: its reboot found GPU work right before it (started after planning): not rebooted
+    busy_at_reboot: bool = False
+    #: (daemon.json keys, why): a Docker restart not done under running GPU containers
+    docker_pending: tuple[tuple[str, ...], str] | None = None
+    #: (the MIG layout not applied, what ran): GPU work found right before the change
+    mig_pending: tuple[str, str] | None = None
+    #: the GPUs whose MIG mode change waits for a reboot (the GPU reset was refused)
+    mig_reboot: str = ""
+    #: the tuning_profiling setting the loaded nvidia module does not have yet (next boot)
+    profiling_pending: str = ""
+    #: the old mount points of a scratch that moved (storage_scratch_path), left mounted
+    scratch_moved: str = ""
+
+
+@dataclass
 class HostContext:
     """What gpufleet remembers about one host during one run."""
 
@@ -86,6 +114,17 @@ class HostContext:
     staging_folder: tuple[Any, str] | None = None
     #: gpufleet.controller.askpass: "sudo"/"su" -> the holder of this connection's private askpass folder
     askpass: dict[str, Any] = field(default_factory=dict)
+    #: operations.daemon_reload: this run has taken over (or said is still pending) the
+    #: daemon-reload an earlier run deferred
+    reload_claimed: bool = False
+    #: gpufleet.controller.reload_guard: the SSH transport the guard held on (a reboot means a
+    #: new one: held again)
+    reload_guard_transport: Any = None
+    #: what this run leaves for later on this host (the end-of-run summary reads it)
+    outcome: HostOutcome = field(default_factory=HostOutcome)
+    #: gpufleet.controller.factcache: the (fact path, arguments JSON) this host asked, in order
+    #: (a dict: an ordered set), saved at its disconnect for the next run's prefetch
+    plan_seen: dict[tuple[str, str], None] = field(default_factory=dict)
 
 
 @dataclass
@@ -99,6 +138,8 @@ class FleetContext:
     prefetch_all_sent: bool = False
     #: a deploy run (prefetch_all() called): its prefetch leaves out the gate's end-of-run facts
     deploy_run: bool = False
+    #: gpufleet.controller.run_end's callback handler is on this run's State
+    run_end_installed: bool = False
 
 
 _HOSTS: weakref.WeakKeyDictionary[Any, HostContext] = weakref.WeakKeyDictionary()

@@ -8,7 +8,7 @@ run itself will change.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, TypeVar, cast
+from typing import TYPE_CHECKING, Callable, TypeVar, cast
 
 from pyinfra.api.host import Host
 
@@ -28,6 +28,9 @@ from gpufleet.config.hostcontext import host_context
 from gpufleet.catalog.gpus import GpuModel, is_nvswitch_pci, model_for_pci
 from gpufleet.catalog.kernels import image_metapackage_candidates, kernel_flavour, module_packages, package_flavour
 from gpufleet.config.resolver import Resolution, check_tier_hardware, resolve
+
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
 
 T = TypeVar("T")
 
@@ -153,7 +156,7 @@ def hardware(host: Host) -> Hardware:
     return _cached(host, "hardware", make)
 
 
-def resolution(host: Host, settings: Any) -> Resolution:
+def resolution(host: Host, settings: Settings) -> Resolution:
     """What to install on this host: the tier's wishes resolved against the GPUs it really has.
 
     Raises Incompatible (with the reason and the key to change) when nothing fits."""
@@ -166,7 +169,7 @@ def resolution(host: Host, settings: Any) -> Resolution:
     return _cached(host, "resolution", make)
 
 
-def tier_mismatches(host: Host, settings: Any) -> list[str]:
+def tier_mismatches(host: Host, settings: Settings) -> list[str]:
     hw = hardware(host)
     return check_tier_hardware(settings, [*hw.models, *hw.unknown_pci_ids], hw.nvswitch, hw.rdma,
                                nvlink=hw.nvlink)

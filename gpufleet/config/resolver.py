@@ -619,6 +619,77 @@ def _values_that_fit(key: str, models: list[GpuModel], wishes: Wishes, os_name: 
     return fits
 
 
+def _distro_candidates(os_name: str, data: CompatData, branch_wish: str | None, version_wish: str,
+                       cuda: str, update: str | None, cudnn: str) -> tuple[DistroOffer, str, list[str]]:
+    """driver_source distro: the OS's one offer, its branch and its one driver (or why not)."""
+    offer = data.distro_offers.get(os_name)
+    if offer is None:
+        raise Incompatible(
+            f"{os_name} has no distribution driver packages in compat.yaml",
+            key="driver_source",
+            allowed="nvidia, or distro on " + ", ".join(data.distro_offers),
+        )
+    if branch_wish not in (AUTO, offer.driver_branch):
+        raise Incompatible(
+            f"{os_name} ships driver branch R{offer.driver_branch} only, not R{branch_wish}",
+            key="driver_branch",
+            allowed=f"auto, {offer.driver_branch}",
+        )
+    if version_wish not in (AUTO, offer.driver_version):
+        raise Incompatible(
+            f"{os_name} ships driver {offer.driver_version} only, not {version_wish}",
+            key="driver_version",
+            allowed=f"auto, {offer.driver_version}",
+        )
+    if cuda != NONE and offer.cuda_version is None:
+        raise Incompatible(
+            f"{os_name}'s own CUDA toolkit has no verified driver floor in compat.yaml: a host CUDA "
+            "toolkit needs driver_source nvidia (NVIDIA's CUDA repository)",
+            key="cuda_version",
+            allowed="none",
+        )
+    if cuda not in (NONE, offer.cuda_version) or update is not None:
+        raise Incompatible(
+            f"{os_name} ships CUDA toolkit {offer.cuda_version} only (its own build), not "
+            f"{update or cuda}",
+            key="cuda_version",
+            allowed=f"none, {offer.cuda_version}",
+        )
+    if cudnn != NONE and not offer.cudnn:
+        raise Incompatible(f"{os_name} does not package cuDNN", key="cudnn_version", allowed="none")
+    return offer, offer.driver_branch, [offer.driver_version]
+
+
+def _nvidia_candidates(os_name: str, data: CompatData, branch_wish: str | None, version_wish: str,
+                       auto: bool) -> tuple[str, list[str]]:
+    """driver_source nvidia: the branch and the drivers to try, newest first (or why not)."""
+    if os_name not in data.nvidia_repo["os_dirs"]:
+        raise Incompatible(
+            f"the NVIDIA CUDA repo has no {os_name} directory in compat.yaml",
+            key="validate_os_release",
+            allowed=", ".join(data.nvidia_repo["os_dirs"]),
+        )
+    branch = branch_wish or ""
+    info = data.driver_branches.get(branch)
+    if info is None or not info.usable:
+        raise Incompatible(
+            f"driver branch R{branch} is not usable from the compatibility data",
+            key="driver_branch",
+            allowed=", ".join(data.usable_branches),
+        )
+    if version_wish == AUTO or auto:
+        candidates = driver_candidates(info)
+    else:
+        candidates = [str(version_wish)]
+        if version_wish not in info.versions or branch_of(version_wish) != branch:
+            raise Incompatible(
+                f"driver {version_wish} is not a known R{branch} release",
+                key="driver_version",
+                allowed="auto, " + ", ".join(info.versions),
+            )
+    return branch, candidates
+
+
 def _resolve_on(
     models: list[GpuModel],
     wishes: Wishes,
@@ -637,67 +708,9 @@ def _resolve_on(
     offer: DistroOffer | None = None
 
     if source == "distro":
-        offer = data.distro_offers.get(os_name)
-        if offer is None:
-            raise Incompatible(
-                f"{os_name} has no distribution driver packages in compat.yaml",
-                key="driver_source",
-                allowed="nvidia, or distro on " + ", ".join(data.distro_offers),
-            )
-        if branch_wish not in (AUTO, offer.driver_branch):
-            raise Incompatible(
-                f"{os_name} ships driver branch R{offer.driver_branch} only, not R{branch_wish}",
-                key="driver_branch",
-                allowed=f"auto, {offer.driver_branch}",
-            )
-        if version_wish not in (AUTO, offer.driver_version):
-            raise Incompatible(
-                f"{os_name} ships driver {offer.driver_version} only, not {version_wish}",
-                key="driver_version",
-                allowed=f"auto, {offer.driver_version}",
-            )
-        if cuda != NONE and offer.cuda_version is None:
-            raise Incompatible(
-                f"{os_name}'s own CUDA toolkit has no verified driver floor in compat.yaml: a host CUDA "
-                "toolkit needs driver_source nvidia (NVIDIA's CUDA repository)",
-                key="cuda_version",
-                allowed="none",
-            )
-        if cuda not in (NONE, offer.cuda_version) or update is not None:
-            raise Incompatible(
-                f"{os_name} ships CUDA toolkit {offer.cuda_version} only (its own build), not "
-                f"{update or cuda}",
-                key="cuda_version",
-                allowed=f"none, {offer.cuda_version}",
-            )
-        if cudnn != NONE and not offer.cudnn:
-            raise Incompatible(f"{os_name} does not package cuDNN", key="cudnn_version", allowed="none")
-        branch, candidates = offer.driver_branch, [offer.driver_version]
+        offer, branch, candidates = _distro_candidates(os_name, data, branch_wish, version_wish, cuda, update, cudnn)
     elif source == "nvidia":
-        if os_name not in data.nvidia_repo["os_dirs"]:
-            raise Incompatible(
-                f"the NVIDIA CUDA repo has no {os_name} directory in compat.yaml",
-                key="validate_os_release",
-                allowed=", ".join(data.nvidia_repo["os_dirs"]),
-            )
-        branch = branch_wish or ""
-        info = data.driver_branches.get(branch)
-        if info is None or not info.usable:
-            raise Incompatible(
-                f"driver branch R{branch} is not usable from the compatibility data",
-                key="driver_branch",
-                allowed=", ".join(data.usable_branches),
-            )
-        if version_wish == AUTO or auto:
-            candidates = driver_candidates(info)
-        else:
-            candidates = [str(version_wish)]
-            if version_wish not in info.versions or branch_of(version_wish) != branch:
-                raise Incompatible(
-                    f"driver {version_wish} is not a known R{branch} release",
-                    key="driver_version",
-                    allowed="auto, " + ", ".join(info.versions),
-                )
+        branch, candidates = _nvidia_candidates(os_name, data, branch_wish, version_wish, auto)
     else:
         raise Incompatible(f"unknown driver source {source!r}", key="driver_source", allowed="nvidia, distro")
 
@@ -710,6 +723,99 @@ def _resolve_on(
             refusals.append(exc)
     # every release of the branch refused: the newest one's reason is what the branch cannot do
     raise refusals[-1]
+
+
+def _host_cuda(models: list[GpuModel], cuda: str, update: str | None, version: str, mode: str,
+               offer: DistroOffer | None, data: CompatData) -> tuple[list[str], str | None, str | None, str | None]:
+    """(notes, CUDA toolkit version, package, exact release) of the host's toolkit (Nones: none)."""
+    if cuda == NONE:
+        return [], None, None, None
+    notes, chosen_update = _check_cuda(models, cuda, update, version, mode, data)
+    if offer is not None:
+        return notes, cuda, offer.cuda_package, None  # Debian's own version, whatever the release ships
+    cuda_major, cuda_minor = cuda.split(".")[:2]
+    if chosen_update is None:
+        raise Incompatible(f"CUDA {cuda} has no exact release in compat.yaml", key="cuda_version")
+    return (notes, cuda, data.nvidia_repo["cuda_package"].format(cuda_major=cuda_major, cuda_minor=cuda_minor),
+            chosen_update)
+
+
+def _host_cudnn(models: list[GpuModel], cudnn: str, cuda: str, version: str, data: CompatData
+                ) -> tuple[str | None, str | None, str | None, tuple[str, ...]]:
+    """(cuDNN version, package, exact build, packages) of the host's cuDNN (Nones: none)."""
+    if cudnn == NONE:
+        return None, None, None, ()
+    if cuda == NONE:
+        raise Incompatible(
+            "a host cuDNN needs a host CUDA toolkit; cuda_version is none", key="cudnn_version", allowed="none"
+        )
+    _check_cudnn(models, cudnn, cuda, version, data)
+    package = data.nvidia_repo["cudnn_package"].format(cudnn_major=major(cudnn), cuda_major=major(cuda))
+    packages = tuple(p.format(cudnn_major=major(cudnn), cuda_major=major(cuda))
+                     for p in data.nvidia_repo.get("cudnn_packages", [data.nvidia_repo["cudnn_package"]]))
+    return cudnn, package, _cudnn_build(cudnn, cuda, data), packages
+
+
+def _fabric(models: list[GpuModel], has_nvswitch: bool, offer: DistroOffer | None, os_name: str, branch: str,
+            version: str, data: CompatData) -> tuple[bool, str | None, str | None, tuple[str, ...], list[str]]:
+    """(Fabric Manager needed, its package, its version, extra fabric packages, notes)."""
+    off_host = [m for m in models if m.fabric == "off_host"]
+    fm_needed = has_nvswitch and not off_host
+    fm_package = fm_version = None
+    fabric_extra: tuple[str, ...] = ()
+    notes: list[str] = []
+    if fm_needed:
+        if offer is not None:
+            raise Incompatible(
+                f"NVSwitch systems need Fabric Manager {version}, which {os_name} does not package",
+                key="driver_source",
+                allowed="nvidia",
+            )
+        fm_package = _by_branch(data.nvidia_repo["fabricmanager_packages"], branch)
+        fm_version = version  # must equal the driver version exactly [S17]
+        if any(m.needs_nvlsm for m in models):
+            fabric_extra = (data.nvidia_repo["nvlsm_package"],)
+    if off_host and has_nvswitch:
+        notes.append(f"{_names(off_host)}: NVSwitch fabric is managed off-host; no Fabric Manager on the host")
+    return fm_needed, fm_package, fm_version, fabric_extra, notes
+
+
+def _pinned_versions(offer: DistroOffer | None, driver_packages: Sequence[str], branch: str, version: str,
+                     fm_package: str | None, data: CompatData) -> tuple[str | None, dict[str, str]]:
+    """(the pinning package, package -> version) of the driver's packages."""
+    pinning = None
+    if offer is not None:
+        versions = {p: offer.package_versions.get(p, version) for p in driver_packages}
+    else:
+        pinning = _by_branch(data.nvidia_repo.get("pinning_packages", ()), branch, version=version)
+        versions = {p: version for p in driver_packages}
+    if fm_package:
+        versions[fm_package] = version
+    return pinning, versions
+
+
+def _dcgm_packages(wishes: Wishes, offer: DistroOffer | None, os_name: str, cuda_version: str | None, branch: str,
+                   data: CompatData) -> tuple[str, ...]:
+    # the DCGM exporter (monitoring_dcgm_exporter) needs the host engine: installed and held here, with the driver
+    if not (wishes.driver_dcgm or wishes.monitoring_dcgm_exporter):
+        return ()
+    if offer is not None:
+        key = "driver_dcgm" if wishes.driver_dcgm else "monitoring_dcgm_exporter"
+        raise Incompatible(f"{os_name} does not package DCGM (NVIDIA's CUDA repository does)", key=key,
+                           allowed="false, or driver_source nvidia")
+    dcgm_cuda = major(cuda_version) if cuda_version else major(_branch_cuda(branch, data))
+    return tuple(p.format(cuda_major=dcgm_cuda) for p in data.nvidia_repo["dcgm_packages"])
+
+
+def _pytorch_for(models: list[GpuModel], wishes: Wishes, version: str, offer: DistroOffer | None, cuda: str,
+                 data: CompatData) -> PytorchChoice | None:
+    # every GPU must be covered by the wheel: in auto mode a branch whose driver is too old for it is skipped
+    try:
+        host_cuda = (offer.cuda_version if offer is not None else cuda) if cuda != NONE else None
+        return choose_pytorch(models, wishes.pytorch_version, version, data, host_cuda=host_cuda)
+    except Incompatible as refused:  # a GPU only an older stack supports: say which stack
+        hint = stack_hint(models, data) if "no kernel image" in refused.reason else ""
+        raise Incompatible(refused.reason + hint, key=refused.key, allowed=refused.allowed) from None
 
 
 def _resolve_at(
@@ -740,80 +846,20 @@ def _resolve_at(
     else:
         driver_packages = _nvidia_driver_packages(branch, flavour, data)
 
-    cuda_version = cuda_package = cudnn_version = cudnn_package = cuda_release = cudnn_release = None
-    cudnn_packages: tuple[str, ...] = ()
-    if cuda != NONE:
-        cuda_notes, chosen_update = _check_cuda(models, cuda, update, version, mode, data)
-        notes += cuda_notes
-        cuda_version = cuda
-        if offer is not None:
-            cuda_package = offer.cuda_package  # Debian's own version, whatever the release ships
-        else:
-            cuda_major, cuda_minor = cuda.split(".")[:2]
-            cuda_package = data.nvidia_repo["cuda_package"].format(cuda_major=cuda_major, cuda_minor=cuda_minor)
-            cuda_release = chosen_update
-            if cuda_release is None:
-                raise Incompatible(f"CUDA {cuda} has no exact release in compat.yaml", key="cuda_version")
-    if cudnn != NONE:
-        if cuda == NONE:
-            raise Incompatible(
-                "a host cuDNN needs a host CUDA toolkit; cuda_version is none", key="cudnn_version", allowed="none"
-            )
-        _check_cudnn(models, cudnn, cuda, version, data)
-        cudnn_version = cudnn
-        cudnn_package = data.nvidia_repo["cudnn_package"].format(cudnn_major=major(cudnn), cuda_major=major(cuda))
-        cudnn_release = _cudnn_build(cudnn, cuda, data)
-        cudnn_packages = tuple(p.format(cudnn_major=major(cudnn), cuda_major=major(cuda))
-                               for p in data.nvidia_repo.get("cudnn_packages", [data.nvidia_repo["cudnn_package"]]))
+    cuda_notes, cuda_version, cuda_package, cuda_release = _host_cuda(models, cuda, update, version, mode, offer, data)
+    notes += cuda_notes
+    cudnn_version, cudnn_package, cudnn_release, cudnn_packages = _host_cudnn(models, cudnn, cuda, version, data)
 
-    off_host = [m for m in models if m.fabric == "off_host"]
-    fm_needed = has_nvswitch and not off_host
-    fm_package = fm_version = None
-    fabric_extra: tuple[str, ...] = ()
-    if fm_needed:
-        if offer is not None:
-            raise Incompatible(
-                f"NVSwitch systems need Fabric Manager {version}, which {os_name} does not package",
-                key="driver_source",
-                allowed="nvidia",
-            )
-        fm_package = _by_branch(data.nvidia_repo["fabricmanager_packages"], branch)
-        fm_version = version  # must equal the driver version exactly [S17]
-        if any(m.needs_nvlsm for m in models):
-            fabric_extra = (data.nvidia_repo["nvlsm_package"],)
-    if off_host and has_nvswitch:
-        notes.append(f"{_names(off_host)}: NVSwitch fabric is managed off-host; no Fabric Manager on the host")
+    fm_needed, fm_package, fm_version, fabric_extra, fabric_notes = _fabric(models, has_nvswitch, offer, os_name,
+                                                                           branch, version, data)
+    notes += fabric_notes
 
     method, pairs, clock_notes = _clocks(models, wishes.clock_policy, branch, data)
     notes += clock_notes
 
-    pinning = None
-    versions: dict[str, str] = {}
-    if offer is not None:
-        versions = {p: offer.package_versions.get(p, version) for p in driver_packages}
-    else:
-        pinning = _by_branch(data.nvidia_repo.get("pinning_packages", ()), branch, version=version)
-        versions = {p: version for p in driver_packages}
-    if fm_package:
-        versions[fm_package] = version
-
-    dcgm: tuple[str, ...] = ()
-    # the DCGM exporter (monitoring_dcgm_exporter) needs the host engine: installed and held here, with the driver
-    if wishes.driver_dcgm or wishes.monitoring_dcgm_exporter:
-        if offer is not None:
-            key = "driver_dcgm" if wishes.driver_dcgm else "monitoring_dcgm_exporter"
-            raise Incompatible(f"{os_name} does not package DCGM (NVIDIA's CUDA repository does)", key=key,
-                               allowed="false, or driver_source nvidia")
-        dcgm_cuda = major(cuda_version) if cuda_version else major(_branch_cuda(branch, data))
-        dcgm = tuple(p.format(cuda_major=dcgm_cuda) for p in data.nvidia_repo["dcgm_packages"])
-
-    # every GPU must be covered by the wheel: in auto mode a branch whose driver is too old for it is skipped
-    try:
-        host_cuda = (offer.cuda_version if offer is not None else cuda) if cuda != NONE else None
-        pytorch = choose_pytorch(models, wishes.pytorch_version, version, data, host_cuda=host_cuda)
-    except Incompatible as refused:  # a GPU only an older stack supports: say which stack
-        hint = stack_hint(models, data) if "no kernel image" in refused.reason else ""
-        raise Incompatible(refused.reason + hint, key=refused.key, allowed=refused.allowed) from None
+    pinning, versions = _pinned_versions(offer, driver_packages, branch, version, fm_package, data)
+    dcgm = _dcgm_packages(wishes, offer, os_name, cuda_version, branch, data)
+    pytorch = _pytorch_for(models, wishes, version, offer, cuda, data)
     notes += pytorch.notes if pytorch else ()
 
     return Resolution(

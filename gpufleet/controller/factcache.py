@@ -35,7 +35,6 @@ imports and plans.
 """
 from __future__ import annotations
 
-import atexit
 import base64
 import copy
 import json
@@ -59,6 +58,7 @@ from gpufleet.controller import factbatch
 from gpufleet.controller import controller_files
 from gpufleet import pyinfra_private
 from gpufleet.config.hostcontext import fleet_context, host_context
+from gpufleet.controller.run_end import at_host_end
 
 PLAN_DIR = Path(".gpufleet/factplans")
 PLAN_FORMAT = 2
@@ -146,8 +146,6 @@ _LOOKALIKE = ("::gpufleet-prefetch", "::gpufleet-rc", _PACKED)
 MAX_ANSWERS = 32 * 1024 * 1024
 _PACK_CHECK = "command -v gzip >/dev/null 2>&1 && command -v base64 >/dev/null 2>&1"
 _installed = False
-#: host name -> the (fact path, arguments JSON) it asked, in order (a dict: an ordered set)
-_plans_seen: dict[str, dict[tuple[str, str], None]] = {}
 
 
 def gunzip_capped(data: bytes, limit: int = MAX_ANSWERS) -> bytes:
@@ -255,7 +253,10 @@ def _record(host: Host, cls: type, fact_kwargs_json: str, executor_json: str) ->
     if ok is None:
         ok = _ALLOWED[entry] = allowed(*entry)
     if ok:  # the others (a path with a quote in it) are asked the normal way, every run
-        _plans_seen.setdefault(host.name, {})[entry] = None
+        seen = host_context(host).plan_seen
+        if not seen:
+            at_host_end(host.state, _save_plan)  # written as the host disconnects at the run's end
+        seen[entry] = None
 
 
 _ALLOWED: dict[tuple[str, str], bool] = {}
@@ -280,13 +281,16 @@ def _record_upload(host: Host, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     _record(host, Sha1File, json.dumps({"path": dest}, sort_keys=True), host_context(host).default_executor_json or "")
 
 
-def _save_plans() -> None:
-    for name, plan in _plans_seen.items():
-        try:
-            controller_files.write(PLAN_DIR / f"{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.json",
-                          json.dumps({"format": PLAN_FORMAT, "facts": [list(entry) for entry in plan]}))
-        except OSError:
-            pass  # the plan is only a hint for the next run
+def _save_plan(host: Host) -> None:
+    """The facts this host asked this run, for the next run's prefetch (a run that asked none leaves the last)."""
+    plan = host_context(host).plan_seen
+    if not plan:
+        return
+    try:
+        controller_files.write(PLAN_DIR / f"{re.sub(r'[^A-Za-z0-9._-]', '_', host.name)}.json",
+                               json.dumps({"format": PLAN_FORMAT, "facts": [list(entry) for entry in plan]}))
+    except OSError:
+        pass  # the plan is only a hint for the next run
 
 
 def _own_arguments(path: str) -> dict[str, Any] | None:
@@ -746,5 +750,4 @@ def install() -> None:
         _record_upload(self, args, kwargs)
         return original_put(self, *args, **kwargs)
 
-    if pyinfra_private.patch_fact_loading(_get_fact, run_shell_command, put_file):
-        atexit.register(_save_plans)
+    pyinfra_private.patch_fact_loading(_get_fact, run_shell_command, put_file)

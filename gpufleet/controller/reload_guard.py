@@ -148,10 +148,6 @@ class ReloadUnsafe(OSError):
         self.reason, self.fix = reason, fix
 
 
-#: host name -> the SSH transport the guard held on (a reboot means a new one: held again)
-_HELD: dict[str, Any] = {}
-
-
 def hold(host: Any) -> None:
     """Before the first change of a run on `host` (and after each reconnect): make every
     daemon-reload safe for running GPU containers, or raise ReloadUnsafe naming them. Runs as
@@ -163,9 +159,9 @@ def hold(host: Any) -> None:
 
     client = getattr(host.connector, "client", None)
     transport = client.get_transport() if client is not None else None
-    if transport is None or _HELD.get(host.name) is transport:
+    context = host_context(host)  # the transport held on this run (a reboot means a new one: held again)
+    if transport is None or context.reload_guard_transport is transport:
         return
-    context = host_context(host)
     context.lock_in_fact += 1   # pyinfra may run a command to set sudo's askpass up: not a change
     try:
         text = pyinfra_private.root_command(host, guard_command("hold"))
@@ -193,4 +189,4 @@ def hold(host: Any) -> None:
                            "(package installs and `systemctl enable` do one), and its scope could not be made to "
                            "name them (no /dev/char link to the same device); nothing was changed",
                            "stop that container (or make /dev/char/MAJ:MIN link to its device node), then re-run")
-    _HELD[host.name] = transport
+    context.reload_guard_transport = transport

@@ -2,21 +2,24 @@
 toolkit or cuDNN upgrade all.py leaves to tools/rollout, a CUDA toolkit or cuDNN changed by
 hand, a reboot still needed, a Docker configuration change waiting for a restart.
 
-The deploys and operations that find these record them here (while the run plans, or for a
-reboot, while it executes); the end-of-run summary and the fleet report
-(gpufleet/apps/report/gather.py) read the same records. Nobody reads a deploy's globals, and the
-one hook at the interpreter's exit is this module's.
+The deploys and operations that find these record them in the host's context
+(`outcome(host)`, a gpufleet.config.hostcontext.HostOutcome) while the run plans, or for a
+reboot while it executes; the gate, the fleet report (gpufleet/apps/report/gather.py) and
+the end-of-run summary read them there. `RunSummary` is a reader of the host contexts: the
+summary is said when the run's last host disconnects (gpufleet/controller/run_end.py), not
+at the interpreter's exit.
 """
 from __future__ import annotations
 
-import atexit
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import click
 
 from gpufleet.catalog.cuda_stack import pending_message, stack_pending_message
+from gpufleet.config.hostcontext import HostOutcome, host_context, real_object
+from gpufleet.controller.run_end import at_run_end
 
 T = TypeVar("T")
 
@@ -43,6 +46,20 @@ class RunSummary:
     profiling_pending: dict[str, str] = field(default_factory=dict)
     #: host name -> the old mount points of a scratch that moved (storage_scratch_path), left mounted
     scratch_moved: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, hosts: Iterable[Any]) -> RunSummary:
+        """The records of these hosts' contexts (a host that leaves nothing has none)."""
+        summary = cls()
+        for host in hosts:
+            done, name = host_context(host).outcome, real_object(host).name
+            for kind in _KINDS:
+                value = getattr(done, kind)
+                if value:
+                    getattr(summary, kind)[name] = value
+            if done.busy_at_reboot:
+                summary.busy_at_reboot.add(name)
+        return summary
 
     def pending(self, name: str) -> list[str]:
         """What all.py leaves alone on this host: drift all the same, each for tools/rollout."""
@@ -99,14 +116,26 @@ def _section(records: Mapping[str, T], line: Callable[[T], str], headline: str) 
     return f"\n--> gpufleet: {len(records)} host(s) {headline}\n{lines}\n"
 
 
-#: This run's records (one pyinfra run per process).
-SUMMARY = RunSummary()
+#: The kinds of record: HostOutcome's fields, each a dict of RunSummary's (busy_at_reboot: a set).
+_KINDS = ("driver_pending", "stack_pending", "stack_by_hand", "needs_reboot", "docker_pending", "mig_pending",
+          "mig_reboot", "profiling_pending", "scratch_moved")
 
 
-def _say_at_exit() -> None:
-    text = SUMMARY.report()
+def outcome(host: Any) -> HostOutcome:
+    """What this run leaves for later on `host`, to record into; the run says it at its end."""
+    state = getattr(real_object(host), "state", None)
+    if hasattr(state, "add_callback_handler"):  # a stand-in outside any pyinfra run has no end to say it at
+        at_run_end(state, say_at_run_end)
+    return host_context(host).outcome
+
+
+def pending(host: Any) -> list[str]:
+    """What all.py leaves alone on this host this run (RunSummary.pending)."""
+    return RunSummary.of([host]).pending(real_object(host).name)
+
+
+def say_at_run_end(state: Any) -> None:
+    """The end-of-run summary of every host of the run (nothing when they leave nothing)."""
+    text = RunSummary.of(state.inventory).report()
     if text:
         click.echo(text, err=True)
-
-
-atexit.register(_say_at_exit)

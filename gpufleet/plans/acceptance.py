@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
+from gpufleet.config.settings import Settings
 from gpufleet.plans import perf
 from gpufleet import yamlload
 
@@ -345,7 +346,7 @@ def parse_allreduce(lines: Sequence[str], peer: str) -> AllReduce:
                      transport=transport)
 
 
-def plan_line(settings: Any) -> str:
+def plan_line(settings: Settings) -> str:
     """What the acceptance runs on this host, in one line (the plan view, docs/acceptance.md)."""
     when = ("after each tools/rollout batch, before it is resumed" if settings.acceptance_rollout
             else "by tools/health --burn-in only (acceptance_rollout: false)")

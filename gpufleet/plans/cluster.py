@@ -14,7 +14,10 @@ and the validation gate (gpufleet/checks/validation.py), so the three say the sa
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
 
 #: NCCL profiles that carry collectives between hosts over a fabric (compat.yaml nccl_profiles)
 FABRIC_PROFILES = ("ib", "roce", "efa")
@@ -27,7 +30,7 @@ RENDEZVOUS_PORT = 29500
 COMMENT = "training peers (firewall_cluster_cidrs)"
 
 
-def multi_node(settings: Any) -> str | None:
+def multi_node(settings: Settings) -> str | None:
     """Why this host's tier trains across hosts (None: it does not): NCCL over a fabric, or an
     NVSwitch baseboard (HGX: built to be one node of a pod, even where the fabric is TCP)."""
     if settings.nccl_profile in FABRIC_PROFILES:
@@ -37,7 +40,7 @@ def multi_node(settings: Any) -> str | None:
     return None
 
 
-def rules(settings: Any) -> list[dict[str, str]]:
+def rules(settings: Settings) -> list[dict[str, str]]:
     """The firewall rules for the training peers: [{family, saddr, match, published, comment}],
     one TCP rule per network, and one RoCEv2 rule per network on the RDMA profiles (`match` for
     the host's own ports, `published` for containers' ports, matched on the port sent to)."""
@@ -53,12 +56,12 @@ def rules(settings: Any) -> list[dict[str, str]]:
     return out
 
 
-def what_peers_reach(settings: Any) -> str:
+def what_peers_reach(settings: Settings) -> str:
     rdma = f", RoCEv2 ({ROCEV2_PORT}/udp)" if settings.nccl_profile in RDMA_PROFILES else ""
     return f"all TCP (torchrun's rendezvous, {RENDEZVOUS_PORT} by default, and NCCL's ephemeral ports){rdma}"
 
 
-def training_networks(settings: Any) -> str:
+def training_networks(settings: Settings) -> str:
     """One line: which networks this host trusts for training, and with what."""
     if not settings.firewall_enabled:
         return "every network (firewall_enabled: false)"
@@ -70,7 +73,7 @@ def training_networks(settings: Any) -> str:
     return "; ".join(parts) or "none: training peers reach only the tier's open ports (firewall_open_ports)"
 
 
-def missing_peers(settings: Any) -> str | None:
+def missing_peers(settings: Settings) -> str | None:
     """The planning-time warning for a multi-node tier whose firewall lets no training peer in."""
     why = multi_node(settings)
     if not settings.firewall_enabled or why is None or settings.firewall_cluster_cidrs or settings.firewall_trusted_cidrs:

@@ -1,6 +1,6 @@
 """The driver area's plan: what deploys/driver.py does with a host, decided on the controller from
 facts read before the run and the host's Settings. Pure: `plan_driver(settings, facts)` gives the
-same DriverPlan (or DriverRefusal) for the same facts; `read_driver_facts` is the one place that
+same DriverPlan (or Refusal) for the same facts; `read_driver_facts` is the one place that
 asks the host, in the order (and only the questions) the decisions need.
 
 Read by the deploy (it applies the plan), the plan view (it prints it) and the unit tests (on
@@ -26,7 +26,8 @@ from gpufleet.facts.kernel import DriverStateData, ProfilingState, ProfilingStat
 from gpufleet.facts.packages import AptCandidates, HeldPackages, PackageVersions, StackPackages, StackPackagesData
 from gpufleet.plans.driver_preconditions import mok_certificate, plain_path, preconditions
 from gpufleet.plans.profiling import KEY as PROFILING_KEY
-from gpufleet.plans.profiling import ProfilingPlan, ProfilingRefusal, plan_profiling
+from gpufleet.config.failures import Refusal, Refused
+from gpufleet.plans.profiling import ProfilingPlan, plan_profiling
 from gpufleet.plans.repos import apt_url, cuda_repo_base, cuda_sources_line, unsupported_arch
 
 if TYPE_CHECKING:
@@ -36,19 +37,6 @@ AREA = "driver"
 # Held with the stack when they are installed (the docker deploy installs the container toolkit).
 CONTAINER_TOOLKIT = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
                      "libnvidia-container1", "libnvidia-container-tools")
-
-
-@dataclass(frozen=True)
-class DriverRefusal:
-    """Why the driver deploy leaves a host alone, host-independent: `key` the setting to change
-    (the line's area, as gpufleet/config/failures.py words it), `area` the part of gpufleet."""
-    key: str
-    reason: str
-    fix: str
-    area: str = AREA
-
-    def line(self) -> str:
-        return f"{self.reason}. Fix: {self.fix} (key {self.key})"
 
 
 @dataclass(frozen=True)
@@ -189,7 +177,7 @@ def _extra_packages(before: DriverStateData, kernel: KernelPlan, os: str) -> lis
 # --- the decisions ------------------------------------------------------------------------------
 
 
-def refusal_of(refused: Incompatible) -> DriverRefusal:
+def refusal_of(refused: Incompatible) -> Refusal:
     """The resolver's refusal as the driver deploy words it."""
     if refused.allowed:
         fix = f"set {refused.key or 'the driver settings'} to what this host allows: {refused.allowed}"
@@ -197,22 +185,22 @@ def refusal_of(refused: Incompatible) -> DriverRefusal:
         fix = f"change {refused.key} (tools/compat shows what fits this host's GPUs)"
     else:
         fix = "leave this host out of the driver deploy, or give it a GPU gpufleet supports (tools/compat)"
-    return DriverRefusal(refused.key or AREA, refused.reason, fix)
+    return Refusal(AREA, refused.key or AREA, refused.reason, fix)
 
 
-def first_refusal(settings: Settings, facts: DriverFacts) -> DriverRefusal | None:
+def first_refusal(settings: Settings, facts: DriverFacts) -> Refusal | None:
     """The first reason not to touch the host's driver, from facts before the run."""
     res = facts.resolved
     if isinstance(res, Incompatible):
         return refusal_of(res)
     if res.source == "nvidia" and (problem := unsupported_arch(facts.machine)):
-        return DriverRefusal(*problem)
+        return Refusal(AREA, *problem)
     problem = preconditions(settings, facts.before, facts.kernel.prebuilt, facts.signing_key_present,
                             facts.certificate_present, facts.headers_offered)
-    return DriverRefusal(*problem) if problem else None
+    return Refusal(AREA, *problem) if problem else None
 
 
-def plan_driver(settings: Settings, facts: DriverFacts) -> DriverPlan | DriverRefusal:
+def plan_driver(settings: Settings, facts: DriverFacts) -> DriverPlan | Refusal:
     """The driver plan of one host, or why it is refused (nothing changes on it)."""
     refused = first_refusal(settings, facts)
     if refused is not None:
@@ -222,8 +210,8 @@ def plan_driver(settings: Settings, facts: DriverFacts) -> DriverPlan | DriverRe
     try:
         profiling = plan_profiling(settings.tuning_profiling, facts.profiling, res.cuda_release,
                                    res.source == "nvidia" and bool(res.cuda_package))
-    except ProfilingRefusal as bad:
-        return DriverRefusal(bad.key, bad.problem, f"set {bad.key} to what this host allows: {bad.allowed}")
+    except Refused as bad:
+        return Refusal(AREA, bad.key, bad.problem, f"set {bad.key} to what this host allows: {bad.allowed}")
     moves = _moves(settings, res, facts)
     change = _change(settings, res, facts, profiling, moves)
     return DriverPlan(

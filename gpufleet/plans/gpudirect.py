@@ -19,10 +19,13 @@ gate checks the host against the same functions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from gpufleet.facts.kernel import PEERMEM_BOOT_FILE, DriverStateData, PeermemStateData
 from gpufleet.facts.network import RdmaDevice
+
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
 
 RDMA_PROFILES = ("ib", "roce")
 MODULE = "nvidia-peermem"
@@ -119,5 +122,5 @@ def hca_problems(nccl_ib_hca: str | None, rdma: Sequence[RdmaDevice], min_gbps: 
     return problems, good
 
 
-def rdma_tier(settings: Any) -> bool:
+def rdma_tier(settings: Settings) -> bool:
     return bool(settings.nccl_profile in RDMA_PROFILES)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
 
 #: Debian's package, service and the file its unit reads ARGS from (EnvironmentFile).
 NODE_EXPORTER_PACKAGE = "prometheus-node-exporter"
@@ -34,7 +37,7 @@ class Exporter:
     sample: str  # the metric whose lines the gate reads (one per GPU for DCGM)
 
 
-def exporters(settings: Any) -> list[Exporter]:
+def exporters(settings: Settings) -> list[Exporter]:
     """The exporters the host's settings turn on, node exporter first."""
     out = []
     if settings.monitoring_node_exporter:
@@ -46,12 +49,12 @@ def exporters(settings: Any) -> list[Exporter]:
     return out
 
 
-def _address(settings: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+def _address(settings: Settings) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     listen = settings.monitoring_listen_address
     return None if listen == "all" else ipaddress.ip_address(listen)
 
 
-def local_only(settings: Any) -> bool:
+def local_only(settings: Settings) -> bool:
     """Listening on a loopback address: reachable from the host alone (the firewall accepts `lo`)."""
     address = _address(settings)
     return address is not None and address.is_loopback
@@ -61,25 +64,25 @@ def _hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def listen(settings: Any, port: int) -> str:
+def listen(settings: Settings, port: int) -> str:
     """The exporters' listen address flag value: ':9100' (every address) or '10.0.0.5:9100'."""
     address = _address(settings)
     return f":{port}" if address is None else _hostport(str(address), port)
 
 
-def local_url(settings: Any, exporter: Exporter) -> str:
+def local_url(settings: Settings, exporter: Exporter) -> str:
     """The URL the validation gate curls on the host itself."""
     address = _address(settings)
     return f"http://{_hostport(str(address) if address else '127.0.0.1', exporter.port)}/metrics"
 
 
-def public_url(settings: Any, exporter: Exporter, host_address: str) -> str:
+def public_url(settings: Settings, exporter: Exporter, host_address: str) -> str:
     """The URL Prometheus scrapes (the fleet report lists it): the bound address, else the host's."""
     address = _address(settings)
     return f"http://{_hostport(str(address) if address else host_address, exporter.port)}/metrics"
 
 
-def firewall_rules(settings: Any) -> list[dict[str, str]]:
+def firewall_rules(settings: Settings) -> list[dict[str, str]]:
     """nftables rules for the exporters: each port open while its exporter is on, only for the
     address it listens on (none when it listens on loopback alone: `lo` is accepted), and only
     from the scrapers of monitoring_allowed_cidrs (none by default: on a shared host the
@@ -97,14 +100,14 @@ def firewall_rules(settings: Any) -> list[dict[str, str]]:
             for e in exporters(settings) for network in networks]
 
 
-def node_exporter_defaults(settings: Any) -> str:
+def node_exporter_defaults(settings: Settings) -> str:
     """/etc/default/prometheus-node-exporter: Debian's unit passes $ARGS to the exporter."""
     return ("# Managed by gpufleet (deploys/monitoring.py). Do not edit: changes are reverted.\n"
             "# Set by monitoring_listen_address and monitoring_node_exporter_port (tiers.yaml).\n"
             f'ARGS="--web.listen-address={listen(settings, settings.monitoring_node_exporter_port)}"\n')
 
 
-def dcgm_exporter_dropin(settings: Any) -> str:
+def dcgm_exporter_dropin(settings: Settings) -> str:
     """A drop-in for NVIDIA's packaged unit: the listen address, and the running host engine."""
     return ("# Managed by gpufleet (deploys/monitoring.py). Do not edit: changes are reverted.\n"
             "# dcgm-exporter reads these variables for --address and --remote-hostengine-info.\n"

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
 
 APT_PROXY_CONF = "/etc/apt/apt.conf.d/01gpufleet-package-cache"
 ACNG_CONF = "/etc/apt-cacher-ng/zz_gpufleet.conf"
@@ -77,7 +80,7 @@ class CachePlan:
     apt_conf: str | None             # the apt proxy drop-in; None = absent
 
 
-def plan(settings: Any) -> CachePlan:
+def plan(settings: Settings) -> CachePlan:
     serve = bool(settings.packages_cache_serve)
     return CachePlan(
         serve=serve,
@@ -86,7 +89,7 @@ def plan(settings: Any) -> CachePlan:
     )
 
 
-def summary(settings: Any) -> str:
+def summary(settings: Settings) -> str:
     """The plan view's `packages:` line."""
     parts = [f"apt through the package cache {settings.packages_cache_url}" if settings.packages_cache_url != NONE
              else "apt straight to the sources"]

@@ -35,11 +35,15 @@ counters.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
+from gpufleet.config.failures import Refusal, Refused
 from gpufleet.facts.kernel import PROFILING_OPTION, ProfilingStateData
 
 from gpufleet.catalog.compat import UNVERIFIED, compat_data
+
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
 
 KEY = "tuning_profiling"
 ADMINS = "admins"
@@ -56,12 +60,9 @@ FILE_TEXT = ("# Managed by gpufleet (tuning_profiling: users). Do not edit: chan
 DRIVER_DEFAULT = 1
 
 
-class ProfilingRefusal(Exception):
-    """tuning_profiling cannot be honoured on this host (raised as tuning.Refusal)."""
-
-    def __init__(self, problem: str, allowed: str):
-        super().__init__(f"key '{KEY}': {problem}; allowed: {allowed}")
-        self.key, self.problem, self.allowed = KEY, problem, allowed
+def _refused(problem: str, allowed: str) -> Refused:
+    """tuning_profiling cannot be honoured on this host (the one Refusal, gpufleet.config.failures)."""
+    return Refused(Refusal("profiling", KEY, problem, allowed=allowed))
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def plan_profiling(setting: str, state: ProfilingStateData, cuda_release: str | 
     """One host's plan from its ProfilingState and the CUDA toolkit release it resolves to
     (`cuda_from_nvidia`: installed from NVIDIA's repository, where the Nsight packages are)."""
     if setting not in VALUES:
-        raise ProfilingRefusal(f"unknown value {setting!r}", " | ".join(VALUES))
+        raise _refused(f"unknown value {setting!r}", " | ".join(VALUES))
     others = {p: v for p, v in state.options.items() if p != MODPROBE_FILE}
     loaded = state.admin_only if state.loaded else None
     now = _last(state.options)
@@ -131,9 +132,9 @@ def plan_profiling(setting: str, state: ProfilingStateData, cuda_release: str | 
         return ProfilingPlan(setting, None, _last(others), loaded, others, next_load=now)
     against = {p: v for p, v in others.items() if v != 0}
     if against:
-        raise ProfilingRefusal(", ".join(f"{p} sets {PROFILING_OPTION}={v}" for p, v in against.items())
-                               + " (not gpufleet's file): which one the module gets depends on the files' order",
-                               f"{ADMINS}, or remove that line from {', '.join(against)}")
+        raise _refused(", ".join(f"{p} sets {PROFILING_OPTION}={v}" for p, v in against.items())
+                       + " (not gpufleet's file): which one the module gets depends on the files' order",
+                       f"{ADMINS}, or remove that line from {', '.join(against)}")
     nsight: dict[str, str] = {}
     note = ""
     if not cuda_release or not cuda_from_nvidia:
@@ -141,10 +142,10 @@ def plan_profiling(setting: str, state: ProfilingStateData, cuda_release: str | 
     else:
         found = nsight_packages(cuda_release)
         if found is None:
-            raise ProfilingRefusal(f"no Nsight Systems / Nsight Compute release is recorded for CUDA {cuda_release} "
-                                   "(compat.yaml nsight_tools), so none could be installed with it",
-                                   f"{ADMINS}, or a cuda_version whose release has them: "
-                                   + ", ".join(nsight_releases()))
+            raise _refused(f"no Nsight Systems / Nsight Compute release is recorded for CUDA {cuda_release} "
+                           "(compat.yaml nsight_tools), so none could be installed with it",
+                           f"{ADMINS}, or a cuda_version whose release has them: "
+                           + ", ".join(nsight_releases()))
         nsight = found
     return ProfilingPlan(setting, FILE_TEXT, 0, loaded, others, nsight, note, next_load=now)
 
@@ -157,9 +158,9 @@ def _last(options: Mapping[str, int]) -> int:
     return int(bool(options[sorted(options, key=lambda p: p.rsplit("/", 1)[1])[-1]]))
 
 
-def host_profiling(host: Any, settings: Any, res: Any) -> ProfilingPlan:
+def host_profiling(host: Any, settings: Settings, res: Any) -> ProfilingPlan:
     """plan_profiling for a pyinfra host: its ProfilingState fact and the resolution `res` (None:
-    nothing resolves; the one deploy, gate, plan view and report all read). Raises ProfilingRefusal."""
+    nothing resolves; the one deploy, gate, plan view and report all read). Raises Refused."""
     from gpufleet.facts.kernel import ProfilingState
 
     release = res.cuda_release if res is not None else None

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpufleet.catalog.pytorch import PytorchChoice
+
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
 
 VENV = "venv"
 PYTHON = "python"
@@ -59,7 +62,7 @@ class Runtime:
                 "to the python of the site's venv or conda env that has PyTorch")
 
 
-def runtime_of(settings: Any) -> Runtime:
+def runtime_of(settings: Settings) -> Runtime:
     kind = getattr(settings, "pytorch_runtime", PYTHON)
     if kind == VENV:
         path = settings.pytorch_venv_path
@@ -93,13 +96,13 @@ class VenvPlan:
         return f"{self.spec} ({self.variant}) into {self.path} from {where}"
 
 
-def index_url(settings: Any, choice: PytorchChoice) -> str:
+def index_url(settings: Settings, choice: PytorchChoice) -> str:
     """PyTorch's index for the chosen variant, or the site's mirror with {variant} filled in."""
     url = settings.pytorch_index_url
     return choice.index_url if url == AUTO else url.replace("{variant}", choice.variant)
 
 
-def venv_plan(settings: Any, choice: PytorchChoice) -> VenvPlan:
+def venv_plan(settings: Settings, choice: PytorchChoice) -> VenvPlan:
     if settings.pytorch_wheel_dir != NONE:
         source: tuple[str, ...] = ("--no-index", "--find-links", settings.pytorch_wheel_dir)
     else:

@@ -17,7 +17,10 @@ gpufleet/plans/package_cache.py); the keyrings stay the same.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
 
 from gpufleet.plans.package_cache import via_cache
 
@@ -31,7 +34,7 @@ TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
                     "libnvidia-container-tools", "libnvidia-container1")
 
 
-def apt_url(settings: Any, url: str) -> str:
+def apt_url(settings: Settings, url: str) -> str:
     """`url` (a repository base or a key) as this host's apt fetches it: through the fleet's package
     cache where the inventory names one."""
     return via_cache(url, settings.packages_cache_url)
@@ -84,7 +87,7 @@ def toolkit_sources_line(repo_url: str, keyring: str = TOOLKIT_KEYRING) -> str:
     return f"deb [signed-by={keyring}] {repo_url.rstrip('/')}/stable/deb/$(ARCH) /\n"
 
 
-def repository_lines(settings: Any, res: Any, os_id: str | None, codename: str | None, arch: str,
+def repository_lines(settings: Settings, res: Any, os_id: str | None, codename: str | None, arch: str,
                      data: Any) -> list[tuple[str, str]]:
     """(what, line) for every package source gpufleet sets up on a host with resolution `res`."""
     out: list[tuple[str, str]] = []

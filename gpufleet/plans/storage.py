@@ -20,7 +20,8 @@
 * /dev/shm (``storage_shm_size``): its size as tmpfs computes it, compared with what it is.
 * validate_min_nvme_tb: the NVMe capacity the preflight counts.
 
-A request the host cannot honour raises Refusal (key, problem, allowed values).
+A request the host cannot honour raises Refused(Refusal) (gpufleet.config.failures: key, problem,
+allowed values).
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpufleet.facts.storage import BLANK, BlockDevice, BlockDevicesData, ScratchSiteData, ShmData
-from gpufleet.plans.tuning import Refusal
+from gpufleet.config.failures import Refusal as Refusal
+from gpufleet.config.failures import Refused as Refused
 
 #: the XFS label of gpufleet's scratch filesystem (XFS labels: at most 12 characters)
 SCRATCH_LABEL = "gpufleet-scr"
@@ -212,9 +214,13 @@ def path_refusal(path: str, site: ScratchSiteData, own_uuid: str | None) -> str:
     return ""
 
 
-def _refuse_path(path: str, problem: str) -> Refusal:
-    return Refusal("storage_scratch_path", f"{problem}; gpufleet never mounts the scratch over what is there",
-                   PATH_ALLOWED)
+def _refused(key: str, problem: str, allowed: str) -> Refused:
+    return Refused(Refusal("storage", key, problem, allowed=allowed))
+
+
+def _refuse_path(path: str, problem: str) -> Refused:
+    return _refused("storage_scratch_path", f"{problem}; gpufleet never mounts the scratch over what is there",
+                    PATH_ALLOWED)
 
 
 def moved_note(device: str, old: str, path: str) -> str:
@@ -309,13 +315,13 @@ def _candidates(devices: BlockDevicesData, wanted: Any) -> tuple[list[BlockDevic
     for path in wanted:
         node = devices.find(path)
         if node is None:
-            raise Refusal("storage_scratch_devices", f"{path} is not a block device of this host (lsblk)",
-                          "auto, or a list of blank drives of the host")
+            raise _refused("storage_scratch_devices", f"{path} is not a block device of this host (lsblk)",
+                           "auto, or a list of blank drives of the host")
         why = describe(node)
         if why:
-            raise Refusal("storage_scratch_devices", f"{path} is not blank: {why}; gpufleet never formats a drive "
-                          "that holds data", "auto, or a list of blank drives (no filesystem, no partition "
-                          "table, not mounted, no md member)")
+            raise _refused("storage_scratch_devices", f"{path} is not blank: {why}; gpufleet never formats a drive "
+                           "that holds data", "auto, or a list of blank drives (no filesystem, no partition "
+                           "table, not mounted, no md member)")
         listed.append(node)
     return listed, ()
 
@@ -362,8 +368,8 @@ def plan_shm(setting: str, shm: ShmData, memory_kib: int | None) -> ShmPlan:
         return ShmPlan(setting)
     line = shm_fstab_line(setting)
     if shm.fstype != "tmpfs":
-        raise Refusal("storage_shm_size", f"/dev/shm is {shm.fstype or 'not mounted'}, not a tmpfs",
-                      "unmanaged on this host")
+        raise _refused("storage_shm_size", f"/dev/shm is {shm.fstype or 'not mounted'}, not a tmpfs",
+                       "unmanaged on this host")
     wanted = shm_bytes(setting, memory_kib)
     if wanted is None:
         return ShmPlan(setting, line, True, "MemTotal unknown: /dev/shm remounted to be sure")

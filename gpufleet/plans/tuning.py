@@ -12,18 +12,24 @@ puts them together for one host, and the validation gate checks the host against
 * NCCL values: the socket interface from the host's real NICs, the RDMA HCAs;
 * rendering of the templates in templates/.
 
-A request the host cannot honour raises Refusal (key, problem, allowed values): the deploy
+A request the host cannot honour raises Refused(Refusal) (gpufleet.config.failures: key, problem,
+allowed values): the deploy
 turns it into a planning-time failure of that one host.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from gpufleet.facts.gpu import ClockPair, GpuInfo
 from gpufleet.facts.network import NetInterface, RdmaDevice
 from gpufleet.rendering import render
+from gpufleet.config.failures import Refusal as Refusal
+from gpufleet.config.failures import Refused as Refused
+
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
 
 AC = "ac"  # nvidia-smi -ac MEM,GFX: application clocks
 LGC = "lgc"  # nvidia-smi -lgc GFX,GFX and -lmc MEM,MEM: locked clocks
@@ -35,12 +41,10 @@ NCCL_DEBUG_ONLY = ("NCCL_IB_DISABLE", "NCCL_NET_GDR_LEVEL", "NCCL_P2P_LEVEL", "N
                    "NCCL_DEBUG")
 
 
-class Refusal(Exception):
-    """A setting this host cannot honour. str() reads: key 'x': problem; allowed: ..."""
-
-    def __init__(self, key: str, problem: str, allowed: str):
-        super().__init__(f"key '{key}': {problem}; allowed: {allowed}")
-        self.key, self.problem, self.allowed = key, problem, allowed
+def _refused(key: str, problem: str, allowed: str) -> Refused:
+    """A setting this host cannot honour (the one Refusal, gpufleet.config.failures), raised from
+    inside the plan. str() reads: key 'x': problem; allowed: ..."""
+    return Refused(Refusal("tuning", key, problem, allowed=allowed))
 
 
 # --- clocks -------------------------------------------------------------------------------------
@@ -85,16 +89,16 @@ def choose_pair(policy: Any, supported: Mapping[int, Sequence[int]], label: str)
     highest graphics clock; an explicit pair must be in the GPU's supported list."""
     usable = {mem: list(gfx) for mem, gfx in supported.items() if gfx}
     if not usable:
-        raise Refusal("clock_policy", f"{label} reports no supported clocks, so its clocks cannot be set",
-                      "default | unmanaged")
+        raise _refused("clock_policy", f"{label} reports no supported clocks, so its clocks cannot be set",
+                       "default | unmanaged")
     if policy == "max":
         mem = max(usable)
         return ClockPair(mem, max(usable[mem]))
     wanted = ClockPair(int(policy["memory"]), int(policy["graphics"]))
     if wanted.gfx not in usable.get(wanted.mem, []):
-        raise Refusal("clock_policy",
-                      f"clock pair memory {wanted.mem} MHz, graphics {wanted.gfx} MHz is not supported by {label}",
-                      f"{describe_supported(usable)}; or max | default | unmanaged")
+        raise _refused("clock_policy",
+                       f"clock pair memory {wanted.mem} MHz, graphics {wanted.gfx} MHz is not supported by {label}",
+                       f"{describe_supported(usable)}; or max | default | unmanaged")
     return wanted
 
 
@@ -145,14 +149,14 @@ def plan_clocks(policy: Any, gpus: Sequence[GpuInfo], supported: Mapping[str, Ma
             branch = driver_branch(driver_version)
             why = ("memory clocks can only be locked (-lmc) on Ampere or newer" if cc >= LOCK_GRAPHICS_FROM
                    else "clocks can only be locked (-lgc/-lmc) on Volta/Ampere or newer")
-            raise Refusal("clock_policy",
-                          f"{label} (compute capability {gpu.compute_cap}) has no settable clock pair on driver "
-                          f"{driver_version}: application clocks (-ac) are deprecated from R{ac_deprecated_from} "
-                          f"(this is R{branch}) and {why}", "default | unmanaged")
+            raise _refused("clock_policy",
+                           f"{label} (compute capability {gpu.compute_cap}) has no settable clock pair on driver "
+                           f"{driver_version}: application clocks (-ac) are deprecated from R{ac_deprecated_from} "
+                           f"(this is R{branch}) and {why}", "default | unmanaged")
         if method == AC and gpu.app_clocks is None:
-            raise Refusal("clock_policy",
-                          f"{label} does not report application clocks on driver {driver_version}, "
-                          "so they cannot be set", "default | unmanaged")
+            raise _refused("clock_policy",
+                           f"{label} does not report application clocks on driver {driver_version}, "
+                           "so they cannot be set", "default | unmanaged")
         target = choose_pair(policy, supported.get(bus, {}), label)
         if method == AC:
             cmds = () if gpu.app_clocks == target else (("-i", bus, "-ac", f"{target.mem},{target.gfx}"),)
@@ -210,11 +214,11 @@ def socket_ifname(setting: str, interfaces: Sequence[NetInterface]) -> str | Non
     exact = setting.startswith("=")
     for item in setting.lstrip("=").split(","):
         if _NEVER_FOR_NCCL.match(item):
-            raise Refusal("tuning_nccl_socket_ifname", f"{item} is not an interface for NCCL traffic", allowed)
+            raise _refused("tuning_nccl_socket_ifname", f"{item} is not an interface for NCCL traffic", allowed)
         found = item in names if exact else any(n.startswith(item) for n in names)
         if not found:
-            raise Refusal("tuning_nccl_socket_ifname",
-                          f"{setting!r} names {item}, which this host does not have", allowed)
+            raise _refused("tuning_nccl_socket_ifname",
+                           f"{setting!r} names {item}, which this host does not have", allowed)
     return setting
 
 
@@ -229,8 +233,8 @@ def ib_hca(setting: str, profile: str, rdma: Sequence[RdmaDevice]) -> str | None
             for item in setting.lstrip("=").split(","):
                 hca = item.split(":")[0]
                 if hca not in names:
-                    raise Refusal("tuning_nccl_ib_hca", f"{setting!r} names {hca}, which this host does not have",
-                                  "auto, or " + (",".join(names) if names else "(no RDMA device on this host)"))
+                    raise _refused("tuning_nccl_ib_hca", f"{setting!r} names {hca}, which this host does not have",
+                                   "auto, or " + (",".join(names) if names else "(no RDMA device on this host)"))
         return setting
     if not rdma:
         return None
@@ -284,8 +288,8 @@ def plan_governor(setting: str, cpufreq: Any) -> GovernorPlan:
                                          f"{setting} does not apply")
     if setting not in cpufreq.available:
         offered = " | ".join(cpufreq.available) or "(none listed)"
-        raise Refusal("tuning_cpu_governor", f"this host's cpufreq driver offers no {setting} governor",
-                      f"{offered} | unmanaged")
+        raise _refused("tuning_cpu_governor", f"this host's cpufreq driver offers no {setting} governor",
+                       f"{offered} | unmanaged")
     todo = tuple(sorted((c for c, g in cpufreq.governors.items() if g != setting), key=lambda c: int(c[3:])))
     return GovernorPlan(setting, todo)
 
@@ -387,7 +391,7 @@ def host_mig(host: Any, setting: Any) -> Any:
             return plan_mig(setting, gpus, MigStateData(ok=False))
         return plan_mig(setting, state.gpus, mig_state(host))
     except MigRefusal as refused:
-        raise Refusal(KEY, refused.problem, refused.allowed) from None
+        raise _refused(KEY, refused.problem, refused.allowed) from None
 
 
 def mig_clock_skip(host: Any, mig: Any) -> frozenset[str]:
@@ -455,7 +459,7 @@ def host_applied_clocks(host: Any, policy: Any, skip: frozenset[str] = frozenset
     refused = None
     try:
         plans = host_clocks(host, policy, skip)
-    except Refusal as error:
+    except Refused as error:
         plans, refused = [], str(error)
     locked = locked_clocks(host) if method == LGC else {}  # host_clocks asked already (answered from memory)
     return method, applied_clocks(state.gpus, method, locked, plans), refused
@@ -474,7 +478,7 @@ def clocks_summary(plans: Sequence[GpuClocks]) -> str:
     return "; ".join(f"{target} on GPU {', '.join(indices)} ({name})" for (target, name, _), indices in groups.items())
 
 
-def plan_tuning(host: Any, settings: Any) -> TuningPlan:
+def plan_tuning(host: Any, settings: Settings) -> TuningPlan:
     """Everything the tuning deploy will do on this host, from its facts; raises Refusal."""
     from gpufleet.config.hostfacts import cpu_freq, gpu_state, hardware, interfaces, rdma_devices, resources
 

@@ -13,13 +13,16 @@ following deploys/all.py is a no-op, and never reports a pending upgrade back).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpufleet.errors import Incompatible
 from gpufleet.versions import branch_of
 
+if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
 
-def wishes(settings: Any, override: str | None) -> Any:
+
+def wishes(settings: Settings, override: str | None) -> Any:
     """The host's settings, with the override put in the inventory's place."""
     if not override:
         return settings

@@ -71,9 +71,7 @@ def counting(self, *args, **kwargs):
 Host.run_shell_command = counting
 factcache.prefetch_all(state)
 answers = [[get_fact(state, host, cls, kwargs=dict(kwargs)) for cls, kwargs in QUESTIONS] for _ in range(2)]
-disconnect_all(state)
-factcache._save_plans()
-factcache._plans_seen.clear()
+disconnect_all(state)  # writes the host's fact plan (gpufleet/controller/run_end.py)
 print(json.dumps({"answers": answers, "commands": len(commands), "patched": list(pyinfra_private.patched())},
                  default=lambda o: o.to_json() if hasattr(o, "to_json") else repr(o) if not isinstance(o, set) else sorted(o)))
 '''

@@ -233,13 +233,12 @@ def _deploy(sim: SimulatedHost, data: dict[str, Any]) -> tuple[list[str], list[s
     finally:
         logger.removeHandler(grab)
         logger.setLevel(level)
-    # what all.py prints at exit about this host (driver.py keeps it by host name until then):
-    # taken here, so one observation neither leaks into the next nor into pytest's exit
-    from gpufleet.controller.run_summary import SUMMARY
+    # what all.py says at the end of the run about this host (driver.py keeps it in the host's context)
+    from gpufleet.config.hostcontext import host_context
 
-    at_exit = [f"pending at exit: {SUMMARY.driver_pending[NAME]}"] if NAME in SUMMARY.driver_pending else []
-    at_exit += [f"stack pending at exit: {SUMMARY.stack_pending[NAME]}"] if NAME in SUMMARY.stack_pending else []
-    SUMMARY.forget(NAME)
+    done = host_context(host).outcome
+    at_exit = [f"pending at exit: {done.driver_pending}"] if done.driver_pending else []
+    at_exit += [f"stack pending at exit: {done.stack_pending}"] if done.stack_pending else []
     return commands, grab.lines + at_exit
 
 

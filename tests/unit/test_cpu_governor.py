@@ -70,7 +70,7 @@ def test_plan_sets_only_the_cpus_not_on_the_governor():
 
 def test_plan_refuses_a_governor_the_host_does_not_offer():
     pstate = CpuFreqData(governors={"cpu0": "powersave"}, available=["performance", "powersave"])
-    with pytest.raises(t.Refusal) as refused:
+    with pytest.raises(t.Refused) as refused:
         t.plan_governor("schedutil", pstate)
     assert str(refused.value) == ("key 'tuning_cpu_governor': this host's cpufreq driver offers no schedutil "
                                   "governor; allowed: performance | powersave | unmanaged")

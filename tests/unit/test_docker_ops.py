@@ -12,7 +12,7 @@ from gpufleet.facts import packages
 from gpufleet.facts._common import MARK
 from gpufleet.plans import dockerconf
 from gpufleet.operations import docker as ops
-from gpufleet.controller.run_summary import SUMMARY
+from gpufleet.config.hostcontext import host_context
 
 pytestmark = pytest.mark.unit
 
@@ -93,8 +93,10 @@ class FakeHost:
         self.noops.append(description)
 
 
-def _plan(op, facts, executing=False, **kwargs):
+def _plan(op, facts, executing=False, seen=None, **kwargs):
     fake = FakeHost(facts, executing)
+    if seen is not None:
+        seen.append(fake)
     with ctx_host.use(fake):
         return [str(c) for c in op._inner(**kwargs)], fake.noops
 
@@ -147,15 +149,14 @@ def test_daemon_json_with_gpu_containers_turns_live_restore_on_by_reload_then_re
 def test_daemon_json_change_pending_under_gpu_containers_without_live_restore():
     busy = f.DockerLiveState(answered=True, live_restore=False, gpu_containers=["train"], containers=1)
     no_live = dockerconf.DockerDefaults(**{**TIER.__dict__, "live_restore": False})
-    SUMMARY.docker_pending.clear()
+    seen: list = []
     cmds, noops = _plan(ops.daemon_json, {f.DaemonJson: f.DaemonJsonFile(True, b'{"log-driver": "local"}'),
                                           f.DockerEngine: ENGINE20, f.DockerLive: busy}, defaults=no_live,
-                        restart_with_gpu_containers="live-restore")
+                        restart_with_gpu_containers="live-restore", seen=seen)
     assert "sh -c 'systemctl reset-failed docker.service 2>/dev/null; systemctl restart docker.service'" not in cmds
     assert cmds[-1] == "systemctl reload docker.service"  # the reloadable part only
     assert any("daemon.json change PENDING (not applied): default-ulimits, features" in n for n in noops)
-    assert SUMMARY.docker_pending["fake"][0] == ("default-ulimits", "features")
-    SUMMARY.docker_pending.clear()
+    assert host_context(seen[0]).outcome.docker_pending[0] == ("default-ulimits", "features")
 
 
 def test_daemon_json_written_directly_and_said_on_docker_20():

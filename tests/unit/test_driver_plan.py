@@ -30,7 +30,8 @@ from gpufleet.config.settings import _settings_for
 from gpufleet.errors import Incompatible
 from gpufleet.facts.kernel import DriverStateData, ProfilingStateData
 from gpufleet.facts.packages import StackPackagesData
-from gpufleet.plans.driver import DriverFacts, DriverPlan, DriverRefusal, plan_driver
+from gpufleet.config.failures import Refusal
+from gpufleet.plans.driver import DriverFacts, DriverPlan, plan_driver
 from tests.unit.test_fact_cases import as_json
 
 pytestmark = pytest.mark.unit
@@ -61,7 +62,7 @@ def fact_value(name: str, value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def planned(case: dict[str, Any]) -> DriverPlan | DriverRefusal:
+def planned(case: dict[str, Any]) -> DriverPlan | Refusal:
     settings, problems = _settings_for("gpu-a01", case["inventory"])
     assert settings is not None and not problems, problems
     try:
@@ -85,7 +86,7 @@ def test_driver_plan(path: Path) -> None:
     plan = planned(case)
     expect = case["expect"]
     if "refused" in expect:
-        assert isinstance(plan, DriverRefusal), plan
+        assert isinstance(plan, Refusal), plan
         assert plan.key == expect["refused"]["key"], plan
         assert plan.reason.startswith(expect["refused"]["reason"]), plan
         return
@@ -108,7 +109,7 @@ def test_a_plan_is_frozen_and_typed_without_any() -> None:
     import dataclasses
     import typing
 
-    for cls in (DriverPlan, DriverFacts, DriverRefusal):
+    for cls in (DriverPlan, DriverFacts, Refusal):
         assert cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
         hints = typing.get_type_hints(cls)
         assert all(hint is not Any for hint in hints.values()), cls

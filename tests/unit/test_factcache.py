@@ -9,12 +9,13 @@ import shutil
 
 import pytest
 from pyinfra.api import Config, Inventory, State
-from pyinfra.api.connect import connect_all
+from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.facts import get_fact
 from pyinfra.api.host import Host
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import Arch
 
+from gpufleet.config.hostcontext import host_context
 from gpufleet.controller import factcache
 
 pytestmark = pytest.mark.unit
@@ -23,7 +24,6 @@ pytestmark = pytest.mark.unit
 @pytest.fixture
 def local(tmp_path, monkeypatch):
     monkeypatch.setattr(factcache, "PLAN_DIR", tmp_path / "plans")
-    factcache._plans_seen.clear()
     factcache.install()
 
     def new_state(data=None):
@@ -42,7 +42,6 @@ def local(tmp_path, monkeypatch):
         return state, host, calls
 
     yield new_state
-    factcache._plans_seen.clear()  # nothing of these tests is written at exit
 
 
 def test_same_question_twice_runs_one_command(local, tmp_path):
@@ -73,7 +72,7 @@ def test_last_runs_facts_come_back_in_one_command_with_the_same_answers(local, t
     state, host, calls = local()
     expected = (get_fact(state, host, Sha1File, kwargs={"path": path}),
                 get_fact(state, host, Arch), get_fact(state, host, File, kwargs={"path": path}))
-    factcache._save_plans()
+    disconnect_all(state)  # the run's end: each host's plan is written as it disconnects
     assert len(calls) == 3
 
     state, host, calls = local()  # the next run
@@ -90,7 +89,7 @@ def test_a_stale_plan_costs_nothing_but_time(local, tmp_path):
     gone = str(tmp_path / "gone")
     get_fact(state, host, Sha1File, kwargs={"path": gone})
     get_fact(state, host, Arch)
-    factcache._save_plans()
+    disconnect_all(state)  # the run's end: each host's plan is written as it disconnects
     state, host, calls = local()
     assert get_fact(state, host, Sha1File, kwargs={"path": str(tmp_path / "other")}) is None
     assert get_fact(state, host, Arch) == os.uname().machine
@@ -109,7 +108,7 @@ def test_file_facts_asked_in_batches_answer_as_pyinfra_does(local, tmp_path):
 
     state, host, calls = local()
     expected = [get_fact(state, host, cls, kwargs={"path": p}) for cls, p in questions]
-    factcache._save_plans()
+    disconnect_all(state)  # the run's end: each host's plan is written as it disconnects
 
     state, host, calls = local()  # the next run: the plan comes back in one script
     answers = [get_fact(state, host, cls, kwargs={"path": p}) for cls, p in questions]
@@ -143,7 +142,7 @@ def test_the_facts_reading_dpkg_asked_in_one_dpkg_query_answer_as_their_own_comm
     state, host, calls = local()
     expected = [get_fact(state, host, cls, kwargs=kwargs) for cls, kwargs in questions]
     assert len(calls) == len(questions)
-    factcache._save_plans()
+    disconnect_all(state)  # the run's end: each host's plan is written as it disconnects
 
     state, host, calls = local()  # the next run: one script, one dpkg-query for all but one
     answers = [get_fact(state, host, cls, kwargs=kwargs) for cls, kwargs in questions]
@@ -186,7 +185,7 @@ def test_no_executor_argument_is_written_and_the_plan_is_private(local, tmp_path
     state, host, calls = local({"_su_password": SECRET, "_sudo_password": SECRET})
     get_fact(state, host, Sha1File, kwargs={"path": path})
     get_fact(state, host, Arch)
-    factcache._save_plans()
+    disconnect_all(state)  # the run's end: each host's plan is written as it disconnects
     plan = tmp_path / "plans" / "_local.json"
     text = plan.read_text()
     assert SECRET not in text and "_sudo" not in text and "_su_" not in text
@@ -299,11 +298,10 @@ def test_probes_are_never_in_a_later_runs_prefetch(local, monkeypatch):
     assert TorchBuild.gpufleet_no_prefetch and DcgmDiag.gpufleet_no_prefetch and PerfProbe.gpufleet_no_prefetch
 
     def planned_after_asking():
-        factcache._plans_seen.clear()
         state, host, _ = local()
         get_fact(state, host, UnitActive, kwargs={"unit": "gpufleet-none.service"})
         get_fact(state, host, Arch)
-        return [path for path, _ in factcache._plans_seen[host.name]]
+        return [path for path, _ in host_context(host).plan_seen]
 
     assert "gpufleet.facts.system.UnitActive" in planned_after_asking()  # the control: recorded normally
     monkeypatch.setattr(UnitActive, "gpufleet_no_prefetch", True, raising=False)
@@ -320,7 +318,7 @@ def test_a_file_uploaded_in_a_run_is_checked_in_the_next_runs_prefetch(local, tm
     assert get_fact(state, host, File, kwargs={"path": path}) is None  # what files.put asks first
     host.put_file(io.BytesIO(b"managed\n"), path)
     get_fact(state, host, Arch)
-    factcache._save_plans()
+    disconnect_all(state)  # the run's end: each host's plan is written as it disconnects
 
     state, host, calls = local()  # the re-run: files.put compares checksums now
     assert get_fact(state, host, Sha1File, kwargs={"path": path}) == "e1fa417ad9e9880d4c50b3c10306395a4861a8a5"
@@ -335,7 +333,7 @@ def test_an_upload_with_other_privileges_is_not_planned(local, tmp_path):
     get_fact(state, host, Arch)
     factcache._record_upload(host, (io.BytesIO(b"x\n"), str(tmp_path / "as-sudo")), {"_sudo": True})
     factcache._record_upload(host, (io.BytesIO(b"x\n"), str(tmp_path / "as-is")), {"_sudo": False})
-    planned = [kwargs for _, kwargs in factcache._plans_seen[host.name]]
+    planned = [kwargs for _, kwargs in host_context(host).plan_seen]
     assert not any("as-sudo" in kwargs for kwargs in planned)
     assert any("as-is" in kwargs for kwargs in planned)  # the control
 
@@ -353,7 +351,7 @@ def test_a_deploy_runs_prefetch_leaves_out_the_gates_end_of_run_facts(local, mon
     get_fact(state, host, UnitActive, kwargs={"unit": "gpufleet-none.service"})
     get_fact(state, host, Arch)
     get_fact(state, host, File, kwargs={"path": "/nonexistent-gpufleet"})
-    factcache._save_plans()
+    disconnect_all(state)  # the run's end: each host's plan is written as it disconnects
 
     def planned(deploy_run):
         state, host, _ = local()
@@ -472,7 +470,7 @@ def test_forged_sections_in_a_file_do_not_answer_other_facts_and_the_facts_are_a
     state, host, calls = local()
     get_fact(state, host, Arch)
     get_fact(state, host, FileContents, kwargs={"path": str(theirs)})
-    factcache._save_plans()
+    disconnect_all(state)  # the run's end: each host's plan is written as it disconnects
 
     state, host, calls = local()  # the next run
     assert get_fact(state, host, Arch) == os.uname().machine
@@ -487,7 +485,7 @@ def test_the_hosts_nonce_is_never_on_a_command_line(local, tmp_path):
     state, host, calls = local()
     get_fact(state, host, Arch)
     get_fact(state, host, File, kwargs={"path": str(tmp_path)})
-    factcache._save_plans()
+    disconnect_all(state)  # the run's end: each host's plan is written as it disconnects
     state, host, calls = local()
     get_fact(state, host, Arch)
     text = str(calls[0])

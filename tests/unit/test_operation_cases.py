@@ -53,7 +53,6 @@ from pyinfra.api.util import get_kwargs_str
 from pyinfra.context import ctx_host, ctx_state
 
 from gpufleet.operations.remote_files import Fetch, LazyWrite
-from gpufleet.controller.run_summary import SUMMARY
 
 pytestmark = pytest.mark.unit
 
@@ -272,8 +271,6 @@ def test_operation_case(path: Path) -> None:
             commands = [_render(c, _scripts(module)) for c in op._inner(*args, **kwargs)]
     finally:
         pyinfra_logger.removeHandler(logs)
-        # what an operation keeps per host for the end of the run (gpufleet/controller/run_summary.py)
-        SUMMARY.forget(host.name)
     assert commands == case["commands"], json.dumps(commands, indent=4)
     assert host.noops == case.get("noops", []), host.noops
     if "logs" in case:
@@ -335,7 +332,7 @@ NEVER_CHANGES = {"daemon_reload.still_pending"}
 
 #: operations that always yield commands (is_idempotent=False: no no-op case exists)
 ALWAYS_CHANGES = {
-    "apt_index.index_refreshed", "drain.gpus_idle_now", "reboot.rebooted", "reboot.slurm_rebooted",
+    "apt_index.index_refreshed", "apt_index.lists_refreshed", "drain.gpus_idle_now", "reboot.rebooted", "reboot.slurm_rebooted",
     "snapshot.disk_snapshot_taken", "snapshot.disk_snapshot_restored", "snapshot.controller_snapshot_taken",
     "snapshot.etc_archived", "snapshot.manifest_written", "snapshot.copied_to_controller",
     "driver.refresh_initramfs",

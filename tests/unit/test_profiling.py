@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.facts.kernel import ProfilingStateData
-from gpufleet.plans.profiling import FILE_TEXT, MODPROBE_FILE, ProfilingRefusal, plan_profiling
+from gpufleet.config.failures import Refused
+from gpufleet.plans.profiling import FILE_TEXT, MODPROBE_FILE, plan_profiling
 
 pytestmark = pytest.mark.unit
 
@@ -52,7 +53,7 @@ def test_a_reboot_helps_only_once_the_file_says_it_what_tools_rollout_reboots_fo
 
 
 def test_users_refuses_another_file_that_restricts_naming_it():
-    with pytest.raises(ProfilingRefusal) as refused:
+    with pytest.raises(Refused) as refused:
         plan_profiling("users", state(1, {"/usr/lib/modprobe.d/site.conf": 1}), "13.0.2", True)
     assert str(refused.value).startswith("key 'tuning_profiling': /usr/lib/modprobe.d/site.conf sets "
                                          "NVreg_RestrictProfilingToAdminUsers=1 (not gpufleet's file)")
@@ -70,12 +71,12 @@ def test_without_a_host_toolkit_from_nvidia_no_nsight_and_it_says_why():
 
 
 def test_a_toolkit_release_without_nsight_data_is_refused_naming_the_releases_that_have_it():
-    with pytest.raises(ProfilingRefusal) as refused:
+    with pytest.raises(Refused) as refused:
         plan_profiling("users", state(1), "12.8.1", True)
     assert "no Nsight Systems / Nsight Compute release is recorded for CUDA 12.8.1" in refused.value.problem
     assert refused.value.allowed == "admins, or a cuda_version whose release has them: 13.0.2"
 
 
 def test_an_unknown_value_is_refused():
-    with pytest.raises(ProfilingRefusal):
+    with pytest.raises(Refused):
         plan_profiling("everyone", state(1), None, False)

@@ -1,4 +1,4 @@
-"""The validation gate's profiling check (gpufleet/checks/validation.py profiling_as_set) reads the same
+"""The validation gate's profiling check (gpufleet/checks/tuning.py profiling_as_set) reads the same
 plan as the driver deploy (gpufleet/plans/profiling.py): the option file, the loaded module's
 RmProfilingAdminOnly, the Nsight packages exact and held. Facts are given as the fact cases
 record them (tests/unit/facts/kernel.ProfilingState); the resolution is the hgx tier's CUDA 13.0.2."""

@@ -61,7 +61,7 @@ def test_a_moved_scratch_still_mounted_at_the_old_path_is_said_with_what_to_do()
     assert s.report() == ""
 
 
-def test_no_deploy_hooks_the_exit_and_nobody_reads_sys_modules_but_pyinfra_private():
+def test_nothing_hooks_the_exit_and_nobody_reads_sys_modules_but_pyinfra_private():
     found = []
     for top in ("deploys", "operations", "facts", "gpufleet"):
         for path in (ROOT / top).rglob("*.py"):
@@ -69,6 +69,36 @@ def test_no_deploy_hooks_the_exit_and_nobody_reads_sys_modules_but_pyinfra_priva
             rel = path.relative_to(ROOT).as_posix()
             if re.search(r"\bsys\.modules\b", text) and rel != "gpufleet/pyinfra_private.py":
                 found.append(f"{rel}: sys.modules")
-            if top == "deploys" and re.search(r"\batexit\b", text):
+            if re.search(r"\batexit\b", text):  # the run's end is pyinfra's disconnect (run_end.py)
                 found.append(f"{rel}: atexit")
     assert found == []
+
+
+def test_the_summary_reads_the_host_contexts_and_is_said_when_the_runs_last_host_disconnects(capfd):
+    """No exit hook: the records live in each host's context, and the run says them as it ends
+    (pyinfra's disconnect, which the `pyinfra` command and the rollout's sessions do last)."""
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.connect import connect_all, disconnect_all
+
+    from gpufleet.config.hostcontext import host_context
+    from gpufleet.controller.run_summary import outcome, pending
+
+    state = State(Inventory(([("@local", {})], {})), Config())
+    connect_all(state)
+    host = state.inventory.get_host("@local")
+    outcome(host).needs_reboot = "loaded 580.95.05 differs"
+    outcome(host).driver_pending = ("580.95.05", "580.126.09")
+    assert host_context(host).outcome.needs_reboot == "loaded 580.95.05 differs"
+    assert RunSummary.of([host]).needs_reboot == {"@local": "loaded 580.95.05 differs"}
+    assert "580.126.09" in pending(host)[0]
+    assert "NEED A REBOOT" not in capfd.readouterr().err  # not before the run ends
+    disconnect_all(state)
+    err = capfd.readouterr().err
+    assert err.count("1 host(s) NEED A REBOOT") == 1 and "    @local: loaded 580.95.05 differs" in err
+    assert "DRIVER UPGRADE PENDING" in err
+
+    again = State(Inventory(([("@local", {})], {})), Config())  # a second run in the process starts empty
+    connect_all(again)
+    assert RunSummary.of(again.inventory).report() == ""
+    disconnect_all(again)
+    assert "gpufleet:" not in capfd.readouterr().err

@@ -18,7 +18,7 @@ from gpufleet.plans import storage as s
 from gpufleet.facts.storage import (BLANK, BlockDevicesData, Mount, ScratchSiteData, ShmData, parse_block_devices,
                                     parse_shm)
 from gpufleet.config.schema import KEYS, BadValue
-from gpufleet.plans.tuning import Refusal
+from gpufleet.config.failures import Refused
 
 pytestmark = pytest.mark.unit
 
@@ -86,11 +86,11 @@ def test_one_listed_blank_drive_is_plain_xfs():
 
 
 def test_a_listed_drive_with_data_refuses_the_host_naming_it():
-    with pytest.raises(Refusal) as refused:
+    with pytest.raises(Refused) as refused:
         planned("auto", ("/dev/nvme2n1", "/dev/nvme1n1"), "/scratch", recorded(HGX))
     assert refused.value.key == "storage_scratch_devices"
     assert refused.value.problem.startswith("/dev/nvme1n1 is not blank: has a partition table (gpt); mounted at /;")
-    with pytest.raises(Refusal, match="/dev/nvme12n1 is not a block device of this host"):
+    with pytest.raises(Refused, match="/dev/nvme12n1 is not a block device of this host"):
         planned("auto", ("/dev/nvme12n1",), "/scratch", recorded(HGX))
 
 
@@ -147,7 +147,7 @@ def test_the_existing_scratch_is_kept_mounted_or_not():
     assert (kept.action, kept.path, kept.uuid, kept.mounted) == (s.KEEP, "/data", MOUNTED_UUID, False)
     assert [n for n in kept.notes if "still mounted at /scratch too" in n and "moved to /data" in n]
     # without gpufleet's label, a filesystem mounted elsewhere is not ours: nothing is taken
-    with pytest.raises(Refusal, match="storage_scratch_devices"):
+    with pytest.raises(Refused, match="storage_scratch_devices"):
         planned("auto", ("/dev/loop0",), "/data", replace(mounted, devices=tuple(
             replace(d, found=tuple(kv for kv in d.found if kv[0] != "LABEL")) for d in mounted.devices)), ours)
 
@@ -160,7 +160,7 @@ def test_a_scratch_made_before_the_record_is_adopted_by_gpufleets_fstab_line():
     assert (kept.action, kept.uuid) == (s.KEEP, LOOP_XFS_UUID)
     # an operator's own line for that filesystem (other options) is not gpufleet's: not adopted
     theirs = (line[:3] + ("defaults",) + line[4:],)
-    with pytest.raises(Refusal, match="storage_scratch_devices"):
+    with pytest.raises(Refused, match="storage_scratch_devices"):
         planned("auto", ("/dev/loop0",), "/scratch", xfs, replace(ROOT_ONLY, fstab=theirs))
 
 
@@ -187,7 +187,7 @@ def test_something_else_mounted_at_the_path_refuses():
     mounted = recorded("lsblk-probe-nspawn-scratch-mounted.txt")
     foreign = replace(mounted, devices=tuple(replace(d, found=(("TYPE", "ext4"),)) if d.path == "/dev/loop0" else d
                                              for d in mounted.devices))
-    with pytest.raises(Refusal) as refused:
+    with pytest.raises(Refused) as refused:
         planned("auto", "auto", "/scratch", foreign)
     assert refused.value.key == "storage_scratch_path"
     assert "is already the mount point of /dev/loop0 (ext4)" in refused.value.problem
@@ -216,7 +216,7 @@ NFS = at("/scratch", "nfs4", "nas01:/export/scratch", "rw", "relatime")
     ("/scratch", replace(ROOT_ONLY, path_state="not-empty"), "/scratch is a directory that is not empty"),
 ])
 def test_a_path_where_the_site_keeps_something_refuses_the_host_naming_the_key(path, site, problem):
-    with pytest.raises(Refusal) as refused:
+    with pytest.raises(Refused) as refused:
         planned("auto", "auto", path, recorded(HGX), site)
     assert refused.value.key == "storage_scratch_path"
     assert refused.value.problem.startswith(problem), refused.value.problem
@@ -238,7 +238,7 @@ def test_a_scratch_on_drives_that_came_back_blank_is_made_again_and_said():
     assert (made.action, made.devices, made.lost) == (s.MAKE, DATA_DRIVES, lost)
     assert made.notes[-1] == s.lost_note(lost)
     # without the record, that line is another one's
-    with pytest.raises(Refusal, match="/etc/fstab already has a line for /scratch"):
+    with pytest.raises(Refused, match="/etc/fstab already has a line for /scratch"):
         planned("auto", "auto", "/scratch", recorded(HGX), replace(site, recorded_uuid=None))
 
 
@@ -287,7 +287,7 @@ def test_shm_size_is_computed_as_tmpfs_does():
     assert s.shm_bytes("50%", 1498044) == 749024 * 1024 == 187256 * 4096
     assert not s.plan_shm("50%", ShmData("tmpfs", 187256 * 4096, ()), 1498044).remount
     assert s.plan_shm("50%", ShmData("tmpfs", 187255 * 4096, ()), 1498044).remount
-    with pytest.raises(Refusal, match="not a tmpfs"):
+    with pytest.raises(Refused, match="not a tmpfs"):
         s.plan_shm("50%", ShmData(), 1)
 
 

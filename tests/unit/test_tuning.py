@@ -11,7 +11,7 @@ from gpufleet.facts.gpu import ClockPair, GpuInfo, parse_query_gpu, parse_suppor
 from gpufleet.facts.gpu_tuning import parse_locked_clocks
 from gpufleet.facts.network import NetInterface, RdmaDevice, RdmaPort
 from gpufleet.plans import tuning as t
-from gpufleet.plans.tuning import Refusal
+from gpufleet.config.failures import Refused
 
 pytestmark = pytest.mark.unit
 
@@ -46,19 +46,19 @@ def test_max_is_the_highest_pair_of_each_gpus_own_list():
 
 def test_explicit_pair_must_be_in_the_supported_list():
     assert t.choose_pair({"memory": 3201, "graphics": 1785}, H200_SUPPORTED, "h200") == ClockPair(3201, 1785)
-    with pytest.raises(Refusal) as e:
+    with pytest.raises(Refused) as e:
         t.choose_pair({"memory": 1234, "graphics": 999}, H200_SUPPORTED, "GPU 0 NVIDIA H200 (00000000:00:06.0)")
     r = e.value
     assert r.key == "clock_policy"
     assert "memory 1234 MHz, graphics 999 MHz is not supported by GPU 0 NVIDIA H200 (00000000:00:06.0)" in r.problem
     assert r.allowed == ("memory 3201 with graphics 1980..345 (step 15); memory 2201 with graphics 1980..345 (step 15); "
                          "or max | default | unmanaged")
-    with pytest.raises(Refusal):  # a graphics clock between two steps
+    with pytest.raises(Refused):  # a graphics clock between two steps
         t.choose_pair({"memory": 1215, "graphics": 1400}, A100_SUPPORTED, "a100")
 
 
 def test_gpu_without_supported_clocks_is_refused():
-    with pytest.raises(Refusal) as e:
+    with pytest.raises(Refused) as e:
         t.choose_pair("max", {}, "GPU 0 X")
     assert "reports no supported clocks" in e.value.problem and e.value.allowed == "default | unmanaged"
 
@@ -116,7 +116,7 @@ def test_unmanaged_plans_nothing():
 
 def test_t4_on_r595_has_no_settable_pair():
     t4 = gpu(0, name="Tesla T4", cc="7.5", app=None, default=None)
-    with pytest.raises(Refusal) as e:
+    with pytest.raises(Refused) as e:
         t.plan_clocks("max", [t4], supported((t4, T4_SUPPORTED)), "595.45.04", {}, 595)
     msg = str(e.value)
     assert msg.startswith("key 'clock_policy': GPU 0 Tesla T4 (00000000:00:06.0) (compute capability 7.5) "
@@ -129,7 +129,7 @@ def test_t4_on_r595_has_no_settable_pair():
 
 def test_gpu_without_application_clocks_before_r595_is_refused():
     g = gpu(0, app=None, default=None)
-    with pytest.raises(Refusal, match="does not report application clocks"):
+    with pytest.raises(Refused, match="does not report application clocks"):
         t.plan_clocks("max", [g], supported((g, A100_SUPPORTED)), "580.159.04", {}, 595)
 
 
@@ -183,12 +183,12 @@ def test_tier_interface_must_exist():
     assert t.socket_ifname("=eth0", [nic("eth0")]) == "=eth0"
     assert t.socket_ifname("en", [nic("ens5")]) == "en"
     assert t.socket_ifname("^docker", [nic("ens5")]) == "^docker"
-    with pytest.raises(Refusal) as e:
+    with pytest.raises(Refused) as e:
         t.socket_ifname("=bond0", [nic("eth0"), nic("ifb0", "down")])
     assert e.value.key == "tuning_nccl_socket_ifname"
     assert "names bond0, which this host does not have" in e.value.problem
     assert e.value.allowed == "auto, or =eth0, =ifb0"
-    with pytest.raises(Refusal, match="not an interface for NCCL"):
+    with pytest.raises(Refused, match="not an interface for NCCL"):
         t.socket_ifname("=lo", [nic("lo")])
 
 
@@ -199,7 +199,7 @@ def test_ib_hca():
     assert t.ib_hca("auto", "tcp", devices) is None
     assert t.ib_hca("auto", "ib", []) is None
     assert t.ib_hca("=mlx5_0:1", "ib", devices) == "=mlx5_0:1"
-    with pytest.raises(Refusal, match="mlx5_9"):
+    with pytest.raises(Refused, match="mlx5_9"):
         t.ib_hca("=mlx5_9", "ib", devices)
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import gpufleet.deploys
 
 if TYPE_CHECKING:
+    from gpufleet.config.settings import Settings
     from gpufleet.controller.inventory_source import InventorySource
 
 # The folder that holds deploys/: the top of a checkout, the gpufleet package of an installed
@@ -97,9 +98,9 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
     from gpufleet.errors import Incompatible
     from gpufleet.facts.packages import HeldPackages, PackageVersions
     from gpufleet.config.settings import host_settings
-    from gpufleet.checks.validation import FAIL, PYTORCH_CHECK, Context, fresh_host_facts, run_checks
+    from gpufleet.checks.validation import Context, fresh_host_facts, run_checks
 
-    from .view import clocks_text, problem_label
+    from .view import clocks_text
 
     row: dict[str, Any] = {"status": "ok"}
     try:
@@ -154,6 +155,18 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
 
     # the PyTorch build is read even without --probe: importing torch loads no GPU
     results = run_checks(host, settings, probe=probe, torch_probe=True) if settings else []
+    _check_columns(row, host, settings, results)
+    row["state"] = classify(row, results)
+    return row
+
+
+def _check_columns(row: dict[str, Any], host: Any, settings: Settings | None, results: list[Any]) -> None:
+    """The row's columns that show the gate's results (firewall, sshd, marker, MIG, profiling,
+    endpoints, PyTorch) and its counts."""
+    from gpufleet.checks.validation import FAIL, PYTORCH_CHECK
+
+    from .view import problem_label
+
     by_name = {r.name: r for r in results}
 
     def summary(name: str) -> str | None:
@@ -187,24 +200,23 @@ def host_row(host: Any, probe: bool = False) -> dict[str, Any]:
         "failed": [f"{problem_label(r.to_json(), row)}: {r.name}: {r.message}" for r in results if r.status == FAIL],
         "checks": [r.to_json() for r in results],
     }
-    row["state"] = classify(row, results)
-    return row
 
 
-def clock_column(host: Any, settings: Any, driver: str | None) -> dict[str, Any] | None:
+def clock_column(host: Any, settings: Settings | None, driver: str | None) -> dict[str, Any] | None:
     """The clocks gpufleet applied on each GPU (application or locked clocks, whichever the
     host's driver uses) beside the pair the tuning plan wants: the plan the deploy applies, the
     plan view shows and the gate checks (gpufleet.plans.tuning). No settings: the applied pairs only."""
     from gpufleet.plans.tuning import METHOD_NAMES, host_applied_clocks, policy_text
 
-    from gpufleet.plans.tuning import Refusal, host_mig, mig_clock_skip
+    from gpufleet.config.failures import Refused
+    from gpufleet.plans.tuning import host_mig, mig_clock_skip
 
     policy = settings.clock_policy if settings is not None else "unmanaged"
     skip: frozenset[str] = frozenset()
     if settings is not None:
         try:  # GPUs in MIG mode have no clock plan, as in the deploy and the gate
             skip = mig_clock_skip(host, host_mig(host, settings.gpu_mig))
-        except Refusal:
+        except Refused:
             pass  # the gate's MIG check says why
     found = host_applied_clocks(host, policy, skip)
     if found is None:
@@ -221,7 +233,7 @@ def clock_column(host: Any, settings: Any, driver: str | None) -> dict[str, Any]
                      for g in gpus]}
 
 
-def endpoints(host: Any, settings: Any, by_name: dict[str, Any]) -> list[dict[str, str]]:
+def endpoints(host: Any, settings: Settings, by_name: dict[str, Any]) -> list[dict[str, str]]:
     """Each exporter the tier turns on: the URL Prometheus scrapes, and what the gate found there."""
     from gpufleet.plans import monitoring
     from gpufleet.checks.validation import exporter_check_name
@@ -271,12 +283,12 @@ def gather(inventory_path: str | InventorySource, workers: int = 20, drift: bool
     return [rows[h.name] for h in hosts]
 
 
-def _pending(name: str) -> list[str]:
+def _pending(host: Any) -> list[str]:
     """Changes all.py leaves alone on this host (a driver, CUDA toolkit or cuDNN upgrade, a CUDA
     toolkit or cuDNN changed by hand): drift all the same, each for tools/rollout."""
-    from gpufleet.controller.run_summary import SUMMARY
+    from gpufleet.controller.run_summary import pending
 
-    return SUMMARY.pending(name)
+    return pending(host)
 
 
 def plan_drift(state: Any, hosts: list[Any], rows: dict[str, dict[str, Any]], deploy: str) -> None:
@@ -330,4 +342,4 @@ def plan_drift(state: Any, hosts: list[Any], rows: dict[str, dict[str, Any]], de
         rows[host.name]["drift"] = {"method": "plan", "changes": len(names), "operations": names,
                                     "conditional": conditional,
                                     "error": "all.py refuses this host at planning time" if failed else None,
-                                    "pending": _pending(host.name)}
+                                    "pending": _pending(host)}
