@@ -46,6 +46,7 @@ from gpufleet.apt_policy import APT_CACHE_SECONDS, GPU_PACKAGE_BLACKLIST, UNATTE
 from gpufleet.config.failures import Refusal, fail_now, real_host
 from gpufleet.config.settings import Settings, host_settings
 from gpufleet.controller.run_summary import outcome
+from gpufleet.explain import explained
 from gpufleet.facts.kernel import DriverState
 from gpufleet.operations.drain import gpu_work
 from gpufleet.operations.driver import archive_components, refresh_initramfs, repo_key, stack_recorded
@@ -69,7 +70,7 @@ REBOOT_TIMEOUT = 600
 MANAGED = "# Managed by gpufleet (deploys/driver.py). Do not edit: changes are reverted.\n"
 
 
-@deploy("NVIDIA driver, CUDA and cuDNN")
+@deploy("Driver stack")
 def driver() -> None:
     settings = host_settings(host)
     plan = plan_driver(settings, read_driver_facts(host, settings))
@@ -80,8 +81,8 @@ def driver() -> None:
     _left_to_rollout(me, plan)
     # as the rollout: a package change an earlier (dead) session started finishes, and what an
     # interrupted one left half done is repaired (dpkg --configure -a), before apt is asked anything
-    package_change_settled(name="Settle an earlier package change")
-    refresh = apt.update(name="Refresh the apt index (daily)", cache_time=APT_CACHE_SECONDS)
+    package_change_settled(name=explained("Settle an earlier package change", "Let an earlier package change finish; repair an interrupted dpkg"))
+    refresh = apt.update(name=explained("Refresh the apt index (daily)", "Refresh the apt package index if it is older than a day"), cache_time=APT_CACHE_SECONDS)
     settled = _sources(plan, [refresh])                         # 1. package sources
     _preconditions(settings, plan)                              # 2. what the driver needs first
     install = _install(settings, plan, settled)                 # 3. the one sanctioned change,
@@ -151,22 +152,25 @@ def _sources(plan: DriverPlan, index_ops: list[OperationMeta]) -> bool:
     versions are read from before the install."""
     nvidia = plan.nvidia
     if nvidia is not None:
-        apt.packages(name="Install gpg", packages=["gpg"], no_recommends=True)
+        apt.packages(name=explained("Install gpg", "Install gpg to check the repository key"), packages=["gpg"], no_recommends=True)
         # the key, trusted for this source only, once its fingerprint is the pinned one
-        key = repo_key(name=f"Trust the CUDA repository key {nvidia.fingerprint[-16:]}",
+        key = repo_key(name=explained(f"Trust the CUDA repository key {nvidia.fingerprint[-16:]}",
+                                       f"Trust the CUDA repository key {nvidia.fingerprint} (fingerprint checked) for that source only"),
                        url=nvidia.keyring_url, fingerprint=nvidia.fingerprint, keyring=nvidia.keyring)
         source = files.put(
-            name="Add NVIDIA's CUDA repository (signed-by)",  # nvidia.base, in the file
+            name=explained("Add NVIDIA's CUDA repository (signed-by)", f"Add NVIDIA's CUDA repository {nvidia.base}/ as a signed-by source"),
             src=StringIO(MANAGED + nvidia.line),
             dest=CUDA_SOURCE, mode="644",
         )
-        lists_refreshed(name="Read the changed sources' index", paths=[CUDA_SOURCE], _if=any_changed(key, source))
+        lists_refreshed(name=explained("Read the changed sources' index", "Read the package index of the changed sources"),
+                        paths=[CUDA_SOURCE], _if=any_changed(key, source))
         index_ops += [key, source]
     elif plan.archive_components:
         archive = "Ubuntu" if plan.res.os_release.startswith("ubuntu") else "Debian"
-        enabled = archive_components(name=f"Enable {', '.join(plan.archive_components)} ({archive} archive)",
+        enabled = archive_components(name=explained(f"Enable {', '.join(plan.archive_components)} ({archive} archive)",
+                                                   f"Enable {', '.join(plan.archive_components)} on the {archive} archive sources"),
                                      components=list(plan.archive_components))
-        apt.update(name="Read the changed sources' index", _if=enabled.did_change)
+        apt.update(name=explained("Read the changed sources' index", "Read the package index of the changed sources"), _if=enabled.did_change)
         index_ops.append(enabled)
     return not any(op.will_change for op in index_ops)
 
@@ -174,27 +178,27 @@ def _sources(plan: DriverPlan, index_ops: list[OperationMeta]) -> bool:
 def _preconditions(settings: Settings, plan: DriverPlan) -> None:
     """What the driver needs before it installs: nouveau out, DKMS signing, kernel headers."""
     blacklist = files.put(
-        name="Blacklist nouveau",  # so that the NVIDIA module can claim the GPUs
+        name=explained("Blacklist nouveau", "Blacklist nouveau so that the NVIDIA module can claim the GPUs"),
         src=StringIO(MANAGED + "blacklist nouveau\noptions nouveau modeset=0\n"),
         dest=NOUVEAU_BLACKLIST, mode="644",
     )
     option = _profiling_option(settings, plan)
     # nouveau stays out at boot, and the nvidia module gets its options there too
-    refresh_initramfs(name="Refresh the initramfs", _if=any_changed(blacklist, *option))
+    refresh_initramfs(name=explained("Refresh the initramfs", "Refresh the initramfs so that nouveau stays out at boot and the nvidia module gets its options"), _if=any_changed(blacklist, *option))
     if plan.signing_key is not None:
-        files.put(name="Let DKMS sign with the MOK (Secure Boot)", src=StringIO(dkms_signing_conf(plan.signing_key)),
+        files.put(name=explained("Let DKMS sign with the MOK (Secure Boot)", "Let DKMS sign the modules it builds with the enrolled MOK (Secure Boot)"), src=StringIO(dkms_signing_conf(plan.signing_key)),
                   dest=DKMS_SIGNING_CONF, mode="644")
     kernel = plan.kernel
     if kernel.prebuilt:
         host.noop(f"kernel {plan.before.kernel_release}: the distribution's prebuilt, signed NVIDIA modules "
                   f"({kernel.modules[0]}): no DKMS build, no kernel headers needed")
     elif plan.headers:
-        apt.packages(name=f"Install {plan.headers} (DKMS)", packages=[plan.headers], no_recommends=True)
+        apt.packages(name=explained(f"Install {plan.headers} (DKMS)", f"Install the headers of the running kernel {plan.before.kernel_release} for DKMS"), packages=[plan.headers], no_recommends=True)
     # Kernels arriving later (unattended upgrades, through linux-image-<flavour>) bring their
     # headers, so that DKMS builds the module for them, only with linux-headers-<flavour>
     # (Ubuntu's HWE kernels: linux-headers-generic-hwe-22.04, gpufleet/catalog/kernels.py).
     if plan.headers_meta:
-        apt.packages(name=f"Install {plan.headers_meta}", packages=[plan.headers_meta], no_recommends=True)
+        apt.packages(name=explained(f"Install {plan.headers_meta}", f"Install {plan.headers_meta} so that kernels installed later come with their headers"), packages=[plan.headers_meta], no_recommends=True)
     elif settings.driver_kernel_headers == "require" and not kernel.prebuilt:
         host.noop(f"kernel {plan.before.kernel_release}: no Debian/Ubuntu flavour, so no headers metapackage to follow it")
 
@@ -213,7 +217,7 @@ def _install(settings: Settings, plan: DriverPlan, settled: bool) -> OperationMe
     # in place, GPU work is checked in the command that starts the change (require_idle: a job
     # started after planning is seen): busy -> nothing changes, the host fails
     return packages_at_releases(
-        name=change.name, releases=change.releases, present=change.present, pinning=change.pinning,
+        name=explained(f"Install {change.what}", change.why), releases=change.releases, present=change.present, pinning=change.pinning,
         hold=settings.driver_hold, old_pins=change.old_pins, require_idle=bool(change.in_place), settled=settled,
         keys=change.keys)
 
@@ -223,18 +227,19 @@ def _holds(settings: Settings, plan: DriverPlan) -> None:
     the running kernel, and the metapackages that move with them."""
     if plan.stack_record_packages:
         # tells an inventory change from a hand change
-        stack_recorded(name="Record the CUDA/cuDNN releases installed", versions=plan.stack_record,
+        stack_recorded(name=explained("Record the CUDA/cuDNN releases installed", "Record the CUDA toolkit and cuDNN releases gpufleet installed (tells an inventory change from a hand change)"), versions=plan.stack_record,
                        packages=list(plan.stack_record_packages))
     # with prebuilt modules, the modules' and kernels' flavour metapackages too: kernels move
     # only through tools/rollout
-    held(name=("Hold" if settings.driver_hold else "Release") + " the driver stack packages",
+    held(name=explained(("Hold" if settings.driver_hold else "Release") + " the driver stack packages",
+                        ("Hold" if settings.driver_hold else "Release") + " the driver, CUDA, cuDNN, container toolkit and running kernel packages, with the prebuilt modules' and kernels' flavour metapackages if any (kernels move only through tools/rollout)"),
          packages=list(plan.held), present=settings.driver_hold)
     if plan.hold_headers_meta:
-        held(name=f"Hold {plan.hold_headers_meta}", packages=[plan.hold_headers_meta])
+        held(name=explained(f"Hold {plan.hold_headers_meta}", f"Hold {plan.hold_headers_meta} as the kernel image metapackage is held: new kernels and their headers move together"), packages=[plan.hold_headers_meta])
     if settings.hardening_unattended_upgrades:
         # The same file, template and list as deploys/hardening.py: whichever runs first writes it.
         files.put(
-            name="Keep unattended-upgrades off the GPU packages",
+            name=explained("Keep unattended-upgrades off the GPU packages", "Keep unattended-upgrades away from NVIDIA, CUDA and cuDNN packages"),
             src=StringIO(render("etc/apt/apt.conf.d/51gpufleet-unattended-upgrades.j2",
                                 blacklist=list(GPU_PACKAGE_BLACKLIST))),
             dest=UNATTENDED_CONF, mode="644",
@@ -246,13 +251,13 @@ def _cuda_environment(plan: DriverPlan) -> None:
     res = plan.res
     if plan.cuda_home is not None:
         files.put(
-            name=f"Put CUDA {res.cuda_version} on PATH",
+            name=explained(f"Put CUDA {res.cuda_version} on PATH", f"Put CUDA {res.cuda_version} on PATH and the library path of login shells"),
             src=StringIO(render("etc/profile.d/gpufleet-cuda.sh.j2", cuda_version=res.cuda_version,
                                 package=res.cuda_package, cuda_home=plan.cuda_home)),
             dest=CUDA_PROFILE, mode="644",
         )
     else:
-        files.file(name="No CUDA profile", path=CUDA_PROFILE, present=False)
+        files.file(name=explained("No CUDA profile", "No host CUDA toolkit from gpufleet: no CUDA profile"), path=CUDA_PROFILE, present=False)
 
 
 def _reboot(settings: Settings, plan: DriverPlan, install: OperationMeta, me: Host) -> None:
@@ -267,20 +272,22 @@ def _reboot(settings: Settings, plan: DriverPlan, install: OperationMeta, me: Ho
         # only if the loaded module differs from the installed driver; unless forced, the GPUs
         # are checked idle in the very command that reboots
         rebooted(
-            name="Reboot to load the NVIDIA driver" + ("" if forced else " (if idle)"),
+            name=explained("Reboot to load the NVIDIA driver" + ("" if forced else " (if idle)"),
+                           "Reboot to load the installed NVIDIA driver, if the loaded module differs from it"
+                           + ("" if forced else " (GPUs checked idle in the same command)")),
             reason="gpufleet driver: load the installed NVIDIA kernel module", timeout=REBOOT_TIMEOUT,
             # idle at planning is not idle now: a job started since makes the host busy, pending
             require_idle=not forced, if_busy=_busy_now(settings.driver_reboot),
             _if=lambda: _mismatch(me) is not None,
         )
         python.call(
-            name="Check the loaded NVIDIA module",  # is the installed driver, after the reboot
+            name=explained("Check the loaded NVIDIA module", "Check that the loaded NVIDIA module is the installed driver after the reboot"),
             function=_verify_after_reboot, h=me,
             _if=lambda: not outcome(me).busy_at_reboot and _mismatch(me) is not None,
         )
     else:
         python.call(
-            name="Report a pending reboot",  # if the loaded NVIDIA module differs from the installed driver
+            name=explained("Report a pending reboot", "Report that the host needs a reboot, if the loaded NVIDIA module differs from the installed driver"),
             function=_report, h=me, policy=policy,
             _if=lambda: _mismatch(me) is not None,
         )
@@ -293,9 +300,9 @@ def _profiling_option(settings: Settings, plan: DriverPlan) -> list[OperationMet
     text = plan.profiling.file_text
     if text is not None:
         # every user may read the GPU performance counters from the next load of the module
-        return [files.put(name=f"Set the nvidia module's profiling option ({KEY}: users)",
+        return [files.put(name=explained(f"Set the nvidia profiling option ({KEY}: users)", f"Let every user read the GPU performance counters from the next load of the nvidia module ({KEY}: users)"),
                           src=StringIO(text), dest=MODPROBE_FILE, mode="644")]
-    return [files.file(name=f"No nvidia profiling option ({KEY}: {settings.tuning_profiling})",
+    return [files.file(name=explained(f"No nvidia profiling option ({KEY}: {settings.tuning_profiling})", f"No gpufleet profiling option for the nvidia module ({KEY}: {settings.tuning_profiling})"),
                        path=MODPROBE_FILE, present=False)]
 
 
@@ -326,7 +333,7 @@ def _profiling_pending(settings: Settings, plan: DriverPlan, install: OperationM
     setting = settings.tuning_profiling
     if install.will_change or plan.before.mismatch:
         # if the loaded nvidia module waits for a reboot to get the setting
-        python.call(name="Report a pending profiling setting",
+        python.call(name=explained("Report a pending profiling setting", f"Report that the loaded nvidia module waits for a reboot to get {KEY}: {setting}, if it does"),
                     function=_profiling_report, h=me, setting=setting, _if=lambda: _profiling_stale(me, setting))
     elif plan.profiling.pending:
         _profiling_report(state=None, host=me, h=me, setting=setting)
@@ -335,9 +342,9 @@ def _profiling_pending(settings: Settings, plan: DriverPlan, install: OperationM
 def _fabric_manager(me: Host) -> None:
     """Fabric Manager refuses to start against a module of another version: at boot, and now
     only once the loaded module is the installed driver."""
-    systemd.service(name="Enable Fabric Manager", service="nvidia-fabricmanager.service", running=None, enabled=True)
+    systemd.service(name=explained("Enable Fabric Manager", "Start Fabric Manager at boot"), service="nvidia-fabricmanager.service", running=None, enabled=True)
     systemd.service(
-        name="Start Fabric Manager",  # if the loaded module is the installed driver
+        name=explained("Start Fabric Manager", "Run Fabric Manager now, if the loaded module is the installed driver"),
         service="nvidia-fabricmanager.service", running=True,
         _if=lambda: _mismatch(me) is None,
     )

@@ -47,6 +47,7 @@ from gpufleet.plans.repos import apt_url
 from gpufleet.config.failures import Refused
 from gpufleet.plans.profiling import USERS, nsight_packages, nsight_releases, plan_profiling
 from gpufleet.config.settings import Settings, host_settings
+from gpufleet.explain import explained
 from gpufleet.checks.validation import FAIL, PASS, diag_result
 from gpufleet.config.hostfacts import gpu_state, mig_state
 from gpufleet.plans.tuning import host_mig
@@ -125,12 +126,12 @@ def _profiling_pending(setting: str) -> bool:
         return False
 
 
-@deploy("Take the host out of service")
+@deploy("Drain")
 def drain(ctx: RolloutContext) -> None:
     settings = host_settings(host)
     # a rollout resumed after its SSH session died: the package change it started finishes (or an
     # interrupted dpkg is repaired) before anything else happens on this host
-    package_change_settled(name="Settle an earlier package change")
+    package_change_settled(name=explained("Settle an earlier package change", "Let an earlier package change finish; repair an interrupted dpkg"))
     processes = host.get_fact(GpuState).processes
     node = settings.rollout_slurm_node_name
     slurm = host.get_fact(SlurmNode, node=node)
@@ -147,18 +148,21 @@ def drain(ctx: RolloutContext) -> None:
                    "with --force", outcome="busy")
         return
     why = mf.purpose(ctx.survey.get(host.name, {}), ctx.target)
-    slurm_node(name=f"Drain the Slurm node for the {why}", drained=True, reason=f"gpufleet {why}", node=node)
+    slurm_node(name=explained("Drain the Slurm node", f"Drain the Slurm node for the {why}"), drained=True, reason=f"gpufleet {why}", node=node)
     # the runner tells a busy host by these two names (gpufleet/apps/rollout/runner.py): keep them
-    slurm_node_drained(name="Wait for the Slurm jobs on the node to finish (DRAINED)", node=node,
+    slurm_node_drained(name=explained("Wait for the Slurm jobs on the node to finish (DRAINED)",
+                                                 "Wait until Slurm reports the node DRAINED: its jobs have finished"), node=node,
                        timeout=settings.rollout_drain_timeout)
     if ctx.stop_containers:
-        gpu_containers_stopped(name="Stop the containers that use the GPUs")
+        gpu_containers_stopped(name=explained("Stop the containers that use the GPUs", "Stop the containers that use the GPUs (--stop-containers)"))
     if slurm.scontrol and settings.rollout_require_idle and not ctx.force:
         # checked once the node is DRAINED: what still runs on the GPUs is not a Slurm job
-        gpus_idle_now(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
+        gpus_idle_now(name=explained("Wait for running GPU processes to finish", "Once the node is DRAINED, wait for what still runs on the GPUs: it is not a Slurm job"),
+                      wait_seconds=ctx.wait_idle)
     elif processes and settings.rollout_require_idle and not ctx.force:
-        gpus_idle(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
-    index_refreshed(name="Refresh the package index",  # of the NVIDIA repository (through the cache, if any)
+        gpus_idle(name=explained("Wait for running GPU processes to finish", "Wait for the GPU processes found at planning to finish (--wait-idle)"),
+                  wait_seconds=ctx.wait_idle)
+    index_refreshed(name=explained("Refresh the package index", "Refresh the package index of the NVIDIA repository (through the package cache, if any)"),
                     url=apt_url(host_settings(host), host_settings(host).driver_repo_url))
 
 
@@ -180,7 +184,7 @@ def _nsight_with(ctx: RolloutContext, wanted: dict[str, str]) -> dict[str, str] 
     return found
 
 
-@deploy("Snapshot the host before its upgrade")
+@deploy("Snapshot")
 def snapshot(ctx: RolloutContext) -> None:
     snapshot_and_manifest(ctx)
 
@@ -197,22 +201,25 @@ def upgrade(ctx: RolloutContext) -> None:
     if isinstance(move, MoveRefusal):
         ctx.refuse(host, move.reason, move.fix, area=move.area)
         return
-    package_change_settled(name="Settle an earlier package change")
+    package_change_settled(name=explained("Settle an earlier package change", "Let an earlier package change finish; repair an interrupted dpkg"))
     # a driver or libraries swapped under a running job break it: GPU work is checked in the very
     # command that starts the change (a job started since the drain makes the host busy, pending)
     idle = bool(move.install) and settings.rollout_require_idle and not ctx.force
     if idle and ctx.wait_idle > 0:
-        gpus_idle_now(name="Wait for running GPU processes to finish", wait_seconds=ctx.wait_idle)
+        gpus_idle_now(name=explained("Wait for running GPU processes to finish", "Wait for running GPU processes to finish before the package change"),
+                      wait_seconds=ctx.wait_idle)
     if move.what:
         logger.info(f"{host.print_prefix}moving {', '.join(move.what)}")
     # unhold, install, hold again (with `idle`: the GPUs checked idle right before, in the same command)
-    packages_at_versions(name=f"Move {move.short}" + (" (if idle)" if idle else ""),
+    packages_at_versions(name=explained(f"Move {move.short}" + (" (if idle)" if idle else ""),
+                                        f"Move {', '.join(move.what) or 'nothing'} (unhold, install, hold again"
+                                        + (", the GPUs checked idle right before, in the same command)" if idle else ")")),
                          install=move.install, remove=list(move.remove), hold=list(move.hold),
                          # an inventory may ask for an older release (pin back): apt is allowed to
                          # downgrade exactly when a target sorts before what is installed
                          downgrade=None, require_idle=idle)
     if wanted:
-        stack_recorded(name="Record the CUDA/cuDNN releases installed",
+        stack_recorded(name=explained("Record the CUDA/cuDNN releases installed", "Record the CUDA toolkit and cuDNN releases gpufleet installed"),
                        versions={p: wanted[p] for p in move.stack_present}, packages=stack_fact_packages(wanted))
 
 
@@ -233,7 +240,7 @@ def _planned_move(ctx: RolloutContext, settings: Settings, installed: dict[str, 
     return rollout_move(installed, holds, available, ctx.target, wanted, toolkits, nsight, settings.driver_hold)
 
 
-@deploy("Reboot into the new driver if needed")
+@deploy("Reboot if needed")
 def reboot(ctx: RolloutContext) -> None:
     settings = host_settings(host)
     loaded = host.get_fact(DriverState).module_version
@@ -257,24 +264,24 @@ def reboot(ctx: RolloutContext) -> None:
                              f"{slurm.error or 'no scontrol on the host'}",
                        "set rollout_slurm_reboot: gpufleet for hosts outside Slurm", area="rollout_slurm_reboot")
             return
-        slurm_rebooted(name=f"Let Slurm reboot node {slurm.node} to {why}",
+        slurm_rebooted(name=explained(f"Let Slurm reboot node {slurm.node}", f"Let Slurm reboot node {slurm.node} to {why}"),
                        node=slurm.node, reason=f"gpufleet {mf.purpose(ctx.survey.get(host.name, {}), ctx.target)}",
                        timeout=ctx.reboot_timeout,
                        require_idle=settings.rollout_require_idle and not ctx.force)
         return
-    rebooted(name=f"Reboot to {why}",
+    rebooted(name=explained("Reboot", f"Reboot to {why}"),
              reason=f"gpufleet {mf.purpose(ctx.survey.get(host.name, {}), ctx.target)}", timeout=ctx.reboot_timeout,
              require_idle=settings.rollout_require_idle and not ctx.force)
 
 
-@deploy("Re-apply persistence and clocks")
+@deploy("Restore tuning")
 def tune(ctx: RolloutContext) -> None:
     doc = ctx.manifests.get(host.name)
     if not doc:
         host.noop("no manifest for this rollout: nothing recorded to restore")
         return
     # the persistence mode and application clocks recorded before the upgrade
-    gpu_settings_restored(name="Restore persistence and clocks",
+    gpu_settings_restored(name=explained("Restore persistence and clocks", "Restore the persistence mode and application clocks recorded before the upgrade"),
                           gpus=doc.get("gpus", []), skip=sorted(mig_on(host)))
 
 
@@ -285,7 +292,7 @@ def mig_on(host: Any) -> frozenset[str]:
     return frozenset(g.uuid for g in gpu_state(host).gpus if g.bus_id in buses)
 
 
-@deploy("Validate the upgraded host")
+@deploy("Validate the upgrade")
 def validate(ctx: RolloutContext) -> None:
     driver = host.get_fact(DriverState)
     gpus = host.get_fact(GpuState)
@@ -329,12 +336,12 @@ def validate(ctx: RolloutContext) -> None:
                   + (f", MIG as gpu_mig sets ({mig})" if mig else ""))
 
 
-@deploy("Put the host back in service")
+@deploy("Return to service")
 def undrain(ctx: RolloutContext) -> None:
     node = host_settings(host).rollout_slurm_node_name
     # the loaded driver, not the target: a host given back unchanged keeps its true label
     # feature gpufleet_driver_<version>
-    slurm_driver_feature(name="Label the Slurm node with its driver",
+    slurm_driver_feature(name=explained("Label the Slurm node with its driver", "Label the Slurm node with its driver (feature gpufleet_driver_<version>)"),
                          version=host.get_fact(DriverState).module_version or "", node=node)
-    slurm_node(name="Resume the Slurm node", drained=False,  # only if gpufleet drained it
+    slurm_node(name=explained("Resume the Slurm node", "Resume the Slurm node (only if gpufleet drained it)"), drained=False,
                node=node)

@@ -71,13 +71,25 @@ class NvidiaSource:
 @dataclass(frozen=True)
 class PackageChange:
     """The one sanctioned change (operations/package_steps.py's packages_at_releases' arguments)."""
-    name: str
+    what: str                # what moves, short: the operation's name is "Install {what}"
     releases: dict[str, str]
     present: tuple[str, ...]
     pinning: str | None
     old_pins: tuple[str, ...]
     keys: dict[str, str]
     in_place: tuple[str, ...] = ()   # moves made in place (driver_upgrade_in_place): manifest first
+
+    @property
+    def name(self) -> str:
+        return f"Install {self.what}"
+
+    @property
+    def why(self) -> str:
+        """The explanation beside the short name: the exact package releases, and what moves in place."""
+        exact = ", ".join(f"{p} {v}" for p, v in sorted(self.releases.items())) or "no package release changes"
+        return (f"Install {exact}; unhold, change and re-hold as one step"
+                + (f" (in place: {', '.join(self.in_place)}; the GPUs checked idle right before, in the same "
+                   "command)" if self.in_place else ""))
 
 
 @dataclass(frozen=True)
@@ -309,15 +321,15 @@ def _change(settings: Settings, res: Resolution, facts: DriverFacts, profiling: 
     nsight = _nsight(profiling, left)
     versions.update(nsight)
     return PackageChange(
-        name=_change_name(res, moves, nsight, bool(kept)), releases=versions, present=present, pinning=pinning,
+        what=_change_what(res, moves, nsight, bool(kept)), releases=versions, present=present, pinning=pinning,
         old_pins=old_pins, in_place=moves.in_place_moves,
         keys={**{p: "cuda_version" if what == "CUDA toolkit" else "cudnn_version"
                  for what, group in stack_groups(res).items() for p in group},
               **{p: PROFILING_KEY for p in nsight}})
 
 
-def _change_name(res: Resolution, moves: _Moves, nsight: dict[str, str], kept: bool) -> str:
-    """The change's operation name: short (what moves); the moves it leaves are the plan's notes."""
+def _change_what(res: Resolution, moves: _Moves, nsight: dict[str, str], kept: bool) -> str:
+    """What the change moves, for its short operation name; the moves it leaves are the plan's notes."""
     if kept and moves.pending:
         what = [f"CUDA/cuDNN around driver {moves.pending[0]}"]
     else:
@@ -325,11 +337,13 @@ def _change_name(res: Resolution, moves: _Moves, nsight: dict[str, str], kept: b
         if res.cuda_version and "CUDA toolkit" not in moves.left:
             what.append(f"CUDA {res.cuda_release or res.cuda_version}")
         if res.cudnn_version and "cuDNN" not in moves.left:
-            what.append(f"cuDNN {res.cudnn_release or res.cudnn_version}")
+            # the tier's cuDNN release (9.17.0), not its package build (9.17.0.29): the name fits
+            # NAME_LIMIT; the exact releases are the deploy's explanation of the change
+            what.append(f"cuDNN {res.cudnn_version}")
     if nsight:
         what.append("Nsight")
     # in place: the GPUs checked idle right before, in the same command
-    return "Install " + ", ".join(what) + (" (in place, if idle)" if moves.in_place else "")
+    return ", ".join(what) + (" (in place, if idle)" if moves.in_place else "")
 
 
 def _held(res: Resolution, facts: DriverFacts, change: PackageChange, left: frozenset[str],

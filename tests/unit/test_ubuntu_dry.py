@@ -67,7 +67,7 @@ def test_dry_run_repositories_and_packages(tier, release):
     args = packages_args(text)
     if tier == "dev":
         # Ubuntu's own 580-server driver, ubuntu-drivers --gpgpu style, from `restricted`
-        assert "## NVIDIA driver, CUDA and cuDNN | Enable restricted (Ubuntu archive)" in text
+        assert "## Driver stack | Enable restricted (Ubuntu archive)" in text
         assert "cuda-keyring" not in text and "gpufleet-cuda.list" not in text
         assert "install=nvidia-headless-no-dkms-580-server-open=580.173.02-1 " in args
         assert "install=nvidia-utils-580-server=580.173.02-1 " in args
