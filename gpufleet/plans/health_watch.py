@@ -24,11 +24,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpufleet.facts.health import WATCH_DIR
 from gpufleet.facts.slurm import SlurmNodeData
 from gpufleet.plans.health import CLASSES, Finding, GpuVerdict, HealthRules, HostVerdict, rank
+
+if TYPE_CHECKING:  # the node's zip carries this module without the settings machinery
+    from gpufleet.config.settings import Settings
 
 #: root's folder (0700): the journal (append-only, 0600), the reset record, the last event, config
 JOURNAL = f"{WATCH_DIR}/journal.jsonl"
@@ -77,7 +80,7 @@ class WatchPlan:
         return json.dumps({k: getattr(self, k) for k in keys}, indent=1, sort_keys=True) + "\n"
 
 
-def watch_plan(settings: Any) -> WatchPlan:
+def watch_plan(settings: Settings) -> WatchPlan:
     return WatchPlan(
         enabled=settings.health_watch, interval=settings.health_interval, action=settings.health_action,
         escalate_count=settings.health_escalate_count, escalate_window=settings.health_escalate_window,
