@@ -74,7 +74,8 @@ def hostpool():
 # The slowest end-to-end files (CI's "seconds per test file") start first: on two workers
 # (tools/test) the run ends with the short files, not with one worker alone on a long one.
 _SLOWEST_FIRST = ("test_storage_raid.py", "test_rollout.py", "test_gate.py", "test_firewall_private.py",
-                  "test_rollout_lvm_vm.py", "test_sandbox.py",
+                  "test_package_cache.py", "test_rollout_lvm_vm.py", "test_acceptance.py", "test_sandbox.py",
+                  "test_health_watch.py", "test_health_watch_slurm.py",
                   "test_exact_stack.py", "test_driver.py", "test_rollout_directions.py", "test_docker_gpu.py",
                   "test_daemon_reload_gpu.py", "test_secrets.py", "test_tuning.py", "test_rollout_slurm.py",
                   "test_bad_input.py", "test_report.py", "test_firewall_docker.py", "test_pytorch_runtime.py")
