@@ -15,22 +15,22 @@ from gpufleet.explain import explained
 from gpufleet.apt_policy import APT_CACHE_SECONDS
 from gpufleet.operations.needrestart import quiet_needrestart
 from gpufleet.config.settings import host_settings
-from gpufleet.catalog.tiers import managed_marker
+from gpufleet.plans.base import MARKER_PATH, plan_base
 
 
 @deploy("Base system")
 def base() -> None:
-    settings = host_settings(host)
+    plan = plan_base(host_settings(host))
     quiet_needrestart()
     apt.packages(
         name=explained("Install the tier's diagnostics packages",
                        "The tier's extra_packages (sysstat, nvtop, numactl, pciutils...), no recommends"),
-        packages=list(settings.extra_packages),
+        packages=list(plan.packages),
         update=True,
         cache_time=APT_CACHE_SECONDS,
         no_recommends=True,
     )
-    if "sysstat" in settings.extra_packages:
+    if plan.sysstat:
         files.line(
             name=explained("Let sysstat collect activity data", "ENABLED=\"true\" in /etc/default/sysstat"),
             path="/etc/default/sysstat",
@@ -48,8 +48,8 @@ def base() -> None:
     files.put(
         name=explained("Record that gpufleet manages this host, and its tier",
                        "/etc/gpufleet/managed: anyone logged in can tell what manages the host, from which tier"),
-        src=StringIO(managed_marker(settings.tier)),
-        dest="/etc/gpufleet/managed",
+        src=StringIO(plan.marker),
+        dest=MARKER_PATH,
         mode="644",
     )
 

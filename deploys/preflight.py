@@ -8,24 +8,19 @@ only this host) before anything on it changes.
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
-from gpufleet.config.failures import refuse
 from gpufleet.config.hostfacts import hardware, tier_mismatches
 from gpufleet.config.settings import host_settings
+from gpufleet.plans.preflight import plan_preflight
 
 
 @deploy("Preflight")
 def preflight() -> None:
     settings = host_settings(host)
-    problems = tier_mismatches(host, settings)
-    if not problems:
-        return
-    summary = f"found {hardware(host).summary}; " + "; ".join(problems)
-    if settings.tier_mismatch == "fail":
-        refuse(host, "tier", f"hardware does not match tier {settings.tier}: {summary}",
-               "give the host the tier its hardware is (tier), or set tier_mismatch: warn to go on anyway")
-    else:
-        logger.warning(f"{host.print_prefix}hardware does not match tier {settings.tier}: {summary} "
-                       "(tier_mismatch: warn)")
+    plan = plan_preflight(settings, hardware(host).summary, tier_mismatches(host, settings))
+    if plan.refusal is not None:
+        plan.refusal.stop(host)
+    elif plan.warning is not None:
+        logger.warning(f"{host.print_prefix}{plan.warning}")
 
 
 # `pyinfra INVENTORY deploys/preflight.py`: this area on its own (deploys/standalone.py).

@@ -3,16 +3,16 @@ from __future__ import annotations
 
 from pyinfra.facts.files import FileContents
 
-from gpufleet.catalog.tiers import managed_marker
 from gpufleet.checks.gate import FAIL, FIX_DEPLOY, MARKER, PASS, SKIP, Context, Result, check
 from gpufleet.facts.packages import PackageVersions
+from gpufleet.plans.base import plan_base
 
 
 @check("base")
 def marker_matches_tier(ctx: Context) -> Result:
     name = "the gpufleet marker matches the tier"
     lines = ctx.fact(FileContents, path=MARKER)
-    expected = managed_marker(ctx.settings.tier).splitlines()
+    expected = plan_base(ctx.settings).marker_lines
     if lines is None:
         return Result("base", name, FAIL, f"{MARKER} is missing (gpufleet never ran here, or it was removed)",
                       FIX_DEPLOY)
@@ -30,7 +30,7 @@ def marker_matches_tier(ctx: Context) -> Result:
 @check("base")
 def diagnostics_installed(ctx: Context) -> Result:
     name = "the tier's diagnostics packages are installed"
-    wanted = list(ctx.settings.extra_packages)
+    wanted = list(plan_base(ctx.settings).packages)
     if not wanted:
         return Result("base", name, SKIP, "the tier lists none")
     versions = ctx.fact(PackageVersions, packages=wanted)

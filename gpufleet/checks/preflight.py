@@ -9,14 +9,14 @@ from gpufleet.checks.gate import FAIL, PASS, SKIP, WARN, Context, Result, check
 @check("preflight")
 def tier_matches_hardware(ctx: Context) -> Result:
     from gpufleet.config.hostfacts import tier_mismatches
+    from gpufleet.plans.preflight import plan_preflight
 
     name = "the hardware matches the tier"
-    problems = tier_mismatches(ctx.host, ctx.settings)
-    if not problems:
-        return Result("preflight", name, PASS, ctx.hardware().summary)
-    found = f"found {ctx.hardware().summary}; " + "; ".join(problems)
-    status = FAIL if ctx.settings.tier_mismatch == "fail" else WARN
-    return Result("preflight", name, status, found + f" (tier_mismatch: {ctx.settings.tier_mismatch})",
+    plan = plan_preflight(ctx.settings, ctx.hardware().summary, tier_mismatches(ctx.host, ctx.settings))
+    if plan.matches:
+        return Result("preflight", name, PASS, plan.found)
+    status = FAIL if plan.refusal is not None else WARN
+    return Result("preflight", name, status, plan.found + f" (tier_mismatch: {ctx.settings.tier_mismatch})",
                   "move the host to the tier that fits its hardware, or fix the hardware")
 
 
