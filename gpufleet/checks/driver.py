@@ -149,12 +149,16 @@ def stack_held(ctx: Context) -> Result:
     held = set(ctx.fact(HeldPackages))
     loose = [p for p in installed if p not in held]
     missing_pin = [p for p in pinning if not versions.get(p)]
-    if loose or missing_pin:
-        found = [f"not held: {', '.join(loose)}"] if loose else []
-        found += [f"{missing_pin[0]} not installed (NVIDIA's version lock)"] if missing_pin else []
-        fix = (f"apt-mark hold {' '.join(loose)}" if loose else "") + (" and " if loose and missing_pin else "")
-        fix += f"apt-get install {missing_pin[0]}" if missing_pin else ""
-        return Result("driver", name, FAIL, "; ".join(found), f"{fix} (or {FIX_DEPLOY}, which holds them)")
+    if loose:
+        found = f"not held: {', '.join(loose)}" + (f"; {missing_pin[0]} not installed" if missing_pin else "")
+        return Result("driver", name, FAIL, found,
+                      f"apt-mark hold {' '.join(loose)} (or {FIX_DEPLOY}, which holds them)")
+    if missing_pin:
+        # A driver installed before gpufleet (or by hand) has no version lock, and all.py keeps a
+        # driver it would not install itself (tools/rollout moves drivers): a warning, not a stop.
+        return Result("driver", name, WARN, f"{len(installed)} held, but {missing_pin[0]} is not installed "
+                      "(NVIDIA's version lock: apt may move the driver past the holds' versions on an upgrade)",
+                      f"apt-get install {missing_pin[0]}")
     return Result("driver", name, PASS, f"{len(installed)} held" + (f", {pinning[0]}" if pinning else ""))
 
 

@@ -42,7 +42,7 @@ def wait_state(ctl, node: str, ok, timeout: float = 90) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def cluster(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
-    ctl = hostpool.get("slurm-ctl", 1, release="bookworm")[0]
+    ctl = hostpool.get("health-slurm-ctl", 1, release="bookworm")[0]  # its own: test_rollout_slurm reconfigures "slurm-ctl"
     (node,) = hostpool.get("health-slurm", 1, release="bookworm", gpu=f"h200x1@{TEST_DRIVER}")
     slurm.setup(ctl, [node])
     tmp = tmp_path_factory.mktemp("health-slurm")
