@@ -240,6 +240,8 @@ def since_reset(events: list[tuple[str, int, float | None]], resets: dict[str, f
 #: the on-node health watch's folder (gpufleet/plans/health_watch.py: root's, 0700): its
 #: record of GPU resets this boot, read here so that every reader judges XIDs since the last reset
 WATCH_DIR = "/var/lib/gpufleet-health"
+#: the health watch's append-only journal (gpufleet/plans/health_watch.py writes it through the node's checker)
+WATCH_JOURNAL = WATCH_DIR + "/journal.jsonl"
 _RESET = re.compile(r"^reset ([0-9a-f]{2}:[0-9a-f]{2}) ([0-9a-f-]{36}) (\d+(?:\.\d+)?)$")
 _EVENT = re.compile(r"^event (\d+(?:\.\d+)?) (ok|monitor|reset|reboot|drain|rma) ([a-z-]+)$")
 
@@ -415,7 +417,7 @@ class HealthJournal(FactBase[list[str]]):
 
     @override
     def command(self) -> str:
-        return "tail -n 2000 /var/lib/gpufleet-health/journal.jsonl 2>/dev/null || true"   # WATCH_DIR
+        return "tail -n 2000 " + WATCH_JOURNAL + " 2>/dev/null || true"
 
     @override
     def process(self, output: list[str]) -> list[str]:

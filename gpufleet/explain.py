@@ -9,6 +9,8 @@ generated from these calls (gpufleet/apps/operations_doc.py, `tools/operations-d
 """
 from __future__ import annotations
 
+import logging
+
 from pyinfra import logger
 from pyinfra.context import ctx_host, ctx_state
 
@@ -21,6 +23,7 @@ def explained(name: str, why: str) -> str:
     pyinfra prints its own no-op reasons), at debug level otherwise."""
     if ctx_host.isset() and ctx_state.isset():
         host, state = ctx_host.get(), ctx_state.get()
-        handler = logger.info if state.print_noop_info else logger.debug
-        handler(f"{host.print_prefix}{name}: {why}")
+        level = logging.INFO if state.print_noop_info else logging.DEBUG
+        if logger.isEnabledFor(level):  # planning calls this per host and operation: no text unless shown
+            logger.log(level, f"{host.print_prefix}{name}: {why}")
     return name

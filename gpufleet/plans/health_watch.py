@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from gpufleet.facts.health import WATCH_DIR
+from gpufleet.facts.health import WATCH_DIR, WATCH_JOURNAL
 from gpufleet.facts.slurm import SlurmNodeData
 from gpufleet.plans.health import CLASSES, Finding, GpuVerdict, HealthRules, HostVerdict, rank
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # the node's zip carries this module without the settings mac
     from gpufleet.config.settings import Settings
 
 #: root's folder (0700): the journal (append-only, 0600), the reset record, the last event, config
-JOURNAL = f"{WATCH_DIR}/journal.jsonl"
+JOURNAL = WATCH_JOURNAL
 RESETS = f"{WATCH_DIR}/resets"
 LAST_EVENT = f"{WATCH_DIR}/last-event"
 STATE = f"{WATCH_DIR}/state.json"
