@@ -14,8 +14,8 @@ between DataLoader workers through /dev/shm.
    above it, another fstab line, a link, a non-empty directory: refused, naming
    storage_scratch_path; gpufleet/plans/storage.py path_refusal). Adopted only by the UUID gpufleet
    recorded when it made it (SCRATCH_RECORD), never by its label alone.
-   Mounted with nosuid,nodev,noatime, in /etc/fstab by UUID with nofail (written once the mount
-   worked), the root disk's directory under it sealed; owned by root and the tier's group
+   Mounted with nosuid,nodev,noatime, in /etc/fstab by UUID with nofail and a 30 s device
+   timeout (gpufleet/plans/storage.py DEVICE_TIMEOUT; written once the mount worked), the root disk's directory under it sealed; owned by root and the tier's group
    (``storage_scratch_group``), mode 3770 (the group writes, files keep the group, only their
    owner deletes them). At boot systemd's fstab mount mounts it (udev assembles the array);
    ``gpufleet-scratch.service``, ordered after that mount, assembles and mounts it only where

@@ -201,6 +201,10 @@ class Host:
     # block devices of the machine bound into the host (loop devices a test made, standing in
     # for drives): only these nodes, nothing else of the machine's, appear in its /dev
     devices: list[str] = dataclasses.field(default_factory=list)
+    # Where ssh() keeps an OpenSSH master connection per login user (None: a new connection per
+    # command). For VM hosts (testing/vmhost.py): under emulation each SSH handshake costs the
+    # guest seconds, paid again by every command a test runs there.
+    control_path: str | None = None
 
     @property
     def host_netns(self) -> str | None:
@@ -772,11 +776,50 @@ def ssh(host: Host, command: str, check: bool = True, timeout: float = 60, user:
     remote = command if user else as_root(host, command)
     if not user:
         input = sudo_stdin(host, input)
+    login = f"{user or host.ssh_user}@{host.address}"
     return run([
-        *host.command_prefix(), "ssh", "-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-        "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5", "-i", host.ssh_key,
-        f"{user or host.ssh_user}@{host.address}", remote,
+        *host.command_prefix(), "ssh", *_SSH_OPTIONS, *_multiplexed(host, login, min(timeout, 30)), login, remote,
     ], check=check, capture_output=True, text=True, timeout=timeout, input=input)
+
+
+_SSH_OPTIONS = ("-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                "-o", "ConnectTimeout=5")
+
+
+def _multiplexed(host: Host, login: str, timeout: float) -> list[str]:
+    """ssh's options that run a command through the master connection of `login` on a host with
+    a control_path, started here when there is none (or it died: a reboot closes it); [] for the
+    other hosts. A master that cannot start (the host is down) leaves the command to connect on
+    its own (ControlMaster=no falls back to a direct connection), as without one."""
+    if not host.control_path:
+        return [*("-i", host.ssh_key)]
+    sock = f"{host.control_path}-{login.split('@', 1)[0]}"
+    mux = ["-i", host.ssh_key, "-S", sock]
+    check = subprocess.run([*host.command_prefix(), "ssh", *_SSH_OPTIONS, *mux, "-O", "check", login],
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+    if check.returncode != 0:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(sock)  # a master killed without cleaning up leaves its socket
+        # -f: backgrounded once logged in; its stdio on /dev/null so that no pipe of ours stays
+        # open; ControlPersist and ServerAlive: it ends a minute after its last command, or when
+        # the host stops answering (ssh_mux_exit stops it at once)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run([*host.command_prefix(), "ssh", *_SSH_OPTIONS, *mux, "-f", "-N", "-M",
+                            "-o", "ControlPersist=60", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=2",
+                            login], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=timeout)
+    return [*mux, "-o", "ControlMaster=no"]
+
+
+def ssh_mux_exit(host: Host) -> None:
+    """Stop the host's master connections (ssh -O exit, through their sockets), if it has any."""
+    if not host.control_path:
+        return
+    prefix = Path(host.control_path).name + "-"
+    for sock in Path(host.control_path).parent.glob(prefix + "*"):
+        user = sock.name.removeprefix(prefix)
+        subprocess.run([*host.command_prefix(), "ssh", *_SSH_OPTIONS, "-S", str(sock), "-O", "exit",
+                        f"{user}@{host.address}"], stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
 
 
 def reboot(host: Host, timeout: float = 120, console: bool = False) -> None:

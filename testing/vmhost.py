@@ -183,6 +183,9 @@ def up(pool: str, drives: list[Drive], name: str = "vm1", timeout: float = 300,
     if hdir.exists():
         stop(host)
     hdir.mkdir(parents=True)
+    # the tests' commands share one SSH connection per user: a handshake costs the emulated
+    # guest seconds (testhosts.ssh)
+    host.control_path = str(hdir / "ssh")
     run(["cp", "--sparse=always", str(image / "root.img"), str(hdir / "root.img")])
     _start(host, image, drives, timeout)
     return host
@@ -226,6 +229,7 @@ def power_cycle(host: Host, drives: list[Drive], while_off: Callable[[], None], 
     if proc is None:
         raise RuntimeError(f"{host.name}: not started by this process: cannot power-cycle it")
     testhosts.ssh(host, "sync; systemctl poweroff", check=False, timeout=15)
+    testhosts.ssh_mux_exit(host)
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -254,6 +258,7 @@ def _wait_ready(host: Host, timeout: float) -> None:
     """Wait for the guest's sshd, then for systemd (testhosts.wait_ready). qemu accepts on the
     forwarded port before the guest listens, so a connection proves nothing: log in."""
     deadline = time.monotonic() + timeout
+    direct = _direct(host)
     while True:
         if not _alive(host):
             proc = _STARTED.get(host.pid or 0)
@@ -262,13 +267,19 @@ def _wait_ready(host: Host, timeout: float) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             # logged in as root (before any hardening): the deploy user's sudo password of this
             # process, on chpasswd's stdin, as the container hosts get it (testhosts._set_password)
-            if testhosts.ssh(host, "chpasswd", user="root", check=False, timeout=10,
+            if testhosts.ssh(direct, "chpasswd", user="root", check=False, timeout=10,
                              input=f"{testhosts.SSH_USER}:{testhosts.sudo_password()}\n").returncode == 0:
                 break
         if time.monotonic() > deadline:
             raise TimeoutError(f"{host.name}: no SSH login within {timeout:.0f} s")
         time.sleep(1)
     testhosts.wait_ready(host, max(10, deadline - time.monotonic()))
+
+
+def _direct(host: Host) -> Host:
+    """The host reached without its master connection: to poll a guest that is not up yet (a
+    master would first wait for a login that cannot happen) or whose connection a reboot ends."""
+    return dataclasses.replace(host, control_path=None)
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -286,12 +297,13 @@ def reboot(host: Host, timeout: float = 300) -> None:
     disks are the same files. Done when the guest answers with another boot id."""
     before = boot_id(host)
     testhosts.ssh(host, "systemctl reboot", check=False, timeout=15)
+    testhosts.ssh_mux_exit(host)  # or the first polls still reach the old boot through it
     deadline = time.monotonic() + timeout
     while True:
         if not _alive(host):
             raise RuntimeError(f"{host.name}: qemu exited during the reboot; see {vm_dir(host) / 'console.log'}")
         with contextlib.suppress(subprocess.TimeoutExpired):
-            res = testhosts.ssh(host, "cat /proc/sys/kernel/random/boot_id", check=False, timeout=10)
+            res = testhosts.ssh(_direct(host), "cat /proc/sys/kernel/random/boot_id", check=False, timeout=10)
             if res.returncode == 0 and res.stdout.strip() not in ("", before):
                 break
         if time.monotonic() > deadline:
@@ -326,6 +338,8 @@ def stop(host: Host, timeout: float = 10) -> None:
     that throws them away) and remove its files."""
     hdir = vm_dir(host)
     pid = host.pid or 0
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        testhosts.ssh_mux_exit(host)  # before qemu goes: its master ssh process ends now, not later
     proc = _STARTED.pop(pid, None)
 
     def running() -> bool:

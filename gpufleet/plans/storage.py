@@ -38,11 +38,22 @@ SCRATCH_LABEL = "gpufleet-scr"
 #: the md array's name (mdadm --name; /dev/md/<name>)
 MD_NAME = "gpufleet-scratch"
 MD_DEVICE = f"/dev/md/{MD_NAME}"
+#: how long systemd waits at boot for the scratch's device before giving its fstab mount up
+#: (systemd's default: 90 s). A local NVMe drive is enumerated in the first seconds of the boot,
+#: or it is not there at all (instance store blank after a cloud's stop/start, a dead drive):
+#: waiting longer only holds the boot and gpufleet-scratch.service's loud failure back. 30 s is a
+#: margin for a slow enumeration (many drives, a drive slow to get ready after a power loss); a
+#: drive later than that is still mounted when it appears (systemd's device unit wants an fstab
+#: mount without noauto), only gpufleet-scratch.service has said it failed by then. Not a
+#: tunable: no operator gains from a longer wait for a disposable scratch.
+DEVICE_TIMEOUT = "x-systemd.device-timeout=30s"
 #: mount options of the scratch filesystem in /etc/fstab: no set-user-ID program or device node
-#: that a user leaves on the scratch works from it
-MOUNT_OPTIONS = "nosuid,nodev,noatime,nofail"
-#: the options gpufleet's fstab line had before nosuid,nodev (a scratch it made then is its own)
-LEGACY_OPTIONS = ("noatime,nofail",)
+#: that a user leaves on the scratch works from it; nofail and the device timeout: a lost drive
+#: neither stops nor long holds the boot (mount(8) ignores x-* options)
+MOUNT_OPTIONS = f"nosuid,nodev,noatime,nofail,{DEVICE_TIMEOUT}"
+#: the options gpufleet's fstab line had before (a scratch it made then is its own; its line is
+#: rewritten with MOUNT_OPTIONS): before nosuid,nodev, and before the device timeout
+LEGACY_OPTIONS = ("noatime,nofail", "nosuid,nodev,noatime,nofail")
 MOUNT_FLAGS = ("nosuid", "nodev")
 PATH_ALLOWED = ("an empty or absent directory where nothing is mounted (not at it, below it, or a network "
                 "filesystem above it) and that no other /etc/fstab line names; or storage_scratch: none")

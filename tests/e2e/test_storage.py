@@ -56,7 +56,7 @@ DEPLOY = textwrap.dedent("""\
     storage()
     """)
 SIZE = 320 << 20  # mkfs.xfs (xfsprogs 6) wants at least 300 MB
-OPTIONS = "nosuid,nodev,noatime,nofail"  # fstab's options of the scratch
+OPTIONS = "nosuid,nodev,noatime,nofail,x-systemd.device-timeout=30s"  # fstab's options of the scratch
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:

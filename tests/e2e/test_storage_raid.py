@@ -14,6 +14,8 @@ lsblk's blindness to it are those of a cluster's NFS /scratch.
 
 ONE VM BOOT for the three tests, in file order (a VM under emulation costs minutes): the deploy
 is the storage area alone (deploys/storage.py, behind validate_inventory), through sudo, tier hgx.
+The test's own commands log in as root through one SSH connection (testing/vmhost.py): under
+emulation a handshake and sudo's password check cost the guest seconds a command.
 
 1. the site's filesystem at the path, with blank NVMe drives present: NFS mounted at /scratch;
    NFS mounted above the path (storage_scratch_path /scratch/nvme); a /scratch directory holding
@@ -32,7 +34,8 @@ is the storage area alone (deploys/storage.py, behind validate_inventory), throu
    after local-fs.target, as it was, the service won the race and systemd's own mount failed,
    status 32: this test failed on that, measured once.)
 3. a cloud's stop/start: the VM powered off, the two scratch drives' images blanked while it is
-   off, powered on: gpufleet-scratch.service fails saying why, /scratch is the root disk's sealed
+   off, powered on: systemd waits fstab's 30 s for the lost drive (x-systemd.device-timeout, not
+   its default 90 s), gpufleet-scratch.service fails saying why, /scratch is the root disk's sealed
    directory (not writable, even by root), the validation gate fails the scratch naming the lost
    UUID; a run makes it again on the blank drives: one ARRAY line, one fstab line for /scratch,
    the new UUID recorded; a second run changes nothing. The ext4 and look-alike drives'
@@ -41,6 +44,9 @@ is the storage area alone (deploys/storage.py, behind validate_inventory), throu
 from __future__ import annotations
 
 import dataclasses
+import errno
+import hashlib
+import os
 import shlex
 import subprocess
 import time
@@ -53,14 +59,26 @@ from gpufleet.operations import storage as storage_ops
 from testing import testhosts, vmhost
 from testing.inventory import write_inventory
 from tests.e2e.pyinfra_cli import changed_operations, pyinfra
-from tests.e2e.test_storage import DEPLOY, OPTIONS, file_sha256
-from tests.e2e.test_tuning import HGX, sh
+from tests.e2e.test_storage import DEPLOY, OPTIONS
+from tests.e2e.test_tuning import HGX
 
 pytestmark = [pytest.mark.e2e]
 
 SIZE = 320 << 20  # mkfs.xfs (xfsprogs 6) wants at least 300 MB; RAID0 of two: 640 MB
 SERIALS = ("gfscratch0", "gfscratch1", "gfdata", "gflookalike")
 MD = "/dev/md/gpufleet-scratch"
+
+
+def root(host, command: str) -> subprocess.CompletedProcess:
+    """`command` run by root's own login on the VM: what the test looks at (the deploys go through
+    the deploy user's sudo); sudo's password check costs the emulated guest about a second."""
+    return testhosts.ssh(host, command, check=False, user="root")
+
+
+def sh(host, command: str) -> str:
+    result = root(host, command)
+    assert result.returncode == 0, f"{command}: {result.stdout}{result.stderr}"
+    return result.stdout
 
 
 @dataclasses.dataclass
@@ -83,9 +101,38 @@ class Vm:
                                                       "storage_scratch_devices": devices, "storage_scratch_path": path}})
 
     def images(self) -> dict[str, str]:
-        """Each drive's image file's sha256, read on this machine after the guest synced."""
+        """Each drive's image file's content digest, read on this machine after the guest synced."""
         sh(self.host, "sync")
-        return {drive.serial: file_sha256(drive.image) for drive in self.drives}
+        return {drive.serial: image_digest(drive.image) for drive in self.drives}
+
+
+PIECE = 1 << 16
+
+
+def image_digest(path: Path) -> str:
+    """sha256 of the size and of every piece (64 KiB at a multiple of 64 KiB) of a sparse image
+    file that is not all zeros, with its offset: equal exactly when the contents are byte for byte
+    (a hole and written zeros read the same), and only the image's data is read (SEEK_DATA), not
+    its 320 MB of holes (file_sha256 read them all: seconds an image, a dozen times)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        fd, size, pos = fh.fileno(), os.fstat(fh.fileno()).st_size, 0
+        digest.update(f"{size}\n".encode())
+        while pos < size:
+            try:
+                data = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as error:
+                if error.errno == errno.ENXIO:  # nothing but a hole after pos
+                    break
+                raise
+            start = max(pos, data // PIECE * PIECE)  # pos: a multiple of PIECE, read already below it
+            end = min(size, -(-os.lseek(fd, data, os.SEEK_HOLE) // PIECE) * PIECE)
+            for offset in range(start, end, PIECE):
+                piece = os.pread(fd, PIECE, offset)
+                if piece.count(0) != len(piece):
+                    digest.update(f"{offset}\n".encode() + piece)
+            pos = end
+    return digest.hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +157,7 @@ def vm(hostpool, tmp_path_factory):
 
 
 def blank_now(host, device: str) -> bool:
-    return testhosts.ssh(host, f"blkid -p {device}", check=False).returncode == 2
+    return root(host, f"blkid -p {device}").returncode == 2
 
 
 def make_script(path: str, *devices: str) -> str:
@@ -149,14 +196,14 @@ def test_a_site_filesystem_or_files_at_the_path_refuse_the_host_and_nothing_chan
     refused("/scratch", " is already the mount point of 127.0.0.1:/srv/site (nfs4); gpufleet never mounts the "
                         "scratch over what is there")
     # ... and the format script on the host, as if the NFS had been mounted after planning
-    script = testhosts.ssh(host, make_script("/scratch", blank0, blank1), check=False)
+    script = root(host, make_script("/scratch", blank0, blank1))
     assert script.returncode == storage_ops.REFUSED_EXIT, script
     assert script.stderr.startswith(f"{storage_ops.REFUSED_MARK} /scratch is already a mount point "
                                     "(127.0.0.1:/srv/site nfs4) (storage_scratch_path): nothing formatted"), script
     unchanged()
     # 2. NFS above the path: /scratch/nvme would be a directory of the site's NFS
     refused("/scratch/nvme", " lies on nfs4 (127.0.0.1:/srv/site mounted at /scratch), a site's shared filesystem")
-    script = testhosts.ssh(host, make_script("/scratch/nvme", blank0, blank1), check=False)
+    script = root(host, make_script("/scratch/nvme", blank0, blank1))
     assert (script.returncode, script.stderr.split(" (storage_scratch_path)")[0]) == (
         storage_ops.REFUSED_EXIT, f"{storage_ops.REFUSED_MARK} /scratch/nvme lies on nfs4 (127.0.0.1:/srv/site /scratch)")
     unchanged()
@@ -164,7 +211,7 @@ def test_a_site_filesystem_or_files_at_the_path_refuse_the_host_and_nothing_chan
     sh(host, "umount /scratch && systemctl stop nfs-server && : > /etc/exports && "
              "echo results > /scratch/old-results.txt")
     refused("/scratch", " is a directory that is not empty: its files would be hidden under the scratch")
-    script = testhosts.ssh(host, make_script("/scratch", blank0, blank1), check=False)
+    script = root(host, make_script("/scratch", blank0, blank1))
     assert script.returncode == storage_ops.REFUSED_EXIT, script
     assert "/scratch is not empty (storage_scratch_path): nothing formatted" in script.stderr, script
     unchanged()
@@ -233,7 +280,7 @@ def test_raid0_scratch_on_two_blank_nvme_drives_survives_reboot(vm):
 
     check_mounted()
     assert sh(host, "su alice -c 'echo x > /scratch/a && stat -c %G /scratch/a'").strip() == "users"
-    assert testhosts.ssh(host, "su bob -c 'echo x > /scratch/b'", check=False).returncode != 0
+    assert root(host, "su bob -c 'echo x > /scratch/b'").returncode != 0
     # nosuid: a set-user-ID root shell left on the scratch gives a user no root
     sh(host, "cp /bin/bash /scratch/rootsh && chmod 4755 /scratch/rootsh")
     assert sh(host, "su alice -c '/scratch/rootsh -p -c id\\ -u'").strip() != "0"
@@ -278,17 +325,21 @@ def test_drives_blanked_by_a_cloud_stop_start_fail_loudly_then_a_run_makes_the_s
     dev = vm.devices()
     assert blank_now(host, dev["gfscratch0"]) and blank_now(host, dev["gfscratch1"])
     # the unit failed, saying why; nothing is mounted and the root disk's /scratch takes no file
-    deadline = time.monotonic() + 180  # systemd's fstab mount waits for the device first (90 s)
+    deadline = time.monotonic() + 180  # systemd's fstab mount waits for the device first (30 s)
     while sh(host, "systemctl show -p ActiveState --value gpufleet-scratch.service").strip() not in ("failed", "active"):
         assert time.monotonic() < deadline, sh(host, "systemctl status gpufleet-scratch.service; true")
         time.sleep(2)
     assert sh(host, "systemctl show -p ActiveState --value gpufleet-scratch.service").strip() == "failed"
     journal = sh(host, "journalctl -b -u gpufleet-scratch.service --no-pager")
     assert "gpufleet-scratch-mount: FAILED: nothing mounted at /scratch" in journal, journal
+    # systemd gave the lost drive fstab's 30 s (x-systemd.device-timeout), not its default 90 s
+    device = sh(host, f"systemd-escape --path --suffix=device /dev/disk/by-uuid/{old_uuid}").strip()
+    assert sh(host, f"systemctl show -p JobRunningTimeoutUSec --value {device}").strip() == "30s"
+    assert "Timed out waiting for device" in sh(host, f"journalctl -b --no-pager -u {device}"), device
     assert not sh(host, "findmnt -n /scratch; true").strip()
     assert sh(host, "stat -c '%U %a' /scratch").split() == ["root", "0"]
-    assert testhosts.ssh(host, "su alice -c 'touch /scratch/x'", check=False).returncode != 0
-    assert testhosts.ssh(host, "touch /scratch/x", check=False).returncode != 0  # immutable: not even root
+    assert root(host, "su alice -c 'touch /scratch/x'").returncode != 0
+    assert root(host, "touch /scratch/x").returncode != 0  # immutable: not even root
     # the gate says so
     gate = pyinfra(inv, "deploys/validate.py")  # other areas fail here (no driver): read storage's
     lines = [line for line in gate.output.splitlines() if "] storage: the local scratch is mounted" in line]

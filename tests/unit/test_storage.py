@@ -152,10 +152,13 @@ def test_the_existing_scratch_is_kept_mounted_or_not():
             replace(d, found=tuple(kv for kv in d.found if kv[0] != "LABEL")) for d in mounted.devices)), ours)
 
 
-def test_a_scratch_made_before_the_record_is_adopted_by_gpufleets_fstab_line():
-    """Hosts gpufleet provisioned before it recorded the UUID: its own fstab line names it."""
+@pytest.mark.parametrize("options", ["noatime,nofail", "nosuid,nodev,noatime,nofail",
+                                     "nosuid,nodev,noatime,nofail,x-systemd.device-timeout=30s"])
+def test_a_scratch_made_before_the_record_is_adopted_by_gpufleets_fstab_line(options):
+    """Hosts gpufleet provisioned before it recorded the UUID: its own fstab line names it, with
+    the options of any gpufleet version (before nosuid,nodev; before the device timeout)."""
     xfs = recorded("lsblk-probe-nspawn-loop-xfs.txt")
-    line = ("UUID=" + LOOP_XFS_UUID, "/scratch", "xfs", "noatime,nofail", "0", "0")
+    line = ("UUID=" + LOOP_XFS_UUID, "/scratch", "xfs", options, "0", "0")
     kept = planned("auto", ("/dev/loop0",), "/scratch", xfs, replace(ROOT_ONLY, fstab=(line,)))
     assert (kept.action, kept.uuid) == (s.KEEP, LOOP_XFS_UUID)
     # an operator's own line for that filesystem (other options) is not gpufleet's: not adopted
