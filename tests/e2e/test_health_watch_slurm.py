@@ -40,6 +40,19 @@ def wait_state(ctl, node: str, ok, timeout: float = 90) -> tuple[str, str]:
         time.sleep(2)
 
 
+def after_runs(node, count: int = 2, timeout: float = 90) -> None:
+    """Wait until the node's health check has run `count` times from now: each run writes the
+    time it ran into the watch's state.json (slurmd runs it every HealthCheckInterval)."""
+    def ran() -> float:
+        return json.loads(sh(node, "cat /var/lib/gpufleet-health/state.json"))["time"]
+    seen, deadline = [ran()], time.monotonic() + timeout
+    while len(seen) <= count:
+        assert time.monotonic() < deadline, f"{node.name}: {len(seen) - 1} health check(s) in {timeout} s"
+        time.sleep(1)
+        if (now := ran()) != seen[-1]:
+            seen.append(now)
+
+
 @pytest.fixture(scope="module")
 def cluster(hostpool, aptrepo, tmp_path_factory):  # noqa: F811
     ctl = hostpool.get("health-slurm-ctl", 1, release="bookworm")[0]  # its own: test_rollout_slurm reconfigures "slurm-ctl"
@@ -90,12 +103,12 @@ def test_an_admins_drain_is_never_overridden_nor_resumed(cluster):
     sh(ctl, f"scontrol update NodeName={node.name} State=DRAIN Reason='{ADMIN}'")
     try:
         sh(node, "gpusimctl fault --gpu 0 hw-slowdown")
-        time.sleep(25)   # two health checks
+        after_runs(node)   # two health checks, each seeing the fault
         assert slurm.node_state(ctl, node.name)[1] == ADMIN
         journal = [json.loads(line) for line in sh(node, "cat /var/lib/gpufleet-health/journal.jsonl").splitlines()]
         assert [e for e in journal if e["action"] == "kept" and "admin" in e["reason"]], journal[-5:]
         sh(node, "gpusimctl fault --clear")
-        time.sleep(25)
+        after_runs(node)   # two healthy checks: the admin's drain is not theirs to resume
         state, reason = slurm.node_state(ctl, node.name)
         assert state.startswith("drain") and reason == ADMIN
     finally:

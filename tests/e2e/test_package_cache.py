@@ -75,10 +75,16 @@ def aptrepo(tmp_path_factory):
     repo.stop()
 
 
+def _fresh(hostpool) -> list:
+    """The three clients and the host whose cache is down, booted together (one wait for the
+    four): the fourth is in no inventory until its own test, as fresh as a host booted then."""
+    return hostpool.get("pkgcache-fresh", 4, release="bookworm", gpu="t4")
+
+
 @pytest.fixture(scope="module")
 def site(hostpool, aptrepo, tmp_path_factory):
     cache = hostpool.get("pkgcache-server", 1, release="bookworm")[0]
-    clients = hostpool.get("pkgcache-clients", 3, release="bookworm", gpu="t4")
+    clients = _fresh(hostpool)[:3]
     url = f"http://{cache.address}:{PORT}"
     tmp = tmp_path_factory.mktemp("package_cache")
     deploy = tmp / "deploy.py"
@@ -160,7 +166,8 @@ def test_second_run_changes_nothing(site):
 
 
 def test_a_host_whose_cache_is_down_fails_with_apts_error_and_nothing_half_installed(site, hostpool, aptrepo):
-    host = hostpool.get("pkgcache-down", 1, release="bookworm", gpu="t4")[0]
+    host = _fresh(hostpool)[3]
+    assert host not in site["clients"]
     inventory = write_inventory(site["tmp"] / "down.py", [host], data={host.name: _data(
         host, packages_cache_url=site["url"], docker_toolkit_repo_url=aptrepo.container_repo_base(),
         docker_toolkit_repo_fingerprint=aptrepo.fingerprint)})
