@@ -384,12 +384,14 @@ def down(pool: str | None) -> int:
 
 
 def leftovers() -> list[str]:
-    """qemu processes of the harness still running (any pool)."""
+    """qemu processes of the harness still running (any pool), and SSH master connections to
+    its VMs (testhosts.ssh's, whose sockets live in a VM's folder)."""
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError):
             cmd = (proc / "cmdline").read_bytes()
-            if cmd.startswith(QEMU.encode()) and str(testhosts.STATE_ROOT).encode() in cmd:
+            ours = str(testhosts.STATE_ROOT).encode() in cmd
+            if ours and (cmd.startswith(QEMU.encode()) or (cmd.startswith(b"ssh\0") and b"\0-M\0" in cmd)):
                 shown = cmd.replace(b"\0", b" ").decode(errors="replace")[:100]
                 found.append(f"process {proc.name} {shown}")
     return found
