@@ -334,8 +334,8 @@ def test_drives_blanked_by_a_cloud_stop_start_fail_loudly_then_a_run_makes_the_s
     assert "gpufleet-scratch-mount: FAILED: nothing mounted at /scratch" in journal, journal
     # systemd gave the lost drive fstab's 30 s (x-systemd.device-timeout), not its default 90 s
     device = sh(host, f"systemd-escape --path --suffix=device /dev/disk/by-uuid/{old_uuid}").strip()
-    assert sh(host, f"systemctl show -p JobRunningTimeoutUSec --value {device}").strip() == "30s"
-    assert "Timed out waiting for device" in sh(host, f"journalctl -b --no-pager -u {device}"), device
+    assert sh(host, f"systemctl show -p JobRunningTimeoutUSec --value {shlex.quote(device)}").strip() == "30s"
+    assert "Timed out waiting for device" in sh(host, f"journalctl -b --no-pager -u {shlex.quote(device)}"), device
     assert not sh(host, "findmnt -n /scratch; true").strip()
     assert sh(host, "stat -c '%U %a' /scratch").split() == ["root", "0"]
     assert root(host, "su alice -c 'touch /scratch/x'").returncode != 0
