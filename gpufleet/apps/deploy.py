@@ -136,7 +136,8 @@ def inventory_source(args: list[str], takes_value: frozenset[str] | None = None)
     takes_value = pyinfra_private.cli_value_options() if takes_value is None else takes_value
     inventory = args[positionals(args, takes_value)[0]]
     data = dict(data_arg(item) for item in option_values(args, "--data", takes_value))
-    config = (option_values(args, "--config", takes_value) or [None])[-1]
+    given = option_values(args, "--config", takes_value)
+    config = given[-1] if given else None
     if config is None:
         beside = Path(inventory).resolve().parent / "config.py"
         here = Path.cwd() / "config.py"
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ValueError, argparse.ArgumentTypeError) as problem:
         sys.stderr.write(f"{PROG}: {problem}\n{usage().splitlines()[0]}\n")
         return USAGE
-    if accept_only:
+    if accept_only and source is not None:
         try:
             names = [h.name for h in source.hosts(source.load())]
         except ValueError as problem:

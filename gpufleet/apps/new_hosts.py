@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pyinfra import host
-from pyinfra.api import deploy
 
 from gpufleet.controller.inventory_source import InventorySource
 from gpufleet.facts.acceptance import AcceptanceRecord
@@ -65,7 +64,6 @@ def read_standings(source: InventorySource, names: list[str]) -> dict[str, HostS
     return out
 
 
-@deploy("Record the acceptance")
 def record(verdicts: dict[str, plan.Verdict], peer: str) -> None:
     from gpufleet.explain import explained
     from gpufleet.operations.acceptance import acceptance_recorded
@@ -74,7 +72,6 @@ def record(verdicts: dict[str, plan.Verdict], peer: str) -> None:
                         verdict=verdicts[host.name], peer=peer)
 
 
-@deploy("Drain")
 def drain() -> None:
     from gpufleet.config.settings import host_settings
     from gpufleet.explain import explained
@@ -128,8 +125,8 @@ def accept_new_hosts(source: InventorySource, names: list[str], say: Callable[[s
     if peer is None:
         whole = dataclasses.replace(source, limit=[], exclude=[])
         others = [n for n in limited_names(whole) if n not in names]
-        found = read_standings(source, others) if others else {}
-        peer = next((n for n in others if found[n].standing is not None and found[n].standing.accepted), None)
+        elsewhere = read_standings(source, others) if others else {}
+        peer = next((n for n in others if (elsewhere[n].standing or plan.Standing(False)).accepted), None)
     if peer:
         say(f"acceptance of {', '.join(todo)} with known-good peer {peer}")
     else:
