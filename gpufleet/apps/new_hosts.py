@@ -64,12 +64,12 @@ def read_standings(source: InventorySource, names: list[str]) -> dict[str, HostS
     return out
 
 
-def record(verdicts: dict[str, plan.Verdict], peer: str) -> None:
+def record(verdicts: dict[str, plan.Verdict], peers: dict[str, str]) -> None:
     from gpufleet.explain import explained
     from gpufleet.operations.acceptance import acceptance_recorded
 
     acceptance_recorded(name=explained("Record the acceptance", "Record the passed acceptance on the host"),
-                        verdict=verdicts[host.name], peer=peer)
+                        verdict=verdicts[host.name], peer=peers.get(host.name, ""))
 
 
 def drain() -> None:
@@ -81,12 +81,19 @@ def drain() -> None:
                drained=True, reason=DRAIN_REASON, node=host_settings(host).rollout_slurm_node_name)
 
 
-def record_passed(source: InventorySource | str, verdicts: dict[str, plan.Verdict], peer: str) -> dict[str, str]:
+def peers_of(names: list[str], peer: str | None) -> dict[str, str]:
+    """{host: the host its all-reduce ran with} as accept() pairs them: the known-good `peer`, or
+    without one the first of `names` (which itself ran with none: "")."""
+    return {n: peer or ("" if n == names[0] else names[0]) for n in names} if names else {}
+
+
+def record_passed(source: InventorySource | str, verdicts: dict[str, plan.Verdict], peers: dict[str, str]
+                  ) -> dict[str, str]:
     """Write the record on each host whose acceptance passed; {host: why} of those not written."""
     from gpufleet.apps.rollout.session import run_step
 
     passed = [n for n, v in verdicts.items() if v.passed]
-    return run_step(inventory_arg(source), passed, record, verdicts, peer).failed if passed else {}
+    return run_step(inventory_arg(source), passed, record, verdicts, peers).failed if passed else {}
 
 
 def inventory_arg(source: InventorySource | str) -> str:
@@ -137,7 +144,7 @@ def accept_new_hosts(source: InventorySource, names: list[str], say: Callable[[s
         for finding in verdict.findings:
             if finding.status != plan.PASS:
                 say(f"{name}: {finding.line()}")
-    unrecorded = record_passed(source, verdicts, peer or "")
+    unrecorded = record_passed(source, verdicts, peers_of(todo, peer))
     for name, verdict in verdicts.items():
         if not verdict.passed:
             outcome.failed[name] = verdict.summary()
@@ -149,6 +156,11 @@ def accept_new_hosts(source: InventorySource, names: list[str], say: Callable[[s
     if outcome.failed:
         drained = run_step(inventory_arg(source), sorted(outcome.failed), drain)
         for name, why in sorted(outcome.failed.items()):
-            state = "NOT DRAINED: " + drained.failed[name] if name in drained.failed else "drained"
+            if name in drained.failed:
+                state = f"its Slurm node NOT drained ({drained.failed[name]})"
+            elif drained.changed.get(name):
+                state = f"its Slurm node drained ({DRAIN_REASON})"
+            else:
+                state = "no Slurm node to drain; not accepted (no record: the gate WARNs)"
             say(f"{name}: FAILED acceptance, {state}: {why}")
     return outcome

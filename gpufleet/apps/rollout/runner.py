@@ -660,11 +660,11 @@ class Runner:
         """The record of each passed acceptance on its host (facts/acceptance.py), for the driver
         it now has: the host is accepted (gpufleet-deploy accepts it not again). A verdict that
         only says the acceptance was turned off (acceptance_rollout: false) is no acceptance."""
-        from gpufleet.apps.new_hosts import record_passed
+        from gpufleet.apps.new_hosts import peers_of, record_passed
 
         ran = {n: v for n, v in verdicts.items()
                if v.passed and not all(f.name == "acceptance" and f.status == "skip" for f in v.findings)}
-        for name, why in record_passed(self.opts.inventory, ran, peer or "").items():
+        for name, why in record_passed(self.opts.inventory, ran, peers_of(list(verdicts), peer)).items():
             self.say(f"{name}: warning: its acceptance passed, but its record was not written: {why}")
             self.ctx.notes.setdefault(name, []).append("acceptance record NOT written")
 
