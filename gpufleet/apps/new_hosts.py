@@ -108,6 +108,10 @@ def accept_new_hosts(source: InventorySource, names: list[str], say: Callable[[s
     from gpufleet.apps.rollout.session import run_step
     from gpufleet.controller.inventory_source import limited_names
 
+    from gpufleet.controller import hostlock, staging
+
+    hostlock.install()  # the record and the drain take the host's lock, as all.py's changes do
+    staging.install()
     outcome = Outcome()
     standings = read_standings(source, names)
     todo = []
