@@ -96,6 +96,24 @@ def record_passed(source: InventorySource | str, verdicts: dict[str, plan.Verdic
     return run_step(inventory_arg(source), passed, record, verdicts, peers).failed if passed else {}
 
 
+def reference_judged(verdicts: dict[str, plan.Verdict], names: list[str], peer: str | None
+                     ) -> dict[str, plan.Verdict]:
+    """Without a known-good peer the group pairs with its first host, whose own all-reduce is
+    not judged: it is proven only by a partner whose all-reduce with it passed. When every
+    partner failed, the fault may well be the reference's own (its firewall, its route): it
+    fails too, rather than be the one host accepted."""
+    if peer or len(names) < 2 or names[0] not in verdicts:
+        return verdicts
+    ref = names[0]
+    proven = [n for n in names[1:] if n in verdicts and any(
+        f.name == plan.ALLREDUCE and f.status == plan.PASS for f in verdicts[n].findings)]
+    if proven or not verdicts[ref].passed:
+        return verdicts
+    unproven = plan.Finding(plan.ALLREDUCE, plan.FAIL, f"the reference of its group: no partner's all-reduce with it "
+                                                       f"passed ({', '.join(names[1:])})", plan.FIX_PEERS)
+    return {**verdicts, ref: plan.verdict(ref, verdicts[ref].findings, [unproven])}
+
+
 def inventory_arg(source: InventorySource | str) -> str:
     from typing import cast
 
@@ -143,7 +161,7 @@ def accept_new_hosts(source: InventorySource, names: list[str], say: Callable[[s
     else:
         say(f"[WARN] acceptance of {', '.join(todo)}: no known-good peer (no host of the inventory is accepted): "
             f"the new hosts pair with {todo[0]}, the first of them")
-    verdicts = accept(source, todo, peer, say=say)
+    verdicts = reference_judged(accept(source, todo, peer, say=say), todo, peer)
     for name, verdict in verdicts.items():
         for finding in verdict.findings:
             if finding.status != plan.PASS:

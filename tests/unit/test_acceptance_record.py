@@ -93,3 +93,21 @@ def test_a_failed_acceptance_is_never_recorded():
     with ctx_state.use(state), ctx_host.use(inventory.get_host("h")):
         with pytest.raises(ValueError, match="a failed acceptance is not recorded"):
             list(acceptance_recorded._inner(_verdict(plan.PASS, plan.FAIL), "gpu-01"))  # type: ignore[attr-defined]
+
+
+def test_a_reference_no_partner_proved_is_not_accepted():
+    """gpufleet-deploy without a known-good peer: the first new host is the group's reference; it
+    is accepted only when a partner's all-reduce with it passed (gpufleet/apps/new_hosts.py)."""
+    from gpufleet.apps.new_hosts import reference_judged
+
+    ref = plan.verdict("a", [plan.Finding(plan.ALLREDUCE, plan.SKIP, "this host is the reference")])
+
+    def partner(name: str, status: str) -> plan.Verdict:
+        return plan.verdict(name, [plan.Finding(plan.ALLREDUCE, status, f"with a: {status}")])
+
+    proved = reference_judged({"a": ref, "b": partner("b", plan.PASS), "c": partner("c", plan.FAIL)}, ["a", "b", "c"], None)
+    assert proved["a"].passed and not proved["c"].passed
+    alone = reference_judged({"a": ref, "b": partner("b", plan.FAIL), "c": partner("c", plan.FAIL)}, ["a", "b", "c"], None)
+    assert not alone["a"].passed and "no partner's all-reduce with it passed (b, c)" in alone["a"].summary()
+    # with a known-good peer every host ran with it: nothing to prove by partners
+    assert reference_judged({"a": ref, "b": partner("b", plan.FAIL)}, ["a", "b"], "z")["a"].passed
