@@ -161,8 +161,9 @@ def accept_hosts(source: Any, names: list[str]) -> int:
         return 0
     outcome = accept_new_hosts(source, names, say)
     if outcome.failed:
-        say(f"{len(outcome.failed)} host(s) FAILED acceptance and are drained: {', '.join(sorted(outcome.failed))} "
-            f"(each named above with its measurement and fix; re-run `{PROG} INVENTORY --accept` once fixed)")
+        say(f"{len(outcome.failed)} host(s) FAILED acceptance, not accepted (a Slurm node drained): "
+            f"{', '.join(sorted(outcome.failed))} (each named above with its measurement and fix; "
+            f"`{PROG} INVENTORY --accept` once fixed)")
         return EXIT_NOT_ACCEPTED
     if outcome.accepted:
         say(f"accepted and recorded: {', '.join(outcome.accepted)}")
