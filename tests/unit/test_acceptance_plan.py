@@ -110,3 +110,16 @@ def test_symbol_errors_during_the_acceptance_fail_naming_the_port() -> None:
     [flap] = acc.judge_ports(before, ports("after-flap"))
     assert flap.status == acc.FAIL and "mlx5_0 port 1: DOWN/Disabled" in flap.message
     assert acc.judge_ports([], [])[0].status == acc.SKIP
+
+
+def test_nccl_over_ib_without_gpudirect_rdma_fails_on_rdma_profiles() -> None:
+    """NCCL stages through host memory without a word when nvidia-peermem is missing; its channel
+    lines are the evidence (constructed from NCCL's format string: tests/unit/acceptance/README.md)."""
+    with_gdr = acc.parse_allreduce((HERE / "nccl-ib-gdr.txt").read_text().splitlines(), "gpu-1")
+    without = acc.parse_allreduce((HERE / "nccl-ib-no-gdr.txt").read_text().splitlines(), "gpu-1")
+    assert (with_gdr.transport, with_gdr.gdr, without.transport, without.gdr) == ("NET/IB", True, "NET/IB", False)
+    assert [f.name for f in acc.judge_allreduce(with_gdr, "ib") if f.status == acc.FAIL] == []
+    failed = [f for f in acc.judge_allreduce(without, "roce") if f.status == acc.FAIL]
+    assert [f.name for f in failed] == ["GPUDirect RDMA"] and "nvidia-peermem" in failed[0].fix
+    # a tcp fabric expects no RDMA at all
+    assert [f for f in acc.judge_allreduce(without, "tcp") if f.name == "GPUDirect RDMA"] == []
