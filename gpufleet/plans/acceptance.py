@@ -267,12 +267,21 @@ def judge_ports(before: Sequence[IbPort], after: Sequence[IbPort]) -> list[Findi
         return [Finding(name, SKIP, "no RDMA device on this host (/sys/class/infiniband is empty)")]
     then = {(p.device, p.port): p for p in before}
     watched = list(data()["ib_counters"])
-    bad, history = [], []
+    bad, history, idle = [], [], []
+
+    def up(port: IbPort) -> bool:
+        return bool(port.state == data()["ib_state"] and port.phys_state == data()["ib_phys_state"])
+
     for port in after:
-        if port.state != data()["ib_state"] or port.phys_state != data()["ib_phys_state"]:
-            bad.append(f"{port.name}: {port.state or '?'}/{port.phys_state or '?'}")
-            continue
         old = then.get((port.device, port.port))
+        if not up(port):
+            if old is not None and not up(old):
+                # down before the acceptance began too: a port not cabled, or one NCCL is not
+                # given (the gate checks the HCAs the NCCL profile names are ACTIVE)
+                idle.append(f"{port.name}: {port.state or '?'}/{port.phys_state or '?'}")
+            else:
+                bad.append(f"{port.name}: {port.state or '?'}/{port.phys_state or '?'}")
+            continue
         for key in watched:
             now, was = port.counter(key), old.counter(key) if old else None
             if now is None:
@@ -281,11 +290,15 @@ def judge_ports(before: Sequence[IbPort], after: Sequence[IbPort]) -> list[Findi
                 bad.append(f"{port.name}: {key} {was if was is not None else '?'} -> {now}")
             elif now:
                 history.append(f"{port.name}: {key} {now}")
-    ports = ", ".join(p.name for p in after)
+    ports = ", ".join(p.name for p in after if up(p))
     if bad:
         return [Finding(name, FAIL, "; ".join(bad), FIX_PORT)]
     said = f" (counted before, unchanged: {'; '.join(history)})" if history else ""
-    return [Finding(name, PASS, f"{ports}: ACTIVE/LinkUp, no error counted{said}")]
+    unused = f"; down before and after, not judged: {'; '.join(idle)}" if idle else ""
+    if not ports:
+        return [Finding(name, WARN, f"no port ACTIVE/LinkUp{unused}", "cable a port, or check the HCAs NCCL is given "
+                                                                     "(NCCL_IB_HCA; ibstat)")]
+    return [Finding(name, PASS, f"{ports}: ACTIVE/LinkUp, no error counted{said}{unused}")]
 
 
 # --- the verdict ----------------------------------------------------------------------------------

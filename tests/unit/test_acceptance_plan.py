@@ -123,3 +123,17 @@ def test_nccl_over_ib_without_gpudirect_rdma_fails_on_rdma_profiles() -> None:
     assert [f.name for f in failed] == ["GPUDirect RDMA"] and "nvidia-peermem" in failed[0].fix
     # a tcp fabric expects no RDMA at all
     assert [f for f in acc.judge_allreduce(without, "tcp") if f.name == "GPUDirect RDMA"] == []
+
+
+def test_a_port_down_before_and_after_is_not_judged_a_port_that_went_down_fails() -> None:
+    """A dual-port HCA with one port cabled must not fail every acceptance; a port that went
+    down while the acceptance ran must."""
+    from dataclasses import replace
+
+    before = ports("before")
+    uncabled = [replace(p, state="DOWN", phys_state="Polling") if p.device == "mlx5_0" else p for p in before]
+    found = acc.judge_ports(uncabled, uncabled)
+    assert found[0].status == acc.PASS and "mlx5_0 port 1: DOWN/Polling" in found[0].message, found
+    assert acc.judge_ports(before, uncabled)[0].status == acc.FAIL
+    all_down = [replace(p, state="DOWN", phys_state="Polling") for p in before]
+    assert acc.judge_ports(all_down, all_down)[0].status == acc.WARN
