@@ -28,6 +28,7 @@ staging.install()  # sudo uploads stage in the login user's private folder, neve
 factcache.prefetch_all(state)  # every host starts on those while the rest of this is imported
 
 from gpufleet.deploys.base import base  # noqa: E402
+from gpufleet.deploys.bootstrap import bootstrap  # noqa: E402
 from gpufleet.deploys.docker import docker  # noqa: E402
 from gpufleet.deploys.driver import driver  # noqa: E402
 from gpufleet.deploys.hardening import hardening  # noqa: E402
@@ -54,6 +55,8 @@ hostlock.plan_on(host)
 preflight()
 if not host_failed(host):
     package_cache()
+if not host_failed(host):
+    bootstrap()
 if not host_failed(host):
     base()
 if not host_failed(host):
