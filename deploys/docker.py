@@ -25,6 +25,10 @@ Story of a host, part 4 (after the driver):
    by the validation gate, until a run finds the GPU containers gone.
 6. **GPU smoke test** (`docker run --rm --gpus all IMAGE nvidia-smi -L`) after any change of the
    above (never reported as a pass when skipped: the log says why it could not run).
+On a fresh host's first converge deploys/bootstrap.py wrote the repositories and installed the
+engine and toolkit earlier in the run (one apt transaction with every other package): steps 1
+and 2 then find them done, and dockerd, started by its package, is configured and restarted here
+as on any first install.
 Settings: gpufleet/data/tiers.yaml (`docker_*`). The decisions are gpufleet/plans/docker.py's
 (DockerPlan); this file applies them.
 """

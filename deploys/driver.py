@@ -14,6 +14,8 @@ Then, in order:
    `driver_repo_keyring_url`, trusted only if its fingerprint is the pinned one) and a flat
    `signed-by` source under `driver_repo_url` (a mirror for air-gapped fleets);
    `distro` -> the Debian archive's contrib / non-free / non-free-firmware components.
+   On a fresh host's first converge deploys/bootstrap.py has written them (and installed the
+   stack, where no NVIDIA driver was present) earlier in the run: this area then finds both done.
 3. **nouveau** blacklisted; the initramfs is refreshed only when that file changed.
 4. **One sanctioned step** changes the stack: unhold, NVIDIA's version-locking package, exact
    versions decided on the controller from the package index (driver and Fabric Manager move

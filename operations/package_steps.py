@@ -97,7 +97,8 @@ def first_install(plan: BootstrapPackages, keys: Mapping[str, str] | None = None
     with_release = [p for p in moving if p in plan.releases]
     offered = host.get_fact(AptVersions, packages=with_release) if with_release else {}
     toolkits = {p: host.get_fact(ToolkitIndex, package=p) for p in moving if TOOLKIT.match(p)}
-    change = union_change(plan, installed, host.get_fact(HeldPackages), offered, toolkits)
+    held: list[str] = host.get_fact(HeldPackages)
+    change = union_change(plan, installed, held, offered, toolkits)
     if change.missing:
         yield fail(host, *_missing(change, dict(keys or {}), "driver_version"))
         return

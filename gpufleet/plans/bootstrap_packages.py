@@ -65,6 +65,7 @@ class BootstrapPackages:
     exact: dict[str, str]             # package -> exact Debian version (the container toolkit's)
     plain: tuple[str, ...]            # as the sources offer them
     first: tuple[str, ...]            # in an apt run of their own, before the rest (kernel headers)
+    also_hold: tuple[str, ...]        # the engine and toolkit, held by the same change (DockerPlan.hold)
     left: tuple[tuple[str, str], ...]  # (what, why): left to its area's own transaction
 
     @property
@@ -118,8 +119,12 @@ def plan_bootstrap(driver: DriverPlan | Refusal, docker: DockerPlan | Refusal, b
         left.append(("DCGM exporter", "its listen address is written before its package starts it"))
     if not (releases or exact or plain):
         return None
+    # Held as the docker area holds them, but by the change itself: no moment in which the
+    # security updates this same change turns on could move the engine under it.
+    also_hold = docker.hold if set(docker.engine_packages) & set(plain) or exact else ()
     return BootstrapPackages(releases=releases, present=tuple(present), pinning=pinning, hold=driver_hold,
-                             exact=exact, plain=tuple(plain), first=tuple(first), left=tuple(left))
+                             exact=exact, plain=tuple(plain), first=tuple(first), also_hold=tuple(also_hold),
+                             left=tuple(left))
 
 
 def union_change(plan: BootstrapPackages, installed: Mapping[str, str | None], held: Iterable[str],
@@ -140,5 +145,5 @@ def union_change(plan: BootstrapPackages, installed: Mapping[str, str | None], h
         if not installed.get(package):
             install.setdefault(package, None)
     first = tuple(p for p in (*driver.first, *plan.first) if p in install)
-    return PackageChangePlan(install=install, first=first if len(install) > len(first) else (),
-                             hold=driver.hold if driver.install else ())
+    hold = sorted({*(driver.hold if driver.install else ()), *plan.also_hold})
+    return PackageChangePlan(install=install, first=first if len(install) > len(first) else (), hold=tuple(hold))
