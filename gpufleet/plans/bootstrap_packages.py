@@ -21,8 +21,9 @@ a package already installed is never in it (its area moves it, or not, by its ow
 
 What it leaves to its area's own transaction, and why (`left`, said in the run's plan):
 
-- the driver stack, when any NVIDIA driver package or kernel module is present: moving a driver
-  is the guarded path's alone (the gate: GPUs idle right before, tools/rollout); likewise when
+- the driver stack, when any NVIDIA driver package or user-space library is present, or a
+  kernel module of another version than the plan's is loaded: moving a driver is the guarded
+  path's alone (the gate: GPUs idle right before, tools/rollout); likewise when
   the driver plan moves something in place, leaves something pending, or DKMS must sign with a
   Secure Boot key (its signing configuration is written by the driver area, before its install);
 - the node exporter and NVIDIA's DCGM exporter: their packages start their services, and the
@@ -77,8 +78,15 @@ class BootstrapPackages:
 def _driver_left(driver: DriverPlan) -> str | None:
     """Why the driver stack stays on its own guarded path; None: a first install it may take."""
     before = driver.before
-    if before.userspace_version or before.module_loaded or before.packages:
+    if before.userspace_version or before.packages:
         return "an NVIDIA driver is present: it moves only through the guarded package change"
+    # A module loaded without any user-space driver (no package, no library: no GPU job can run
+    # on it) is taken only at the version the plan installs: the install then matches it, and
+    # the driver's own path would make this change without the gate too (it gates in-place
+    # moves). A module of another version is left to that path (its reboot is gated).
+    if before.module_loaded and before.module_version != driver.res.driver_version:
+        return (f"an NVIDIA module {before.module_version or '?'} is loaded: it moves only through the guarded "
+                "package change")
     if driver.change.in_place or driver.pending or driver.stack_pending or driver.drifted:
         return "the driver plan moves or leaves a stack already there"
     if driver.signing_key is not None:

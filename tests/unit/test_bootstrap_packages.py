@@ -6,6 +6,7 @@ recorded facts give the DriverPlan, and the tier the other areas' plans) and the
 installed before the run (DebPackages' names):
 
     {"doc": ..., "driver_case": "hgx_new_host", "installed": ["openssh-server", ...],
+     "before": {DriverState's fields}   (optional: replaces the driver case's)
      "expect": {"planned": false}
              | {"driver": true, "first": [...], "plain_includes": [...], "plain_excludes": [...],
                 "toolkit": true, "left": ["node exporter", ...]}}
@@ -38,6 +39,8 @@ def _driver_case(name: str) -> dict[str, Any]:
 
 def _plans(case: dict[str, Any]) -> tuple[Settings, DriverPlan, DockerPlan]:
     driver_case = _driver_case(case["driver_case"])
+    if "before" in case:  # the driver case's facts, its DriverState replaced
+        driver_case = {**driver_case, "facts": {**driver_case["facts"], "before": case["before"]}}
     settings, problems = _settings_for("gpu-a01", driver_case["inventory"])
     assert settings is not None and not problems, problems
     driver = driver_planned(driver_case)
