@@ -31,7 +31,7 @@ from gpufleet.plans import health_watch as w
 #: gpufleet modules the node runs, as (path in the package, path in the zip)
 _MODULES = ("__init__.py", "plans/__init__.py", "plans/health.py", "plans/health_watch.py", "apps/__init__.py",
             "apps/health_node.py", "yamlload.py", "facts/__init__.py", "facts/_common.py", "facts/health.py",
-            "facts/slurm.py", "facts/dcgm_diag.py")
+            "facts/slurm.py", "facts/dcgm_diag.py", "facts/network.py")
 #: the few names of pyinfra, typing_extensions and PyYAML those modules import, stood in for on
 #: the node (which runs the facts' commands itself, and reads health.yaml as the JSON it is shipped as)
 _STANDINS = {

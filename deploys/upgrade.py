@@ -149,7 +149,6 @@ def drain(ctx: RolloutContext) -> None:
         return
     why = mf.purpose(ctx.survey.get(host.name, {}), ctx.target)
     slurm_node(name=explained("Drain the Slurm node", f"Drain the Slurm node for the {why}"), drained=True, reason=f"gpufleet {why}", node=node)
-    # the runner tells a busy host by these two names (gpufleet/apps/rollout/runner.py): keep them
     slurm_node_drained(name=explained("Wait for the Slurm jobs on the node to finish (DRAINED)",
                                                  "Wait until Slurm reports the node DRAINED: its jobs have finished"), node=node,
                        timeout=settings.rollout_drain_timeout)

@@ -112,13 +112,26 @@ def slurm_driver_feature(version: str, node: str = "") -> Generator[StringComman
                         QuoteString(f"activefeatures={','.join(active)}"))
 
 
+#: exit status of a command refused because GPU work runs (EX_TEMPFAIL: not a failure, try later)
+BUSY_EXIT = 75
+#: how such a refusal's line starts: the rollout tells "busy, pending" from a failure by it
+BUSY_MARK = "gpufleet: BUSY:"
+
+
+def _busy_text(script: str) -> str:
+    """`script` with MARK and BUSY_EXIT filled in: a wait that times out with work still running
+    ends like a refused change (the rollout tells busy from failed by the mark, never by names)."""
+    return script.replace("MARK", BUSY_MARK).replace("BUSY_EXIT", str(BUSY_EXIT))
+
+
 # Polls sinfo until the node's state is drained (no job left); $1 node, $2 timeout in seconds.
-_WAIT_DRAINED = (
+_WAIT_DRAINED = _busy_text(
     "end=$(( $(date +%s) + $2 )); "
     "while :; do s=$(sinfo -h -N -n \"$1\" -o %T | head -1); "
     "case $s in drained*) echo \"Slurm node $1: $s\"; exit 0;; esac; "
-    "if [ \"$(date +%s)\" -ge $end ]; then echo \"Slurm node $1 is still $s after $2 s: "
-    "its jobs did not finish (rollout_drain_timeout)\" >&2; squeue -h -w \"$1\" -o '%i %u %j %M' >&2; exit 75; fi; "
+    "if [ \"$(date +%s)\" -ge $end ]; then squeue -h -w \"$1\" -o '%i %u %j %M' | tr '\\n' ' ' >&2; echo >&2; "
+    "echo \"MARK Slurm node $1 is still $s after $2 s: its jobs did not finish (rollout_drain_timeout)\" >&2; "
+    "exit BUSY_EXIT; fi; "
     "sleep 2; done"
 )
 
@@ -140,15 +153,15 @@ def slurm_node_drained(node: str = "", timeout: int = 3600) -> Generator[StringC
 
 # $1 polls, $2 seconds between polls, $3 the wait in seconds (for the message). What runs is told
 # by pid alone; the names (their users' text, newlines and all) are for the message, on one line.
-_WAIT_IDLE = r"""
+_WAIT_IDLE = _busy_text(r"""
 busy() { [ -n "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ]; }
 for i in $(seq "$1"); do busy || exit 0; sleep "$2"; done
 if busy; then
-  { echo "GPU processes still running after $3 s:"; nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader; } \
+  { echo "MARK GPU processes still running after $3 s:"; nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader; } \
     | tr '\n' ' ' >&2; echo >&2
-  exit 1
+  exit BUSY_EXIT
 fi
-"""
+""")
 
 
 @operation()
@@ -167,10 +180,6 @@ def gpus_idle(wait_seconds: int = 0, poll_seconds: int = 5) -> Generator[StringC
                         str(int(polls)), str(int(poll_seconds)), str(int(wait_seconds)))
 
 
-#: exit status of a command refused because GPU work runs (EX_TEMPFAIL: not a failure, try later)
-BUSY_EXIT = 75
-#: how such a refusal's line starts: the rollout tells "busy, pending" from a failure by it
-BUSY_MARK = "gpufleet: BUSY:"
 _REFUSED = re.compile(r"^not [a-z ]+$")
 
 
@@ -256,10 +265,10 @@ if [ -n "$busy_gpus" ] && [ -z "${todo:-}" ]; then exit BUSY_EXIT; fi
 # $1 seconds to wait, $2 seconds between checks
 _IDLE_LOOP = (
     "end=$(( $(date +%s) + $1 )); while :; do " + GPU_WORK + "; "
-    "[ -z \"$pids$apps\" ] && exit 0; "
-    "if [ \"$(date +%s)\" -ge $end ]; then echo \"GPU processes still running after $1 s:"
-    " ${apps:+$apps }${pids:+processes holding /dev/nvidia*: $pids}\" | tr '\\n' ' ' >&2; echo >&2; exit 1; fi; "
-    "sleep $2; done"
+    "[ -z \"$pids$apps\" ] && exit 0; " + _busy_text(
+    "if [ \"$(date +%s)\" -ge $end ]; then echo \"MARK GPU processes still running after $1 s:"
+    " ${apps:+$apps }${pids:+processes holding /dev/nvidia*: $pids}\" | tr '\\n' ' ' >&2; echo >&2; exit BUSY_EXIT; fi; ")
+    + "sleep $2; done"
 )
 
 

@@ -26,7 +26,9 @@ from contextlib import contextmanager
 from importlib import resources
 from typing import Any
 
+from gpufleet.facts._common import FactParseError
 from gpufleet.facts.health import GpuHealth, GpuHealthData, bus_key
+from gpufleet.facts.network import IbCounters, IbPortCounters
 from gpufleet.facts.slurm import SlurmNode, SlurmNodeData
 from gpufleet.plans import health_watch as w
 from gpufleet.plans.health import assess, health_rules, summary_line
@@ -142,6 +144,21 @@ def read_dcgm_health() -> list[tuple[str, str, str, str, str]]:
     return w.parse_dcgm_health(done.stdout) if done.returncode == 0 else []
 
 
+#: a test double's sysfs-shaped tree instead of /sys (set only in the root process's own
+#: environment: the timer's unit and slurmd set none)
+TEST_SYSFS_ROOT = "GPUFLEET_TEST_SYSFS_ROOT"
+
+
+def read_ib() -> list[IbPortCounters] | None:
+    """The InfiniBand/RoCE ports (none on a host without RDMA devices); None when unreadable."""
+    fact = IbCounters()
+    done = _sh(fact.command(sys_root=os.environ.get(TEST_SYSFS_ROOT) or "/sys"))
+    try:
+        return fact.process(done.stdout.splitlines()) if done.returncode == 0 else None
+    except FactParseError:
+        return None
+
+
 def read_slurm(node: str) -> SlurmNodeData:
     return SlurmNode().process(_sh(SlurmNode().command(node=node)).stdout.splitlines())
 
@@ -164,6 +181,8 @@ def run(config: dict[str, Any], mode: str) -> int:
     verdict = assess(data, nvlink=plan.nvlink)
     if plan.dcgm_watches and data.status == "ok":
         verdict = w.with_dcgm(verdict, read_dcgm_health(), health_rules())
+    state = json.loads("\n".join(_read(w.STATE)) or "{}")
+    verdict, ib_memory = w.with_ib(verdict, read_ib(), state.get("ib") or {}, health_rules())
     journal = w.parse_journal(_read(w.JOURNAL))
     needs = w.escalated(verdict, journal, now, plan)
     events: list[w.Event] = []
@@ -175,7 +194,7 @@ def run(config: dict[str, Any], mode: str) -> int:
     escalated = {(n.bus_id, n.check): n for n in needs}
     # keyed with the class after escalation: a finding that escalates is news for the journal
     seen = {f"{g.bus_id if g else ''}|{f.check}|{_cls(escalated, g, f)}": (g, f) for g, f in _findings(verdict)}
-    before = set(json.loads("\n".join(_read(w.STATE)) or "{}").get("seen", []))
+    before = set(state.get("seen", []))
     for key in sorted(set(seen) - before):
         g, f = seen[key]
         n = escalated.get((g.bus_id if g else "", f.check))
@@ -204,7 +223,7 @@ def run(config: dict[str, Any], mode: str) -> int:
     if events:
         last = events[-1]
         _replace(w.WATCH_DIR, "last-event", f"event {last.time:.3f} {last.cls} {last.action}\n")
-    _replace(w.WATCH_DIR, "state.json", json.dumps({"seen": sorted(seen), "time": now}) + "\n")
+    _replace(w.WATCH_DIR, "state.json", json.dumps({"seen": sorted(seen), "time": now, "ib": ib_memory}) + "\n")
     _metrics(plan, verdict, needs, journal + events, now, data.status == "ok")
     top = w.worst(needs)
     print(summary_line(verdict) if top == verdict.worst else f"{top}: {needs[0].detail}")

@@ -179,6 +179,7 @@ class AllReduce:
     detail: str = ""            # the sum it checked, or why it did not run
     transport: str = ""         # NCCL's NCCL_DEBUG=INFO: "NET/IB", "NET/Socket", "P2P/IPC"...
     no_runtime: bool = False    # the tier's PyTorch runtime is missing on the host: not run
+    gdr: bool = False           # a network channel ran GPUDirect RDMA (".../GDRDMA" in NCCL's line)
 
 
 FIX_PEERS = ("the hosts cannot reach each other for training: check the firewall lets the peers in "
@@ -216,9 +217,19 @@ def judge_allreduce(run: AllReduce | None, profile: str) -> list[Finding]:
         out.append(Finding(bw_name, FAIL, f"{bw} < {floor.describe()}{_transport(run)}",
                            "a slow or down rail, NCCL on sockets instead of RDMA (NCCL_DEBUG=INFO names the "
                            "transport), GPUDirect RDMA off (nvidia-peermem): tools/health HOST, then re-run"))
-    if profile in ("ib", "roce") and run.transport and not run.simulated and "IB" not in run.transport:
+    rdma = profile in ("ib", "roce") and not run.simulated and run.backend == "nccl"
+    if rdma and run.transport and "IB" not in run.transport:
         out.append(Finding("NCCL used RDMA", FAIL, f"NCCL ran over {run.transport}, not IB/RoCE (nccl_profile {profile})",
-                           "load nvidia-peermem, check NCCL_IB_HCA and the HCAs' ports (ibstat), re-run"))
+                           "check NCCL_IB_HCA names HCAs the host has, their ports ACTIVE (ibstat), the "
+                           "rdma-core libraries installed, NCCL_IB_DISABLE unset; re-run"))
+    elif rdma and run.transport.startswith("NET/IB") and not run.gdr:
+        # NCCL falls back to staging through host memory without a word: its channel lines are
+        # the only evidence (net.cc: "via NET/%s/%d%s..." with "/GDRDMA" when GPUDirect RDMA runs)
+        out.append(Finding("GPUDirect RDMA", FAIL, f"NCCL ran over {run.transport} without GPUDirect RDMA on any "
+                                                   f"channel (nccl_profile {profile} expects it)",
+                           "load nvidia-peermem (gpufleet's tuning loads it on ib/roce: `lsmod | grep peermem`, "
+                           "re-run all.py), and check the GPU and HCA share a PCIe switch "
+                           "(`nvidia-smi topo -m`: PIX/PXB, not SYS); re-run"))
     return out
 
 
@@ -256,12 +267,21 @@ def judge_ports(before: Sequence[IbPort], after: Sequence[IbPort]) -> list[Findi
         return [Finding(name, SKIP, "no RDMA device on this host (/sys/class/infiniband is empty)")]
     then = {(p.device, p.port): p for p in before}
     watched = list(data()["ib_counters"])
-    bad, history = [], []
+    bad, history, idle = [], [], []
+
+    def up(port: IbPort) -> bool:
+        return bool(port.state == data()["ib_state"] and port.phys_state == data()["ib_phys_state"])
+
     for port in after:
-        if port.state != data()["ib_state"] or port.phys_state != data()["ib_phys_state"]:
-            bad.append(f"{port.name}: {port.state or '?'}/{port.phys_state or '?'}")
-            continue
         old = then.get((port.device, port.port))
+        if not up(port):
+            if old is not None and not up(old):
+                # down before the acceptance began too: a port not cabled, or one NCCL is not
+                # given (the gate checks the HCAs the NCCL profile names are ACTIVE)
+                idle.append(f"{port.name}: {port.state or '?'}/{port.phys_state or '?'}")
+            else:
+                bad.append(f"{port.name}: {port.state or '?'}/{port.phys_state or '?'}")
+            continue
         for key in watched:
             now, was = port.counter(key), old.counter(key) if old else None
             if now is None:
@@ -270,11 +290,15 @@ def judge_ports(before: Sequence[IbPort], after: Sequence[IbPort]) -> list[Findi
                 bad.append(f"{port.name}: {key} {was if was is not None else '?'} -> {now}")
             elif now:
                 history.append(f"{port.name}: {key} {now}")
-    ports = ", ".join(p.name for p in after)
+    ports = ", ".join(p.name for p in after if up(p))
     if bad:
         return [Finding(name, FAIL, "; ".join(bad), FIX_PORT)]
     said = f" (counted before, unchanged: {'; '.join(history)})" if history else ""
-    return [Finding(name, PASS, f"{ports}: ACTIVE/LinkUp, no error counted{said}")]
+    unused = f"; down before and after, not judged: {'; '.join(idle)}" if idle else ""
+    if not ports:
+        return [Finding(name, WARN, f"no port ACTIVE/LinkUp{unused}", "cable a port, or check the HCAs NCCL is given "
+                                                                     "(NCCL_IB_HCA; ibstat)")]
+    return [Finding(name, PASS, f"{ports}: ACTIVE/LinkUp, no error counted{said}{unused}")]
 
 
 # --- the verdict ----------------------------------------------------------------------------------
@@ -318,6 +342,7 @@ def parse_allreduce(lines: Sequence[str], peer: str) -> AllReduce:
 
     record: dict[str, Any] = {}
     transport = ""
+    gdr = False
     for line in lines:
         line = line.strip()
         if line.startswith("{"):
@@ -325,10 +350,13 @@ def parse_allreduce(lines: Sequence[str], peer: str) -> AllReduce:
                 record = json.loads(line)
             except ValueError:
                 continue
-        elif not transport:
-            # NCCL INFO "Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0"
-            seen = re.search(r" via (NET/[A-Za-z]+|P2P/[A-Za-z]+|SHM)", line)
-            transport = seen.group(1) if seen else ""
+            continue
+        # NCCL INFO "Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0/GDRDMA" (or NET/IB/0(3)/GDRDMA
+        # when the send is proxied through another rank, PXN)
+        seen = re.search(r" via (NET/[A-Za-z]+|P2P/[A-Za-z]+|SHM)(\S*)", line)
+        if seen:
+            transport = transport or seen.group(1)
+            gdr = gdr or (seen.group(1).startswith("NET/") and "/GDRDMA" in seen.group(2))
     if str(record.get("reason", "")).startswith("PyTorch not importable") or not record:
         return AllReduce(peer, False, detail=str(record.get("reason") or "no answer from the all-reduce"),
                          no_runtime=True)
@@ -343,7 +371,7 @@ def parse_allreduce(lines: Sequence[str], peer: str) -> AllReduce:
     busbw = perf.allreduce_busbw_gbs(int(record["bytes"]), ranks, int(record["iterations"]), float(record["seconds"]))
     return AllReduce(peer, True, backend, ranks, round(busbw, 3), simulated=not record.get("cuda"),
                      detail=f"sum {total[0]:g} as expected, {int(record['bytes']) >> 20} MiB x {record['iterations']}",
-                     transport=transport)
+                     transport=transport, gdr=gdr)
 
 
 def plan_line(settings: Settings) -> str:

@@ -22,6 +22,7 @@ from gpufleet.config.hostfacts import KernelPlan, driver_state, kernel_plan, os_
 from gpufleet.config.resolver import Resolution
 from gpufleet.config.settings import Settings
 from gpufleet.errors import Incompatible
+from gpufleet.explain import NAME_LIMIT
 from gpufleet.facts.kernel import DriverStateData, ProfilingState, ProfilingStateData
 from gpufleet.facts.packages import AptCandidates, HeldPackages, PackageVersions, StackPackages, StackPackagesData
 from gpufleet.plans.driver_preconditions import mok_certificate, plain_path, preconditions
@@ -329,21 +330,29 @@ def _change(settings: Settings, res: Resolution, facts: DriverFacts, profiling: 
 
 
 def _change_what(res: Resolution, moves: _Moves, nsight: dict[str, str], kept: bool) -> str:
-    """What the change moves, for its short operation name; the moves it leaves are the plan's notes."""
-    if kept and moves.pending:
-        what = [f"CUDA/cuDNN around driver {moves.pending[0]}"]
-    else:
-        what = [f"driver {res.driver_version} ({res.flavour})" + (" + Fabric Manager" if res.fabricmanager_needed else "")]
-        if res.cuda_version and "CUDA toolkit" not in moves.left:
-            what.append(f"CUDA {res.cuda_release or res.cuda_version}")
-        if res.cudnn_version and "cuDNN" not in moves.left:
-            # the tier's cuDNN release (9.17.0), not its package build (9.17.0.29): the name fits
-            # NAME_LIMIT; the exact releases are the deploy's explanation of the change
-            what.append(f"cuDNN {res.cudnn_version}")
-    if nsight:
-        what.append("Nsight")
+    """What the change moves, for its short operation name: the most detailed form that fits
+    NAME_LIMIT (the exact releases are the change's explanation; the moves it leaves are the
+    plan's notes). "if idle" is never dropped: it says the GPUs are checked right before."""
     # in place: the GPUs checked idle right before, in the same command
-    return ", ".join(what) + (" (in place, if idle)" if moves.in_place else "")
+    suffix = " (in place, if idle)" if moves.in_place else ""
+    budget = NAME_LIMIT - len("Install ") - len(suffix)
+    if kept and moves.pending:
+        forms = [f"CUDA/cuDNN around driver {moves.pending[0]}", "CUDA/cuDNN"]
+    else:
+        driver = f"driver {res.driver_version}"
+        fm = " + Fabric Manager" if res.fabricmanager_needed else ""
+        cuda = bool(res.cuda_version) and "CUDA toolkit" not in moves.left
+        cudnn = bool(res.cudnn_version) and "cuDNN" not in moves.left
+        # the tier's cuDNN release (9.17.0), not its package build (9.17.0.29)
+        versioned = ([f"CUDA {res.cuda_release or res.cuda_version}"] if cuda else []) \
+            + ([f"cuDNN {res.cudnn_version}"] if cudnn else []) + (["Nsight"] if nsight else [])
+        bare = (["CUDA"] if cuda else []) + (["cuDNN"] if cudnn else []) + (["Nsight"] if nsight else [])
+        forms = [", ".join([f"{driver} ({res.flavour}){fm}", *versioned]),
+                 ", ".join([f"{driver}{fm}", *versioned]),
+                 ", ".join([f"{driver}{' + FM' if fm else ''}", *versioned]),
+                 ", ".join([f"{driver}{' + FM' if fm else ''}", *bare]),
+                 f"the {driver} stack"]
+    return next((f for f in forms if len(f) <= budget), forms[-1]) + suffix
 
 
 def _held(res: Resolution, facts: DriverFacts, change: PackageChange, left: frozenset[str],

@@ -24,9 +24,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpufleet.facts.health import WATCH_DIR, WATCH_JOURNAL
+from gpufleet.facts.network import IbPortCounters
 from gpufleet.facts.slurm import SlurmNodeData
 from gpufleet.plans.health import CLASSES, Finding, GpuVerdict, HealthRules, HostVerdict, rank
 
@@ -195,6 +196,50 @@ class Need:
 
 def _ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+#: the counter that says the link went down and came back (a flap); the others count link errors
+IB_FLAP = "link_downed"
+
+
+def with_ib(verdict: HostVerdict, ports: list[IbPortCounters] | None, before: dict[str, Any],
+            rules: HealthRules) -> tuple[HostVerdict, dict[str, Any]]:
+    """The verdict with the InfiniBand/RoCE ports' news since the last run folded in (health.yaml
+    ib_*: a port in use that is down or gone, a flap, grown error counters), and what the next run
+    compares with. A port is in use once seen ACTIVE/LinkUp: one never cabled is no finding.
+    Counters first seen are history, not news; counters cleared by hand (`perfquery -R`) start
+    again. `ports` None: they could not be read this run (nothing judged, the memory kept)."""
+    if ports is None:
+        return verdict, before
+    found: list[Finding] = []
+    memory: dict[str, Any] = {}
+
+    def add(check: str, key: str, **values: Any) -> None:
+        rule = rules.checks[check]
+        found.append(Finding(f"{check}:{key}", rule.cls, rule.detail.format(**values), rule.fix, rule.source))
+
+    for port in ports:
+        key, name = f"{port.device}/{port.port}", f"{port.device} port {port.port}"
+        remembered = before.get(key)
+        old: dict[str, Any] = remembered if isinstance(remembered, dict) else {}
+        up = port.state == "ACTIVE" and port.phys_state == "LinkUp"
+        in_use = up or bool(old.get("in_use"))
+        memory[key] = {"in_use": in_use, "counters": dict(port.counters)}
+        if in_use and not up:
+            add("ib_port_down", key, port=name, state=f"{port.state or '?'}/{port.phys_state or '?'}")
+        was = {k: v for k, v in (old.get("counters") or {}).items() if isinstance(v, int)}
+        now = port.counters
+        if IB_FLAP in was and now.get(IB_FLAP, 0) > was[IB_FLAP]:
+            add("ib_link_flapped", key, port=name, was=was[IB_FLAP], now=now[IB_FLAP])
+        grown = [f"{k} {was[k]} -> {v}" for k, v in sorted(now.items()) if k != IB_FLAP and k in was and v > was[k]]
+        if grown:
+            add("ib_link_errors", key, port=name, counters=", ".join(grown))
+    for key, old in sorted(before.items()):
+        if key not in memory and isinstance(old, dict) and old.get("in_use"):
+            # the HCA itself is gone (fell off the bus, driver unloaded): remembered until it is back
+            add("ib_port_down", key, port=key.replace("/", " port "), state="gone from /sys/class/infiniband")
+            memory[key] = old
+    return replace(verdict, host_findings=verdict.host_findings + tuple(found)), memory
 
 
 def escalated(verdict: HostVerdict, journal: list[Event], now: float, plan: WatchPlan) -> list[Need]:

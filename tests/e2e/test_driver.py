@@ -250,7 +250,9 @@ def test_nvidia_sanctioned_upgrade_unholds_upgrades_and_reholds(hgx, nvidia_upgr
     assert f"nvidia-driver-pinning-{OLD}" not in got  # replaced by the new version lock
     held = holds(hgx)
     assert {"nvidia-open", FM, f"nvidia-driver-pinning-{NEW}", "cuda-toolkit-13-0", "libcudnn9-cuda-13"} <= held
-    assert f"Install driver {NEW} (open) + Fabric Manager" in "\n".join(changed_operations(run))
+    # the name fits 60 characters (the exact releases, Fabric Manager's among them, are its explanation)
+    assert any(f"Install driver {NEW}" in op or f"Install the driver {NEW} stack" in op
+               for op in changed_operations(run)), changed_operations(run)
     # driver_upgrade_in_place still goes through the gate: the manifest of the old state first,
     # and the GPUs checked idle right before the package change
     import json

@@ -137,3 +137,38 @@ def test_an_xid_reset_leaves_the_gpu_ok_and_the_third_escalates_as_the_tier_says
     assert history.returncode == 0, history.stderr
     assert "reset" in history.stdout and "escalated to drain" in history.stdout and "hw_slowdown" in history.stdout
     sh(host, "gpusimctl fault --clear --gpu 0")
+
+
+def test_a_flapping_infiniband_port_is_found_by_the_nodes_watch_naming_it(watched):
+    """Issue 46 item 3: the fabric feeds the health classes. The host has no HCA: a sysfs-shaped
+    tree stands in for /sys/class/infiniband (TEST DOUBLE, given to the watch's own command as
+    root through GPUFLEET_TEST_SYSFS_ROOT; the timer is stopped meanwhile, it reads the real /sys)."""
+    host, _, _ = watched
+    fake = "/run/gpufleet-test-sys"
+    port = f"{fake}/class/infiniband/mlx5_0/ports/1"
+
+    def put(state: str, phys: str, downed: int, symbols: int) -> None:
+        sh(host, f"mkdir -p {port}/counters && echo '{state}' > {port}/state && echo '{phys}' > {port}/phys_state && "
+                 f"echo {downed} > {port}/counters/link_downed && echo {symbols} > {port}/counters/symbol_error")
+
+    def watch() -> None:
+        testhosts.ssh(host, f"GPUFLEET_TEST_SYSFS_ROOT={fake} /usr/local/sbin/gpufleet-health-watch --timer", check=False)
+
+    sh(host, "systemctl stop gpufleet-health-watch.timer")
+    try:
+        put("4: ACTIVE", "5: LinkUp", 2, 5)     # counted before the watch saw it: history
+        watch()
+        assert not [e for e in journal(host) if e["check"].startswith("ib_")]
+        put("4: ACTIVE", "5: LinkUp", 2, 40)
+        watch()
+        put("1: DOWN", "3: Disabled", 3, 40)
+        watch()
+        ib = {e["check"]: e for e in journal(host) if e["check"].startswith("ib_") and e["action"] == "seen"}
+        assert ib["ib_link_errors:mlx5_0/1"]["class"] == "monitor"
+        assert "mlx5_0 port 1: symbol_error 5 -> 40" in ib["ib_link_errors:mlx5_0/1"]["detail"]
+        assert ib["ib_link_flapped:mlx5_0/1"]["class"] == "drain"
+        assert "link_downed 2 -> 3" in ib["ib_link_flapped:mlx5_0/1"]["detail"]
+        assert ib["ib_port_down:mlx5_0/1"]["class"] == "drain" and "DOWN/Disabled" in ib["ib_port_down:mlx5_0/1"]["detail"]
+        assert 'finding="ib_port_down:mlx5_0/1"' in scrape(host)
+    finally:
+        sh(host, f"rm -rf {fake} {WATCH}/state.json; systemctl start gpufleet-health-watch.timer")

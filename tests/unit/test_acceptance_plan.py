@@ -110,3 +110,30 @@ def test_symbol_errors_during_the_acceptance_fail_naming_the_port() -> None:
     [flap] = acc.judge_ports(before, ports("after-flap"))
     assert flap.status == acc.FAIL and "mlx5_0 port 1: DOWN/Disabled" in flap.message
     assert acc.judge_ports([], [])[0].status == acc.SKIP
+
+
+def test_nccl_over_ib_without_gpudirect_rdma_fails_on_rdma_profiles() -> None:
+    """NCCL stages through host memory without a word when nvidia-peermem is missing; its channel
+    lines are the evidence (constructed from NCCL's format string: tests/unit/acceptance/README.md)."""
+    with_gdr = acc.parse_allreduce((HERE / "nccl-ib-gdr.txt").read_text().splitlines(), "gpu-1")
+    without = acc.parse_allreduce((HERE / "nccl-ib-no-gdr.txt").read_text().splitlines(), "gpu-1")
+    assert (with_gdr.transport, with_gdr.gdr, without.transport, without.gdr) == ("NET/IB", True, "NET/IB", False)
+    assert [f.name for f in acc.judge_allreduce(with_gdr, "ib") if f.status == acc.FAIL] == []
+    failed = [f for f in acc.judge_allreduce(without, "roce") if f.status == acc.FAIL]
+    assert [f.name for f in failed] == ["GPUDirect RDMA"] and "nvidia-peermem" in failed[0].fix
+    # a tcp fabric expects no RDMA at all
+    assert [f for f in acc.judge_allreduce(without, "tcp") if f.name == "GPUDirect RDMA"] == []
+
+
+def test_a_port_down_before_and_after_is_not_judged_a_port_that_went_down_fails() -> None:
+    """A dual-port HCA with one port cabled must not fail every acceptance; a port that went
+    down while the acceptance ran must."""
+    from dataclasses import replace
+
+    before = ports("before")
+    uncabled = [replace(p, state="DOWN", phys_state="Polling") if p.device == "mlx5_0" else p for p in before]
+    found = acc.judge_ports(uncabled, uncabled)
+    assert found[0].status == acc.PASS and "mlx5_0 port 1: DOWN/Polling" in found[0].message, found
+    assert acc.judge_ports(before, uncabled)[0].status == acc.FAIL
+    all_down = [replace(p, state="DOWN", phys_state="Polling") for p in before]
+    assert acc.judge_ports(all_down, all_down)[0].status == acc.WARN

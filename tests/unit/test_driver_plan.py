@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from gpufleet.explain import NAME_LIMIT
+
 from gpufleet.config.hostfacts import KernelPlan
 from gpufleet.config.resolver import resolve
 from gpufleet.config.settings import _settings_for
@@ -93,6 +95,26 @@ def test_driver_plan(path: Path) -> None:
     assert isinstance(plan, DriverPlan), plan
     for name, want in expect.items():
         assert field(plan, name) == want, (name, field(plan, name))
+    if plan.change is not None:
+        assert len(plan.change.name) <= NAME_LIMIT, plan.change.name
+
+
+def test_the_change_name_fits_for_the_longest_stack() -> None:
+    """An in-place move of driver + Fabric Manager + CUDA + cuDNN + Nsight named 75-79 characters
+    before (the static check counts a value as 12); now the most detailed form that fits."""
+    from types import SimpleNamespace
+
+    from gpufleet.plans.driver import _change_what
+
+    res = SimpleNamespace(driver_version="580.126.09", flavour="open", fabricmanager_needed=True,
+                          cuda_version="12.9", cuda_release="12.9.1", cudnn_version="9.17.0")
+    moves = SimpleNamespace(in_place=True, pending=("570.86.15", "580.126.09"), left=frozenset())
+    name = "Install " + _change_what(res, moves, {"nsight-systems": "2025.1"}, False)  # type: ignore[arg-type]
+    assert len(name) <= NAME_LIMIT and name.endswith("(in place, if idle)") and "580.126.09" in name, name
+    kept = "Install " + _change_what(res, moves, {}, True)  # type: ignore[arg-type]
+    assert len(kept) <= NAME_LIMIT and kept.endswith("(in place, if idle)"), kept
+    roomy = SimpleNamespace(in_place=False, pending=None, left=frozenset())
+    assert _change_what(res, roomy, {}, False) == "driver 580.126.09 + FM, CUDA 12.9.1, cuDNN 9.17.0"  # type: ignore[arg-type]
 
 
 def test_the_cases_cover_every_refusal_and_the_moves() -> None:

@@ -304,3 +304,91 @@ def test_dcgm_health_incidents_fold_into_the_same_classes_on_their_gpu():
     assert w.parse_dcgm_health("Error: Health watches not enabled. Please enable watches.") == []
     healthy_report = json.dumps({"header": ["Health Monitor Report"], "body": {"Overall Health": {"value": "Healthy"}}})
     assert w.with_dcgm(healthy, w.parse_dcgm_health(healthy_report), health_rules()) == healthy
+
+
+# --- InfiniBand/RoCE ports in the watch (issue 46 item 3: the fabric feeds the health classes) ---
+
+IB = Path(__file__).resolve().parents[1] / "fixtures" / "infiniband"
+
+
+def _ports(name: str):
+    from gpufleet.facts.network import parse_ib_counters
+
+    return parse_ib_counters((IB / f"counters-{name}.txt").read_text().splitlines())
+
+
+def _ib(ports, before):
+    from gpufleet.plans.health import HostVerdict, health_rules
+
+    verdict, memory = w.with_ib(HostVerdict((), ()), ports, before, health_rules())
+    return [(f.check, f.cls, f.detail) for f in verdict.host_findings], memory
+
+
+def test_the_first_sight_of_the_ports_is_history_not_news():
+    found, memory = _ib(_ports("before"), {})
+    assert found == [] and memory["mlx5_1/1"] == {"in_use": True, "counters": {
+        "symbol_error": 0, "link_downed": 1, "link_error_recovery": 0, "port_rcv_errors": 0,
+        "local_link_integrity_errors": 0}}
+
+
+def test_a_port_that_went_down_and_flapped_drains_naming_it():
+    _, memory = _ib(_ports("before"), {})
+    found, after = _ib(_ports("after-flap"), memory)
+    assert ("ib_port_down:mlx5_0/1", "drain") in [(c, k) for c, k, _ in found]
+    flap = [d for c, k, d in found if c == "ib_link_flapped:mlx5_0/1"]
+    assert flap and "mlx5_0 port 1" in flap[0] and "link_downed 0 -> 1" in flap[0], found
+    assert not any("mlx5_1" in c for c, _, _ in found)   # its link_downed 1 was history
+    # the next run with nothing new: the port is still down (drain), no second flap
+    again, _ = _ib(_ports("after-flap"), after)
+    assert [c for c, _, _ in again] == ["ib_port_down:mlx5_0/1"]
+
+
+def test_grown_symbol_errors_are_monitored_naming_port_and_counts():
+    _, memory = _ib(_ports("before"), {})
+    found, _ = _ib(_ports("after-symbol-errors"), memory)
+    assert found == [("ib_link_errors:mlx5_1/1", "monitor",
+                      "mlx5_1 port 1: symbol_error 0 -> 17 since the last check: a degrading link")]
+
+
+def test_a_port_never_up_is_no_finding_and_cleared_counters_start_again():
+    from dataclasses import replace
+
+    down = [replace(p, state="DOWN", phys_state="Polling") for p in _ports("before")]
+    found, memory = _ib(down, {})
+    found2, _ = _ib(down, memory)
+    assert found == found2 == [] and not memory["mlx5_0/1"]["in_use"]
+    _, memory = _ib(_ports("after-symbol-errors"), {})
+    cleared, _ = _ib(_ports("before"), memory)   # perfquery -R: counters lower than before
+    assert cleared == []
+
+
+def test_an_hca_gone_from_sysfs_drains_and_unreadable_ports_judge_nothing():
+    _, memory = _ib(_ports("before"), {})
+    gone, kept = _ib([p for p in _ports("before") if p.device != "mlx5_0"], memory)
+    assert [(c, k) for c, k, _ in gone] == [("ib_port_down:mlx5_0/1", "drain")] and "mlx5_0/1" in kept
+    assert _ib(None, memory) == ([], memory)
+
+
+def test_the_node_zip_runs_the_ib_reading_without_pyinfra(tmp_path):
+    """The node runs gpufleet's modules from one zip with the system python3 -I and stand-ins for
+    pyinfra and PyYAML: facts/network.py must import there too."""
+    import shutil
+    import subprocess
+    import sys
+
+    from gpufleet.deploys.health_watch import bundle
+
+    (tmp_path / "watch.zip").write_bytes(bundle())
+    port = tmp_path / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1"   # sysfs's shape (a test double)
+    (port / "counters").mkdir(parents=True)
+    (port / "state").write_text("4: ACTIVE\n")
+    (port / "phys_state").write_text("5: LinkUp\n")
+    (port / "counters" / "link_downed").write_text("3\n")
+    python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+    done = subprocess.run([python, "-I", "-c", (
+        "import sys; sys.path.insert(0, sys.argv[1]); import os; os.environ['GPUFLEET_TEST_SYSFS_ROOT'] = sys.argv[2]\n"
+        "from gpufleet.apps import health_node\nprint(health_node.read_ib())"),
+        str(tmp_path / "watch.zip"), str(tmp_path / "sys")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done
+    assert done.stdout.strip() == ("[IbPortCounters(device='mlx5_0', port=1, state='ACTIVE', phys_state='LinkUp', "
+                                   "counters={'link_downed': 3})]"), done

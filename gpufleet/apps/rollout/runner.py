@@ -609,8 +609,8 @@ class Runner:
             # before it are done; the MIG change waits for the next run, the host goes back
             state.finish(n, step, False, why, status="busy")
             give_back = True
-        elif outcome == "busy" or (step == "drain" and ("Wait for running GPU processes" in why
-                                                       or "Wait for the Slurm jobs" in why)):
+        elif outcome == "busy" or (step == "drain" and BUSY_MARK in why):
+            # the drain's waits end with the busy mark when jobs outlast them
             state.finish(n, step, False, why, status="busy")
             give_back = True
         elif outcome == "reboot-pending":
