@@ -54,4 +54,6 @@ def bootstrap() -> None:
         name=explained(f"Install the run's {len(planned.names)} packages in one transaction",
                        "Every Debian package of the first converge in one apt transaction, at the versions "
                        "each area's plan wants (" + ", ".join(planned.names) + ")"),
-        plan=planned, keys=driver.change.keys)
+        releases=planned.releases, present=planned.present, pinning=planned.pinning, hold=planned.hold,
+        exact=planned.exact, plain=planned.plain, first=planned.first, also_hold=planned.also_hold,
+        keys=driver.change.keys)

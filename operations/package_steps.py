@@ -84,14 +84,27 @@ def exact_packages(releases: Mapping[str, str], present: Sequence[str] = (), pin
 
 
 @operation()
-def first_install(plan: BootstrapPackages, keys: Mapping[str, str] | None = None,
+def first_install(releases: Mapping[str, str], present: Sequence[str] = (), pinning: str | None = None,
+                  hold: bool = True, exact: Mapping[str, str] | None = None, plain: Sequence[str] = (),
+                  first: Sequence[str] = (), also_hold: Sequence[str] = (), keys: Mapping[str, str] | None = None,
                   ) -> Generator[StringCommand | FunctionCommand, None, None]:
-    """A first converge's early install (gpufleet/plans/bootstrap_packages.py): every package of
-    the run in one sanctioned change. Like exact_packages, the body runs again when its turn
-    comes, after the run wrote and read the sources: the driver stack's exact versions are those
-    the index offers then, decided by the driver's own rules (union_change); a release it does
-    not offer fails the host there, nothing changed. No GPU gate: the plan takes the driver stack
-    only where no NVIDIA driver package or module is present, so nothing runs on the GPUs."""
+    """A first converge's early install (gpufleet/plans/bootstrap_packages.py's BootstrapPackages,
+    field by field): every package of the run in one sanctioned change. Like exact_packages, the
+    body runs again when its turn comes, after the run wrote and read the sources: the driver
+    stack's exact versions are those the index offers then, decided by the driver's own rules
+    (union_change); a release it does not offer fails the host there, nothing changed. No GPU
+    gate: the plan takes the driver stack only where the driver's own path would not gate it
+    either (no user-space driver present), so no GPU job can be running on it.
+
+    + releases, present, pinning, hold: the driver stack's change (DriverPlan.change)
+    + exact: package -> exact Debian version (the container toolkit's)
+    + plain: packages as the sources offer them; first: in an apt run of their own before the rest
+    + also_hold: held by the same change (the engine and toolkit)
+    + keys: the setting each driver stack release comes from, for a release not offered
+    """
+    plan = BootstrapPackages(releases=dict(releases), present=tuple(present), pinning=pinning, hold=hold,
+                             exact=dict(exact or {}), plain=tuple(plain), first=tuple(first),
+                             also_hold=tuple(also_hold), left=())
     installed = host.get_fact(PackageVersions, packages=plan.names)
     moving = moving_packages(plan.releases, [*plan.present, *([plan.pinning] if plan.pinning else [])], installed)
     with_release = [p for p in moving if p in plan.releases]
