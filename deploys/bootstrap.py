@@ -17,10 +17,10 @@ What is left to its area's own transaction, and why, is the plan's `left`.
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.facts.deb import DebPackages
-from pyinfra.operations import apt
 
 from gpufleet.config.settings import host_settings
 from gpufleet.explain import explained
+from gpufleet.operations.apt_index import index_read
 from gpufleet.operations.needrestart import quiet_needrestart
 from gpufleet.operations.package_steps import first_install
 from gpufleet.operations.source_steps import container_sources, cuda_sources, mark_written_early
@@ -48,8 +48,9 @@ def bootstrap() -> None:
     # every source first, the index read once, then the one change
     sources = [*cuda_sources(driver, refresh=False), *container_sources(docker, refresh=False)]
     mark_written_early(sources)
-    apt.update(name=explained("Read the package index, every source written",
-                              "One apt-get update after every source and key of the run is written"))
+    index_read(name=explained("Read the package index, every source written",
+                              "One apt-get update after every source and key of the run is written; the areas "
+                              "then find the index fresh"))
     first_install(
         name=explained(f"Install the run's {len(planned.names)} packages in one transaction",
                        "Every Debian package of the first converge in one apt transaction, at the versions "
