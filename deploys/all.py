@@ -20,12 +20,14 @@ from pyinfra import host, state
 
 from gpufleet.controller import factcache
 from gpufleet.controller import hostlock
+from gpufleet.controller import run_result
 from gpufleet.controller import staging
 
 factcache.install()  # no fact asked twice while nothing changed; last run's facts in one command
 hostlock.install()  # one run at a time changes a host: its lock is taken at its first change
 staging.install()  # sudo uploads stage in the login user's private folder, never /tmp
 factcache.prefetch_all(state)  # every host starts on those while the rest of this is imported
+run_result.install(state)  # under gpufleet-deploy: which hosts this run left converged, for their acceptance
 
 from gpufleet.deploys.base import base  # noqa: E402
 from gpufleet.deploys.bootstrap import bootstrap  # noqa: E402

@@ -38,6 +38,7 @@ from gpufleet.explain import explained
 from gpufleet.config.failures import fail
 from gpufleet.config.settings import host_settings
 from gpufleet.checks.validation import FAIL, WARN, failures, run_checks
+from gpufleet.controller.run_summary import outcome
 
 
 def probe_setting() -> str:
@@ -78,6 +79,10 @@ def gate(probe: bool = True, probe_only_if_changed: bool = False) -> Generator[F
         log = logger.error if result.status == FAIL else logger.warning if result.status == WARN else logger.info
         log(f"{host.print_prefix}{result.line()}")
     failed = failures(results)
+    refused = [r for r in results if r.area == "acceptance" and r.status == WARN]
+    if refused and not failed:
+        # a valid host all the same: the run's end names it, with the command that accepts it
+        outcome(host).not_accepted = refused[0].message
     if failed:
         summary = "; ".join(f"{r.name}: {r.message}" for r in failed)
         fixes = "; ".join(f"{r.name}: {r.fix}" for r in failed if r.fix)

@@ -10,6 +10,8 @@ EXIT_CODES: dict[str, tuple[tuple[int, str], ...]] = {
         (0, "every host done (pyinfra's exit code)"),
         (1, "a host failed or was not reached, or pyinfra stopped (pyinfra's exit code)"),
         (2, "usage: no inventory file, an unknown area, more than one area (checked before pyinfra starts)"),
+        (4, "every host done, but a host failed its acceptance after its first converge: drained, named with "
+            "its measurement and fix (docs/acceptance.md)"),
     ),
     "gpufleet-rollout": (
         (0, "done: every host of the rollout is at its target"),

@@ -22,7 +22,7 @@ FIX_ROLLOUT = "tools/rollout INVENTORY (canary, batches, drain, snapshot); all.p
 
 
 AREAS = ("base", "preflight", "driver", "docker", "tuning", "storage", "monitoring", "hardening", "health", "probe",
-         "pytorch")
+         "pytorch", "acceptance")
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,10 @@ from gpufleet.checks.pytorch import (
     PYTORCH_CHECK as PYTORCH_CHECK,
     pytorch_build_runs_here as pytorch_build_runs_here,
 )
+from gpufleet.checks.acceptance import (
+    ACCEPTED as ACCEPTED,
+    accepted as accepted,
+)
 
 if TYPE_CHECKING:
     from gpufleet.config.settings import Settings

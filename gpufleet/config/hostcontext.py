@@ -68,6 +68,9 @@ class HostOutcome:
     profiling_pending: str = ""
     #: the old mount points of a scratch that moved (storage_scratch_path), left mounted
     scratch_moved: str = ""
+    #: why a host the run left converged is not accepted (the gate's acceptance WARN): no record
+    #: for its driver and CUDA
+    not_accepted: str = ""
 
 
 @dataclass

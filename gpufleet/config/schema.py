@@ -1049,6 +1049,7 @@ KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "health_textfile_dir": KeySpec(lambda v: _check_abs_path(v, _TEXTFILE_ALLOWED), lambda: _TEXTFILE_ALLOWED),
         "rollout_batch_size": _int(1),
         "rollout_require_idle": _bool(),
+        "acceptance_new_host": _bool(),
         "acceptance_rollout": _bool(),
         "acceptance_diag_level": _int(0, 3),
         "acceptance_port": _int(1024, 65535),

@@ -142,6 +142,7 @@ class Settings:
     rollout_require_idle: bool
     rollout_canary_diag_level: int
     rollout_lock_wait: int
+    acceptance_new_host: bool
     acceptance_rollout: bool
     acceptance_diag_level: int
     acceptance_port: int

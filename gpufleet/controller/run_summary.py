@@ -11,6 +11,7 @@ at the interpreter's exit.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ import click
 from gpufleet.catalog.cuda_stack import pending_message, stack_pending_message
 from gpufleet.config.hostcontext import HostOutcome, host_context, real_object
 from gpufleet.controller.run_end import at_run_end
+from gpufleet.controller.run_result import ACCEPTS_NEXT
 
 T = TypeVar("T")
 
@@ -46,6 +48,8 @@ class RunSummary:
     profiling_pending: dict[str, str] = field(default_factory=dict)
     #: host name -> the old mount points of a scratch that moved (storage_scratch_path), left mounted
     scratch_moved: dict[str, str] = field(default_factory=dict)
+    #: host name -> why the converged host is not accepted (no acceptance on record for its driver and CUDA)
+    not_accepted: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, hosts: Iterable[Any]) -> RunSummary:
@@ -72,12 +76,13 @@ class RunSummary:
         """Drop every record of one host (a test's observation, taken)."""
         for records in (self.driver_pending, self.stack_pending, self.stack_by_hand, self.needs_reboot,
                         self.docker_pending, self.mig_pending, self.mig_reboot, self.profiling_pending,
-                        self.scratch_moved):
+                        self.scratch_moved, self.not_accepted):
             records.pop(name, None)
         self.busy_at_reboot.discard(name)
 
-    def report(self) -> str:
-        """The end-of-run summary ("" when the run leaves nothing)."""
+    def report(self, accepts_next: bool = False) -> str:
+        """The end-of-run summary ("" when the run leaves nothing). `accepts_next`: gpufleet-deploy
+        runs the acceptance of the converged hosts right after this run."""
         return "".join((
             _section(self.driver_pending, lambda versions: pending_message(*versions),
                      "with a DRIVER UPGRADE PENDING; deploys/all.py changed no driver (driver_upgrade_in_place: "
@@ -105,6 +110,7 @@ class RunSummary:
             _section(self.scratch_moved, str,
                      "whose scratch MOVED (storage_scratch_path) and is STILL MOUNTED at the old path too (jobs may "
                      "use it; gpufleet does not unmount it): unmount it once nothing uses it, or reboot:"),
+            _section(self.not_accepted, str, NOT_ACCEPTED_NEXT if accepts_next else NOT_ACCEPTED),
         ))
 
 
@@ -116,9 +122,14 @@ def _section(records: Mapping[str, T], line: Callable[[T], str], headline: str) 
     return f"\n--> gpufleet: {len(records)} host(s) {headline}\n{lines}\n"
 
 
+NOT_ACCEPTED = ("converged but NOT ACCEPTED: no acceptance on record for their driver and CUDA (a new node "
+                "proves itself with a peer before it takes jobs). Accept them: gpufleet-deploy INVENTORY --accept")
+NOT_ACCEPTED_NEXT = "converged, NOT ACCEPTED yet: gpufleet-deploy runs their acceptance now:"
+
+
 #: The kinds of record: HostOutcome's fields, each a dict of RunSummary's (busy_at_reboot: a set).
 _KINDS = ("driver_pending", "stack_pending", "stack_by_hand", "needs_reboot", "docker_pending", "mig_pending",
-          "mig_reboot", "profiling_pending", "scratch_moved")
+          "mig_reboot", "profiling_pending", "scratch_moved", "not_accepted")
 
 
 def outcome(host: Any) -> HostOutcome:
@@ -136,6 +147,6 @@ def pending(host: Any) -> list[str]:
 
 def say_at_run_end(state: Any) -> None:
     """The end-of-run summary of every host of the run (nothing when they leave nothing)."""
-    text = RunSummary.of(state.inventory).report()
+    text = RunSummary.of(state.inventory).report(accepts_next=os.environ.get(ACCEPTS_NEXT) == "1")
     if text:
         click.echo(text, err=True)

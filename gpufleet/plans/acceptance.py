@@ -384,3 +384,54 @@ def plan_line(settings: Settings) -> str:
     return (f"{when}: performance probe, GPU health, {diag}all-reduce with a known-good peer on port "
             f"{settings.acceptance_port}/tcp ({settings.acceptance_allreduce_mib} MiB, {settings.acceptance_timeout} s "
             f"at most; {minimum}), InfiniBand/RoCE ports before and after")
+
+
+# --- the record of a passed acceptance (facts/acceptance.py reads it) -----------------------------
+
+FIX_ACCEPT = "gpufleet-deploy INVENTORY --accept (pairs the hosts with an accepted peer; docs/acceptance.md)"
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Is the host accepted now? `why` says what stands in the way ("" when accepted)."""
+
+    accepted: bool
+    why: str = ""
+    when: str = ""      # the record's time, when there is one
+
+
+def build_record(verdict: Verdict, peer: str, driver: str | None, cuda: Mapping[str, str], when: float,
+                 version: str) -> dict[str, Any]:
+    """What a passed acceptance leaves on the host (facts/acceptance.py RECORD): when, by which
+    gpufleet, for which driver and CUDA toolkits, with which peer, and the measurements."""
+    import time
+
+    from gpufleet.facts.acceptance import RECORD_FORMAT
+
+    return {"format": RECORD_FORMAT, "accepted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when)),
+            "accepted_at_epoch": round(when, 3), "gpufleet": version, "driver": driver or "",
+            "cuda": dict(sorted(cuda.items())), "peer": peer, "host": verdict.host,
+            "findings": [f.to_json() for f in verdict.findings]}
+
+
+def standing(found: Any) -> Standing:
+    """The host's standing from its AcceptanceRecordData: no record, or a record for another
+    driver or CUDA toolkit than the host has now, is "not accepted" (a new driver is a new host
+    to its jobs: the rollout's acceptance writes the record again)."""
+    if found.error:
+        return Standing(False, f"the acceptance record is unreadable ({found.error})")
+    record = found.record
+    if record is None:
+        return Standing(False, "none on record")
+    when = str(record.get("accepted_at", ""))
+    if record.get("format") != 1:
+        return Standing(False, f"a record of an unknown format {record.get('format')!r}", when)
+    was, now = str(record.get("driver") or ""), found.driver or ""
+    if was != now:
+        return Standing(False, f"accepted {when} with driver {was or 'none'}, driver {now or 'none'} loaded now", when)
+    cuda = record.get("cuda") if isinstance(record.get("cuda"), dict) else {}
+    if dict(cuda) != dict(found.cuda):
+        def text(toolkits: Mapping[str, Any]) -> str:
+            return ", ".join(f"{k} {v}" for k, v in sorted(toolkits.items())) or "no CUDA toolkit"
+        return Standing(False, f"accepted {when} with {text(cuda)}, {text(found.cuda)} now", when)
+    return Standing(True, "", when)

@@ -337,4 +337,5 @@ ALWAYS_CHANGES = {
     "snapshot.etc_archived", "snapshot.manifest_written", "snapshot.copied_to_controller",
     "driver.refresh_initramfs",
     "daemon_reload.daemon_reload",
+    "acceptance.acceptance_recorded",   # written after each passed acceptance: its time is new
 }

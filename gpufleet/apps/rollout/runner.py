@@ -644,6 +644,7 @@ class Runner:
         verdicts = accept(self.opts.inventory, names, peer, say=lambda line: self.say(f"[{batch.name}] {line}"),
                           rollout=True)
         self.acceptance.update({n: v.to_json() for n, v in verdicts.items()})
+        self.record_acceptance(verdicts, peer)
         for name, verdict in verdicts.items():
             for finding in verdict.findings:
                 if finding.status != "pass":
@@ -654,6 +655,18 @@ class Runner:
             else:
                 result.failed[name] = f"acceptance: {verdict.summary()}"
         return result
+
+    def record_acceptance(self, verdicts: dict[str, Any], peer: str | None) -> None:
+        """The record of each passed acceptance on its host (facts/acceptance.py), for the driver
+        it now has: the host is accepted (gpufleet-deploy accepts it not again). A verdict that
+        only says the acceptance was turned off (acceptance_rollout: false) is no acceptance."""
+        from gpufleet.apps.new_hosts import peers_of, record_passed
+
+        ran = {n: v for n, v in verdicts.items()
+               if v.passed and not all(f.name == "acceptance" and f.status == "skip" for f in v.findings)}
+        for name, why in record_passed(self.opts.inventory, ran, peers_of(list(verdicts), peer)).items():
+            self.say(f"{name}: warning: its acceptance passed, but its record was not written: {why}")
+            self.ctx.notes.setdefault(name, []).append("acceptance record NOT written")
 
     def progress(self, names: list[str], in_flight: Sequence[str] = ()) -> str:
         """Hosts done / in flight / failed of this rollout, and the time left at this run's pace
