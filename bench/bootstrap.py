@@ -55,10 +55,12 @@ PYINFRA = REPO / ".venv" / "bin" / "pyinfra"
 COMMAND_RE = re.compile(r"Running command on (\S+?):")
 # The deploy an operation belongs to (pyinfra prefixes its name with the @deploy's) -> phase;
 # holds first: an operation that only holds packages is a phase of its own wherever it is
-PHASES = [("holds", r"\| Hold "), ("preflight", r"^Preflight|^GPU host preflight"), ("base", r"^Base system"),
-          ("driver (DKMS inside)", r"^NVIDIA driver"), ("docker", r"^Docker"), ("tuning", r"^GPU persistence"),
-          ("pytorch", r"PyTorch"), ("storage", r"^Local NVMe"), ("monitoring", r"^Prometheus"),
-          ("hardening", r"^SSH hardening"), ("the gate (validate)", r"^Validate")]
+PHASES = [("holds", r"\| Hold "), ("first install (every package, one transaction)", r"^First install"),
+          ("preflight", r"^Preflight|^GPU host preflight"), ("package cache", r"^Package cache"),
+          ("base", r"^Base system"), ("driver (DKMS inside)", r"^NVIDIA driver|^Driver stack"), ("docker", r"^Docker"),
+          ("tuning", r"^GPU persistence|^Tuning"), ("pytorch", r"PyTorch"), ("storage", r"^Local NVMe|^Storage"),
+          ("monitoring", r"^Prometheus|^Monitoring"), ("health watch", r"^Health watch"),
+          ("hardening", r"^SSH hardening|^Hardening"), ("the gate (validate)", r"^Validate")]
 APT_UPDATE = re.compile(r"apt-get update")
 
 

@@ -30,6 +30,7 @@ factcache.prefetch_all(state)  # every host starts on those while the rest of th
 run_result.install(state)  # under gpufleet-deploy: which hosts this run left converged, for their acceptance
 
 from gpufleet.deploys.base import base  # noqa: E402
+from gpufleet.deploys.bootstrap import bootstrap  # noqa: E402
 from gpufleet.deploys.docker import docker  # noqa: E402
 from gpufleet.deploys.driver import driver  # noqa: E402
 from gpufleet.deploys.hardening import hardening  # noqa: E402
@@ -56,6 +57,8 @@ hostlock.plan_on(host)
 preflight()
 if not host_failed(host):
     package_cache()
+if not host_failed(host):
+    bootstrap()
 if not host_failed(host):
     base()
 if not host_failed(host):

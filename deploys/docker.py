@@ -25,34 +25,32 @@ Story of a host, part 4 (after the driver):
    by the validation gate, until a run finds the GPU containers gone.
 6. **GPU smoke test** (`docker run --rm --gpus all IMAGE nvidia-smi -L`) after any change of the
    above (never reported as a pass when skipped: the log says why it could not run).
+On a fresh host's first converge deploys/bootstrap.py wrote the repositories and installed the
+engine and toolkit earlier in the run (one apt transaction with every other package): steps 1
+and 2 then find them done, and dockerd, started by its package, is configured and restarted here
+as on any first install.
 Settings: gpufleet/data/tiers.yaml (`docker_*`). The decisions are gpufleet/plans/docker.py's
 (DockerPlan); this file applies them.
 """
 from __future__ import annotations
 
-from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.api.operation import OperationMeta
-from pyinfra.facts.server import Arch
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import apt, systemd
 
 from gpufleet.apt_policy import APT_CACHE_SECONDS
 from gpufleet.config.failures import refuse
 from gpufleet.explain import explained
-from gpufleet.config.hostfacts import gpu_state, os_release
+from gpufleet.config.hostfacts import gpu_state
 from gpufleet.config.settings import Settings, host_settings
-from gpufleet.facts.docker import DaemonJson
-from gpufleet.facts.packages import AptCandidates, PackageVersions
 from gpufleet.operations import docker as docker_ops
 from gpufleet.operations.daemon_reload import dev_char_links
 from gpufleet.operations.holds import held
-from gpufleet.operations.apt_index import lists_refreshed
-from gpufleet.plans import dockerconf
-from gpufleet.plans.docker import CDI_SPEC, ENGINES, AptSource, DockerPlan, plan, repositories
+from gpufleet.operations.source_steps import container_sources, written_early
+from gpufleet.plans.docker import CDI_SPEC, DockerPlan, read_plan
 from gpufleet.plans.refusal import Refusal
-from gpufleet.plans.repos import dpkg_arch
 
 
 @deploy("Docker")
@@ -76,48 +74,19 @@ def docker() -> None:
 
 
 def _plan(settings: Settings) -> DockerPlan | Refusal:
-    """The host's facts, read for the plan (apt-cache only where the engine is not complete)."""
-    current = host.get_fact(DaemonJson, path=dockerconf.DAEMON_JSON)
-    engine = ENGINES[settings.docker_source]
-    installed = host.get_fact(PackageVersions, packages=engine.watched())
-    candidates = (None if not engine.optional or engine.complete(installed) else
-                  host.get_fact(AptCandidates, packages=list(engine.optional)))
-    rel = os_release(host)
-    return plan(settings, daemon_raw=current.raw if current.exists else None, installed=installed,
-                candidates=candidates,
-                repos=repositories(settings, rel.id, rel.version_codename, dpkg_arch(host.get_fact(Arch) or "x86_64")),
-                gpu_uuids=_gpu_uuids())
+    return read_plan(host, settings)
 
 
 def _gpu_uuids() -> list[str]:
     return [g.uuid for g in getattr(gpu_state(host), "gpus", []) or [] if getattr(g, "uuid", None)]
 
 
-def _repository(source: AptSource, key_name: str, list_name: str) -> list[OperationMeta]:
-    return [
-        docker_ops.apt_keyring(name=key_name, path=source.keyring, key_url=source.key_url,
-                               fingerprint=source.fingerprint),
-        files.put(name=list_name, src=StringIO(source.line), dest=source.list_path, mode="644"),
-    ]
-
-
 def _sources(planned: DockerPlan) -> None:
-    """NVIDIA's container toolkit repository (and Docker's), keys checked by fingerprint."""
-    source_ops = _repository(planned.toolkit_repo, explained("Trust NVIDIA's container toolkit key (fingerprint checked)", "The toolkit repository's key, kept only if its fingerprint is the pinned one"),
-                             explained("Use NVIDIA's container toolkit repository",
-                                       "NVIDIA's apt repository for the toolkit, signed-by its own keyring"))
-    if planned.docker_repo is not None:
-        source_ops += _repository(planned.docker_repo,
-                                  explained("Trust Docker's release key (fingerprint checked)",
-                                            "Docker's key, kept only if its fingerprint is the pinned one"),
-                                  explained("Use Docker's repository for the engine",
-                                            "Docker's apt repository (docker_source: docker), signed-by its own keyring"))
-    lists_refreshed(
-        name=explained("Read the new package sources", "apt reads the repositories just added, before installing from "
-                       "them: their lists only, not the whole archive's again"),
-        paths=[r.list_path for r in (planned.toolkit_repo, planned.docker_repo) if r is not None],
-        _if=lambda: any(op.did_change() for op in source_ops),
-    )
+    """NVIDIA's container toolkit repository (and Docker's), keys checked by fingerprint
+    (operations/source_steps.py), unless a first converge's early install (deploys/bootstrap.py)
+    wrote them earlier in this run."""
+    if written_early() is None:
+        container_sources(planned)
 
 
 def _packages(planned: DockerPlan) -> list[OperationMeta | None]:

@@ -14,6 +14,8 @@ Then, in order:
    `driver_repo_keyring_url`, trusted only if its fingerprint is the pinned one) and a flat
    `signed-by` source under `driver_repo_url` (a mirror for air-gapped fleets);
    `distro` -> the Debian archive's contrib / non-free / non-free-firmware components.
+   On a fresh host's first converge deploys/bootstrap.py has written them (and installed the
+   stack, where no NVIDIA driver was present) earlier in the run: this area then finds both done.
 3. **nouveau** blacklisted; the initramfs is refreshed only when that file changed.
 4. **One sanctioned step** changes the stack: unhold, NVIDIA's version-locking package, exact
    versions decided on the controller from the package index (driver and Fabric Manager move
@@ -49,10 +51,10 @@ from gpufleet.controller.run_summary import outcome
 from gpufleet.explain import explained
 from gpufleet.facts.kernel import DriverState
 from gpufleet.operations.drain import gpu_work
-from gpufleet.operations.driver import archive_components, refresh_initramfs, repo_key, stack_recorded
+from gpufleet.operations.driver import refresh_initramfs, stack_recorded
 from gpufleet.operations.driver_upgrade import package_change_settled
 from gpufleet.operations.holds import held
-from gpufleet.operations.apt_index import lists_refreshed
+from gpufleet.operations.source_steps import MANAGED, cuda_sources, written_early
 from gpufleet.operations.package_steps import packages_at_releases
 from gpufleet.operations.reboot import rebooted
 from gpufleet.plans.driver import (DriverPlan, plan_driver, read_driver_facts, reboot_forced,
@@ -60,14 +62,12 @@ from gpufleet.plans.driver import (DriverPlan, plan_driver, read_driver_facts, r
 from gpufleet.plans.driver_preconditions import dkms_signing_conf
 from gpufleet.config.failures import Refused
 from gpufleet.plans.profiling import KEY, MODPROBE_FILE, plan_profiling
-from gpufleet.plans.repos import CUDA_SOURCE
 from gpufleet.rendering import render
 
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/gpufleet-blacklist-nouveau.conf"
 CUDA_PROFILE = "/etc/profile.d/gpufleet-cuda.sh"
 DKMS_SIGNING_CONF = "/etc/dkms/framework.conf.d/gpufleet-module-signing.conf"
 REBOOT_TIMEOUT = 600
-MANAGED = "# Managed by gpufleet (deploys/driver.py). Do not edit: changes are reverted.\n"
 
 
 @deploy("Driver stack")
@@ -147,31 +147,12 @@ def _verify_after_reboot(state: State, host: Host, h: Host) -> bool:
 
 
 def _sources(plan: DriverPlan, index_ops: list[OperationMeta]) -> bool:
-    """NVIDIA's CUDA repository (key checked by fingerprint), or the distribution's components;
-    whether they are settled: neither these sources nor `index_ops` change the package index the
-    versions are read from before the install."""
-    nvidia = plan.nvidia
-    if nvidia is not None:
-        apt.packages(name=explained("Install gpg", "Install gpg to check the repository key"), packages=["gpg"], no_recommends=True)
-        # the key, trusted for this source only, once its fingerprint is the pinned one
-        key = repo_key(name=explained(f"Trust the CUDA repository key {nvidia.fingerprint[-16:]}",
-                                       f"Trust the CUDA repository key {nvidia.fingerprint} (fingerprint checked) for that source only"),
-                       url=nvidia.keyring_url, fingerprint=nvidia.fingerprint, keyring=nvidia.keyring)
-        source = files.put(
-            name=explained("Add NVIDIA's CUDA repository (signed-by)", f"Add NVIDIA's CUDA repository {nvidia.base}/ as a signed-by source"),
-            src=StringIO(MANAGED + nvidia.line),
-            dest=CUDA_SOURCE, mode="644",
-        )
-        lists_refreshed(name=explained("Read the changed sources' index", "Read the package index of the changed sources"),
-                        paths=[CUDA_SOURCE], _if=any_changed(key, source))
-        index_ops += [key, source]
-    elif plan.archive_components:
-        archive = "Ubuntu" if plan.res.os_release.startswith("ubuntu") else "Debian"
-        enabled = archive_components(name=explained(f"Enable {', '.join(plan.archive_components)} ({archive} archive)",
-                                                   f"Enable {', '.join(plan.archive_components)} on the {archive} archive sources"),
-                                     components=list(plan.archive_components))
-        apt.update(name=explained("Read the changed sources' index", "Read the package index of the changed sources"), _if=enabled.did_change)
-        index_ops.append(enabled)
+    """NVIDIA's CUDA repository or the distribution's components (operations/source_steps.py;
+    written earlier in this run by a first converge's early install, deploys/bootstrap.py, where
+    it ran); whether they are settled: neither these sources nor `index_ops` change the package
+    index the versions are read from before the install."""
+    early = written_early()
+    index_ops += early if early is not None else cuda_sources(plan)
     return not any(op.will_change for op in index_ops)
 
 

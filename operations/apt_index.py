@@ -34,3 +34,17 @@ def lists_refreshed(paths: list[str]) -> Generator[StringCommand, None, None]:
         '[ -f "$f" ] || { echo "no source list $f" >&2; exit 1; };',
         'apt-get update -q -o Dir::Etc::SourceList="$f" -o Dir::Etc::SourceParts=/nonexistent'
         " -o APT::Get::List-Cleanup=0 || exit $?; done")
+
+
+#: where pyinfra's apt.update(cache_time=...) reads when the index was last read (Debian's apt
+#: writes no such stamp itself)
+UPDATE_STAMP = "/var/lib/apt/periodic/update-success-stamp"
+
+
+@operation(is_idempotent=False)
+def index_read() -> Generator[StringCommand, None, None]:
+    """A full `apt-get update`, always, and the stamp the areas' `update=True, cache_time=...`
+    installs read: a first converge that has just written every source reads the whole index
+    once (deploys/bootstrap.py), and base, driver, monitoring and hardening then find it fresh
+    instead of reading it again."""
+    yield StringCommand("apt-get update -q && { [ ! -d /var/lib/apt/periodic ] || touch", QuoteString(UPDATE_STAMP), "; }")

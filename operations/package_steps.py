@@ -19,6 +19,7 @@ from pyinfra.api.operation import OperationMeta
 from gpufleet.facts.packages import TOOLKIT, AptVersions, HeldPackages, PackageVersions, ToolkitIndex
 from gpufleet.config.failures import fail, refuse
 from gpufleet.operations.driver_upgrade import packages_at_versions
+from gpufleet.plans.bootstrap_packages import BootstrapPackages, union_change
 from gpufleet.plans.package_plan import PackageChangePlan, moving_packages, plan_package_change
 
 def _plan(h: Host, releases: Mapping[str, str], present: Sequence[str], pinning: str | None, hold: bool,
@@ -80,3 +81,39 @@ def exact_packages(releases: Mapping[str, str], present: Sequence[str] = (), pin
     yield from packages_at_versions._inner(install=plan.install, first=plan.first, remove=list(plan.remove),
                                            hold=list(plan.hold) if plan.install else [],
                                            require_idle=require_idle, recommends=False)
+
+
+@operation()
+def first_install(releases: Mapping[str, str], present: Sequence[str] = (), pinning: str | None = None,
+                  hold: bool = True, exact: Mapping[str, str] | None = None, plain: Sequence[str] = (),
+                  first: Sequence[str] = (), also_hold: Sequence[str] = (), keys: Mapping[str, str] | None = None,
+                  ) -> Generator[StringCommand | FunctionCommand, None, None]:
+    """A first converge's early install (gpufleet/plans/bootstrap_packages.py's BootstrapPackages,
+    field by field): every package of the run in one sanctioned change. Like exact_packages, the
+    body runs again when its turn comes, after the run wrote and read the sources: the driver
+    stack's exact versions are those the index offers then, decided by the driver's own rules
+    (union_change); a release it does not offer fails the host there, nothing changed. No GPU
+    gate: the plan takes the driver stack only where the driver's own path would not gate it
+    either (no user-space driver present), so no GPU job can be running on it.
+
+    + releases, present, pinning, hold: the driver stack's change (DriverPlan.change)
+    + exact: package -> exact Debian version (the container toolkit's)
+    + plain: packages as the sources offer them; first: in an apt run of their own before the rest
+    + also_hold: held by the same change (the engine and toolkit)
+    + keys: the setting each driver stack release comes from, for a release not offered
+    """
+    plan = BootstrapPackages(releases=dict(releases), present=tuple(present), pinning=pinning, hold=hold,
+                             exact=dict(exact or {}), plain=tuple(plain), first=tuple(first),
+                             also_hold=tuple(also_hold), left=())
+    installed = host.get_fact(PackageVersions, packages=plan.names)
+    moving = moving_packages(plan.releases, [*plan.present, *([plan.pinning] if plan.pinning else [])], installed)
+    with_release = [p for p in moving if p in plan.releases]
+    offered = host.get_fact(AptVersions, packages=with_release) if with_release else {}
+    toolkits = {p: host.get_fact(ToolkitIndex, package=p) for p in moving if TOOLKIT.match(p)}
+    held: list[str] = host.get_fact(HeldPackages)
+    change = union_change(plan, installed, held, offered, toolkits)
+    if change.missing:
+        yield fail(host, *_missing(change, dict(keys or {}), "driver_version"))
+        return
+    yield from packages_at_versions._inner(install=change.install, first=change.first, hold=list(change.hold),
+                                           recommends=False)

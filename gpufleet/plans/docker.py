@@ -9,13 +9,22 @@ The daemon.json merge itself is gpufleet/plans/dockerconf.py's (the validation g
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 from dataclasses import dataclass
 
+from pyinfra.facts.server import Arch
+
+from gpufleet.config.hostfacts import gpu_state, os_release
 from gpufleet.config.settings import Settings
+from gpufleet.facts.docker import DaemonJson
+from gpufleet.facts.packages import AptCandidates, PackageVersions
 from gpufleet.plans import dockerconf
 from gpufleet.plans.refusal import Refusal
+if TYPE_CHECKING:
+    from pyinfra.api import Host
+
 from gpufleet.plans.repos import (DOCKER_KEYRING, DOCKER_LIST, TOOLKIT_KEYRING, TOOLKIT_LIST, TOOLKIT_PACKAGES,
-                                  apt_url, docker_sources_line, toolkit_sources_line)
+                                  apt_url, docker_sources_line, dpkg_arch, toolkit_sources_line)
 
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
 TOOLKIT = "nvidia-container-toolkit"
@@ -162,3 +171,19 @@ def plan(settings: Settings, *, daemon_raw: bytes | None, installed: Mapping[str
         cdi_skipped=cdi_skipped,
         smoke_image=None if settings.docker_smoke_image == "none" else settings.docker_smoke_image,
     )
+
+
+def read_plan(h: Host, settings: Settings) -> DockerPlan | Refusal:
+    """The host's plan from its facts (apt-cache only where the engine is not complete): the one
+    place that asks the host, for deploys/docker.py and a first converge's early install alike."""
+    current = h.get_fact(DaemonJson, path=dockerconf.DAEMON_JSON)
+    engine = ENGINES[settings.docker_source]
+    installed = h.get_fact(PackageVersions, packages=engine.watched())
+    candidates = (None if not engine.optional or engine.complete(installed) else
+                  h.get_fact(AptCandidates, packages=list(engine.optional)))
+    rel = os_release(h)
+    uuids = [g.uuid for g in getattr(gpu_state(h), "gpus", []) or [] if getattr(g, "uuid", None)]
+    return plan(settings, daemon_raw=current.raw if current.exists else None, installed=installed,
+                candidates=candidates,
+                repos=repositories(settings, rel.id, rel.version_codename, dpkg_arch(h.get_fact(Arch) or "x86_64")),
+                gpu_uuids=uuids)

@@ -110,6 +110,15 @@ def test_hosts_are_what_the_deploy_says(fleet):
         if host.gpu.startswith("h100x8"):
             assert t.package("nvidia-fabricmanager").version.startswith(TEST_DRIVER)
             assert t.service("nvidia-fabricmanager").is_enabled
+        # a first converge: the driver stack, Docker, the container toolkit and hardening's
+        # nftables came in ONE apt transaction (deploys/bootstrap.py), as apt's own log says
+        installs = [line for line in t.file("/var/log/apt/history.log").content_string.splitlines()
+                    if line.startswith("Install: ")]
+        together = [line for line in installs
+                    if all(f" {p}:" in line for p in ("nvidia-open", "nvidia-container-toolkit", "nftables",
+                                                      "unattended-upgrades", "sysstat"))
+                    and (" docker-ce:" in line or " docker.io:" in line)]
+        assert len(together) == 1, [line[:300] for line in installs]
         # systemd is really PID 1 and the system is healthy
         assert t.check_output("cat /proc/1/comm") == "systemd"
         assert t.run("systemctl is-system-running").stdout.strip() == "running"

@@ -332,7 +332,7 @@ NEVER_CHANGES = {"daemon_reload.still_pending"}
 
 #: operations that always yield commands (is_idempotent=False: no no-op case exists)
 ALWAYS_CHANGES = {
-    "apt_index.index_refreshed", "apt_index.lists_refreshed", "drain.gpus_idle_now", "reboot.rebooted", "reboot.slurm_rebooted",
+    "apt_index.index_refreshed", "apt_index.lists_refreshed", "apt_index.index_read", "drain.gpus_idle_now", "reboot.rebooted", "reboot.slurm_rebooted",
     "snapshot.disk_snapshot_taken", "snapshot.disk_snapshot_restored", "snapshot.controller_snapshot_taken",
     "snapshot.etc_archived", "snapshot.manifest_written", "snapshot.copied_to_controller",
     "driver.refresh_initramfs",
