@@ -10,15 +10,13 @@ write them as before.
 from __future__ import annotations
 
 from io import StringIO
-from weakref import WeakKeyDictionary
 
 from pyinfra import host
-from pyinfra.api import Host
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import apt, files
 from pyinfra.operations.util import any_changed
 
-from gpufleet.config.failures import real_host
+from gpufleet.config.hostcontext import host_context
 from gpufleet.explain import explained
 from gpufleet.operations import docker as docker_ops
 from gpufleet.operations.apt_index import lists_refreshed
@@ -29,17 +27,14 @@ from gpufleet.plans.repos import CUDA_SOURCE
 
 MANAGED = "# Managed by gpufleet (deploys/driver.py). Do not edit: changes are reverted.\n"
 
-# host -> the source operations a first converge's early install planned for it (this run)
-_EARLY: WeakKeyDictionary[Host, list[OperationMeta]] = WeakKeyDictionary()
-
-
 def written_early() -> list[OperationMeta] | None:
     """The operations that write this host's sources earlier in this run (None: the area writes them)."""
-    return _EARLY.get(real_host(host))
+    early: list[OperationMeta] | None = host_context(host).sources_written_early
+    return early
 
 
 def mark_written_early(ops: list[OperationMeta]) -> None:
-    _EARLY[real_host(host)] = ops
+    host_context(host).sources_written_early = ops
 
 
 def cuda_sources(plan: DriverPlan, refresh: bool = True) -> list[OperationMeta]:

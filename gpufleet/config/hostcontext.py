@@ -123,6 +123,9 @@ class HostContext:
     #: gpufleet.controller.reload_guard: the SSH transport the guard held on (a reboot means a
     #: new one: held again)
     reload_guard_transport: Any = None
+    #: operations.source_steps: the source operations a first converge's early install
+    #: (deploys/bootstrap.py) planned on this host; the areas then leave their sources to them
+    sources_written_early: Any = None
     #: what this run leaves for later on this host (the end-of-run summary reads it)
     outcome: HostOutcome = field(default_factory=HostOutcome)
     #: gpufleet.controller.factcache: the (fact path, arguments JSON) this host asked, in order
