@@ -43,20 +43,19 @@ from pyinfra.operations import apt, systemd
 from gpufleet.apt_policy import APT_CACHE_SECONDS
 from gpufleet.config.failures import refuse
 from gpufleet.explain import explained
-from gpufleet.config.hostfacts import gpu_state
 from gpufleet.config.settings import Settings, host_settings
 from gpufleet.operations import docker as docker_ops
 from gpufleet.operations.daemon_reload import dev_char_links
 from gpufleet.operations.holds import held
 from gpufleet.operations.source_steps import container_sources, written_early
-from gpufleet.plans.docker import CDI_SPEC, DockerPlan, read_plan
+from gpufleet.plans.docker import CDI_SPEC, DockerPlan, gpu_uuids, read_plan
 from gpufleet.plans.refusal import Refusal
 
 
 @deploy("Docker")
 def docker() -> None:
     settings = host_settings(host)
-    planned = _plan(settings)
+    planned = read_plan(host, settings)
     if isinstance(planned, Refusal):  # planning time: nothing changed on the host
         refuse(host, planned.key, planned.reason, planned.fix)
         return
@@ -71,14 +70,6 @@ def docker() -> None:
             expected=any(op.will_change for op in changed),
             _if=lambda: any(op.did_change() for op in changed),
         )
-
-
-def _plan(settings: Settings) -> DockerPlan | Refusal:
-    return read_plan(host, settings)
-
-
-def _gpu_uuids() -> list[str]:
-    return [g.uuid for g in getattr(gpu_state(host), "gpus", []) or [] if getattr(g, "uuid", None)]
 
 
 def _sources(planned: DockerPlan) -> None:
@@ -138,7 +129,7 @@ def cdi_after_driver_change() -> None:
     if not settings.docker_cdi:
         host.noop("docker_cdi is false: no CDI spec")
         return
-    uuids = _gpu_uuids()
+    uuids = gpu_uuids(host)
     if not uuids:
         host.noop("no GPU visible to nvidia-smi: no CDI spec")
         return

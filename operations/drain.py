@@ -197,8 +197,7 @@ def idle_check(refused: str, per_gpu: bool = False) -> str:
     if not _REFUSED.match(refused):
         raise ValueError(f"not a fixed 'not ...' phrase: {refused!r}")
     if per_gpu:
-        return (GPU_WORK_ON + "\n" + _DROP_BUSY.replace("REFUSED", refused).replace("MARK", BUSY_MARK)
-                .replace("BUSY_EXIT", str(BUSY_EXIT)))
+        return GPU_WORK_ON + "\n" + _busy_text(_DROP_BUSY.replace("REFUSED", refused))
     return (GPU_WORK + "; if [ -n \"$pids$apps\" ]; then echo \"" + BUSY_MARK + " GPU work is running, " + refused
             + ": ${apps:+$apps }${pids:+processes holding /dev/nvidia*: $pids}\" | tr '\\n' ' ' >&2; echo >&2; "
             "exit " + str(BUSY_EXIT) + "; fi")

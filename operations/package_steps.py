@@ -29,11 +29,20 @@ def _plan(h: Host, releases: Mapping[str, str], present: Sequence[str], pinning:
     moving = moving_packages(releases, wanted, installed)
     if not moving:
         return PackageChangePlan(install={})
-    offered = h.get_fact(AptVersions, packages=[p for p in moving if p in releases]) if set(moving) & set(releases) else {}
+    offered, toolkits, held = _index_facts(h, releases, moving)
+    return plan_package_change(releases, present, pinning, hold, old_pins, installed, held, offered, toolkits)
+
+
+def _index_facts(h: Host, releases: Mapping[str, str], moving: Sequence[str]
+                 ) -> tuple[Mapping[str, Sequence[str]], dict[str, dict[str, dict[str, str]]], list[str]]:
+    """What a change of the `moving` packages is decided on: the versions the index offers for
+    those with a release, the CUDA toolkits' component indexes, and the holds."""
+    with_release = [p for p in moving if p in releases]
+    offered = h.get_fact(AptVersions, packages=with_release) if with_release else {}
     toolkits: dict[str, dict[str, dict[str, str]]] = {
         p: h.get_fact(ToolkitIndex, package=p) for p in moving if TOOLKIT.match(p)}
     held: list[str] = h.get_fact(HeldPackages)
-    return plan_package_change(releases, present, pinning, hold, old_pins, installed, held, offered, toolkits)
+    return offered, toolkits, held
 
 
 def _missing(plan: PackageChangePlan, keys: Mapping[str, str], key: str) -> tuple[str, str, str]:
@@ -107,10 +116,7 @@ def first_install(releases: Mapping[str, str], present: Sequence[str] = (), pinn
                              also_hold=tuple(also_hold), left=())
     installed = host.get_fact(PackageVersions, packages=plan.names)
     moving = moving_packages(plan.releases, [*plan.present, *([plan.pinning] if plan.pinning else [])], installed)
-    with_release = [p for p in moving if p in plan.releases]
-    offered = host.get_fact(AptVersions, packages=with_release) if with_release else {}
-    toolkits = {p: host.get_fact(ToolkitIndex, package=p) for p in moving if TOOLKIT.match(p)}
-    held: list[str] = host.get_fact(HeldPackages)
+    offered, toolkits, held = _index_facts(host, plan.releases, moving)
     change = union_change(plan, installed, held, offered, toolkits)
     if change.missing:
         yield fail(host, *_missing(change, dict(keys or {}), "driver_version"))

@@ -93,7 +93,7 @@ def record_passed(source: InventorySource | str, verdicts: dict[str, plan.Verdic
     from gpufleet.apps.rollout.session import run_step
 
     passed = [n for n, v in verdicts.items() if v.passed]
-    return run_step(inventory_arg(source), passed, record, verdicts, peers).failed if passed else {}
+    return run_step(source, passed, record, verdicts, peers).failed if passed else {}
 
 
 def reference_judged(verdicts: dict[str, plan.Verdict], names: list[str], peer: str | None
@@ -112,12 +112,6 @@ def reference_judged(verdicts: dict[str, plan.Verdict], names: list[str], peer: 
     unproven = plan.Finding(plan.ALLREDUCE, plan.FAIL, f"the reference of its group: no partner's all-reduce with it "
                                                        f"passed ({', '.join(names[1:])})", plan.FIX_PEERS)
     return {**verdicts, ref: plan.verdict(ref, verdicts[ref].findings, [unproven])}
-
-
-def inventory_arg(source: InventorySource | str) -> str:
-    from typing import cast
-
-    return cast(str, source)   # run_step takes an InventorySource as well (with its --data)
 
 
 def accept_new_hosts(source: InventorySource, names: list[str], say: Callable[[str], None]) -> Outcome:
@@ -176,7 +170,7 @@ def accept_new_hosts(source: InventorySource, names: list[str], say: Callable[[s
             outcome.accepted.append(name)
             say(f"{name}: {verdict.summary()}; recorded")
     if outcome.failed:
-        drained = run_step(inventory_arg(source), sorted(outcome.failed), drain)
+        drained = run_step(source, sorted(outcome.failed), drain)
         for name, why in sorted(outcome.failed.items()):
             if name in drained.failed:
                 state = f"its Slurm node NOT drained ({drained.failed[name]})"

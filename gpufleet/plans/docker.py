@@ -173,6 +173,11 @@ def plan(settings: Settings, *, daemon_raw: bytes | None, installed: Mapping[str
     )
 
 
+def gpu_uuids(h: Host) -> list[str]:
+    """The UUIDs of the GPUs nvidia-smi lists on `h` (the CDI spec names them)."""
+    return [g.uuid for g in getattr(gpu_state(h), "gpus", []) or [] if getattr(g, "uuid", None)]
+
+
 def read_plan(h: Host, settings: Settings) -> DockerPlan | Refusal:
     """The host's plan from its facts (apt-cache only where the engine is not complete): the one
     place that asks the host, for deploys/docker.py and a first converge's early install alike."""
@@ -182,8 +187,7 @@ def read_plan(h: Host, settings: Settings) -> DockerPlan | Refusal:
     candidates = (None if not engine.optional or engine.complete(installed) else
                   h.get_fact(AptCandidates, packages=list(engine.optional)))
     rel = os_release(h)
-    uuids = [g.uuid for g in getattr(gpu_state(h), "gpus", []) or [] if getattr(g, "uuid", None)]
     return plan(settings, daemon_raw=current.raw if current.exists else None, installed=installed,
                 candidates=candidates,
                 repos=repositories(settings, rel.id, rel.version_codename, dpkg_arch(h.get_fact(Arch) or "x86_64")),
-                gpu_uuids=uuids)
+                gpu_uuids=gpu_uuids(h))

@@ -20,6 +20,7 @@ from gpufleet.versions import branch_of
 
 if TYPE_CHECKING:
     from gpufleet.config.settings import Settings
+    from gpufleet.controller.inventory_source import InventorySource
 
 
 def wishes(settings: Settings, override: str | None) -> Any:
@@ -86,7 +87,7 @@ def _source(inventory: Any, host: Any, key: str) -> tuple[str, Any]:
     return f"tier {tier}", tier_defaults(tier).get(key)
 
 
-def inventory_lines(inventory_path: str, hosts: list[str], override: str) -> list[str]:
+def inventory_lines(inventory_path: InventorySource | str, hosts: list[str], override: str) -> list[str]:
     """The inventory lines to set after a rollout to `override`, so that the inventory says
     what the hosts now run (one line per place the value comes from)."""
     from gpufleet.controller.inventory_source import load_inventory

@@ -121,10 +121,9 @@ def _show(h: str, path: Path, doc: dict[str, Any], out: TextIO) -> None:
 def _dry_run(inventory: str | InventorySource, docs: dict[str, dict[str, Any]], out: TextIO) -> int:
     """Read nothing, change nothing: only whether each host answers, so that a dry run does not
     promise a rollback the real one could not reach."""
-    from .runner import inventory_arg
     from .session import run_step
 
-    result = run_step(inventory_arg(inventory), list(docs), _answers, reasons={})
+    result = run_step(inventory, list(docs), _answers, reasons={})
     for h in result.ok:
         print(f"  {h}: reachable", file=out, flush=True)
     return _named({h: f"dry run: {why}" for h, why in result.failed.items()}, out, dry_run=True)
@@ -153,14 +152,13 @@ def _restore(inventory: str | InventorySource, ctx: RolloutContext, names: list[
     others in `failed`, each with its step and why)."""
     from gpufleet.deploys import rollback as steps
 
-    from .runner import inventory_arg
     from .session import run_step
 
     active = list(names)
     for step, func in plan:
         t = time.monotonic()
         extra = (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),) if func is steps.restore_disk else ()
-        result = run_step(inventory_arg(inventory), active, func, ctx, *extra, reasons=ctx.reasons)
+        result = run_step(inventory, active, func, ctx, *extra, reasons=ctx.reasons)
         for h in result.ok:
             print(f"  {h}: {step} ok ({time.monotonic() - t:.1f}s)", file=out, flush=True)
         for h, why in result.failed.items():

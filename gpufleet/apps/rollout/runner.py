@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO, cast
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
 
 from gpufleet.catalog.compat import compat_data
 from gpufleet.operations.drain import BUSY_MARK
@@ -133,13 +133,6 @@ def check_settings(source: InventorySource | str, names: list[str]) -> list[str]
     except InventoryError as exc:
         return exc.problems
     return []
-
-
-def inventory_arg(source: str | InventorySource) -> str:
-    """`source` for session.run_step and targets.inventory_lines: annotated `str`, they hand it
-    on to inventory_source.load_inventory and config_of, which take an InventorySource too."""
-    # a cast, not str(source): str() would drop the command line's --limit and --data
-    return cast(str, source)
 
 
 def default_state_path(inventory: str | InventorySource) -> Path:
@@ -295,7 +288,7 @@ class Runner:
 
         opts = self.opts
         self.say(f"surveying {len(hosts)} host(s) of {opts.inventory}")
-        survey = run_step(inventory_arg(opts.inventory), hosts, survey_and_resolve, self.ctx, opts.target, reasons=self.ctx.reasons)
+        survey = run_step(opts.inventory, hosts, survey_and_resolve, self.ctx, opts.target, reasons=self.ctx.reasons)
         info = self.ctx.survey
         unreachable = dict(survey.failed)
         self.unreachable = unreachable
@@ -696,7 +689,7 @@ class Runner:
             by_target.setdefault(self.state.host(n).target or self.opts.target or "", []).append(n)
         for target, group in by_target.items():
             self.ctx.target = target
-            result = run_step(inventory_arg(self.opts.inventory), group, func, self.ctx, reasons=self.ctx.reasons)
+            result = run_step(self.opts.inventory, group, func, self.ctx, reasons=self.ctx.reasons)
             merged.ok += result.ok
             merged.failed.update(result.failed)
             merged.changed.update(result.changed)
@@ -765,7 +758,7 @@ class Runner:
         # a host whose only change was its MIG layout ran this driver before: nothing to say
         moved = [n for n in eligible if self.state.host(n).status == "done"
                  and self.state.host(n).from_version != self.opts.target]
-        lines = targets.inventory_lines(inventory_arg(self.opts.inventory), moved, self.opts.target) if moved else []
+        lines = targets.inventory_lines(self.opts.inventory, moved, self.opts.target) if moved else []
         if not lines:
             return
         print(f"the inventory does not say {self.opts.target} yet for {len(moved)} upgraded host(s): set it, so that "

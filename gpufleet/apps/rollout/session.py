@@ -74,7 +74,7 @@ def inventory_hosts(inventory_path: inventory_source.InventorySource | str) -> l
     return inventory_source.limited_names(inventory_path)
 
 
-def run_step(inventory_path: str, names: list[str], func: Callable[..., None], *args: Any,
+def run_step(inventory_path: inventory_source.InventorySource | str, names: list[str], func: Callable[..., None], *args: Any,
              reasons: dict[str, str] | None = None, parallel: int | None = None) -> StepResult:
     """Run `func(*args)` as a deploy on the hosts `names`; return who succeeded and who failed.
 
